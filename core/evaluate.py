@@ -1,0 +1,160 @@
+"""Held-out evaluation: token-weighted perplexity of a causal language model.
+
+The metric (``shared/cases/eval.md``)::
+
+    perplexity = exp( sum over every target token of -ln p(token | tokens before it)  /  number of target tokens )
+
+- token-weighted over the whole held-out split (case E1), never the mean of per-batch means;
+- targets are masked by the attention mask, i.e. by position, never by token id (case E4: pad = eos is common);
+- log-probabilities in fp32 whatever the model's dtype; NLL in nats.
+
+torch is imported inside the functions so that importing this module stays cheap.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from core.errors import DataError
+
+METRIC = (
+    "token-weighted perplexity: exp(sum NLL / sum target tokens) over the held-out split, targets masked by attention mask"
+)
+
+
+def masked_token_nll(logits: Any, input_ids: Any, attention_mask: Any) -> tuple[float, int]:
+    """Summed negative log-likelihood of the real next-token targets of a batch.
+
+    Position t predicts token t+1. A target counts iff ``attention_mask`` is 1 at the target and at the position that
+    predicts it (with right padding, as :func:`core.data.make_blocks` produces, that is: the target is not padding).
+    Token ids are never used to mask, so a real eos target counts even when pad = eos (case E4).
+
+    Args:
+        logits: ``(batch, seq, vocab)`` tensor, any float dtype (log-softmax is taken in fp32).
+        input_ids: ``(batch, seq)`` integer tensor.
+        attention_mask: ``(batch, seq)`` tensor of 1 (real token) and 0 (padding).
+
+    Returns:
+        ``(sum of -ln p over counted targets in nats, number of counted targets)``.
+    """
+    import torch.nn.functional as F
+
+    if logits.dim() != 3 or input_ids.shape != logits.shape[:2] or attention_mask.shape != input_ids.shape:
+        raise ValueError(
+            f"expected logits (batch, seq, vocab) and input_ids / attention_mask (batch, seq); got "
+            f"{tuple(logits.shape)}, {tuple(input_ids.shape)}, {tuple(attention_mask.shape)}"
+        )
+    input_ids = input_ids.to(logits.device)
+    real = attention_mask.to(logits.device).bool()
+    counted = real[:, 1:] & real[:, :-1]
+    n_targets = int(counted.sum().item())
+    if n_targets == 0:
+        return 0.0, 0
+    # Select first, then upcast: only the counted rows are materialised in fp32.
+    predicting = logits[:, :-1][counted].float()
+    targets = input_ids[:, 1:][counted].long()
+    nll = F.cross_entropy(predicting, targets, reduction="sum")  # fp32 log-softmax + gather
+    return float(nll.item()), n_targets
+
+
+def perplexity(nll_sum: float, tokens: int) -> float:
+    """Token-weighted perplexity ``exp(nll_sum / tokens)`` (case E1).
+
+    Args:
+        nll_sum: summed NLL in nats over all target tokens (every batch).
+        tokens: number of target tokens (every batch).
+
+    Returns:
+        The perplexity; ``inf`` when the mean NLL is too large for a float.
+
+    Raises:
+        ValueError: ``tokens`` is not positive.
+    """
+    if tokens <= 0:
+        raise ValueError(f"perplexity needs at least one target token (got {tokens})")
+    try:
+        return math.exp(nll_sum / tokens)
+    except OverflowError:
+        return math.inf
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    """One held-out evaluation.
+
+    Attributes:
+        perplexity: ``exp(mean_nll)``.
+        mean_nll: ``nll_sum / tokens``, nats per target token.
+        nll_sum: summed NLL in nats.
+        tokens: number of target tokens counted.
+        blocks: number of blocks evaluated.
+        seconds: wall-clock seconds of the evaluation loop.
+        metric: the metric, in words (:data:`METRIC`).
+    """
+
+    perplexity: float
+    mean_nll: float
+    nll_sum: float
+    tokens: int
+    blocks: int
+    seconds: float
+    metric: str = METRIC
+
+
+def evaluate_perplexity(model: Any, blocks: Sequence[dict], batch_size: int, device: Any = "cpu") -> EvalResult:
+    """Token-weighted perplexity of ``model`` over ``blocks``.
+
+    The model runs in eval mode under ``torch.inference_mode()`` with ``input_ids`` and ``attention_mask`` only (no
+    labels: the loss is computed here, see :func:`masked_token_nll`); its previous training flag is restored afterwards,
+    also on error.
+
+    Args:
+        model: a causal LM whose output has ``.logits`` (batch, seq, vocab), already on ``device``.
+        blocks: dicts with ``input_ids`` and ``attention_mask`` of equal length (:func:`core.data.make_blocks`).
+        batch_size: blocks per forward pass (the last batch may be smaller).
+        device: where the inputs go (the model's first device).
+
+    Raises:
+        DataError: no blocks, or blocks of different lengths.
+        ValueError: ``batch_size`` below 1, or no target token at all.
+    """
+    import torch
+
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1 (got {batch_size})")
+    if not blocks:
+        raise DataError("no held-out blocks to evaluate; give more text or raise heldout_fraction")
+    lengths = {len(block["input_ids"]) for block in blocks}
+    if len(lengths) != 1:
+        raise DataError(f"held-out blocks have different lengths {sorted(lengths)}; cut them with make_blocks")
+
+    was_training = model.training
+    nll_sum, tokens = 0.0, 0
+    start = time.perf_counter()
+    model.eval()
+    try:
+        with torch.inference_mode():
+            for first in range(0, len(blocks), batch_size):
+                batch = blocks[first : first + batch_size]
+                input_ids = torch.tensor([b["input_ids"] for b in batch], dtype=torch.long, device=device)
+                attention_mask = torch.tensor([b["attention_mask"] for b in batch], dtype=torch.long, device=device)
+                logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
+                batch_nll, batch_tokens = masked_token_nll(logits, input_ids, attention_mask)
+                nll_sum += batch_nll
+                tokens += batch_tokens
+    finally:
+        model.train(was_training)
+    seconds = time.perf_counter() - start
+    if tokens == 0:
+        raise ValueError("the blocks hold no target token (every block is padding or a single token)")
+    return EvalResult(
+        perplexity=perplexity(nll_sum, tokens),
+        mean_nll=nll_sum / tokens,
+        nll_sum=nll_sum,
+        tokens=tokens,
+        blocks=len(blocks),
+        seconds=seconds,
+    )

@@ -1,0 +1,122 @@
+"""Typed events: what the pipeline tells the UI and the headless CLI, and what a child process tells the pipeline.
+
+A child process writes one JSON object a line to ``events.jsonl`` in its job directory and flushes after each, so library
+prints (which go to the child's log file) can never corrupt the channel. :class:`EventWriter` writes, :func:`read_events`
+tails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+
+@dataclass(frozen=True)
+class Event:
+    """Base of every pipeline event. ``t`` is seconds since the epoch (time.time())."""
+
+    stage: str
+    t: float = field(default_factory=time.time, kw_only=True)
+
+
+@dataclass(frozen=True)
+class StageStarted(Event):
+    """A stage began. ``detail`` says what it will do, in one line."""
+
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class StageFinished(Event):
+    """A stage ended. ``status``: pass | fail | not_applicable | error; ``result`` is the stage's typed result."""
+
+    status: str
+    summary: str = ""
+    result: Any = None
+
+
+@dataclass(frozen=True)
+class Progress(Event):
+    """A step inside a stage: training/probe step ``step`` of ``total`` (the run is named by ``run``)."""
+
+    run: str
+    step: int
+    total: int
+    loss: float | None = None
+    learning_rate: float | None = None
+
+
+@dataclass(frozen=True)
+class Message(Event):
+    """A line for the log: what is happening (e.g. "converting the embedded model once, ~16 s")."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class RunFinished(Event):
+    """The pipeline ended; ``record_path`` is where the record is; ``status`` is the overall verdict."""
+
+    status: str
+    record_path: str
+    run_dir: str
+
+
+class EventWriter:
+    """Writes child events as JSON lines, flushed per event.
+
+    Args:
+        path: the events file; created (with parents) if missing, appended to otherwise.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - lives as long as the writer
+
+    def emit(self, kind: str, **data: Any) -> None:
+        """Append one event ``{"kind": kind, "t": time, **data}`` and flush it to the OS."""
+        record = {"kind": kind, "t": time.time(), **data}
+        self._fh.write(json.dumps(record, default=_jsonable) + "\n")
+        self._fh.flush()
+        os.fsync(self._fh.fileno())
+
+    def close(self) -> None:
+        self._fh.close()
+
+
+def _jsonable(value: Any) -> Any:
+    if hasattr(value, "item"):
+        return value.item()
+    if isinstance(value, Path):
+        return str(value)
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+def read_events(path: str | Path, offset: int = 0) -> tuple[list[dict[str, Any]], int]:
+    """Read the complete lines of an events file from byte ``offset``.
+
+    Returns:
+        (events, new_offset): a trailing partial line is left for the next call.
+    """
+    p = Path(path)
+    if not p.exists():
+        return [], offset
+    with open(p, "rb") as fh:
+        fh.seek(offset)
+        data = fh.read()
+    end = data.rfind(b"\n")
+    if end < 0:
+        return [], offset
+    lines = data[: end + 1].decode("utf-8").splitlines()
+    return [json.loads(line) for line in lines if line.strip()], offset + end + 1
+
+
+def iter_all_events(path: str | Path) -> Iterator[dict[str, Any]]:
+    """Every complete event in a finished events file."""
+    events, _ = read_events(path)
+    yield from events

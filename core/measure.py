@@ -1,0 +1,100 @@
+"""Measuring live tensors in the probe process (imports torch; used only in the child).
+
+On CUDA the caching allocator reports peak allocated / reserved (``torch.cuda.max_memory_allocated``). The CPU has no such
+counter, so :class:`LiveTensorTracker` follows every tensor storage created while it is active (a TorchDispatchMode, the
+mechanism torch's own MemTracker uses) and keeps the peak of live bytes on top of a baseline of tensors that already exist.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+
+def tensor_bytes(t: torch.Tensor) -> int:
+    """Bytes of a tensor's elements (numel x element size), not of its whole storage."""
+    return t.numel() * t.element_size()
+
+
+def parameter_placement(model: torch.nn.Module) -> dict[str, dict[str, int]]:
+    """Parameters and their bytes per device, counting each parameter once (tied weights share one entry).
+
+    Returns:
+        ``{"cpu": {"parameters": n, "bytes": b, "trainable": t}, "cuda:0": {...}}``.
+    """
+    out: dict[str, dict[str, int]] = {}
+    seen: set[int] = set()
+    for p in model.parameters():  # nn.Module.parameters() already yields a shared parameter once
+        if id(p) in seen:
+            continue
+        seen.add(id(p))
+        d = out.setdefault(str(p.device), {"parameters": 0, "bytes": 0, "trainable": 0})
+        d["parameters"] += p.numel()
+        d["bytes"] += tensor_bytes(p)
+        if p.requires_grad:
+            d["trainable"] += p.numel()
+    return out
+
+
+def optimizer_state_bytes(optimizer: Any) -> int:
+    """Bytes of every tensor held in ``optimizer.state`` (moments, momentum buffers, step counters)."""
+    inner = getattr(optimizer, "optimizer", optimizer)  # accelerate wraps the torch optimizer
+    total = 0
+    for state in inner.state.values():
+        for value in state.values():
+            if isinstance(value, torch.Tensor):
+                total += tensor_bytes(value)
+    return total
+
+
+class LiveTensorTracker(TorchDispatchMode):
+    """Peak bytes of live CPU tensor storages while active, above ``baseline_bytes``.
+
+    Every op output's storage is counted once when created and released when its storage is freed (a weakref
+    finalizer on the storage). Storages that existed before entering (weights, optimizer states) are not seen, so their
+    bytes are passed as ``baseline_bytes``.
+
+    Attributes:
+        peak_bytes: the largest ``baseline_bytes + live tracked bytes`` seen, in bytes.
+    """
+
+    method = (
+        "peak of live CPU tensor storages: weights and optimizer states counted from the live tensors, plus every "
+        "storage created during the step (TorchDispatchMode), released when freed"
+    )
+
+    def __init__(self, baseline_bytes: int = 0) -> None:
+        super().__init__()
+        self.baseline_bytes = baseline_bytes
+        self.live: dict[int, int] = {}
+        self.current = 0
+        self.peak_bytes = baseline_bytes
+
+    def _free(self, key: int) -> None:
+        self.current -= self.live.pop(key, 0)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        # Views and in-place results share an input's storage: nothing new was allocated.
+        inputs = {
+            id(a.untyped_storage()) for a in tree_flatten((args, kwargs or {}))[0] if isinstance(a, torch.Tensor)
+        }
+        for t in tree_flatten(out)[0]:
+            if not isinstance(t, torch.Tensor) or t.device.type != "cpu":
+                continue
+            storage = t.untyped_storage()
+            key = id(storage)
+            if key in self.live or key in inputs or storage.nbytes() == 0:
+                continue
+            try:
+                weakref.finalize(storage, self._free, key)
+            except TypeError:  # storage without weakref support: skip rather than miscount
+                continue
+            self.live[key] = storage.nbytes()
+            self.current += storage.nbytes()
+        self.peak_bytes = max(self.peak_bytes, self.baseline_bytes + self.current)
+        return out

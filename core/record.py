@@ -1,0 +1,235 @@
+"""The acceptance record: ``record.toml`` in the run directory, built from stage results, written atomically.
+
+Every table that holds numbers says where they come from with ``provenance``: ``measured`` (read from live tensors, the
+allocator, the OS or a clock), ``estimated`` (with ``method``), or ``not_run``. TOML has no null (DESIGN §5): a value that
+does not exist is omitted and its table says why.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import os
+import platform
+import socket
+import tempfile
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+
+from core.spec import RunSpec
+
+SCHEMA_VERSION = 1
+TOOL = "gpuaccept"
+
+
+def tool_version() -> str:
+    try:
+        return metadata.version("gpuaccept")
+    except metadata.PackageNotFoundError:  # running from a source tree
+        return "0+unknown"
+
+
+def environment() -> dict[str, Any]:
+    """Python, library versions (from installed metadata, no imports), host and CPU facts; CUDA when torch sees it."""
+    env: dict[str, Any] = {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "host": socket.gethostname(),
+        "cpu_count": os.cpu_count() or 0,
+    }
+    for dist in ("torch", "transformers", "peft", "accelerate", "textual", "nvidia-ml-py", "safetensors"):
+        try:
+            env[dist.replace("-", "_")] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            env[dist.replace("-", "_")] = "not installed"
+    try:
+        import psutil
+
+        env["host_memory_bytes"] = int(psutil.virtual_memory().total)
+    except Exception:  # noqa: BLE001 - environment capture never fails a record
+        pass
+    try:
+        import torch
+
+        env["cuda_available"] = bool(torch.cuda.is_available())
+        if torch.cuda.is_available():
+            env["cuda_runtime"] = str(torch.version.cuda)
+            env["gpus"] = [
+                {"index": i, "name": torch.cuda.get_device_name(i),
+                 "uuid": str(torch.cuda.get_device_properties(i).uuid),
+                 "memory_bytes": int(torch.cuda.get_device_properties(i).total_memory)}
+                for i in range(torch.cuda.device_count())
+            ]
+    except Exception:  # noqa: BLE001
+        env["cuda_available"] = False
+    return env
+
+
+def build_record(spec: RunSpec, *, run_dir: Path, model: dict[str, Any], plan: Any, probe: Any, train_eval: Any,
+                 resume: Any, started: dt.datetime, finished: dt.datetime, env: dict[str, Any] | None = None) -> dict:
+    """Assemble the record mapping from stage results (``None`` for a stage that did not run).
+
+    Tables: ``spec``, ``environment``, ``model``, ``data``, ``plan``, ``probe``, ``evaluation``, ``resume``, ``verdict``.
+    """
+    rec: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
+        "tool": TOOL,
+        "tool_version": tool_version(),
+        "created_utc": finished,
+        "started_utc": started,
+        "run_dir": str(run_dir),
+        "spec": {**spec.to_dict(), "hash": spec.spec_hash()},
+        "environment": env if env is not None else environment(),
+        "model": model,
+    }
+    rec["plan"] = _plan_table(plan)
+    rec["probe"] = _probe_table(probe)
+    rec["data"], rec["evaluation"] = _evaluation_tables(spec, train_eval)
+    rec["resume"] = _resume_table(resume)
+    rec["verdict"] = verdict(spec, plan, probe, train_eval, resume)
+    return _clean(rec)
+
+
+def _plan_table(plan: Any) -> dict[str, Any]:
+    if plan is None:
+        return {"provenance": "not_run"}
+    data = plan.to_json()
+    return {
+        "provenance": "estimated",
+        "method": "analytic per-component ledger (see each line's method); model built on the meta device for counts",
+        **data,
+    }
+
+
+def _probe_table(probe: Any) -> dict[str, Any]:
+    if probe is None:
+        return {"provenance": "not_run"}
+    return {
+        "provenance": "measured",
+        "status": probe.status,
+        "steps": probe.steps,
+        "step_time_s": probe.step_time_s,
+        "tokens_per_s": probe.tokens_per_s,
+        "log": probe.log_path,
+        "devices": [dataclasses.asdict(d) for d in probe.devices],
+        "placement": probe.placement,
+        "plan_comparison": [
+            {"device": c.device, "planned_bytes": c.planned_bytes, "measured_bytes": c.measured_bytes,
+             "error_pct": c.error_pct, "compared": c.compared,
+             "components": {k: {"planned_bytes": p, **({"measured_bytes": m} if m is not None else {"measured": "not_run"})}
+                            for k, (p, m) in c.components.items()}}
+            for c in probe.comparisons
+        ],
+    }
+
+
+def _evaluation_tables(spec: RunSpec, te: Any) -> tuple[dict, dict]:
+    if te is None:
+        return {"provenance": "not_run"}, {"provenance": "not_run"}
+    data = {"source": spec.data, "heldout_fraction": spec.heldout_fraction, "seq_len": spec.seq_len, **te.data}
+    ev: dict[str, Any] = {
+        "provenance": "measured",
+        "status": te.status,
+        "criterion": te.criterion,
+        "metric": te.metric,
+        "settings": {"mode": spec.mode, "steps": spec.steps, "batch_size": spec.batch_size, "seq_len": spec.seq_len,
+                     "grad_accum": spec.grad_accum, "learning_rate": spec.learning_rate, "optimizer": spec.optimizer,
+                     "dtype": spec.dtype, "seed": spec.seed},
+        "before": dataclasses.asdict(te.before),
+        "log": te.log_path,
+    }
+    if te.after is not None:
+        ev["after"] = dataclasses.asdict(te.after)
+        ev["training_time_s"] = te.training_time_s
+        ev["tokens_per_s"] = te.tokens_per_s
+        ev["loss_per_step"] = [s["loss"] for s in te.steps]
+        ev["learning_rate_per_step"] = [s["learning_rate"] for s in te.steps]
+    else:
+        ev["after"] = {"provenance": "not_run", "why": "inference: no training, the fixed weights are evaluated once"}
+    return data, ev
+
+
+def _resume_table(r: Any) -> dict[str, Any]:
+    if r is None:
+        return {"status": "not_run", "provenance": "not_run"}
+    if r.status == "not_applicable":
+        return {"status": "not_applicable", "why": r.summary}
+    return {
+        "status": r.status,
+        "provenance": "measured",
+        "summary": r.summary,
+        "checkpoint_step": r.checkpoint_step,
+        "kill_step": r.kill_step,
+        "killed_process_group": r.killed_pgid,
+        "tier": dataclasses.asdict(r.tier) if r.tier else {},
+        "extra_steps": r.extra_steps,
+        "seconds": r.seconds,
+        "checks": [dataclasses.asdict(c) for c in r.checks],
+        "comparison": r.comparison,
+        "checkpoint_manifest": r.manifest,
+    }
+
+
+def verdict(spec: RunSpec, plan: Any, probe: Any, te: Any, resume: Any) -> dict[str, Any]:
+    """Overall verdict: pass only when every stage that applies passed; each stage's status and evidence are listed."""
+    stages: dict[str, dict[str, str]] = {}
+    if plan is not None:
+        fits = [d.fits for d in plan.devices]
+        st = "pass" if all(f is not False for f in fits) else "fail"
+        stages["plan"] = {"status": st, "evidence": "; ".join(
+            f"{d.device.name}: planned {d.total_bytes / 2**30:.2f} GiB of "
+            + (f"{d.device.capacity_bytes / 2**30:.2f} GiB ({d.device.capacity_source})" if d.device.capacity_bytes
+               else "unknown capacity") for d in plan.devices)}
+    else:
+        stages["plan"] = {"status": "not_run", "evidence": "the plan did not run"}
+    for name, res in (("probe", probe), ("evaluation", te), ("resume", resume)):
+        if res is None:
+            stages[name] = {"status": "not_run", "evidence": "stage did not run (an earlier stage failed or it was cancelled)"}
+        else:
+            stages[name] = {"status": res.status, "evidence": res.summary}
+    ok = all(s["status"] in ("pass", "not_applicable") for s in stages.values())
+    return {"status": "pass" if ok else "fail", "stages": stages,
+            "note": "pass means every applicable check passed on this box with this spec; it is not a claim about "
+                    "other data, longer training or other hardware"}
+
+
+def _clean(value: Any) -> Any:
+    """Drop None (TOML has no null), make tuples lists and keys strings, keep UTC-aware datetimes."""
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items() if v is not None}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value if v is not None]
+    if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
+        return str(value)  # TOML allows inf/nan, but readers of the record should see them spelled out
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
+        return value.item()
+    return value
+
+
+def write_record(record: dict[str, Any], path: Path) -> Path:
+    """Write ``record`` as TOML atomically: temp file in the same directory, fsync, rename.
+
+    Raises:
+        TypeError: a value TOML cannot hold (tomli-w rejects None, bytes, numpy scalars).
+    """
+    text = tomli_w.dumps(record)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".record-", suffix=".toml", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def utc_now() -> dt.datetime:
+    """The current time, UTC-aware, to the second (naive datetimes read back as local time)."""
+    return dt.datetime.now(dt.timezone.utc).replace(microsecond=0)

@@ -1,0 +1,343 @@
+"""Kill-and-resume check: "a checkpoint exists" is not "it resumes" (DESIGN §4).
+
+The train stage's run is the reference. A second run with the same spec (``interrupted``) holds once step ``kill_step``
+is done (after checkpoint ``c``, before the next) and its process group gets SIGKILL. A third run (``resumed``) starts
+from ``checkpoint-c`` with Trainer's ``resume_from_checkpoint``. Then, step by step against the reference:
+
+- exact: global steps, epoch, learning rate applied, sample ids consumed; optimizer step counts and param-group sizes;
+- within the stated tolerance tier: loss per step, final trainable weights, optimizer moments;
+- complete, fail not warn: weights or adapter, optimizer, scheduler, RNG, trainer state (GradScaler when fp16);
+- the checkpoint's files match the sha256 manifest written right after the kill before anything loads them.
+
+Tensors are read with safetensors or ``torch.load(weights_only=True)`` only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Generator
+
+from core.childproc import check_exit, group_alive, kill_group, start_child, watch
+from core.errors import StageError
+from core.events import Event, Message, Progress
+from core.spec import RunSpec
+
+
+@dataclass(frozen=True)
+class Tier:
+    """A tolerance tier: values agree when ``|a - b| <= rtol * max(|b|, 1e-12)`` elementwise (rtol 0: bit-exact)."""
+
+    name: str
+    rtol: float
+    why: str
+
+
+def tolerance_tier(device: str, dtype: str) -> Tier:
+    """The tier for a device and dtype.
+
+    CPU fp32 is deterministic here (DESIGN §6: a resumed run's adapter weights were bit-identical), so it must be
+    exact. CUDA fp32 may reorder reductions (atomics, kernel choice); 16-bit types round at ~3 decimal digits.
+    """
+    if device == "cpu" and dtype == "fp32":
+        return Tier("cpu-fp32-exact", 0.0, "CPU fp32 kernels are deterministic for a fixed thread count")
+    if dtype == "fp32":
+        return Tier("cuda-fp32-relative", 1e-4, "CUDA kernels may reorder floating-point reductions")
+    return Tier(f"{dtype}-relative", 2e-2, f"{dtype} keeps 8 (bf16) to 11 (fp16) mantissa bits")
+
+
+@dataclass(frozen=True)
+class Check:
+    """One check of the resume comparison with its evidence."""
+
+    name: str
+    status: str  # pass | fail
+    evidence: str
+    kind: str = "exact"  # exact | tolerance | completeness
+    tier: str | None = None
+    largest_difference: float | None = None
+
+
+@dataclass(frozen=True)
+class ResumeResult:
+    """Outcome of the kill-and-resume check. ``status``: pass | fail | not_applicable."""
+
+    status: str
+    checks: list[Check] = field(default_factory=list)
+    checkpoint_step: int | None = None
+    kill_step: int | None = None
+    killed_pgid: int | None = None
+    tier: Tier | None = None
+    comparison: list[dict[str, Any]] = field(default_factory=list)  # per resumed step: reference vs resumed
+    manifest: dict[str, str] = field(default_factory=dict)  # file -> sha256 of the resumed-from checkpoint
+    extra_steps: int = 0  # steps the check ran beyond the reference (killed + resumed)
+    seconds: float = 0.0
+    summary: str = ""
+
+
+def required_files(spec: RunSpec) -> dict[str, str]:
+    """Checkpoint files that must exist, by component (Trainer's names)."""
+    files = {
+        "adapter weights" if spec.mode == "lora" else "model weights": (
+            "adapter_model.safetensors" if spec.mode == "lora" else "model.safetensors"
+        ),
+        "optimizer": "optimizer.pt",
+        "scheduler": "scheduler.pt",
+        "RNG state": "rng_state.pth",
+        "trainer state": "trainer_state.json",
+    }
+    if spec.dtype == "fp16":
+        files["GradScaler"] = "scaler.pt"
+    return files
+
+
+def not_applicable(spec: RunSpec) -> ResumeResult:
+    """The result for inference (nothing is trained, nothing resumes) or when the check is switched off."""
+    why = "inference: fixed weights, no training state to resume" if not spec.training else "switched off in the spec"
+    return ResumeResult(status="not_applicable", summary=why)
+
+
+def run_resume_check(
+    spec: RunSpec, model_path: Path, run_dir: Path, device: str, reference: Any, cancelled=None
+) -> Generator[Event, None, ResumeResult]:
+    """Run the interrupted and resumed children and compare with ``reference`` (a TrainEvalResult).
+
+    Raises:
+        StageError: a child failed to start or run (not a failed comparison, which is a ``fail`` result).
+    """
+    import time
+
+    started = time.perf_counter()
+    c = spec.resume.kill_checkpoint_step()
+    k = spec.resume.kill_step()
+    tier = tolerance_tier(device, spec.dtype)
+    checks: list[Check] = []
+    base = {"spec": spec.to_dict(), "model_path": str(model_path), "device": device, "save_total_limit": None}
+
+    # 1. the interrupted run, killed after checkpoint c and before the next
+    yield Message("resume", text=f"interrupted run: SIGKILL after checkpoint {c}, at step {k}")
+    interrupted = start_child("interrupted", run_dir / "resume-interrupted", {**base, "role": "interrupted",
+                                                                              "kill_step": k})
+    reached = False
+    for event in watch(interrupted, stop_when=lambda e: e["kind"] == "kill_point", cancelled=cancelled):
+        if event["kind"] == "step":
+            yield Progress("resume", run="interrupted", step=event["step"], total=k, loss=event["loss"])
+        reached = reached or event["kind"] == "kill_point"
+    if not reached:
+        check_exit(interrupted)
+        raise StageError(f"the interrupted run ended before its kill point (see {interrupted.log_path})")
+    pgid = kill_group(interrupted)
+    time.sleep(0.05)
+    alive = group_alive(pgid)
+    checks.append(Check("kill", "fail" if alive else "pass",
+                        f"SIGKILL to process group {pgid} after step {k}; "
+                        + ("a process of the group is still alive" if alive else "no process of the group is left")))
+    ckpt = interrupted.output_dir / f"checkpoint-{c}"
+    later = sorted(p.name for p in interrupted.output_dir.glob("checkpoint-*") if _step_of(p) > c)
+    checks.append(Check("kill_point", "fail" if later or not ckpt.is_dir() else "pass",
+                        f"checkpoint-{c} present, none after it" if not later and ckpt.is_dir()
+                        else f"checkpoint-{c} {'present' if ckpt.is_dir() else 'missing'}; later: {', '.join(later) or 'none'}"))
+
+    # 2. completeness and manifest, before anything loads the checkpoint
+    missing = [f"{comp} ({name})" for comp, name in required_files(spec).items() if not (ckpt / name).is_file()]
+    checks.append(Check("checkpoint_complete", "fail" if missing else "pass",
+                        ("missing: " + ", ".join(missing)) if missing
+                        else "present: " + ", ".join(f"{comp} ({name})" for comp, name in required_files(spec).items()),
+                        kind="completeness"))
+    manifest = write_manifest(ckpt, run_dir / "resume-interrupted" / f"manifest-checkpoint-{c}.json")
+    if missing or not ckpt.is_dir():
+        return _finish(spec, checks, c, k, pgid, tier, [], manifest, 0, started)
+    bad = verify_manifest(ckpt, manifest)
+    checks.append(Check("manifest", "fail" if bad else "pass",
+                        ("sha256 mismatch: " + ", ".join(bad)) if bad else f"sha256 of {len(manifest)} files verified"))
+    state = json.loads((ckpt / "trainer_state.json").read_text(encoding="utf-8"))
+    checks.append(Check("trainer_state", "pass" if state.get("global_step") == c else "fail",
+                        f"trainer_state.json global_step = {state.get('global_step')} (expected {c})"))
+    if bad:
+        return _finish(spec, checks, c, k, pgid, tier, [], manifest, 0, started)
+
+    # 3. the resumed run
+    yield Message("resume", text=f"resumed run from checkpoint-{c} to step {spec.steps}")
+    resumed = start_child("resumed", run_dir / "resume-resumed", {**base, "role": "resumed", "resume_from": str(ckpt)})
+    for event in watch(resumed, cancelled=cancelled):
+        if event["kind"] == "step":
+            yield Progress("resume", run="resumed", step=event["step"], total=spec.steps, loss=event["loss"])
+    check_exit(resumed)
+
+    # 4. compare
+    ref = {s["step"]: s for s in reference.steps}
+    intr = [e for e in interrupted.events if e["kind"] == "step"]
+    res = [e for e in resumed.events if e["kind"] == "step"]
+    checks.extend(compare_steps(ref, intr, res, c, spec.steps, tier))
+    comparison = [
+        {"step": e["step"], "learning_rate": e["learning_rate"], "loss_reference": ref[e["step"]]["loss"],
+         "loss_resumed": e["loss"], "difference": abs(e["loss"] - ref[e["step"]]["loss"])}
+        for e in res if e["step"] in ref
+    ]
+    final = f"checkpoint-{spec.steps}"
+    weights_file = required_files(spec).get("adapter weights") or required_files(spec)["model weights"]
+    ref_final = Path(reference.output_dir) / final
+    res_final = resumed.output_dir / final
+    checks.append(compare_weights(ref_final / weights_file, res_final / weights_file, tier))
+    checks.extend(compare_optimizers(ref_final / "optimizer.pt", res_final / "optimizer.pt", tier))
+    return _finish(spec, checks, c, k, pgid, tier, comparison, manifest, k + len(res), started)
+
+
+def _finish(spec, checks, c, k, pgid, tier, comparison, manifest, extra_steps, started) -> ResumeResult:
+    import time
+
+    status = "pass" if checks and all(ch.status == "pass" for ch in checks) else "fail"
+    failed = [ch.name for ch in checks if ch.status != "pass"]
+    summary = (f"killed at step {k}, resumed from checkpoint-{c}: {len(checks)} checks passed ({tier.name})"
+               if status == "pass" else f"failed: {', '.join(failed)}")
+    return ResumeResult(status=status, checks=checks, checkpoint_step=c, kill_step=k, killed_pgid=pgid, tier=tier,
+                        comparison=comparison, manifest=manifest, extra_steps=extra_steps,
+                        seconds=time.perf_counter() - started, summary=summary)
+
+
+def compare_steps(ref: dict[int, dict], interrupted: list[dict], resumed: list[dict], c: int, steps: int,
+                  tier: Tier) -> list[Check]:
+    """Exact and tolerance checks of per-step records (``step``, ``epoch``, ``learning_rate``, ``loss``, ``sample_ids``).
+
+    The interrupted run up to the kill must equal the reference (it is the same run); the resumed run must cover steps
+    c+1 .. ``steps`` exactly once and equal the reference step by step.
+    """
+    checks: list[Check] = []
+    got = [e["step"] for e in resumed]
+    want = list(range(c + 1, steps + 1))
+    checks.append(Check("global_steps", "pass" if got == want else "fail",
+                        f"resumed steps {_span(got)}; expected {_span(want)}"))
+    pairs = [(e, ref.get(e["step"])) for e in resumed] + [(e, ref.get(e["step"])) for e in interrupted]
+    missing = [e["step"] for e, r in pairs if r is None]
+    pairs = [(e, r) for e, r in pairs if r is not None]
+    for key, label in (("epoch", "epoch"), ("learning_rate", "learning rate"), ("sample_ids", "sample ids")):
+        diff = [e["step"] for e, r in pairs if e[key] != r[key]]
+        checks.append(Check(key, "fail" if diff or missing else "pass",
+                            f"{label} equal at {len(pairs)} steps (interrupted 1-{len(interrupted)}, resumed "
+                            f"{_span(got)})" if not diff and not missing else
+                            f"{label} differs at steps {_span(diff)}" + (f"; no reference for {missing}" if missing else "")))
+    worst, worst_step = 0.0, None
+    bad = []
+    for e, r in pairs:
+        d = abs(e["loss"] - r["loss"])
+        if d > worst:
+            worst, worst_step = d, e["step"]
+        if not _close(e["loss"], r["loss"], tier.rtol):
+            bad.append(e["step"])
+    checks.append(Check("loss", "fail" if bad else "pass",
+                        (f"loss within {tier.name} at every step" if not bad else f"loss outside {tier.name} at steps {_span(bad)}")
+                        + (f"; largest difference {worst:.3g} at step {worst_step}" if worst_step else "; identical"),
+                        kind="tolerance", tier=tier.name, largest_difference=worst))
+    return checks
+
+
+def compare_weights(ref_file: Path, res_file: Path, tier: Tier) -> Check:
+    """Compare the final trainable weights of the reference and the resumed run (safetensors, no pickle)."""
+    from safetensors.torch import load_file
+
+    for f in (ref_file, res_file):
+        if not f.is_file():
+            return Check("final_weights", "fail", f"{f} missing", kind="tolerance", tier=tier.name)
+    a, b = load_file(str(res_file)), load_file(str(ref_file))
+    if a.keys() != b.keys():
+        return Check("final_weights", "fail", f"tensor names differ: {sorted(a.keys() ^ b.keys())[:5]}",
+                     kind="tolerance", tier=tier.name)
+    worst, name, ok = _max_diff(a, b, tier.rtol)
+    return Check("final_weights", "pass" if ok else "fail",
+                 f"{len(a)} tensors of {res_file.name}: " + (f"largest difference {worst:.3g} ({name})" if worst else "bit-identical"),
+                 kind="tolerance", tier=tier.name, largest_difference=worst)
+
+
+def compare_optimizers(ref_file: Path, res_file: Path, tier: Tier) -> list[Check]:
+    """Optimizer step counts and param-group sizes (exact), moments (tier); loaded with ``weights_only=True``."""
+    import torch
+
+    for f in (ref_file, res_file):
+        if not f.is_file():
+            return [Check("optimizer_state", "fail", f"{f} missing")]
+    a = torch.load(res_file, map_location="cpu", weights_only=True)
+    b = torch.load(ref_file, map_location="cpu", weights_only=True)
+    sizes_a = [len(g["params"]) for g in a["param_groups"]]
+    sizes_b = [len(g["params"]) for g in b["param_groups"]]
+    steps_a = sorted({float(s["step"]) for s in a["state"].values() if "step" in s})
+    steps_b = sorted({float(s["step"]) for s in b["state"].values() if "step" in s})
+    exact_ok = sizes_a == sizes_b and steps_a == steps_b and a["state"].keys() == b["state"].keys()
+    checks = [Check("optimizer_progress", "pass" if exact_ok else "fail",
+                    f"param-group sizes {sizes_a} vs {sizes_b}; optimizer step counts {steps_a} vs {steps_b}")]
+    ta = {f"{i}.{k}": v for i, s in a["state"].items() for k, v in s.items() if torch.is_tensor(v) and v.numel() > 1}
+    tb = {f"{i}.{k}": v for i, s in b["state"].items() for k, v in s.items() if torch.is_tensor(v) and v.numel() > 1}
+    if ta.keys() != tb.keys():
+        checks.append(Check("optimizer_moments", "fail", "state tensors differ in name", kind="tolerance", tier=tier.name))
+        return checks
+    worst, name, ok = _max_diff(ta, tb, tier.rtol)
+    checks.append(Check("optimizer_moments", "pass" if ok else "fail",
+                        f"{len(ta)} state tensors: " + (f"largest difference {worst:.3g} ({name})" if worst else "bit-identical"),
+                        kind="tolerance", tier=tier.name, largest_difference=worst))
+    return checks
+
+
+def _max_diff(a: dict, b: dict, rtol: float) -> tuple[float, str | None, bool]:
+    import torch
+
+    worst, where, ok = 0.0, None, True
+    for key in sorted(a):
+        x, y = a[key].float(), b[key].float()
+        if x.shape != y.shape:
+            return math.inf, key, False
+        d = (x - y).abs()
+        m = float(d.max()) if d.numel() else 0.0
+        if m > worst:
+            worst, where = m, key
+        if rtol == 0.0:
+            ok = ok and bool(torch.equal(a[key], b[key]))
+        else:
+            ok = ok and bool((d <= rtol * y.abs().clamp_min(1e-12)).all() or m <= rtol * float(y.abs().max()))
+    return worst, where, ok
+
+
+def _close(a: float, b: float, rtol: float) -> bool:
+    return a == b if rtol == 0.0 else abs(a - b) <= rtol * max(abs(b), 1e-12)
+
+
+def write_manifest(ckpt: Path, path: Path) -> dict[str, str]:
+    """sha256 of every file in a checkpoint directory, written as JSON to ``path``; returns ``{relative name: hex}``."""
+    manifest: dict[str, str] = {}
+    if ckpt.is_dir():
+        for f in sorted(p for p in ckpt.rglob("*") if p.is_file()):
+            manifest[str(f.relative_to(ckpt))] = _sha256(f)
+    path.write_text(json.dumps(manifest, indent=2), encoding="utf-8")
+    return manifest
+
+
+def verify_manifest(ckpt: Path, manifest: dict[str, str]) -> list[str]:
+    """Names of files whose sha256 differs from the manifest, or that appeared or vanished since it was written."""
+    now = {str(p.relative_to(ckpt)) for p in ckpt.rglob("*") if p.is_file()}
+    bad = sorted(now ^ set(manifest))
+    bad += [name for name in sorted(now & set(manifest)) if _sha256(ckpt / name) != manifest[name]]
+    return bad
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _step_of(p: Path) -> int:
+    try:
+        return int(p.name.rsplit("-", 1)[1])
+    except (IndexError, ValueError):
+        return -1
+
+
+def _span(steps: list[int]) -> str:
+    if not steps:
+        return "none"
+    if steps == list(range(steps[0], steps[-1] + 1)):
+        return f"{steps[0]}-{steps[-1]}" if len(steps) > 1 else str(steps[0])
+    return ", ".join(map(str, steps[:8])) + (" ..." if len(steps) > 8 else "")

@@ -1,0 +1,350 @@
+"""RunSpec: what the user asks gpuaccept to accept.
+
+A RunSpec is read from a TOML file and/or command-line flags (flags win), validated on its own (:func:`RunSpec.validate`)
+and against the model's config (:func:`validate_against_config`). Every invalid value raises :class:`~core.errors.SpecError`
+naming the field and what to change.
+
+TOML layout (every key optional; the defaults are the embedded model and text)::
+
+    mode = "lora"                 # inference | full | lora
+    model = "smollm2-135m"        # embedded | local HF directory | cached HF id | config.json (plan only)
+    dtype = "fp32"                # fp32 | bf16 | fp16
+    batch_size = 4                # micro-batch per device
+    seq_len = 128
+    grad_accum = 1
+    optimizer = "adamw"           # adamw | sgd | adafactor
+    learning_rate = 1e-3
+    lr_scheduler = "linear"       # linear | cosine | constant
+    warmup_steps = 0
+    steps = 40                    # optimizer steps
+    gradient_checkpointing = false
+    devices = "auto"              # auto | cpu | CUDA indices such as "0" or "0,1"
+    data = "embedded"             # embedded | path to .txt / .jsonl
+    heldout_fraction = 0.2
+    eval_max_blocks = 48
+    seed = 42
+    probe_steps = 3
+
+    [lora]
+    r = 8
+    alpha = 16
+    dropout = 0.0
+    targets = ["q_proj", "v_proj"]
+
+    [resume]
+    check = true
+    checkpoint_every = 10         # steps between checkpoints
+    kill_after_checkpoint = 2     # kill after the 2nd checkpoint, before the next one
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from core.errors import SpecError
+
+MODES = ("inference", "full", "lora")
+DTYPES = ("fp32", "bf16", "fp16")
+OPTIMIZERS = ("adamw", "sgd", "adafactor")
+SCHEDULERS = ("linear", "cosine", "constant")
+EMBEDDED_MODEL = "smollm2-135m"
+EMBEDDED_DATA = "embedded"
+
+#: bytes per element of each dtype name.
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+# Per-mode defaults chosen so the embedded run finishes on a 2-core CPU in minutes (DESIGN §6: LoRA step ~1.6 s,
+# full fine-tuning step ~4.2 s at 4 x 128 tokens, fp32).
+_MODE_DEFAULTS: dict[str, dict[str, Any]] = {
+    "inference": {"steps": 0, "learning_rate": 0.0},
+    "lora": {"steps": 40, "learning_rate": 1e-3},
+    "full": {"steps": 16, "learning_rate": 5e-5},
+}
+_RESUME_DEFAULTS = {"lora": (10, 2), "full": (4, 3), "inference": (10, 1)}
+
+
+@dataclass(frozen=True)
+class LoraSettings:
+    """Low-rank adapter settings (Hu et al. 2021, arXiv 2106.09685): W + (alpha / r) * B @ A on each target module."""
+
+    r: int = 8
+    alpha: int = 16
+    dropout: float = 0.0
+    targets: tuple[str, ...] = ("q_proj", "v_proj")
+
+
+@dataclass(frozen=True)
+class ResumeSettings:
+    """Kill-and-resume check settings.
+
+    Attributes:
+        check: run the check at all (training modes only).
+        checkpoint_every: optimizer steps between Trainer checkpoints.
+        kill_after_checkpoint: the interrupted run is killed after this checkpoint (1-based) and before the next one.
+    """
+
+    check: bool = True
+    checkpoint_every: int = 10
+    kill_after_checkpoint: int = 2
+
+    def kill_checkpoint_step(self) -> int:
+        """Global step of the checkpoint the interrupted run resumes from."""
+        return self.checkpoint_every * self.kill_after_checkpoint
+
+    def kill_step(self) -> int:
+        """The interrupted run is killed once it has finished this optimizer step (after the checkpoint, before the next)."""
+        return self.kill_checkpoint_step() + max(1, self.checkpoint_every // 2)
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """A training or inference setup to accept. Sizes are per device: ``batch_size`` is the micro-batch.
+
+    Global batch = batch_size x grad_accum x data-parallel devices; tokens per optimizer step = global batch x seq_len.
+    """
+
+    mode: str = "lora"
+    model: str = EMBEDDED_MODEL
+    dtype: str = "fp32"
+    batch_size: int = 4
+    seq_len: int = 128
+    grad_accum: int = 1
+    optimizer: str = "adamw"
+    learning_rate: float = 1e-3
+    lr_scheduler: str = "linear"
+    warmup_steps: int = 0
+    steps: int = 40
+    gradient_checkpointing: bool = False
+    devices: str = "auto"
+    data: str = EMBEDDED_DATA
+    heldout_fraction: float = 0.2
+    eval_max_blocks: int = 48
+    seed: int = 42
+    probe_steps: int = 3
+    lora: LoraSettings = field(default_factory=LoraSettings)
+    resume: ResumeSettings = field(default_factory=ResumeSettings)
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def build(cls, toml_path: str | Path | None = None, **overrides: Any) -> "RunSpec":
+        """Build a spec from an optional TOML file and overrides (flags). ``None`` overrides are ignored.
+
+        Mode-dependent defaults (steps, learning rate, checkpoint interval) apply to keys given in neither place.
+
+        Raises:
+            SpecError: unknown key, wrong type, or invalid value (see :meth:`validate`).
+        """
+        raw: dict[str, Any] = {}
+        if toml_path is not None:
+            path = Path(toml_path)
+            try:
+                raw = tomllib.loads(path.read_text(encoding="utf-8"))
+            except FileNotFoundError:
+                raise SpecError("spec", f"file {path} not found; give the path of a TOML spec") from None
+            except tomllib.TOMLDecodeError as exc:
+                raise SpecError("spec", f"{path} is not valid TOML ({exc}); fix the file") from None
+        for key, value in overrides.items():
+            if value is None:
+                continue
+            if key.startswith("lora_"):
+                raw.setdefault("lora", {})[key.removeprefix("lora_")] = value
+            elif key.startswith("resume_"):
+                raw.setdefault("resume", {})[key.removeprefix("resume_")] = value
+            else:
+                raw[key] = value
+        return cls.from_dict(raw)
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> "RunSpec":
+        """Build and validate a spec from a plain mapping (the TOML layout in the module docstring)."""
+        raw = dict(raw)
+        known = {f.name for f in dataclasses.fields(cls)}
+        for key in raw:
+            if key not in known:
+                raise SpecError(key, f"unknown setting; known settings are: {', '.join(sorted(known))}")
+        mode = raw.get("mode", cls.mode)
+        if mode not in MODES:
+            raise SpecError("mode", f"{mode!r} is not a mode; choose one of {', '.join(MODES)}")
+        defaults = _MODE_DEFAULTS[mode]
+        for key, value in defaults.items():
+            raw.setdefault(key, value)
+        lora_raw = dict(raw.pop("lora", {}) or {})
+        resume_raw = dict(raw.pop("resume", {}) or {})
+        every, kill_after = _RESUME_DEFAULTS[mode]
+        resume_raw.setdefault("checkpoint_every", every)
+        resume_raw.setdefault("kill_after_checkpoint", kill_after)
+        lora = _sub(LoraSettings, lora_raw, "lora")
+        if isinstance(lora.targets, (list, str)):
+            targets = lora.targets.split(",") if isinstance(lora.targets, str) else lora.targets
+            lora = dataclasses.replace(lora, targets=tuple(t.strip() for t in targets if t.strip()))
+        resume = _sub(ResumeSettings, resume_raw, "resume")
+        scalars = {k: v for k, v in raw.items()}
+        if "devices" in scalars and not isinstance(scalars["devices"], str):
+            value = scalars["devices"]
+            scalars["devices"] = ",".join(str(v) for v in value) if isinstance(value, list) else str(value)
+        _check_types(cls, scalars)
+        spec = cls(**scalars, lora=lora, resume=resume)
+        spec.validate()
+        return spec
+
+    # ------------------------------------------------------------------ validation
+    def validate(self) -> None:
+        """Check every value that can be checked without the model.
+
+        Raises:
+            SpecError: naming the first invalid field and what to change.
+        """
+        if self.dtype not in DTYPES:
+            raise SpecError("dtype", f"{self.dtype!r} is not supported; choose one of {', '.join(DTYPES)}")
+        if self.optimizer not in OPTIMIZERS:
+            raise SpecError("optimizer", f"{self.optimizer!r} is not supported; choose one of {', '.join(OPTIMIZERS)}")
+        if self.lr_scheduler not in SCHEDULERS:
+            raise SpecError("lr_scheduler", f"{self.lr_scheduler!r} is not supported; choose one of {', '.join(SCHEDULERS)}")
+        for name in ("batch_size", "seq_len", "grad_accum", "eval_max_blocks", "probe_steps"):
+            if getattr(self, name) < 1:
+                raise SpecError(name, f"must be at least 1 (got {getattr(self, name)})")
+        if self.seq_len < 2:
+            raise SpecError("seq_len", "must be at least 2 tokens: a causal LM predicts token t+1 from tokens up to t")
+        if self.warmup_steps < 0:
+            raise SpecError("warmup_steps", f"must be 0 or more (got {self.warmup_steps})")
+        if not 0.0 < self.heldout_fraction < 1.0:
+            raise SpecError("heldout_fraction", f"must be between 0 and 1, exclusive (got {self.heldout_fraction})")
+        if self.mode == "inference":
+            if self.steps != 0:
+                raise SpecError("steps", "inference runs no training steps; set steps = 0 or choose mode full or lora")
+        else:
+            if self.steps < 1:
+                raise SpecError("steps", f"a training mode needs at least 1 step (got {self.steps})")
+            if self.learning_rate <= 0:
+                raise SpecError("learning_rate", f"must be positive for training (got {self.learning_rate})")
+            if self.warmup_steps > self.steps:
+                raise SpecError("warmup_steps", f"{self.warmup_steps} is more than steps ({self.steps}); lower it")
+        if self.mode == "lora":
+            if self.lora.r < 1:
+                raise SpecError("lora.r", f"the LoRA rank must be at least 1 (got {self.lora.r})")
+            if self.lora.alpha <= 0:
+                raise SpecError("lora.alpha", f"must be positive (got {self.lora.alpha})")
+            if not 0.0 <= self.lora.dropout < 1.0:
+                raise SpecError("lora.dropout", f"must be in [0, 1) (got {self.lora.dropout})")
+            if not self.lora.targets:
+                raise SpecError("lora.targets", "name at least one module, e.g. q_proj,v_proj")
+        if self.mode != "inference" and self.resume.check:
+            r = self.resume
+            if r.checkpoint_every < 1:
+                raise SpecError("resume.checkpoint_every", f"must be at least 1 (got {r.checkpoint_every})")
+            if r.kill_after_checkpoint < 1:
+                raise SpecError("resume.kill_after_checkpoint", f"must be at least 1 (got {r.kill_after_checkpoint})")
+            if r.kill_step() >= self.steps:
+                raise SpecError(
+                    "resume.kill_after_checkpoint",
+                    f"the kill would come at step {r.kill_step()}, not before the last step {self.steps}: raise steps "
+                    f"above {r.kill_step()} or lower checkpoint_every / kill_after_checkpoint",
+                )
+        parse_devices(self.devices)
+        if self.data != EMBEDDED_DATA:
+            path = Path(self.data)
+            if path.suffix not in (".txt", ".jsonl"):
+                raise SpecError("data", f"{self.data!r}: give 'embedded' or a .txt / .jsonl file")
+            if not path.is_file():
+                raise SpecError("data", f"file {self.data} not found; give 'embedded' or an existing .txt / .jsonl file")
+
+    # ------------------------------------------------------------------ views
+    @property
+    def training(self) -> bool:
+        """True for full fine-tuning and LoRA (backward and optimizer steps run)."""
+        return self.mode != "inference"
+
+    @property
+    def dtype_bytes(self) -> int:
+        """Bytes per element of :attr:`dtype`."""
+        return DTYPE_BYTES[self.dtype]
+
+    def to_dict(self) -> dict[str, Any]:
+        """A TOML/JSON-ready mapping (tuples become lists), the inverse of :meth:`from_dict`."""
+        out = dataclasses.asdict(self)
+        out["lora"]["targets"] = list(self.lora.targets)
+        return out
+
+    def spec_hash(self) -> str:
+        """sha256 of the canonical JSON of :meth:`to_dict` (sorted keys): the same spec gives the same hash anywhere."""
+        blob = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":")).encode()
+        return hashlib.sha256(blob).hexdigest()
+
+
+def parse_devices(devices: str) -> list[str]:
+    """Parse the ``devices`` setting.
+
+    Returns:
+        ``["auto"]``, ``["cpu"]`` or CUDA device names such as ``["cuda:0", "cuda:1"]``.
+
+    Raises:
+        SpecError: anything else.
+    """
+    text = devices.strip().lower()
+    if text in ("auto", "cpu"):
+        return [text]
+    parts = [p.strip().removeprefix("cuda:") for p in text.split(",") if p.strip()]
+    if not parts or not all(p.isdigit() for p in parts):
+        raise SpecError("devices", f"{devices!r}: give auto, cpu, or CUDA indices such as 0 or 0,1")
+    if len(set(parts)) != len(parts):
+        raise SpecError("devices", f"{devices!r} names a device twice")
+    return [f"cuda:{p}" for p in parts]
+
+
+def validate_against_config(spec: RunSpec, max_positions: int | None, module_names: set[str] | None = None) -> None:
+    """Check the spec against the model.
+
+    Args:
+        max_positions: the model's declared ``max_position_embeddings`` (``n_positions``), or None when its config does
+            not declare one (a library default is not a property of the model).
+        module_names: short names of the model's Linear modules (e.g. ``{"q_proj", ...}``) to check LoRA targets against.
+
+    Raises:
+        SpecError: sequence length above ``max_position_embeddings``; LoRA target absent from the model.
+    """
+    if max_positions is not None and spec.seq_len > int(max_positions):
+        raise SpecError(
+            "seq_len",
+            f"{spec.seq_len} is above the model's max_position_embeddings ({max_positions}); "
+            f"use a sequence length of at most {max_positions}",
+        )
+    if spec.mode == "lora" and module_names is not None:
+        missing = [t for t in spec.lora.targets if t not in module_names]
+        if missing:
+            raise SpecError(
+                "lora.targets",
+                f"{', '.join(missing)} not found in the model; its linear modules are: {', '.join(sorted(module_names))}",
+            )
+
+
+def _sub(cls: type, raw: dict[str, Any], prefix: str) -> Any:
+    known = {f.name for f in dataclasses.fields(cls)}
+    for key in raw:
+        if key not in known:
+            raise SpecError(f"{prefix}.{key}", f"unknown setting; known [{prefix}] settings are: {', '.join(sorted(known))}")
+    _check_types(cls, raw, prefix + ".")
+    return cls(**raw)
+
+
+_TYPES = {"int": int, "float": (int, float), "str": str, "bool": bool}
+
+
+def _check_types(cls: type, raw: dict[str, Any], prefix: str = "") -> None:
+    for f in dataclasses.fields(cls):
+        if f.name not in raw:
+            continue
+        value = raw[f.name]
+        expected = _TYPES.get(str(f.type))
+        if expected is None:
+            continue
+        ok = isinstance(value, expected) and not (expected is not bool and isinstance(value, bool))
+        if not ok:
+            raise SpecError(f"{prefix}{f.name}", f"expected {f.type}, got {value!r}")
+        if f.type == "float":
+            raw[f.name] = float(value)

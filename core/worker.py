@@ -1,0 +1,370 @@
+"""The child process: one readable recipe that builds the model, runs real steps and reports what it measured.
+
+Run as ``python -m core.worker JOB.json``; started by :mod:`core.childproc` in its own process group with stdin from
+/dev/null and stdout/stderr to a log file. It talks to the parent only through the JSON-lines events file named in the job.
+
+Roles (``job["role"]``):
+
+- ``probe``: ``probe_steps`` real steps (Trainer + PEFT for training, forward passes under ``torch.inference_mode`` for
+  inference) with a measuring callback; emits a measured ledger per device.
+- ``evaluate``: held-out perplexity of the fixed weights (inference mode).
+- ``train``: held-out perplexity before, ``steps`` optimizer steps with Trainer checkpoints, perplexity after. This run is
+  also the reference of the resume check.
+- ``interrupted``: the same training; once step ``kill_step`` is done it emits ``kill_point`` and holds there until the
+  parent SIGKILLs its process group (so the kill lands after checkpoint c and before the next on any machine speed).
+- ``resumed``: the same training resumed with ``resume_from_checkpoint``.
+
+Every training role emits one ``step`` event per optimizer step: global step, epoch, the learning rate applied, the loss
+(mean over the micro-batches of the step, unrounded) and the sample ids consumed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from core.events import EventWriter
+from core.spec import RunSpec
+
+_TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+_TRAINER_OPTIM = {"adamw": "adamw_torch", "sgd": "sgd", "adafactor": "adafactor"}
+
+
+def main(argv: list[str]) -> int:
+    job = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
+    events = EventWriter(job["events"])
+    try:
+        run_job(job, events)
+    except BaseException as exc:  # the parent reads this event; the traceback goes to the child's log
+        import traceback
+
+        traceback.print_exc()
+        events.emit("error", error=f"{type(exc).__name__}: {exc}")
+        return 1
+    finally:
+        events.close()
+    return 0
+
+
+def run_job(job: dict[str, Any], events: EventWriter) -> None:
+    import torch
+    from transformers import set_seed
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    spec = RunSpec.from_dict(job["spec"])
+    role = job["role"]
+    device = job["device"]
+    rss_start = _rss_bytes()
+    events.emit("started", role=role, pid=os.getpid(), pgid=os.getpgid(0), device=device, torch=torch.__version__)
+    if device.startswith("cuda"):
+        torch.cuda.set_device(torch.device(device))
+        events.emit("device_uuid", device=device, uuid=str(torch.cuda.get_device_properties(device).uuid))
+
+    set_seed(spec.seed)
+    model, tokenizer = build_model(spec, job["model_path"], device)
+    train_blocks, heldout_blocks, data_info = build_data(spec, tokenizer)
+    events.emit("data", **data_info)
+
+    if role == "probe":
+        probe(spec, model, tokenizer, train_blocks, Path(job["output_dir"]), device, events, job, rss_start)
+        return
+
+    from core.evaluate import evaluate_perplexity
+
+    if role in ("train", "evaluate"):
+        before = evaluate_perplexity(model, heldout_blocks, spec.batch_size, device=device)
+        events.emit("evaluation", when="before", **_eval_dict(before))
+        if role == "evaluate":  # inference: fixed weights, evaluated once
+            return
+    out_dir = Path(job["output_dir"])
+    trainer = build_trainer(spec, model, tokenizer, train_blocks, out_dir, device, events, job)
+    started = time.perf_counter()
+    trainer.train(resume_from_checkpoint=job.get("resume_from"))
+    train_s = time.perf_counter() - started
+    events.emit("trained", seconds=train_s, global_step=trainer.state.global_step, output_dir=str(out_dir))
+    if role == "train":
+        after = evaluate_perplexity(model, heldout_blocks, spec.batch_size, device=device)
+        events.emit("evaluation", when="after", **_eval_dict(after))
+
+
+# ----------------------------------------------------------------------------------------------------------- building
+def build_model(spec: RunSpec, model_path: str, device: str) -> tuple[Any, Any]:
+    """Load the model in the spec's dtype on ``device`` and wrap LoRA adapters when the mode is ``lora``."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    dtype = getattr(torch, _TORCH_DTYPES[spec.dtype])
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(device)
+    model.config.use_cache = False if spec.training else model.config.use_cache
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    if spec.mode == "lora":
+        from peft import LoraConfig, get_peft_model
+
+        config = LoraConfig(
+            r=spec.lora.r,
+            lora_alpha=spec.lora.alpha,
+            lora_dropout=spec.lora.dropout,
+            target_modules=list(spec.lora.targets),
+            task_type="CAUSAL_LM",
+        )
+        model = get_peft_model(model, config)
+    if spec.mode == "inference":
+        model.requires_grad_(False)
+    if spec.gradient_checkpointing and spec.training:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if spec.mode == "lora":
+            model.enable_input_require_grads()
+    return model, tokenizer
+
+
+def build_data(spec: RunSpec, tokenizer: Any) -> tuple[list[dict], list[dict], dict[str, Any]]:
+    """Train blocks (all) and held-out blocks (at most ``eval_max_blocks``) of ``seq_len`` tokens, with split facts."""
+    from core.data import load_documents, make_blocks, split_documents
+
+    split = split_documents(load_documents(spec.data), spec.heldout_fraction)
+    train = make_blocks(split.train, tokenizer, spec.seq_len)
+    heldout = make_blocks(split.heldout, tokenizer, spec.seq_len, max_blocks=spec.eval_max_blocks)
+    info = {
+        "train_documents": len(split.train),
+        "heldout_documents": len(split.heldout),
+        "train_blocks": len(train),
+        "heldout_blocks": len(heldout),
+        "train_hash": split.train_hash,
+        "heldout_hash": split.heldout_hash,
+        "split_method": split.method,
+        "disjoint_check": split.disjoint_check,
+    }
+    return train, heldout, info
+
+
+def _collate(features: list[dict]) -> dict[str, Any]:
+    import torch
+
+    input_ids = torch.tensor([f["input_ids"] for f in features], dtype=torch.long)
+    attention_mask = torch.tensor([f["attention_mask"] for f in features], dtype=torch.long)
+    labels = input_ids.masked_fill(attention_mask == 0, -100)  # mask by position, never by token id (pad may be eos)
+    sample_ids = torch.tensor([f["sample_id"] for f in features], dtype=torch.long)
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels, "sample_ids": sample_ids}
+
+
+def build_trainer(spec, model, tokenizer, blocks, out_dir: Path, device: str, events: EventWriter, job: dict,
+                  max_steps: int | None = None, save: bool = True, extra_callbacks: list | None = None):
+    """A transformers Trainer over ``blocks`` that reports every optimizer step through ``events``.
+
+    Checkpoints every ``resume.checkpoint_every`` steps (and at the last step) when ``save``.
+    """
+    from transformers import Trainer, TrainerCallback, TrainingArguments
+
+    class MeasuringTrainer(Trainer):
+        """Trainer that records, per micro-batch, the sample ids fed to the model and the unrounded loss."""
+
+        micro: list[tuple[list[int], float]] = []
+
+        def training_step(self, model, inputs, num_items_in_batch=None):
+            ids = inputs.pop("sample_ids").tolist()
+            loss = super().training_step(model, inputs, num_items_in_batch)
+            self.micro.append((ids, float(loss)))
+            return loss
+
+    class StepReporter(TrainerCallback):
+        def __init__(self) -> None:
+            self.lr: float | None = None
+
+        def on_pre_optimizer_step(self, args, state, control, optimizer=None, **kw):
+            self.lr = float(optimizer.param_groups[0]["lr"]) if optimizer is not None else None
+
+        def on_step_end(self, args, state, control, **kw):
+            micro, MeasuringTrainer.micro = MeasuringTrainer.micro, []
+            events.emit(
+                "step",
+                step=state.global_step,
+                epoch=float(state.epoch or 0.0),
+                learning_rate=self.lr,
+                loss=sum(loss for _, loss in micro),
+                sample_ids=[i for ids, _ in micro for i in ids],
+            )
+            if job["role"] == "interrupted" and state.global_step >= job["kill_step"]:
+                events.emit("kill_point", step=state.global_step)
+                while True:  # hold: the parent kills this process group now
+                    time.sleep(0.05)
+
+        def on_save(self, args, state, control, **kw):
+            path = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+            events.emit("checkpoint", step=state.global_step, path=str(path))
+
+    every = spec.resume.checkpoint_every if spec.resume.check else spec.steps
+    args = TrainingArguments(
+        output_dir=str(out_dir),
+        max_steps=max_steps or spec.steps,
+        per_device_train_batch_size=spec.batch_size,
+        gradient_accumulation_steps=spec.grad_accum,
+        learning_rate=spec.learning_rate,
+        lr_scheduler_type=spec.lr_scheduler,
+        warmup_steps=spec.warmup_steps,
+        optim=_TRAINER_OPTIM[spec.optimizer],
+        optim_args="momentum=0.9" if spec.optimizer == "sgd" else None,
+        weight_decay=0.0,
+        logging_steps=1,
+        save_strategy="steps" if save else "no",
+        save_steps=every,
+        save_total_limit=job.get("save_total_limit"),
+        seed=spec.seed,
+        data_seed=spec.seed,
+        report_to=[],
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        remove_unused_columns=False,
+        use_cpu=device == "cpu",
+        gradient_checkpointing=False,  # enabled on the model in build_model, once
+    )
+    return MeasuringTrainer(
+        model=model,
+        args=args,
+        train_dataset=_ListDataset(blocks),
+        data_collator=_collate,
+        callbacks=[StepReporter(), *(extra_callbacks or [])],
+    )
+
+
+class _ListDataset:
+    """A map-style dataset over a list of blocks (Trainer needs ``__len__`` and ``__getitem__``)."""
+
+    def __init__(self, items: list[dict]) -> None:
+        self.items = items
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> dict:
+        return self.items[i]
+
+
+# ------------------------------------------------------------------------------------------------------------ probe
+def probe(spec: RunSpec, model, tokenizer, blocks: list[dict], out_dir: Path, device: str, events: EventWriter,
+          job: dict, rss_start: int) -> None:
+    """Run ``probe_steps`` real steps and emit the measured ledger (``ledger`` event) and the placement.
+
+    Training modes run Trainer steps (its own optimizer and schedule) with a callback that counts gradients at the
+    optimizer step and optimizer states after it from the live tensors; inference runs forward passes under
+    ``torch.inference_mode``. On CUDA the allocator's peak allocated and reserved are read; on CPU a
+    :class:`~core.measure.LiveTensorTracker` follows the step's tensors.
+    """
+    import torch
+    from transformers import TrainerCallback
+
+    from core.measure import LiveTensorTracker, optimizer_state_bytes, parameter_placement, tensor_bytes
+
+    placement = parameter_placement(model)
+    events.emit("placement", devices=placement)
+    weights = sum(d["bytes"] for d in placement.values())
+    rss_loaded = _rss_bytes()
+    is_cuda = device.startswith("cuda")
+    if is_cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats(device)
+    tracker = None if is_cuda else LiveTensorTracker(baseline_bytes=weights)
+    seen = {"gradients": 0, "optimizer_states": 0}
+    step_times: list[float] = []
+    n = spec.probe_steps
+
+    if spec.training:
+
+        class ProbeCallback(TrainerCallback):
+            def on_step_begin(self, args, state, control, **kw):
+                self.started = time.perf_counter()
+                if tracker is not None:
+                    tracker.__enter__()
+
+            def on_pre_optimizer_step(self, args, state, control, model=None, **kw):
+                grads = sum(tensor_bytes(p.grad) for p in model.parameters() if p.grad is not None)
+                seen["gradients"] = max(seen["gradients"], grads)
+
+            def on_step_end(self, args, state, control, optimizer=None, **kw):
+                if tracker is not None:
+                    tracker.__exit__(None, None, None)
+                if is_cuda:
+                    torch.cuda.synchronize()
+                step_times.append(time.perf_counter() - self.started)
+                seen["optimizer_states"] = optimizer_state_bytes(optimizer)
+                if tracker is not None:  # states persist into the next step: the next step's baseline
+                    tracker.baseline_bytes = weights + seen["optimizer_states"]
+                events.emit("probe_step", step=state.global_step, total=n, seconds=step_times[-1])
+
+        trainer = build_trainer(spec, model, tokenizer, blocks, out_dir, device, events, job,
+                                max_steps=n, save=False, extra_callbacks=[ProbeCallback()])
+        trainer.train()
+    else:
+        batch = _collate(blocks[: spec.batch_size])
+        batch.pop("sample_ids")
+        batch = {k: v.to(device) for k, v in batch.items()}
+        model.eval()
+        with torch.inference_mode():
+            for step in range(1, n + 1):
+                started = time.perf_counter()
+                if tracker is not None:
+                    tracker.__enter__()
+                try:
+                    out = model(**batch)
+                    del out
+                finally:
+                    if tracker is not None:
+                        tracker.__exit__(None, None, None)
+                if is_cuda:
+                    torch.cuda.synchronize()
+                step_times.append(time.perf_counter() - started)
+                events.emit("probe_step", step=step, total=n, seconds=step_times[-1])
+    steady = step_times[1:] or step_times  # the first step pays one-off allocations and kernel choices
+    step_s = sum(steady) / len(steady)
+    tokens = spec.batch_size * spec.seq_len * (spec.grad_accum if spec.training else 1)
+    ledger: dict[str, Any] = {
+        "device": device,
+        "weights_bytes": weights,
+        "gradients_bytes": seen["gradients"],
+        "optimizer_states_bytes": seen["optimizer_states"],
+        "step_time_s": step_s,
+        "tokens_per_s": tokens / step_s if step_s > 0 else 0.0,
+        "steps": n,
+        "rss_start_bytes": rss_start,
+        "rss_after_load_bytes": rss_loaded,
+        "peak_rss_bytes": _peak_rss_bytes(),
+    }
+    if is_cuda:
+        ledger["peak_allocated_bytes"] = int(torch.cuda.max_memory_allocated(device))
+        ledger["peak_reserved_bytes"] = int(torch.cuda.max_memory_reserved(device))
+    else:
+        ledger["peak_tracked_tensor_bytes"] = tracker.peak_bytes
+        ledger["tracked_method"] = tracker.method
+    events.emit("ledger", **ledger)
+
+
+def _eval_dict(result: Any) -> dict[str, Any]:
+    return {
+        "perplexity": result.perplexity,
+        "mean_nll": result.mean_nll,
+        "nll_sum": result.nll_sum,
+        "tokens": result.tokens,
+        "blocks": result.blocks,
+        "seconds": result.seconds,
+        "metric": result.metric,
+    }
+
+
+def _rss_bytes() -> int:
+    import psutil
+
+    return int(psutil.Process().memory_info().rss)
+
+
+def _peak_rss_bytes() -> int:
+    # Linux reports ru_maxrss in KiB.
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

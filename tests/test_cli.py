@@ -1,0 +1,98 @@
+"""The console script: `gpuaccept plan --json` on the planner cases, and named errors instead of tracebacks."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+CASES = tomllib.loads((Path(__file__).resolve().parents[2] / "shared" / "cases" / "planner.toml").read_text())
+CASE = {c["id"].split("-")[0]: c for c in CASES["case"]}
+DTYPE = {"fp16": "fp16", "bf16": "bf16", "fp32": "fp32"}
+
+
+def gpuaccept(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    exe = shutil.which("gpuaccept", path=str(Path(sys.executable).parent))
+    assert exe, "the console script gpuaccept is not installed in this environment"
+    return subprocess.run([exe, *args], capture_output=True, text=True, cwd=cwd, timeout=300,
+                          env={**os.environ, "GPUACCEPT_DEBUG": ""})
+
+
+def write_config(tmp_path: Path, case_id: str) -> Path:
+    path = tmp_path / case_id / "config.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(CASE[case_id]["config"]))
+    return path
+
+
+def plan_json(tmp_path: Path, case_id: str, *extra: str) -> dict:
+    case = CASE[case_id]
+    cfg = write_config(tmp_path, case_id)
+    out = gpuaccept("plan", "--model", str(cfg), "--mode", case["mode"], "--dtype", DTYPE[case["dtype"]],
+                    "--devices", "cpu", "--json", *extra)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_p1_70b_counts_every_parameter_and_the_head(tmp_path):
+    plan = plan_json(tmp_path, "P1")
+    assert plan["parameters"]["total"] == CASE["P1"]["expect_parameters"]
+    assert plan["parameters"]["trainable"] == 0
+    (device,) = plan["devices"]
+    assert device["components"]["weights"] == CASE["P1"]["expect_weights_bytes"]
+    assert set(device["components"]) == {"weights", "gradients", "optimizer_states", "activations", "temporaries",
+                                         "overhead", "kv_cache"}
+    assert device["total_bytes"] == sum(device["components"].values())
+    assert isinstance(device["capacity_bytes"], int) and device["fits"] is (device["total_bytes"] <= device["capacity_bytes"])
+
+
+def test_p2_gated_mlp_and_qkv_bias_count(tmp_path):
+    plan = plan_json(tmp_path, "P2")
+    assert plan["parameters"]["total"] == CASE["P2"]["expect_parameters"]
+
+
+def test_p6_kv_cache_with_grouped_query_attention(tmp_path):
+    case = CASE["P6"]
+    plan = plan_json(tmp_path, "P6", "--batch-size", str(case["batch"]), "--seq-len", str(case["seq_len"]))
+    assert plan["parameters"]["total"] == case["expect_parameters"]
+    assert plan["devices"][0]["components"]["kv_cache"] == case["expect_kv_cache_bytes"]
+
+
+def test_seq_len_above_the_model_limit_is_one_named_line(tmp_path):
+    cfg = write_config(tmp_path, "P1")
+    out = gpuaccept("plan", "--model", str(cfg), "--seq-len", "200000", "--json")
+    assert out.returncode == 2
+    assert "Traceback" not in out.stderr and out.stdout == ""
+    assert "seq_len" in out.stderr and "max_position_embeddings (131072)" in out.stderr
+
+
+def test_unknown_model_is_one_named_line(tmp_path):
+    out = gpuaccept("plan", "--model", "no-such/model-anywhere", cwd=tmp_path)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "not found offline" in out.stderr
+
+
+def test_config_only_model_is_planned_but_not_run(tmp_path):
+    cfg = write_config(tmp_path, "P6")
+    out = gpuaccept("run", "--headless", "--model", str(cfg), "--mode", "inference", "--devices", "cpu",
+                    "--runs-dir", str(tmp_path / "runs"))
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert "planned only" in out.stdout
+    record = tomllib.loads(Path(out.stdout.strip().splitlines()[-1].removeprefix("record: ")).read_text())
+    assert record["verdict"]["status"] == "fail"
+    assert record["probe"]["provenance"] == "not_run"
+    assert record["plan"]["provenance"] == "estimated"
+
+
+@pytest.mark.parametrize("args", [["plan", "--batch-size", "0"], ["run", "--headless", "--mode", "inference", "--steps", "3"]])
+def test_bad_flags_exit_2_without_traceback(args, tmp_path):
+    out = gpuaccept(*args, cwd=tmp_path)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.startswith("gpuaccept: error: ")
+    assert not (tmp_path / "runs").exists()  # nothing is created for a spec that is refused

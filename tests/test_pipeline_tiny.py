@@ -1,0 +1,106 @@
+"""The whole pipeline on a tiny random Llama, for each mode: record tables, verdicts, resume checks, the kill."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from core.childproc import group_alive
+from core.events import Progress, RunFinished, StageFinished
+from core.pipeline import run_pipeline
+from core.spec import RunSpec
+
+
+def run(spec: RunSpec, runs: Path) -> tuple[dict, list]:
+    gen = run_pipeline(spec, runs_root=runs)
+    events = list(gen)
+    final = events[-1]
+    assert isinstance(final, RunFinished)
+    record = tomllib.loads(Path(final.record_path).read_text())
+    return record, events
+
+
+@pytest.fixture(scope="module")
+def lora_run(tiny_model_dir, tmp_path_factory):
+    spec = RunSpec.build(model=str(tiny_model_dir), mode="lora", steps=8, seq_len=64, grad_accum=2,
+                         resume_checkpoint_every=2, resume_kill_after_checkpoint=2, lr_scheduler="cosine",
+                         warmup_steps=2, eval_max_blocks=8)
+    return spec, *run(spec, tmp_path_factory.mktemp("runs"))
+
+
+def test_lora_record_has_every_table_and_passes(lora_run):
+    spec, record, events = lora_run
+    for table in ("spec", "environment", "plan", "probe", "evaluation", "resume", "verdict"):
+        assert table in record
+    assert record["spec"]["hash"] == spec.spec_hash()
+    assert record["resume"]["status"] == "pass", record["resume"]
+    assert record["verdict"]["status"] == "pass", record["verdict"]
+    assert record["plan"]["provenance"] == "estimated" and record["probe"]["provenance"] == "measured"
+    assert record["evaluation"]["provenance"] == "measured"
+    assert record["evaluation"]["after"]["perplexity"] < record["evaluation"]["before"]["perplexity"]
+    assert record["created_utc"].tzinfo is not None
+
+
+def test_lora_resume_compares_every_resumed_step_exactly(lora_run):
+    spec, record, _ = lora_run
+    resume = record["resume"]
+    c, k = spec.resume.kill_checkpoint_step(), spec.resume.kill_step()
+    assert (resume["checkpoint_step"], resume["kill_step"]) == (c, k) == (4, 5)
+    assert [row["step"] for row in resume["comparison"]] == list(range(c + 1, spec.steps + 1))
+    assert all(row["difference"] == 0.0 for row in resume["comparison"])  # CPU fp32: exact tier
+    checks = {ch["name"]: ch for ch in resume["checks"]}
+    assert checks["final_weights"]["tier"] == "cpu-fp32-exact"
+    assert "bit-identical" in checks["final_weights"]["evidence"]
+    assert {"kill", "checkpoint_complete", "manifest", "learning_rate", "sample_ids", "optimizer_progress"} <= set(checks)
+    assert "adapter weights (adapter_model.safetensors)" in checks["checkpoint_complete"]["evidence"]
+    assert set(resume["checkpoint_manifest"]) >= {"adapter_model.safetensors", "optimizer.pt", "rng_state.pth"}
+
+
+def test_no_process_of_the_killed_group_is_left(lora_run):
+    _, record, _ = lora_run
+    pgid = record["resume"]["killed_process_group"]
+    assert pgid > 1 and not group_alive(pgid)
+
+
+def test_lora_probe_measures_components_and_compares_with_the_plan(lora_run):
+    _, record, _ = lora_run
+    (device,) = record["probe"]["devices"]
+    plan_device = record["plan"]["devices"][0]
+    assert device["weights_bytes"] == plan_device["components"]["weights"]  # counted from live tensors, fp32
+    assert device["gradients_bytes"] == plan_device["components"]["gradients"]
+    assert device["optimizer_states_bytes"] >= plan_device["components"]["optimizer_states"]  # + step counters
+    assert device["trainable_parameters"] == record["plan"]["parameters"]["trainable"]
+    comparison = record["probe"]["plan_comparison"][0]
+    assert comparison["planned_bytes"] == plan_device["total_bytes"]
+    assert comparison["measured_bytes"] == device["peak_bytes"] > device["weights_bytes"]
+
+
+def test_events_carry_progress_of_every_run(lora_run):
+    spec, _, events = lora_run
+    runs = {e.run for e in events if isinstance(e, Progress)}
+    assert runs == {"probe", "train", "interrupted", "resumed"}
+    stages = [e.stage for e in events if isinstance(e, StageFinished)]
+    assert stages == ["plan", "probe", "train_eval", "resume", "record"]
+
+
+def test_full_fine_tuning_with_tied_embeddings_resumes(tiny_model_dir, tmp_path):
+    spec = RunSpec.build(model=str(tiny_model_dir), mode="full", steps=6, seq_len=64, learning_rate=1e-3,
+                         resume_checkpoint_every=2, resume_kill_after_checkpoint=1, eval_max_blocks=4)
+    record, _ = run(spec, tmp_path)
+    assert record["resume"]["status"] == "pass", record["resume"]["checks"]
+    checks = {ch["name"]: ch for ch in record["resume"]["checks"]}
+    assert "model weights (model.safetensors)" in checks["checkpoint_complete"]["evidence"]
+    assert record["evaluation"]["after"]["perplexity"] < record["evaluation"]["before"]["perplexity"]
+    assert record["probe"]["devices"][0]["trainable_parameters"] == record["plan"]["parameters"]["total"]
+
+
+def test_inference_evaluates_once_and_resume_is_not_applicable(tiny_model_dir, tmp_path):
+    spec = RunSpec.build(model=str(tiny_model_dir), mode="inference", seq_len=64, eval_max_blocks=4)
+    record, _ = run(spec, tmp_path)
+    assert record["resume"]["status"] == "not_applicable"
+    assert record["evaluation"]["after"]["provenance"] == "not_run"
+    assert record["evaluation"]["before"]["perplexity"] > 1.0
+    assert record["probe"]["devices"][0]["gradients_bytes"] == 0
+    assert record["verdict"]["status"] == "pass"

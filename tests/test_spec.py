@@ -1,0 +1,113 @@
+"""RunSpec: TOML + flags, defaults per mode, named errors."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from core.errors import SpecError
+from core.spec import RunSpec, parse_devices, validate_against_config
+
+
+def test_defaults_are_the_embedded_lora_run():
+    spec = RunSpec.build()
+    assert (spec.mode, spec.model, spec.data, spec.dtype) == ("lora", "smollm2-135m", "embedded", "fp32")
+    assert spec.steps == 40 and spec.learning_rate == 1e-3
+    assert spec.resume.kill_checkpoint_step() == 20 and spec.resume.kill_step() == 25
+
+
+def test_mode_defaults_follow_the_mode():
+    full = RunSpec.build(mode="full")
+    inference = RunSpec.build(mode="inference")
+    assert full.steps == 16 and full.learning_rate == 5e-5
+    assert full.resume.kill_checkpoint_step() < full.resume.kill_step() < full.steps
+    assert inference.steps == 0 and not inference.training
+
+
+def test_flags_override_the_toml_file(tmp_path):
+    path = tmp_path / "spec.toml"
+    path.write_text('mode = "full"\nbatch_size = 2\nseq_len = 64\nsteps = 12\n[lora]\nr = 4\n[resume]\ncheckpoint_every = 3\n')
+    spec = RunSpec.build(path, batch_size=8, lora_targets="q_proj,k_proj")
+    assert spec.mode == "full" and spec.batch_size == 8 and spec.seq_len == 64 and spec.steps == 12
+    assert spec.lora.r == 4 and spec.lora.targets == ("q_proj", "k_proj")
+    assert spec.resume.checkpoint_every == 3
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field", "hint"),
+    [
+        ({"mode": "train"}, "mode", "inference, full, lora"),
+        ({"dtype": "fp8"}, "dtype", "fp32, bf16, fp16"),
+        ({"batch_size": 0}, "batch_size", "at least 1"),
+        ({"seq_len": 1}, "seq_len", "at least 2"),
+        ({"heldout_fraction": 1.5}, "heldout_fraction", "between 0 and 1"),
+        ({"mode": "inference", "steps": 5}, "steps", "steps = 0"),
+        ({"devices": "gpu0"}, "devices", "auto, cpu, or CUDA indices"),
+        ({"data": "missing.txt"}, "data", "not found"),
+        ({"data": "notes.csv"}, "data", ".txt / .jsonl"),
+        ({"steps": 20}, "resume.kill_after_checkpoint", "raise steps"),
+        ({"lora_r": 0}, "lora.r", "at least 1"),
+        ({"batch_size": "4"}, "batch_size", "expected int"),
+    ],
+)
+def test_bad_values_name_the_field_and_what_to_change(overrides, field, hint):
+    with pytest.raises(SpecError) as info:
+        RunSpec.build(**overrides)
+    assert info.value.field == field
+    assert hint in info.value.message
+
+
+def test_unknown_toml_key_is_named(tmp_path):
+    path = tmp_path / "spec.toml"
+    path.write_text("batchsize = 4\n")
+    with pytest.raises(SpecError) as info:
+        RunSpec.build(path)
+    assert info.value.field == "batchsize" and "batch_size" in info.value.message
+
+
+def test_invalid_toml_is_a_spec_error(tmp_path):
+    path = tmp_path / "spec.toml"
+    path.write_text("mode = \n")
+    with pytest.raises(SpecError, match="not valid TOML"):
+        RunSpec.build(path)
+
+
+def test_seq_len_above_max_position_embeddings_is_named():
+    spec = RunSpec.build(seq_len=512)
+    with pytest.raises(SpecError) as info:
+        validate_against_config(spec, 256)
+    assert info.value.field == "seq_len" and "at most 256" in info.value.message
+    validate_against_config(RunSpec.build(seq_len=256), 256)  # the limit itself is allowed
+    validate_against_config(spec, None)  # a config that declares no limit
+
+
+def test_lora_target_missing_from_model_lists_the_modules():
+    with pytest.raises(SpecError) as info:
+        validate_against_config(RunSpec.build(lora_targets="qkv"), None, {"q_proj", "v_proj"})
+    assert info.value.field == "lora.targets" and "q_proj, v_proj" in info.value.message
+
+
+def test_parse_devices():
+    assert parse_devices("auto") == ["auto"]
+    assert parse_devices("0,cuda:1") == ["cuda:0", "cuda:1"]
+    with pytest.raises(SpecError, match="twice"):
+        parse_devices("0,0")
+
+
+def test_spec_hash_is_stable_across_processes():
+    code = "from core.spec import RunSpec; print(RunSpec.build(mode='full', seed=7).spec_hash())"
+    hashes = {
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                       env={"PYTHONHASHSEED": seed, "PATH": ""}).stdout.strip()
+        for seed in ("1", "2")
+    }
+    assert len(hashes) == 1
+    assert RunSpec.build(mode="full", seed=7).spec_hash() in hashes
+    assert RunSpec.build(mode="full", seed=8).spec_hash() not in hashes
+
+
+def test_round_trip_through_dict():
+    spec = RunSpec.build(mode="full", batch_size=2, lora_targets="q_proj")
+    assert RunSpec.from_dict(spec.to_dict()) == spec

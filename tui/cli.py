@@ -1,0 +1,168 @@
+"""The ``gpuaccept`` console script.
+
+- ``gpuaccept run [SPEC.toml] --headless [flags]``: the whole pipeline, one line per event; exit 0 only when every stage
+  passes; prints where the record is.
+- ``gpuaccept plan [SPEC.toml] [flags] [--json]``: the memory plan only (no weights loaded).
+
+torch and transformers are imported only when a command needs them. Bad input prints one named error line (exit 2),
+never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+
+
+def _spec_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("spec", nargs="?", help="a TOML spec file; flags override its values")
+    g = p.add_argument_group("setup (flags override the spec file; defaults: the embedded model and text)")
+    g.add_argument("--mode", choices=("inference", "full", "lora"))
+    g.add_argument("--model", help="smollm2-135m (embedded), a local HF model directory, a cached HF id, or a config.json")
+    g.add_argument("--dtype", choices=("fp32", "bf16", "fp16"))
+    g.add_argument("--batch-size", type=int, help="micro-batch per device")
+    g.add_argument("--seq-len", type=int, help="tokens per sequence")
+    g.add_argument("--grad-accum", type=int, help="gradient accumulation steps")
+    g.add_argument("--optimizer", choices=("adamw", "sgd", "adafactor"))
+    g.add_argument("--learning-rate", "--lr", type=float, dest="learning_rate")
+    g.add_argument("--lr-scheduler", choices=("linear", "cosine", "constant"))
+    g.add_argument("--warmup-steps", type=int)
+    g.add_argument("--steps", type=int, help="optimizer steps of training")
+    g.add_argument("--gradient-checkpointing", action=argparse.BooleanOptionalAction, default=None)
+    g.add_argument("--lora-r", type=int)
+    g.add_argument("--lora-alpha", type=int)
+    g.add_argument("--lora-dropout", type=float)
+    g.add_argument("--lora-targets", help="comma-separated module names, e.g. q_proj,v_proj")
+    g.add_argument("--devices", help="auto, cpu, or CUDA indices such as 0 or 0,1")
+    g.add_argument("--data", help="embedded, or a .txt / .jsonl file")
+    g.add_argument("--heldout-fraction", type=float)
+    g.add_argument("--eval-max-blocks", type=int)
+    g.add_argument("--seed", type=int)
+    g.add_argument("--probe-steps", type=int)
+    g.add_argument("--resume-check", action=argparse.BooleanOptionalAction, default=None, dest="resume_check")
+    g.add_argument("--checkpoint-every", type=int, dest="resume_checkpoint_every")
+    g.add_argument("--kill-after-checkpoint", type=int, dest="resume_kill_after_checkpoint")
+
+
+_SPEC_KEYS = ("mode", "model", "dtype", "batch_size", "seq_len", "grad_accum", "optimizer", "learning_rate",
+              "lr_scheduler", "warmup_steps", "steps", "gradient_checkpointing", "lora_r", "lora_alpha",
+              "lora_dropout", "lora_targets", "devices", "data", "heldout_fraction", "eval_max_blocks", "seed",
+              "probe_steps", "resume_check", "resume_checkpoint_every", "resume_kill_after_checkpoint")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gpuaccept",
+        description="Accept a training setup: memory plan, probe, held-out evaluation, kill-and-resume check, record.",
+    )
+    sub = parser.add_subparsers(dest="command")
+    run = sub.add_parser("run", help="run every stage and write record.toml")
+    _spec_flags(run)
+    run.add_argument("--headless", action="store_true", help="no wizard: one line per event on stdout")
+    run.add_argument("--runs-dir", default="runs", help="where run directories are created (default: ./runs)")
+    plan = sub.add_parser("plan", help="the memory plan only, per component and per device")
+    _spec_flags(plan)
+    plan.add_argument("--json", action="store_true", help="print the plan as JSON")
+    return parser
+
+
+def spec_from_args(args: argparse.Namespace) -> Any:
+    from core.spec import RunSpec
+
+    overrides = {k: getattr(args, k, None) for k in _SPEC_KEYS}
+    if overrides.get("resume_check") is not None:
+        overrides["resume_check"] = bool(overrides["resume_check"])
+    return RunSpec.build(args.spec, **{("resume_check" if k == "resume_check" else k): v for k, v in overrides.items()})
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv:
+        argv = ["run", "--headless"]
+        print("gpuaccept: the wizard is not built yet; running the headless acceptance on the defaults", flush=True)
+    args = build_parser().parse_args(argv)
+    from core.errors import GpuAcceptError
+
+    try:
+        if args.command == "plan":
+            return cmd_plan(args)
+        if args.command == "run":
+            if not args.headless:
+                print("gpuaccept: the wizard is not built yet; running headless", flush=True)
+            return cmd_run(args)
+    except GpuAcceptError as exc:
+        print(f"gpuaccept: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("gpuaccept: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # noqa: BLE001 - one line for the user; the traceback on request
+        if os.environ.get("GPUACCEPT_DEBUG"):
+            raise
+        print(f"gpuaccept: internal error: {type(exc).__name__}: {exc} (GPUACCEPT_DEBUG=1 shows the traceback)",
+              file=sys.stderr)
+        return EXIT_FAIL
+    build_parser().print_help()
+    return EXIT_USAGE
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from core.pipeline import make_plan
+
+    spec = spec_from_args(args)
+    ctx = make_plan(spec)
+    if args.json:
+        print(json.dumps(ctx.plan.to_json(), indent=2))
+        return EXIT_OK
+    print(format_plan(ctx.plan, spec))
+    return EXIT_OK
+
+
+def format_plan(plan: Any, spec: Any) -> str:
+    """The plan as text: parameters, convention, then per device one line per component (GiB = 2^30 bytes)."""
+    lines = [
+        f"model {spec.model}, mode {spec.mode}, dtype {spec.dtype}, micro-batch {spec.batch_size} x {spec.seq_len} tokens",
+        f"parameters: {plan.parameters.total:,} total, {plan.parameters.trainable:,} trainable",
+        f"convention: {plan.convention}",
+        "all numbers below are ESTIMATES (analytic); the probe measures",
+    ]
+    for d in plan.devices:
+        cap = f"{d.device.capacity_bytes / 2**30:.2f} GiB ({d.device.capacity_source})" if d.device.capacity_bytes \
+            else "unknown capacity"
+        lines.append(f"\n{d.device.name} {d.device.label}: capacity {cap}")
+        for name, line in d.lines.items():
+            lines.append(f"  {name:<17} {line.bytes / 2**30:9.3f} GiB  {line.method}")
+        verdict = {True: "fits", False: "DOES NOT FIT", None: "fit unknown"}[d.fits]
+        lines.append(f"  {'total':<17} {d.total_bytes / 2**30:9.3f} GiB  {verdict} on {d.device.name}")
+    return "\n".join(lines)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from core.events import Message, Progress, RunFinished, StageFinished, StageStarted
+    from core.pipeline import run_pipeline
+
+    spec = spec_from_args(args)
+    print(f"gpuaccept: {spec.mode} on {spec.model} ({spec.dtype}, micro-batch {spec.batch_size} x {spec.seq_len}, "
+          f"{spec.steps} steps)", flush=True)
+    final: RunFinished | None = None
+    for event in run_pipeline(spec, runs_root=Path(args.runs_dir)):
+        if isinstance(event, StageStarted):
+            print(f"[{event.stage}] {event.detail}", flush=True)
+        elif isinstance(event, StageFinished):
+            print(f"[{event.stage}] {event.status}: {event.summary}", flush=True)
+        elif isinstance(event, Progress):
+            extra = f" loss {event.loss:.4f}" if event.loss is not None else ""
+            print(f"  {event.run} step {event.step}/{event.total}{extra}", flush=True)
+        elif isinstance(event, Message):
+            print(f"  {event.text}", flush=True)
+        elif isinstance(event, RunFinished):
+            final = event
+    assert final is not None
+    print(f"verdict: {final.status}\nrecord: {final.record_path}", flush=True)
+    return EXIT_OK if final.status == "pass" else EXIT_FAIL
