@@ -89,19 +89,26 @@ def watch(
     When ``cancelled()`` becomes true the child's process group is killed and :class:`StageError` is raised.
     """
     assert child.proc is not None
-    while True:
-        for event in poll_events(child):
-            yield event
-            if stop_when is not None and stop_when(event):
-                return
-        if cancelled is not None and cancelled():
-            kill_group(child)
-            raise StageError(f"{child.name}: cancelled; the child's process group was killed")
-        if child.proc.poll() is not None:
-            for event in poll_events(child):  # what it wrote just before exiting
+    finished = False
+    try:
+        while True:
+            for event in poll_events(child):
                 yield event
-            return
-        time.sleep(interval_s)
+                if stop_when is not None and stop_when(event):
+                    finished = True
+                    return
+            if cancelled is not None and cancelled():
+                raise StageError(f"{child.name}: cancelled; the child's process group was killed")
+            if child.proc.poll() is not None:
+                for event in poll_events(child):  # what it wrote just before exiting
+                    yield event
+                finished = True
+                return
+            time.sleep(interval_s)
+    finally:
+        # Cancelled, interrupted (Ctrl-C), or the consumer stopped reading: never leave the child running.
+        if not finished and child.proc.poll() is None:
+            kill_group(child)
 
 
 def kill_group(child: ChildJob, timeout_s: float = 10.0) -> int:

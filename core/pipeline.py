@@ -107,6 +107,12 @@ def run_pipeline(
             raise GpuAcceptError(f"{spec.model} has no weights: planned only; give a model with weights to run it")
         if not plan_fits:
             raise GpuAcceptError("the plan does not fit on the device; lower batch_size or seq_len (or use LoRA)")
+        if device.startswith("cuda") and not _cuda_visible():
+            raise GpuAcceptError(f"devices: {device} is not visible to torch (no CUDA device or driver here); "
+                                 "use --devices cpu, or auto")
+        if len(ctx.devices) > 1:
+            yield emit(Message("probe", text=f"{len(ctx.devices)} devices planned; this version probes and trains on "
+                                             f"{device} only"))
         if spec.dtype == "fp16" and device == "cpu" and spec.training:
             raise GpuAcceptError("fp16 training needs a CUDA device; on CPU use dtype fp32 or bf16")
         from core.models import embedded_cache_ready, runnable_path
@@ -123,7 +129,8 @@ def run_pipeline(
         if probe.status != "pass":
             raise GpuAcceptError("the probe failed; later stages were not run")
 
-        yield emit(StageStarted("train_eval", detail="held-out perplexity before/after training"))
+        yield emit(StageStarted("train_eval", detail="held-out perplexity before/after training" if spec.training
+                                else "held-out perplexity of the fixed weights"))
         te, _child = yield from _logged(run_train_eval(spec, model_path, run_dir / "train", device, cancelled), emit)
         results["train_eval"] = te
         yield emit(StageFinished("train_eval", status=te.status, result=te, summary=te.summary))
@@ -187,6 +194,12 @@ def _run_device(spec: RunSpec, devices: list[Any]) -> str:
     if names == ["cpu"] or not devices:
         return "cpu"
     return devices[0].name
+
+
+def _cuda_visible() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
 
 
 def _plan_summary(plan: Any) -> str:

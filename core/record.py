@@ -35,6 +35,8 @@ def tool_version() -> str:
 def environment() -> dict[str, Any]:
     """Python, library versions (from installed metadata, no imports), host and CPU facts; CUDA when torch sees it."""
     env: dict[str, Any] = {
+        "provenance": "measured",
+        "method": "read from the running system and the installed packages' metadata",
         "python": platform.python_version(),
         "platform": platform.platform(),
         "host": socket.gethostname(),
@@ -83,7 +85,8 @@ def build_record(spec: RunSpec, *, run_dir: Path, model: dict[str, Any], plan: A
         "run_dir": str(run_dir),
         "spec": {**spec.to_dict(), "hash": spec.spec_hash()},
         "environment": env if env is not None else environment(),
-        "model": model,
+        "model": {"provenance": "measured", "method": "parameters counted on the model built on the meta device",
+                  **model},
     }
     rec["plan"] = _plan_table(plan)
     rec["probe"] = _probe_table(probe)
@@ -119,7 +122,7 @@ def _probe_table(probe: Any) -> dict[str, Any]:
         "plan_comparison": [
             {"device": c.device, "planned_bytes": c.planned_bytes, "measured_bytes": c.measured_bytes,
              "error_pct": c.error_pct, "compared": c.compared,
-             "components": {k: {"planned_bytes": p, **({"measured_bytes": m} if m is not None else {"measured": "not_run"})}
+             "components": {k: {"planned_bytes": p, **({"measured_bytes": m} if m is not None else {"measured": "not measured on its own (inside the peak)"})}
                             for k, (p, m) in c.components.items()}}
             for c in probe.comparisons
         ],
@@ -129,7 +132,7 @@ def _probe_table(probe: Any) -> dict[str, Any]:
 def _evaluation_tables(spec: RunSpec, te: Any) -> tuple[dict, dict]:
     if te is None:
         return {"provenance": "not_run"}, {"provenance": "not_run"}
-    data = {"source": spec.data, "heldout_fraction": spec.heldout_fraction, "seq_len": spec.seq_len, **te.data}
+    data = {"provenance": "measured", "source": spec.data, "heldout_fraction": spec.heldout_fraction, "seq_len": spec.seq_len, **te.data}
     ev: dict[str, Any] = {
         "provenance": "measured",
         "status": te.status,

@@ -16,12 +16,12 @@ TOML layout (every key optional; the defaults are the embedded model and text)::
     learning_rate = 1e-3
     lr_scheduler = "linear"       # linear | cosine | constant
     warmup_steps = 0
-    steps = 40                    # optimizer steps
+    steps = 30                    # optimizer steps
     gradient_checkpointing = false
     devices = "auto"              # auto | cpu | CUDA indices such as "0" or "0,1"
     data = "embedded"             # embedded | path to .txt / .jsonl
     heldout_fraction = 0.2
-    eval_max_blocks = 48
+    eval_max_blocks = 32
     seed = 42
     probe_steps = 3
 
@@ -63,10 +63,10 @@ DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 # full fine-tuning step ~4.2 s at 4 x 128 tokens, fp32).
 _MODE_DEFAULTS: dict[str, dict[str, Any]] = {
     "inference": {"steps": 0, "learning_rate": 0.0},
-    "lora": {"steps": 40, "learning_rate": 1e-3},
-    "full": {"steps": 16, "learning_rate": 5e-5},
+    "lora": {"steps": 30, "learning_rate": 1e-3},
+    "full": {"steps": 12, "learning_rate": 5e-5},
 }
-_RESUME_DEFAULTS = {"lora": (10, 2), "full": (4, 3), "inference": (10, 1)}
+_RESUME_DEFAULTS = {"lora": (10, 2), "full": (4, 2), "inference": (10, 1)}
 
 
 @dataclass(frozen=True)
@@ -124,7 +124,7 @@ class RunSpec:
     devices: str = "auto"
     data: str = EMBEDDED_DATA
     heldout_fraction: float = 0.2
-    eval_max_blocks: int = 48
+    eval_max_blocks: int = 32
     seed: int = 42
     probe_steps: int = 3
     lora: LoraSettings = field(default_factory=LoraSettings)

@@ -66,7 +66,8 @@ def run_train_eval(
             yield Progress("train_eval", run="train", step=event["step"], total=spec.steps, loss=event["loss"],
                            learning_rate=event["learning_rate"])
         elif event["kind"] == "evaluation":
-            yield Message("train_eval", text=f"held-out perplexity {event['when']}: {event['perplexity']:.3f} "
+            when = f" {event['when']} training" if spec.training else ""
+            yield Message("train_eval", text=f"held-out perplexity{when}: {event['perplexity']:.3f} "
                                              f"({event['tokens']} tokens, {event['seconds']:.1f} s)")
     check_exit(child)
     evals = {e["when"]: e for e in child.events if e["kind"] == "evaluation"}

@@ -37,6 +37,7 @@ _TRAINER_OPTIM = {"adamw": "adamw_torch", "sgd": "sgd", "adafactor": "adafactor"
 
 def main(argv: list[str]) -> int:
     job = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
+    _exit_with_parent()
     events = EventWriter(job["events"])
     try:
         run_job(job, events)
@@ -49,6 +50,21 @@ def main(argv: list[str]) -> int:
     finally:
         events.close()
     return 0
+
+
+def _exit_with_parent() -> None:
+    """End this process if the parent dies: a probe left running would hold memory on a shared box."""
+    import threading
+
+    parent = os.getppid()
+
+    def watchdog() -> None:
+        while True:
+            time.sleep(1.0)
+            if os.getppid() != parent:
+                os._exit(3)
+
+    threading.Thread(target=watchdog, name="parent-watchdog", daemon=True).start()
 
 
 def run_job(job: dict[str, Any], events: EventWriter) -> None:

@@ -14,14 +14,14 @@ from core.spec import RunSpec, parse_devices, validate_against_config
 def test_defaults_are_the_embedded_lora_run():
     spec = RunSpec.build()
     assert (spec.mode, spec.model, spec.data, spec.dtype) == ("lora", "smollm2-135m", "embedded", "fp32")
-    assert spec.steps == 40 and spec.learning_rate == 1e-3
+    assert spec.steps == 30 and spec.learning_rate == 1e-3
     assert spec.resume.kill_checkpoint_step() == 20 and spec.resume.kill_step() == 25
 
 
 def test_mode_defaults_follow_the_mode():
     full = RunSpec.build(mode="full")
     inference = RunSpec.build(mode="inference")
-    assert full.steps == 16 and full.learning_rate == 5e-5
+    assert full.steps == 12 and full.learning_rate == 5e-5
     assert full.resume.kill_checkpoint_step() < full.resume.kill_step() < full.steps
     assert inference.steps == 0 and not inference.training
 
@@ -47,7 +47,7 @@ def test_flags_override_the_toml_file(tmp_path):
         ({"devices": "gpu0"}, "devices", "auto, cpu, or CUDA indices"),
         ({"data": "missing.txt"}, "data", "not found"),
         ({"data": "notes.csv"}, "data", ".txt / .jsonl"),
-        ({"steps": 20}, "resume.kill_after_checkpoint", "raise steps"),
+        ({"steps": 25}, "resume.kill_after_checkpoint", "raise steps"),
         ({"lora_r": 0}, "lora.r", "at least 1"),
         ({"batch_size": "4"}, "batch_size", "expected int"),
     ],

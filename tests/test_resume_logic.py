@@ -1,0 +1,117 @@
+"""The resume comparison on constructed records: each kind of divergence is caught and named."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+from safetensors.torch import save_file
+
+from core.resume import (
+    compare_optimizers,
+    compare_steps,
+    compare_weights,
+    required_files,
+    tolerance_tier,
+    verify_manifest,
+    write_manifest,
+)
+from core.spec import RunSpec
+
+EXACT = tolerance_tier("cpu", "fp32")
+
+
+def steps(n: int, start: int = 1, **change) -> list[dict]:
+    out = []
+    for s in range(start, n + 1):
+        row = {"step": s, "epoch": s / 10, "learning_rate": 1e-3 * (1 - s / 20), "loss": 3.0 - s * 0.01,
+               "sample_ids": [2 * s, 2 * s + 1]}
+        for key, (at, value) in change.items():
+            if s == at:
+                row[key] = value
+        out.append(row)
+    return out
+
+
+def by_name(checks):
+    return {c.name: c for c in checks}
+
+
+def test_identical_runs_pass_every_check():
+    ref = {r["step"]: r for r in steps(8)}
+    checks = by_name(compare_steps(ref, steps(5), steps(8, start=5), c=4, steps=8, tier=EXACT))
+    assert all(c.status == "pass" for c in checks.values()), checks
+    assert checks["loss"].largest_difference == 0.0
+
+
+def test_restarted_learning_rate_is_caught_at_its_step():
+    ref = {r["step"]: r for r in steps(8)}
+    resumed = steps(8, start=5, learning_rate=(6, 1e-3))  # schedule restarted: lr back at its peak
+    checks = by_name(compare_steps(ref, steps(5), resumed, c=4, steps=8, tier=EXACT))
+    assert checks["learning_rate"].status == "fail" and "6" in checks["learning_rate"].evidence
+
+
+def test_wrong_data_after_resume_is_caught():
+    ref = {r["step"]: r for r in steps(8)}
+    resumed = steps(8, start=5, sample_ids=(5, [0, 1]))  # replayed the epoch from the start
+    checks = by_name(compare_steps(ref, steps(5), resumed, c=4, steps=8, tier=EXACT))
+    assert checks["sample_ids"].status == "fail"
+
+
+def test_missing_or_repeated_steps_are_caught():
+    ref = {r["step"]: r for r in steps(8)}
+    checks = by_name(compare_steps(ref, steps(5), steps(8, start=4), c=4, steps=8, tier=EXACT))
+    assert checks["global_steps"].status == "fail" and "4-8" in checks["global_steps"].evidence
+
+
+def test_loss_tiers_exact_on_cpu_fp32_relative_for_16_bit():
+    ref = {r["step"]: r for r in steps(8)}
+    resumed = steps(8, start=5, loss=(7, 3.0 - 0.07 + 1e-6))
+    exact = by_name(compare_steps(ref, steps(5), resumed, c=4, steps=8, tier=EXACT))["loss"]
+    bf16 = by_name(compare_steps(ref, steps(5), resumed, c=4, steps=8, tier=tolerance_tier("cuda:0", "bf16")))["loss"]
+    assert exact.status == "fail" and bf16.status == "pass"
+    assert abs(exact.largest_difference - 1e-6) < 1e-9 and exact.tier == "cpu-fp32-exact"
+
+
+def test_final_weights_compare_bitwise_on_the_exact_tier(tmp_path):
+    a = {"w": torch.ones(3, 3)}
+    b = {"w": torch.ones(3, 3)}
+    b["w"][1, 1] += 1e-7
+    save_file(a, tmp_path / "a.safetensors")
+    save_file(b, tmp_path / "b.safetensors")
+    check = compare_weights(tmp_path / "a.safetensors", tmp_path / "b.safetensors", EXACT)
+    assert check.status == "fail" and check.largest_difference > 0
+    assert compare_weights(tmp_path / "a.safetensors", tmp_path / "b.safetensors",
+                           tolerance_tier("cuda:0", "fp32")).status == "pass"
+    assert compare_weights(tmp_path / "a.safetensors", tmp_path / "missing.safetensors", EXACT).status == "fail"
+
+
+def test_optimizer_step_counts_must_match(tmp_path):
+    def opt(step: float):
+        return {"state": {0: {"step": torch.tensor(step), "exp_avg": torch.zeros(4)}},
+                "param_groups": [{"params": [0], "lr": 1e-3}]}
+
+    torch.save(opt(8.0), tmp_path / "ref.pt")
+    torch.save(opt(4.0), tmp_path / "res.pt")  # optimizer restarted: only the resumed steps counted
+    checks = by_name(compare_optimizers(tmp_path / "ref.pt", tmp_path / "res.pt", EXACT))
+    assert checks["optimizer_progress"].status == "fail" and "[4.0] vs [8.0]" in checks["optimizer_progress"].evidence
+
+
+def test_required_files_by_mode_and_dtype():
+    assert "adapter weights" in required_files(RunSpec.build(mode="lora"))
+    assert required_files(RunSpec.build(mode="full"))["model weights"] == "model.safetensors"
+    assert "GradScaler" not in required_files(RunSpec.build(mode="full"))
+    assert required_files(RunSpec.build(mode="full", dtype="fp16"))["GradScaler"] == "scaler.pt"
+
+
+def test_manifest_detects_a_changed_added_or_removed_file(tmp_path):
+    ckpt = tmp_path / "checkpoint-4"
+    ckpt.mkdir()
+    (ckpt / "optimizer.pt").write_bytes(b"state")
+    (ckpt / "trainer_state.json").write_text(json.dumps({"global_step": 4}))
+    manifest = write_manifest(ckpt, tmp_path / "manifest.json")
+    assert verify_manifest(ckpt, manifest) == []
+    (ckpt / "optimizer.pt").write_bytes(b"other")
+    (ckpt / "extra.bin").write_bytes(b"x")
+    assert verify_manifest(ckpt, manifest) == ["extra.bin", "optimizer.pt"]
+    assert json.loads((tmp_path / "manifest.json").read_text()) == manifest
