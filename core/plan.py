@@ -7,8 +7,9 @@ spec (batch ``b``, sequence ``s``, dtype bytes) and the config (hidden ``h``, la
 
 Accounting convention (also in :attr:`MemoryPlan.convention`, shown on screen and written to the record):
 
-- weights: every parameter (LM head included, tied weights once) in the spec dtype; LoRA adapters are fp32 (peft's
-  ``autocast_adapter_dtype`` default), so they count 4 B each;
+- weights: every parameter (LM head included, tied weights once); inference in the spec dtype; training in fp32, since
+  bf16/fp16 training is mixed precision with fp32 master weights and autocast (Trainer's ``bf16=True``/``fp16=True``,
+  16 B per parameter with AdamW as in ZeRO, arXiv 1910.02054); LoRA adapters are fp32 (peft's default);
 - gradients: trainable parameters x bytes of their own dtype; inference has none;
 - optimizer states: fp32 (4 B) per state element: AdamW 2 x T x 4 B, SGD with momentum T x 4 B, Adafactor factored
   row + column statistics;
@@ -160,8 +161,10 @@ class MemoryPlan:
 CONVENTION = (
     "Bytes per device, each device planned on its own (strategy 'single': every device holds the whole run); the "
     "total is the sum of all components, never the largest one, and is an upper bound because activations are freed "
-    "before the optimizer step. Weights are stored in the spec dtype with no fp32 master copy (the model is loaded in "
-    "that dtype), except LoRA adapters, which peft keeps in fp32; gradients are in each parameter's dtype; optimizer "
+    "before the optimizer step. Training in bf16/fp16 is mixed precision as Trainer does it (bf16=True / fp16=True): "
+    "the model and its fp32 master weights stay fp32 (4 B), the forward and backward run under autocast in the 16-bit "
+    "dtype, so activations are 16-bit; inference loads the weights in the spec dtype. LoRA adapters are fp32 (peft's "
+    "default); gradients are in each parameter's dtype; optimizer "
     "states count 4 B (fp32) per element: AdamW 2 x T x 4 B, SGD with momentum T x 4 B, Adafactor factored row + "
     "column statistics; torch's foreach AdamW adds about one more state at the step (temporaries). Activations follow "
     "Korthikanti et al. 2022 (arXiv 2205.05198) scaled to the dtype, assuming SDPA/flash attention (no saved "
@@ -365,7 +368,9 @@ def plan_memory(
     Returns:
         a :class:`MemoryPlan` whose device plans hold a :class:`Line` for every name in :data:`COMPONENTS`.
     """
-    model = build_meta_model(config, spec.mode, spec.lora if spec.mode == "lora" else None, spec.dtype)
+    # Mixed precision: training keeps fp32 parameters (master weights) and autocasts; inference loads in the dtype.
+    param_dtype = "fp32" if spec.training else spec.dtype
+    model = build_meta_model(config, spec.mode, spec.lora if spec.mode == "lora" else None, param_dtype)
     summary = _summarise(model, spec.mode)
     del model
     counts = parameters if parameters is not None else summary.count

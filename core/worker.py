@@ -111,11 +111,16 @@ def run_job(job: dict[str, Any], events: EventWriter) -> None:
 
 # ----------------------------------------------------------------------------------------------------------- building
 def build_model(spec: RunSpec, model_path: str, device: str) -> tuple[Any, Any]:
-    """Load the model in the spec's dtype on ``device`` and wrap LoRA adapters when the mode is ``lora``."""
+    """Load the model on ``device`` and wrap LoRA adapters when the mode is ``lora``.
+
+    Inference loads the weights in the spec's dtype. Training in bf16/fp16 is mixed precision as Trainer does it: fp32
+    weights (the master copy) and autocast to the 16-bit dtype (``TrainingArguments(bf16=True)`` / ``fp16=True`` with a
+    GradScaler), the convention the plan states.
+    """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    dtype = getattr(torch, _TORCH_DTYPES[spec.dtype])
+    dtype = getattr(torch, _TORCH_DTYPES[spec.dtype if not spec.training else "fp32"])
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(device)
     model.config.use_cache = False if spec.training else model.config.use_cache
     tokenizer = AutoTokenizer.from_pretrained(model_path)
@@ -237,6 +242,8 @@ def build_trainer(spec, model, tokenizer, blocks, out_dir: Path, device: str, ev
         dataloader_num_workers=0,
         remove_unused_columns=False,
         use_cpu=device == "cpu",
+        bf16=spec.dtype == "bf16",  # mixed precision: autocast over fp32 weights
+        fp16=spec.dtype == "fp16",
         gradient_checkpointing=False,  # enabled on the model in build_model, once
     )
     return MeasuringTrainer(

@@ -147,3 +147,25 @@ def test_cancelling_kills_the_child_and_still_writes_the_record(tiny_model_dir, 
     assert record["verdict"]["status"] == "fail"
     assert record["probe"]["provenance"] == "not_run"
     assert record["verdict"]["stages"]["probe"]["status"] == "not_run"
+
+
+def test_bf16_lora_is_mixed_precision_and_resumes_within_its_tier(tiny_model_dir, tmp_path):
+    spec = RunSpec.build(model=str(tiny_model_dir), mode="lora", dtype="bf16", steps=6, seq_len=64,
+                         resume_checkpoint_every=2, resume_kill_after_checkpoint=1, eval_max_blocks=4)
+    record, _ = run(spec, tmp_path)
+    assert record["resume"]["status"] == "pass", record["resume"]["checks"]
+    assert record["resume"]["tier"]["name"] == "bf16-relative" and record["resume"]["tier"]["rtol"] > 0
+    # fp32 master weights under autocast: the probe's live weights are 4 B each, as the plan says
+    assert record["probe"]["devices"][0]["weights_bytes"] == record["plan"]["devices"][0]["components"]["weights"]
+    assert record["probe"]["devices"][0]["weights_bytes"] == 4 * record["plan"]["parameters"]["total"]
+
+
+def test_inference_on_a_users_jsonl_file(tiny_model_dir, tmp_path):
+    data = tmp_path / "notes.jsonl"
+    data.write_text("\n".join(f'{{"id": "doc{i}", "text": "Document {i} says the number {i * 7} twice: {i * 7}."}}'
+                              for i in range(40)))
+    spec = RunSpec.build(model=str(tiny_model_dir), mode="inference", seq_len=16, data=str(data), heldout_fraction=0.3)
+    record, _ = run(spec, tmp_path / "runs")
+    assert record["data"]["source"] == str(data)
+    assert record["data"]["heldout_documents"] + record["data"]["train_documents"] == 40
+    assert record["evaluation"]["before"]["tokens"] > 0

@@ -1,4 +1,4 @@
-"""The analytic memory plan (core/plan.py) against the planner cases in /work/shared/cases/planner.toml and against
+"""The analytic memory plan (core/plan.py) against the planner cases in tests/cases/planner.toml and against
 what torch/peft actually allocate on tiny CPU models."""
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -27,19 +28,11 @@ from core.spec import LoraSettings, RunSpec
 GiB = 2**30
 DEVICE_80G = DeviceInfo("cuda:0", "cuda", "test GPU", 80 * GiB, "test")
 
-# Configs as given in the planner cases.
-P1 = dict(
-    model_type="llama", vocab_size=128256, hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
-    num_attention_heads=64, num_key_value_heads=8, tie_word_embeddings=False, max_position_embeddings=131072,
-)
-P2 = dict(
-    model_type="qwen2", vocab_size=152064, hidden_size=8192, intermediate_size=24576, num_hidden_layers=80,
-    num_attention_heads=64, num_key_value_heads=64, tie_word_embeddings=False,
-)
-P6 = dict(
-    model_type="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-    num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=False,
-)
+# Configs exactly as given in the planner cases (tests/cases/planner.toml, a copy of the shared cases).
+_CASES = {c["id"].split("-")[0]: c for c in tomllib.loads((Path(__file__).parent / "cases" / "planner.toml").read_text())["case"]}
+P1 = _CASES["P1"]["config"]
+P2 = _CASES["P2"]["config"]
+P6 = _CASES["P6"]["config"]
 TINY = dict(
     model_type="llama", vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
     num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False, max_position_embeddings=512,
@@ -86,9 +79,11 @@ def test_p3_full_finetune_is_a_sum_with_every_component(tmp_path):
     plan = plan_memory(spec, config, [DEVICE_80G])
     dp = plan.devices[0]
     assert plan.parameters == ParameterCount(p, p)
-    assert dp.lines["weights"].bytes == 2 * p
-    assert dp.lines["gradients"].bytes == 2 * p
+    # mixed precision (bf16 autocast over fp32 master weights): 4 + 4 + 8 = 16 B per parameter before activations
+    assert dp.lines["weights"].bytes == 4 * p
+    assert dp.lines["gradients"].bytes == 4 * p
     assert dp.lines["optimizer_states"].bytes == 8 * p  # AdamW, two fp32 moments
+    assert sum(dp.lines[k].bytes for k in ("weights", "gradients", "optimizer_states")) == 16 * p
     assert dp.lines["kv_cache"].bytes == 0
     assert dp.lines["overhead"].bytes == CUDA_OVERHEAD_BYTES
     assert dp.total_bytes == sum(line.bytes for line in dp.lines.values())
