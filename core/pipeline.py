@@ -63,6 +63,151 @@ def new_run_dir(spec: RunSpec, runs_root: Path, now: Any) -> Path:
     return path
 
 
+class AcceptanceRun:
+    """One acceptance of one spec: its run directory and the result of each stage, run in order.
+
+    Each stage method is a generator of events that returns the stage's result; a stage refuses (raises
+    :class:`~core.errors.GpuAcceptError` naming why) when an earlier stage failed or did not run. :func:`run_pipeline`
+    runs them all; the wizard runs them one screen at a time. Every event is also appended to ``events.jsonl``.
+
+    Raises (on construction):
+        SpecError, ModelNotFoundError: bad input, before any run directory is created.
+    """
+
+    def __init__(self, spec: RunSpec, runs_root: Path = Path("runs"), devices_override: list[Any] | None = None):
+        import tomli_w
+
+        from core.record import utc_now
+
+        self.spec = spec
+        self.started = utc_now()
+        self.ctx = make_plan(spec, devices_override)
+        self.run_dir = new_run_dir(spec, Path(runs_root), self.started)
+        (self.run_dir / "spec.toml").write_text(tomli_w.dumps(spec.to_dict()), encoding="utf-8")
+        (self.run_dir / "plan.json").write_text(json.dumps(self.ctx.plan.to_json(), indent=2), encoding="utf-8")
+        self._log = EventWriter(self.run_dir / "events.jsonl")
+        self.results: dict[str, Any] = {"plan": self.ctx.plan, "probe": None, "train_eval": None, "resume": None}
+        self.device = _run_device(spec, self.ctx.devices)
+        self.model_path: Path | None = None
+        self.record_path: Path | None = None
+        self.verdict: str | None = None
+
+    # ------------------------------------------------------------------ helpers
+    def emit(self, event: Event) -> Event:
+        """Append ``event`` to the run's events.jsonl and return it."""
+        self._log.emit(type(event).__name__, **{k: v for k, v in vars(event).items() if k not in ("result", "t")})
+        return event
+
+    def _logged(self, gen: Generator[Event, None, Any]) -> Generator[Event, None, Any]:
+        """Pass a stage's events through the run's event log; return the stage's result."""
+        try:
+            while True:
+                yield self.emit(next(gen))
+        except StopIteration as stop:
+            return stop.value
+
+    @property
+    def plan_fits(self) -> bool:
+        """The plan fits on every device (a device of unknown capacity does not count against it)."""
+        return all(d.fits is not False for d in self.ctx.plan.devices)
+
+    @property
+    def model_info(self) -> dict[str, Any]:
+        return {"name": self.spec.model, "kind": self.ctx.source.kind, "path": str(self.ctx.source.path),
+                "model_type": getattr(self.ctx.config, "model_type", "unknown"),
+                "parameters_total": self.ctx.plan.parameters.total,
+                "parameters_trainable": self.ctx.plan.parameters.trainable}
+
+    # ------------------------------------------------------------------ stages
+    def plan_stage(self) -> Generator[Event, None, Any]:
+        """Report the plan made on construction (per device; fit judged per device)."""
+        yield self.emit(StageFinished("plan", status="pass" if self.plan_fits else "fail", result=self.ctx.plan,
+                                      summary=_plan_summary(self.ctx.plan)))
+        return self.ctx.plan
+
+    def probe_stage(self, cancelled: Callable[[], bool] | None = None) -> Generator[Event, None, Any]:
+        """Real steps in a child process; the measured ledger compared with the plan."""
+        from core.models import embedded_cache_ready, runnable_path
+        from core.probe import run_probe
+
+        spec, device = self.spec, self.device
+        if not self.ctx.source.runnable:
+            raise GpuAcceptError(f"{spec.model} has no weights: planned only; give a model with weights to run it")
+        if not self.plan_fits:
+            raise GpuAcceptError("the plan does not fit on the device; lower batch_size or seq_len (or use LoRA)")
+        if device.startswith("cuda") and not _cuda_visible():
+            raise GpuAcceptError(f"devices: {device} is not visible to torch (no CUDA device or driver here); "
+                                 "use --devices cpu, or auto")
+        if spec.dtype == "fp16" and device == "cpu" and spec.training:
+            raise GpuAcceptError("fp16 training needs a CUDA device; on CPU use dtype fp32 or bf16")
+        yield self.emit(StageStarted("probe", detail=f"{spec.probe_steps} real steps in a child process on {device}"))
+        if len(self.ctx.devices) > 1:
+            yield self.emit(Message("probe", text=f"{len(self.ctx.devices)} devices planned; this version probes and "
+                                                  f"trains on {device} only"))
+        if self.ctx.source.kind == "embedded" and not embedded_cache_ready():
+            yield self.emit(Message("probe", text="converting the embedded model from GGUF to safetensors (once)"))
+            convert_in_child(self.run_dir / "convert-embedded.log")
+        self.model_path = runnable_path(self.ctx.source)
+        probe = yield from self._logged(
+            run_probe(spec, self.model_path, self.run_dir / "probe", device, self.ctx.plan, cancelled))
+        self.results["probe"] = probe
+        yield self.emit(StageFinished("probe", status=probe.status, result=probe, summary=probe.summary))
+        return probe
+
+    def train_eval_stage(self, cancelled: Callable[[], bool] | None = None) -> Generator[Event, None, Any]:
+        """Held-out perplexity before and after training (inference: once, on the fixed weights)."""
+        from core.train import run_train_eval
+
+        probe = self.results["probe"]
+        if probe is None or probe.status != "pass" or self.model_path is None:
+            raise GpuAcceptError("the probe did not pass; training and evaluation were not run")
+        yield self.emit(StageStarted("train_eval", detail="held-out perplexity before/after training"
+                                     if self.spec.training else "held-out perplexity of the fixed weights"))
+        te, _child = yield from self._logged(
+            run_train_eval(self.spec, self.model_path, self.run_dir / "train", self.device, cancelled))
+        self.results["train_eval"] = te
+        yield self.emit(StageFinished("train_eval", status=te.status, result=te, summary=te.summary))
+        return te
+
+    def resume_stage(self, cancelled: Callable[[], bool] | None = None) -> Generator[Event, None, Any]:
+        """Kill the training process after a checkpoint, resume it, compare with the reference (training modes)."""
+        from core.resume import not_applicable, run_resume_check
+
+        spec = self.spec
+        if spec.training and spec.resume.check:
+            te = self.results["train_eval"]
+            if te is None or self.model_path is None:
+                raise GpuAcceptError("the training run (the reference) did not run; the resume check was not run")
+            yield self.emit(StageStarted("resume", detail="kill the training process, resume from its checkpoint, "
+                                                          "compare"))
+            resume = yield from self._logged(
+                run_resume_check(spec, self.model_path, self.run_dir, self.device, te, cancelled))
+        else:
+            yield self.emit(StageStarted("resume", detail="nothing to resume"))
+            resume = not_applicable(spec)
+        self.results["resume"] = resume
+        yield self.emit(StageFinished("resume", status=resume.status, result=resume, summary=resume.summary))
+        return resume
+
+    def write_record(self, signoff: dict[str, Any] | None = None) -> Path:
+        """Build ``record.toml`` from the stage results (what did not run is marked so) and write it atomically."""
+        from core.record import build_record, environment, utc_now, write_record
+
+        record = build_record(self.spec, run_dir=self.run_dir, model=self.model_info, plan=self.results["plan"],
+                              probe=self.results["probe"], train_eval=self.results["train_eval"],
+                              resume=self.results["resume"], started=self.started, finished=utc_now(),
+                              env=environment())
+        if signoff:
+            record["signoff"] = signoff
+        self.record_path = write_record(record, self.run_dir / "record.toml")
+        self.verdict = record["verdict"]["status"]
+        return self.record_path
+
+    def close(self) -> None:
+        """Close the run's event log (the run directory stays)."""
+        self._log.close()
+
+
 def run_pipeline(
     spec: RunSpec,
     runs_root: Path = Path("runs"),
@@ -73,89 +218,25 @@ def run_pipeline(
 
     The run directory keeps the spec, the pipeline's events (``events.jsonl``), each child's job, log, events and
     checkpoints, and ``record.toml``. Bad input raises a named :class:`~core.errors.GpuAcceptError` before the run
-    directory is created.
+    directory is created. A stage that fails or is cancelled stops the ones after it; the record is written anyway.
     """
-    import tomli_w
-
-    from core.probe import run_probe
-    from core.record import build_record, environment, utc_now, write_record
-    from core.resume import not_applicable, run_resume_check
-    from core.train import run_train_eval
-
-    started = utc_now()
     yield StageStarted("plan", detail="per-component memory plan per device (no weights loaded)")
-    ctx = make_plan(spec, devices_override)
-    run_dir = new_run_dir(spec, Path(runs_root), started)
-    (run_dir / "spec.toml").write_text(tomli_w.dumps(spec.to_dict()), encoding="utf-8")
-    (run_dir / "plan.json").write_text(json.dumps(ctx.plan.to_json(), indent=2), encoding="utf-8")
-    log = EventWriter(run_dir / "events.jsonl")
-
-    def emit(event: Event) -> Event:
-        log.emit(type(event).__name__, **{k: v for k, v in vars(event).items() if k not in ("result", "t")})
-        return event
-
-    plan_fits = all(d.fits is not False for d in ctx.plan.devices)
-    yield emit(StageFinished("plan", status="pass" if plan_fits else "fail", result=ctx.plan,
-                             summary=_plan_summary(ctx.plan)))
-    results: dict[str, Any] = {"plan": ctx.plan, "probe": None, "train_eval": None, "resume": None}
-    model_info = {"name": spec.model, "kind": ctx.source.kind, "path": str(ctx.source.path),
-                  "model_type": getattr(ctx.config, "model_type", "unknown"),
-                  "parameters_total": ctx.plan.parameters.total, "parameters_trainable": ctx.plan.parameters.trainable}
-    device = _run_device(spec, ctx.devices)
+    run = AcceptanceRun(spec, runs_root, devices_override)
     try:
-        if not ctx.source.runnable:
-            raise GpuAcceptError(f"{spec.model} has no weights: planned only; give a model with weights to run it")
-        if not plan_fits:
-            raise GpuAcceptError("the plan does not fit on the device; lower batch_size or seq_len (or use LoRA)")
-        if device.startswith("cuda") and not _cuda_visible():
-            raise GpuAcceptError(f"devices: {device} is not visible to torch (no CUDA device or driver here); "
-                                 "use --devices cpu, or auto")
-        if len(ctx.devices) > 1:
-            yield emit(Message("probe", text=f"{len(ctx.devices)} devices planned; this version probes and trains on "
-                                             f"{device} only"))
-        if spec.dtype == "fp16" and device == "cpu" and spec.training:
-            raise GpuAcceptError("fp16 training needs a CUDA device; on CPU use dtype fp32 or bf16")
-        from core.models import embedded_cache_ready, runnable_path
-
-        if ctx.source.kind == "embedded" and not embedded_cache_ready():
-            yield emit(Message("probe", text="converting the embedded model from GGUF to a safetensors cache (once)"))
-            convert_in_child(run_dir / "convert-embedded.log")
-        model_path = runnable_path(ctx.source)
-
-        yield emit(StageStarted("probe", detail=f"{spec.probe_steps} real steps in a child process on {device}"))
-        probe = yield from _logged(run_probe(spec, model_path, run_dir / "probe", device, ctx.plan, cancelled), emit)
-        results["probe"] = probe
-        yield emit(StageFinished("probe", status=probe.status, result=probe, summary=probe.summary))
+        yield from run.plan_stage()
+        probe = yield from run.probe_stage(cancelled)
         if probe.status != "pass":
             raise GpuAcceptError("the probe failed; later stages were not run")
-
-        yield emit(StageStarted("train_eval", detail="held-out perplexity before/after training" if spec.training
-                                else "held-out perplexity of the fixed weights"))
-        te, _child = yield from _logged(run_train_eval(spec, model_path, run_dir / "train", device, cancelled), emit)
-        results["train_eval"] = te
-        yield emit(StageFinished("train_eval", status=te.status, result=te, summary=te.summary))
-
-        if spec.training and spec.resume.check:
-            yield emit(StageStarted("resume", detail="kill the training process, resume from its checkpoint, compare"))
-            resume = yield from _logged(run_resume_check(spec, model_path, run_dir, device, te, cancelled), emit)
-        else:
-            yield emit(StageStarted("resume", detail="nothing to resume"))
-            resume = not_applicable(spec)
-        results["resume"] = resume
-        yield emit(StageFinished("resume", status=resume.status, result=resume, summary=resume.summary))
+        yield from run.train_eval_stage(cancelled)
+        yield from run.resume_stage(cancelled)
     except GpuAcceptError as exc:
-        yield emit(Message("pipeline", text=f"stopped: {exc}"))
+        yield run.emit(Message("pipeline", text=f"stopped: {exc}"))
     finally:
-        log.close()
-
+        run.close()
     yield StageStarted("record", detail="record.toml, written atomically")
-    record = build_record(spec, run_dir=run_dir, model=model_info, plan=results["plan"], probe=results["probe"],
-                          train_eval=results["train_eval"], resume=results["resume"], started=started,
-                          finished=utc_now(), env=environment())
-    path = write_record(record, run_dir / "record.toml")
-    status = record["verdict"]["status"]
+    path = run.write_record()
     yield StageFinished("record", status="pass", summary=str(path))
-    yield RunFinished("record", status=status, record_path=str(path), run_dir=str(run_dir))
+    yield RunFinished("record", status=run.verdict or "fail", record_path=str(path), run_dir=str(run.run_dir))
     return path
 
 
@@ -177,15 +258,6 @@ def convert_in_child(log_path: Path) -> None:
         )
     if rc != 0:
         raise StageError(f"converting the embedded model failed (see {log_path})")
-
-
-def _logged(gen: Generator[Event, None, Any], emit: Callable[[Event], Event]) -> Generator[Event, None, Any]:
-    """Pass a stage's events through the run's event log; return the stage's result."""
-    try:
-        while True:
-            yield emit(next(gen))
-    except StopIteration as stop:
-        return stop.value
 
 
 def _run_device(spec: RunSpec, devices: list[Any]) -> str:

@@ -97,3 +97,25 @@ def test_bad_flags_exit_2_without_traceback(args, tmp_path):
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert out.stderr.startswith("gpuaccept: error: ")
     assert not (tmp_path / "runs").exists()  # nothing is created for a spec that is refused
+
+
+def test_a_hugging_face_id_already_in_the_local_cache_is_found_offline(tmp_path, tiny_model_dir):
+    # The hub cache layout: models--org--name/refs/main names a snapshot directory holding the files.
+    repo = tmp_path / "hub" / "models--acme--tiny-llama"
+    snapshot = repo / "snapshots" / "0123456789abcdef0123456789abcdef01234567"
+    shutil.copytree(tiny_model_dir, snapshot)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(snapshot.name)
+    exe = shutil.which("gpuaccept", path=str(Path(sys.executable).parent))
+    env = {**os.environ, "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1"}
+    out = subprocess.run([exe, "plan", "--model", "acme/tiny-llama", "--mode", "full", "--json"], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    plan = json.loads(out.stdout)
+    import torch  # noqa: F401 - only to count the tiny model's parameters the slow way
+    from transformers import AutoModelForCausalLM
+
+    expected = sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(tiny_model_dir).parameters())
+    assert plan["parameters"]["total"] == plan["parameters"]["trainable"] == expected
+    missing = subprocess.run([exe, "plan", "--model", "acme/not-cached"], env=env, capture_output=True, text=True)
+    assert missing.returncode == 2 and "not found offline" in missing.stderr
