@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml constraints.txt Makefile | $(VENV)/bin/python
 install: $(STAMP)
 
 run: $(STAMP)
-	$(VENV)/bin/gpuaccept run --headless
+	$(VENV)/bin/gpuaccept
 
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)

@@ -51,6 +51,15 @@ class Progress(Event):
 
 
 @dataclass(frozen=True)
+class ChildStarted(Event):
+    """A stage started a child process (its own process group): the monitor follows ``pid`` and its descendants."""
+
+    run: str
+    pid: int
+    log_path: str
+
+
+@dataclass(frozen=True)
 class Message(Event):
     """A line for the log: what is happening (e.g. "converting the embedded model once, ~16 s")."""
 

@@ -70,18 +70,22 @@ class AcceptanceRun:
     :class:`~core.errors.GpuAcceptError` naming why) when an earlier stage failed or did not run. :func:`run_pipeline`
     runs them all; the wizard runs them one screen at a time. Every event is also appended to ``events.jsonl``.
 
+    Args:
+        ctx: a plan already made for this spec by :func:`make_plan` (the wizard's plan screen), else one is made.
+
     Raises (on construction):
         SpecError, ModelNotFoundError: bad input, before any run directory is created.
     """
 
-    def __init__(self, spec: RunSpec, runs_root: Path = Path("runs"), devices_override: list[Any] | None = None):
+    def __init__(self, spec: RunSpec, runs_root: Path = Path("runs"), devices_override: list[Any] | None = None,
+                 ctx: PlanContext | None = None):
         import tomli_w
 
         from core.record import utc_now
 
         self.spec = spec
         self.started = utc_now()
-        self.ctx = make_plan(spec, devices_override)
+        self.ctx = ctx if ctx is not None else make_plan(spec, devices_override)
         self.run_dir = new_run_dir(spec, Path(runs_root), self.started)
         (self.run_dir / "spec.toml").write_text(tomli_w.dumps(spec.to_dict()), encoding="utf-8")
         (self.run_dir / "plan.json").write_text(json.dumps(self.ctx.plan.to_json(), indent=2), encoding="utf-8")

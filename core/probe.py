@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Generator
 
 from core.childproc import check_exit, start_child, watch
-from core.events import Event, Message, Progress
+from core.events import ChildStarted, Event, Message, Progress
 from core.spec import RunSpec
 
 
@@ -74,6 +74,7 @@ def run_probe(
     yield Message("probe", text=f"starting the probe child on {device} ({spec.probe_steps} real steps)")
     child = start_child("probe", job_dir, {"role": "probe", "spec": spec.to_dict(), "model_path": str(model_path),
                                            "device": device})
+    yield ChildStarted("probe", run="probe", pid=child.proc.pid, log_path=str(child.log_path))
     for event in watch(child, cancelled=cancelled):
         if event["kind"] == "probe_step":
             yield Progress("probe", run="probe", step=event["step"], total=event["total"])

@@ -23,7 +23,7 @@ from typing import Any, Generator
 
 from core.childproc import check_exit, group_alive, kill_group, start_child, watch
 from core.errors import StageError
-from core.events import Event, Message, Progress
+from core.events import ChildStarted, Event, Message, Progress
 from core.spec import RunSpec
 
 
@@ -121,6 +121,7 @@ def run_resume_check(
     yield Message("resume", text=f"interrupted run: SIGKILL after checkpoint {c}, at step {k}")
     interrupted = start_child("interrupted", run_dir / "resume-interrupted", {**base, "role": "interrupted",
                                                                               "kill_step": k})
+    yield ChildStarted("resume", run="interrupted", pid=interrupted.proc.pid, log_path=str(interrupted.log_path))
     reached = False
     for event in watch(interrupted, stop_when=lambda e: e["kind"] == "kill_point", cancelled=cancelled):
         if event["kind"] == "step":
@@ -162,6 +163,7 @@ def run_resume_check(
     # 3. the resumed run
     yield Message("resume", text=f"resumed run from checkpoint-{c} to step {spec.steps}")
     resumed = start_child("resumed", run_dir / "resume-resumed", {**base, "role": "resumed", "resume_from": str(ckpt)})
+    yield ChildStarted("resume", run="resumed", pid=resumed.proc.pid, log_path=str(resumed.log_path))
     for event in watch(resumed, cancelled=cancelled):
         if event["kind"] == "step":
             yield Progress("resume", run="resumed", step=event["step"], total=spec.steps, loss=event["loss"])

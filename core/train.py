@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Generator
 
 from core.childproc import ChildJob, check_exit, start_child, watch
-from core.events import Event, Message, Progress
+from core.events import ChildStarted, Event, Message, Progress
 from core.spec import RunSpec
 
 
@@ -61,6 +61,7 @@ def run_train_eval(
     yield Message("train_eval", text=f"starting the {role} child on {device}: {what}")
     child = start_child(role, job_dir, {"role": role, "spec": spec.to_dict(), "model_path": str(model_path),
                                         "device": device, "save_total_limit": None})
+    yield ChildStarted("train_eval", run="train", pid=child.proc.pid, log_path=str(child.log_path))
     for event in watch(child, cancelled=cancelled):
         if event["kind"] == "step":
             yield Progress("train_eval", run="train", step=event["step"], total=spec.steps, loss=event["loss"],

@@ -64,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command")
     run = sub.add_parser("run", help="run every stage and write record.toml")
     _spec_flags(run)
-    run.add_argument("--headless", action="store_true", help="no wizard: one line per event on stdout")
+    run.add_argument("--headless", action="store_true", help="no wizard: one line per event on stdout (default: the wizard)")
     run.add_argument("--runs-dir", default="runs", help="where run directories are created (default: ./runs)")
     plan = sub.add_parser("plan", help="the memory plan only, per component and per device")
     _spec_flags(plan)
@@ -84,8 +84,7 @@ def spec_from_args(args: argparse.Namespace) -> Any:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv:
-        argv = ["run", "--headless"]
-        print("gpuaccept: the wizard is not built yet; running the headless acceptance on the defaults", flush=True)
+        argv = ["run"]
     args = build_parser().parse_args(argv)
     from core.errors import GpuAcceptError
 
@@ -93,9 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "plan":
             return cmd_plan(args)
         if args.command == "run":
-            if not args.headless:
-                print("gpuaccept: the wizard is not built yet; running headless", flush=True)
-            return cmd_run(args)
+            return cmd_run(args) if args.headless else cmd_wizard(args)
     except GpuAcceptError as exc:
         print(f"gpuaccept: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -110,6 +107,22 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_FAIL
     build_parser().print_help()
     return EXIT_USAGE
+
+
+def cmd_wizard(args: argparse.Namespace) -> int:
+    """The Textual wizard, prefilled with the spec file and flags given."""
+    from tui.app import GpuAcceptApp
+
+    spec = spec_from_args(args)  # validates flags first: a bad flag is one line, before any screen
+    fields = {k: getattr(args, k) for k in _SPEC_KEYS if getattr(args, k, None) is not None and k != "mode"}
+    if args.spec:
+        fields = {**{k: v for k, v in spec.to_dict().items() if not isinstance(v, dict)}, **fields}
+        fields.pop("mode", None)
+    app = GpuAcceptApp(runs_root=Path(args.runs_dir), fields=fields, mode=spec.mode)
+    code = app.run()
+    if app.state.record_path is not None:
+        print(f"record: {app.state.record_path}")
+    return int(code or 0)
 
 
 def cmd_plan(args: argparse.Namespace) -> int:

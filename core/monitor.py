@@ -1,0 +1,336 @@
+"""Device memory sampling behind the live per-device memory bars (DESIGN §1: the DeviceSampler in the parent).
+
+A :class:`Backend` turns "which processes are ours" into one :class:`DeviceSample` per device; a :class:`Sampler` calls
+it on a background thread (default 10 Hz), keeps a bounded history and the peaks, and can record every sample as JSON
+lines that :meth:`ReplayBackend.from_jsonl` plays back. All memory values are bytes.
+
+Any reading may be unavailable: it is then a :class:`Reading` with ``value=None`` and a reason, never an exception
+(nvitop's ``NA``). A backend reports a failing device or an unsupported field that way and keeps the other devices
+(monitor cases M4, M5). Backends here: ``host`` (psutil) and ``replay`` (recorded or constructed frames). An NVML
+backend (later) fits the same :class:`Backend` protocol: it maps CUDA devices to NVML devices by UUID (M1), uses v2
+memory info (M2) and falls back to the device's change from a baseline when our PIDs are not visible (M3).
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Protocol
+
+import psutil
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One memory reading in bytes.
+
+    ``value`` is None when the reading is not available, and ``reason`` says why (shown as ``"N/A: <reason>"``).
+    A value with a reason is a caveated figure (e.g. an estimate); only a plain value is :attr:`ok`.
+    """
+
+    value: int | None
+    reason: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.value is not None and self.reason is None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"value": self.value} if self.reason is None else {"value": self.value, "reason": self.reason}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Reading:
+        return cls(d.get("value"), d.get("reason"))
+
+
+def others_reading(used: Reading, ours: Reading) -> Reading:
+    """Memory of every process but ours: ``used - ours``, when both are known (never below 0, since ours by RSS can
+    count shared or reclaimable pages that "used" does not)."""
+    if used.value is None or ours.value is None:
+        return Reading(None, used.reason if used.value is None else ours.reason)
+    return Reading(max(used.value - ours.value, 0))
+
+
+_READINGS = ("total_bytes", "used_bytes", "free_bytes", "ours_bytes", "others_bytes")
+
+
+@dataclass(frozen=True)
+class DeviceSample:
+    """Memory of one device at time ``t`` (seconds since the epoch, ``time.time()``).
+
+    ``device`` is ``"cpu"`` or ``"cuda:N"`` (CUDA numbering, as the probe sees it); ``backend`` names where the figures
+    came from (``"host"``, ``"replay"``, later ``"nvml"``). ``used_bytes`` is the whole device, all processes;
+    ``ours_bytes`` is the followed processes and their descendants; ``others_bytes`` is used minus ours.
+    """
+
+    t: float
+    device: str
+    name: str
+    backend: str
+    total_bytes: Reading
+    used_bytes: Reading
+    free_bytes: Reading
+    ours_bytes: Reading
+    others_bytes: Reading
+
+    def to_json(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"t": self.t, "device": self.device, "name": self.name, "backend": self.backend}
+        d.update({k: getattr(self, k).to_json() for k in _READINGS})
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> DeviceSample:
+        """Inverse of :meth:`to_json`; keys it does not know (such as a recording's ``frame``) are ignored."""
+        readings = {k: Reading.from_json(d[k]) for k in _READINGS}
+        return cls(t=d["t"], device=d["device"], name=d["name"], backend=d["backend"], **readings)
+
+
+class Backend(Protocol):
+    """Something that reads every device's memory. ``sample`` returns one :class:`DeviceSample` per device, in a
+    stable order, with unavailable figures as :class:`Reading` reasons; it may raise only when nothing can be read."""
+
+    name: str
+
+    def sample(self, pids: set[int]) -> list[DeviceSample]: ...
+
+
+class HostBackend:
+    """Host memory (one device, ``"cpu"``) from psutil.
+
+    - total: ``virtual_memory().total``; free: ``available`` (what can be given to processes without swapping);
+    - used: ``total - available``, so page cache and other reclaimable memory are not counted as used;
+    - ours: the sum of RSS of each followed pid and all its descendants. RSS counts shared pages (libraries, forked
+      copy-on-write pages) in every process that maps them, so a process tree can be over-counted.
+    Followed processes that have exited (or whose pid was reused) are skipped.
+    """
+
+    name = "host"
+
+    def __init__(self) -> None:
+        self._procs: dict[int, psutil.Process] = {}  # kept so is_running() detects a reused pid
+
+    def _ours(self, pids: set[int]) -> Reading:
+        if not pids:
+            return Reading(None, "no probe process running")
+        self._procs = {p: self._procs.get(p) or _process(p) for p in pids}
+        rss: dict[int, int] = {}
+        for proc in self._procs.values():
+            try:
+                if proc is None or not proc.is_running():
+                    continue
+                for member in [proc, *proc.children(recursive=True)]:
+                    try:
+                        rss[member.pid] = member.memory_info().rss
+                    except psutil.Error:  # vanished, zombie, or not ours to read
+                        pass
+            except psutil.Error:
+                pass
+        if not rss:
+            return Reading(None, "followed processes have exited")
+        return Reading(sum(rss.values()))
+
+    def sample(self, pids: set[int]) -> list[DeviceSample]:
+        vm = psutil.virtual_memory()
+        used, ours = Reading(vm.total - vm.available), self._ours(pids)
+        return [DeviceSample(t=time.time(), device="cpu", name="host memory", backend=self.name,
+                             total_bytes=Reading(vm.total), used_bytes=used, free_bytes=Reading(vm.available),
+                             ours_bytes=ours, others_bytes=others_reading(used, ours))]
+
+
+def _process(pid: int) -> psutil.Process | None:
+    try:
+        return psutil.Process(pid)
+    except psutil.Error:
+        return None
+
+
+class ReplayBackend:
+    """Plays back frames (each frame: the samples of one ``sample()`` call), one frame per call, then stays on the last.
+
+    The samples are returned exactly as recorded (their ``t`` and ``backend`` included); ``pids`` are ignored.
+    """
+
+    name = "replay"
+
+    def __init__(self, frames: Iterable[list[DeviceSample]]) -> None:
+        self.frames = [list(f) for f in frames]
+        if not self.frames:
+            raise ValueError("ReplayBackend needs at least one frame")
+        self._next = 0
+        self._lock = threading.Lock()
+
+    def sample(self, pids: set[int]) -> list[DeviceSample]:
+        with self._lock:
+            frame = self.frames[min(self._next, len(self.frames) - 1)]
+            self._next += 1
+        return list(frame)
+
+    @classmethod
+    def from_jsonl(cls, path: str | Path) -> ReplayBackend:
+        """Read what :meth:`Sampler.record` wrote: one sample a line, grouped into frames by their ``frame`` number
+        (or, in files without one, by equal ``t``); a device seen twice also starts a new frame."""
+        frames: list[list[DeviceSample]] = []
+        key = object()
+        for line in Path(path).read_text().splitlines():
+            if not line.strip():
+                continue
+            d = json.loads(line)
+            k = d.get("frame", ("t", d["t"]))
+            if not frames or k != key or any(s.device == d["device"] for s in frames[-1]):
+                frames.append([])
+                key = k
+            frames[-1].append(DeviceSample.from_json(d))
+        return cls(frames)
+
+
+def constructed_frames(device: str = "cuda:0", name: str = "Test GPU", total: int = 80 * 2**30,
+                       ours: Iterable[int | None] = (0, 2**30, 4 * 2**30, 8 * 2**30, 6 * 2**30),
+                       others: int | Iterable[int] = 2**30, t0: float = 1_700_000_000.0,
+                       dt: float = 0.1) -> list[list[DeviceSample]]:
+    """Deterministic frames for one device, for tests and snapshots.
+
+    Frame i has ``ours[i]`` bytes (None: no probe running, and others is then N/A as from a real backend) and ``others``
+    bytes (one value, or one per frame) of other processes; used = ours + others, free = total - used, t = t0 + i * dt.
+    Combine devices with ``[a + b for a, b in zip(frames0, frames1)]``."""
+    ours = list(ours)
+    others_list = [others] * len(ours) if isinstance(others, int) else list(others)
+    if len(others_list) != len(ours):
+        raise ValueError("others must be one value or one per frame")
+    frames = []
+    for i, (o, x) in enumerate(zip(ours, others_list)):
+        used = (o or 0) + x
+        ours_r = Reading(o) if o is not None else Reading(None, "no probe process running")
+        frames.append([DeviceSample(t=t0 + i * dt, device=device, name=name, backend="replay",
+                                    total_bytes=Reading(total), used_bytes=Reading(used),
+                                    free_bytes=Reading(total - used),
+                                    ours_bytes=ours_r, others_bytes=others_reading(Reading(used), ours_r))])
+    return frames
+
+
+class Sampler:
+    """Samples a backend every ``interval_s`` seconds on a daemon thread; keeps the last ``history`` samples per device.
+
+    Thread-safe: the UI thread reads (:meth:`latest`, :meth:`history`, peaks) while the sampling thread writes. An
+    exception from the backend never kills the thread: it is kept in :attr:`last_error` (the most recent one, not
+    cleared by later successes) and counted in :attr:`error_count`.
+    """
+
+    def __init__(self, backend: Backend, interval_s: float = 0.1, history: int = 600) -> None:
+        self.backend = backend
+        self.interval_s = interval_s
+        self._maxlen = history
+        self._lock = threading.Lock()
+        self._pids: set[int] = set()
+        self._generation = 0  # bumped by follow(), so a sample taken for the old pids does not touch the new peaks
+        self._latest: list[DeviceSample] = []
+        self._history: dict[str, collections.deque[DeviceSample]] = {}
+        self._peak_ours: dict[str, int] = {}
+        self._peak_used: dict[str, int] = {}
+        self._record_file: Any = None
+        self._frame = 0
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self.last_error: BaseException | None = None
+        self.error_count = 0
+
+    def follow(self, pids: set[int]) -> None:
+        """Count these processes (and, through the backend, their descendants) as ours; resets both peaks."""
+        with self._lock:
+            self._pids = set(pids)
+            self._generation += 1
+            self._peak_ours.clear()
+            self._peak_used.clear()
+
+    def start(self) -> None:
+        """Start the sampling thread (no-op when running)."""
+        with self._lock:
+            if self._thread is not None and self._thread.is_alive():
+                return
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._run, name="gpuaccept-monitor", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        """Stop and join the sampling thread and close the record file (no-op when stopped)."""
+        self._stop.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+        with self._lock:
+            self._thread = None
+            if self._record_file is not None:
+                self._record_file.close()
+                self._record_file = None
+
+    @property
+    def running(self) -> bool:
+        thread = self._thread
+        return thread is not None and thread.is_alive()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            started = time.monotonic()
+            try:
+                self.sample_once()
+            except Exception as e:  # noqa: BLE001 - a failing read must not stop the bars
+                with self._lock:
+                    self.last_error = e
+                    self.error_count += 1
+            self._stop.wait(max(0.0, self.interval_s - (time.monotonic() - started)))
+
+    def sample_once(self) -> list[DeviceSample]:
+        """Sample now (on the calling thread), add to history, peaks and the recording; backend errors propagate."""
+        with self._lock:
+            pids, generation = set(self._pids), self._generation
+        samples = self.backend.sample(pids)  # outside the lock: a slow read must not block the UI's reads
+        with self._lock:
+            self._latest = list(samples)
+            for s in samples:
+                self._history.setdefault(s.device, collections.deque(maxlen=self._maxlen)).append(s)
+                if generation == self._generation:
+                    _raise_peak(self._peak_ours, s.device, s.ours_bytes)
+                    _raise_peak(self._peak_used, s.device, s.used_bytes)
+            if self._record_file is not None:
+                for s in samples:
+                    self._record_file.write(json.dumps({"frame": self._frame, **s.to_json()}) + "\n")
+                self._record_file.flush()
+                self._frame += 1
+        return list(samples)
+
+    def latest(self) -> list[DeviceSample]:
+        """The samples of the most recent successful read, one per device ([] before the first)."""
+        with self._lock:
+            return list(self._latest)
+
+    def history(self, device: str) -> list[DeviceSample]:
+        """The last ``history`` samples of ``device``, oldest first."""
+        with self._lock:
+            return list(self._history.get(device, ()))
+
+    def peak_ours(self, device: str) -> int | None:
+        """Largest ours_bytes of ``device`` since :meth:`follow` was last called (None: none available)."""
+        with self._lock:
+            return self._peak_ours.get(device)
+
+    def peak_used(self, device: str) -> int | None:
+        """Largest used_bytes (whole device) of ``device`` since :meth:`follow` was last called."""
+        with self._lock:
+            return self._peak_used.get(device)
+
+    def record(self, path: str | Path) -> None:
+        """From now on also append every sample to ``path`` as a JSON line (``DeviceSample.to_json`` plus its frame
+        number), flushed after each read; a previous recording is closed. :meth:`stop` ends the recording."""
+        f = open(path, "a", encoding="utf-8")
+        with self._lock:
+            if self._record_file is not None:
+                self._record_file.close()
+            self._record_file = f
+
+
+def _raise_peak(peaks: dict[str, int], device: str, reading: Reading) -> None:
+    if reading.value is not None and reading.value > peaks.get(device, -1):
+        peaks[device] = reading.value

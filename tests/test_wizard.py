@@ -1,0 +1,150 @@
+"""Pilot walks through the whole wizard on a tiny model with a constructed device backend, for each mode."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import psutil
+import pytest
+from textual.widgets import Button, Input
+
+from tests.wizard_helpers import make_app, text_of, wait_for
+from tui.screens.export import ExportScreen
+from tui.screens.mode import ModeScreen
+from tui.screens.plan import PlanScreen
+from tui.screens.setup import SetupScreen
+from tui.screens.stages import EvaluateScreen, ProbeScreen, ResumeScreen
+
+
+def workers_under(root: Path) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmd = " ".join(proc.info["cmdline"] or [])
+        if "core.worker" in cmd and str(root) in cmd:
+            found.append(proc)
+    return found
+
+
+def next_enabled(app) -> bool:
+    return not app.screen.query_one("#next", Button).disabled
+
+
+async def walk_to_plan(pilot, app, mode_key: str) -> None:
+    await pilot.press(mode_key, "enter")
+    assert isinstance(app.screen, SetupScreen)
+    await pilot.press("ctrl+n")
+    assert isinstance(app.screen, PlanScreen)
+    await wait_for(pilot, lambda: next_enabled(app), 60)
+
+
+async def run_stage(pilot, app, screen_type) -> None:
+    await pilot.press("ctrl+n")
+    assert isinstance(app.screen, screen_type)
+    await wait_for(pilot, lambda: next_enabled(app) and app.state.running is None)
+
+
+@pytest.mark.parametrize(("mode", "key"), [("lora", "3"), ("full", "2"), ("inference", "1")])
+async def test_walk_the_whole_wizard(tiny_model_dir, tmp_path, mode, key):
+    app = make_app(tiny_model_dir, tmp_path, mode="lora")
+    async with app.run_test(size=(80, 24)) as pilot:
+        assert isinstance(app.screen, ModeScreen)
+        await walk_to_plan(pilot, app, key)
+        assert app.state.spec.mode == mode
+        await run_stage(pilot, app, ProbeScreen)
+        assert "PASS" in text_of(app.screen.query_one("#measured-title"))
+        await run_stage(pilot, app, EvaluateScreen)
+        assert "PASS" in text_of(app.screen.query_one("#eval-result"))
+        await run_stage(pilot, app, ResumeScreen)
+        verdict = text_of(app.screen.query_one("#resume-verdict"))
+        assert ("NOT APPLICABLE" in verdict) if mode == "inference" else ("PASS" in verdict), verdict
+        await pilot.press("ctrl+n")
+        assert isinstance(app.screen, ExportScreen)
+        await pilot.press(*"Ada")
+        app.screen.query_one("#decision").value = "accept"
+        app.screen.query_one("#comment", Input).value = "tiny model walk"
+        await pilot.click("#write")
+        await wait_for(pilot, lambda: app.state.record_path is not None, 30)
+    record = tomllib.loads(Path(app.state.record_path).read_text())
+    assert record["spec"]["mode"] == mode
+    assert record["signoff"]["operator"] == "Ada" and record["signoff"]["decision"] == "accept"
+    assert record["verdict"]["status"] == "pass"
+    assert record["resume"]["status"] == ("not_applicable" if mode == "inference" else "pass")
+
+
+async def test_bad_input_disables_next_and_names_the_field(tiny_model_dir, tmp_path):
+    app = make_app(tiny_model_dir, tmp_path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("enter")
+        screen = app.screen
+        screen.query_one("#batch_size", Input).value = "0"
+        await pilot.pause()
+        assert screen.query_one("#next", Button).disabled
+        assert "at least 1" in text_of(screen.query_one("#err-batch_size"))
+        screen.query_one("#batch_size", Input).value = "four"
+        await pilot.pause()
+        assert "whole number" in text_of(screen.query_one("#err-batch_size"))
+        await pilot.press("ctrl+n")
+        assert app.screen is screen  # refused: still on the setup
+        screen.query_one("#batch_size", Input).value = "2"
+        await pilot.pause()
+        assert not screen.query_one("#next", Button).disabled
+        assert not screen.query_one("#err-batch_size").display
+
+
+async def test_a_sequence_longer_than_the_model_allows_is_named_on_the_plan(tiny_model_dir, tmp_path):
+    app = make_app(tiny_model_dir, tmp_path, seq_len=4096)  # the tiny model declares 256 positions
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("enter", "ctrl+n")
+        await wait_for(pilot, lambda: "cannot plan" in text_of(app.screen.query_one("#plan-error")), 60)
+        assert "max_position_embeddings (256)" in text_of(app.screen.query_one("#plan-error"))
+        assert app.screen.query_one("#next", Button).disabled
+        await pilot.press("escape")
+        assert isinstance(app.screen, SetupScreen)
+
+
+async def test_back_navigation_and_what_if_keys_replan(tiny_model_dir, tmp_path):
+    app = make_app(tiny_model_dir, tmp_path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await walk_to_plan(pilot, app, "3")
+        before = app.state.ctx.plan.devices[0].lines["activations"].bytes
+        await pilot.press("B")  # batch x2
+        await wait_for(pilot, lambda: app.state.spec.batch_size == 8 and app.state.ctx.plan.devices[0].lines[
+            "activations"].bytes > before, 30)
+        assert app.state.ctx.plan.devices[0].lines["activations"].bytes > 1.9 * before
+        await pilot.press("escape")
+        assert isinstance(app.screen, SetupScreen)
+        assert app.screen.query_one("#batch_size", Input).value == "8"  # the what-if is kept
+        await pilot.press("escape")
+        assert isinstance(app.screen, ModeScreen)
+        await pilot.press("2", "enter")
+        assert isinstance(app.screen, SetupScreen) and app.state.mode == "full"
+        assert not app.screen.query("#lora_r")  # LoRA fields only in LoRA mode
+
+
+async def test_quitting_during_the_probe_ends_its_process_group(tiny_model_dir, tmp_path):
+    app = make_app(tiny_model_dir, tmp_path, probe_steps=400, mode="full")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await walk_to_plan(pilot, app, "2")
+        await pilot.press("ctrl+n")
+        await wait_for(pilot, lambda: workers_under(tmp_path) != [] and app.state.running == "probe", 60)
+        await pilot.press("q")
+        assert type(app.screen).__name__ == "ConfirmQuit"
+        await pilot.press("n")  # stay: the probe keeps running
+        assert app.state.running == "probe"
+        await pilot.press("q", "y")
+        await wait_for(pilot, lambda: app.state.running is None, 30)
+        await pilot.pause(0.3)
+    assert app.return_value == 130
+    assert workers_under(tmp_path) == []
+    record = tomllib.loads(Path(app.state.record_path).read_text())  # what was measured is kept, unsigned
+    assert record["verdict"]["status"] == "fail" and "signoff" not in record
+
+
+async def test_help_shows_the_terms(tiny_model_dir, tmp_path):
+    app = make_app(tiny_model_dir, tmp_path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("question_mark")
+        assert type(app.screen).__name__ == "HelpScreen"
+        await pilot.press("escape")
+        assert isinstance(app.screen, ModeScreen)

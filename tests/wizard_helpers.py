@@ -1,0 +1,39 @@
+"""Building the wizard for tests: a tiny model, a constructed device backend and a fixed device list."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any, Callable
+
+from core.monitor import ReplayBackend, constructed_frames
+from core.plan import DeviceInfo
+from tui.app import GpuAcceptApp
+
+GiB = 2**30
+TEST_HOST = DeviceInfo("cpu", "cpu", "test host", 64 * GiB, "constructed for tests")
+
+
+def make_app(model_dir: Path, runs_root: Path, mode: str = "lora", **fields: Any) -> GpuAcceptApp:
+    """The wizard on the tiny model: short runs, a replayed device backend, one 64 GiB test host."""
+    base = {"model": str(model_dir), "seq_len": 64, "steps": 6, "eval_max_blocks": 4,
+            "resume_checkpoint_every": 2, "resume_kill_after_checkpoint": 1}
+    frames = constructed_frames(device="cpu", name="test host", total=64 * GiB,
+                                ours=[None, 1 * GiB, 2 * GiB, 3 * GiB, 2 * GiB], others=4 * GiB)
+    return GpuAcceptApp(runs_root=runs_root, backend=ReplayBackend(frames), devices_override=[TEST_HOST],
+                        fields={**base, **fields}, mode=mode)
+
+
+def text_of(widget: Any) -> str:
+    """What a Static shows, as plain text."""
+    return str(widget.content)
+
+
+async def wait_for(pilot: Any, condition: Callable[[], bool], timeout_s: float = 240.0) -> None:
+    """Let the app run until ``condition()`` holds (stages run real child processes)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not condition():
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {condition}")
+        await pilot.pause(0.1)

@@ -1,0 +1,106 @@
+"""The gpuaccept wizard: seven screens from mode to record, over core's pipeline.
+
+This file only wires screens, bindings and the device sampler; each screen is a file in ``screens/`` and each widget a
+dumb drawing in ``widgets/``. torch and transformers are never imported here: the first screen must appear at once.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from textual.app import App
+from textual.binding import Binding
+
+from tui.state import WizardState
+
+
+class GpuAcceptApp(App[int]):
+    """Mode → Setup → Plan → Probe → Evaluate → Resume → Export.
+
+    Args:
+        runs_root: where run directories are created.
+        backend: the device-memory backend the live bars sample (``core.monitor``); the host backend by default.
+        devices_override: plan for these devices instead of detecting them (tests, planning another box).
+        fields: initial setup values (flag names of ``RunSpec.build``), e.g. ``{"model": ...}``.
+    """
+
+    CSS_PATH = "app.tcss"
+    TITLE = "gpuaccept"
+    SUB_TITLE = "accept a training setup"
+    BINDINGS = [
+        Binding("q", "quit_app", "Quit"),
+        Binding("question_mark", "help", "Terms"),
+        Binding("escape", "back", "Back"),
+    ]
+
+    def __init__(self, *, runs_root: Path = Path("runs"), backend: Any = None,
+                 devices_override: list[Any] | None = None, fields: dict[str, Any] | None = None,
+                 mode: str = "lora") -> None:
+        super().__init__()
+        self.state = WizardState(runs_root=Path(runs_root), devices_override=devices_override,
+                                 fields=dict(fields or {}), mode=mode)
+        self._backend = backend
+        self.sampler: Any = None
+
+    def on_mount(self) -> None:
+        from tui.screens.mode import ModeScreen
+
+        self.push_screen(ModeScreen())
+
+    def start_sampler(self) -> Any:
+        """The device sampler (started on first use, stopped on exit)."""
+        if self.sampler is None:
+            from core.monitor import HostBackend, Sampler
+
+            self.sampler = Sampler(self._backend or HostBackend(), interval_s=0.1)
+            self.sampler.start()
+        return self.sampler
+
+    def action_help(self) -> None:
+        from tui.screens.dialogs import HelpScreen
+
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(HelpScreen())
+
+    def action_back(self) -> None:
+        from tui.screens.dialogs import HelpScreen
+
+        if isinstance(self.screen, HelpScreen):
+            self.pop_screen()
+        elif self.state.running:
+            self.notify(f"the {self.state.running} stage is running; q stops it and quits", severity="warning")
+        elif len(self.screen_stack) > 2:
+            self.pop_screen()
+
+    def action_quit_app(self) -> None:
+        from tui.screens.dialogs import ConfirmQuit
+
+        if not self.state.running:
+            self.exit(0)
+            return
+
+        def answer(yes: bool | None) -> None:
+            if yes:
+                self.state.cancel.set()  # the stage's watch loop kills the child's process group
+                self.set_interval(0.1, self._exit_when_stopped)
+
+        self.push_screen(ConfirmQuit(self.state.running), answer)
+
+    def _exit_when_stopped(self) -> None:
+        if not self.state.running:
+            self.exit(130)
+
+    def on_unmount(self) -> None:
+        if self.sampler is not None:
+            self.sampler.stop()
+        self.keep_what_was_measured()
+
+    def keep_what_was_measured(self) -> None:
+        """Quitting before the sign-off still writes record.toml (unsigned): nothing measured is lost."""
+        run = self.state.run
+        if run is not None and self.state.record_path is None:
+            try:
+                self.state.record_path = run.write_record()
+            except Exception:  # noqa: BLE001 - the run directory still holds every artefact
+                pass

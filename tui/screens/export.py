@@ -1,0 +1,96 @@
+"""Screen 7: the verdicts with their evidence, the sign-off, and the record."""
+
+from __future__ import annotations
+
+from textual import work
+from textual.app import ComposeResult
+from textual.containers import Horizontal, VerticalScroll
+from textual.screen import Screen
+from tui.widgets.tables import ReadTable
+from textual.widgets import Button, Footer, Header, Input, Label, Select, Static
+
+
+class ExportScreen(Screen):
+    """Every stage's status and evidence; operator, decision and comment; write record.toml."""
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        yield Static("Step 7/7 · Sign off and write the record", classes="title")
+        yield Static("The record keeps every number with where it comes from: measured, estimated (how) or not run. "
+                     "Your decision is yours: the verdict says what passed on this box, nothing more.", classes="intro")
+        with VerticalScroll(classes="body"):
+            yield Static("", id="overall")
+            yield ReadTable(id="verdicts")
+            with Horizontal(classes="field"):
+                yield Label("Operator")
+                yield Input(placeholder="your name", id="operator", compact=True)
+            with Horizontal(classes="field"):
+                yield Label("Decision")
+                yield Select([("accept", "accept"), ("reject", "reject")], prompt="choose", id="decision", compact=True)
+            with Horizontal(classes="field"):
+                yield Label("Comment")
+                yield Input(placeholder="why (optional)", id="comment", compact=True)
+            yield Static("", id="written")
+        yield Static("", classes="error", id="export-error")
+        with Horizontal(classes="nav"):
+            yield Button("← Back", id="back")
+            yield Button("Write record", id="write", variant="primary")
+            yield Button("Quit", id="quit")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        from core.record import verdict
+
+        run = self.app.state.run
+        if run is None:
+            self.query_one("#overall", Static).update("nothing has run yet")
+            self.query_one("#write", Button).disabled = True
+            return
+        r = run.results
+        v = verdict(run.spec, r["plan"], r["probe"], r["train_eval"], r["resume"])
+        self.query_one("#overall", Static).update(
+            f"overall: [b]{v['status'].upper()}[/b] · {run.spec.mode} on {run.spec.model} · run directory {run.run_dir}")
+        table = self.query_one("#verdicts", ReadTable)
+        table.add_columns("stage", "status", "evidence")
+        for stage, item in v["stages"].items():
+            table.add_row(stage, item["status"], item["evidence"])
+        self.query_one("#operator", Input).focus()
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        if event.button.id == "write":
+            self.write()
+        elif event.button.id == "back":
+            self.app.action_back()
+        elif event.button.id == "quit":
+            self.app.exit(0)
+
+    def signoff(self) -> dict | None:
+        from core.record import utc_now
+
+        operator = self.query_one("#operator", Input).value.strip()
+        decision = self.query_one("#decision", Select).value
+        error = self.query_one("#export-error", Static)
+        if not operator:
+            error.update("name the operator who signs off")
+            return None
+        if decision not in ("accept", "reject"):
+            error.update("choose a decision: accept or reject")
+            return None
+        error.update("")
+        return {"operator": operator, "decision": decision, "comment": self.query_one("#comment", Input).value.strip(),
+                "time_utc": utc_now()}
+
+    @work(thread=True, exclusive=True, group="record")
+    def write(self) -> None:
+        signoff = self.app.call_from_thread(self.signoff)
+        if signoff is None:
+            return
+        try:
+            path = self.app.state.run.write_record(signoff)
+        except Exception as exc:  # noqa: BLE001 - shown, never a traceback
+            self.app.call_from_thread(self.query_one("#export-error", Static).update, f"not written: {exc}")
+            return
+        self.app.state.record_path = path
+        self.app.call_from_thread(self.query_one("#written", Static).update,
+                                  f"[b]record written:[/b] {path}\n(verdict {self.app.state.run.verdict}; "
+                                  f"decision {signoff['decision']} by {signoff['operator']})")

@@ -1,0 +1,190 @@
+"""Screen 2: the setup. Every input that moves memory, validated as it is typed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, VerticalScroll
+from textual.screen import Screen
+from textual.widgets import Button, Footer, Header, Input, Label, Select, Static
+
+# (flag name, label, kind, choices, modes it applies to)
+FIELDS: list[tuple[str, str, str, tuple[str, ...], tuple[str, ...]]] = [
+    ("model", "Model", "str", (), ("inference", "full", "lora")),
+    ("dtype", "Dtype", "choice", ("fp32", "bf16", "fp16"), ("inference", "full", "lora")),
+    ("batch_size", "Micro-batch / device", "int", (), ("inference", "full", "lora")),
+    ("seq_len", "Sequence length", "int", (), ("inference", "full", "lora")),
+    ("grad_accum", "Grad accumulation", "int", (), ("full", "lora")),
+    ("optimizer", "Optimizer", "choice", ("adamw", "sgd", "adafactor"), ("full", "lora")),
+    ("steps", "Training steps", "int", (), ("full", "lora")),
+    ("learning_rate", "Learning rate", "float", (), ("full", "lora")),
+    ("gradient_checkpointing", "Grad checkpointing", "choice", ("off", "on"), ("full", "lora")),
+    ("lora_r", "LoRA rank r", "int", (), ("lora",)),
+    ("lora_alpha", "LoRA alpha", "int", (), ("lora",)),
+    ("lora_targets", "LoRA targets", "str", (), ("lora",)),
+    ("devices", "Devices", "str", (), ("inference", "full", "lora")),
+]
+
+
+def spec_field_to_input(field: str) -> str:
+    """A SpecError field ("lora.r") as the input id that fixes it ("lora_r")."""
+    return {"lora.r": "lora_r", "lora.alpha": "lora_alpha", "lora.targets": "lora_targets",
+            "resume.kill_after_checkpoint": "steps", "resume.checkpoint_every": "steps"}.get(field, field)
+
+
+def shown_value(value: Any) -> str:
+    """A spec value as the form shows it (booleans as on/off, target lists comma-separated)."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, (tuple, list)):
+        return ",".join(map(str, value))
+    return str(value)
+
+
+def current_value(spec: Any, name: str) -> str:
+    """The spec's value of a form field (``lora_r`` reads ``spec.lora.r``)."""
+    if name.startswith("lora_"):
+        return shown_value(getattr(spec.lora, name.removeprefix("lora_")))
+    return shown_value(getattr(spec, name))
+
+
+class SetupScreen(Screen):
+    """Model, dtype, batch, sequence, accumulation, optimizer, steps, LoRA and devices; Next only when valid."""
+
+    BINDINGS = [Binding("ctrl+n", "next", "Next")]
+
+    def compose(self) -> ComposeResult:
+        from core.spec import RunSpec
+
+        state = self.app.state
+        defaults = RunSpec.build(mode=state.mode)
+        shown = {name for name, *_ in FIELDS}
+        self._extra = {k: v for k, v in state.fields.items() if k not in shown}  # e.g. --data: kept, not shown
+        yield Header()
+        yield Static(f"Step 2/7 · Setup ({state.mode})", classes="title")
+        yield Static("What moves memory: batch × sequence drive activations; dtype the bytes per number; the optimizer "
+                     "the states per trainable parameter. Defaults: the embedded SmolLM2-135M and text.",
+                     classes="intro")
+        with VerticalScroll(classes="body", id="form"):
+            for name, label, kind, choices, modes in FIELDS:
+                if state.mode not in modes:
+                    continue
+                value = shown_value(state.fields[name]) if name in state.fields else current_value(defaults, name)
+                with Horizontal(classes="field"):
+                    yield Label(label)
+                    if kind == "choice":
+                        yield Select([(c, c) for c in choices], value=value, allow_blank=False, id=name,
+                                     compact=True)
+                    else:
+                        yield Input(value=value, id=name, compact=True)
+                yield Static("", classes="field-error", id=f"err-{name}")
+            yield Static("devices detected: looking…", id="detected")
+        yield Static("", classes="error", id="form-error")
+        with Horizontal(classes="nav"):
+            yield Button("← Back", id="back")
+            yield Button("Plan →", id="next", variant="primary")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.validate()
+        self.detect()
+
+    def on_screen_resume(self) -> None:
+        # The plan screen's what-if keys may have changed batch size and sequence length: show them here.
+        spec = self.app.state.spec
+        if spec is not None:
+            for name in ("batch_size", "seq_len"):
+                widget = self.query_one(f"#{name}", Input)
+                if widget.value != str(getattr(spec, name)):
+                    widget.value = str(getattr(spec, name))
+
+    @work(thread=True, exclusive=True, group="detect")
+    def detect(self) -> None:
+        from core.plan import detect_devices
+
+        try:
+            devices = self.app.state.devices_override or detect_devices("auto")
+            text = "devices detected: " + "; ".join(
+                f"{d.name} {d.label} "
+                + (f"{d.capacity_bytes / 2**30:.1f} GiB ({d.capacity_source})" if d.capacity_bytes else "capacity unknown")
+                for d in devices)
+        except Exception as exc:  # noqa: BLE001 - shown, never raised into the UI
+            text = f"devices detected: none ({exc})"
+        self.app.call_from_thread(self.query_one("#detected", Static).update, text)
+
+    def values(self) -> tuple[dict[str, Any], dict[str, str]]:
+        """The typed values converted to spec types, and per-field conversion errors."""
+        out: dict[str, Any] = {}
+        errors: dict[str, str] = {}
+        for name, _label, kind, _choices, modes in FIELDS:
+            if self.app.state.mode not in modes:
+                continue
+            widget = self.query_one(f"#{name}")
+            raw = str(widget.value).strip()
+            if kind == "int":
+                try:
+                    out[name] = int(raw)
+                except ValueError:
+                    errors[name] = f"a whole number, e.g. 4 (got {raw!r})"
+            elif kind == "float":
+                try:
+                    out[name] = float(raw)
+                except ValueError:
+                    errors[name] = f"a number, e.g. 1e-3 (got {raw!r})"
+            elif name == "gradient_checkpointing":
+                out[name] = raw == "on"
+            else:
+                out[name] = raw
+        return out, errors
+
+    def validate(self) -> Any:
+        """Validate every field; show errors beside them; enable Next only when the spec is valid."""
+        from core.errors import SpecError
+        from core.spec import RunSpec
+
+        for err in self.query(".field-error"):
+            err.update("")
+            err.display = False
+        self.query_one("#form-error", Static).update("")
+        values, errors = self.values()
+        spec = None
+        if not errors:
+            try:
+                spec = RunSpec.build(mode=self.app.state.mode, **{**self._extra, **values})
+            except SpecError as exc:
+                target = spec_field_to_input(exc.field)
+                if self.query(f"#err-{target}"):
+                    errors[target] = exc.message
+                else:
+                    self.query_one("#form-error", Static).update(str(exc))
+        for name, message in errors.items():
+            err = self.query_one(f"#err-{name}", Static)
+            err.update(f"↑ {message}")
+            err.display = True
+        self.query_one("#next", Button).disabled = spec is None
+        self.app.state.fields = {**self._extra, **values}
+        self.app.state.spec = spec
+        return spec
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        self.validate()
+
+    def on_select_changed(self, event: Select.Changed) -> None:
+        self.validate()
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        if event.button.id == "next":
+            self.action_next()
+        elif event.button.id == "back":
+            self.app.action_back()
+
+    def action_next(self) -> None:
+        if self.validate() is None:
+            self.app.bell()
+            return
+        from tui.screens.plan import PlanScreen
+
+        self.app.push_screen(PlanScreen())

@@ -1,0 +1,319 @@
+"""Screens 4-6: the stages that run real work in child processes — probe, train + evaluate, kill and resume.
+
+Each screen runs its stage generator (core.pipeline.AcceptanceRun) in a thread worker, receives the stage's events as
+messages, and draws them. A stage already finished (its result is in the run) is shown without running again.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Generator
+
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, VerticalScroll
+from textual.message import Message
+from textual.screen import Screen
+from textual.widgets import Button, Footer, Header, ProgressBar, Sparkline, Static
+
+from tui.widgets.tables import ReadTable
+from tui.widgets.bars import LiveBar, gib
+
+
+class StageEvent(Message):
+    """A core event from the stage's worker thread."""
+
+    def __init__(self, event: Any) -> None:
+        super().__init__()
+        self.event = event
+
+
+class StageDone(Message):
+    """The stage's worker ended: its result, or the error that stopped it."""
+
+    def __init__(self, result: Any, error: str | None) -> None:
+        super().__init__()
+        self.result = result
+        self.error = error
+
+
+class StageScreen(Screen):
+    """Base of the running screens: a worker, a progress bar, a log line, and Next once the stage has ended."""
+
+    stage = ""
+    step = ""
+    intro = ""
+    BINDINGS = [Binding("ctrl+n", "next", "Next")]
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        yield Static(self.step, classes="title")
+        yield Static(self.intro, classes="intro")
+        with VerticalScroll(classes="body", id="stage-body"):
+            yield ProgressBar(id="progress", show_eta=False)
+            yield Static("", id="status")
+            yield from self.compose_body()
+        yield Static("", classes="error", id="stage-error")
+        with Horizontal(classes="nav"):
+            yield Button("← Back", id="back")
+            yield Button("Next →", id="next", variant="primary", disabled=True)
+        yield Footer()
+
+    def compose_body(self) -> ComposeResult:
+        yield from ()
+
+    def on_mount(self) -> None:
+        run = self.app.state.run
+        result = run.results.get(self.stage) if run is not None else None
+        if result is not None:
+            self.query_one("#progress", ProgressBar).update(total=1, progress=1)
+            self.show_result(result)
+            self.query_one("#next", Button).disabled = False
+        else:
+            self.run_stage()
+
+    def stage_generator(self, cancelled: Callable[[], bool]) -> Generator[Any, None, Any]:
+        raise NotImplementedError
+
+    @work(thread=True, exclusive=True, group="stage")
+    def run_stage(self) -> None:
+        from core.errors import GpuAcceptError
+
+        state = self.app.state
+        state.cancel.clear()
+        state.running = self.stage
+        result, error = None, None
+        try:
+            gen = self.stage_generator(state.cancel.is_set)
+            while True:
+                self.post_message(StageEvent(next(gen)))
+        except StopIteration as stop:
+            result = stop.value
+        except GpuAcceptError as exc:
+            error = str(exc)
+        except Exception as exc:  # noqa: BLE001 - shown on screen; the run directory keeps the logs
+            error = f"{type(exc).__name__}: {exc}"
+        finally:
+            state.running = None
+        self.post_message(StageDone(result, error))
+
+    def on_stage_event(self, message: StageEvent) -> None:
+        from core.events import ChildStarted, Message as CoreMessage, Progress
+
+        event = message.event
+        if isinstance(event, Progress):
+            self.query_one("#progress", ProgressBar).update(total=event.total, progress=event.step)
+            loss = f", loss {event.loss:.4f}" if event.loss is not None else ""
+            self.query_one("#status", Static).update(f"{event.run}: step {event.step}/{event.total}{loss}")
+        elif isinstance(event, CoreMessage):
+            self.query_one("#status", Static).update(event.text)
+        elif isinstance(event, ChildStarted):
+            self.query_one("#status", Static).update(f"{event.run}: child process {event.pid} (log {event.log_path})")
+        self.on_core_event(event)
+
+    def on_core_event(self, event: Any) -> None:
+        """Subclasses draw what they need from each event."""
+
+    def on_stage_done(self, message: StageDone) -> None:
+        if message.error is not None:
+            self.query_one("#stage-error", Static).update(f"stopped: {message.error}")
+        if message.result is not None:
+            self.show_result(message.result)
+        self.query_one("#next", Button).disabled = False
+
+    def show_result(self, result: Any) -> None:
+        raise NotImplementedError
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        if event.button.id == "next":
+            self.action_next()
+        elif event.button.id == "back":
+            self.app.action_back()
+
+    def next_screen(self) -> Screen:
+        raise NotImplementedError
+
+    def action_next(self) -> None:
+        if not self.query_one("#next", Button).disabled:
+            self.app.push_screen(self.next_screen())
+
+
+def _export() -> Screen:
+    from tui.screens.export import ExportScreen
+
+    return ExportScreen()
+
+
+class ProbeScreen(StageScreen):
+    """Real steps in a child process with live memory bars; then measured vs plan."""
+
+    stage = "probe"
+    step = "Step 4/7 · Probe (measured)"
+    intro = ("Real steps run in a separate process. The bars show this probe's memory against everything else on "
+             "each device, live. At the end: measured per component vs the plan, with the error.")
+
+    def compose_body(self) -> ComposeResult:
+        yield VerticalScroll(id="live", classes="live")
+        yield Static("", id="measured-title")
+        yield ReadTable(id="measured")
+        yield Static("", id="placement")
+
+    def on_mount(self) -> None:
+        self._bars: dict[str, LiveBar] = {}
+        self.sampler = self.app.start_sampler()
+        self._timer = self.set_interval(0.25, self.refresh_bars)
+        super().on_mount()
+
+    def on_stage_done(self, message: StageDone) -> None:
+        self.refresh_bars()
+        self._timer.stop()  # keep the last reading and the probe's peak on screen
+        super().on_stage_done(message)
+
+    def stage_generator(self, cancelled):
+        from core.pipeline import AcceptanceRun
+
+        state = self.app.state
+        if state.run is None or state.run.spec != state.spec:
+            state.run = AcceptanceRun(state.spec, state.runs_root, ctx=state.ctx)
+        return state.run.probe_stage(cancelled)
+
+    def on_core_event(self, event: Any) -> None:
+        from core.events import ChildStarted
+
+        if isinstance(event, ChildStarted):
+            self.sampler.follow({event.pid})
+
+    def refresh_bars(self) -> None:
+        live = self.query_one("#live", VerticalScroll)
+        for sample in self.sampler.latest():
+            bar = self._bars.get(sample.device)
+            if bar is None:
+                bar = self._bars[sample.device] = LiveBar(f"{sample.device} {sample.name}")
+                live.mount(bar)
+            note = "; ".join(r.reason for r in (sample.ours_bytes, sample.total_bytes) if r.reason)
+            bar.show(ours=sample.ours_bytes.value, others=sample.others_bytes.value, total=sample.total_bytes.value,
+                     peak=self.sampler.peak_ours(sample.device), note=note)
+
+    def show_result(self, result: Any) -> None:
+        table = self.query_one("#measured", ReadTable)
+        table.clear(columns=True)
+        table.add_columns("device · component", "planned", "measured", "error")
+        for c in result.comparisons:
+            for name, (planned, measured) in c.components.items():
+                table.add_row(f"{c.device} {name}", gib(planned), gib(measured) if measured is not None else "in peak",
+                              _err(planned, measured))
+            table.add_row(f"{c.device} total vs peak", gib(c.planned_bytes), gib(c.measured_bytes), f"{c.error_pct:+.1f} %")
+        d = result.devices[0]
+        extra = f"reserved peak {gib(d.peak_reserved_bytes)}" if d.peak_reserved_bytes is not None \
+            else f"process peak RSS {gib(d.peak_rss_bytes)} (runtime included)"
+        self.query_one("#measured-title", Static).update(
+            f"[b]{result.status.upper()}[/b] · {result.steps} steps, {result.step_time_s:.2f} s/step, "
+            f"{result.tokens_per_s:.0f} tokens/s · peak: {d.peak_method.split(':')[0]} · {extra}")
+        self.query_one("#placement", Static).update("placement: " + "; ".join(
+            f"{dev}: {p['parameters']:,} parameters, {gib(p['bytes'])}" for dev, p in result.placement.items()))
+
+    def next_screen(self) -> Screen:
+        probe = self.app.state.run.results.get("probe") if self.app.state.run else None
+        return EvaluateScreen() if probe is not None and probe.status == "pass" else _export()
+
+
+def _err(planned: int, measured: int | None) -> str:
+    if measured is None or measured == 0:
+        return ""
+    return f"{100.0 * (planned - measured) / measured:+.1f} %"
+
+
+class EvaluateScreen(StageScreen):
+    """Held-out perplexity before and after training; training time; the loss curve."""
+
+    stage = "train_eval"
+    step = "Step 5/7 · Train + evaluate (measured)"
+    intro = ("Held-out text the model never trains on. Metric: token-weighted perplexity exp(Σ NLL / Σ tokens), "
+             "before and after training (inference: once). \"It ran\" is not \"it is good\": read the numbers.")
+
+    def compose_body(self) -> ComposeResult:
+        yield Static("loss per step:", id="loss-title")
+        yield Sparkline([], id="loss")
+        yield Static("", id="eval-result")
+
+    def on_mount(self) -> None:
+        self._losses: list[float] = []
+        super().on_mount()
+
+    def stage_generator(self, cancelled):
+        return self.app.state.run.train_eval_stage(cancelled)
+
+    def on_core_event(self, event: Any) -> None:
+        from core.events import Progress
+
+        if isinstance(event, Progress) and event.loss is not None:
+            self._losses.append(event.loss)
+            self.query_one("#loss", Sparkline).data = list(self._losses)
+
+    def show_result(self, result: Any) -> None:
+        losses = [s["loss"] for s in result.steps]
+        if losses:
+            self.query_one("#loss", Sparkline).data = losses
+            self.query_one("#loss-title", Static).update(
+                f"loss per step: {losses[0]:.3f} → {losses[-1]:.3f} (min {min(losses):.3f}, max {max(losses):.3f})")
+        else:
+            self.query_one("#loss-title", Static).update("no training (inference)")
+        lines = [f"[b]{result.status.upper()}[/b] · criterion: {result.criterion}",
+                 f"perplexity before: {result.before.perplexity:.3f} ({result.before.tokens:,} tokens, "
+                 f"{result.before.blocks} blocks)"]
+        if result.after is not None:
+            lines.append(f"perplexity after:  {result.after.perplexity:.3f}  ({len(losses)} steps, "
+                         f"{result.training_time_s:.1f} s, {result.tokens_per_s:.0f} tokens/s)")
+        spec = self.app.state.run.spec
+        lines.append(f"settings: {spec.mode}, {spec.dtype}, micro-batch {spec.batch_size} × {spec.seq_len}, "
+                     f"accumulation {spec.grad_accum}, lr {spec.learning_rate:g}, seed {spec.seed}")
+        lines.append(f"[dim]{result.metric}[/]")
+        self.query_one("#eval-result", Static).update("\n".join(lines))
+
+    def next_screen(self) -> Screen:
+        return ResumeScreen() if self.app.state.run.results.get("train_eval") is not None else _export()
+
+
+class ResumeScreen(StageScreen):
+    """Kill the training process after a checkpoint, resume, compare step by step with the uninterrupted run."""
+
+    stage = "resume"
+    step = "Step 6/7 · Kill and resume (measured)"
+    intro = ("\"A checkpoint exists\" is not \"it resumes\". A second run is SIGKILLed after a checkpoint, resumed from "
+             "it, and compared with the uninterrupted run: steps, learning rate, data order, loss, weights.")
+
+    def compose_body(self) -> ComposeResult:
+        yield Static("", id="timeline")
+        yield Static("", id="resume-verdict")
+        yield ReadTable(id="checks")
+        yield ReadTable(id="comparison")
+
+    def stage_generator(self, cancelled):
+        return self.app.state.run.resume_stage(cancelled)
+
+    def show_result(self, result: Any) -> None:
+        spec = self.app.state.run.spec
+        verdict = self.query_one("#resume-verdict", Static)
+        if result.status == "not_applicable":
+            verdict.update(f"[b]NOT APPLICABLE[/b] · {result.summary}")
+            return
+        c, k, n = result.checkpoint_step, result.kill_step, spec.steps
+        self.query_one("#timeline", Static).update(
+            f"reference    1 {'━' * 20} {n}\n"
+            f"interrupted  1 {'━' * 10}● ckpt {c} ━ ✕ SIGKILL at {k}\n"
+            f"resumed                  ckpt {c} → {c + 1} {'━' * 8} {n}")
+        verdict.update(f"[b]{result.status.upper()}[/b] · {result.summary}")
+        checks = self.query_one("#checks", ReadTable)
+        checks.clear(columns=True)
+        checks.add_columns("check", "", "evidence")
+        for ch in result.checks:
+            checks.add_row(ch.name, "✓" if ch.status == "pass" else "✗", ch.evidence)
+        table = self.query_one("#comparison", ReadTable)
+        table.clear(columns=True)
+        table.add_columns("step", "lr", "loss reference", "loss resumed", "difference")
+        for row in result.comparison:
+            table.add_row(str(row["step"]), f"{row['learning_rate']:.3g}", f"{row['loss_reference']:.6f}",
+                          f"{row['loss_resumed']:.6f}", f"{row['difference']:.2g}")
+
+    def next_screen(self) -> Screen:
+        return _export()

@@ -1,0 +1,34 @@
+"""What the wizard holds between screens. Screens read and write it; core computes everything in it."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class WizardState:
+    """The user's choices and the pipeline objects built from them.
+
+    Attributes:
+        mode: inference | full | lora, chosen on the first screen.
+        fields: setup values as typed (flag names of RunSpec.build), applied over the mode's defaults.
+        spec: the validated RunSpec, once the setup is valid.
+        ctx: the plan context (core.pipeline.PlanContext) for ``spec``.
+        run: the core.pipeline.AcceptanceRun created when the probe starts (it owns the run directory).
+        running: the name of the stage whose worker runs now, or None.
+        cancel: set to stop a running stage; the stage kills its child's process group.
+    """
+
+    runs_root: Path = Path("runs")
+    devices_override: list[Any] | None = None
+    mode: str = "lora"
+    fields: dict[str, Any] = field(default_factory=dict)
+    spec: Any = None
+    ctx: Any = None
+    run: Any = None
+    running: str | None = None
+    cancel: threading.Event = field(default_factory=threading.Event)
+    record_path: Path | None = None

@@ -1,0 +1,108 @@
+"""Memory bars: a stacked bar of planned components against a device's capacity, and a live bar of a device's memory.
+
+Dumb widgets: they draw the bytes they are given (GiB = 2^30 bytes on screen) and compute nothing about memory.
+"""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.reactive import reactive
+from textual.widget import Widget
+
+GiB = 2**30
+
+#: One colour per plan component, in stacking order.
+COMPONENT_STYLES: dict[str, str] = {
+    "weights": "#4e79a7",
+    "gradients": "#f28e2b",
+    "optimizer_states": "#e15759",
+    "activations": "#76b7b2",
+    "temporaries": "#59a14f",
+    "overhead": "#b07aa1",
+    "kv_cache": "#edc948",
+}
+SHORT = {"weights": "W", "gradients": "G", "optimizer_states": "OPT", "activations": "ACT", "temporaries": "TMP",
+         "overhead": "CTX", "kv_cache": "KV"}
+
+
+def gib(n: int | float | None) -> str:
+    """Bytes as GiB with two decimals, or N/A."""
+    return "N/A" if n is None else f"{n / GiB:.2f} GiB"
+
+
+def stacked_bar(segments: list[tuple[int, str]], capacity: int | None, width: int) -> Text:
+    """A bar ``width`` cells wide: each (bytes, style) segment in proportion to ``capacity`` (or to their sum when the
+    capacity is unknown or smaller: then a red marker shows where the capacity ends)."""
+    total = sum(b for b, _ in segments)
+    scale_to = max(capacity or 0, total, 1)
+    text = Text()
+    used_cells = 0
+    for nbytes, style in segments:
+        cells = round(nbytes / scale_to * width)
+        if nbytes > 0:
+            cells = max(cells, 1)
+        cells = min(cells, width - used_cells)
+        text.append("█" * cells, style=style)
+        used_cells += cells
+    if used_cells < width:
+        text.append("░" * (width - used_cells), style="#555555")
+    if capacity and total > capacity:
+        cut = min(width - 1, round(capacity / scale_to * width))
+        text = text[:cut] + Text("▏", style="bold red") + text[cut + 1:]
+    return text
+
+
+class PlanBar(Widget):
+    """Planned components of one device stacked against its capacity, with a legend line."""
+
+    DEFAULT_CSS = "PlanBar { height: 2; }"
+
+    components: reactive[dict[str, int]] = reactive(dict, layout=True)
+    capacity: reactive[int | None] = reactive(None)
+
+    def __init__(self, components: dict[str, int] | None = None, capacity: int | None = None, **kw) -> None:
+        super().__init__(**kw)
+        self.set_reactive(PlanBar.components, dict(components or {}))
+        self.set_reactive(PlanBar.capacity, capacity)
+
+    def render(self) -> Text:
+        width = max(10, self.size.width)
+        segments = [(self.components.get(k, 0), style) for k, style in COMPONENT_STYLES.items()]
+        bar = stacked_bar(segments, self.capacity, width)
+        legend = Text()
+        for name, style in COMPONENT_STYLES.items():
+            if self.components.get(name, 0) > 0:
+                legend.append("■ ", style=style)
+                legend.append(f"{SHORT[name]} ")
+        return Text.assemble(bar, "\n", legend)
+
+
+class LiveBar(Widget):
+    """One device's memory now: this probe's share, other processes, free; with the peak of this probe so far."""
+
+    DEFAULT_CSS = "LiveBar { height: 2; }"
+
+    def __init__(self, label: str, **kw) -> None:
+        super().__init__(**kw)
+        self.label = label
+        self.ours: int | None = None
+        self.others: int | None = None
+        self.total: int | None = None
+        self.peak: int | None = None
+        self.note = ""
+
+    def show(self, *, ours: int | None, others: int | None, total: int | None, peak: int | None, note: str = "") -> None:
+        self.ours, self.others, self.total, self.peak, self.note = ours, others, total, peak, note
+        self.refresh()
+
+    def render(self) -> Text:
+        width = max(10, self.size.width)
+        segments = [(self.ours or 0, "#e15759"), (self.others or 0, "#7f7f7f")]
+        bar = stacked_bar(segments, self.total, width)
+        line = Text.assemble(
+            (f"{self.label}: ", "bold"), ("■ ", "#e15759"), f"probe {gib(self.ours)}  ", ("■ ", "#7f7f7f"),
+            f"others {gib(self.others)}  of {gib(self.total)}  peak {gib(self.peak)}",
+            (f"  {self.note}" if self.note else "", "italic"),
+        )
+        line.truncate(width)
+        return Text.assemble(bar, "\n", line)
