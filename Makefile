@@ -8,7 +8,7 @@ PIP = $(VENV)/bin/python -m pip
 STAMP = $(VENV)/.gpuaccept-installed
 PYTEST_ARGS ?=
 
-.PHONY: run test install clean-venv
+.PHONY: run test bench install clean-venv
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,9 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	for b in benchmarks/*.py; do $(VENV)/bin/python $$b || exit 1; done
 
 clean-venv:
 	rm -rf $(VENV)

@@ -22,3 +22,10 @@ def test_cli_start_path_does_not_import_torch():
     code = "import sys, tui.cli; print('torch' in sys.modules, 'transformers' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False False"
+
+
+def test_the_wizard_start_path_imports_neither_torch_nor_transformers():
+    code = ("import sys, tui.app, tui.screens.mode, tui.screens.setup, tui.screens.dialogs; "
+            "print('torch' in sys.modules, 'transformers' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False False"

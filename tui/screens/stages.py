@@ -11,7 +11,7 @@ from typing import Any, Callable, Generator
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, VerticalScroll
+from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Button, Footer, Header, ProgressBar, Sparkline, Static
@@ -153,7 +153,7 @@ class ProbeScreen(StageScreen):
              "each device, live. At the end: measured per component vs the plan, with the error.")
 
     def compose_body(self) -> ComposeResult:
-        yield VerticalScroll(id="live", classes="live")
+        yield Vertical(id="live")
         yield Static("", id="measured-title")
         yield ReadTable(id="measured")
         yield Static("", id="placement")
@@ -184,7 +184,7 @@ class ProbeScreen(StageScreen):
             self.sampler.follow({event.pid})
 
     def refresh_bars(self) -> None:
-        live = self.query_one("#live", VerticalScroll)
+        live = self.query_one("#live", Vertical)
         for sample in self.sampler.latest():
             bar = self._bars.get(sample.device)
             if bar is None:

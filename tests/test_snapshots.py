@@ -1,0 +1,176 @@
+"""SVG snapshots of every wizard screen at 80x24 and 120x40, stored in snapshots/ at the top of the repository.
+
+Stage screens show constructed, fixed results (no child runs), so the pictures depend only on the code. Update them
+after a deliberate change with ``pytest tests/test_snapshots.py --snapshot-update`` and look at the diffs.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from pytest_textual_snapshot import SVGImageExtension
+from syrupy.location import PyTestLocation
+from textual._doc import take_svg_screenshot
+
+from core.monitor import ReplayBackend, constructed_frames
+from core.probe import DeviceMeasurement, PlanComparison, ProbeResult
+from core.resume import Check, ResumeResult, tolerance_tier
+from core.spec import RunSpec
+from core.train import EvalPoint, TrainEvalResult
+from tests.wizard_helpers import TEST_HOST, GiB
+from tui.app import GpuAcceptApp
+
+REPO = Path(__file__).resolve().parents[1]
+SIZES = [(80, 24), (120, 40)]
+
+
+class RepoSVG(SVGImageExtension):
+    """Snapshots live in snapshots/ (one SVG per screen and size), not beside the tests."""
+
+    @classmethod
+    def dirname(cls, *, test_location: PyTestLocation) -> str:
+        return str(REPO / "snapshots" / test_location.basename)
+
+
+@pytest.fixture
+def snap(snapshot, monkeypatch, tiny_model_dir, tmp_path):
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    monkeypatch.delenv("TEXTUAL_THEME", raising=False)
+    shutil.copytree(tiny_model_dir, tmp_path / "tiny-llama")
+    monkeypatch.chdir(tmp_path)  # the model shows as "tiny-llama", not a temporary path
+    snapshot = snapshot.use_extension(RepoSVG)
+
+    def compare(app, size, run_before=None) -> None:
+        svg = take_svg_screenshot(app=app, terminal_size=size, run_before=run_before)
+        assert snapshot == svg
+
+    return compare
+
+
+def app_for(mode: str = "lora") -> GpuAcceptApp:
+    frames = constructed_frames(device="cpu", name="test host", total=64 * GiB, ours=[int(1.5 * GiB)], others=6 * GiB)
+    return GpuAcceptApp(runs_root=Path("runs"), backend=ReplayBackend(frames), devices_override=[TEST_HOST],
+                        fields={"model": "tiny-llama", "seq_len": 64, "steps": 6, "resume_checkpoint_every": 2,
+                                "resume_kill_after_checkpoint": 1}, mode=mode)
+
+
+async def until(pilot, condition, timeout_s: float = 60) -> None:
+    from tests.wizard_helpers import wait_for
+
+    await wait_for(pilot, condition, timeout_s)
+
+
+def finished_run(app: GpuAcceptApp) -> SimpleNamespace:
+    """A run whose stages all ended, with fixed numbers (what the stage screens draw)."""
+    from core.pipeline import make_plan
+
+    spec = RunSpec.build(mode="lora", model="tiny-llama", seq_len=64, steps=6, resume_checkpoint_every=2,
+                         resume_kill_after_checkpoint=1)
+    ctx = make_plan(spec, [TEST_HOST])
+    plan_dev = ctx.plan.devices[0]
+    m = DeviceMeasurement(device="cpu", weights_bytes=plan_dev.lines["weights"].bytes,
+                          gradients_bytes=plan_dev.lines["gradients"].bytes,
+                          optimizer_states_bytes=plan_dev.lines["optimizer_states"].bytes + 32,
+                          peak_bytes=150_000_000, peak_method="peak of live CPU tensor storages: ...",
+                          peak_reserved_bytes=None, peak_rss_bytes=600_000_000, rss_after_load_bytes=400_000_000,
+                          parameters=ctx.plan.parameters.total, trainable_parameters=ctx.plan.parameters.trainable)
+    comparison = PlanComparison("cpu", plan_dev.total_bytes, m.peak_bytes,
+                                100.0 * (plan_dev.total_bytes - m.peak_bytes) / m.peak_bytes, "plan total vs peak",
+                                {"weights": (plan_dev.lines["weights"].bytes, m.weights_bytes),
+                                 "gradients": (plan_dev.lines["gradients"].bytes, m.gradients_bytes),
+                                 "optimizer_states": (plan_dev.lines["optimizer_states"].bytes, m.optimizer_states_bytes),
+                                 **{k: (plan_dev.lines[k].bytes, None) for k in ("activations", "temporaries",
+                                                                                "overhead", "kv_cache")}})
+    probe = ProbeResult("pass", 3, 0.42, 610.0, [m], {"cpu": {"parameters": m.parameters, "bytes": m.weights_bytes,
+                                                               "trainable": m.trainable_parameters}},
+                        [comparison], "runs/x/probe/child.log", "3 steps on cpu, 0.42 s/step")
+    losses = [10.83, 10.81, 10.80, 10.79, 10.79, 10.78]
+    steps = [{"step": i + 1, "epoch": 0.01 * (i + 1), "learning_rate": 1e-3 * (1 - i / 6), "loss": loss,
+              "sample_ids": [i]} for i, loss in enumerate(losses)]
+    te = TrainEvalResult("pass", "held-out perplexity after training < before training",
+                         "token-weighted perplexity: exp(sum NLL / sum target tokens)", EvalPoint(49232.478, 10.80, 252, 4, 0.1),
+                         EvalPoint(49195.247, 10.79, 252, 4, 0.1), 2.5, 614.4, steps, {}, "", "", "perplexity down")
+    tier = tolerance_tier("cpu", "fp32")
+    checks = [Check("kill", "pass", "SIGKILL to process group 4242 after step 3; no process of the group is left"),
+              Check("checkpoint_complete", "pass", "present: adapter weights, optimizer, scheduler, RNG, trainer state",
+                    kind="completeness"),
+              Check("learning_rate", "pass", "learning rate equal at 7 steps"),
+              Check("sample_ids", "pass", "sample ids equal at 7 steps"),
+              Check("loss", "pass", "loss within cpu-fp32-exact at every step; identical", kind="tolerance",
+                    tier=tier.name, largest_difference=0.0),
+              Check("final_weights", "pass", "8 tensors of adapter_model.safetensors: bit-identical",
+                    kind="tolerance", tier=tier.name, largest_difference=0.0)]
+    comparison_rows = [{"step": s["step"], "learning_rate": s["learning_rate"], "loss_reference": s["loss"],
+                        "loss_resumed": s["loss"], "difference": 0.0} for s in steps[2:]]
+    resume = ResumeResult("pass", checks, 2, 3, 4242, tier, comparison_rows, {}, 7, 12.0,
+                          "killed at step 3, resumed from checkpoint-2: 6 checks passed (cpu-fp32-exact)")
+    app.state.spec, app.state.ctx = spec, ctx
+    return SimpleNamespace(spec=spec, run_dir=Path("runs/20261130T000000Z-lora-tiny-llama"), verdict=None,
+                           results={"plan": ctx.plan, "probe": probe, "train_eval": te, "resume": resume})
+
+
+def push(screen_name: str):
+    async def run_before(pilot) -> None:
+        app = pilot.app
+        from tui.screens import export, stages
+
+        app.state.run = finished_run(app)
+        screen = {"probe": stages.ProbeScreen, "evaluate": stages.EvaluateScreen, "resume": stages.ResumeScreen,
+                  "export": export.ExportScreen}[screen_name]()
+        await app.push_screen(screen)
+        if screen_name == "probe":
+            await until(pilot, lambda: bool(screen._bars) and screen.sampler.latest())
+            screen.refresh_bars()
+        await pilot.pause(0.2)
+
+    return run_before
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_mode_screen(snap, size):
+    snap(app_for(), size)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_setup_screen(snap, size):
+    async def run_before(pilot) -> None:
+        await pilot.press("enter")
+        await until(pilot, lambda: "looking" not in str(pilot.app.screen.query_one("#detected").content))
+
+    snap(app_for(), size, run_before)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_setup_screen_with_a_bad_value(snap, size):
+    async def run_before(pilot) -> None:
+        await pilot.press("enter")
+        pilot.app.screen.query_one("#batch_size").value = "0"
+        await until(pilot, lambda: "looking" not in str(pilot.app.screen.query_one("#detected").content))
+
+    snap(app_for(), size, run_before)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_plan_screen(snap, size):
+    async def run_before(pilot) -> None:
+        await pilot.press("enter", "ctrl+n")
+        await until(pilot, lambda: not pilot.app.screen.query_one("#next").disabled)
+
+    snap(app_for(), size, run_before)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("screen", ["probe", "evaluate", "resume", "export"])
+def test_stage_screens(snap, size, screen):
+    snap(app_for(), size, push(screen))
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_help_screen(snap, size):
+    async def run_before(pilot) -> None:
+        await pilot.press("question_mark")
+
+    snap(app_for(), size, run_before)

@@ -1,0 +1,59 @@
+"""gpuaccept as a real process in a real terminal (tmux, 80x24): keys in, screen text out."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+TMUX = shutil.which("tmux")
+pytestmark = pytest.mark.skipif(TMUX is None, reason="tmux is not installed (.ci/run installs it in CI)")
+
+
+class Tmux:
+    def __init__(self, tmp_path: Path) -> None:
+        self.socket = f"gpuaccept-test-{tmp_path.name}"
+        self.session = "t"
+
+    def tmux(self, *args: str) -> str:
+        return subprocess.run([TMUX, "-L", self.socket, *args], capture_output=True, text=True, check=True).stdout
+
+    def screen(self) -> str:
+        return self.tmux("capture-pane", "-p", "-t", self.session)
+
+    def wait_for(self, text: str, timeout_s: float = 90.0) -> str:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            shown = self.screen()
+            if text in shown:
+                return shown
+            time.sleep(0.2)
+        raise AssertionError(f"{text!r} not on screen after {timeout_s} s; screen:\n{self.screen()}")
+
+
+def test_walk_to_the_plan_screen_with_keys(tmp_path, tiny_model_dir):
+    exe = Path(sys.executable).parent / "gpuaccept"
+    term = Tmux(tmp_path)
+    command = f"cd {tmp_path} && {exe} run --model {tiny_model_dir} --devices cpu --seq-len 64; sleep 5"
+    term.tmux("new-session", "-d", "-s", term.session, "-x", "80", "-y", "24", command)
+    try:
+        first = term.wait_for("Step 1/7")
+        assert "Inference" in first and "Full fine-tuning" in first and "LoRA" in first
+        term.tmux("send-keys", "-t", term.session, "Enter")
+        setup = term.wait_for("Step 2/7 · Setup (lora)")
+        assert "Micro-batch / device" in setup and "LoRA rank r" in setup
+        term.tmux("send-keys", "-t", term.session, "C-n")
+        plan = term.wait_for("→ fits")
+        assert "Step 3/7 · Plan (estimates)" in plan
+        assert "micro-batch 4 × 64 tokens" in " ".join(plan.split())  # the line may wrap at 80 columns
+        assert "W weights" in plan and "ACT activations" in plan
+        term.tmux("send-keys", "-t", term.session, "q")
+        time.sleep(1.0)
+        assert "Step 3/7" not in term.screen()  # the app has quit; no stage was running
+        assert not (tmp_path / "runs").exists()  # nothing ran: no run directory
+    finally:
+        subprocess.run([TMUX, "-L", term.socket, "kill-server"], capture_output=True)
