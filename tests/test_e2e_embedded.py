@@ -1,4 +1,5 @@
-"""End to end on the embedded SmolLM2-135M and the embedded text, as a user runs it (minutes on a 2-core CPU)."""
+"""End to end on the embedded SmolLM2-135M and the embedded text, as a user runs it (minutes on a 2-core CPU):
+the headless run, then the wizard, which must write the same record."""
 
 from __future__ import annotations
 
@@ -11,23 +12,68 @@ from pathlib import Path
 
 import pytest
 
+from tests.wizard_helpers import wait_for
+from tui.app import GpuAcceptApp
 
-@pytest.mark.slow
-def test_headless_lora_acceptance_on_the_embedded_model(tmp_path):
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def headless(tmp_path_factory) -> dict:
+    cwd = tmp_path_factory.mktemp("headless")
     exe = shutil.which("gpuaccept", path=str(Path(sys.executable).parent))
     started = time.monotonic()
-    out = subprocess.run([exe, "run", "--headless", "--mode", "lora"], cwd=tmp_path, capture_output=True, text=True,
+    out = subprocess.run([exe, "run", "--headless", "--mode", "lora"], cwd=cwd, capture_output=True, text=True,
                          timeout=900)
     elapsed = time.monotonic() - started
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "Traceback" not in out.stdout + out.stderr
-    record_path = Path(tmp_path, out.stdout.strip().splitlines()[-1].removeprefix("record: "))
-    assert record_path.parent.parent == tmp_path / "runs"
-    record = tomllib.loads(record_path.read_text())
+    record_path = Path(cwd, out.stdout.strip().splitlines()[-1].removeprefix("record: "))
+    assert record_path.parent.parent == cwd / "runs"
+    print(f"headless embedded LoRA acceptance: {elapsed:.0f} s")
+    return tomllib.loads(record_path.read_text())
+
+
+def test_headless_lora_acceptance_on_the_embedded_model(headless):
+    record = headless
     assert record["model"]["kind"] == "embedded" and record["model"]["parameters_total"] > 130_000_000
     assert record["evaluation"]["after"]["perplexity"] < record["evaluation"]["before"]["perplexity"]
     assert record["resume"]["status"] == "pass"
     assert record["verdict"]["status"] == "pass"
     assert record["data"]["heldout_documents"] > 0 and len(record["data"]["heldout_hash"]) == 64
-    print(f"embedded LoRA acceptance: {elapsed:.0f} s, perplexity {record['evaluation']['before']['perplexity']:.2f}"
-          f" -> {record['evaluation']['after']['perplexity']:.2f}")
+
+
+def keys(tree, prefix=""):
+    if isinstance(tree, dict):
+        return {k2 for k, v in tree.items() for k2 in keys(v, f"{prefix}.{k}") | {f"{prefix}.{k}"}}
+    if isinstance(tree, list) and tree and isinstance(tree[0], dict):
+        return keys(tree[0], prefix + "[]")
+    return set()
+
+
+async def test_the_wizard_writes_the_same_record_as_the_headless_run(headless, tmp_path):
+    app = GpuAcceptApp(runs_root=tmp_path / "runs")  # the defaults: embedded model and text, host memory bars
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("3", "enter", "ctrl+n")
+        await wait_for(pilot, lambda: not app.screen.query_one("#next").disabled, 120)
+        for stage in ("probe", "train_eval", "resume"):
+            await pilot.press("ctrl+n")
+            await wait_for(pilot, lambda: app.state.running is None and not app.screen.query_one("#next").disabled,
+                           600)
+            assert app.state.run.results[stage].status == "pass", (stage, app.state.run.results[stage].summary)
+        await pilot.press("ctrl+n", *"Grace")
+        app.screen.query_one("#decision").value = "accept"
+        await pilot.click("#write")
+        await wait_for(pilot, lambda: app.state.record_path is not None, 60)
+    wizard = tomllib.loads(Path(app.state.record_path).read_text())
+    assert wizard["signoff"]["operator"] == "Grace"
+    assert keys({k: v for k, v in wizard.items() if k != "signoff"}) == keys(headless)
+    assert wizard["spec"] == headless["spec"]
+    assert wizard["data"] == headless["data"]
+    assert wizard["plan"]["parameters"] == headless["plan"]["parameters"]
+    # CPU fp32 with the same seed is deterministic: the measured evaluation and losses are the same numbers
+    for when in ("before", "after"):
+        assert wizard["evaluation"][when]["perplexity"] == headless["evaluation"][when]["perplexity"]
+    assert wizard["evaluation"]["loss_per_step"] == headless["evaluation"]["loss_per_step"]
+    assert [c["name"] for c in wizard["resume"]["checks"]] == [c["name"] for c in headless["resume"]["checks"]]
+    assert wizard["verdict"]["status"] == headless["verdict"]["status"] == "pass"
