@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from textual import work
 from textual.app import ComposeResult
+from textual.content import Content
 from textual.containers import Horizontal, VerticalScroll
 from textual.screen import Screen
-from tui.widgets.tables import ReadTable
 from textual.widgets import Button, Footer, Header, Input, Label, Select, Static
 
 
@@ -20,7 +20,7 @@ class ExportScreen(Screen):
                      "Your decision is yours: the verdict says what passed on this box, nothing more.", classes="intro")
         with VerticalScroll(classes="body"):
             yield Static("", id="overall")
-            yield ReadTable(id="verdicts")
+            yield Static("", id="verdicts")
             with Horizontal(classes="field"):
                 yield Label("Operator")
                 yield Input(placeholder="your name", id="operator", compact=True)
@@ -50,10 +50,10 @@ class ExportScreen(Screen):
         v = verdict(run.spec, r["plan"], r["probe"], r["train_eval"], r["resume"])
         self.query_one("#overall", Static).update(
             f"overall: [b]{v['status'].upper()}[/b] · {run.spec.mode} on {run.spec.model} · run directory {run.run_dir}")
-        table = self.query_one("#verdicts", ReadTable)
-        table.add_columns("stage", "status", "evidence")
-        for stage, item in v["stages"].items():
-            table.add_row(stage, item["status"], item["evidence"])
+        marks = {"pass": "[$success]✓[/]", "not_applicable": "[$text-muted]–[/]"}
+        self.query_one("#verdicts", Static).update(Content("\n").join(
+            Content.from_markup(marks.get(item["status"], "[$error]✗[/]"))
+            + Content(f" {stage} {item['status']}: {item['evidence']}") for stage, item in v["stages"].items()))
         self.query_one("#operator", Input).focus()
 
     def on_button_pressed(self, event: Button.Pressed) -> None:

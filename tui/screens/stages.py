@@ -12,6 +12,7 @@ from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.content import Content
 from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Button, Footer, Header, ProgressBar, Sparkline, Static
@@ -285,7 +286,7 @@ class ResumeScreen(StageScreen):
     def compose_body(self) -> ComposeResult:
         yield Static("", id="timeline")
         yield Static("", id="resume-verdict")
-        yield ReadTable(id="checks")
+        yield Static("", id="checks")
         yield ReadTable(id="comparison")
 
     def stage_generator(self, cancelled):
@@ -303,11 +304,10 @@ class ResumeScreen(StageScreen):
             f"interrupted  1 {'━' * 10}● ckpt {c} ━ ✕ SIGKILL at {k}\n"
             f"resumed                  ckpt {c} → {c + 1} {'━' * 8} {n}")
         verdict.update(f"[b]{result.status.upper()}[/b] · {result.summary}")
-        checks = self.query_one("#checks", ReadTable)
-        checks.clear(columns=True)
-        checks.add_columns("check", "", "evidence")
-        for ch in result.checks:
-            checks.add_row(ch.name, "✓" if ch.status == "pass" else "✗", ch.evidence)
+        # evidence wraps: it is the point of each line
+        self.query_one("#checks", Static).update(Content("\n").join(
+            Content.from_markup("[$success]✓[/]" if ch.status == "pass" else "[$error]✗[/]")
+            + Content(f" {ch.name}: {ch.evidence}") for ch in result.checks))
         table = self.query_one("#comparison", ReadTable)
         table.clear(columns=True)
         table.add_columns("step", "lr", "loss reference", "loss resumed", "difference")
