@@ -86,15 +86,18 @@ class AcceptanceRun:
         self.spec = spec
         self.started = utc_now()
         self.ctx = ctx if ctx is not None else make_plan(spec, devices_override)
+        self.device = _run_device(spec, self.ctx.devices)
+        check_runnable(spec, self.ctx, self.device)
         self.run_dir = new_run_dir(spec, Path(runs_root), self.started)
         (self.run_dir / "spec.toml").write_text(tomli_w.dumps(spec.to_dict()), encoding="utf-8")
         (self.run_dir / "plan.json").write_text(json.dumps(self.ctx.plan.to_json(), indent=2), encoding="utf-8")
         self._log = EventWriter(self.run_dir / "events.jsonl")
         self.results: dict[str, Any] = {"plan": self.ctx.plan, "probe": None, "train_eval": None, "resume": None}
-        self.device = _run_device(spec, self.ctx.devices)
+        self.stopped: dict[str, str] = {}  # stage -> why it ended without a result (cancelled, child error)
         self.model_path: Path | None = None
         self.record_path: Path | None = None
         self.verdict: str | None = None
+        self.signed = False
 
     # ------------------------------------------------------------------ helpers
     def emit(self, event: Event) -> Event:
@@ -109,6 +112,17 @@ class AcceptanceRun:
                 yield self.emit(next(gen))
         except StopIteration as stop:
             return stop.value
+
+    def _stage(self, name: str, gen: Generator[Event, None, Any]) -> Generator[Event, None, Any]:
+        """Run a stage's generator through the log; remember why it stopped if it raised."""
+        try:
+            return (yield from self._logged(gen))
+        except GpuAcceptError as exc:
+            self.stopped[name] = str(exc)
+            raise
+        except GeneratorExit:
+            self.stopped.setdefault(name, f"{name}: cancelled (the wizard or the process was closed)")
+            raise
 
     @property
     def plan_fits(self) -> bool:
@@ -135,15 +149,6 @@ class AcceptanceRun:
         from core.probe import run_probe
 
         spec, device = self.spec, self.device
-        if not self.ctx.source.runnable:
-            raise GpuAcceptError(f"{spec.model} has no weights: planned only; give a model with weights to run it")
-        if not self.plan_fits:
-            raise GpuAcceptError("the plan does not fit on the device; lower batch_size or seq_len (or use LoRA)")
-        if device.startswith("cuda") and not _cuda_visible():
-            raise GpuAcceptError(f"devices: {device} is not visible to torch (no CUDA device or driver here); "
-                                 "use --devices cpu, or auto")
-        if spec.dtype == "fp16" and device == "cpu" and spec.training:
-            raise GpuAcceptError("fp16 training needs a CUDA device; on CPU use dtype fp32 or bf16")
         yield self.emit(StageStarted("probe", detail=f"{spec.probe_steps} real steps in a child process on {device}"))
         if len(self.ctx.devices) > 1:
             yield self.emit(Message("probe", text=f"{len(self.ctx.devices)} devices planned; this version probes and "
@@ -152,8 +157,8 @@ class AcceptanceRun:
             yield self.emit(Message("probe", text="converting the embedded model from GGUF to safetensors (once)"))
             convert_in_child(self.run_dir / "convert-embedded.log")
         self.model_path = runnable_path(self.ctx.source)
-        probe = yield from self._logged(
-            run_probe(spec, self.model_path, self.run_dir / "probe", device, self.ctx.plan, cancelled))
+        probe = yield from self._stage("probe", run_probe(spec, self.model_path, self.run_dir / "probe", device,
+                                                          self.ctx.plan, cancelled))
         self.results["probe"] = probe
         yield self.emit(StageFinished("probe", status=probe.status, result=probe, summary=probe.summary))
         return probe
@@ -167,8 +172,8 @@ class AcceptanceRun:
             raise GpuAcceptError("the probe did not pass; training and evaluation were not run")
         yield self.emit(StageStarted("train_eval", detail="held-out perplexity before/after training"
                                      if self.spec.training else "held-out perplexity of the fixed weights"))
-        te, _child = yield from self._logged(
-            run_train_eval(self.spec, self.model_path, self.run_dir / "train", self.device, cancelled))
+        te, _child = yield from self._stage(
+            "train_eval", run_train_eval(self.spec, self.model_path, self.run_dir / "train", self.device, cancelled))
         self.results["train_eval"] = te
         yield self.emit(StageFinished("train_eval", status=te.status, result=te, summary=te.summary))
         return te
@@ -184,8 +189,8 @@ class AcceptanceRun:
                 raise GpuAcceptError("the training run (the reference) did not run; the resume check was not run")
             yield self.emit(StageStarted("resume", detail="kill the training process, resume from its checkpoint, "
                                                           "compare"))
-            resume = yield from self._logged(
-                run_resume_check(spec, self.model_path, self.run_dir, self.device, te, cancelled))
+            resume = yield from self._stage(
+                "resume", run_resume_check(spec, self.model_path, self.run_dir, self.device, te, cancelled))
         else:
             yield self.emit(StageStarted("resume", detail="nothing to resume"))
             resume = not_applicable(spec)
@@ -194,17 +199,26 @@ class AcceptanceRun:
         return resume
 
     def write_record(self, signoff: dict[str, Any] | None = None) -> Path:
-        """Build ``record.toml`` from the stage results (what did not run is marked so) and write it atomically."""
+        """Build ``record.toml`` from the stage results (what did not run is marked so) and write it atomically.
+
+        Raises:
+            GpuAcceptError: the record is already signed (a signed record is never overwritten).
+        """
         from core.record import build_record, environment, utc_now, write_record
 
+        if self.signed:
+            raise GpuAcceptError(f"{self.record_path} is already signed; start a new run to sign again")
         record = build_record(self.spec, run_dir=self.run_dir, model=self.model_info, plan=self.results["plan"],
                               probe=self.results["probe"], train_eval=self.results["train_eval"],
                               resume=self.results["resume"], started=self.started, finished=utc_now(),
-                              env=environment())
+                              env=environment(), stopped=self.stopped)
         if signoff:
             record["signoff"] = signoff
+        else:
+            record["signoff"] = {"status": "unsigned"}
         self.record_path = write_record(record, self.run_dir / "record.toml")
         self.verdict = record["verdict"]["status"]
+        self.signed = bool(signoff)
         return self.record_path
 
     def close(self) -> None:
@@ -239,7 +253,7 @@ def run_pipeline(
         run.close()
     yield StageStarted("record", detail="record.toml, written atomically")
     path = run.write_record()
-    yield StageFinished("record", status="pass", summary=str(path))
+    yield StageFinished("record", status="written", summary=str(path))
     yield RunFinished("record", status=run.verdict or "fail", record_path=str(path), run_dir=str(run.run_dir))
     return path
 
@@ -262,6 +276,25 @@ def convert_in_child(log_path: Path) -> None:
         )
     if rc != 0:
         raise StageError(f"converting the embedded model failed (see {log_path})")
+
+
+def check_runnable(spec: RunSpec, ctx: PlanContext, device: str) -> None:
+    """Refuse, before a run directory exists, a run that cannot start here.
+
+    Raises:
+        GpuAcceptError: a config without weights, a plan that does not fit, a CUDA device torch cannot see, fp16
+            training on the CPU; each says what to change.
+    """
+    if not ctx.source.runnable:
+        raise GpuAcceptError(f"{spec.model} has no weights: it can be planned (gpuaccept plan), not run; "
+                             "give a model directory with weights")
+    if not all(d.fits is not False for d in ctx.plan.devices):
+        raise GpuAcceptError("the plan does not fit on the device; lower batch_size or seq_len (or use LoRA)")
+    if device.startswith("cuda") and not _cuda_visible():
+        raise GpuAcceptError(f"devices: {device} is not visible to torch here (no CUDA device or driver); "
+                             "use --devices cpu or auto, or plan it with `gpuaccept plan`")
+    if spec.dtype == "fp16" and device == "cpu" and spec.training:
+        raise GpuAcceptError("dtype: fp16 training needs a CUDA device; on the CPU use fp32 or bf16")
 
 
 def _run_device(spec: RunSpec, devices: list[Any]) -> str:

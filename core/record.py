@@ -71,7 +71,8 @@ def environment() -> dict[str, Any]:
 
 
 def build_record(spec: RunSpec, *, run_dir: Path, model: dict[str, Any], plan: Any, probe: Any, train_eval: Any,
-                 resume: Any, started: dt.datetime, finished: dt.datetime, env: dict[str, Any] | None = None) -> dict:
+                 resume: Any, started: dt.datetime, finished: dt.datetime, env: dict[str, Any] | None = None,
+                 stopped: dict[str, str] | None = None) -> dict:
     """Assemble the record mapping from stage results (``None`` for a stage that did not run).
 
     Tables: ``spec``, ``environment``, ``model``, ``data``, ``plan``, ``probe``, ``evaluation``, ``resume``, ``verdict``.
@@ -82,7 +83,7 @@ def build_record(spec: RunSpec, *, run_dir: Path, model: dict[str, Any], plan: A
         "tool_version": tool_version(),
         "created_utc": finished,
         "started_utc": started,
-        "run_dir": str(run_dir),
+        "run_dir": str(Path(run_dir).resolve()),
         "spec": {**spec.to_dict(), "hash": spec.spec_hash()},
         "environment": env if env is not None else environment(),
         "model": {"provenance": "measured", "method": "parameters counted on the model built on the meta device",
@@ -92,7 +93,7 @@ def build_record(spec: RunSpec, *, run_dir: Path, model: dict[str, Any], plan: A
     rec["probe"] = _probe_table(probe)
     rec["data"], rec["evaluation"] = _evaluation_tables(spec, train_eval)
     rec["resume"] = _resume_table(resume)
-    rec["verdict"] = verdict(spec, plan, probe, train_eval, resume)
+    rec["verdict"] = verdict(spec, plan, probe, train_eval, resume, stopped)
     return _clean(rec)
 
 
@@ -176,8 +177,15 @@ def _resume_table(r: Any) -> dict[str, Any]:
     }
 
 
-def verdict(spec: RunSpec, plan: Any, probe: Any, te: Any, resume: Any) -> dict[str, Any]:
-    """Overall verdict: pass only when every stage that applies passed; each stage's status and evidence are listed."""
+def verdict(spec: RunSpec, plan: Any, probe: Any, te: Any, resume: Any,
+            stopped: dict[str, str] | None = None) -> dict[str, Any]:
+    """Overall verdict: pass only when every stage that applies passed; each stage's status and evidence are listed.
+
+    Args:
+        stopped: why a stage ended without a result, by stage name (``probe``, ``train_eval``, ``resume``): the
+            operator cancelled it, or its child failed. Such a stage is ``cancelled`` or ``error``, with that reason.
+    """
+    stopped = stopped or {}
     stages: dict[str, dict[str, str]] = {}
     if plan is not None:
         fits = [d.fits for d in plan.devices]
@@ -188,9 +196,15 @@ def verdict(spec: RunSpec, plan: Any, probe: Any, te: Any, resume: Any) -> dict[
                else "unknown capacity") for d in plan.devices)}
     else:
         stages["plan"] = {"status": "not_run", "evidence": "the plan did not run"}
-    for name, res in (("probe", probe), ("evaluation", te), ("resume", resume)):
-        if res is None:
-            stages[name] = {"status": "not_run", "evidence": "stage did not run (an earlier stage failed or it was cancelled)"}
+    for name, key, res in (("probe", "probe", probe), ("evaluation", "train_eval", te), ("resume", "resume", resume)):
+        if res is None and key in stopped:
+            why = stopped[key]
+            status = "cancelled" if "cancelled" in why else "error"
+            stages[name] = {"status": status, "evidence": why}
+        elif res is None:
+            earlier = next((s for s in stages.values() if s["status"] not in ("pass", "not_applicable")), None)
+            stages[name] = {"status": "not_run", "evidence": "not run: an earlier stage did not pass"
+                            if earlier else "not run"}
         else:
             stages[name] = {"status": res.status, "evidence": res.summary}
     ok = all(s["status"] in ("pass", "not_applicable") for s in stages.values())

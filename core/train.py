@@ -78,6 +78,8 @@ def run_train_eval(
     before = _point(evals["before"])
     after = _point(evals["after"]) if "after" in evals else None
     metric = evals["before"]["metric"]
+    if data.get("heldout_selection"):
+        metric = f"{metric}; evaluated on {data['heldout_selection']}"
     if spec.training:
         assert after is not None and trained is not None
         status = "pass" if after.perplexity < before.perplexity else "fail"

@@ -150,12 +150,16 @@ def build_data(spec: RunSpec, tokenizer: Any) -> tuple[list[dict], list[dict], d
 
     split = split_documents(load_documents(spec.data), spec.heldout_fraction)
     train = make_blocks(split.train, tokenizer, spec.seq_len)
-    heldout = make_blocks(split.heldout, tokenizer, spec.seq_len, max_blocks=spec.eval_max_blocks)
+    heldout_all = make_blocks(split.heldout, tokenizer, spec.seq_len)
+    heldout = heldout_all[: spec.eval_max_blocks]  # evaluation time is bounded by eval_max_blocks
     info = {
         "train_documents": len(split.train),
         "heldout_documents": len(split.heldout),
         "train_blocks": len(train),
-        "heldout_blocks": len(heldout),
+        "heldout_blocks": len(heldout_all),
+        "heldout_blocks_evaluated": len(heldout),
+        "heldout_selection": f"the first {len(heldout)} of {len(heldout_all)} held-out blocks (eval_max_blocks = "
+                             f"{spec.eval_max_blocks}), in document order",
         "train_hash": split.train_hash,
         "heldout_hash": split.heldout_hash,
         "split_method": split.method,

@@ -83,12 +83,17 @@ def test_config_only_model_is_planned_but_not_run(tmp_path):
     cfg = write_config(tmp_path, "P6")
     out = gpuaccept("run", "--headless", "--model", str(cfg), "--mode", "inference", "--devices", "cpu",
                     "--runs-dir", str(tmp_path / "runs"))
-    assert out.returncode == 1 and "Traceback" not in out.stderr
-    assert "planned only" in out.stdout
-    record = tomllib.loads(Path(out.stdout.strip().splitlines()[-1].removeprefix("record: ")).read_text())
-    assert record["verdict"]["status"] == "fail"
-    assert record["probe"]["provenance"] == "not_run"
-    assert record["plan"]["provenance"] == "estimated"
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "can be planned (gpuaccept plan), not run" in out.stderr
+    assert not (tmp_path / "runs").exists()  # refused before any run directory
+
+
+def test_a_cuda_device_torch_cannot_see_is_refused_before_running(tmp_path, tiny_model_dir):
+    out = gpuaccept("run", "--headless", "--model", str(tiny_model_dir), "--devices", "7",
+                    "--runs-dir", str(tmp_path / "runs"))
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "cuda:7 is not visible to torch" in out.stderr
+    assert not (tmp_path / "runs").exists()
 
 
 @pytest.mark.parametrize("args", [["plan", "--batch-size", "0"], ["run", "--headless", "--mode", "inference", "--steps", "3"]])

@@ -146,7 +146,10 @@ def test_cancelling_kills_the_child_and_still_writes_the_record(tiny_model_dir, 
     record = tomllib.loads(Path(events[-1].record_path).read_text())
     assert record["verdict"]["status"] == "fail"
     assert record["probe"]["provenance"] == "not_run"
-    assert record["verdict"]["stages"]["probe"]["status"] == "not_run"
+    assert record["verdict"]["stages"]["probe"]["status"] == "cancelled"
+    assert "cancelled" in record["verdict"]["stages"]["probe"]["evidence"]
+    assert record["verdict"]["stages"]["evaluation"]["status"] == "not_run"
+    assert record["signoff"]["status"] == "unsigned"
 
 
 def test_bf16_lora_is_mixed_precision_and_resumes_within_its_tier(tiny_model_dir, tmp_path):

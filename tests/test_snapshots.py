@@ -108,7 +108,10 @@ def finished_run(app: GpuAcceptApp) -> SimpleNamespace:
     resume = ResumeResult("pass", checks, 2, 3, 4242, tier, comparison_rows, {}, 7, 12.0,
                           "killed at step 3, resumed from checkpoint-2: 6 checks passed (cpu-fp32-exact)")
     app.state.spec, app.state.ctx = spec, ctx
-    return SimpleNamespace(spec=spec, run_dir=Path("runs/20261130T000000Z-lora-tiny-llama"), verdict=None,
+    run_dir = Path("runs/20261130T000000Z-lora-tiny-llama")
+    return SimpleNamespace(spec=spec, run_dir=run_dir, verdict=None, stopped={},
+                           record_path=run_dir / "record.toml",  # nothing is written when the app closes
+                           close=lambda: None,
                            results={"plan": ctx.plan, "probe": probe, "train_eval": te, "resume": resume})
 
 

@@ -138,7 +138,8 @@ async def test_quitting_during_the_probe_ends_its_process_group(tiny_model_dir, 
     assert app.return_value == 130
     assert workers_under(tmp_path) == []
     record = tomllib.loads(Path(app.state.record_path).read_text())  # what was measured is kept, unsigned
-    assert record["verdict"]["status"] == "fail" and "signoff" not in record
+    assert record["verdict"]["status"] == "fail" and record["signoff"]["status"] == "unsigned"
+    assert record["verdict"]["stages"]["probe"]["status"] == "cancelled"  # the operator quit; nothing failed
 
 
 async def test_help_shows_the_terms(tiny_model_dir, tmp_path):

@@ -98,9 +98,17 @@ class GpuAcceptApp(App[int]):
 
     def keep_what_was_measured(self) -> None:
         """Quitting before the sign-off still writes record.toml (unsigned): nothing measured is lost."""
+        self.finish_run()
+
+    def finish_run(self) -> None:
+        """Close the current run: write its record unsigned if none was written, and forget it."""
         run = self.state.run
-        if run is not None and self.state.record_path is None:
+        if run is None:
+            return
+        if run.record_path is None:
             try:
                 self.state.record_path = run.write_record()
             except Exception:  # noqa: BLE001 - the run directory still holds every artefact
                 pass
+        run.close()
+        self.state.run = None

@@ -8,23 +8,25 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Markdown, Static
 
 TERMS = """\
-**Weights** — the parameters: every parameter × bytes of its dtype.
-**Gradients** — one per trainable parameter, made by the backward pass. Inference has none.
-**Optimizer states** — what the optimizer keeps per trainable parameter: AdamW two fp32 moments (8 B), SGD with
-momentum one buffer (4 B), Adafactor factored row + column statistics.
-**Activations** — tensors the forward pass saves for the backward pass; they grow with batch × sequence length.
-Gradient checkpointing keeps about one input per layer and recomputes the rest. LoRA does *not* shrink them.
-**Temporaries** — short-lived buffers at the peak (the optimizer step, the logits gradient).
-**CUDA context** — memory the driver takes per process per GPU (~300-700 MB) before any tensor.
-**KV cache** — inference keeps keys and values per layer: 2 × layers × KV heads × head dim × batch × tokens × bytes.
-**Peak allocated** — the most bytes torch's tensors held at once (`torch.cuda.max_memory_allocated`).
-**Reserved** — what torch's caching allocator holds from the driver: allocated + cached free blocks.
-**NVML used** — the whole device as the driver sees it: every process, CUDA contexts included.
-**Micro-batch / gradient accumulation** — sequences per forward pass per device; the global batch is
-micro-batch × accumulation steps × data-parallel devices.
-**DDP** — a full replica per GPU, gradients averaged. **FSDP / ZeRO-3** — weights, gradients and optimizer states
-sharded over GPUs; activations are *not* sharded.
-**Held-out split** — text never trained on; **perplexity** = exp(Σ NLL / Σ target tokens) over it.
+- **Weights**: the parameters, every one × bytes of its dtype.
+- **Gradients**: one per trainable parameter, made by the backward pass. Inference has none.
+- **Optimizer states**: kept per trainable parameter: AdamW two fp32 moments (8 B), SGD with momentum one buffer
+  (4 B), Adafactor factored row + column statistics.
+- **Activations**: tensors the forward pass saves for the backward pass; they grow with batch × sequence length.
+  Gradient checkpointing keeps about one input per layer and recomputes the rest. LoRA does *not* shrink them.
+- **Temporaries**: short-lived buffers at the peak (the optimizer step, the logits gradient).
+- **CUDA context**: memory the driver takes per process per GPU (~300-700 MB) before any tensor.
+- **KV cache**: inference keeps keys and values per layer: 2 × layers × KV heads × head dim × batch × tokens × bytes.
+- **Peak allocated**: the most bytes torch's tensors held at once (`torch.cuda.max_memory_allocated`).
+- **Reserved**: what torch's caching allocator holds from the driver: allocated + cached free blocks.
+- **NVML used**: the whole device as the driver sees it: every process, CUDA contexts included.
+- **Micro-batch / gradient accumulation**: sequences per forward pass per device; the global batch is
+  micro-batch × accumulation steps × data-parallel devices.
+- **DDP**: a full replica per GPU, gradients averaged. **FSDP / ZeRO-3**: weights, gradients and optimizer states
+  sharded over GPUs; activations are *not* sharded.
+- **Held-out split**: text never trained on; **perplexity** = exp(Σ NLL / Σ target tokens) over it.
+
+Esc or ? closes this.
 """
 
 

@@ -91,6 +91,7 @@ class ExportScreen(Screen):
             self.app.call_from_thread(self.query_one("#export-error", Static).update, f"not written: {exc}")
             return
         self.app.state.record_path = path
+        self.app.call_from_thread(setattr, self.query_one("#write", Button), "disabled", True)
         self.app.call_from_thread(self.query_one("#written", Static).update,
                                   f"[b]record written:[/b] {path}\n(verdict {self.app.state.run.verdict}; "
                                   f"decision {signoff['decision']} by {signoff['operator']})")

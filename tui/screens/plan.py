@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from textual import work
@@ -128,5 +127,9 @@ class PlanScreen(Screen):
         if self.query_one("#next", Button).disabled:
             return
         from tui.screens.stages import ProbeScreen
+
+        run = self.app.state.run
+        if run is not None and run.spec != self.app.state.spec:
+            self.app.finish_run()  # a changed setup is a new run: never show the old run's results as this one's
 
         self.app.push_screen(ProbeScreen())

@@ -22,6 +22,8 @@ FIELDS: list[tuple[str, str, str, tuple[str, ...], tuple[str, ...]]] = [
     ("steps", "Training steps", "int", (), ("full", "lora")),
     ("learning_rate", "Learning rate", "float", (), ("full", "lora")),
     ("gradient_checkpointing", "Grad checkpointing", "choice", ("off", "on"), ("full", "lora")),
+    ("resume_checkpoint_every", "Checkpoint every", "int", (), ("full", "lora")),
+    ("resume_kill_after_checkpoint", "Kill after ckpt #", "int", (), ("full", "lora")),
     ("lora_r", "LoRA rank r", "int", (), ("lora",)),
     ("lora_alpha", "LoRA alpha", "int", (), ("lora",)),
     ("lora_targets", "LoRA targets", "str", (), ("lora",)),
@@ -32,7 +34,8 @@ FIELDS: list[tuple[str, str, str, tuple[str, ...], tuple[str, ...]]] = [
 def spec_field_to_input(field: str) -> str:
     """A SpecError field ("lora.r") as the input id that fixes it ("lora_r")."""
     return {"lora.r": "lora_r", "lora.alpha": "lora_alpha", "lora.targets": "lora_targets",
-            "resume.kill_after_checkpoint": "steps", "resume.checkpoint_every": "steps"}.get(field, field)
+            "resume.kill_after_checkpoint": "resume_kill_after_checkpoint",
+            "resume.checkpoint_every": "resume_checkpoint_every"}.get(field, field)
 
 
 def shown_value(value: Any) -> str:
@@ -48,6 +51,8 @@ def current_value(spec: Any, name: str) -> str:
     """The spec's value of a form field (``lora_r`` reads ``spec.lora.r``)."""
     if name.startswith("lora_"):
         return shown_value(getattr(spec.lora, name.removeprefix("lora_")))
+    if name.startswith("resume_"):
+        return shown_value(getattr(spec.resume, name.removeprefix("resume_")))
     return shown_value(getattr(spec, name))
 
 
@@ -91,6 +96,7 @@ class SetupScreen(Screen):
     def on_mount(self) -> None:
         self.validate()
         self.detect()
+        self.query_one("#model", Input).focus()
 
     def on_screen_resume(self) -> None:
         # The plan screen's what-if keys may have changed batch size and sequence length: show them here.

@@ -64,6 +64,7 @@ class StageScreen(Screen):
         yield from ()
 
     def on_mount(self) -> None:
+        self.query_one("#stage-body").focus()  # ↑↓ PgUp PgDn scroll what does not fit
         run = self.app.state.run
         result = run.results.get(self.stage) if run is not None else None
         if result is not None:
@@ -105,7 +106,8 @@ class StageScreen(Screen):
         if isinstance(event, Progress):
             self.query_one("#progress", ProgressBar).update(total=event.total, progress=event.step)
             loss = f", loss {event.loss:.4f}" if event.loss is not None else ""
-            self.query_one("#status", Static).update(f"{event.run}: step {event.step}/{event.total}{loss}")
+            of = f"SIGKILL after step {event.total}" if event.run == "interrupted" else f"of {event.total}"
+            self.query_one("#status", Static).update(f"{event.run}: step {event.step} ({of}){loss}")
         elif isinstance(event, CoreMessage):
             self.query_one("#status", Static).update(event.text)
         elif isinstance(event, ChildStarted):
@@ -116,6 +118,9 @@ class StageScreen(Screen):
         """Subclasses draw what they need from each event."""
 
     def on_stage_done(self, message: StageDone) -> None:
+        bar = self.query_one("#progress", ProgressBar)
+        if bar.total is None:  # never got a step (inference, or stopped early): no spinner forever
+            bar.update(total=1, progress=1 if message.error is None else 0)
         if message.error is not None:
             self.query_one("#stage-error", Static).update(f"stopped: {message.error}")
         if message.result is not None:
@@ -198,18 +203,22 @@ class ProbeScreen(StageScreen):
     def show_result(self, result: Any) -> None:
         table = self.query_one("#measured", ReadTable)
         table.clear(columns=True)
-        table.add_columns("device · component", "planned", "measured", "error")
-        for c in result.comparisons:
+        table.add_columns("device · component", "planned", "measured", "plan error")
+        for c in result.comparisons:  # the total first: it is what decides the fit
+            table.add_row(f"{c.device} total vs peak", gib(c.planned_bytes), gib(c.measured_bytes), f"{c.error_pct:+.1f} %")
             for name, (planned, measured) in c.components.items():
                 table.add_row(f"{c.device} {name}", gib(planned), gib(measured) if measured is not None else "in peak",
                               _err(planned, measured))
-            table.add_row(f"{c.device} total vs peak", gib(c.planned_bytes), gib(c.measured_bytes), f"{c.error_pct:+.1f} %")
         d = result.devices[0]
-        extra = f"reserved peak {gib(d.peak_reserved_bytes)}" if d.peak_reserved_bytes is not None \
-            else f"process peak RSS {gib(d.peak_rss_bytes)} (runtime included)"
+        if d.peak_reserved_bytes is not None:
+            peak = f"peak allocated {gib(d.peak_bytes)}, reserved {gib(d.peak_reserved_bytes)}"
+        else:
+            peak = (f"peak of live tensors {gib(d.peak_bytes)}; process peak RSS {gib(d.peak_rss_bytes)} "
+                    "(+ Python/torch runtime and allocator caches)")
         self.query_one("#measured-title", Static).update(
             f"[b]{result.status.upper()}[/b] · {result.steps} steps, {result.step_time_s:.2f} s/step, "
-            f"{result.tokens_per_s:.0f} tokens/s · peak: {d.peak_method.split(':')[0]} · {extra}")
+            f"{result.tokens_per_s:.0f} tokens/s · {peak}. Plan error = (planned − measured) / measured: "
+            "+ means the plan is above what was measured.")
         self.query_one("#placement", Static).update("placement: " + "; ".join(
             f"{dev}: {p['parameters']:,} parameters, {gib(p['bytes'])}" for dev, p in result.placement.items()))
 
@@ -239,6 +248,8 @@ class EvaluateScreen(StageScreen):
 
     def on_mount(self) -> None:
         self._losses: list[float] = []
+        if self.app.state.spec is not None and not self.app.state.spec.training:
+            self.query_one(".title", Static).update("Step 5/7 · Evaluate the fixed weights (measured)")
         super().on_mount()
 
     def stage_generator(self, cancelled):
@@ -259,15 +270,19 @@ class EvaluateScreen(StageScreen):
                 f"loss per step: {losses[0]:.3f} → {losses[-1]:.3f} (min {min(losses):.3f}, max {max(losses):.3f})")
         else:
             self.query_one("#loss-title", Static).update("no training (inference)")
+        label = "perplexity before:" if result.after is not None else "perplexity:"
         lines = [f"[b]{result.status.upper()}[/b] · criterion: {result.criterion}",
-                 f"perplexity before: {result.before.perplexity:.3f} ({result.before.tokens:,} tokens, "
-                 f"{result.before.blocks} blocks)"]
+                 f"{label} {result.before.perplexity:.3f} ({result.before.tokens:,} tokens in "
+                 f"{result.before.blocks} held-out blocks)"]
         if result.after is not None:
             lines.append(f"perplexity after:  {result.after.perplexity:.3f}  ({len(losses)} steps, "
                          f"{result.training_time_s:.1f} s, {result.tokens_per_s:.0f} tokens/s)")
         spec = self.app.state.run.spec
-        lines.append(f"settings: {spec.mode}, {spec.dtype}, micro-batch {spec.batch_size} × {spec.seq_len}, "
-                     f"accumulation {spec.grad_accum}, lr {spec.learning_rate:g}, seed {spec.seed}")
+        if spec.training:
+            lines.append(f"settings: {spec.mode}, {spec.dtype}, micro-batch {spec.batch_size} × {spec.seq_len}, "
+                         f"accumulation {spec.grad_accum}, {spec.optimizer} lr {spec.learning_rate:g}, seed {spec.seed}")
+        else:
+            lines.append(f"settings: inference, {spec.dtype}, batch {spec.batch_size} × {spec.seq_len}, seed {spec.seed}")
         lines.append(f"[dim]{result.metric}[/]")
         self.query_one("#eval-result", Static).update("\n".join(lines))
 
@@ -295,6 +310,7 @@ class ResumeScreen(StageScreen):
     def show_result(self, result: Any) -> None:
         spec = self.app.state.run.spec
         verdict = self.query_one("#resume-verdict", Static)
+        self.query_one("#progress", ProgressBar).update(total=1, progress=1)
         if result.status == "not_applicable":
             verdict.update(f"[b]NOT APPLICABLE[/b] · {result.summary}")
             return

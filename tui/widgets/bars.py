@@ -99,10 +99,13 @@ class LiveBar(Widget):
         width = max(10, self.size.width)
         segments = [(self.ours or 0, "#e15759"), (self.others or 0, "#7f7f7f")]
         bar = stacked_bar(segments, self.total, width)
+        def n(v: int | None) -> str:
+            return "N/A" if v is None else f"{v / GiB:.2f}"
+
         line = Text.assemble(
-            (f"{self.label}: ", "bold"), ("■ ", "#e15759"), f"probe {gib(self.ours)}  ", ("■ ", "#7f7f7f"),
-            f"others {gib(self.others)}  of {gib(self.total)}  peak {gib(self.peak)}",
-            (f"  {self.note}" if self.note else "", "italic"),
+            (f"{self.label}: ", "bold"), ("■ ", "#e15759"), f"probe {n(self.ours)} ", ("■ ", "#7f7f7f"),
+            f"others {n(self.others)} of {n(self.total)} GiB · probe peak {gib(self.peak)}",
+            (f" · {self.note}" if self.note else "", "italic"),
         )
         line.truncate(width)
         return Text.assemble(bar, "\n", line)
