@@ -56,6 +56,7 @@ def environment() -> dict[str, Any]:
     try:
         import torch
 
+        env["torch_threads"] = int(torch.get_num_threads())  # the bit-exact CPU tier assumes a fixed thread count
         env["cuda_available"] = bool(torch.cuda.is_available())
         if torch.cuda.is_available():
             env["cuda_runtime"] = str(torch.version.cuda)
