@@ -285,6 +285,9 @@ def check_runnable(spec: RunSpec, ctx: PlanContext, device: str) -> None:
         GpuAcceptError: a config without weights, a plan that does not fit, a CUDA device torch cannot see, fp16
             training on the CPU; each says what to change.
     """
+    if spec.strategy != "single":
+        raise GpuAcceptError(f"strategy: {spec.strategy} can be planned (gpuaccept plan --strategy {spec.strategy}); "
+                             "this version probes, trains and resumes on one device: run with strategy single")
     if not ctx.source.runnable:
         raise GpuAcceptError(f"{spec.model} has no weights: it can be planned (gpuaccept plan), not run; "
                              "give a model directory with weights")

@@ -18,7 +18,9 @@ TOML layout (every key optional; the defaults are the embedded model and text)::
     warmup_steps = 0
     steps = 30                    # optimizer steps
     gradient_checkpointing = false
-    devices = "auto"              # auto | cpu | CUDA indices such as "0" or "0,1"
+    devices = "auto"              # auto | cpu | CUDA indices such as "0" or "0,1" | a box to plan for: "8x80GiB", "24GiB,8GiB"
+    strategy = "single"           # single | ddp | zero1 | zero2 | zero3 (fsdp) | device_map | tp
+    tp = 1                        # tensor-parallel degree, with strategy "tp" only
     data = "embedded"             # embedded | path to .txt / .jsonl
     heldout_fraction = 0.2
     eval_max_blocks = 32
@@ -42,6 +44,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,6 +56,13 @@ MODES = ("inference", "full", "lora")
 DTYPES = ("fp32", "bf16", "fp16")
 OPTIMIZERS = ("adamw", "sgd", "adafactor")
 SCHEDULERS = ("linear", "cosine", "constant")
+#: How a run is spread over devices (DESIGN §3). ``fsdp`` is accepted and stored as ``zero3`` (FSDP full shard).
+STRATEGIES = ("single", "ddp", "zero1", "zero2", "zero3", "device_map", "tp")
+STRATEGY_ALIASES = {"fsdp": "zero3"}
+#: Bytes per unit of a planned device capacity: GiB/MiB are binary (2^30, 2^20), GB/MB decimal (10^9, 10^6).
+CAPACITY_UNITS = {"gib": 2**30, "gb": 10**9, "mib": 2**20, "mb": 10**6}
+#: The most devices a planned box may name.
+MAX_PLANNED_DEVICES = 1024
 EMBEDDED_MODEL = "smollm2-135m"
 EMBEDDED_DATA = "embedded"
 
@@ -107,6 +117,9 @@ class RunSpec:
     """A training or inference setup to accept. Sizes are per device: ``batch_size`` is the micro-batch.
 
     Global batch = batch_size x grad_accum x data-parallel devices; tokens per optimizer step = global batch x seq_len.
+
+    ``strategy`` says how the run is spread over the ``devices`` (see :func:`check_strategy`); ``"fsdp"`` is stored as
+    ``"zero3"``. ``tp`` is the tensor-parallel degree (strategy ``tp`` only; 1 otherwise).
     """
 
     mode: str = "lora"
@@ -122,6 +135,8 @@ class RunSpec:
     steps: int = 40
     gradient_checkpointing: bool = False
     devices: str = "auto"
+    strategy: str = "single"
+    tp: int = 1
     data: str = EMBEDDED_DATA
     heldout_fraction: float = 0.2
     eval_max_blocks: int = 32
@@ -129,6 +144,11 @@ class RunSpec:
     probe_steps: int = 3
     lora: LoraSettings = field(default_factory=LoraSettings)
     resume: ResumeSettings = field(default_factory=ResumeSettings)
+
+    def __post_init__(self) -> None:
+        # "fsdp" (FSDP full shard) is ZeRO stage 3: store one name for one strategy, so specs compare and hash alike.
+        if isinstance(self.strategy, str) and self.strategy in STRATEGY_ALIASES:
+            object.__setattr__(self, "strategy", STRATEGY_ALIASES[self.strategy])
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -246,7 +266,8 @@ class RunSpec:
                     f"the kill would come at step {r.kill_step()}, not before the last step {self.steps}: raise steps "
                     f"above {r.kill_step()} or lower checkpoint_every / kill_after_checkpoint",
                 )
-        parse_devices(self.devices)
+        count = device_count(self.devices)
+        check_strategy(self.strategy, self.tp, count, self.devices)
         if self.data != EMBEDDED_DATA:
             path = Path(self.data)
             if path.suffix not in (".txt", ".jsonl"):
@@ -278,23 +299,134 @@ class RunSpec:
 
 
 def parse_devices(devices: str) -> list[str]:
-    """Parse the ``devices`` setting.
+    """Parse the ``devices`` setting into the devices of this machine a run uses.
 
     Returns:
         ``["auto"]``, ``["cpu"]`` or CUDA device names such as ``["cuda:0", "cuda:1"]``.
 
     Raises:
-        SpecError: anything else.
+        SpecError: anything else; a planned box (``"8x80GiB"``, ``"24GiB,8GiB"``, see
+            :func:`parse_device_capacities`) names devices to plan for, not devices to run on, and is refused here.
     """
+    if parse_device_capacities(devices) is not None:
+        raise SpecError(
+            "devices",
+            f"{devices!r} describes devices to plan for, not devices of this machine: plan it with `gpuaccept plan`; "
+            "to run, give auto, cpu, or CUDA indices such as 0 or 0,1",
+        )
+    return _parse_device_names(devices)
+
+
+def _parse_device_names(devices: str) -> list[str]:
     text = devices.strip().lower()
     if text in ("auto", "cpu"):
         return [text]
     parts = [p.strip().removeprefix("cuda:") for p in text.split(",") if p.strip()]
     if not parts or not all(p.isdigit() for p in parts):
-        raise SpecError("devices", f"{devices!r}: give auto, cpu, or CUDA indices such as 0 or 0,1")
+        raise SpecError(
+            "devices",
+            f"{devices!r}: give auto, cpu, or CUDA indices such as 0 or 0,1 (or, to plan for a box you do not have, "
+            "capacities such as 8x80GiB or 24GiB,8GiB)",
+        )
     if len(set(parts)) != len(parts):
         raise SpecError("devices", f"{devices!r} names a device twice")
     return [f"cuda:{p}" for p in parts]
+
+
+_BOX_ITEM = re.compile(r"^(?:(\d+)\s*[x×]\s*)?(\d+(?:\.\d+)?)\s*([a-z]+)$")
+
+
+def parse_device_capacities(devices: str) -> list[int] | None:
+    """Capacities in bytes of a planned box, or ``None`` when ``devices`` is not a box (auto, cpu, CUDA indices).
+
+    A box is a comma-separated list of items, each a capacity (``24GiB``) or a count x capacity (``8x80GiB``), e.g.
+    ``"8x80GiB"`` (eight 80 GiB devices), ``"24GiB,8GiB"`` (two devices, heterogeneous), ``"2x24GiB,8GB"``. Units:
+    GiB = 2^30 B, GB = 10^9 B, MiB = 2^20 B, MB = 10^6 B (case-insensitive); a number without a unit is a CUDA index,
+    never a capacity. The devices are numbered ``cuda:0`` ... in the order given.
+
+    Raises:
+        SpecError: a box with a bad item (unknown unit, zero count or capacity, more than
+            :data:`MAX_PLANNED_DEVICES` devices, an item mixed with CUDA indices).
+    """
+    text = devices.strip().lower()
+    items = [p.strip() for p in text.split(",")]
+    if text in ("auto", "cpu") or not any(re.search(r"[0-9]\s*[a-z]", item) and not item.startswith("cuda:") for item in items):
+        return None
+    hint = "give a capacity per device such as 24GiB,8GiB or a count x capacity such as 8x80GiB (units GiB, GB, MiB, MB)"
+    out: list[int] = []
+    for item, given in zip(items, (p.strip() for p in devices.strip().split(","))):
+        match = _BOX_ITEM.match(item)
+        if not match:
+            raise SpecError("devices", f"{devices!r}: {given!r} is not a capacity; {hint}")
+        count_text, number, unit = match.groups()
+        if unit not in CAPACITY_UNITS:
+            raise SpecError("devices", f"{devices!r}: unknown unit {unit!r}; {hint}")
+        count = int(count_text) if count_text is not None else 1
+        capacity = int(round(float(number) * CAPACITY_UNITS[unit]))
+        if count < 1 or capacity < 1:
+            raise SpecError("devices", f"{devices!r}: {given!r} names no memory; counts and capacities must be above 0")
+        if len(out) + count > MAX_PLANNED_DEVICES:
+            raise SpecError("devices", f"{devices!r}: more than {MAX_PLANNED_DEVICES} devices; plan at most {MAX_PLANNED_DEVICES}")
+        out.extend([capacity] * count)
+    return out
+
+
+def device_count(devices: str) -> int | None:
+    """How many devices the ``devices`` setting names: 1 for cpu, the number of CUDA indices or planned devices, and
+    ``None`` for auto (known only when the devices are detected).
+
+    Raises:
+        SpecError: ``devices`` is none of the forms of :func:`parse_devices` and :func:`parse_device_capacities`.
+    """
+    capacities = parse_device_capacities(devices)
+    if capacities is not None:
+        return len(capacities)
+    names = _parse_device_names(devices)
+    return None if names == ["auto"] else len(names)
+
+
+def check_strategy(strategy: str, tp: int, count: int | None, devices: str = "") -> None:
+    """Check the strategy and tensor-parallel degree against the number of devices (``None``: not known yet).
+
+    Rules:
+        - ``strategy`` is one of :data:`STRATEGIES` (``fsdp`` is stored as ``zero3``);
+        - ``tp`` is at least 1, and above 1 only with strategy ``tp``;
+        - every strategy but ``single`` needs at least 2 devices (one device is strategy ``single``);
+        - strategy ``tp`` needs ``tp`` >= 2 and ``tp`` must divide the number of devices: the devices are
+          ``tp``-device tensor-parallel groups, repeated as data-parallel replicas (each group holds the same, so the
+          per-device plan does not depend on the number of replicas).
+
+    Raises:
+        SpecError: naming ``strategy``, ``tp`` or ``devices`` and what to change.
+    """
+    if strategy not in STRATEGIES:
+        raise SpecError(
+            "strategy",
+            f"{strategy!r} is not a strategy; choose one of {', '.join(STRATEGIES)} (fsdp is accepted as zero3)",
+        )
+    if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
+        raise SpecError("tp", f"the tensor-parallel degree must be an integer of at least 1 (got {tp!r})")
+    if strategy != "tp" and tp != 1:
+        raise SpecError("tp", f"tp = {tp} is used only with strategy tp; set strategy = \"tp\" or tp = 1")
+    if strategy == "tp" and tp < 2:
+        raise SpecError("tp", "strategy tp needs a tensor-parallel degree of at least 2; set tp = 2 or more "
+                              "(tp must divide the number of devices)")
+    if strategy == "single" or count is None:
+        return
+    where = f" ({devices!r})" if devices else ""
+    if count < 2:
+        raise SpecError(
+            "strategy",
+            f"{strategy} spreads a run over several devices but devices{where} names {count}; give at least 2 devices "
+            "(e.g. devices = \"0,1\" or \"2x80GiB\") or use strategy single",
+        )
+    if strategy == "tp" and count % tp != 0:
+        divisors = [d for d in range(2, count + 1) if count % d == 0]
+        raise SpecError(
+            "tp",
+            f"tp = {tp} does not divide the {count} devices{where}: the devices are tp-device tensor-parallel groups "
+            f"(devices = tp x data-parallel replicas); choose tp among {', '.join(map(str, divisors))}",
+        )
 
 
 def validate_against_config(spec: RunSpec, max_positions: int | None, module_names: set[str] | None = None) -> None:

@@ -124,3 +124,58 @@ def test_a_hugging_face_id_already_in_the_local_cache_is_found_offline(tmp_path,
     assert plan["parameters"]["total"] == plan["parameters"]["trainable"] == expected
     missing = subprocess.run([exe, "plan", "--model", "acme/not-cached"], env=env, capture_output=True, text=True)
     assert missing.returncode == 2 and "not found offline" in missing.stderr
+
+
+# ------------------------------------------------------------------------------------------------------------ strategies
+def test_plan_zero3_on_a_planned_box_prints_one_entry_per_device(tmp_path):
+    out = gpuaccept("plan", "--devices", "2x80GiB", "--strategy", "zero3", "--json", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    plan = json.loads(out.stdout)
+    assert plan["strategy"] == "zero3"
+    assert [d["name"] for d in plan["devices"]] == ["cuda:0", "cuda:1"]
+    assert all(d["capacity_bytes"] == 80 * 2**30 and d["label"] == "planned GPU" for d in plan["devices"])
+    full = gpuaccept("plan", "--devices", "1x80GiB", "--json", cwd=tmp_path)
+    assert full.returncode == 0, full.stderr
+    single = json.loads(full.stdout)["devices"][0]["components"]["weights"]
+    assert plan["devices"][0]["components"]["weights"] == -(-single // 2)  # weights sharded over the two devices
+
+
+def test_plan_ddp_offline_with_fsdp_alias_and_text_shows_each_device(tmp_path):
+    cfg = write_config(tmp_path, "P4")
+    out = gpuaccept("plan", "--model", str(cfg), "--mode", "full", "--dtype", "fp16", "--devices", "8x24GiB",
+                    "--strategy", "ddp", "--json", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    plan = json.loads(out.stdout)
+    assert plan["strategy"] == "ddp" and len(plan["devices"]) == 8
+    assert all(d["fits"] is False for d in plan["devices"])  # a 6B full replica on each 24 GiB device
+    text = gpuaccept("plan", "--model", str(cfg), "--mode", "full", "--dtype", "fp16", "--devices", "24GiB,8GiB",
+                     "--strategy", "fsdp", cwd=tmp_path)
+    assert text.returncode == 0, text.stderr
+    assert "strategy zero3 over 2 device(s)" in text.stdout
+    assert "cuda:0 planned GPU: capacity 24.00 GiB (given: 24GiB,8GiB)" in text.stdout
+    assert "cuda:1 planned GPU: capacity 8.00 GiB (given: 24GiB,8GiB)" in text.stdout
+    assert "DOES NOT FIT on cuda:1" in text.stdout and "is not a placement" in text.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["plan", "--devices", "8x24GiB", "--strategy", "tp", "--tp", "3"], "tp: tp = 3 does not divide the 8 devices"),
+        (["plan", "--devices", "cpu", "--strategy", "ddp"], "strategy: ddp spreads a run over several devices"),
+        (["plan", "--devices", "8x80TB"], "devices: '8x80TB': unknown unit"),
+        (["run", "--headless", "--devices", "2x80GiB"], "plan it with `gpuaccept plan`"),
+    ],
+)
+def test_bad_strategy_flags_are_one_named_line(args, message, tmp_path):
+    out = gpuaccept(*args, cwd=tmp_path)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert message in out.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_running_a_multi_device_strategy_is_refused_until_it_can_be_measured(tmp_path, tiny_model_dir):
+    out = gpuaccept("run", "--headless", "--model", str(tiny_model_dir), "--devices", "0,1", "--strategy", "ddp",
+                    "--runs-dir", str(tmp_path / "runs"))
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "strategy: ddp can be planned" in out.stderr
+    assert not (tmp_path / "runs").exists()

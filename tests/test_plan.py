@@ -238,6 +238,23 @@ def test_detect_devices():
         assert [d.name for d in detect_devices("auto")] == ["cpu"]
 
 
+def test_detect_devices_for_a_planned_box_asks_no_torch():
+    code = ("import sys; from core.plan import detect_devices; d = detect_devices('24GiB,8GiB'); "
+            "print([x.capacity_bytes for x in d], 'torch' in sys.modules)")
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=Path(__file__).resolve().parents[1]
+    )
+    assert out.stdout.strip() == f"[{24 * GiB}, {8 * GiB}] False"
+
+
+def test_strategies_on_cpu_devices_plan_no_cuda_or_nccl_overhead(tmp_path):
+    config = _config(tmp_path, TINY)
+    cpus = [DeviceInfo(f"cpu{i}", "cpu", "host", 80 * GiB, "test") for i in range(2)]
+    for strategy in ("ddp", "zero3", "device_map"):
+        plan = plan_memory(_spec(mode="full", strategy=strategy, devices="0,1"), config, cpus)
+        assert [dp.lines["overhead"].bytes for dp in plan.devices] == [0, 0]
+
+
 def test_import_is_lazy():
     code = "import sys, core.plan; print(any(m in sys.modules for m in ('torch', 'transformers', 'peft', 'textual')))"
     out = subprocess.run(

@@ -91,9 +91,23 @@ def test_lora_target_missing_from_model_lists_the_modules():
 
 def test_parse_devices():
     assert parse_devices("auto") == ["auto"]
+    assert parse_devices("cpu") == ["cpu"]
     assert parse_devices("0,cuda:1") == ["cuda:0", "cuda:1"]
     with pytest.raises(SpecError, match="twice"):
         parse_devices("0,0")
+
+
+def test_planned_boxes_are_valid_specs_but_not_run_devices():
+    from core.spec import device_count, parse_device_capacities
+
+    assert RunSpec.build(devices="8x80GiB").devices == "8x80GiB"
+    assert device_count("8x80GiB") == 8 and device_count("24GiB,8GiB") == 2
+    assert device_count("cpu") == 1 and device_count("0,1") == 2 and device_count("auto") is None
+    assert parse_device_capacities("2x24GB") == [24 * 10**9] * 2  # GB is decimal, GiB binary
+    assert parse_device_capacities("2x24GiB") == [24 * 2**30] * 2
+    with pytest.raises(SpecError) as info:
+        parse_devices("2x80GiB")
+    assert info.value.field == "devices" and "plan it with `gpuaccept plan`" in info.value.message
 
 
 def test_spec_hash_is_stable_across_processes():
@@ -111,3 +125,27 @@ def test_spec_hash_is_stable_across_processes():
 def test_round_trip_through_dict():
     spec = RunSpec.build(mode="full", batch_size=2, lora_targets="q_proj")
     assert RunSpec.from_dict(spec.to_dict()) == spec
+    assert spec.to_dict()["strategy"] == "single" and spec.to_dict()["tp"] == 1
+
+
+@pytest.mark.parametrize(
+    ("strategy", "tp", "devices"),
+    [("ddp", 1, "0,1"), ("zero2", 1, "8x80GiB"), ("tp", 4, "8x80GiB"), ("device_map", 1, "24GiB,8GiB"), ("zero3", 1, "auto")],
+)
+def test_round_trip_with_a_strategy(strategy, tp, devices, tmp_path):
+    import tomli_w
+
+    spec = RunSpec.build(mode="full", strategy=strategy, tp=tp, devices=devices)
+    assert (spec.strategy, spec.tp, spec.devices) == (strategy, tp, devices)
+    assert RunSpec.from_dict(spec.to_dict()) == spec
+    path = tmp_path / "spec.toml"  # the run directory's spec.toml reads back to the same spec
+    path.write_text(tomli_w.dumps(spec.to_dict()))
+    assert RunSpec.build(path) == spec
+
+
+def test_strategy_and_tp_from_toml(tmp_path):
+    path = tmp_path / "spec.toml"
+    path.write_text('mode = "full"\nstrategy = "fsdp"\ndevices = ["24GiB", "8GiB"]\n')
+    spec = RunSpec.build(path)
+    assert spec.strategy == "zero3" and spec.devices == "24GiB,8GiB"
+    assert RunSpec.build(path, strategy="tp", tp=2).tp == 2  # flags win

@@ -25,14 +25,15 @@ class Tmux:
     def screen(self) -> str:
         return self.tmux("capture-pane", "-p", "-t", self.session)
 
-    def wait_for(self, text: str, timeout_s: float = 90.0) -> str:
+    def wait_for(self, *texts: str, timeout_s: float = 90.0) -> str:
+        """The screen once every one of ``texts`` is on it (a slow machine may show a screen half drawn)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             shown = self.screen()
-            if text in shown:
+            if all(t in shown for t in texts):
                 return shown
             time.sleep(0.2)
-        raise AssertionError(f"{text!r} not on screen after {timeout_s} s; screen:\n{self.screen()}")
+        raise AssertionError(f"{texts!r} not all on screen after {timeout_s} s; screen:\n{self.screen()}")
 
 
 def test_walk_to_the_plan_screen_with_keys(tmp_path, tiny_model_dir):
@@ -47,8 +48,7 @@ def test_walk_to_the_plan_screen_with_keys(tmp_path, tiny_model_dir):
         setup = term.wait_for("Step 2/7 · Setup (lora)")
         assert "Micro-batch / device" in setup and "LoRA rank r" in setup
         term.tmux("send-keys", "-t", term.session, "C-n")
-        plan = term.wait_for("→ fits")
-        assert "Step 3/7 · Plan (estimates)" in plan
+        plan = term.wait_for("Step 3/7 · Plan (estimates)", "→ fits", "ACT activations")
         assert "micro-batch 4 × 64 tokens" in " ".join(plan.split())  # the line may wrap at 80 columns
         assert "W weights" in plan and "ACT activations" in plan
         term.tmux("send-keys", "-t", term.session, "q")

@@ -2,7 +2,8 @@
 
 - ``gpuaccept run [SPEC.toml] --headless [flags]``: the whole pipeline, one line per event; exit 0 only when every stage
   passes; prints where the record is.
-- ``gpuaccept plan [SPEC.toml] [flags] [--json]``: the memory plan only (no weights loaded).
+- ``gpuaccept plan [SPEC.toml] [flags] [--json]``: the memory plan only (no weights loaded), per device, by
+  ``--strategy`` (and ``--tp``); ``--devices 8x80GiB`` or ``24GiB,8GiB`` plans for a box you do not have, offline.
 
 torch and transformers are imported only when a command needs them. Bad input prints one named error line (exit 2),
 never a traceback.
@@ -39,7 +40,12 @@ def _spec_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--lora-alpha", type=int)
     g.add_argument("--lora-dropout", type=float)
     g.add_argument("--lora-targets", help="comma-separated module names, e.g. q_proj,v_proj")
-    g.add_argument("--devices", help="auto, cpu, or CUDA indices such as 0 or 0,1")
+    g.add_argument("--devices", help="auto, cpu, CUDA indices such as 0 or 0,1; to plan for a box you do not have: "
+                                     "8x80GiB (count x capacity) or 24GiB,8GiB (capacities; GiB/GB/MiB/MB)")
+    g.add_argument("--strategy", choices=("single", "ddp", "zero1", "zero2", "zero3", "fsdp", "device_map", "tp"),
+                   help="how the run is spread over the devices (fsdp = zero3; default single: each device is "
+                        "planned as holding the whole run)")
+    g.add_argument("--tp", type=int, help="tensor-parallel degree, with --strategy tp (must divide the number of devices)")
     g.add_argument("--data", help="embedded, or a .txt / .jsonl file")
     g.add_argument("--heldout-fraction", type=float)
     g.add_argument("--eval-max-blocks", type=int)
@@ -52,7 +58,7 @@ def _spec_flags(p: argparse.ArgumentParser) -> None:
 
 _SPEC_KEYS = ("mode", "model", "dtype", "batch_size", "seq_len", "grad_accum", "optimizer", "learning_rate",
               "lr_scheduler", "warmup_steps", "steps", "gradient_checkpointing", "lora_r", "lora_alpha",
-              "lora_dropout", "lora_targets", "devices", "data", "heldout_fraction", "eval_max_blocks", "seed",
+              "lora_dropout", "lora_targets", "devices", "strategy", "tp", "data", "heldout_fraction", "eval_max_blocks", "seed",
               "probe_steps", "resume_check", "resume_checkpoint_every", "resume_kill_after_checkpoint")
 
 
@@ -138,9 +144,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def format_plan(plan: Any, spec: Any) -> str:
-    """The plan as text: parameters, convention, then per device one line per component (GiB = 2^30 bytes)."""
+    """The plan as text: parameters, strategy, convention, then each device with one line per component (GiB = 2^30
+    bytes) and its own fit verdict."""
+    strategy = plan.strategy + (f" (tp={spec.tp})" if plan.strategy == "tp" else "")
     lines = [
         f"model {spec.model}, mode {spec.mode}, dtype {spec.dtype}, micro-batch {spec.batch_size} x {spec.seq_len} tokens",
+        f"strategy {strategy} over {len(plan.devices)} device(s)",
         f"parameters: {plan.parameters.total:,} total, {plan.parameters.trainable:,} trainable",
         f"convention: {plan.convention}",
         "all numbers below are ESTIMATES (analytic); the probe measures",
@@ -153,14 +162,21 @@ def format_plan(plan: Any, spec: Any) -> str:
             lines.append(f"  {name:<17} {line.bytes / 2**30:9.3f} GiB  {line.method}")
         verdict = {True: "fits", False: "DOES NOT FIT", None: "fit unknown"}[d.fits]
         lines.append(f"  {'total':<17} {d.total_bytes / 2**30:9.3f} GiB  {verdict} on {d.device.name}")
+    if len(plan.devices) > 1:
+        total = sum(d.total_bytes for d in plan.devices)
+        capacity = sum(d.device.capacity_bytes or 0 for d in plan.devices)
+        lines.append(f"\nnote: the sum over {len(plan.devices)} devices ({total / 2**30:.2f} GiB of {capacity / 2**30:.2f} "
+                     "GiB) is not a placement: CUDA does not pool GPU memory, so each device must fit on its own")
     return "\n".join(lines)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     from core.events import Message, Progress, RunFinished, StageFinished, StageStarted
     from core.pipeline import run_pipeline
+    from core.spec import parse_devices
 
     spec = spec_from_args(args)
+    parse_devices(spec.devices)  # a planned box (8x80GiB) is refused here, before anything is loaded
     print(f"gpuaccept: {spec.mode} on {spec.model} ({spec.dtype}, micro-batch {spec.batch_size} x {spec.seq_len}, "
           f"{spec.steps} steps)", flush=True)
     final: RunFinished | None = None
