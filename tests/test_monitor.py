@@ -12,7 +12,13 @@ import psutil
 import pytest
 
 from core.monitor import (
-    DeviceSample, HostBackend, Reading, ReplayBackend, Sampler, constructed_frames, others_reading,
+    DeviceSample,
+    HostBackend,
+    Reading,
+    ReplayBackend,
+    Sampler,
+    constructed_frames,
+    others_reading,
 )
 
 MB = 2**20

@@ -11,6 +11,7 @@ from core.childproc import group_alive
 from core.events import Progress, RunFinished, StageFinished
 from core.pipeline import run_pipeline
 from core.spec import RunSpec
+from tests.wizard_helpers import worker_processes
 
 
 def run(spec: RunSpec, runs: Path) -> tuple[dict, list]:
@@ -106,27 +107,16 @@ def test_inference_evaluates_once_and_resume_is_not_applicable(tiny_model_dir, t
     assert record["verdict"]["status"] == "pass"
 
 
-def _workers_of(run_root: Path) -> list:
-    import psutil
-
-    found = []
-    for proc in psutil.process_iter(["cmdline"]):
-        cmd = " ".join(proc.info["cmdline"] or [])
-        if "core.worker" in cmd and str(run_root) in cmd:
-            found.append(proc)
-    return found
-
-
 def test_stopping_the_pipeline_mid_probe_leaves_no_child(tiny_model_dir, tmp_path):
     spec = RunSpec.build(model=str(tiny_model_dir), mode="full", steps=6, seq_len=64, probe_steps=50,
                          resume_checkpoint_every=2, resume_kill_after_checkpoint=1)
     gen = run_pipeline(spec, runs_root=tmp_path)
     for event in gen:
         if isinstance(event, Progress) and event.run == "probe":
-            assert _workers_of(tmp_path), "the probe child should be running now"
+            assert worker_processes(tmp_path), "the probe child should be running now"
             break
     gen.close()  # what a Ctrl-C or a quitting UI does to the generator
-    assert _workers_of(tmp_path) == []
+    assert worker_processes(tmp_path) == []
 
 
 def test_cancelling_kills_the_child_and_still_writes_the_record(tiny_model_dir, tmp_path):
@@ -142,7 +132,7 @@ def test_cancelling_kills_the_child_and_still_writes_the_record(tiny_model_dir, 
         events.append(event)
         if isinstance(event, Progress):
             state["steps"] += 1
-    assert _workers_of(tmp_path) == []
+    assert worker_processes(tmp_path) == []
     record = tomllib.loads(Path(events[-1].record_path).read_text())
     assert record["verdict"]["status"] == "fail"
     assert record["probe"]["provenance"] == "not_run"

@@ -5,25 +5,15 @@ from __future__ import annotations
 import tomllib
 from pathlib import Path
 
-import psutil
 import pytest
 from textual.widgets import Button, Input
 
-from tests.wizard_helpers import make_app, text_of, wait_for
+from tests.wizard_helpers import make_app, text_of, wait_for, worker_processes
 from tui.screens.export import ExportScreen
 from tui.screens.mode import ModeScreen
 from tui.screens.plan import PlanScreen
 from tui.screens.setup import SetupScreen
 from tui.screens.stages import EvaluateScreen, ProbeScreen, ResumeScreen
-
-
-def workers_under(root: Path) -> list[psutil.Process]:
-    found = []
-    for proc in psutil.process_iter(["cmdline"]):
-        cmd = " ".join(proc.info["cmdline"] or [])
-        if "core.worker" in cmd and str(root) in cmd:
-            found.append(proc)
-    return found
 
 
 def next_enabled(app) -> bool:
@@ -127,7 +117,7 @@ async def test_quitting_during_the_probe_ends_its_process_group(tiny_model_dir, 
     async with app.run_test(size=(80, 24)) as pilot:
         await walk_to_plan(pilot, app, "2")
         await pilot.press("ctrl+n")
-        await wait_for(pilot, lambda: workers_under(tmp_path) != [] and app.state.running == "probe", 60)
+        await wait_for(pilot, lambda: worker_processes(tmp_path) != [] and app.state.running == "probe", 60)
         await pilot.press("q")
         assert type(app.screen).__name__ == "ConfirmQuit"
         await pilot.press("n")  # stay: the probe keeps running
@@ -136,7 +126,7 @@ async def test_quitting_during_the_probe_ends_its_process_group(tiny_model_dir, 
         await wait_for(pilot, lambda: app.state.running is None, 30)
         await pilot.pause(0.3)
     assert app.return_value == 130
-    assert workers_under(tmp_path) == []
+    assert worker_processes(tmp_path) == []
     record = tomllib.loads(Path(app.state.record_path).read_text())  # what was measured is kept, unsigned
     assert record["verdict"]["status"] == "fail" and record["signoff"]["status"] == "unsigned"
     assert record["verdict"]["stages"]["probe"]["status"] == "cancelled"  # the operator quit; nothing failed

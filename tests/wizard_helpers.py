@@ -24,6 +24,18 @@ def make_app(model_dir: Path, runs_root: Path, mode: str = "lora", **fields: Any
                         fields={**base, **fields}, mode=mode)
 
 
+def worker_processes(root: Path) -> list:
+    """Live gpuaccept child processes (``core.worker``) whose job lies under ``root``."""
+    import psutil
+
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmd = " ".join(proc.info["cmdline"] or [])
+        if "core.worker" in cmd and str(root) in cmd:
+            found.append(proc)
+    return found
+
+
 def text_of(widget: Any) -> str:
     """What a Static shows, as plain text."""
     return str(widget.content)

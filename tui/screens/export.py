@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from textual import work
 from textual.app import ComposeResult
-from textual.content import Content
 from textual.containers import Horizontal, VerticalScroll
+from textual.content import Content
 from textual.screen import Screen
 from textual.widgets import Button, Footer, Header, Input, Label, Select, Static
 

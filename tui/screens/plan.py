@@ -11,11 +11,12 @@ from textual.containers import Horizontal, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Button, Footer, Header, LoadingIndicator, Static
 
-from tui.widgets.tables import ReadTable
+from tui.screens.nav import NavButtons
 from tui.widgets.bars import SHORT, PlanBar, gib
+from tui.widgets.tables import ReadTable
 
 
-class PlanScreen(Screen):
+class PlanScreen(NavButtons, Screen):
     """Estimated bytes per component on each device, against that device's capacity. Nothing runs yet."""
 
     BINDINGS = [
@@ -116,12 +117,6 @@ class PlanScreen(Screen):
     def action_seq(self, factor: float) -> None:
         spec = self.app.state.spec
         self._what_if(seq_len=max(2, int(spec.seq_len * factor)))
-
-    def on_button_pressed(self, event: Button.Pressed) -> None:
-        if event.button.id == "next":
-            self.action_next()
-        elif event.button.id == "back":
-            self.app.action_back()
 
     def action_next(self) -> None:
         if self.query_one("#next", Button).disabled:

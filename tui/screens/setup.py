@@ -11,6 +11,8 @@ from textual.containers import Horizontal, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Button, Footer, Header, Input, Label, Select, Static
 
+from tui.screens.nav import NavButtons
+
 # (flag name, label, kind, choices, modes it applies to)
 FIELDS: list[tuple[str, str, str, tuple[str, ...], tuple[str, ...]]] = [
     ("model", "Model", "str", (), ("inference", "full", "lora")),
@@ -56,7 +58,7 @@ def current_value(spec: Any, name: str) -> str:
     return shown_value(getattr(spec, name))
 
 
-class SetupScreen(Screen):
+class SetupScreen(NavButtons, Screen):
     """Model, dtype, batch, sequence, accumulation, optimizer, steps, LoRA and devices; Next only when valid."""
 
     BINDINGS = [Binding("ctrl+n", "next", "Next")]
@@ -180,12 +182,6 @@ class SetupScreen(Screen):
 
     def on_select_changed(self, event: Select.Changed) -> None:
         self.validate()
-
-    def on_button_pressed(self, event: Button.Pressed) -> None:
-        if event.button.id == "next":
-            self.action_next()
-        elif event.button.id == "back":
-            self.app.action_back()
 
     def action_next(self) -> None:
         if self.validate() is None:

@@ -17,8 +17,9 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Button, Footer, Header, ProgressBar, Sparkline, Static
 
-from tui.widgets.tables import ReadTable
+from tui.screens.nav import NavButtons
 from tui.widgets.bars import LiveBar, gib
+from tui.widgets.tables import ReadTable
 
 
 class StageEvent(Message):
@@ -38,7 +39,7 @@ class StageDone(Message):
         self.error = error
 
 
-class StageScreen(Screen):
+class StageScreen(NavButtons, Screen):
     """Base of the running screens: a worker, a progress bar, a log line, and Next once the stage has ended."""
 
     stage = ""
@@ -100,7 +101,8 @@ class StageScreen(Screen):
         self.post_message(StageDone(result, error))
 
     def on_stage_event(self, message: StageEvent) -> None:
-        from core.events import ChildStarted, Message as CoreMessage, Progress
+        from core.events import ChildStarted, Progress
+        from core.events import Message as CoreMessage
 
         event = message.event
         if isinstance(event, Progress):
@@ -129,12 +131,6 @@ class StageScreen(Screen):
 
     def show_result(self, result: Any) -> None:
         raise NotImplementedError
-
-    def on_button_pressed(self, event: Button.Pressed) -> None:
-        if event.button.id == "next":
-            self.action_next()
-        elif event.button.id == "back":
-            self.app.action_back()
 
     def next_screen(self) -> Screen:
         raise NotImplementedError
