@@ -72,9 +72,11 @@ class SetupScreen(NavButtons, Screen):
         self._extra = {k: v for k, v in state.fields.items() if k not in shown}  # e.g. --data: kept, not shown
         yield Header()
         yield Static(f"Step 2/7 · Setup ({state.mode})", classes="title")
-        yield Static("What moves memory: batch × sequence drive activations; dtype the bytes per number; the optimizer "
-                     "the states per trainable parameter. Defaults: the embedded SmolLM2-135M and text.",
-                     classes="intro")
+        training = state.mode != "inference"
+        yield Static("What moves memory: batch × sequence drive activations" + ("" if training else " and the KV cache")
+                     + "; the dtype sets the bytes per number" + ("; the optimizer the states per trainable parameter"
+                                                                 if training else "")
+                     + ". Defaults: the embedded SmolLM2-135M and the Python docs as text.", classes="intro")
         with VerticalScroll(classes="body", id="form"):
             for name, label, kind, choices, modes in FIELDS:
                 if state.mode not in modes:
