@@ -12,7 +12,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -123,9 +123,3 @@ def read_events(path: str | Path, offset: int = 0) -> tuple[list[dict[str, Any]]
         return [], offset
     lines = data[: end + 1].decode("utf-8").splitlines()
     return [json.loads(line) for line in lines if line.strip()], offset + end + 1
-
-
-def iter_all_events(path: str | Path) -> Iterator[dict[str, Any]]:
-    """Every complete event in a finished events file."""
-    events, _ = read_events(path)
-    yield from events
