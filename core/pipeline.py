@@ -38,7 +38,7 @@ def make_plan(spec: RunSpec, devices_override: list[Any] | None = None) -> PlanC
         SpecError, ModelNotFoundError: named errors for bad input.
     """
     from core.models import declared_max_positions, load_config, resolve_model
-    from core.plan import count_parameters, detect_devices, linear_module_names, plan_memory
+    from core.plan import detect_devices, linear_module_names, plan_memory
     from core.spec import validate_against_config
 
     source = resolve_model(spec.model)
@@ -46,8 +46,7 @@ def make_plan(spec: RunSpec, devices_override: list[Any] | None = None) -> PlanC
     modules = linear_module_names(config) if spec.mode == "lora" else None
     validate_against_config(spec, declared_max_positions(source, config), modules)
     devices = devices_override if devices_override is not None else detect_devices(spec.devices)
-    params = count_parameters(config, spec.mode, spec.lora if spec.mode == "lora" else None)
-    plan = plan_memory(spec, config, devices, parameters=params)
+    plan = plan_memory(spec, config, devices)
     return PlanContext(source=source, config=config, devices=devices, plan=plan)
 
 
@@ -78,7 +77,7 @@ class AcceptanceRun:
     """
 
     def __init__(self, spec: RunSpec, runs_root: Path = Path("runs"), devices_override: list[Any] | None = None,
-                 ctx: PlanContext | None = None):
+                 ctx: PlanContext | None = None, traced: dict[str, Any] | None = None):
         import tomli_w
 
         from core.record import utc_now
@@ -93,6 +92,8 @@ class AcceptanceRun:
         (self.run_dir / "plan.json").write_text(json.dumps(self.ctx.plan.to_json(), indent=2), encoding="utf-8")
         self._log = EventWriter(self.run_dir / "events.jsonl")
         self.results: dict[str, Any] = {"plan": self.ctx.plan, "probe": None, "train_eval": None, "resume": None}
+        #: the traced plan beside the analytic one (core.traced.traced_table), made by the plan stage or given
+        self.traced: dict[str, Any] | None = traced
         self.stopped: dict[str, str] = {}  # stage -> why it ended without a result (cancelled, child error)
         self.model_path: Path | None = None
         self.record_path: Path | None = None
@@ -137,8 +138,18 @@ class AcceptanceRun:
                 "parameters_trainable": self.ctx.plan.parameters.trainable}
 
     # ------------------------------------------------------------------ stages
-    def plan_stage(self) -> Generator[Event, None, Any]:
-        """Report the plan made on construction (per device; fit judged per device)."""
+    def plan_stage(self, cancelled: Callable[[], bool] | None = None) -> Generator[Event, None, Any]:
+        """Report the plan made on construction (per device; fit judged per device), and trace one step on fake
+        tensors in a child process beside it (unless a traced plan was given)."""
+        from core.traced import traced_table
+
+        if self.traced is None:
+            yield self.emit(Message("plan", text="tracing one step on fake tensors (torch MemTracker) in a child "
+                                                 "process, to compare with the analytic plan"))
+            self.traced = traced_table(self.spec, self.ctx, cancelled)
+        yield self.emit(Message("plan", text=traced_summary(self.traced)))
+        (self.run_dir / "plan.json").write_text(json.dumps({**self.ctx.plan.to_json(), "traced": self.traced},
+                                                           indent=2), encoding="utf-8")
         yield self.emit(StageFinished("plan", status="pass" if self.plan_fits else "fail", result=self.ctx.plan,
                                       summary=_plan_summary(self.ctx.plan)))
         return self.ctx.plan
@@ -209,7 +220,7 @@ class AcceptanceRun:
         if self.signed:
             raise GpuAcceptError(f"{self.record_path} is already signed; start a new run to sign again")
         record = build_record(self.spec, run_dir=self.run_dir, model=self.model_info, plan=self.results["plan"],
-                              probe=self.results["probe"], train_eval=self.results["train_eval"],
+                              traced=self.traced, probe=self.results["probe"], train_eval=self.results["train_eval"],
                               resume=self.results["resume"], started=self.started, finished=utc_now(),
                               env=environment(), stopped=self.stopped)
         if signoff:
@@ -241,7 +252,7 @@ def run_pipeline(
     yield StageStarted("plan", detail="per-component memory plan per device (no weights loaded)")
     run = AcceptanceRun(spec, runs_root, devices_override)
     try:
-        yield from run.plan_stage()
+        yield from run.plan_stage(cancelled)
         probe = yield from run.probe_stage(cancelled)
         if probe.status != "pass":
             raise GpuAcceptError("the probe failed; later stages were not run")
@@ -256,6 +267,20 @@ def run_pipeline(
     yield StageFinished("record", status="written", summary=str(path))
     yield RunFinished("record", status=run.verdict or "fail", record_path=str(path), run_dir=str(run.run_dir))
     return path
+
+
+def traced_summary(traced: dict[str, Any] | None) -> str:
+    """One line on the traced plan: its peak against the analytic tensor total and the line that differs most."""
+    if not traced:
+        return "traced plan: not run"
+    if traced.get("status") != "estimated":
+        return f"traced plan: {traced.get('status')} ({traced.get('reason', '')})"
+    a, t = traced["analytic_tensor_bytes"], traced["peak_bytes"]
+    rel = f" ({(t - a) / a:+.1%})" if a else ""
+    row = traced["lines"][traced["most_different"]]
+    return (f"traced plan (estimate, fake tensors): peak {t / 2**30:.3f} GiB of tensors vs analytic {a / 2**30:.3f} "
+            f"GiB{rel} without overhead; differs most: {traced['most_different']} (analytic "
+            f"{row['analytic_bytes'] / 2**30:.3f}, traced {row['traced_bytes'] / 2**30:.3f} GiB)")
 
 
 def convert_in_child(log_path: Path) -> None:

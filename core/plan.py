@@ -273,14 +273,37 @@ def build_meta_model(config: Any, mode: str, lora: LoraSettings | None, dtype: s
     return model
 
 
+#: Meta-model summaries already made in this process, by (config JSON, mode, LoRA settings, parameter dtype): the
+#: wizard re-plans on every batch or sequence change and the summary does not depend on either (benchmarks/plan_speed.py).
+_SUMMARIES: dict[tuple[Any, ...], "_Summary"] = {}
+_LINEAR_NAMES: dict[str, frozenset[str]] = {}
+_CACHE_SIZE = 16
+
+
+def _config_key(config: Any) -> str:
+    return config.to_json_string(use_diff=False)
+
+
+def meta_summary(config: Any, mode: str, lora: LoraSettings | None, dtype: str | None = None) -> "_Summary":
+    """What the plan needs from the meta model (counts, dtypes, shapes, adapters), built once per process for each
+    (config, mode, LoRA settings, parameter dtype); see :func:`build_meta_model` for the arguments."""
+    key = (_config_key(config), mode, lora if mode == "lora" else None, dtype)
+    summary = _SUMMARIES.get(key)
+    if summary is None:
+        summary = _summarise(build_meta_model(config, mode, lora, dtype), mode)
+        if len(_SUMMARIES) >= _CACHE_SIZE:
+            _SUMMARIES.pop(next(iter(_SUMMARIES)))
+        _SUMMARIES[key] = summary
+    return summary
+
+
 def count_parameters(config: Any, mode: str, lora: LoraSettings | None) -> ParameterCount:
     """Parameter counts from the meta model (see :class:`ParameterCount`).
 
     ``total`` counts each parameter once (``Module.parameters()`` skips tied duplicates), LM head included; for LoRA it
     includes the adapters and ``trainable`` is peft's own ``get_nb_trainable_parameters()``.
     """
-    model = build_meta_model(config, mode, lora)
-    return _summarise(model, mode).count
+    return meta_summary(config, mode, lora).count
 
 
 def linear_module_names(config: Any) -> set[str]:
@@ -288,8 +311,12 @@ def linear_module_names(config: Any) -> set[str]:
 
     These are ``torch.nn.Linear`` modules and transformers' GPT-2-style ``Conv1D`` (peft adapts both).
     """
-    model = build_meta_model(config, "full", None)
-    return {name.rsplit(".", 1)[-1] for name, module in model.named_modules() if name and _is_linear(module)}
+    key = _config_key(config)
+    if key not in _LINEAR_NAMES:
+        model = build_meta_model(config, "full", None)
+        _LINEAR_NAMES[key] = frozenset(
+            name.rsplit(".", 1)[-1] for name, module in model.named_modules() if name and _is_linear(module))
+    return set(_LINEAR_NAMES[key])
 
 
 def _is_linear(module: Any) -> bool:
@@ -496,8 +523,8 @@ def plan_memory(
         spec: the run; ``batch_size`` is the micro-batch per device (per tensor-parallel group for ``tp``).
         config: the model's ``transformers.PretrainedConfig``.
         devices: from :func:`detect_devices` (or made by hand).
-        parameters: counts already computed by :func:`count_parameters` for this spec, to report as they are; the meta
-            model is built here anyway (in the spec dtype) for parameter dtypes and shapes.
+        parameters: counts already computed by :func:`count_parameters` for this spec, to report as they are (by
+            default the counts of the meta model built here, in the parameter dtype, once per process).
 
     Returns:
         a :class:`MemoryPlan` whose device plans hold a :class:`Line` for every name in :data:`COMPONENTS`.
@@ -513,9 +540,7 @@ def plan_memory(
         _check_tp_heads(spec.tp, shape)
     # Mixed precision: training keeps fp32 parameters (master weights) and autocasts; inference loads in the dtype.
     param_dtype = "fp32" if spec.training else spec.dtype
-    model = build_meta_model(config, spec.mode, spec.lora if spec.mode == "lora" else None, param_dtype)
-    summary = _summarise(model, spec.mode)
-    del model
+    summary = meta_summary(config, spec.mode, spec.lora if spec.mode == "lora" else None, param_dtype)
     counts = parameters if parameters is not None else summary.count
     common = {
         "weights": _weights(summary),
@@ -887,17 +912,13 @@ def _layer_activation_bytes(spec: RunSpec, shape: _Shape, tp: int = 1) -> tuple[
 def _activations(spec: RunSpec, shape: _Shape, summary: _Summary) -> Line:
     """Training: L layers of Korthikanti activations (or, with gradient checkpointing, one s·b·h input per layer plus one
     full layer), fp32 logits twice (b·s·V·4 B x 2), and for LoRA each adapter's input and rank-r intermediate.
-    Inference: the logits of a full forward pass, b·s·V x dtype bytes."""
+    Inference: the logits of a full forward pass and the loss over them (:func:`_inference_logits`)."""
     s, b, nbytes = spec.seq_len, spec.batch_size, spec.dtype_bytes
     L, h, V = shape.layers, shape.hidden, shape.vocab
     if not spec.training:
-        logits = b * s * V * nbytes
-        return Line(
-            "activations",
-            logits,
-            f"inference: logits of a full forward pass b·s·V x {nbytes} B = {b}·{s}·{V:,} x {nbytes} B "
-            "(no activations are saved; one layer's working set is under temporaries)",
-        )
+        size, text = _inference_logits(b * s * V, nbytes, f"{b}·{s}·{V:,}")
+        return Line("activations", size, f"{text} (no activations are saved; one layer's working set is under "
+                                         "temporaries)")
     per_layer, layer_text = _layer_activation_bytes(spec, shape)
     logits = 2 * b * s * V * LOGITS_BYTES
     if spec.gradient_checkpointing:
@@ -913,6 +934,17 @@ def _activations(spec: RunSpec, shape: _Shape, summary: _Summary) -> Line:
         total += extra
         text += f"; + LoRA {extra_text} (LoRA does not shrink activations)"
     return Line("activations", total, text)
+
+
+def _inference_logits(elements: int, nbytes: int, numbers: str) -> tuple[int, str]:
+    """Inference logits with the loss over them (the probe and the held-out evaluation pass labels): the logits in the
+    dtype, plus transformers' fp32 copy for the loss when the dtype is 16-bit, plus the fp32 log-softmax of the cross
+    entropy (seen in the traced plan; an fp32 model's ``.float()`` is the same tensor)."""
+    copies = nbytes + (LOGITS_BYTES if nbytes != LOGITS_BYTES else 0) + LOGITS_BYTES
+    parts = f"{nbytes} B" + (f" + fp32 copy {LOGITS_BYTES} B" if nbytes != LOGITS_BYTES else "") + \
+        f" + fp32 log-softmax {LOGITS_BYTES} B"
+    return elements * copies, (f"inference: logits of a full forward pass and the loss over them, b·s·V x ({parts}) "
+                               f"= {numbers} x {copies} B")
 
 
 def _adapter_activations(spec: RunSpec, adapters: tuple[_Adapter, ...]) -> tuple[int, str]:
@@ -1002,9 +1034,8 @@ def _activations_part(
     if not spec.training:
         if not logits:
             return Line("activations", 0, "inference: no logits on this device (no activations are saved)")
-        size = -(-b * s * V // tp) * nbytes
-        return Line("activations", size, f"inference: logits of a full forward pass b·s·V{split} x {nbytes} B = "
-                                         f"{b}·{s}·{V:,}{split} x {nbytes} B (no activations are saved)")
+        size, text = _inference_logits(-(-b * s * V // tp), nbytes, f"{b}·{s}·{V:,}{split}")
+        return Line("activations", size, f"{text} (no activations are saved)")
     per_layer, layer_text = _layer_activation_bytes(spec, shape, tp)
     if layers == 0:
         total, text = 0, "no decoder layer here"

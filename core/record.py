@@ -73,7 +73,7 @@ def environment() -> dict[str, Any]:
 
 def build_record(spec: RunSpec, *, run_dir: Path, model: dict[str, Any], plan: Any, probe: Any, train_eval: Any,
                  resume: Any, started: dt.datetime, finished: dt.datetime, env: dict[str, Any] | None = None,
-                 stopped: dict[str, str] | None = None) -> dict:
+                 stopped: dict[str, str] | None = None, traced: dict[str, Any] | None = None) -> dict:
     """Assemble the record mapping from stage results (``None`` for a stage that did not run).
 
     Tables: ``spec``, ``environment``, ``model``, ``data``, ``plan``, ``probe``, ``evaluation``, ``resume``, ``verdict``.
@@ -91,6 +91,9 @@ def build_record(spec: RunSpec, *, run_dir: Path, model: dict[str, Any], plan: A
                   **model},
     }
     rec["plan"] = _plan_table(plan)
+    if plan is not None:
+        rec["plan"]["traced"] = traced if traced else {"status": "not_run",
+                                                        "reason": "the trace did not run before the probe started"}
     rec["probe"] = _probe_table(probe)
     rec["data"], rec["evaluation"] = _evaluation_tables(spec, train_eval)
     rec["resume"] = _resume_table(resume)

@@ -179,3 +179,28 @@ def test_running_a_multi_device_strategy_is_refused_until_it_can_be_measured(tmp
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert "strategy: ddp can be planned" in out.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_p6_traced_plan_measures_the_gqa_kv_cache_and_names_the_line_that_differs_most(tmp_path):
+    """`plan --traced`: the 8B model's step traced on fake tensors (no memory, seconds) holds exactly the case's KV
+    cache; the JSON compares every line with the analytic plan and names the most different one."""
+    case = CASE["P6"]
+    plan = plan_json(tmp_path, "P6", "--batch-size", str(case["batch"]), "--seq-len", str(case["seq_len"]), "--traced")
+    traced = plan["traced"]
+    assert traced["status"] == "estimated" and traced["tensors"] == "fake"
+    assert traced["components"]["kv_cache"] == case["expect_kv_cache_bytes"]
+    assert traced["components"]["weights"] == 2 * case["expect_parameters"]  # bf16 inference weights
+    assert traced["lines"]["kv_cache"] == {"analytic_bytes": case["expect_kv_cache_bytes"],
+                                           "traced_bytes": case["expect_kv_cache_bytes"]}
+    diffs = {k: abs(v["traced_bytes"] - v["analytic_bytes"]) for k, v in traced["lines"].items()}
+    assert traced["most_different"] == max(diffs, key=diffs.get)
+    assert traced["peak_bytes"] == sum(traced["components"].values())
+
+
+def test_traced_plan_of_a_sharded_strategy_says_it_was_not_run(tmp_path):
+    cfg = write_config(tmp_path, "P1")
+    out = gpuaccept("plan", "--model", str(cfg), "--mode", "full", "--devices", "8x80GiB", "--strategy", "zero3",
+                    "--traced")
+    assert out.returncode == 0, out.stderr
+    assert "traced plan: not run (the traced plan covers one device holding the whole step (strategy single or ddp); " \
+           "strategy zero3 is planned analytically only)" in out.stdout

@@ -41,6 +41,9 @@ def test_headless_lora_acceptance_on_the_embedded_model(headless):
     assert record["resume"]["status"] == "pass"
     assert record["verdict"]["status"] == "pass"
     assert record["data"]["heldout_documents"] > 0 and len(record["data"]["heldout_hash"]) == 64
+    traced = record["plan"]["traced"]  # the traced plan beside the analytic one, weights equal to the byte
+    assert traced["status"] == "estimated" and traced["tensors"] == "fake"
+    assert traced["lines"]["weights"]["traced_bytes"] == traced["lines"]["weights"]["analytic_bytes"] > 500_000_000
 
 
 def keys(tree, prefix=""):
@@ -73,6 +76,7 @@ async def test_the_wizard_writes_the_same_record_as_the_headless_run(headless, t
     assert wizard["spec"] == headless["spec"]
     assert wizard["data"] == headless["data"]
     assert wizard["plan"]["parameters"] == headless["plan"]["parameters"]
+    assert wizard["plan"]["traced"]["components"] == headless["plan"]["traced"]["components"]  # fake tensors: exact
     # CPU fp32 with the same seed is deterministic: the measured evaluation and losses are the same numbers
     for when in ("before", "after"):
         assert wizard["evaluation"][when]["perplexity"] == headless["evaluation"][when]["perplexity"]

@@ -39,6 +39,9 @@ def test_lora_record_has_every_table_and_passes(lora_run):
     assert record["resume"]["status"] == "pass", record["resume"]
     assert record["verdict"]["status"] == "pass", record["verdict"]
     assert record["plan"]["provenance"] == "estimated" and record["probe"]["provenance"] == "measured"
+    traced = record["plan"]["traced"]  # made by the plan stage in a child process, beside the analytic plan
+    assert traced["status"] == "estimated" and traced["compared_with"] == record["plan"]["devices"][0]["name"]
+    assert traced["lines"]["weights"]["traced_bytes"] == record["plan"]["devices"][0]["components"]["weights"]
     assert record["evaluation"]["provenance"] == "measured"
     assert record["evaluation"]["after"]["perplexity"] < record["evaluation"]["before"]["perplexity"]
     assert record["created_utc"].tzinfo is not None

@@ -50,11 +50,23 @@ def snap(snapshot, monkeypatch, tiny_model_dir, tmp_path):
     return compare
 
 
+def constructed_tracer(spec, ctx, cancelled=None) -> dict:
+    """A traced plan made from the analytic one (activations x 0.75, no gradients at the peak): the screen, not torch."""
+    from core.traced import TracedPlan, compare, comparison_json
+
+    device = ctx.plan.devices[0]
+    parts = {k: device.lines[k].bytes for k in ("weights", "optimizer_states", "temporaries", "kv_cache")}
+    parts.update(gradients=0, activations=device.lines["activations"].bytes * 3 // 4)
+    traced = TracedPlan(components=parts, peak_bytes=sum(parts.values()), categories={}, method="constructed for a snapshot",
+                        seconds=1.5, tensors="fake")
+    return comparison_json(traced, compare(device, traced), device.device.name)
+
+
 def app_for(mode: str = "lora") -> GpuAcceptApp:
     frames = constructed_frames(device="cpu", name="test host", total=64 * GiB, ours=[int(1.5 * GiB)], others=6 * GiB)
     return GpuAcceptApp(runs_root=Path("runs"), backend=ReplayBackend(frames), devices_override=[TEST_HOST],
                         fields={"model": "tiny-llama", "seq_len": 64, "steps": 6, "resume_checkpoint_every": 2,
-                                "resume_kill_after_checkpoint": 1}, mode=mode)
+                                "resume_kill_after_checkpoint": 1}, mode=mode, tracer=constructed_tracer)
 
 
 async def until(pilot, condition, timeout_s: float = 60) -> None:
@@ -161,6 +173,18 @@ def test_plan_screen(snap, size):
     async def run_before(pilot) -> None:
         await pilot.press("enter", "ctrl+n")
         await until(pilot, lambda: not pilot.app.screen.query_one("#next").disabled)
+        await until(pilot, lambda: bool(pilot.app.screen.query(".traced-table")))
+
+    snap(app_for(), size, run_before)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_plan_screen_traced_beside_analytic(snap, size):
+    async def run_before(pilot) -> None:
+        await pilot.press("enter", "ctrl+n")
+        await until(pilot, lambda: bool(pilot.app.screen.query(".traced-table")))
+        pilot.app.screen.query_one("#plan-body").scroll_end(animate=False)
+        await pilot.pause()
 
     snap(app_for(), size, run_before)
 

@@ -36,8 +36,10 @@ class GpuAcceptApp(App[int]):
 
     def __init__(self, *, runs_root: Path = Path("runs"), backend: Any = None,
                  devices_override: list[Any] | None = None, fields: dict[str, Any] | None = None,
-                 mode: str = "lora") -> None:
+                 mode: str = "lora", tracer: Any = None) -> None:
         super().__init__()
+        #: makes the traced plan: (spec, ctx, cancelled) -> dict as core.traced.traced_table (tests pass a constructed one)
+        self.tracer = tracer
         self.state = WizardState(runs_root=Path(runs_root), devices_override=devices_override,
                                  fields=dict(fields or {}), mode=mode)
         self._backend = backend

@@ -2,8 +2,9 @@
 
 - ``gpuaccept run [SPEC.toml] --headless [flags]``: the whole pipeline, one line per event; exit 0 only when every stage
   passes; prints where the record is.
-- ``gpuaccept plan [SPEC.toml] [flags] [--json]``: the memory plan only (no weights loaded), per device, by
-  ``--strategy`` (and ``--tp``); ``--devices 8x80GiB`` or ``24GiB,8GiB`` plans for a box you do not have, offline.
+- ``gpuaccept plan [SPEC.toml] [flags] [--json] [--traced]``: the memory plan only (no weights loaded), per device, by
+  ``--strategy`` (and ``--tp``); ``--devices 8x80GiB`` or ``24GiB,8GiB`` plans for a box you do not have, offline;
+  ``--traced`` adds one step traced on fake tensors (core/traced.py) beside it, the most different line named.
 
 torch and transformers are imported only when a command needs them. Bad input prints one named error line (exit 2),
 never a traceback.
@@ -75,6 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
     plan = sub.add_parser("plan", help="the memory plan only, per component and per device")
     _spec_flags(plan)
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
+    plan.add_argument("--traced", action="store_true",
+                      help="also trace one step on fake tensors (torch MemTracker; seconds) and compare it line by line")
     return parser
 
 
@@ -136,11 +139,46 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     spec = spec_from_args(args)
     ctx = make_plan(spec)
+    traced = _traced(spec, ctx) if args.traced else None
     if args.json:
-        print(json.dumps(ctx.plan.to_json(), indent=2))
+        out = ctx.plan.to_json()
+        if traced is not None:
+            out["traced"] = traced
+        print(json.dumps(out, indent=2))
         return EXIT_OK
     print(format_plan(ctx.plan, spec))
+    if traced is not None:
+        print("\n" + format_traced(traced))
     return EXIT_OK
+
+
+def _traced(spec: Any, ctx: Any) -> dict[str, Any]:
+    """The traced plan as JSON, or ``{"status": "not_run", "reason": ...}`` when the strategy is not traceable."""
+    from core.traced import comparison_json, trace_against, untraceable_reason
+
+    reason = untraceable_reason(ctx.plan)
+    if reason is not None:
+        return {"status": "not_run", "reason": reason}
+    traced, difference = trace_against(spec, ctx.config, ctx.plan)
+    return comparison_json(traced, difference, ctx.plan.devices[0].device.name)
+
+
+def format_traced(traced: dict[str, Any]) -> str:
+    """The traced plan beside the analytic one, as text (GiB = 2^30 bytes), the most different line named."""
+    if traced.get("status") != "estimated":
+        return f"traced plan: not run ({traced.get('reason', '')})"
+    gib = 2**30
+    lines = [f"traced plan (ESTIMATE, {traced['seconds']:.1f} s): {traced['method']}",
+             f"  {'component':<17} {'analytic':>9}  {'traced':>9}  {'difference':>10}"]
+    for name, row in traced["lines"].items():
+        a, t = row["analytic_bytes"], row["traced_bytes"]
+        rel = f"{(t - a) / a:+.0%}" if a else ("n/a" if t else "")
+        mark = "  <- differs most" if name == traced["most_different"] else ""
+        lines.append(f"  {name:<17} {a / gib:9.3f}  {t / gib:9.3f}  {rel:>10}{mark}")
+    a, t = traced["analytic_tensor_bytes"], traced["peak_bytes"]
+    lines.append(f"  {'tensors total':<17} {a / gib:9.3f}  {t / gib:9.3f}  {(t - a) / a if a else 0:+10.0%}")
+    lines.append(f"  on {traced['compared_with']}; {traced['note']}")
+    return "\n".join(lines)
 
 
 def format_plan(plan: Any, spec: Any) -> str:

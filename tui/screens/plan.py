@@ -90,11 +90,58 @@ class PlanScreen(NavButtons, Screen):
                 f"[yellow]Note:[/] the sum over {len(plan.devices)} devices ({gib(total)} of {gib(capacity)}) is not a "
                 "placement: CUDA does not pool GPU memory, so each device above must fit on its own."))
         widgets.append(Static(f"[dim]convention: {plan.convention}[/]"))
+        # no ids inside the body: its old children are still being removed when the new ones mount
+        self._traced_slot = Static("[dim]traced plan: tracing one step on fake tensors (torch MemTracker) in a child "
+                                   "process…[/]", classes="traced")
+        widgets.append(self._traced_slot)
         body.mount_all(widgets)
+        self.app.state.traced = None
+        self.trace(spec, ctx)
         runnable = ctx.source.runnable and all(d.fits is not False for d in plan.devices)
         self.query_one("#next", Button).disabled = not runnable
         if not ctx.source.runnable:
             self.query_one("#plan-error", Static).update("this model is a config without weights: planned, not run")
+
+    @work(thread=True, exclusive=True, group="trace")
+    def trace(self, spec: Any, ctx: Any) -> None:
+        """The traced plan in a child process (core.traced), shown beside the analytic one when it arrives."""
+        from textual.worker import get_current_worker
+
+        from core.traced import traced_table
+
+        worker = get_current_worker()
+        tracer = self.app.tracer or traced_table
+        traced = tracer(spec, ctx, cancelled=lambda: worker.is_cancelled)
+        if not worker.is_cancelled:
+            self.app.call_from_thread(self.show_traced, spec, traced)
+
+    def show_traced(self, spec: Any, traced: dict[str, Any]) -> None:
+        state = self.app.state
+        if spec != state.spec:
+            return  # a what-if change made this trace stale; its own trace follows
+        state.traced = traced
+        if state.run is not None and state.run.spec == spec and state.run.traced is None:
+            state.run.traced = traced  # the probe started before the trace finished: the record still gets it
+        slot = getattr(self, "_traced_slot", None)
+        if slot is None or not slot.is_attached:
+            return  # the plan was redrawn meanwhile
+        from core.pipeline import traced_summary
+
+        if traced.get("status") != "estimated":
+            slot.update(f"[dim]{traced_summary(traced)}[/]")
+            return
+        slot.update(f"[b]Traced plan, ESTIMATE[/b]: one step on fake tensors ({traced['seconds']:.1f} s) for "
+                    f"{traced['compared_with']}; differs most from the analytic plan: {traced['most_different']}")
+        table = ReadTable(classes="traced-table")
+        table.add_columns("component", "analytic GiB", "traced GiB", "difference")
+        for name, row in traced["lines"].items():
+            a, t = row["analytic_bytes"], row["traced_bytes"]
+            rel = f"{(t - a) / a:+.0%}" if a else ("n/a" if t else "")
+            table.add_row(f"{SHORT[name]} {name}", f"{a / 2**30:.3f}", f"{t / 2**30:.3f}", rel)
+        a, t = traced["analytic_tensor_bytes"], traced["peak_bytes"]
+        table.add_row("tensors total", f"{a / 2**30:.3f}", f"{t / 2**30:.3f}", f"{(t - a) / a:+.0%}" if a else "")
+        note = Static(f"[dim]{traced['note']} Method: {traced['method']}.[/]")
+        self.query_one("#plan-body", VerticalScroll).mount(table, note, after=slot)
 
     def _what_if(self, **change: Any) -> None:
         from core.errors import SpecError

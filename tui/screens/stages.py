@@ -176,7 +176,7 @@ class ProbeScreen(StageScreen):
 
         state = self.app.state
         if state.run is None or state.run.spec != state.spec:
-            state.run = AcceptanceRun(state.spec, state.runs_root, ctx=state.ctx)
+            state.run = AcceptanceRun(state.spec, state.runs_root, ctx=state.ctx, traced=state.traced)
         return state.run.probe_stage(cancelled)
 
     def on_core_event(self, event: Any) -> None:

@@ -1,0 +1,583 @@
+"""The traced plan: one steady-state step of the run on fake CPU tensors, measured by torch's ``MemTracker``.
+
+The analytic plan (:mod:`core.plan`) is a sum of formulas; the traced plan runs the model's own code. The model is built
+on the meta device exactly as the analytic plan builds it (LoRA wrapped there by peft), its parameters and buffers are
+swapped for fake CPU tensors (``torch._subclasses.fake_tensor.FakeTensorMode``: shapes, dtypes and storages, no data, no
+compute), and one step is run under ``torch.distributed._tools.mem_tracker.MemTracker``, which categorises every storage
+alive at each op (DESIGN §3, §6). A warm-up step first creates the optimizer states, so the traced step is the steady
+state the run repeats: weights, optimizer states, the forward's activations, the backward's gradients and temporaries,
+then the optimizer step.
+
+What the step does is what the worker's Trainer step does: the loss from ``labels`` inside the model (transformers
+upcasts the logits to fp32), bf16/fp16 training as mixed precision (fp32 parameters, ``torch.autocast`` over the step),
+gradient checkpointing non-reentrant, ``grad_accum`` >= 2 traced as two micro-batches (the second backward adds into
+gradients that already exist), then the optimizer step and ``zero_grad(set_to_none=True)``. The optimizer is torch's
+AdamW / SGD with momentum 0.9, or transformers' Adafactor, with ``foreach`` as torch picks it on the target device
+(``True`` on CUDA, ``False`` on CPU). Inference runs one forward under ``torch.no_grad`` with the config's KV cache.
+
+MemTracker's categories map to the plan's components: PARAM -> weights, GRAD -> gradients, OPT -> optimizer states,
+ACT -> activations, TEMP + BUFFER + OTH -> temporaries (buffers are the rotary tables and the like); for inference
+the KV cache is moved out of the activations by the bytes of the cache the forward returned. The CUDA context is not a
+tensor: the traced plan has no overhead line (the comparison says so).
+
+Limits, stated on screen and in the record: the trace runs the CPU kernels' shapes (on CUDA, fused attention kernels
+save slightly different tensors, e.g. a log-sum-exp per row); it does not model the caching allocator's rounding, so it
+estimates peak *allocated*, not reserved.
+
+Two modes (DESIGN §6: MemTracker's per-module statistics cost ~10x on deep models): ``fast=True`` (default) keeps only
+the overall peak and its category breakdown; ``fast=False`` keeps MemTracker's per-module snapshots as well.
+``real=True`` runs the same step on real CPU tensors (random values) instead of fake ones — used to check that the two
+give identical category totals (benchmarks/plan_speed.py and the tests).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+from core.spec import RunSpec
+
+#: The tensor components the trace measures (the plan's COMPONENTS without ``overhead``).
+TRACED_COMPONENTS = ("weights", "gradients", "optimizer_states", "activations", "temporaries", "kv_cache")
+
+_TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+_CATEGORY_TO_COMPONENT = {
+    "PARAM": "weights",
+    "GRAD": "gradients",
+    "OPT": "optimizer_states",
+    "ACT": "activations",
+    "TEMP": "temporaries",
+    "BUFFER": "temporaries",
+    "OTH": "temporaries",
+}
+
+
+@dataclass(frozen=True)
+class TracedPlan:
+    """The memory of one traced steady-state step, at its peak.
+
+    Attributes:
+        components: bytes per component (:data:`TRACED_COMPONENTS`) in the snapshot taken at the overall peak.
+        peak_bytes: the overall peak of tensor bytes (the sum of ``components``).
+        categories: MemTracker's own categories at the peak (``PARAM``, ``BUFFER``, ``GRAD``, ``ACT``, ``TEMP``,
+            ``OPT``, ``OTH``), bytes, before mapping.
+        method: one paragraph saying how the trace was made (fake or real tensors, target device, optimizer, limits).
+        seconds: wall time of the trace (build, warm-up step, traced step), seconds.
+        tensors: ``"fake"`` or ``"real"``.
+        modules: per-module peaks (module name -> bytes) when traced with ``fast=False``; empty otherwise.
+    """
+
+    components: dict[str, int]
+    peak_bytes: int
+    categories: dict[str, int]
+    method: str
+    seconds: float
+    tensors: str
+    modules: dict[str, int] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-ready (ints and strings) for ``gpuaccept plan --json`` and the record."""
+        return {
+            "status": "estimated",
+            "method": self.method,
+            "tensors": self.tensors,
+            "components": {k: int(v) for k, v in self.components.items()},
+            "peak_bytes": int(self.peak_bytes),
+            "categories": {k: int(v) for k, v in self.categories.items()},
+            "seconds": round(self.seconds, 3),
+        }
+
+
+@dataclass(frozen=True)
+class LineDifference:
+    """One component of the analytic plan against the traced one (bytes; ``relative`` = (traced - analytic) / analytic,
+    ``None`` when the analytic line is 0)."""
+
+    component: str
+    analytic_bytes: int
+    traced_bytes: int
+
+    @property
+    def difference_bytes(self) -> int:
+        return self.traced_bytes - self.analytic_bytes
+
+    @property
+    def relative(self) -> float | None:
+        return None if self.analytic_bytes == 0 else self.difference_bytes / self.analytic_bytes
+
+
+@dataclass(frozen=True)
+class PlanDifference:
+    """The analytic plan of one device beside the traced plan.
+
+    Attributes:
+        lines: one :class:`LineDifference` per traced component.
+        most_different: the component with the largest absolute difference in bytes.
+        analytic_tensor_bytes: the analytic plan's total without its overhead line (the trace has none).
+        traced_peak_bytes: the traced peak.
+        note: what the comparison does not cover (the overhead line; the analytic total is a sum of each
+            component's own maximum, the traced peak is one moment).
+    """
+
+    lines: list[LineDifference]
+    most_different: str
+    analytic_tensor_bytes: int
+    traced_peak_bytes: int
+    note: str
+
+    @property
+    def relative(self) -> float | None:
+        """(traced peak - analytic tensor total) / analytic tensor total."""
+        if not self.analytic_tensor_bytes:
+            return None
+        return (self.traced_peak_bytes - self.analytic_tensor_bytes) / self.analytic_tensor_bytes
+
+
+def compare(device_plan: Any, traced: TracedPlan) -> PlanDifference:
+    """Line by line, the analytic ``device_plan`` (:class:`core.plan.DevicePlan`) against ``traced``.
+
+    The most different line is the one with the largest absolute byte difference (ties: the first in
+    :data:`TRACED_COMPONENTS`).
+    """
+    lines = [LineDifference(name, int(device_plan.lines[name].bytes), int(traced.components.get(name, 0)))
+             for name in TRACED_COMPONENTS]
+    most = max(lines, key=lambda d: abs(d.difference_bytes))
+    analytic = sum(d.analytic_bytes for d in lines)
+    note = ("The analytic plan sums each component's own maximum; the trace is the single moment of the peak (e.g. "
+            "gradients not yet all created, activations partly freed). Overhead (CUDA context) is not a tensor and is "
+            "not traced.")
+    return PlanDifference(lines, most.component, analytic, traced.peak_bytes, note)
+
+
+def trace_plan(spec: RunSpec, config: Any, *, target: str = "cuda", fast: bool = True, real: bool = False) -> TracedPlan:
+    """Trace one steady-state step of ``spec`` on ``config`` (see the module docstring for what the step is).
+
+    Args:
+        spec: the run (mode, dtype, batch_size x seq_len micro-batch, grad_accum, optimizer, gradient_checkpointing,
+            LoRA settings). The trace is of one device holding the whole step (strategy single; a DDP replica).
+        config: the model's ``transformers.PretrainedConfig``.
+        target: ``"cuda"`` or ``"cpu"``: the device the plan is for; it decides the optimizer's ``foreach`` as torch
+            would (the trace itself always runs on CPU tensors: fake CUDA tensors abort the CPU build in autograd).
+        fast: keep only the overall peak (about 10x faster on deep models) instead of MemTracker's per-module stats.
+        real: real CPU tensors with random values instead of fake ones (memory for real: tiny models only).
+
+    Returns:
+        a :class:`TracedPlan`.
+
+    Raises:
+        SpecError: the config is not a causal LM (from :func:`core.plan.build_meta_model`).
+    """
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from core.plan import build_meta_model
+
+    started = time.perf_counter()
+    param_dtype = "fp32" if spec.training else spec.dtype
+    model = build_meta_model(config, spec.mode, spec.lora if spec.mode == "lora" else None, param_dtype)
+    fake_mode = None if real else FakeTensorMode()
+    context = fake_mode if fake_mode is not None else _Nothing()
+    generator = torch.Generator().manual_seed(spec.seed)
+    with context, warnings.catch_warnings(), _unpacked_blocks():
+        warnings.simplefilter("ignore")
+        _materialise(model, real, generator)
+        if spec.mode == "inference":
+            model.requires_grad_(False)
+            model.eval()
+        else:
+            model.train()
+            getattr(model, "config", config).use_cache = False  # as the worker: training runs without a KV cache
+        if spec.training and spec.gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            if spec.mode == "lora":
+                model.enable_input_require_grads()
+        vocab = int(getattr(config, "vocab_size"))
+        ids = torch.randint(0, vocab, (spec.batch_size, spec.seq_len), generator=None if fake_mode else generator)
+        # No attention mask: the blocks are full, and with real tensors transformers sees an all-ones mask and runs
+        # causal attention without one; fake tensors have no values to look at, so it would build a b x s x s mask.
+        batch = {"input_ids": ids, "labels": ids}
+        optimizer = _optimizer(spec, model, foreach=target == "cuda") if spec.training else None
+        step = _step_fn(spec, model, batch, optimizer)
+        if optimizer is not None:
+            step()  # warm-up: creates the optimizer states, so the traced step is the steady state
+        tracker = _tracker(fast)
+        tracker.track_external(model, *( [optimizer] if optimizer is not None else []))
+        with tracker:
+            kv_bytes = step(between=tracker.reset_mod_stats)  # MemTracker refuses a second forward otherwise
+        peak = tracker.get_tracker_snapshot("peak")
+    snapshot = next(iter(peak.values()), {}) if peak else {}
+    categories = {_category_name(k): int(v) for k, v in snapshot.items() if _category_name(k) != "Total"}
+    components = dict.fromkeys(TRACED_COMPONENTS, 0)
+    for name, value in categories.items():
+        components[_CATEGORY_TO_COMPONENT.get(name, "temporaries")] += value
+    if spec.mode == "inference" and kv_bytes:
+        moved = min(kv_bytes, components["activations"])
+        components["kv_cache"] = moved
+        components["activations"] -= moved
+    modules: dict[str, int] = {}
+    if not fast:
+        for stats in tracker.memory_tracking.values():
+            modules[stats.mod_fqn] = max(stats.local_peak.values(), default=0)
+    del model, optimizer
+    return TracedPlan(
+        components=components,
+        peak_bytes=sum(components.values()),
+        categories=categories,
+        method=_method(spec, target, real, fast),
+        seconds=time.perf_counter() - started,
+        tensors="real" if real else "fake",
+        modules=modules,
+    )
+
+
+# ------------------------------------------------------------------------------------------------------------ helpers
+class _Nothing:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+@contextlib.contextmanager
+def _unpacked_blocks() -> Any:
+    """Answer transformers' packed-sequence check as real tensors answer it for our blocks (one sequence per row).
+
+    ``masking_utils.find_packed_sequence_indices`` reads the position ids' values; a fake tensor has none, so
+    transformers would treat the batch as packed and build a b x s x s mask the real step never builds.
+    """
+    try:
+        from transformers import masking_utils
+    except ImportError:  # older transformers: nothing to answer
+        yield
+        return
+    original = getattr(masking_utils, "find_packed_sequence_indices", None)
+    if original is None:
+        yield
+        return
+    masking_utils.find_packed_sequence_indices = lambda position_ids: None
+    try:
+        yield
+    finally:
+        masking_utils.find_packed_sequence_indices = original
+
+
+def _category_name(key: Any) -> str:
+    return getattr(key, "name", str(key))
+
+
+def _method(spec: RunSpec, target: str, real: bool, fast: bool) -> str:
+    precision = ("mixed precision: fp32 weights, autocast to " + spec.dtype) if spec.training and spec.dtype != "fp32" \
+        else spec.dtype
+    what = "one forward under no_grad (KV cache from the config)" if spec.mode == "inference" else (
+        f"one steady-state step after a warm-up step ({spec.optimizer}, foreach={'True' if target == 'cuda' else 'False'}"
+        f" as torch picks it on {target}"
+        + (", two micro-batches for gradient accumulation" if spec.grad_accum > 1 else "")
+        + (", gradient checkpointing" if spec.gradient_checkpointing else "") + ")")
+    return (f"torch MemTracker over {what} on {'real' if real else 'fake'} CPU tensors, {precision}, micro-batch "
+            f"{spec.batch_size} x {spec.seq_len}; peak of tensor bytes ({'overall peak only' if fast else 'with per-module stats'});"
+            " CPU kernel shapes, no allocator rounding: an estimate of peak allocated, not reserved")
+
+
+def _materialise(model: Any, real: bool, generator: Any) -> None:
+    """Swap every meta parameter and buffer for a CPU tensor (fake under the active FakeTensorMode), tied ones tied."""
+    import torch
+
+    memo: dict[int, Any] = {}
+    for module in model.modules():
+        for name, param in list(module._parameters.items()):
+            if param is None:
+                continue
+            if id(param) not in memo:
+                data = torch.empty(param.shape, dtype=param.dtype, device="cpu")
+                if real:
+                    data.normal_(0.0, 0.02, generator=generator)
+                memo[id(param)] = torch.nn.Parameter(data, requires_grad=param.requires_grad)
+            module._parameters[name] = memo[id(param)]
+        for name, buf in list(module._buffers.items()):
+            if buf is None:
+                continue
+            if id(buf) not in memo:
+                data = torch.empty(buf.shape, dtype=buf.dtype, device="cpu")
+                if real:
+                    data.zero_()
+                memo[id(buf)] = data
+            module._buffers[name] = memo[id(buf)]
+
+
+def _optimizer(spec: RunSpec, model: Any, foreach: bool) -> Any:
+    import torch
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    if spec.optimizer == "adamw":
+        return torch.optim.AdamW(params, lr=spec.learning_rate, weight_decay=0.0, foreach=foreach)
+    if spec.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=spec.learning_rate, momentum=0.9, foreach=foreach)
+    from transformers.optimization import Adafactor
+
+    return Adafactor(params, lr=spec.learning_rate, scale_parameter=False, relative_step=False)
+
+
+def _step_fn(spec: RunSpec, model: Any, batch: dict[str, Any], optimizer: Any) -> Any:
+    """A function running one step; returns the KV cache bytes (inference) or 0. ``between`` runs between micro-batches."""
+    import torch
+
+    autocast = spec.training and spec.dtype != "fp32"
+    dtype = getattr(torch, _TORCH_DTYPES[spec.dtype])
+    micro_batches = 2 if spec.grad_accum > 1 else 1
+
+    def step(between: Any = None) -> int:
+        if optimizer is None:
+            with torch.no_grad():
+                out = model(**batch)
+                kv = _cache_bytes(out["cache"] if "cache" in out else out.get("past_key_values"))
+                del out
+            return kv
+        for i in range(micro_batches):
+            if i and between is not None:
+                between()
+            with torch.autocast("cpu", dtype=dtype, enabled=autocast):
+                out = model(**batch)
+            loss = out.loss / spec.grad_accum
+            del out
+            loss.backward()
+            del loss
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return 0
+
+    return step
+
+
+def _cache_bytes(cache: Any) -> int:
+    """Bytes of the key/value tensors a forward returned (transformers' Cache or legacy tuples), each tensor once."""
+    import torch
+
+    if cache is None:
+        return 0
+    seen: set[int] = set()
+    total = 0
+
+    def visit(obj: Any) -> None:
+        nonlocal total
+        if isinstance(obj, torch.Tensor):
+            if id(obj) not in seen:  # keys and values are separate tensors with their own storages
+                seen.add(id(obj))
+                total += obj.untyped_storage().nbytes()
+        elif isinstance(obj, (list, tuple)):
+            for item in obj:
+                visit(item)
+        elif hasattr(obj, "layers"):
+            for layer in obj.layers:
+                visit([getattr(layer, "keys", None), getattr(layer, "values", None)])
+        elif hasattr(obj, "key_cache"):
+            visit([obj.key_cache, obj.value_cache])
+
+    visit(cache)
+    return total
+
+
+def _tracker(fast: bool) -> Any:
+    """MemTracker with DESIGN §6's adjustments: gradient hooks only on trainable parameters; ``fast`` keeps only the
+    overall peak (no per-module snapshots)."""
+    from torch.distributed._tools import mem_tracker as mt
+
+    class Tracker(mt.MemTracker):
+        def _track_module_params_and_buffers(self, module: Any, install_grad_hooks: bool = True) -> tuple[int, int]:
+            def grad_hook(grad: Any) -> None:
+                self._update_and_maybe_create_winfos(grad, mt._MemRefType.GRAD)
+
+            param_bytes = buffer_bytes = 0
+            for param in module.parameters():
+                param_bytes += sum(w.mem_consumed for w in self._update_and_maybe_create_winfos(param, mt._MemRefType.PARAM))
+                if param.grad is not None:
+                    self._update_and_maybe_create_winfos(param.grad, mt._MemRefType.GRAD)
+                if install_grad_hooks and param.requires_grad and self._param_to_grad_hook_handles.get(param) is None:
+                    self._param_to_grad_hook_handles[param] = (
+                        param.register_hook(grad_hook),
+                        param.register_post_accumulate_grad_hook(lambda p: grad_hook(p.grad)),
+                    )
+            for buf in module.buffers():
+                buffer_bytes += sum(w.mem_consumed for w in self._update_and_maybe_create_winfos(buf, mt._MemRefType.BUFFER))
+            return param_bytes, buffer_bytes
+
+    class FastTracker(Tracker):
+        def _update_peak_stats(self, peak_state: Any) -> None:
+            for dev, snap in self._curr_mem_snap.items():
+                if self._peak_mem.get(dev, 0) < snap[mt._TOTAL_KEY]:
+                    self._peak_mem[dev] = snap[mt._TOTAL_KEY]
+                    self._peak_mem_snap[dev] = dict(snap)
+
+        def _pre_fw_hook(self, module: Any, inputs: Any) -> None:
+            if module not in self.memory_tracking:  # params, buffers and gradient hooks, once; no snapshots
+                self._track_module_params_and_buffers(module, install_grad_hooks=True)
+                self.memory_tracking[module] = mt._ModMemStats(self._mod_tracker.get_known_fqn(module) or "")
+            elif self._mod_tracker.is_bw and self._ac_mod is None:
+                self._ac_mod = __import__("weakref").ref(module)
+                self._in_ac = True
+
+        def _post_fw_hook(self, module: Any, inputs: Any, outputs: Any) -> None:
+            if self._mod_tracker.is_bw and self._ac_mod is not None and self._ac_mod() is module:
+                self._ac_mod = None
+                self._in_ac = False
+
+        def _pre_bw_hook(self, module: Any, args: Any) -> None:
+            return None
+
+        def _post_bw_hook(self, module: Any, args: Any) -> None:
+            return None
+
+    return FastTracker() if fast else Tracker()
+
+
+#: Strategies whose device holds the whole step, so one traced step is the device's step (a DDP replica adds its
+#: gradient buckets, which the analytic plan shows under temporaries).
+TRACEABLE_STRATEGIES = ("single", "ddp")
+
+
+def untraceable_reason(plan: Any) -> str | None:
+    """Why ``plan`` (:class:`core.plan.MemoryPlan`) has no traced plan, or None when it can have one."""
+    if plan.strategy in TRACEABLE_STRATEGIES:
+        return None
+    return (f"the traced plan covers one device holding the whole step (strategy single or ddp); strategy "
+            f"{plan.strategy} is planned analytically only")
+
+
+def trace_against(spec: RunSpec, config: Any, plan: Any, *, fast: bool = True) -> tuple[TracedPlan, PlanDifference]:
+    """Trace ``spec`` and compare it with the first device of the analytic ``plan`` (:class:`core.plan.MemoryPlan`).
+
+    The target device (``foreach`` of the optimizer) is the plan's first device kind.
+
+    Raises:
+        SpecError: the strategy shards or splits the model (zero1/2/3, device_map, tp): the traced plan covers one
+            device holding the whole step; those are planned analytically only.
+    """
+    from core.errors import SpecError
+
+    reason = untraceable_reason(plan)
+    if reason is not None:
+        raise SpecError("strategy", reason)
+    device = plan.devices[0]
+    traced = trace_plan(spec, config, target=device.device.kind, fast=fast)
+    return traced, compare(device, traced)
+
+
+def comparison_json(traced: TracedPlan, difference: PlanDifference, device_name: str) -> dict[str, Any]:
+    """The traced plan and its comparison, JSON-ready (``gpuaccept plan --traced --json`` and the record)."""
+    out = traced.to_json()
+    out["compared_with"] = device_name
+    out["most_different"] = difference.most_different
+    out["analytic_tensor_bytes"] = int(difference.analytic_tensor_bytes)
+    out["lines"] = {d.component: {"analytic_bytes": d.analytic_bytes, "traced_bytes": d.traced_bytes}
+                    for d in difference.lines}
+    out["note"] = difference.note
+    return out
+
+
+def traced_from_json(data: dict[str, Any]) -> TracedPlan:
+    """The inverse of :meth:`TracedPlan.to_json` (per-module peaks are not carried)."""
+    return TracedPlan(components={k: int(v) for k, v in data["components"].items()}, peak_bytes=int(data["peak_bytes"]),
+                      categories={k: int(v) for k, v in data["categories"].items()}, method=str(data["method"]),
+                      seconds=float(data["seconds"]), tensors=str(data["tensors"]))
+
+
+def trace_in_child(spec: RunSpec, target: str, cancelled: Any = None, timeout_s: float = 600.0) -> TracedPlan:
+    """Run :func:`trace_plan` in a child process (``python -P -m core.traced``), so the wizard stays responsive and a
+    crash in a model's code cannot take the caller down; the child resolves the model from ``spec.model`` itself.
+
+    Args:
+        cancelled: polled twice a second; when it returns True the child's process group is killed.
+
+    Raises:
+        GpuAcceptError: the child failed (its last stderr lines are in the message), timed out or was cancelled.
+    """
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    import tempfile
+
+    from core.errors import GpuAcceptError
+
+    with tempfile.TemporaryDirectory(prefix="gpuaccept-trace-") as tmp:
+        spec_path = os.path.join(tmp, "spec.json")
+        with open(spec_path, "w", encoding="utf-8") as fh:
+            json.dump(spec.to_dict(), fh)
+        out_path, err_path = os.path.join(tmp, "traced.json"), os.path.join(tmp, "stderr.log")
+        with open(err_path, "w", encoding="utf-8") as err:
+            child = subprocess.Popen([sys.executable, "-P", "-m", "core.traced", spec_path, "--target", target,
+                                      "--out", out_path], stdout=subprocess.DEVNULL, stderr=err, start_new_session=True,
+                                     env={**os.environ, "TRANSFORMERS_VERBOSITY": "error"})
+            started = time.monotonic()
+            try:
+                while child.poll() is None:
+                    if cancelled is not None and cancelled():
+                        raise GpuAcceptError("the trace was cancelled")
+                    if time.monotonic() - started > timeout_s:
+                        raise GpuAcceptError(f"the trace took longer than {timeout_s:.0f} s and was stopped")
+                    time.sleep(0.5)
+            finally:
+                if child.poll() is None:
+                    try:
+                        os.killpg(child.pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                    child.wait()
+        if child.returncode != 0 or not os.path.exists(out_path):
+            with open(err_path, encoding="utf-8", errors="replace") as fh:
+                tail = " | ".join(line.strip() for line in fh.read().strip().splitlines()[-3:])
+            raise GpuAcceptError(f"the trace failed (exit {child.returncode}): {tail}")
+        with open(out_path, encoding="utf-8") as fh:
+            return traced_from_json(json.load(fh))
+
+
+def traced_table(spec: RunSpec, ctx: Any, cancelled: Any = None) -> dict[str, Any]:
+    """The traced plan of ``spec`` compared with ``ctx.plan`` (:class:`core.pipeline.PlanContext`), JSON-ready for the
+    record and the screens; ``{"status": "not_run" | "cancelled" | "error", "reason": ...}`` when there is none."""
+    from core.errors import GpuAcceptError
+
+    plan = ctx.plan
+    reason = untraceable_reason(plan)
+    if reason is not None:
+        return {"status": "not_run", "reason": reason}
+    device = plan.devices[0]
+    try:
+        traced = trace_in_child(spec, device.device.kind, cancelled)
+    except GpuAcceptError as exc:
+        status = "cancelled" if "cancelled" in str(exc) else "error"
+        return {"status": status, "reason": str(exc)}
+    return comparison_json(traced, compare(device, traced), device.device.name)
+
+
+def main(argv: list[str]) -> int:
+    """``python -m core.traced SPEC.json --target cuda|cpu --out TRACED.json``: trace and write the JSON."""
+    import argparse
+    import json
+    import os
+
+    parser = argparse.ArgumentParser(prog="python -m core.traced")
+    parser.add_argument("spec")
+    parser.add_argument("--target", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    from core.models import load_config, resolve_model
+
+    with open(args.spec, encoding="utf-8") as fh:
+        spec = RunSpec.from_dict(json.load(fh))
+    config = load_config(resolve_model(spec.model))
+    traced = trace_plan(spec, config, target=args.target)
+    tmp = args.out + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(traced.to_json(), fh)
+    os.replace(tmp, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    raise SystemExit(main(sys.argv[1:]))
