@@ -104,13 +104,19 @@ def test_p6_kv_cache_with_grouped_query_attention(tmp_path):
     assert plan.devices[0].lines["optimizer_states"].bytes == 0
 
 
-def test_p7_lora_activations_not_below_full(tmp_path):
+def test_p7_lora_activations_stay_the_order_of_full_fine_tuning(tmp_path):
+    """Case P7, analytic: LoRA's activations are not cut in proportion to its trainable parameters. What was measured
+    (traced plan, CPU probe): frozen MLP linears keep no input, so LoRA on q/v saves about 0.7x full fine-tuning's
+    activations (see tests/test_traced.py for the traced side of the case)."""
     config = _config(tmp_path, TINY)
     kw = dict(dtype="bf16", batch_size=4, seq_len=128)
     full = plan_memory(_spec(mode="full", **kw), config, [DEVICE_80G]).devices[0].lines
     lora = plan_memory(_spec(mode="lora", **kw), config, [DEVICE_80G]).devices[0].lines
-    assert lora["activations"].bytes >= full["activations"].bytes
-    assert "LoRA" in lora["activations"].method
+    assert 0.5 * full["activations"].bytes < lora["activations"].bytes < full["activations"].bytes
+    layer = 4 * 128 * 64  # s·b·h
+    adapters = 4 * 128 * (64 + 8) * 4 * 4  # b·s·(in + r) x 4 B for 2 layers x (q, v)
+    assert full["activations"].bytes - lora["activations"].bytes == 2 * 10 * layer - adapters  # 10 of 34 units
+    assert "frozen MLP linears keep no input" in lora["activations"].method
     assert lora["gradients"].bytes < full["gradients"].bytes / 10
     assert lora["optimizer_states"].bytes < full["optimizer_states"].bytes / 10
 

@@ -145,3 +145,25 @@ def test_not_a_causal_lm_is_a_named_error():
     with pytest.raises(SpecError, match="not a causal language model"):
         trace_plan(_spec("full"), ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                                              intermediate_size=64), target="cpu")
+
+
+def test_p7_traced_lora_activations_stay_the_order_of_full_fine_tuning():
+    """Case P7 on the embedded SmolLM2-135M config, traced: LoRA trains 0.7 % of the parameters, and its gradients and
+    optimizer states shrink accordingly, but its activations stay the order of full fine-tuning's (backward still runs
+    through every frozen layer). Measured here: LoRA's saved activations are 0.7-0.8x full fine-tuning's, not "not
+    below" as the case words it: a frozen nn.Linear does not save its input (no weight gradient), so the inputs of
+    o_proj, gate/up_proj and down_proj are not kept; the test asserts what was measured."""
+    from core.models import ensure_embedded_cache, load_config, resolve_model
+
+    ensure_embedded_cache()
+    config = load_config(resolve_model("smollm2-135m"))
+    kw = dict(dtype="bf16", batch_size=4, seq_len=256, devices="cpu")  # the peak falls in the backward for both
+    full = trace_plan(RunSpec.build(None, mode="full", **kw), config, target="cuda")
+    lora_spec = RunSpec.build(None, mode="lora", **kw)
+    lora = trace_plan(lora_spec, config, target="cuda")
+    counts = plan_memory(lora_spec, config, [CPU]).parameters
+    assert counts.trainable / counts.total < 0.01
+    ratio = lora.components["activations"] / full.components["activations"]
+    assert 0.5 < ratio < 1.0, ratio  # the order of full fine-tuning's, nowhere near the trainable fraction
+    assert lora.components["optimizer_states"] < full.components["optimizer_states"] / 100
+    assert lora.components["weights"] >= full.components["weights"]  # the base is kept whole (fp32 + adapters)

@@ -13,7 +13,9 @@ TERMS = """\
 - **Optimizer states**: kept per trainable parameter: AdamW two fp32 moments (8 B), SGD with momentum one buffer
   (4 B), Adafactor factored row + column statistics.
 - **Activations**: tensors the forward pass saves for the backward pass; they grow with batch × sequence length.
-  Gradient checkpointing keeps about one input per layer and recomputes the rest. LoRA does *not* shrink them.
+  Gradient checkpointing keeps about one input per layer and recomputes the rest. LoRA does *not* shrink them in
+  proportion to its trainable parameters: backward still runs through every frozen layer (only the inputs of frozen
+  linear layers are not kept).
 - **Temporaries**: short-lived buffers at the peak (the optimizer step, the logits gradient).
 - **CUDA context**: memory the driver takes per process per GPU (~300-700 MB) before any tensor.
 - **KV cache**: inference keeps keys and values per layer: 2 × layers × KV heads × head dim × batch × tokens × bytes.

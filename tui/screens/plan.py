@@ -29,7 +29,7 @@ class PlanScreen(NavButtons, Screen):
         yield Header()
         yield Static("Step 3/7 · Plan (estimates)", classes="title")
         yield Static("Each device must hold its own share: a server's total memory is not a placement. These are "
-                     "ESTIMATES from formulas (each line says which); the probe measures next.", classes="intro")
+                     "ESTIMATES from formulas (each line says which); the probe measures next. ↑↓ PgDn scroll.", classes="intro")
         yield LoadingIndicator(id="loading")
         yield VerticalScroll(classes="body", id="plan-body")
         yield Static("", classes="error", id="plan-error")
@@ -95,6 +95,9 @@ class PlanScreen(NavButtons, Screen):
                                    "process…[/]", classes="traced")
         widgets.append(self._traced_slot)
         body.mount_all(widgets)
+        if not getattr(self, "_focused_once", False):
+            self._focused_once = True
+            body.focus()  # ↑/↓/PgUp/PgDn scroll the plan (the traced plan and the convention are below the fold)
         self.app.state.traced = None
         self.trace(spec, ctx)
         runnable = ctx.source.runnable and all(d.fits is not False for d in plan.devices)
