@@ -30,7 +30,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-RUNS = 3
+RUNS = 5
 
 ACCELERATE = """
 import sys, torch
@@ -56,6 +56,9 @@ args = est.estimate_command_parser().parse_args([sys.argv[1], "--library_name", 
 est.estimate_command(args)
 """
 
+# The import floor both approaches share: torch and transformers' Llama modelling code, nothing built.
+IMPORT_FLOOR = "import torch\nfrom transformers import AutoConfig, AutoModelForCausalLM\nimport transformers.models.llama.modeling_llama"
+
 TINYLLAMA = dict(model_type="llama", vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
                  num_attention_heads=32, num_key_value_heads=4, max_position_embeddings=2048, tie_word_embeddings=False)
 TINY = dict(model_type="llama", vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -78,8 +81,10 @@ def cold_p1(tmp: Path) -> dict:
                 "--dtype", "fp16", "--devices", "8x80GiB", "--json"]
     acc_cmd = [sys.executable, "-c", ACCELERATE, str(p1)]
     est_cmd = [sys.executable, "-c", ESTIMATE_MEMORY, str(p1)]
-    ours, acc, est, ours_out, acc_out = [], [], [], "", ""
-    for _ in range(RUNS):  # interleaved, so a slow moment hits all three alike
+    floor_cmd = [sys.executable, "-c", IMPORT_FLOOR]
+    ours, acc, est, floor, ours_out, acc_out = [], [], [], [], "", ""
+    for _ in range(RUNS):  # interleaved, so a slow moment hits all four alike
+        floor.append(timed(floor_cmd)[0])
         t, ours_out = timed(ours_cmd)
         ours.append(t)
         t, acc_out = timed(acc_cmd)
@@ -90,6 +95,9 @@ def cold_p1(tmp: Path) -> dict:
         "gpuaccept_plan_s_median": statistics.median(ours),
         "accelerate_estimate_memory_s_median": statistics.median(est),
         "accelerate_meta_build_s_median": statistics.median(acc),
+        "import_floor_s_median": statistics.median(floor),
+        "ours_above_floor_s": statistics.median(ours) - statistics.median(floor),
+        "estimate_memory_above_floor_s": statistics.median(est) - statistics.median(floor),
         "ratio_ours_over_estimate_memory": statistics.median(ours) / statistics.median(est),
         "ratio_ours_over_accelerate": statistics.median(ours) / statistics.median(acc),
         "gpuaccept_parameters": plan["parameters"]["total"],
@@ -178,7 +186,8 @@ def main() -> None:
     result["traced_1b"] = traced_1b()
     result["fake_vs_real"] = fake_vs_real()
     result["targets_met"] = {
-        "p1_faster_than_accelerate_estimate_memory": result["p1_cold"]["ratio_ours_over_estimate_memory"] < 1.0,
+        # faster means beyond this machine's run-to-run noise (about 5 %), not a lucky median
+        "p1_faster_than_accelerate_estimate_memory": result["p1_cold"]["ratio_ours_over_estimate_memory"] < 0.95,
         "replan_under_50ms": result["replan"]["replan_ms_median"] < 50.0,
         "traced_1b_under_30s": result["traced_1b"]["trace_child_wall_s"] < 30.0,
         "fake_equals_real": all(v["identical"] for v in result["fake_vs_real"].values()),
@@ -189,7 +198,8 @@ def main() -> None:
     p1, rp, tr = result["p1_cold"], result["replan"], result["traced_1b"]
     print(f"P1 cold plan {p1['gpuaccept_plan_s_median']:.2f} s vs accelerate estimate-memory "
           f"{p1['accelerate_estimate_memory_s_median']:.2f} s (ratio {p1['ratio_ours_over_estimate_memory']:.2f}); "
-          f"its bare meta build {p1['accelerate_meta_build_s_median']:.2f} s (ratio {p1['ratio_ours_over_accelerate']:.2f})")
+          f"its bare meta build {p1['accelerate_meta_build_s_median']:.2f} s (ratio {p1['ratio_ours_over_accelerate']:.2f}); "
+          f"import floor {p1['import_floor_s_median']:.2f} s")
     print(f"re-plan {rp['replan_ms_median']:.1f} ms median (first plan {rp['first_plan_s']:.2f} s)")
     print(f"traced 1.1B LoRA bf16 4x256: {tr['trace_s_in_process']:.1f} s in process, {tr['trace_child_wall_s']:.1f} s "
           f"as the wizard's child; peak {tr['peak_gib']:.2f} GiB")
