@@ -60,6 +60,14 @@ class ChildStarted(Event):
 
 
 @dataclass(frozen=True)
+class DeviceBound(Event):
+    """The child reported torch's UUID for the CUDA device it runs on: the monitor checks its NVML mapping by it."""
+
+    device: str
+    uuid: str
+
+
+@dataclass(frozen=True)
 class Message(Event):
     """A line for the log: what is happening (e.g. "converting the embedded model once, ~16 s")."""
 

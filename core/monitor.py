@@ -6,9 +6,9 @@ lines that :meth:`ReplayBackend.from_jsonl` plays back. All memory values are by
 
 Any reading may be unavailable: it is then a :class:`Reading` with ``value=None`` and a reason, never an exception
 (nvitop's ``NA``). A backend reports a failing device or an unsupported field that way and keeps the other devices
-(monitor cases M4, M5). Backends here: ``host`` (psutil) and ``replay`` (recorded or constructed frames). An NVML
-backend (later) fits the same :class:`Backend` protocol: it maps CUDA devices to NVML devices by UUID (M1), uses v2
-memory info (M2) and falls back to the device's change from a baseline when our PIDs are not visible (M3).
+(monitor cases M4, M5). Backends here: ``host`` (psutil) and ``replay`` (recorded or constructed frames); the NVML
+backend is :class:`core.nvml.NvmlBackend` (CUDA devices mapped to NVML devices by UUID, v2 memory info, the device's
+change from a baseline when our PIDs are not visible), chosen by :func:`core.nvml.default_backend`.
 """
 
 from __future__ import annotations
@@ -56,15 +56,19 @@ def others_reading(used: Reading, ours: Reading) -> Reading:
 
 
 _READINGS = ("total_bytes", "used_bytes", "free_bytes", "ours_bytes", "others_bytes")
+_OPTIONAL_READINGS = ("reserved_bytes", "utilization_pct")
 
 
 @dataclass(frozen=True)
 class DeviceSample:
     """Memory of one device at time ``t`` (seconds since the epoch, ``time.time()``).
 
-    ``device`` is ``"cpu"`` or ``"cuda:N"`` (CUDA numbering, as the probe sees it); ``backend`` names where the figures
-    came from (``"host"``, ``"replay"``, later ``"nvml"``). ``used_bytes`` is the whole device, all processes;
-    ``ours_bytes`` is the followed processes and their descendants; ``others_bytes`` is used minus ours.
+    ``device`` is ``"cpu"``, ``"cuda:N"`` (CUDA numbering, as the probe sees it) or ``"nvml:N"`` (a GPU this process's
+    CUDA cannot use); ``backend`` names where the figures came from (``"host"``, ``"replay"``, ``"nvml"``).
+    ``used_bytes`` is the whole device, all processes; ``ours_bytes`` is the followed processes and their descendants;
+    ``others_bytes`` is used minus ours; ``reserved_bytes`` is memory the driver reserves (NVML v2), outside "used";
+    ``utilization_pct`` the GPU's utilisation in percent; ``uuid`` the NVML UUID; ``note`` a remark for the screen
+    (``"MIG parent"``, why a device is N/A).
     """
 
     t: float
@@ -76,17 +80,27 @@ class DeviceSample:
     free_bytes: Reading
     ours_bytes: Reading
     others_bytes: Reading
+    uuid: str | None = None
+    reserved_bytes: Reading = Reading(None, "not reported by this backend")
+    utilization_pct: Reading = Reading(None, "not reported by this backend")
+    note: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         d: dict[str, Any] = {"t": self.t, "device": self.device, "name": self.name, "backend": self.backend}
-        d.update({k: getattr(self, k).to_json() for k in _READINGS})
+        d.update({k: getattr(self, k).to_json() for k in _READINGS + _OPTIONAL_READINGS})
+        if self.uuid is not None:
+            d["uuid"] = self.uuid
+        if self.note is not None:
+            d["note"] = self.note
         return d
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> DeviceSample:
         """Inverse of :meth:`to_json`; keys it does not know (such as a recording's ``frame``) are ignored."""
         readings = {k: Reading.from_json(d[k]) for k in _READINGS}
-        return cls(t=d["t"], device=d["device"], name=d["name"], backend=d["backend"], **readings)
+        optional = {k: Reading.from_json(d[k]) for k in _OPTIONAL_READINGS if k in d}
+        return cls(t=d["t"], device=d["device"], name=d["name"], backend=d["backend"], **readings, **optional,
+                   uuid=d.get("uuid"), note=d.get("note"))
 
 
 class Backend(Protocol):
@@ -244,6 +258,9 @@ class Sampler:
             self._generation += 1
             self._peak_ours.clear()
             self._peak_used.clear()
+        reset = getattr(self.backend, "reset_baseline", None)
+        if reset is not None:  # NVML in a container: ours = the device's change since this moment (case M3)
+            reset()
 
     def start(self) -> None:
         """Start the sampling thread (no-op when running)."""

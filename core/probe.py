@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Generator
 
 from core.childproc import check_exit, start_child, watch
-from core.events import ChildStarted, Event, Message, Progress
+from core.events import ChildStarted, DeviceBound, Event, Message, Progress
 from core.spec import RunSpec
 
 
@@ -76,6 +76,8 @@ def run_probe(
                                            "device": device})
     yield ChildStarted("probe", run="probe", pid=child.proc.pid, log_path=str(child.log_path))
     for event in watch(child, cancelled=cancelled):
+        if event["kind"] == "device_uuid":
+            yield DeviceBound("probe", device=event["device"], uuid=event["uuid"])
         if event["kind"] == "probe_step":
             yield Progress("probe", run="probe", step=event["step"], total=event["total"])
     check_exit(child)

@@ -204,3 +204,27 @@ def test_traced_plan_of_a_sharded_strategy_says_it_was_not_run(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "traced plan: not run (the traced plan covers one device holding the whole step (strategy single or ddp); " \
            "strategy zero3 is planned analytically only)" in out.stdout
+
+
+def test_monitor_once_json_on_a_machine_without_a_driver_is_cpu_mode(tmp_path):
+    """Case M7 through the console script: no NVML library here -> host memory, labelled CPU mode, exit 0."""
+    out = gpuaccept("monitor", "--once", "--json", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        pynvml.nvmlShutdown()
+        pytest.skip("this machine has an NVIDIA driver: covered by the NVML tests")
+    except Exception:  # noqa: BLE001 - no driver: the case this test is for
+        pass
+    assert data["backend"] == "host" and data["note"].startswith("CPU mode")
+    (device,) = data["devices"]
+    assert device["device"] == "cpu" and device["total_bytes"]["value"] > device["used_bytes"]["value"] > 0
+    assert device["reserved_bytes"] == {"value": None, "reason": "not reported by this backend"}
+
+
+def test_monitor_json_without_once_is_a_usage_error(tmp_path):
+    out = gpuaccept("monitor", "--json", cwd=tmp_path)
+    assert out.returncode == 2 and "--json goes with --once" in out.stderr and out.stdout == ""

@@ -201,3 +201,41 @@ def test_help_screen(snap, size):
         await pilot.press("question_mark")
 
     snap(app_for(), size, run_before)
+
+
+def nvml_box_frames():
+    """Three frames of a constructed box through the real NVML backend: an H200 in use, a lost GPU, a MIG parent with
+    one MIG device (cases M4, M6)."""
+    import pynvml
+
+    from core.nvml import NvmlBackend
+    from tests.fake_nvml import FakeGpu, FakeNvml
+
+    busy = FakeGpu("GPU-11111111-2222-3333-4444-555555555555", name="NVIDIA H200", bus="00000000:01:00.0",
+                   total=141 * GiB, used=40 * GiB, reserved=512 * 2**20, util=87)
+    lost = FakeGpu("GPU-66666666-2222-3333-4444-555555555555", name="NVIDIA H200", bus="00000000:02:00.0",
+                   errors={"nvmlDeviceGetMemoryInfo": pynvml.NVMLError_GpuIsLost})
+    mig = FakeGpu("MIG-77777777-2222-3333-4444-555555555555", name="NVIDIA H200 MIG 3g.71gb", total=71 * GiB,
+                  used=12 * GiB)
+    parent = FakeGpu("GPU-88888888-2222-3333-4444-555555555555", name="NVIDIA H200", bus="00000000:03:00.0",
+                     total=141 * GiB, mig=[mig], errors={"nvmlDeviceGetUtilizationRates": pynvml.NVMLError_NotSupported})
+    backend = NvmlBackend(FakeNvml([busy, lost, parent]), env={"CUDA_DEVICE_ORDER": "PCI_BUS_ID"})
+    frames = []
+    for used in (40, 60, 50):
+        busy.used = used * GiB
+        frames.append(backend.sample(set()))
+    return frames
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_monitor_screen(snap, size):
+    from tui.monitor import MonitorApp
+
+    app = MonitorApp(ReplayBackend(nvml_box_frames()), "NVML: 4 device(s); constructed for a snapshot")
+
+    async def run_before(pilot) -> None:
+        await until(pilot, lambda: len(pilot.app._bars) == 4 and pilot.app.sampler.peak_used("cuda:0") == 60 * GiB)
+        pilot.app.refresh_bars()
+        await pilot.pause()
+
+    snap(app, size, run_before)

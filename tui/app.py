@@ -43,6 +43,8 @@ class GpuAcceptApp(App[int]):
         self.state = WizardState(runs_root=Path(runs_root), devices_override=devices_override,
                                  fields=dict(fields or {}), mode=mode)
         self._backend = backend
+        #: which memory backend the bars use and why (NVML, or CPU mode with NVML's reason)
+        self.backend_note = ""
         self.sampler: Any = None
 
     def on_mount(self) -> None:
@@ -53,9 +55,11 @@ class GpuAcceptApp(App[int]):
     def start_sampler(self) -> Any:
         """The device sampler (started on first use, stopped on exit)."""
         if self.sampler is None:
-            from core.monitor import HostBackend, Sampler
+            from core.monitor import Sampler
 
-            self.sampler = Sampler(self._backend or HostBackend(), interval_s=0.1)
+            backend, self.backend_note = (self._backend, f"{self._backend.name} backend") if self._backend else \
+                _default_backend()
+            self.sampler = Sampler(backend, interval_s=0.1)
             self.sampler.start()
         return self.sampler
 
@@ -114,3 +118,9 @@ class GpuAcceptApp(App[int]):
                 pass
         run.close()
         self.state.run = None
+
+
+def _default_backend() -> tuple[Any, str]:
+    from core.nvml import default_backend
+
+    return default_backend()

@@ -2,6 +2,8 @@
 
 - ``gpuaccept run [SPEC.toml] --headless [flags]``: the whole pipeline, one line per event; exit 0 only when every stage
   passes; prints where the record is.
+- ``gpuaccept monitor [--once [--json]] [--interval S] [--record FILE]``: every device's memory (NVML, mapped to CUDA
+  devices by UUID; host memory in CPU mode), live or one sample.
 - ``gpuaccept plan [SPEC.toml] [flags] [--json] [--traced]``: the memory plan only (no weights loaded), per device, by
   ``--strategy`` (and ``--tp``); ``--devices 8x80GiB`` or ``24GiB,8GiB`` plans for a box you do not have, offline;
   ``--traced`` adds one step traced on fake tensors (core/traced.py) beside it, the most different line named.
@@ -78,6 +80,11 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
     plan.add_argument("--traced", action="store_true",
                       help="also trace one step on fake tensors (torch MemTracker; seconds) and compare it line by line")
+    monitor = sub.add_parser("monitor", help="live memory bars of every device (NVML, or host memory without a GPU)")
+    monitor.add_argument("--once", action="store_true", help="print one sample of every device and exit")
+    monitor.add_argument("--json", action="store_true", help="with --once: as JSON")
+    monitor.add_argument("--interval", type=float, default=0.1, help="seconds between samples (default 0.1 = 10 Hz)")
+    monitor.add_argument("--record", help="also append every sample to this file as JSON lines (a trace to replay)")
     return parser
 
 
@@ -100,6 +107,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "plan":
             return cmd_plan(args)
+        if args.command == "monitor":
+            if args.json and not args.once:
+                print("gpuaccept: error: --json goes with --once (the live view is the bars)", file=sys.stderr)
+                return EXIT_USAGE
+            if args.interval <= 0:
+                print("gpuaccept: error: --interval must be a positive number of seconds", file=sys.stderr)
+                return EXIT_USAGE
+            from tui.monitor import main as monitor_main
+
+            return monitor_main(args)
         if args.command == "run":
             return cmd_run(args) if args.headless else cmd_wizard(args)
     except GpuAcceptError as exc:

@@ -155,6 +155,7 @@ class ProbeScreen(StageScreen):
              "each device, live. At the end: measured per component vs the plan, with the error.")
 
     def compose_body(self) -> ComposeResult:
+        yield Static("", id="backend-note", classes="dim")
         yield Vertical(id="live")
         yield Static("", id="measured-title")
         yield ReadTable(id="measured")
@@ -163,6 +164,7 @@ class ProbeScreen(StageScreen):
     def on_mount(self) -> None:
         self._bars: dict[str, LiveBar] = {}
         self.sampler = self.app.start_sampler()
+        self.query_one("#backend-note", Static).update(f"[dim]memory from: {self.app.backend_note}[/]")
         self._timer = self.set_interval(0.25, self.refresh_bars)
         super().on_mount()
 
@@ -180,10 +182,13 @@ class ProbeScreen(StageScreen):
         return state.run.probe_stage(cancelled)
 
     def on_core_event(self, event: Any) -> None:
-        from core.events import ChildStarted
+        from core.events import ChildStarted, DeviceBound
 
         if isinstance(event, ChildStarted):
             self.sampler.follow({event.pid})
+        elif isinstance(event, DeviceBound) and hasattr(self.sampler.backend, "bind_uuid"):
+            line = self.sampler.backend.bind_uuid(event.device, event.uuid)  # NVML mapping checked by torch's UUID
+            self.query_one("#backend-note", Static).update(f"[dim]memory from: {self.app.backend_note}; {line}[/]")
 
     def refresh_bars(self) -> None:
         live = self.query_one("#live", Vertical)
@@ -192,7 +197,8 @@ class ProbeScreen(StageScreen):
             if bar is None:
                 bar = self._bars[sample.device] = LiveBar(f"{sample.device} {sample.name}")
                 live.mount(bar)
-            note = "; ".join(r.reason for r in (sample.ours_bytes, sample.total_bytes) if r.reason)
+            note = "; ".join([sample.note] if sample.note else [] +
+                             [r.reason for r in (sample.ours_bytes, sample.total_bytes) if r.reason])
             bar.show(ours=sample.ours_bytes.value, others=sample.others_bytes.value, total=sample.total_bytes.value,
                      peak=self.sampler.peak_ours(sample.device), note=note)
 

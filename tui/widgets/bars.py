@@ -82,9 +82,11 @@ class LiveBar(Widget):
 
     DEFAULT_CSS = "LiveBar { height: 2; }"
 
-    def __init__(self, label: str, **kw) -> None:
+    def __init__(self, label: str, whole_device: bool = False, **kw) -> None:
+        """``whole_device``: no probe is followed (``gpuaccept monitor``): one segment, used by all processes."""
         super().__init__(**kw)
         self.label = label
+        self.whole_device = whole_device
         self.ours: int | None = None
         self.others: int | None = None
         self.total: int | None = None
@@ -102,10 +104,15 @@ class LiveBar(Widget):
         def n(v: int | None) -> str:
             return "N/A" if v is None else f"{v / GiB:.2f}"
 
-        line = Text.assemble(
-            (f"{self.label}: ", "bold"), ("■ ", "#e15759"), f"probe {n(self.ours)} ", ("■ ", "#7f7f7f"),
-            f"others {n(self.others)} of {n(self.total)} GiB · probe peak {gib(self.peak)}",
-            (f" · {self.note}" if self.note else "", "italic"),
-        )
+        if self.whole_device:
+            line = Text.assemble((f"{self.label}: ", "bold"), ("■ ", "#7f7f7f"),
+                                 f"used {n(self.others)} of {n(self.total)} GiB · peak {gib(self.peak)}",
+                                 (f" · {self.note}" if self.note else "", "italic"))
+        else:
+            line = Text.assemble(
+                (f"{self.label}: ", "bold"), ("■ ", "#e15759"), f"probe {n(self.ours)} ", ("■ ", "#7f7f7f"),
+                f"others {n(self.others)} of {n(self.total)} GiB · probe peak {gib(self.peak)}",
+                (f" · {self.note}" if self.note else "", "italic"),
+            )
         line.truncate(width)
         return Text.assemble(bar, "\n", line)

@@ -1,0 +1,346 @@
+"""The NVML backend of the device monitor: GPU memory per device from nvidia-ml-py, mapped to CUDA devices by UUID.
+
+What it does about each public monitor failure (../shared/cases/monitor.md, tests/test_nvml.py):
+
+- M1, index mapping: NVML numbers GPUs in its own (PCI) order; CUDA numbers them FASTEST_FIRST by default, or in PCI
+  order with ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, and ``CUDA_VISIBLE_DEVICES`` renumbers them (indices, ``GPU-`` UUIDs or
+  ``MIG-`` UUIDs, a prefix is enough, the list ends at the first entry that matches nothing). :func:`cuda_devices`
+  applies those rules; when FASTEST_FIRST cannot be told from NVML (GPUs of different models), the mapping is marked
+  unverified until the probe reports torch's UUID for its device (:meth:`NvmlBackend.bind_uuid`), which wins.
+- M2, "used": v2 memory info (``nvmlMemory_v2``): used excludes the driver's reserved memory, which is its own
+  reading. v1 (old drivers) is used only when v2 is refused, and its "used" then carries that caveat.
+- M3, containers: NVML lists host PIDs. When the device lists processes whose PIDs do not exist in our PID namespace,
+  our processes' memory is the device's change in used memory since the baseline (taken when the sampler starts to
+  follow the probe), with that reason shown.
+- M4, a bad GPU: a device whose calls fail (GPU is lost, Unknown Error) is sampled as N/A with the reason; the others
+  keep updating.
+- M5, unsupported fields: utilisation or the process list raising NotSupported make that reading N/A, nothing else.
+- M6, MIG: a GPU in MIG mode is shown as a MIG parent (no per-process memory); its MIG devices are the devices a CUDA
+  process can use, each with its own memory.
+- M7, no driver: :func:`default_backend` falls back to the host backend, labelled CPU mode with NVML's reason.
+
+``nvml`` everywhere is the ``pynvml`` module of nvidia-ml-py, or an object with the same functions and exception
+classes (the tests construct one that raises pynvml's own exceptions).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass, replace
+from typing import Any, Mapping
+
+import psutil
+
+from core.monitor import DeviceSample, HostBackend, Reading, others_reading
+
+
+@dataclass(frozen=True)
+class NvmlDevice:
+    """One device NVML can see: a physical GPU or a MIG device.
+
+    Attributes:
+        key: ``"nvml:<index>"`` for a GPU, ``"nvml:<index>/mig:<n>"`` for a MIG device (stable within a process).
+        uuid: ``GPU-...`` or ``MIG-...``; None when NVML could not read it (the error is in ``error``).
+        name: the product name.
+        pci_bus_id: for CUDA_DEVICE_ORDER=PCI_BUS_ID (a MIG device has its parent's; None when unreadable).
+        mig_parent: the parent GPU's uuid, for a MIG device.
+        mig_enabled: a GPU in MIG mode (its memory is used through its MIG devices).
+        error: why this device could not be enumerated (a lost GPU), else None.
+    """
+
+    key: str
+    uuid: str | None
+    name: str
+    pci_bus_id: str | None
+    handle: Any
+    mig_parent: str | None = None
+    mig_enabled: bool = False
+    error: str | None = None
+
+    @property
+    def cuda_usable(self) -> bool:
+        """A CUDA process can run on it: a GPU not in MIG mode, or a MIG device."""
+        return self.error is None and not self.mig_enabled
+
+
+@dataclass(frozen=True)
+class CudaDevice:
+    """CUDA device ``cuda:<index>`` of this process and the NVML device it is, with how that was decided."""
+
+    index: int
+    device: NvmlDevice
+    method: str
+    verified: bool
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _reason(exc: BaseException) -> str:
+    return f"{_text(exc) or type(exc).__name__}"
+
+
+def discover(nvml: Any) -> list[NvmlDevice]:
+    """Every GPU NVML lists (in NVML order) followed by its MIG devices when it is in MIG mode. A GPU whose handle or
+    UUID cannot be read is kept with its error (it is shown as N/A, never dropped silently)."""
+    devices: list[NvmlDevice] = []
+    for i in range(nvml.nvmlDeviceGetCount()):
+        key = f"nvml:{i}"
+        try:
+            handle = nvml.nvmlDeviceGetHandleByIndex(i)
+            uuid = _text(nvml.nvmlDeviceGetUUID(handle))
+        except nvml.NVMLError as exc:
+            devices.append(NvmlDevice(key, None, "unknown GPU", None, None, error=_reason(exc)))
+            continue
+        name = _optional(lambda: _text(nvml.nvmlDeviceGetName(handle))) or "GPU"
+        bus = _optional(lambda: _text(nvml.nvmlDeviceGetPciInfo(handle).busId))
+        mig = False
+        try:
+            current, _pending = nvml.nvmlDeviceGetMigMode(handle)
+            mig = current == getattr(nvml, "NVML_DEVICE_MIG_ENABLE", 1)
+        except nvml.NVMLError:
+            mig = False  # NotSupported: not a MIG-capable GPU
+        devices.append(NvmlDevice(key, uuid, name, bus, handle, mig_enabled=mig))
+        if mig:
+            for n in range(_optional(lambda: nvml.nvmlDeviceGetMaxMigDeviceCount(handle)) or 0):
+                try:
+                    child = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, n)
+                    child_uuid = _text(nvml.nvmlDeviceGetUUID(child))
+                except nvml.NVMLError:
+                    continue  # an empty MIG slot
+                child_name = _optional(lambda: _text(nvml.nvmlDeviceGetName(child))) or f"{name} MIG"
+                # a MIG device sorts with its parent GPU (its own PCI id is the parent's)
+                devices.append(NvmlDevice(f"{key}/mig:{n}", child_uuid, child_name, bus, child, mig_parent=uuid))
+    return devices
+
+
+def _optional(read: Any) -> Any:
+    try:
+        return read()
+    except Exception:  # noqa: BLE001 - an optional field (name, bus id): absent is fine
+        return None
+
+
+def _uuid_matches(token: str, uuid: str | None) -> bool:
+    if uuid is None:
+        return False
+    return uuid.lower().startswith(token.lower())
+
+
+def cuda_devices(devices: list[NvmlDevice], visible: str | None, order: str | None) -> tuple[list[CudaDevice], str]:
+    """The CUDA devices of a process with this ``CUDA_VISIBLE_DEVICES`` / ``CUDA_DEVICE_ORDER``, in CUDA order.
+
+    Rules (CUDA programming guide, environment variables): the candidates are the GPUs not in MIG mode and the MIG
+    devices; ``PCI_BUS_ID`` orders them by PCI bus id, ``FASTEST_FIRST`` (the default) fastest first with ties in PCI
+    order, which NVML cannot rank when models differ (then PCI order is assumed and marked unverified).
+    ``CUDA_VISIBLE_DEVICES`` picks, in its own order, entries that are indices into that order, ``GPU-``/``MIG-`` UUIDs
+    or unique UUID prefixes; the first entry that matches nothing ends the list (so ``""`` or ``-1`` hide every GPU).
+
+    Returns:
+        (devices in CUDA order, one line saying how the mapping was made).
+    """
+    candidates = [d for d in devices if d.cuda_usable]
+    candidates.sort(key=lambda d: (d.pci_bus_id or "", d.key))
+    order = (order or "FASTEST_FIRST").upper()
+    models = {d.name for d in candidates}
+    if order == "PCI_BUS_ID":
+        basis, verified = "CUDA_DEVICE_ORDER=PCI_BUS_ID: PCI bus order", True
+    elif len(models) <= 1:
+        basis, verified = "FASTEST_FIRST with identical GPUs = PCI bus order", True
+    else:
+        basis, verified = ("FASTEST_FIRST with different GPU models: PCI order assumed, unverified until the probe "
+                           "reports torch's UUID"), False
+    if visible is None:
+        chosen, how = candidates, basis
+    else:
+        chosen = []
+        for token in (t.strip() for t in visible.split(",")):
+            match = None
+            if token.isdigit():
+                match = candidates[int(token)] if int(token) < len(candidates) else None
+            elif token.upper().startswith(("GPU-", "MIG-")):
+                found = [d for d in candidates if _uuid_matches(token, d.uuid)]
+                match = found[0] if len(found) == 1 else None
+            if match is None or match in chosen:
+                break  # CUDA stops at the first entry that matches nothing
+            chosen.append(match)
+        how = f"CUDA_VISIBLE_DEVICES={visible!r} over {basis}"
+        if all(not t.strip().isdigit() for t in visible.split(",") if t.strip()):
+            verified = True  # UUIDs name the devices exactly, whatever the order
+    return [CudaDevice(i, d, how, verified) for i, d in enumerate(chosen)], how
+
+
+class NvmlBackend:
+    """GPU memory per device from NVML (see the module docstring for cases M1-M6).
+
+    :meth:`sample` returns one :class:`~core.monitor.DeviceSample` per NVML device: ``cuda:N`` for the devices this
+    process's CUDA can use (in CUDA order), ``nvml:N`` for the others (not visible to CUDA here, or a MIG parent).
+
+    Args:
+        nvml: the ``pynvml`` module (default) or an object with the same API; ``nvmlInit`` is called here.
+        env: environment for CUDA_VISIBLE_DEVICES / CUDA_DEVICE_ORDER (default ``os.environ``).
+
+    Raises:
+        nvml.NVMLError: NVML cannot start (no driver: ``NVMLError_LibraryNotFound``) — see :func:`default_backend`.
+    """
+
+    name = "nvml"
+
+    def __init__(self, nvml: Any = None, env: Mapping[str, str] | None = None) -> None:
+        if nvml is None:
+            import pynvml as nvml
+        self.nvml = nvml
+        nvml.nvmlInit()
+        env = os.environ if env is None else env
+        self.devices = discover(nvml)
+        self.cuda, self.mapping_note = cuda_devices(self.devices, env.get("CUDA_VISIBLE_DEVICES"),
+                                                    env.get("CUDA_DEVICE_ORDER"))
+        self._lock = threading.Lock()
+        self._baseline: dict[str, int] = {}
+        self._take_baseline = True
+
+    # ------------------------------------------------------------------ mapping
+    def label(self, device: NvmlDevice) -> str:
+        for c in self.cuda:
+            if c.device.key == device.key:
+                return f"cuda:{c.index}"
+        return device.key
+
+    def bind_uuid(self, cuda_device: str, torch_uuid: str) -> str:
+        """Check the mapping of ``cuda_device`` (``"cuda:N"``) against the UUID torch reported for it, and correct it.
+
+        Returns one line for the screen: confirmed, corrected (which NVML device it really is), or not found.
+        """
+        index = int(cuda_device.split(":")[1])
+        wanted = torch_uuid if torch_uuid.upper().startswith(("GPU-", "MIG-")) else f"GPU-{torch_uuid}"
+        found = [d for d in self.devices if _uuid_matches(wanted, d.uuid) or _uuid_matches(torch_uuid, d.uuid)]
+        with self._lock:
+            current = next((c for c in self.cuda if c.index == index), None)
+            if not found:
+                return f"{cuda_device}: torch's UUID {torch_uuid} is not among NVML's devices; the mapping is unverified"
+            device = found[0]
+            if current is not None and current.device.key == device.key:
+                self.cuda = [replace(c, verified=True, method=c.method + "; confirmed by torch's UUID")
+                             if c.index == index else c for c in self.cuda]
+                return f"{cuda_device} = {device.uuid} ({device.name}): confirmed by torch's UUID"
+            # the device torch named takes this index; the device the order gave it moves to the index that had it
+            moved = [replace(c, device=current.device, method=c.method + "; swapped after torch's UUID", verified=False)
+                     if current is not None and c.device.key == device.key else c
+                     for c in self.cuda if c.index != index]
+            self.cuda = sorted(moved + [CudaDevice(index, device, "torch's UUID", True)], key=lambda c: c.index)
+            return (f"{cuda_device} = {device.uuid} ({device.name}) by torch's UUID; the order-based mapping said "
+                    f"{current.device.uuid if current else 'nothing'}")
+
+    def reset_baseline(self) -> None:
+        """Take each device's used memory at the next sample as the baseline (before the probe allocates)."""
+        with self._lock:
+            self._take_baseline = True
+
+    # ------------------------------------------------------------------ sampling
+    def sample(self, pids: set[int]) -> list[DeviceSample]:
+        family = _family(pids)
+        now = time.time()
+        samples = [self._sample_device(d, pids, family, now) for d in self.devices]
+        with self._lock:
+            if self._take_baseline:
+                self._baseline = {s.uuid: s.used_bytes.value for s in samples
+                                  if s.uuid is not None and s.used_bytes.value is not None}
+                self._take_baseline = False
+        cuda_order = {f"cuda:{c.index}": c.index for c in self.cuda}
+        return sorted(samples, key=lambda s: (0, cuda_order[s.device]) if s.device in cuda_order else (1, s.device))
+
+    def _sample_device(self, d: NvmlDevice, pids: set[int], family: set[int], now: float) -> DeviceSample:
+        nvml = self.nvml
+        label = self.label(d)
+        if d.error is not None:
+            return _unavailable(now, label, d, d.error)
+        try:
+            total, used, reserved, free, caveat = self._memory(d)
+        except nvml.NVMLError as exc:
+            return _unavailable(now, label, d, _reason(exc))
+        util = self._utilization(d)
+        if d.mig_enabled:
+            ours = Reading(None, "MIG mode: processes run on its MIG devices")
+            note = "MIG parent"
+        elif not pids:
+            ours, note = Reading(None, "no probe process running"), None
+        else:
+            ours, note = self._ours(d, family, used), None
+        used_r = Reading(used, caveat)
+        return DeviceSample(t=now, device=label, name=d.name, backend=self.name, total_bytes=Reading(total),
+                            used_bytes=used_r, free_bytes=Reading(free), ours_bytes=ours,
+                            others_bytes=others_reading(Reading(used), ours), uuid=d.uuid,
+                            reserved_bytes=reserved, utilization_pct=util, note=note)
+
+    def _memory(self, d: NvmlDevice) -> tuple[int, int, Reading, int, str | None]:
+        nvml = self.nvml
+        try:
+            mem = nvml.nvmlDeviceGetMemoryInfo(d.handle, version=nvml.nvmlMemory_v2)
+            return int(mem.total), int(mem.used), Reading(int(mem.reserved)), int(mem.free), None
+        except (getattr(nvml, "NVMLError_FunctionNotFound", ()), getattr(nvml, "NVMLError_ArgumentVersionMismatch", ()),
+                getattr(nvml, "NVMLError_NotSupported", ())):
+            mem = nvml.nvmlDeviceGetMemoryInfo(d.handle)  # v1: old driver
+            return (int(mem.total), int(mem.used), Reading(None, "v1 memory info: reserved not reported"),
+                    int(mem.free), "v1 memory info: used includes driver-reserved memory")
+
+    def _utilization(self, d: NvmlDevice) -> Reading:
+        try:
+            return Reading(int(self.nvml.nvmlDeviceGetUtilizationRates(d.handle).gpu))
+        except self.nvml.NVMLError as exc:
+            return Reading(None, f"utilisation: {_reason(exc)}")
+
+    def _ours(self, d: NvmlDevice, family: set[int], used: int) -> Reading:
+        nvml = self.nvml
+        try:
+            procs = list(nvml.nvmlDeviceGetComputeRunningProcesses(d.handle))
+        except nvml.NVMLError as exc:
+            return Reading(None, f"per-process memory: {_reason(exc)}")
+        mine = [p for p in procs if int(p.pid) in family]
+        if mine:
+            sizes = [getattr(p, "usedGpuMemory", None) for p in mine]
+            if any(s is None for s in sizes):
+                return Reading(None, "per-process memory not reported by the driver for our process")
+            return Reading(sum(int(s) for s in sizes))
+        foreign = [p for p in procs if not psutil.pid_exists(int(p.pid))]
+        if foreign:  # host PIDs: we are in a container and cannot see which process is ours
+            with self._lock:
+                base = self._baseline.get(d.uuid or "")
+            if base is None:
+                return Reading(None, "NVML lists PIDs of another PID namespace (container) and no baseline was taken")
+            return Reading(max(used - base, 0), "NVML lists PIDs of another PID namespace (container): change of the "
+                                                "device's used memory since the baseline")
+        return Reading(0)  # our processes hold nothing on this device (yet)
+
+
+def _family(pids: set[int]) -> set[int]:
+    """The pids and all their descendants (psutil); vanished ones are skipped."""
+    out = set(pids)
+    for pid in pids:
+        try:
+            out.update(c.pid for c in psutil.Process(pid).children(recursive=True))
+        except psutil.Error:
+            pass
+    return out
+
+
+def _unavailable(now: float, label: str, d: NvmlDevice, reason: str) -> DeviceSample:
+    na = Reading(None, reason)
+    return DeviceSample(t=now, device=label, name=d.name, backend="nvml", total_bytes=na, used_bytes=na, free_bytes=na,
+                        ours_bytes=na, others_bytes=na, uuid=d.uuid, reserved_bytes=na, utilization_pct=na)
+
+
+def default_backend(nvml: Any = None, env: Mapping[str, str] | None = None) -> tuple[Any, str]:
+    """The backend for this machine and one line saying which it is: NVML when it starts and lists a device, else the
+    host backend in CPU mode with NVML's reason (case M7: no driver -> ``NVMLError_LibraryNotFound``)."""
+    try:
+        backend = NvmlBackend(nvml, env)
+    except ImportError as exc:
+        return HostBackend(), f"CPU mode: nvidia-ml-py is not importable ({exc}); host memory shown"
+    except Exception as exc:  # noqa: BLE001 - any NVMLError: no GPU monitoring, the host still is
+        return HostBackend(), f"CPU mode: NVML unavailable ({_reason(exc)}); host memory shown"
+    if not backend.devices:
+        return HostBackend(), "CPU mode: NVML lists no GPU; host memory shown"
+    return backend, f"NVML: {len(backend.devices)} device(s); {backend.mapping_note}"

@@ -1,0 +1,97 @@
+"""A constructed NVML layer for the monitor cases: the pynvml API over described GPUs, raising pynvml's own exceptions."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+import pynvml
+
+
+@dataclass
+class FakeGpu:
+    """One device as NVML describes it; ``errors`` maps an NVML function name to the pynvml exception class it raises.
+
+    ``used`` is v2 "used" (without driver-reserved memory); v1 reports ``used + reserved``.
+    """
+
+    uuid: str
+    name: str = "NVIDIA Test GPU"
+    bus: str = "00000000:01:00.0"
+    total: int = 80 * 2**30
+    used: int = 0
+    reserved: int = 0
+    util: int = 0
+    procs: list[tuple[int, int | None]] = field(default_factory=list)
+    mig: list["FakeGpu"] = field(default_factory=list)
+    errors: dict[str, type] = field(default_factory=dict)
+
+
+class FakeNvml:
+    """The functions of ``pynvml`` that core.nvml calls; exception classes and constants are pynvml's own."""
+
+    nvmlMemory_v2 = pynvml.nvmlMemory_v2
+    NVML_DEVICE_MIG_ENABLE = pynvml.NVML_DEVICE_MIG_ENABLE
+
+    def __init__(self, gpus: list[FakeGpu], init_error: type | None = None, v2: bool = True) -> None:
+        self.gpus = gpus
+        self.init_error = init_error
+        self.v2 = v2
+
+    def __getattr__(self, name: str):
+        if name.startswith("NVMLError"):
+            return getattr(pynvml, name)
+        raise AttributeError(name)
+
+    @staticmethod
+    def _check(h: FakeGpu, fn: str) -> None:
+        if fn in h.errors:
+            raise h.errors[fn]()
+
+    def nvmlInit(self) -> None:
+        if self.init_error is not None:
+            raise self.init_error()
+
+    def nvmlDeviceGetCount(self) -> int:
+        return len(self.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> FakeGpu:
+        self._check(self.gpus[i], "nvmlDeviceGetHandleByIndex")
+        return self.gpus[i]
+
+    def nvmlDeviceGetUUID(self, h: FakeGpu) -> str:
+        self._check(h, "nvmlDeviceGetUUID")
+        return h.uuid
+
+    def nvmlDeviceGetName(self, h: FakeGpu) -> str:
+        return h.name
+
+    def nvmlDeviceGetPciInfo(self, h: FakeGpu):
+        return SimpleNamespace(busId=h.bus)
+
+    def nvmlDeviceGetMemoryInfo(self, h: FakeGpu, version=None):
+        self._check(h, "nvmlDeviceGetMemoryInfo")
+        if version is not None:
+            if not self.v2:
+                raise pynvml.NVMLError_FunctionNotFound()
+            return SimpleNamespace(total=h.total, used=h.used, reserved=h.reserved, free=h.total - h.used - h.reserved)
+        return SimpleNamespace(total=h.total, used=h.used + h.reserved, free=h.total - h.used - h.reserved)
+
+    def nvmlDeviceGetUtilizationRates(self, h: FakeGpu):
+        self._check(h, "nvmlDeviceGetUtilizationRates")
+        return SimpleNamespace(gpu=h.util, memory=0)
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h: FakeGpu):
+        self._check(h, "nvmlDeviceGetComputeRunningProcesses")
+        return [SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in h.procs]
+
+    def nvmlDeviceGetMigMode(self, h: FakeGpu):
+        if not h.mig:
+            raise pynvml.NVMLError_NotSupported()
+        return (pynvml.NVML_DEVICE_MIG_ENABLE, pynvml.NVML_DEVICE_MIG_ENABLE)
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, h: FakeGpu) -> int:
+        return len(h.mig)
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, h: FakeGpu, n: int) -> FakeGpu:
+        return h.mig[n]
