@@ -118,10 +118,15 @@ def _hub_snapshot(repo_id: str) -> Path | None:
 
 
 def load_config(source: ModelSource) -> Any:
-    """The model's ``transformers.PretrainedConfig``, without loading weights.
+    """The model's ``transformers.PretrainedConfig``, without loading weights; for a Llama-family config.json that
+    states every shape, a :class:`core.shapes.FastConfig` instead (same attributes, no torch or transformers import;
+    ``to_transformers()`` gives the library's config).
 
     For the embedded model before its cache exists, the config is read from the GGUF metadata.
     """
+    fast = _fast_config(source.path if source.path.is_file() else source.path / "config.json")
+    if fast is not None:
+        return fast  # a Llama-family config.json: planned without importing torch or transformers (core/shapes.py)
     from transformers import AutoConfig
 
     if source.kind == "embedded":
@@ -134,6 +139,19 @@ def load_config(source: ModelSource) -> Any:
     if source.path.is_file():
         return _config_from_json(source.path)
     return AutoConfig.from_pretrained(source.path, local_files_only=True)
+
+
+def _fast_config(path: Path) -> Any:
+    """A :class:`core.shapes.FastConfig` of ``path`` when it is a config.json the fast path accepts, else None."""
+    from core.shapes import fast_config
+
+    if not path.is_file():
+        return None
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return fast_config(raw) if isinstance(raw, dict) else None
 
 
 def declared_max_positions(source: ModelSource, config: Any) -> int | None:

@@ -26,6 +26,7 @@ classes (the tests construct one that raises pynvml's own exceptions).
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
 from dataclasses import dataclass, replace
@@ -48,6 +49,7 @@ class NvmlDevice:
         mig_parent: the parent GPU's uuid, for a MIG device.
         mig_enabled: a GPU in MIG mode (its memory is used through its MIG devices).
         error: why this device could not be enumerated (a lost GPU), else None.
+        gpu_instance, compute_instance: a MIG device's GI and CI ids (the legacy ``MIG-GPU-<uuid>/<gi>/<ci>`` name).
     """
 
     key: str
@@ -58,6 +60,8 @@ class NvmlDevice:
     mig_parent: str | None = None
     mig_enabled: bool = False
     error: str | None = None
+    gpu_instance: int | None = None
+    compute_instance: int | None = None
 
     @property
     def cuda_usable(self) -> bool:
@@ -113,7 +117,10 @@ def discover(nvml: Any) -> list[NvmlDevice]:
                     continue  # an empty MIG slot
                 child_name = _optional(lambda: _text(nvml.nvmlDeviceGetName(child))) or f"{name} MIG"
                 # a MIG device sorts with its parent GPU (its own PCI id is the parent's)
-                devices.append(NvmlDevice(f"{key}/mig:{n}", child_uuid, child_name, bus, child, mig_parent=uuid))
+                devices.append(NvmlDevice(f"{key}/mig:{n}", child_uuid, child_name, bus, child, mig_parent=uuid,
+                                          gpu_instance=_optional(lambda: nvml.nvmlDeviceGetGpuInstanceId(child)),
+                                          compute_instance=_optional(
+                                              lambda: nvml.nvmlDeviceGetComputeInstanceId(child))))
     return devices
 
 
@@ -124,28 +131,55 @@ def _optional(read: Any) -> Any:
         return None
 
 
+def _hex(uuid: str | None) -> str:
+    """A UUID without its ``GPU-``/``MIG-`` prefix, lower case (torch's ``props.uuid`` is bare hex)."""
+    if uuid is None:
+        return ""
+    text = uuid.strip().lower()
+    for prefix in ("gpu-", "mig-"):
+        if text.startswith(prefix):
+            return text[len(prefix):]
+    return text
+
+
 def _uuid_matches(token: str, uuid: str | None) -> bool:
+    """``token`` (a full UUID or a prefix, with its ``GPU-``/``MIG-`` prefix) names ``uuid``."""
     if uuid is None:
         return False
-    return uuid.lower().startswith(token.lower())
+    return uuid.lower().startswith(token.strip().lower())
+
+
+_ORDINAL = re.compile(r"[0-9]+")
+
+
+def _ordinal(token: str) -> int | None:
+    """CUDA parses an index entry like strtoul: leading ASCII digits ("1gpu2" is 1); no digits: not an index."""
+    match = _ORDINAL.match(token.strip())
+    return int(match.group()) if match else None
 
 
 def cuda_devices(devices: list[NvmlDevice], visible: str | None, order: str | None) -> tuple[list[CudaDevice], str]:
     """The CUDA devices of a process with this ``CUDA_VISIBLE_DEVICES`` / ``CUDA_DEVICE_ORDER``, in CUDA order.
 
-    Rules (CUDA programming guide, environment variables): the candidates are the GPUs not in MIG mode and the MIG
-    devices; ``PCI_BUS_ID`` orders them by PCI bus id, ``FASTEST_FIRST`` (the default) fastest first with ties in PCI
-    order, which NVML cannot rank when models differ (then PCI order is assumed and marked unverified).
-    ``CUDA_VISIBLE_DEVICES`` picks, in its own order, entries that are indices into that order, ``GPU-``/``MIG-`` UUIDs
-    or unique UUID prefixes; the first entry that matches nothing ends the list (so ``""`` or ``-1`` hide every GPU).
+    Rules (CUDA C Programming Guide, "CUDA Environment Variables"; the MIG user guide; torch's
+    ``_parse_visible_devices``, written to mirror CUDA):
+
+    - physical GPUs are ordered by PCI bus id with ``PCI_BUS_ID``; ``FASTEST_FIRST`` (the default) puts the fastest
+      first, which NVML cannot rank when the models differ: PCI order is then assumed and marked unverified;
+    - a GPU in MIG mode stands for its MIG devices, and a CUDA process enumerates one MIG device at most (the first);
+    - ``CUDA_VISIBLE_DEVICES``: the first entry's kind decides the list: indices (parsed like strtoul, an ordinal of
+      the physical GPUs above) or UUIDs (``GPU-``/``MIG-``, unique prefixes allowed, and the legacy
+      ``MIG-GPU-<uuid>/<gi>/<ci>``); the list ends at the first entry that matches nothing or is of the other kind;
+      a repeated device hides every device (``""`` and ``-1`` hide them too).
 
     Returns:
         (devices in CUDA order, one line saying how the mapping was made).
     """
-    candidates = [d for d in devices if d.cuda_usable]
-    candidates.sort(key=lambda d: (d.pci_bus_id or "", d.key))
+    gpus = [d for d in devices if d.mig_parent is None and d.error is None]
+    gpus.sort(key=lambda d: (d.pci_bus_id is None, d.pci_bus_id or "", d.key))
+    migs = {g.uuid: [d for d in devices if d.mig_parent == g.uuid] for g in gpus if g.mig_enabled}
     order = (order or "FASTEST_FIRST").upper()
-    models = {d.name for d in candidates}
+    models = {d.name for d in gpus}
     if order == "PCI_BUS_ID":
         basis, verified = "CUDA_DEVICE_ORDER=PCI_BUS_ID: PCI bus order", True
     elif len(models) <= 1:
@@ -153,24 +187,52 @@ def cuda_devices(devices: list[NvmlDevice], visible: str | None, order: str | No
     else:
         basis, verified = ("FASTEST_FIRST with different GPU models: PCI order assumed, unverified until the probe "
                            "reports torch's UUID"), False
+
+    def usable(gpu: NvmlDevice) -> NvmlDevice | None:
+        return (migs.get(gpu.uuid) or [None])[0] if gpu.mig_enabled else gpu
+
     if visible is None:
-        chosen, how = candidates, basis
+        chosen = [d for d in (usable(g) for g in gpus) if d is not None]
+        how = basis
     else:
         chosen = []
-        for token in (t.strip() for t in visible.split(",")):
-            match = None
-            if token.isdigit():
-                match = candidates[int(token)] if int(token) < len(candidates) else None
-            elif token.upper().startswith(("GPU-", "MIG-")):
-                found = [d for d in candidates if _uuid_matches(token, d.uuid)]
-                match = found[0] if len(found) == 1 else None
-            if match is None or match in chosen:
+        tokens = [t.strip() for t in visible.split(",")]
+        by_uuid = tokens[0].upper().startswith(("GPU-", "MIG-")) if tokens else False
+        for token in tokens:
+            if by_uuid:
+                match = _by_uuid(token, gpus, migs, usable) if token.upper().startswith(("GPU-", "MIG-")) else None
+            else:
+                n = _ordinal(token)
+                match = usable(gpus[n]) if n is not None and n < len(gpus) else None
+            if match is None:
                 break  # CUDA stops at the first entry that matches nothing
+            if match in chosen:
+                chosen = []  # a repeated device: CUDA exposes no device at all
+                break
             chosen.append(match)
         how = f"CUDA_VISIBLE_DEVICES={visible!r} over {basis}"
-        if all(not t.strip().isdigit() for t in visible.split(",") if t.strip()):
+        if by_uuid:
             verified = True  # UUIDs name the devices exactly, whatever the order
-    return [CudaDevice(i, d, how, verified) for i, d in enumerate(chosen)], how
+    kept: list[NvmlDevice] = []
+    for d in chosen:  # one MIG device per CUDA process
+        if d.mig_parent is not None and any(k.mig_parent is not None for k in kept):
+            continue
+        kept.append(d)
+    return [CudaDevice(i, d, how, verified) for i, d in enumerate(kept)], how
+
+
+def _by_uuid(token: str, gpus: list[NvmlDevice], migs: dict[str | None, list[NvmlDevice]], usable: Any) -> Any:
+    legacy = re.fullmatch(r"MIG-(GPU-[0-9a-fA-F-]+)/(\d+)/(\d+)", token, flags=re.IGNORECASE)
+    if legacy:
+        parent_token, gi, ci = legacy.group(1), int(legacy.group(2)), int(legacy.group(3))
+        parents = [g for g in gpus if _uuid_matches(parent_token, g.uuid)]
+        found = [m for p in parents for m in migs.get(p.uuid, []) if (m.gpu_instance, m.compute_instance) == (gi, ci)]
+        return found[0] if len(found) == 1 else None
+    candidates = [*gpus, *(m for ms in migs.values() for m in ms)]
+    found = [d for d in candidates if _uuid_matches(token, d.uuid)]
+    if len(found) != 1:
+        return None
+    return usable(found[0]) if found[0].mig_enabled else found[0]
 
 
 class NvmlBackend:
@@ -212,11 +274,19 @@ class NvmlBackend:
     def bind_uuid(self, cuda_device: str, torch_uuid: str) -> str:
         """Check the mapping of ``cuda_device`` (``"cuda:N"``) against the UUID torch reported for it, and correct it.
 
-        Returns one line for the screen: confirmed, corrected (which NVML device it really is), or not found.
+        torch's ``get_device_properties(i).uuid`` is bare hex; it is compared without ``GPU-``/``MIG-`` prefixes,
+        against the devices CUDA can use (a MIG parent's UUID stands for its MIG device in this process's list).
+
+        Returns:
+            one line for the screen: confirmed, corrected (which NVML device it really is), or not found.
         """
         index = int(cuda_device.split(":")[1])
-        wanted = torch_uuid if torch_uuid.upper().startswith(("GPU-", "MIG-")) else f"GPU-{torch_uuid}"
-        found = [d for d in self.devices if _uuid_matches(wanted, d.uuid) or _uuid_matches(torch_uuid, d.uuid)]
+        want = _hex(torch_uuid)
+        usable = [d for d in self.devices if d.cuda_usable]
+        found = [d for d in usable if _hex(d.uuid) == want]
+        if not found:  # torch may report the parent GPU of a MIG device: the MIG device of it that we enumerate
+            parents = {d.uuid for d in self.devices if d.mig_enabled and _hex(d.uuid) == want}
+            found = [c.device for c in self.cuda if c.device.mig_parent in parents]
         with self._lock:
             current = next((c for c in self.cuda if c.index == index), None)
             if not found:
@@ -292,27 +362,51 @@ class NvmlBackend:
         except self.nvml.NVMLError as exc:
             return Reading(None, f"utilisation: {_reason(exc)}")
 
+    def _processes(self, d: NvmlDevice) -> list[Any]:
+        """Compute processes, MPS clients and graphics processes on ``d`` (each pid once, compute first); raises the
+        compute query's NVMLError (the others are optional: NotSupported on many GPUs)."""
+        nvml = self.nvml
+        procs = list(nvml.nvmlDeviceGetComputeRunningProcesses(d.handle))
+        for extra in ("nvmlDeviceGetMPSComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
+            fn = getattr(nvml, extra, None)
+            if fn is not None:
+                procs += _optional(lambda: list(fn(d.handle))) or []
+        seen: set[int] = set()
+        return [p for p in procs if not (int(p.pid) in seen or seen.add(int(p.pid)))]
+
+    def _since_baseline(self, d: NvmlDevice, used: int, why: str) -> Reading:
+        with self._lock:
+            base = self._baseline.get(d.uuid or "")
+        if base is None:
+            return Reading(None, f"{why}, and no baseline was taken")
+        return Reading(max(used - base, 0), f"{why}: change of the device's used memory since the probe started")
+
     def _ours(self, d: NvmlDevice, family: set[int], used: int) -> Reading:
         nvml = self.nvml
         try:
-            procs = list(nvml.nvmlDeviceGetComputeRunningProcesses(d.handle))
+            procs = self._processes(d)
         except nvml.NVMLError as exc:
             return Reading(None, f"per-process memory: {_reason(exc)}")
+        if not procs:  # WSL2 and some containers list nothing, even while memory is in use
+            return self._since_baseline(d, used, "NVML lists no process on this device")
         mine = [p for p in procs if int(p.pid) in family]
         if mine:
             sizes = [getattr(p, "usedGpuMemory", None) for p in mine]
-            if any(s is None for s in sizes):
-                return Reading(None, "per-process memory not reported by the driver for our process")
+            if any(s is None for s in sizes):  # WDDM, MIG devices: "value not available"
+                return self._since_baseline(d, used, "the driver does not report per-process memory")
             return Reading(sum(int(s) for s in sizes))
-        foreign = [p for p in procs if not psutil.pid_exists(int(p.pid))]
-        if foreign:  # host PIDs: we are in a container and cannot see which process is ours
-            with self._lock:
-                base = self._baseline.get(d.uuid or "")
-            if base is None:
-                return Reading(None, "NVML lists PIDs of another PID namespace (container) and no baseline was taken")
-            return Reading(max(used - base, 0), "NVML lists PIDs of another PID namespace (container): change of the "
-                                                "device's used memory since the baseline")
-        return Reading(0)  # our processes hold nothing on this device (yet)
+        if any(not psutil.pid_exists(int(p.pid)) for p in procs):  # host PIDs: we are in a container
+            return self._since_baseline(d, used, "NVML lists PIDs of another PID namespace (container)")
+        if any("mps-server" in _process_name(int(p.pid)) for p in procs):  # MPS clients run behind the server
+            return self._since_baseline(d, used, "MPS: NVML lists the MPS server, not its clients")
+        return Reading(0)  # other processes of ours hold this device; our probe holds nothing on it (yet)
+
+
+def _process_name(pid: int) -> str:
+    try:
+        return psutil.Process(pid).name()
+    except psutil.Error:
+        return ""
 
 
 def _family(pids: set[int]) -> set[int]:

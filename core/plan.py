@@ -246,6 +246,10 @@ def build_meta_model(config: Any, mode: str, lora: LoraSettings | None, dtype: s
     import torch
     from transformers import AutoModelForCausalLM
 
+    from core.shapes import FastConfig
+
+    if isinstance(config, FastConfig):
+        config = config.to_transformers()
     config = copy.deepcopy(config)  # from_config writes _attn_implementation into the config
     kwargs: dict[str, Any] = {}
     if dtype is not None:
@@ -288,10 +292,15 @@ def _config_key(config: Any) -> str:
 def meta_summary(config: Any, mode: str, lora: LoraSettings | None, dtype: str | None = None) -> "_Summary":
     """What the plan needs from the meta model (counts, dtypes, shapes, adapters), built once per process for each
     (config, mode, LoRA settings, parameter dtype); see :func:`build_meta_model` for the arguments."""
+    from core.shapes import FastConfig, lora_supported
+
     key = (_config_key(config), mode, lora if mode == "lora" else None, dtype)
     summary = _SUMMARIES.get(key)
     if summary is None:
-        summary = _summarise(build_meta_model(config, mode, lora, dtype), mode)
+        if isinstance(config, FastConfig) and (mode != "lora" or (lora is not None and lora_supported(lora.targets))):
+            summary = _summary_from_shapes(config, mode, lora, dtype)  # no torch, no transformers (core/shapes.py)
+        else:
+            summary = _summarise(build_meta_model(config, mode, lora, dtype), mode)
         if len(_SUMMARIES) >= _CACHE_SIZE:
             _SUMMARIES.pop(next(iter(_SUMMARIES)))
         _SUMMARIES[key] = summary
@@ -312,6 +321,10 @@ def linear_module_names(config: Any) -> set[str]:
 
     These are ``torch.nn.Linear`` modules and transformers' GPT-2-style ``Conv1D`` (peft adapts both).
     """
+    from core.shapes import PROJECTIONS, FastConfig
+
+    if isinstance(config, FastConfig):
+        return {*PROJECTIONS, "lm_head"}  # the LM head is a Linear even when tied
     key = _config_key(config)
     if key not in _LINEAR_NAMES:
         model = build_meta_model(config, "full", None)
@@ -414,6 +427,35 @@ def _summarise(model: Any, mode: str) -> _Summary:
                 )
     return _Summary(ParameterCount(total, trainable), weight_groups, grad_groups, tuple(shapes), tuple(adapters),
                     _params(model, mode))
+
+
+def _summary_from_shapes(config: Any, mode: str, lora: LoraSettings | None, dtype: str | None) -> _Summary:
+    """The :class:`_Summary` :func:`_summarise` makes from the meta model, written from :func:`core.shapes.parameters`
+    (Llama family; equal to the meta build's, tests/test_shapes.py)."""
+    from core.shapes import dtype_bytes, parameters
+
+    weight_groups: dict[str, int] = {}
+    grad_groups: dict[str, int] = {}
+    shapes: list[tuple[int, ...]] = []
+    adapters: list[_Adapter] = []
+    params: list[_Param] = []
+    total = 0
+    for p in parameters(config, mode, lora, dtype):
+        n = _numel(p["shape"])
+        total += n
+        weight_groups[p["dtype"]] = weight_groups.get(p["dtype"], 0) + n
+        trainable = mode != "inference" and p["trainable"]
+        if trainable:
+            grad_groups[p["dtype"]] = grad_groups.get(p["dtype"], 0) + n
+            shapes.append(p["shape"])
+        if "adapter_in" in p:
+            adapters.append(_Adapter(p["adapter_in"], p["shape"][0], dtype_bytes(p["dtype"]),
+                                     None if p["layer"] is None else str(p["layer"])))
+        layer = p["layer"]
+        unit = "layer" if layer is not None else ("embeddings" if p["kind"] == "embedding" else "head")
+        params.append(_Param(unit, layer, n, p["dtype"], trainable, p["shape"], p["kind"]))
+    return _Summary(ParameterCount(total, sum(grad_groups.values())), weight_groups, grad_groups, tuple(shapes),
+                    tuple(adapters), tuple(params))
 
 
 def _params(model: Any, mode: str) -> tuple[_Param, ...]:

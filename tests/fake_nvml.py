@@ -23,7 +23,10 @@ class FakeGpu:
     reserved: int = 0
     util: int = 0
     procs: list[tuple[int, int | None]] = field(default_factory=list)
+    mps: list[tuple[int, int | None]] = field(default_factory=list)
     mig: list["FakeGpu"] = field(default_factory=list)
+    gi: int | None = None
+    ci: int | None = None
     errors: dict[str, type] = field(default_factory=dict)
 
 
@@ -84,6 +87,22 @@ class FakeNvml:
     def nvmlDeviceGetComputeRunningProcesses(self, h: FakeGpu):
         self._check(h, "nvmlDeviceGetComputeRunningProcesses")
         return [SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in h.procs]
+
+    def nvmlDeviceGetMPSComputeRunningProcesses(self, h: FakeGpu):
+        return [SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in h.mps]
+
+    def nvmlDeviceGetGraphicsRunningProcesses(self, h: FakeGpu):
+        raise pynvml.NVMLError_NotSupported()
+
+    def nvmlDeviceGetGpuInstanceId(self, h: FakeGpu) -> int:
+        if h.gi is None:
+            raise pynvml.NVMLError_NotSupported()
+        return h.gi
+
+    def nvmlDeviceGetComputeInstanceId(self, h: FakeGpu) -> int:
+        if h.ci is None:
+            raise pynvml.NVMLError_NotSupported()
+        return h.ci
 
     def nvmlDeviceGetMigMode(self, h: FakeGpu):
         if not h.mig:

@@ -56,12 +56,19 @@ def test_m1_fastest_first_with_different_models_is_unverified_until_torch_report
     assert backend.bind_uuid("cuda:0", UUID_SMALL).endswith("confirmed by torch's UUID")
 
 
-def test_m1_cuda_visible_devices_stops_at_the_first_entry_that_matches_nothing():
+def test_m1_cuda_visible_devices_parsing_follows_cuda():
     devices = discover(two_cards())
-    assert [c.device.uuid for c in cuda_devices(devices, "1,7,0", "PCI_BUS_ID")[0]] == [UUID_SMALL]
-    assert cuda_devices(devices, "", None)[0] == []
-    assert cuda_devices(devices, "-1", None)[0] == []
-    assert [c.device.uuid for c in cuda_devices(devices, "1,0", "PCI_BUS_ID")[0]] == [UUID_SMALL, UUID_BIG]
+
+    def uuids(visible):
+        return [c.device.uuid for c in cuda_devices(devices, visible, "PCI_BUS_ID")[0]]
+
+    assert uuids("1,7,0") == [UUID_SMALL]  # the list ends at the first entry that matches nothing
+    assert uuids("") == [] and uuids("-1") == []
+    assert uuids("1,0") == [UUID_SMALL, UUID_BIG]
+    assert uuids("0,0") == [] and uuids("GPU-aaaa,GPU-aaaa1111") == []  # a repeated device hides them all
+    assert uuids("1gpu2") == [UUID_SMALL]  # indices parse like strtoul
+    assert uuids("²") == []  # not an ASCII digit: matches nothing, no exception
+    assert uuids("GPU-bbbb,0") == [UUID_SMALL]  # the first entry's kind decides; the other kind ends the list
 
 
 # ------------------------------------------------------------------------------------------------- M2 used semantics
@@ -92,9 +99,43 @@ def test_m3_in_a_container_ours_is_the_change_since_the_baseline_with_the_reason
     gpu.procs = [(FOREIGN_PID, None), (FOREIGN_PID + 1, None)]
     (s,) = sampler.sample_once()
     assert s.ours_bytes.value == 4 * 2**30
-    assert "another PID namespace" in s.ours_bytes.reason and "baseline" in s.ours_bytes.reason
+    assert "another PID namespace" in s.ours_bytes.reason and "since the probe started" in s.ours_bytes.reason
     assert s.others_bytes.value == 2**30
     assert sampler.peak_ours("cuda:0") == 4 * 2**30
+
+
+def test_m3_no_process_listed_or_no_per_process_memory_falls_back_to_the_baseline():
+    """WSL2 and some containers list no process; WDDM and MIG report no per-process bytes (usedGpuMemory None)."""
+    gpu = FakeGpu(UUID_BIG, used=2**30)
+    sampler = Sampler(NvmlBackend(FakeNvml([gpu]), env={}))
+    sampler.follow({os.getpid()})
+    sampler.sample_once()
+    gpu.used = 3 * 2**30
+    (s,) = sampler.sample_once()
+    assert s.ours_bytes.value == 2 * 2**30 and "lists no process" in s.ours_bytes.reason
+    gpu.procs = [(os.getpid(), None)]
+    (s,) = sampler.sample_once()
+    assert s.ours_bytes.value == 2 * 2**30 and "does not report per-process" in s.ours_bytes.reason
+
+
+def test_m3_behind_an_mps_server_ours_is_the_change_since_the_baseline(monkeypatch):
+    import core.nvml
+
+    server = os.getppid()
+    monkeypatch.setattr(core.nvml, "_process_name", lambda pid: "nvidia-cuda-mps-server" if pid == server else "x")
+    gpu = FakeGpu(UUID_BIG, used=2**30, procs=[(server, 2**30)])
+    sampler = Sampler(NvmlBackend(FakeNvml([gpu]), env={}))
+    sampler.follow({os.getpid()})
+    sampler.sample_once()
+    gpu.used = 5 * 2**30
+    (s,) = sampler.sample_once()
+    assert s.ours_bytes.value == 4 * 2**30 and s.ours_bytes.reason.startswith("MPS")
+
+
+def test_m3_mps_clients_count_as_ours():
+    gpu = FakeGpu(UUID_BIG, used=6 * 2**30, procs=[(os.getppid(), 2**30)], mps=[(os.getpid(), 5 * 2**30)])
+    (s,) = NvmlBackend(FakeNvml([gpu]), env={}).sample({os.getpid()})
+    assert s.ours_bytes.value == 5 * 2**30 and s.others_bytes.value == 2**30
 
 
 def test_m3_outside_a_container_ours_is_our_process_tree_from_nvml():
@@ -144,12 +185,31 @@ def test_m6_mig_devices_are_the_cuda_devices_and_the_parent_is_shown_as_mig():
     parent = FakeGpu(UUID_BIG, name="NVIDIA H200", total=141 * 2**30, mig=migs,
                      errors={"nvmlDeviceGetUtilizationRates": pynvml.NVMLError_NotSupported})
     backend = NvmlBackend(FakeNvml([parent]), env={})
-    assert [c.device.uuid for c in backend.cuda] == [m.uuid for m in migs]
+    # a CUDA process enumerates one MIG device at most (CUDA guide: "only single MIG instance enumeration")
+    assert [c.device.uuid for c in backend.cuda] == [migs[0].uuid]
     samples = by_device(backend.sample({os.getpid()}))
     assert samples["nvml:0"].note == "MIG parent" and "MIG" in samples["nvml:0"].ours_bytes.reason
-    assert samples["cuda:0"].total_bytes.value == 18 * 2**30 and samples["cuda:1"].total_bytes.value == 71 * 2**30
+    assert samples["cuda:0"].total_bytes.value == 18 * 2**30
+    assert samples["nvml:0/mig:1"].total_bytes.value == 71 * 2**30  # shown, not a CUDA device of this process
     only = NvmlBackend(FakeNvml([parent]), env={"CUDA_VISIBLE_DEVICES": "MIG-2222bbbb"})
     assert [c.device.uuid for c in only.cuda] == [migs[1].uuid]
+    both = NvmlBackend(FakeNvml([parent]), env={"CUDA_VISIBLE_DEVICES": "MIG-2222bbbb,MIG-1111aaaa"})
+    assert [c.device.uuid for c in both.cuda] == [migs[1].uuid]
+    # torch reports bare hex; a MIG device's UUID binds to it
+    assert "confirmed" in only.bind_uuid("cuda:0", migs[1].uuid.removeprefix("MIG-"))
+
+
+def test_m6_legacy_mig_names_and_indices_of_mig_gpus():
+    migs = [FakeGpu("MIG-1111aaaa-0000-0000-0000-000000000000", gi=1, ci=0),
+            FakeGpu("MIG-2222bbbb-0000-0000-0000-000000000000", gi=2, ci=0)]
+    parent = FakeGpu(UUID_BIG, name="NVIDIA H200", bus="00000000:01:00.0", mig=migs)
+    other = FakeGpu(UUID_SMALL, name="NVIDIA H200", bus="00000000:02:00.0")
+    devices = discover(FakeNvml([parent, other]))
+    legacy = cuda_devices(devices, f"MIG-{UUID_BIG}/2/0", None)[0]
+    assert [c.device.uuid for c in legacy] == [migs[1].uuid]
+    # an index is an ordinal of the physical GPUs: 1 is the second GPU, not the second MIG device
+    assert [c.device.uuid for c in cuda_devices(devices, "1", "PCI_BUS_ID")[0]] == [UUID_SMALL]
+    assert [c.device.uuid for c in cuda_devices(devices, "0", "PCI_BUS_ID")[0]] == [migs[0].uuid]
 
 
 # ----------------------------------------------------------------------------------------------------- M7 no driver

@@ -127,6 +127,8 @@ def _real_model(config):
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
+    if hasattr(config, "to_transformers"):  # a Llama-family config.json loads as core.shapes.FastConfig
+        config = config.to_transformers()
     return AutoModelForCausalLM.from_config(config)
 
 
