@@ -1,7 +1,8 @@
 """How fast the planner is, as ratios in one run (this machine's absolute speed varies).
 
 1. Cold analytic plan of case P1 (a 70B Llama config, inference fp16, offline from its config.json): a fresh process
-   running ``gpuaccept plan --json`` against fresh processes running accelerate's own approach: (a) its
+   running ``gpuaccept plan --json`` (the fast path of core/shapes.py; and with ``GPUACCEPT_META_PLAN=1``, the meta
+   build) against fresh processes running accelerate's own approach: (a) its
    ``estimate-memory`` command (parser, model build, table) with the Hub lookup answered locally, and (b) the bare core
    of it, ``AutoConfig.from_pretrained`` + ``init_empty_weights()`` + ``AutoModel.from_config(..., torch_dtype=float32)``
    + ``calculate_maximum_sizes``. Interleaved, median of RUNS each.
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -65,9 +67,10 @@ TINY = dict(model_type="llama", vocab_size=256, hidden_size=64, intermediate_siz
             num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False, max_position_embeddings=512)
 
 
-def timed(cmd: list[str]) -> tuple[float, str]:
+def timed(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, str]:
     t0 = time.perf_counter()
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT).stdout
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT,
+                         env={**os.environ, **(env or {})}).stdout
     return time.perf_counter() - t0, out
 
 
@@ -82,17 +85,22 @@ def cold_p1(tmp: Path) -> dict:
     acc_cmd = [sys.executable, "-c", ACCELERATE, str(p1)]
     est_cmd = [sys.executable, "-c", ESTIMATE_MEMORY, str(p1)]
     floor_cmd = [sys.executable, "-c", IMPORT_FLOOR]
-    ours, acc, est, floor, ours_out, acc_out = [], [], [], [], "", ""
-    for _ in range(RUNS):  # interleaved, so a slow moment hits all four alike
+    ours, meta, acc, est, floor, ours_out, acc_out = [], [], [], [], [], "", ""
+    for _ in range(RUNS):  # interleaved, so a slow moment hits all five alike
         floor.append(timed(floor_cmd)[0])
         t, ours_out = timed(ours_cmd)
         ours.append(t)
+        t, meta_out = timed(ours_cmd, {"GPUACCEPT_META_PLAN": "1"})
+        meta.append(t)
+        assert json.loads(meta_out)["parameters"] == json.loads(ours_out)["parameters"]
         t, acc_out = timed(acc_cmd)
         acc.append(t)
         est.append(timed(est_cmd)[0])
     plan = json.loads(ours_out)
     return {
         "gpuaccept_plan_s_median": statistics.median(ours),
+        "gpuaccept_plan_meta_build_s_median": statistics.median(meta),
+        "ratio_ours_meta_build_over_estimate_memory": statistics.median(meta) / statistics.median(est),
         "accelerate_estimate_memory_s_median": statistics.median(est),
         "accelerate_meta_build_s_median": statistics.median(acc),
         "import_floor_s_median": statistics.median(floor),
@@ -103,9 +111,10 @@ def cold_p1(tmp: Path) -> dict:
         "gpuaccept_parameters": plan["parameters"]["total"],
         "gpuaccept_weights_bytes_per_device_fp16": plan["devices"][0]["components"]["weights"],
         "accelerate_total_bytes_fp32_base_model": int(acc_out.strip()),
-        "note": "accelerate builds AutoModel (no LM head) in fp32, as estimate-memory does; gpuaccept builds the "
-                "causal LM with its head in the spec dtype. All three are import-bound (torch + transformers); the "
-                "bare meta build is the floor any meta-device planner shares",
+        "note": "accelerate builds AutoModel (no LM head) in fp32, as estimate-memory does. gpuaccept plans a "
+                "Llama-family config.json from its numbers (core/shapes.py, equal to the meta build in tests) without "
+                "importing torch or transformers; with GPUACCEPT_META_PLAN=1 it builds the causal LM with its head on "
+                "the meta device like accelerate, and is then bound by the same imports (the floor)",
     }
 
 
@@ -196,7 +205,7 @@ def main() -> None:
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     p1, rp, tr = result["p1_cold"], result["replan"], result["traced_1b"]
-    print(f"P1 cold plan {p1['gpuaccept_plan_s_median']:.2f} s vs accelerate estimate-memory "
+    print(f"P1 cold plan {p1['gpuaccept_plan_s_median']:.2f} s (meta build {p1['gpuaccept_plan_meta_build_s_median']:.2f} s) vs accelerate estimate-memory "
           f"{p1['accelerate_estimate_memory_s_median']:.2f} s (ratio {p1['ratio_ours_over_estimate_memory']:.2f}); "
           f"its bare meta build {p1['accelerate_meta_build_s_median']:.2f} s (ratio {p1['ratio_ours_over_accelerate']:.2f}); "
           f"import floor {p1['import_floor_s_median']:.2f} s")

@@ -1,7 +1,8 @@
 """The analytic memory plan: bytes per device and per component, before anything runs (DESIGN §3).
 
 The model is built on the meta device from its config (no weights are read or allocated), so a 70B model plans in well
-under a second on a laptop. Parameter counts and shapes come from that meta model; everything else is a formula of the
+under a second on a laptop once torch and transformers are imported; a Llama-family config.json is summarised from its
+numbers instead (core/shapes.py, equal to the meta build in tests), with no import of either. Parameter counts and shapes come from that meta model; everything else is a formula of the
 spec (batch ``b``, sequence ``s``, dtype bytes) and the config (hidden ``h``, layers ``L``, heads ``a``, vocabulary
 ``V``). Every :class:`Line` carries the formula it used, so a reader can check each number.
 
