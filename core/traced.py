@@ -286,26 +286,25 @@ def _materialise(model: Any, real: bool, generator: Any) -> None:
     """Swap every meta parameter and buffer for a CPU tensor (fake under the active FakeTensorMode), tied ones tied."""
     import torch
 
+    def parameter(p: Any) -> Any:
+        data = torch.empty(p.shape, dtype=p.dtype, device="cpu")
+        if real:
+            data.normal_(0.0, 0.02, generator=generator)
+        return torch.nn.Parameter(data, requires_grad=p.requires_grad)
+
+    def buffer(b: Any) -> Any:
+        data = torch.empty(b.shape, dtype=b.dtype, device="cpu")
+        return data.zero_() if real else data
+
     memo: dict[int, Any] = {}
     for module in model.modules():
-        for name, param in list(module._parameters.items()):
-            if param is None:
-                continue
-            if id(param) not in memo:
-                data = torch.empty(param.shape, dtype=param.dtype, device="cpu")
-                if real:
-                    data.normal_(0.0, 0.02, generator=generator)
-                memo[id(param)] = torch.nn.Parameter(data, requires_grad=param.requires_grad)
-            module._parameters[name] = memo[id(param)]
-        for name, buf in list(module._buffers.items()):
-            if buf is None:
-                continue
-            if id(buf) not in memo:
-                data = torch.empty(buf.shape, dtype=buf.dtype, device="cpu")
-                if real:
-                    data.zero_()
-                memo[id(buf)] = data
-            module._buffers[name] = memo[id(buf)]
+        for table, make in ((module._parameters, parameter), (module._buffers, buffer)):
+            for name, tensor in list(table.items()):
+                if tensor is None:
+                    continue
+                if id(tensor) not in memo:
+                    memo[id(tensor)] = make(tensor)
+                table[name] = memo[id(tensor)]
 
 
 def _optimizer(spec: RunSpec, model: Any, foreach: bool) -> Any:
