@@ -94,6 +94,66 @@ def required_files(spec: RunSpec) -> dict[str, str]:
     return files
 
 
+def completeness(spec: RunSpec, ckpt: Path) -> Check:
+    """Every component a resume needs is in ``ckpt`` (case R6): fail, naming each missing component and its file.
+
+    Trainer itself loads the optimizer and scheduler only when both files exist and only logs a missing RNG state; this
+    check fails instead of warning.
+    """
+    files = required_files(spec)
+    missing = [f"{comp} ({name})" for comp, name in files.items() if not (ckpt / name).is_file()]
+    if missing:
+        return Check("checkpoint_complete", "fail", "missing: " + ", ".join(missing), kind="completeness")
+    return Check("checkpoint_complete", "pass", "present: " + ", ".join(f"{comp} ({name})" for comp, name in files.items()),
+                 kind="completeness")
+
+
+class UntrustedCheckpoint(Exception):
+    """A checkpoint file that cannot be loaded with ``torch.load(weights_only=True)`` (it needs arbitrary code)."""
+
+
+def safe_load(path: Path) -> Any:
+    """``torch.load(path, weights_only=True)`` under transformers' allow-list of numpy RNG types (as Trainer loads
+    ``rng_state.pth``); nothing else is ever used to read a checkpoint pickle.
+
+    Raises:
+        UntrustedCheckpoint: the file needs ``weights_only=False`` (a pickle of arbitrary objects) or is not a torch
+            file; the message names the file.
+    """
+    import pickle
+
+    import torch
+
+    try:
+        from transformers.trainer_pt_utils import safe_globals
+    except ImportError:  # an older transformers: torch's own allow-list only
+        import contextlib
+
+        safe_globals = contextlib.nullcontext
+    try:
+        with safe_globals():
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, AttributeError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UntrustedCheckpoint(f"{path.name}: refused, it cannot be loaded with weights_only=True ({first[:160]})") \
+            from None
+
+
+def safe_loading(spec: RunSpec, ckpt: Path) -> Check:
+    """Every pickle the resume will load (optimizer, scheduler, RNG state, GradScaler) loads with
+    ``weights_only=True`` (case R8); otherwise fail and name the file, and the resume is not run."""
+    names = [name for name in required_files(spec).values() if name.endswith((".pt", ".pth"))]
+    refused = []
+    for name in names:
+        try:
+            safe_load(ckpt / name)
+        except UntrustedCheckpoint as exc:
+            refused.append(str(exc))
+    if refused:
+        return Check("safe_loading", "fail", "; ".join(refused))
+    return Check("safe_loading", "pass", f"{', '.join(names)} load with weights_only=True")
+
+
 def not_applicable(spec: RunSpec) -> ResumeResult:
     """The result for inference (nothing is trained, nothing resumes) or when the check is switched off."""
     why = "inference: fixed weights, no training state to resume" if not spec.training else "switched off in the spec"
@@ -142,22 +202,21 @@ def run_resume_check(
                         f"checkpoint-{c} present, none after it" if not later and ckpt.is_dir()
                         else f"checkpoint-{c} {'present' if ckpt.is_dir() else 'missing'}; later: {', '.join(later) or 'none'}"))
 
-    # 2. completeness and manifest, before anything loads the checkpoint
-    missing = [f"{comp} ({name})" for comp, name in required_files(spec).items() if not (ckpt / name).is_file()]
-    checks.append(Check("checkpoint_complete", "fail" if missing else "pass",
-                        ("missing: " + ", ".join(missing)) if missing
-                        else "present: " + ", ".join(f"{comp} ({name})" for comp, name in required_files(spec).items()),
-                        kind="completeness"))
+    # 2. completeness, manifest and safe loading, before anything loads the checkpoint
+    complete = completeness(spec, ckpt)
+    checks.append(complete)
     manifest = write_manifest(ckpt, run_dir / "resume-interrupted" / f"manifest-checkpoint-{c}.json")
-    if missing or not ckpt.is_dir():
+    if complete.status != "pass" or not ckpt.is_dir():
         return _finish(spec, checks, c, k, pgid, tier, [], manifest, 0, started)
     bad = verify_manifest(ckpt, manifest)
     checks.append(Check("manifest", "fail" if bad else "pass",
                         ("sha256 mismatch: " + ", ".join(bad)) if bad else f"sha256 of {len(manifest)} files verified"))
+    safe = safe_loading(spec, ckpt)
+    checks.append(safe)
     state = json.loads((ckpt / "trainer_state.json").read_text(encoding="utf-8"))
     checks.append(Check("trainer_state", "pass" if state.get("global_step") == c else "fail",
                         f"trainer_state.json global_step = {state.get('global_step')} (expected {c})"))
-    if bad:
+    if bad or safe.status != "pass":
         return _finish(spec, checks, c, k, pgid, tier, [], manifest, 0, started)
 
     # 3. the resumed run
@@ -260,8 +319,10 @@ def compare_optimizers(ref_file: Path, res_file: Path, tier: Tier) -> list[Check
     for f in (ref_file, res_file):
         if not f.is_file():
             return [Check("optimizer_state", "fail", f"{f} missing")]
-    a = torch.load(res_file, map_location="cpu", weights_only=True)
-    b = torch.load(ref_file, map_location="cpu", weights_only=True)
+    try:
+        a, b = safe_load(res_file), safe_load(ref_file)
+    except UntrustedCheckpoint as exc:
+        return [Check("optimizer_state", "fail", str(exc))]
     sizes_a = [len(g["params"]) for g in a["param_groups"]]
     sizes_b = [len(g["params"]) for g in b["param_groups"]]
     steps_a = sorted({float(s["step"]) for s in a["state"].values() if "step" in s})

@@ -9,6 +9,8 @@ from safetensors.torch import save_file
 
 from core.resume import (
     compare_optimizers,
+    completeness,
+    safe_loading,
     compare_steps,
     compare_weights,
     required_files,
@@ -115,3 +117,61 @@ def test_manifest_detects_a_changed_added_or_removed_file(tmp_path):
     (ckpt / "extra.bin").write_bytes(b"x")
     assert verify_manifest(ckpt, manifest) == ["extra.bin", "optimizer.pt"]
     assert json.loads((tmp_path / "manifest.json").read_text()) == manifest
+
+
+class NotATensor:
+    """An object a checkpoint pickle must never be allowed to rebuild (weights_only=True refuses it)."""
+
+    def __reduce__(self):
+        return (print, ("this would run on load",))
+
+
+def lora_checkpoint(path, spec):
+    """A checkpoint laid out as Trainer writes it for LoRA, with real pickles (RNG state with numpy, as Trainer's)."""
+    import random
+
+    import numpy as np
+
+    path.mkdir()
+    save_file({"w": torch.zeros(2)}, str(path / "adapter_model.safetensors"))
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.ones(1, 2)).sum().backward()
+    opt.step()
+    torch.save(opt.state_dict(), path / "optimizer.pt")
+    torch.save(torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0).state_dict(), path / "scheduler.pt")
+    torch.save({"python": random.getstate(), "numpy": np.random.get_state(), "cpu": torch.random.get_rng_state()},
+               path / "rng_state.pth")
+    (path / "trainer_state.json").write_text(json.dumps({"global_step": 20}))
+    return path
+
+
+def test_r6_a_missing_component_fails_and_is_named(tmp_path):
+    spec = RunSpec.build(None, mode="lora")
+    for name, component in (("scheduler.pt", "scheduler"), ("rng_state.pth", "RNG state"),
+                            ("optimizer.pt", "optimizer")):
+        ckpt = lora_checkpoint(tmp_path / name, spec)
+        assert completeness(spec, ckpt).status == "pass"
+        (ckpt / name).unlink()
+        check = completeness(spec, ckpt)
+        assert check.status == "fail" and check.evidence == f"missing: {component} ({name})"
+
+
+def test_r8_a_pickle_that_needs_weights_only_false_is_refused_and_named(tmp_path):
+    spec = RunSpec.build(None, mode="lora")
+    ckpt = lora_checkpoint(tmp_path / "ok", spec)
+    good = safe_loading(spec, ckpt)
+    assert good.status == "pass", good.evidence  # Trainer's own files, RNG state with numpy included, load safely
+    torch.save({"state": {}, "param_groups": [], "extra": NotATensor()}, ckpt / "optimizer.pt")
+    bad = safe_loading(spec, ckpt)
+    assert bad.status == "fail" and bad.evidence.startswith("optimizer.pt: refused, it cannot be loaded with "
+                                                            "weights_only=True")
+    (ckpt / "scheduler.pt").write_bytes(b"not a torch file")
+    assert "scheduler.pt: refused" in safe_loading(spec, ckpt).evidence
+
+
+def test_r8_the_optimizer_comparison_refuses_an_unsafe_file_instead_of_loading_it(tmp_path):
+    good = lora_checkpoint(tmp_path / "good", RunSpec.build(None, mode="lora"))
+    torch.save({"x": NotATensor()}, tmp_path / "evil.pt")
+    (check,) = compare_optimizers(good / "optimizer.pt", tmp_path / "evil.pt", EXACT)
+    assert check.status == "fail" and check.evidence.startswith("evil.pt: refused")
