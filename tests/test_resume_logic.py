@@ -9,11 +9,11 @@ from safetensors.torch import save_file
 
 from core.resume import (
     compare_optimizers,
-    completeness,
-    safe_loading,
     compare_steps,
     compare_weights,
+    completeness,
     required_files,
+    safe_loading,
     tolerance_tier,
     verify_manifest,
     write_manifest,
