@@ -154,6 +154,7 @@ def _evaluation_tables(spec: RunSpec, te: Any) -> tuple[dict, dict]:
         ev["training_time_s"] = te.training_time_s
         ev["tokens_per_s"] = te.tokens_per_s
         ev["loss_per_step"] = [s["loss"] for s in te.steps]
+        ev["epoch_per_step"] = [s["epoch"] for s in te.steps]  # Trainer's fractional epoch after each optimizer step
         ev["learning_rate_per_step"] = [s["learning_rate"] for s in te.steps]
     else:
         ev["after"] = {"provenance": "not_run", "why": "inference: no training, the fixed weights are evaluated once"}

@@ -154,6 +154,13 @@ def test_bf16_lora_is_mixed_precision_and_resumes_within_its_tier(tiny_model_dir
     # fp32 master weights under autocast: the probe's live weights are 4 B each, as the plan says
     assert record["probe"]["devices"][0]["weights_bytes"] == record["plan"]["devices"][0]["components"]["weights"]
     assert record["probe"]["devices"][0]["weights_bytes"] == 4 * record["plan"]["parameters"]["total"]
+    # case R5: the checkpoint of a tied model saved, resumed, and the tie holds in the resumed run's final checkpoint
+    from transformers import AutoModelForCausalLM
+
+    final = Path(record["run_dir"]) / "resume-resumed" / "output" / "checkpoint-6"
+    model = AutoModelForCausalLM.from_pretrained(final)
+    assert model.config.tie_word_embeddings
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
 
 
 def test_inference_on_a_users_jsonl_file(tiny_model_dir, tmp_path):
@@ -165,3 +172,21 @@ def test_inference_on_a_users_jsonl_file(tiny_model_dir, tmp_path):
     assert record["data"]["source"] == str(data)
     assert record["data"]["heldout_documents"] + record["data"]["train_documents"] == 40
     assert record["evaluation"]["before"]["tokens"] > 0
+
+
+def test_r1_r2_accumulation_4_killed_in_a_later_epoch_resumes_on_the_same_samples(tiny_model_dir, tmp_path):
+    """Cases R1 and R2: gradient accumulation 4 on a small dataset, so the kill (after checkpoint 6, at step 7) lands
+    in the third epoch; the resumed run must consume exactly the reference's sample ids, epochs and learning rates."""
+    data = tmp_path / "small.jsonl"
+    data.write_text("\n".join(f'{{"id": "d{i}", "text": "Note {i}: the value {i * 3} follows {i * 3 - 3}, and '
+                              f'{i * 5} is five times {i}."}}' for i in range(16)))
+    spec = RunSpec.build(model=str(tiny_model_dir), mode="lora", steps=8, seq_len=16, batch_size=2, grad_accum=4,
+                         data=str(data), heldout_fraction=0.25, resume_checkpoint_every=2,
+                         resume_kill_after_checkpoint=3, eval_max_blocks=4)
+    record, events = run(spec, tmp_path / "runs")
+    assert record["resume"]["status"] == "pass", record["resume"]["checks"]
+    checks = {ch["name"]: ch for ch in record["resume"]["checks"]}
+    assert checks["sample_ids"]["status"] == checks["epoch"]["status"] == checks["learning_rate"]["status"] == "pass"
+    assert record["resume"]["kill_step"] == 7 and record["resume"]["checkpoint_step"] == 6
+    epochs = record["evaluation"]["epoch_per_step"]
+    assert epochs[5] >= 2.0 and epochs[6] > 2.0, epochs  # killed at step 7, in the third epoch
