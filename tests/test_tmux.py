@@ -57,3 +57,47 @@ def test_walk_to_the_plan_screen_with_keys(tmp_path, tiny_model_dir):
         assert not (tmp_path / "runs").exists()  # nothing ran: no run directory
     finally:
         subprocess.run([TMUX, "-L", term.socket, "kill-server"], capture_output=True)
+
+
+def test_a_dropped_terminal_during_the_probe_ends_the_wizard_and_its_child_and_keeps_the_record(tmp_path, tiny_model_dir):
+    """An SSH connection that drops closes the terminal: the wizard must not linger (it used to spin on the dead
+    terminal), its probe child's process group must be gone, and what was measured is written, unsigned."""
+    import psutil
+
+    def ours() -> list:
+        found = []
+        for proc in psutil.process_iter(["cmdline", "cwd"]):
+            try:
+                cmd = " ".join(proc.info["cmdline"] or [])
+                if ("core.worker" in cmd or cmd.endswith("gpuaccept run --model " + str(tiny_model_dir) + " --devices cpu "
+                                                           "--seq-len 64 --probe-steps 400")) and \
+                        str(proc.info.get("cwd") or "").startswith(str(tmp_path)):
+                    found.append(proc)
+            except psutil.Error:
+                pass
+        return found
+
+    exe = Path(sys.executable).parent / "gpuaccept"
+    term = Tmux(tmp_path)
+    command = (f"cd {tmp_path} && {exe} run --model {tiny_model_dir} --devices cpu --seq-len 64 --probe-steps 400; "
+               "sleep 30")
+    term.tmux("new-session", "-d", "-s", term.session, "-x", "80", "-y", "24", command)
+    try:
+        term.wait_for("Step 1/7")
+        term.tmux("send-keys", "-t", term.session, "Enter")
+        term.wait_for("Step 2/7")
+        term.tmux("send-keys", "-t", term.session, "C-n")
+        term.wait_for("Step 3/7", "→ fits")
+        term.tmux("send-keys", "-t", term.session, "C-n")
+        term.wait_for("Step 4/7", "probe: child process")
+        assert len(ours()) >= 2  # the wizard and its probe child are running
+    finally:
+        subprocess.run([TMUX, "-L", term.socket, "kill-server"], capture_output=True)
+
+    deadline = time.monotonic() + 20
+    while ours() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert ours() == []
+    (record,) = (tmp_path / "runs").glob("*/record.toml")
+    text = record.read_text()
+    assert 'status = "unsigned"' in text and "cancelled" in text

@@ -50,6 +50,8 @@ class GpuAcceptApp(App[int]):
     def on_mount(self) -> None:
         from tui.screens.mode import ModeScreen
 
+        watch_terminal(self, self.hang_up)  # SIGHUP or a dead terminal: hang_up() on a thread, then exit 129
+
         self.push_screen(ModeScreen())
 
     def start_sampler(self) -> Any:
@@ -97,6 +99,35 @@ class GpuAcceptApp(App[int]):
         if not self.state.running:
             self.exit(130)
 
+    def hang_up(self) -> None:
+        """The terminal went away (an SSH connection dropped). Runs on the watcher thread, not the event loop (which is
+        stuck writing to the dead terminal): stop the running stage, kill every child's process group, write what was
+        measured as an unsigned record, and leave with 129, as a shell's SIGHUP would."""
+        import os
+        import signal
+        import time
+
+        state = self.state
+        state.cancel.set()
+        for pid in list(state.children):
+            try:
+                os.killpg(pid, signal.SIGKILL)  # each child leads its own process group
+            except (ProcessLookupError, PermissionError):
+                pass
+        deadline = time.monotonic() + 5.0
+        while state.running and time.monotonic() < deadline:
+            time.sleep(0.05)
+        run = state.run
+        if run is not None and run.record_path is None and not run.signed:
+            if state.running:
+                run.stopped.setdefault(state.running, f"{state.running}: cancelled (the terminal went away)")
+            try:
+                run.write_record()
+            except Exception:  # noqa: BLE001 - the run directory still holds every artefact
+                pass
+        if self.sampler is not None:
+            self.sampler.stop()
+
     def on_unmount(self) -> None:
         if self.sampler is not None:
             self.sampler.stop()
@@ -124,3 +155,42 @@ def _default_backend() -> tuple[Any, str]:
     from core.nvml import default_backend
 
     return default_backend()
+
+
+def watch_terminal(app: Any, hang_up: Any) -> None:
+    """Run ``hang_up()`` and exit the process with 129 when the controlling terminal goes away: on SIGHUP, or when the
+    terminal stops answering (checked every second; a closed pseudo-terminal makes ``tcgetpgrp`` fail).
+
+    Without it a wizard whose SSH connection dropped kept running with its event loop stuck on the dead terminal, so
+    nothing on the loop can clean up: the work runs on a daemon thread. Apps without a terminal (tests) are not
+    watched."""
+    import os
+    import signal
+    import sys
+    import threading
+
+    if getattr(app, "is_headless", False):
+        return
+    try:
+        fd = sys.__stdin__.fileno()
+        os.tcgetpgrp(fd)
+    except (AttributeError, OSError, ValueError):
+        return  # no terminal to watch
+    gone = threading.Event()
+    try:
+        signal.signal(signal.SIGHUP, lambda signum, frame: gone.set())
+    except ValueError:  # not the main thread
+        pass
+
+    def watch() -> None:
+        while not gone.wait(1.0):
+            try:
+                os.tcgetpgrp(fd)
+            except OSError:
+                break
+        try:
+            hang_up()
+        finally:
+            os._exit(129)
+
+    threading.Thread(target=watch, name="gpuaccept-terminal", daemon=True).start()

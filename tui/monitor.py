@@ -63,6 +63,9 @@ class MonitorApp(App):
         yield Footer()
 
     def on_mount(self) -> None:
+        from tui.app import watch_terminal
+
+        watch_terminal(self, self.sampler.stop)  # closes a recording; the process then exits 129
         self.sampler.start()
         self.set_interval(0.25, self.refresh_bars)
 

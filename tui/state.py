@@ -33,4 +33,5 @@ class WizardState:
     run: Any = None
     running: str | None = None
     cancel: threading.Event = field(default_factory=threading.Event)
+    children: set[int] = field(default_factory=set)  # pids of the stages' child processes (each leads its group)
     record_path: Path | None = None

@@ -89,7 +89,10 @@ class StageScreen(NavButtons, Screen):
         try:
             gen = self.stage_generator(state.cancel.is_set)
             while True:
-                self.post_message(StageEvent(next(gen)))
+                event = next(gen)
+                if type(event).__name__ == "ChildStarted":
+                    state.children.add(event.pid)  # so a hang-up can kill it without the event loop
+                self.post_message(StageEvent(event))
         except StopIteration as stop:
             result = stop.value
         except GpuAcceptError as exc:
