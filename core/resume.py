@@ -244,6 +244,8 @@ def run_resume_check(
     res_final = resumed.output_dir / final
     checks.append(compare_weights(ref_final / weights_file, res_final / weights_file, tier))
     checks.extend(compare_optimizers(ref_final / "optimizer.pt", res_final / "optimizer.pt", tier))
+    if spec.dtype == "fp16":  # case R7: the loss scale must continue, not restart at 2^16
+        checks.append(compare_scalers(ref_final / "scaler.pt", res_final / "scaler.pt"))
     return _finish(spec, checks, c, k, pgid, tier, comparison, manifest, k + len(res), started)
 
 
@@ -340,6 +342,25 @@ def compare_optimizers(ref_file: Path, res_file: Path, tier: Tier) -> list[Check
                         f"{len(ta)} state tensors: " + (f"largest difference {worst:.3g} ({name})" if worst else "bit-identical"),
                         kind="tolerance", tier=tier.name, largest_difference=worst))
     return checks
+
+
+def compare_scalers(ref_file: Path, res_file: Path) -> Check:
+    """Case R7 (fp16): the GradScaler state of the resumed run equals the reference's at the same step (scale, growth
+    tracker; exact: both runs took the same overflow decisions), loaded with ``weights_only=True``. A restarted scale
+    (2^16 after a resume) is caught here."""
+    for f in (ref_file, res_file):
+        if not f.is_file():
+            return Check("grad_scaler", "fail", f"{f.name} missing in {f.parent.name}: the loss scale was not saved")
+    try:
+        a, b = safe_load(res_file), safe_load(ref_file)
+    except UntrustedCheckpoint as exc:
+        return Check("grad_scaler", "fail", str(exc))
+    keys = ("scale", "growth_tracker")
+    got = {k: float(a.get(k, float("nan"))) for k in keys}
+    want = {k: float(b.get(k, float("nan"))) for k in keys}
+    return Check("grad_scaler", "pass" if got == want else "fail",
+                 f"resumed scale {got['scale']:g}, growth tracker {got['growth_tracker']:g}; reference "
+                 f"{want['scale']:g}, {want['growth_tracker']:g}")
 
 
 def _max_diff(a: dict, b: dict, rtol: float) -> tuple[float, str | None, bool]:

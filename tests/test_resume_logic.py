@@ -9,6 +9,7 @@ from safetensors.torch import save_file
 
 from core.resume import (
     compare_optimizers,
+    compare_scalers,
     compare_steps,
     compare_weights,
     completeness,
@@ -175,3 +176,22 @@ def test_r8_the_optimizer_comparison_refuses_an_unsafe_file_instead_of_loading_i
     torch.save({"x": NotATensor()}, tmp_path / "evil.pt")
     (check,) = compare_optimizers(good / "optimizer.pt", tmp_path / "evil.pt", EXACT)
     assert check.status == "fail" and check.evidence.startswith("evil.pt: refused")
+
+
+def test_r7_a_restarted_loss_scale_is_caught_and_an_equal_one_passes(tmp_path):
+    """Case R7 at the logic level (fp16 needs a GPU: the CUDA path is unverified here). GradScaler.state_dict() as
+    Trainer saves it: the reference went on growing/backing off its scale; a resume that restarted at 2^16 fails."""
+    ref = {"scale": 1024.0, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 2000, "growth_tracker": 37}
+    (tmp_path / "ref").mkdir()
+    (tmp_path / "res").mkdir()
+    torch.save(ref, tmp_path / "ref" / "scaler.pt")
+    torch.save(dict(ref), tmp_path / "res" / "scaler.pt")
+    same = compare_scalers(tmp_path / "ref" / "scaler.pt", tmp_path / "res" / "scaler.pt")
+    assert same.status == "pass" and "resumed scale 1024" in same.evidence
+    torch.save(dict(ref, scale=65536.0, growth_tracker=0), tmp_path / "res" / "scaler.pt")
+    restarted = compare_scalers(tmp_path / "ref" / "scaler.pt", tmp_path / "res" / "scaler.pt")
+    assert restarted.status == "fail" and "resumed scale 65536" in restarted.evidence
+    (tmp_path / "res" / "scaler.pt").unlink()
+    missing = compare_scalers(tmp_path / "ref" / "scaler.pt", tmp_path / "res" / "scaler.pt")
+    assert missing.status == "fail" and "scaler.pt missing" in missing.evidence
+    assert "GradScaler" in required_files(RunSpec.build(None, mode="full", dtype="fp16"))
