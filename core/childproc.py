@@ -46,6 +46,20 @@ class ChildJob:
         return self.job_dir / "output"
 
 
+def child_env(base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a worker child: offline, unbuffered, and every ``torch.load`` in it (Trainer's, peft's,
+    ours) forced to ``weights_only=True`` whatever its call site passes or ``base`` says (DESIGN §4: no pickle of
+    arbitrary objects is ever loaded from a checkpoint)."""
+    env = dict(os.environ if base is None else base)
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    env["PYTHONUNBUFFERED"] = "1"
+    env["HF_HUB_OFFLINE"] = "1"  # never download: the model must already be here
+    env["TRANSFORMERS_NO_ADVISORY_WARNINGS"] = "1"
+    env.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)
+    env["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = "1"
+    return env
+
+
 def start_child(name: str, job_dir: Path, job: dict[str, Any]) -> ChildJob:
     """Write ``job.json`` and start ``python -m core.worker`` on it in a new process group."""
     job_dir.mkdir(parents=True, exist_ok=True)
@@ -53,11 +67,7 @@ def start_child(name: str, job_dir: Path, job: dict[str, Any]) -> ChildJob:
     child.job.setdefault("events", str(child.events_path))
     child.job.setdefault("output_dir", str(child.output_dir))
     (job_dir / "job.json").write_text(json.dumps(child.job, indent=2), encoding="utf-8")
-    env = dict(os.environ)
-    env.setdefault("TOKENIZERS_PARALLELISM", "false")
-    env["PYTHONUNBUFFERED"] = "1"
-    env["HF_HUB_OFFLINE"] = "1"  # never download: the model must already be here
-    env["TRANSFORMERS_NO_ADVISORY_WARNINGS"] = "1"
+    env = child_env()
     with open(child.log_path, "ab") as log, open(os.devnull, "rb") as devnull:
         child.proc = subprocess.Popen(
             # -P: never import from the current directory (a user's own `core/` must not shadow ours)

@@ -117,8 +117,8 @@ def safe_load(path: Path) -> Any:
     ``rng_state.pth``); nothing else is ever used to read a checkpoint pickle.
 
     Raises:
-        UntrustedCheckpoint: the file needs ``weights_only=False`` (a pickle of arbitrary objects) or is not a torch
-            file; the message names the file.
+        UntrustedCheckpoint: the file holds objects the weights-only unpickler refuses (a pickle of arbitrary
+            objects) or is not a torch file; the message names the file.
     """
     import pickle
 

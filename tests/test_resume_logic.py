@@ -195,3 +195,32 @@ def test_r7_a_restarted_loss_scale_is_caught_and_an_equal_one_passes(tmp_path):
     missing = compare_scalers(tmp_path / "ref" / "scaler.pt", tmp_path / "res" / "scaler.pt")
     assert missing.status == "fail" and "scaler.pt missing" in missing.evidence
     assert "GradScaler" in required_files(RunSpec.build(None, mode="full", dtype="fp16"))
+
+
+def test_safe_load_is_the_only_torch_load_and_children_force_weights_only(tmp_path):
+    """DESIGN §4: checkpoints are read with weights_only=True only. In core/ the single torch.load call is
+    safe_load's (explicit weights_only=True); every child process also gets TORCH_FORCE_WEIGHTS_ONLY_LOAD=1, so the
+    loads inside Trainer and peft cannot read arbitrary pickles either."""
+    import re
+    from pathlib import Path
+
+    from core.childproc import child_env
+
+    core = Path(__file__).resolve().parent.parent / "core"
+    calls = {f.name: re.findall(r"torch\.load\(([^)]*)\)", f.read_text()) for f in core.glob("*.py")}
+    calls = {name: found for name, found in calls.items() if found}
+    assert list(calls) == ["resume.py"]
+    assert [c for c in calls["resume.py"] if "weights_only=True" in c] == calls["resume.py"]
+    assert "weights_only=False" not in "".join(f.read_text() for f in core.glob("*.py"))
+    # the children's environment refuses a pickle even where a library passes weights_only=False
+    import subprocess
+    import sys
+
+    evil = Path(tmp_path) / "evil.pt"
+    torch.save({"x": NotATensor()}, evil)
+    code = (f"import torch\ntry:\n    torch.load({str(evil)!r}, weights_only=False)\n    print('loaded')\n"
+            "except Exception as e:\n    print('refused')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env=child_env({"PATH": "/usr/bin:/bin", "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"}),
+                         cwd=Path(__file__).resolve().parent.parent)
+    assert out.stdout.strip() == "refused", out.stdout + out.stderr
