@@ -136,6 +136,13 @@ class PlanDifference:
         return (self.traced_peak_bytes - self.analytic_tensor_bytes) / self.analytic_tensor_bytes
 
 
+def relative_text(analytic: int, traced: int) -> str:
+    """(traced - analytic) / analytic as ``+12%``; ``n/a`` when only the trace has bytes, empty when both are 0."""
+    if analytic:
+        return f"{(traced - analytic) / analytic:+.0%}"
+    return "n/a" if traced else ""
+
+
 def compare(device_plan: Any, traced: TracedPlan) -> PlanDifference:
     """Line by line, the analytic ``device_plan`` (:class:`core.plan.DevicePlan`) against ``traced``.
 

@@ -184,16 +184,18 @@ def format_traced(traced: dict[str, Any]) -> str:
     """The traced plan beside the analytic one, as text (GiB = 2^30 bytes), the most different line named."""
     if traced.get("status") != "estimated":
         return f"traced plan: not run ({traced.get('reason', '')})"
+    from core.traced import relative_text
+
     gib = 2**30
     lines = [f"traced plan (ESTIMATE, {traced['seconds']:.1f} s): {traced['method']}",
              f"  {'component':<17} {'analytic':>9}  {'traced':>9}  {'difference':>10}"]
     for name, row in traced["lines"].items():
         a, t = row["analytic_bytes"], row["traced_bytes"]
-        rel = f"{(t - a) / a:+.0%}" if a else ("n/a" if t else "")
+        rel = relative_text(a, t)
         mark = "  <- differs most" if name == traced["most_different"] else ""
         lines.append(f"  {name:<17} {a / gib:9.3f}  {t / gib:9.3f}  {rel:>10}{mark}")
     a, t = traced["analytic_tensor_bytes"], traced["peak_bytes"]
-    lines.append(f"  {'tensors total':<17} {a / gib:9.3f}  {t / gib:9.3f}  {(t - a) / a if a else 0:+10.0%}")
+    lines.append(f"  {'tensors total':<17} {a / gib:9.3f}  {t / gib:9.3f}  {relative_text(a, t):>10}")
     lines.append(f"  on {traced['compared_with']}; {traced['note']}")
     return "\n".join(lines)
 

@@ -129,6 +129,7 @@ class PlanScreen(NavButtons, Screen):
         if slot is None or not slot.is_attached:
             return  # the plan was redrawn meanwhile
         from core.pipeline import traced_summary
+        from core.traced import relative_text
 
         if traced.get("status") != "estimated":
             slot.update(f"[dim]{traced_summary(traced)}[/]")
@@ -139,10 +140,10 @@ class PlanScreen(NavButtons, Screen):
         table.add_columns("component", "analytic GiB", "traced GiB", "difference")
         for name, row in traced["lines"].items():
             a, t = row["analytic_bytes"], row["traced_bytes"]
-            rel = f"{(t - a) / a:+.0%}" if a else ("n/a" if t else "")
+            rel = relative_text(a, t)
             table.add_row(f"{SHORT[name]} {name}", f"{a / 2**30:.3f}", f"{t / 2**30:.3f}", rel)
         a, t = traced["analytic_tensor_bytes"], traced["peak_bytes"]
-        table.add_row("tensors total", f"{a / 2**30:.3f}", f"{t / 2**30:.3f}", f"{(t - a) / a:+.0%}" if a else "")
+        table.add_row("tensors total", f"{a / 2**30:.3f}", f"{t / 2**30:.3f}", relative_text(a, t))
         note = Static(f"[dim]{traced['note']} Method: {traced['method']}.[/]")
         self.query_one("#plan-body", VerticalScroll).mount(table, note, after=slot)
 
