@@ -172,11 +172,15 @@ def _resume_table(r: Any) -> dict[str, Any]:
         "summary": r.summary,
         "checkpoint_step": r.checkpoint_step,
         "kill_step": r.kill_step,
+        "kill_at": r.kill_at,
+        "kill_planned": r.kill_planned,
         "killed_process_group": r.killed_pgid,
         "tier": dataclasses.asdict(r.tier) if r.tier else {},
         "extra_steps": r.extra_steps,
         "seconds": r.seconds,
-        "checks": [dataclasses.asdict(c) for c in r.checks],
+        # every row names its tier: exact checks are equality, completeness checks presence of every component
+        "checks": [{**dataclasses.asdict(c), "tier": c.tier or {"exact": "exact", "completeness": "all-present"}.get(
+            c.kind, c.kind)} for c in r.checks],
         "comparison": r.comparison,
         "checkpoint_manifest": r.manifest,
     }

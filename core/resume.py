@@ -76,6 +76,8 @@ class ResumeResult:
     extra_steps: int = 0  # steps the check ran beyond the reference (killed + resumed)
     seconds: float = 0.0
     summary: str = ""
+    kill_at: str | None = None  # resume.kill_at of the spec (KILL_POINTS)
+    kill_planned: str = ""  # the kill point in words, with its step numbers
 
 
 def required_files(spec: RunSpec) -> dict[str, str]:
@@ -154,6 +156,121 @@ def safe_loading(spec: RunSpec, ckpt: Path) -> Check:
     return Check("safe_loading", "pass", f"{', '.join(names)} load with weights_only=True")
 
 
+def live_rng_state() -> dict[str, Any]:
+    """This process's random states in the layout of Trainer's ``rng_state.pth`` (python, numpy, torch CPU, CUDA)."""
+    import random
+
+    import numpy as np
+    import torch
+
+    state: dict[str, Any] = {"python": random.getstate(), "numpy": np.random.get_state(),
+                             "cpu": torch.random.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.random.get_rng_state()
+    return state
+
+
+def rng_digest(state: dict[str, Any]) -> dict[str, str]:
+    """sha256 (first 16 hex digits) of each random generator's state, by Trainer's key (``python``, ``numpy``, ``cpu``,
+    ``cuda``). Two digests are equal exactly when the generators would draw the same numbers next."""
+    import numpy as np
+    import torch
+
+    def canon(value: Any) -> bytes:
+        if torch.is_tensor(value):
+            return b"T" + value.cpu().contiguous().numpy().tobytes()
+        if isinstance(value, np.ndarray):
+            return b"A" + str(value.dtype).encode() + value.tobytes()
+        if isinstance(value, (tuple, list)):
+            return b"(" + b",".join(canon(v) for v in value) + b")"
+        return repr(value).encode()
+
+    return {key: hashlib.sha256(canon(value)).hexdigest()[:16] for key, value in sorted(state.items())
+            if key in ("python", "numpy", "cpu", "cuda")}
+
+
+def compare_rng(restored: dict[str, str] | None, saved: dict[str, str], resumed: list[dict],
+                ref: dict[int, dict], c: int) -> list[Check]:
+    """Exact checks of the random generators (python, numpy, torch CPU, CUDA), by sha256 digest:
+
+    - ``rng_restored``: right after Trainer restored them, they equal ``rng_state.pth`` of checkpoint-c;
+    - ``rng_continues``: at the start of every resumed step they equal the uninterrupted run's at the same step.
+
+    Trainer only logs when ``rng_state.pth`` is missing or named for another world size; a run whose generators were
+    not restored draws other dropout masks and other shuffles from there on.
+
+    Args:
+        restored: digest reported by the resumed run right after the restore (None: no restore happened).
+        saved: digest of the checkpoint's ``rng_state.pth``.
+        resumed: the resumed run's step events (``step``, ``rng``: digest at the start of the step).
+        ref: the reference's step events by step.
+    """
+    if restored is None:
+        first = Check("rng_restored", "fail", "the resumed run never restored an RNG state (Trainer's _load_rng_state "
+                                              "did not run or found no file)")
+    else:
+        diff = sorted(k for k in saved.keys() | restored.keys() if saved.get(k) != restored.get(k))
+        first = Check("rng_restored", "fail" if diff else "pass",
+                      f"right after restore, generators {', '.join(sorted(restored))} equal rng_state.pth of "
+                      f"checkpoint-{c} (sha256)" if not diff else
+                      f"after restore, {', '.join(diff)} differ from rng_state.pth of checkpoint-{c}")
+    pairs = [(e["step"], e.get("rng"), ref.get(e["step"], {}).get("rng")) for e in resumed]
+    missing = [step for step, a, b in pairs if a is None or b is None]
+    differ = [step for step, a, b in pairs if a is not None and b is not None and a != b]
+    steps = [step for step, _, _ in pairs]
+    if not pairs or missing:
+        second = Check("rng_continues", "fail", f"no RNG digest at the start of steps {_span(missing) or 'any'}")
+    elif differ:
+        which = sorted(k for k in pairs[0][1] if any(a.get(k) != b.get(k) for st, a, b in pairs if st in differ))
+        second = Check("rng_continues", "fail", f"generators {', '.join(which)} differ from the uninterrupted run's at "
+                                                f"the start of steps {_span(differ)}")
+    else:
+        states = {json.dumps(r.get("rng"), sort_keys=True) for r in ref.values() if r.get("rng")}
+        advanced = (f"; the generators advanced during training ({len(states)} distinct states over "
+                    f"{len(ref)} steps)" if len(states) > 1 else
+                    "; nothing drew random numbers during training (no dropout), so the states never changed and "
+                    "this check cannot tell a restored state from a fresh one")
+        second = Check("rng_continues", "pass", f"at the start of each of steps {_span(steps)}, every generator equals "
+                                                f"the uninterrupted run's" + advanced)
+    return [first, second]
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The checkpoint a resume should start from: the newest complete one; ``skipped`` names newer partial ones."""
+
+    checkpoint: Path | None
+    skipped: list[str]
+
+
+def select_checkpoint(spec: RunSpec, output_dir: Path) -> Selection:
+    """The newest ``checkpoint-N`` in ``output_dir`` that holds every component (:func:`completeness`) and whose
+    ``trainer_state.json`` says global step N; newer partial ones (a kill during the write) are skipped with the reason.
+
+    transformers' ``get_last_checkpoint`` takes the highest step whatever it holds; Trainer writes a checkpoint in place
+    (weights, then optimizer and scheduler, GradScaler, RNG state, trainer state last), so a kill mid-write leaves a
+    partial directory with the highest step.
+    """
+    skipped: list[str] = []
+    for ckpt in sorted(output_dir.glob("checkpoint-*"), key=_step_of, reverse=True):
+        if not ckpt.is_dir() or _step_of(ckpt) < 0:
+            continue
+        complete = completeness(spec, ckpt)
+        if complete.status != "pass":
+            skipped.append(f"{ckpt.name} is partial ({complete.evidence})")
+            continue
+        try:
+            step = json.loads((ckpt / "trainer_state.json").read_text(encoding="utf-8")).get("global_step")
+        except (OSError, ValueError) as exc:
+            skipped.append(f"{ckpt.name}: trainer_state.json unreadable ({exc})")
+            continue
+        if step != _step_of(ckpt):
+            skipped.append(f"{ckpt.name}: trainer_state.json says global step {step}")
+            continue
+        return Selection(ckpt, skipped)
+    return Selection(None, skipped)
+
+
 def not_applicable(spec: RunSpec) -> ResumeResult:
     """The result for inference (nothing is trained, nothing resumes) or when the check is switched off."""
     why = "inference: fixed weights, no training state to resume" if not spec.training else "switched off in the spec"
@@ -177,36 +294,37 @@ def run_resume_check(
     checks: list[Check] = []
     base = {"spec": spec.to_dict(), "model_path": str(model_path), "device": device, "save_total_limit": None}
 
-    # 1. the interrupted run, killed after checkpoint c and before the next
-    yield Message("resume", text=f"interrupted run: SIGKILL after checkpoint {c}, at step {k}")
-    interrupted = start_child("interrupted", run_dir / "resume-interrupted", {**base, "role": "interrupted",
-                                                                              "kill_step": k})
+    # 1. the interrupted run, killed at the kill point (after checkpoint c, before the next is complete)
+    yield Message("resume", text=f"interrupted run: SIGKILL {spec.resume.describe()}")
+    interrupted = start_child("interrupted", run_dir / "resume-interrupted", {
+        **base, "role": "interrupted", "kill_step": k, "kill_at": spec.resume.kill_at})
     yield ChildStarted("resume", run="interrupted", pid=interrupted.proc.pid, log_path=str(interrupted.log_path))
-    reached = False
+    kill_event = None
     for event in watch(interrupted, stop_when=lambda e: e["kind"] == "kill_point", cancelled=cancelled):
         if event["kind"] == "step":
-            yield Progress("resume", run="interrupted", step=event["step"], total=k, loss=event["loss"])
-        reached = reached or event["kind"] == "kill_point"
-    if not reached:
+            yield Progress("resume", run="interrupted", step=event["step"], total=spec.resume.last_step_needed(),
+                           loss=event["loss"])
+        if event["kind"] == "kill_point":
+            kill_event = event
+    if kill_event is None:
         check_exit(interrupted)
         raise StageError(f"the interrupted run ended before its kill point (see {interrupted.log_path})")
     pgid = kill_group(interrupted)
     time.sleep(0.05)
     alive = group_alive(pgid)
     checks.append(Check("kill", "fail" if alive else "pass",
-                        f"SIGKILL to process group {pgid} after step {k}; "
+                        f"SIGKILL to process group {pgid} {kill_position(kill_event)}; "
                         + ("a process of the group is still alive" if alive else "no process of the group is left")))
-    ckpt = interrupted.output_dir / f"checkpoint-{c}"
-    later = sorted(p.name for p in interrupted.output_dir.glob("checkpoint-*") if _step_of(p) > c)
-    checks.append(Check("kill_point", "fail" if later or not ckpt.is_dir() else "pass",
-                        f"checkpoint-{c} present, none after it" if not later and ckpt.is_dir()
-                        else f"checkpoint-{c} {'present' if ckpt.is_dir() else 'missing'}; later: {', '.join(later) or 'none'}"))
+    checks.append(kill_point_check(spec, kill_event))
 
-    # 2. completeness, manifest and safe loading, before anything loads the checkpoint
+    # 2. which checkpoint to resume from; completeness, manifest and safe loading, before anything loads it
+    selection = select_checkpoint(spec, interrupted.output_dir)
+    checks.append(selection_check(selection, c))
+    ckpt = interrupted.output_dir / f"checkpoint-{c}"
     complete = completeness(spec, ckpt)
     checks.append(complete)
     manifest = write_manifest(ckpt, run_dir / "resume-interrupted" / f"manifest-checkpoint-{c}.json")
-    if complete.status != "pass" or not ckpt.is_dir():
+    if complete.status != "pass" or selection.checkpoint != ckpt:
         return _finish(spec, checks, c, k, pgid, tier, [], manifest, 0, started)
     bad = verify_manifest(ckpt, manifest)
     checks.append(Check("manifest", "fail" if bad else "pass",
@@ -218,6 +336,7 @@ def run_resume_check(
                         f"trainer_state.json global_step = {state.get('global_step')} (expected {c})"))
     if bad or safe.status != "pass":
         return _finish(spec, checks, c, k, pgid, tier, [], manifest, 0, started)
+    saved_rng = rng_digest(safe_load(ckpt / "rng_state.pth"))
 
     # 3. the resumed run
     yield Message("resume", text=f"resumed run from checkpoint-{c} to step {spec.steps}")
@@ -233,6 +352,8 @@ def run_resume_check(
     intr = [e for e in interrupted.events if e["kind"] == "step"]
     res = [e for e in resumed.events if e["kind"] == "step"]
     checks.extend(compare_steps(ref, intr, res, c, spec.steps, tier))
+    restored = next((e["digest"] for e in resumed.events if e["kind"] == "rng_restored"), None)
+    checks.extend(compare_rng(restored, saved_rng, res, ref, c))
     comparison = [
         {"step": e["step"], "learning_rate": e["learning_rate"], "loss_reference": ref[e["step"]]["loss"],
          "loss_resumed": e["loss"], "difference": abs(e["loss"] - ref[e["step"]]["loss"])}
@@ -246,19 +367,61 @@ def run_resume_check(
     checks.extend(compare_optimizers(ref_final / "optimizer.pt", res_final / "optimizer.pt", tier))
     if spec.dtype == "fp16":  # case R7: the loss scale must continue, not restart at 2^16
         checks.append(compare_scalers(ref_final / "scaler.pt", res_final / "scaler.pt"))
-    return _finish(spec, checks, c, k, pgid, tier, comparison, manifest, k + len(res), started)
+    return _finish(spec, checks, c, k, pgid, tier, comparison, manifest, len(intr) + len(res), started)
 
 
 def _finish(spec, checks, c, k, pgid, tier, comparison, manifest, extra_steps, started) -> ResumeResult:
+    """The result from the checks so far (a check that stops the comparison early returns here too)."""
     import time
 
     status = "pass" if checks and all(ch.status == "pass" for ch in checks) else "fail"
     failed = [ch.name for ch in checks if ch.status != "pass"]
-    summary = (f"killed at step {k}, resumed from checkpoint-{c}: {len(checks)} checks passed ({tier.name})"
+    summary = (f"killed {spec.resume.describe(short=True)}, resumed from checkpoint-{c}: {len(checks)} checks "
+               f"passed ({tier.name})"
                if status == "pass" else f"failed: {', '.join(failed)}")
     return ResumeResult(status=status, checks=checks, checkpoint_step=c, kill_step=k, killed_pgid=pgid, tier=tier,
                         comparison=comparison, manifest=manifest, extra_steps=extra_steps,
+                        kill_at=spec.resume.kill_at, kill_planned=spec.resume.describe(),
                         seconds=time.perf_counter() - started, summary=summary)
+
+
+def kill_position(event: dict) -> str:
+    """Where the interrupted run was when it was killed, in words, from its ``kill_point`` event."""
+    where, step = event.get("where"), event["step"]
+    if where == "save":
+        return f"while checkpoint-{step} was being written (weights saved, optimizer not)"
+    if where == "step_end":
+        return f"right after optimizer step {step}"
+    done, n = event.get("micro_done", 0), event.get("micro_in_step", 1)
+    return f"inside step {step + 1} after {done} of its {n} micro-batches, before its optimizer step"
+
+
+def kill_point_check(spec: RunSpec, event: dict) -> Check:
+    """The interrupted run was killed where the spec placed the kill (``resume.kill_at``, :data:`KILL_POINTS`)."""
+    k, at = spec.resume.kill_step(), spec.resume.kill_at
+    step, where = event["step"], event.get("where")
+    done, n = event.get("micro_done"), event.get("micro_in_step")
+    expected = {
+        "boundary": step == k and where == "step_end",
+        "boundary-1": step == k - 1 and where in ("step_begin", "micro") and done == n - 1,
+        "boundary+1": step == k and where == "micro" and done == 1,
+        "checkpoint-write": step == k and where == "save",
+    }[at]
+    return Check("kill_point", "pass" if expected else "fail",
+                 f"{at}: killed {kill_position(event)}" + ("" if expected else f"; planned {spec.resume.describe()}"))
+
+
+def selection_check(selection: Selection, c: int) -> Check:
+    """The newest complete checkpoint is checkpoint-c; partial newer ones are named (resume must not take them)."""
+    skipped = ("; skipped " + "; ".join(selection.skipped)) if selection.skipped else ""
+    if selection.checkpoint is None:
+        return Check("checkpoint_selection", "fail", "no complete checkpoint to resume from" + skipped,
+                     kind="completeness")
+    name = selection.checkpoint.name
+    ok = name == f"checkpoint-{c}"
+    return Check("checkpoint_selection", "pass" if ok else "fail",
+                 f"resume from {name}, the newest complete checkpoint" + ("" if ok else f" (expected checkpoint-{c})")
+                 + skipped, kind="completeness")
 
 
 def compare_steps(ref: dict[int, dict], interrupted: list[dict], resumed: list[dict], c: int, steps: int,

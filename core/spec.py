@@ -37,6 +37,7 @@ TOML layout (every key optional; the defaults are the embedded model and text)::
     check = true
     checkpoint_every = 10         # steps between checkpoints
     kill_after_checkpoint = 2     # kill after the 2nd checkpoint, before the next one
+    kill_at = "boundary+1"        # boundary | boundary-1 | boundary+1 | checkpoint-write
 """
 
 from __future__ import annotations
@@ -89,6 +90,16 @@ class LoraSettings:
     targets: tuple[str, ...] = ("q_proj", "v_proj")
 
 
+KILL_POINTS: dict[str, str] = {
+    "boundary": "at the gradient-accumulation boundary: right after optimizer step k",
+    "boundary-1": "one micro-step before the boundary: all but the last micro-batch of step k done, no optimizer step",
+    "boundary+1": "one micro-step after the boundary: the first micro-batch of step k+1 done (gradients partly "
+                  "accumulated), no optimizer step",
+    "checkpoint-write": "during the write of the next checkpoint after the one resumed from: its weights written, "
+                        "optimizer, scheduler, RNG and trainer state not",
+}
+
+
 @dataclass(frozen=True)
 class ResumeSettings:
     """Kill-and-resume check settings.
@@ -96,20 +107,45 @@ class ResumeSettings:
     Attributes:
         check: run the check at all (training modes only).
         checkpoint_every: optimizer steps between Trainer checkpoints.
-        kill_after_checkpoint: the interrupted run is killed after this checkpoint (1-based) and before the next one.
+        kill_after_checkpoint: the interrupted run is killed after this checkpoint (1-based) and before the next one
+            has been written completely.
+        kill_at: where the SIGKILL lands, one of :data:`KILL_POINTS` (default ``boundary+1``: mid-accumulation, where
+            a crash usually falls, during a forward or backward).
     """
 
     check: bool = True
     checkpoint_every: int = 10
     kill_after_checkpoint: int = 2
+    kill_at: str = "boundary+1"
 
     def kill_checkpoint_step(self) -> int:
         """Global step of the checkpoint the interrupted run resumes from."""
         return self.checkpoint_every * self.kill_after_checkpoint
 
     def kill_step(self) -> int:
-        """The interrupted run is killed once it has finished this optimizer step (after the checkpoint, before the next)."""
+        """The optimizer step the kill is placed by (see :data:`KILL_POINTS`): step k, halfway between checkpoint c and
+        the next; for ``checkpoint-write`` the step whose checkpoint is being written (c + checkpoint_every)."""
+        if self.kill_at == "checkpoint-write":
+            return self.kill_checkpoint_step() + self.checkpoint_every
         return self.kill_checkpoint_step() + max(1, self.checkpoint_every // 2)
+
+    def last_step_needed(self) -> int:
+        """The last optimizer step the interrupted run must reach (``boundary+1`` is inside step k+1)."""
+        return self.kill_step() + (1 if self.kill_at == "boundary+1" else 0)
+
+    def describe(self, short: bool = False) -> str:
+        """The kill point in words, with its step numbers (``short``: without what is on disk at that moment)."""
+        k, c = self.kill_step(), self.kill_checkpoint_step()
+        where, disk = {
+            "boundary": (f"right after optimizer step {k}", f"checkpoint-{c} written, the next not yet"),
+            "boundary-1": (f"inside step {k}, before its last micro-batch", f"the others done, no optimizer step; "
+                                                                           f"checkpoint-{c} written"),
+            "boundary+1": (f"inside step {k + 1}, after its first micro-batch, before its optimizer step",
+                           f"checkpoint-{c} written"),
+            "checkpoint-write": (f"while checkpoint-{k} is written", f"weights saved, optimizer not: resume must take "
+                                                                     f"checkpoint-{c}"),
+        }[self.kill_at]
+        return where if short else f"{where} ({disk})"
 
 
 @dataclass(frozen=True)
@@ -260,11 +296,16 @@ class RunSpec:
                 raise SpecError("resume.checkpoint_every", f"must be at least 1 (got {r.checkpoint_every})")
             if r.kill_after_checkpoint < 1:
                 raise SpecError("resume.kill_after_checkpoint", f"must be at least 1 (got {r.kill_after_checkpoint})")
-            if r.kill_step() >= self.steps:
+            if r.kill_at not in KILL_POINTS:
+                raise SpecError("resume.kill_at", f"{r.kill_at!r} is not a kill point; choose one of "
+                                                  f"{', '.join(KILL_POINTS)}")
+            last = r.last_step_needed()
+            limit_ok = last <= self.steps if r.kill_at in ("checkpoint-write", "boundary+1") else last < self.steps
+            if not limit_ok:
                 raise SpecError(
                     "resume.kill_after_checkpoint",
-                    f"the kill would come at step {r.kill_step()}, not before the last step {self.steps}: raise steps "
-                    f"above {r.kill_step()} or lower checkpoint_every / kill_after_checkpoint",
+                    f"the kill ({r.kill_at}) would come at step {last}, not before the end of the run at step "
+                    f"{self.steps}: raise steps above {last} or lower checkpoint_every / kill_after_checkpoint",
                 )
         count = device_count(self.devices)
         check_strategy(self.strategy, self.tp, count, self.devices)

@@ -101,7 +101,7 @@ def run_train_eval(
         after=after,
         training_time_s=train_s,
         tokens_per_s=tps,
-        steps=[{k: e[k] for k in ("step", "epoch", "learning_rate", "loss", "sample_ids")} for e in steps],
+        steps=[{k: e.get(k) for k in ("step", "epoch", "learning_rate", "loss", "sample_ids", "rng")} for e in steps],
         data={k: v for k, v in data.items() if k not in ("kind", "t")},
         output_dir=str(child.output_dir),
         log_path=str(child.log_path),

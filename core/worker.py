@@ -186,20 +186,60 @@ def build_trainer(spec, model, tokenizer, blocks, out_dir: Path, device: str, ev
     """
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
+    from core.resume import live_rng_state, rng_digest
+
+    kill = (job["kill_at"], job["kill_step"]) if job["role"] == "interrupted" else None
+
+    def maybe_kill(trainer, where: str) -> None:
+        """Hold at the kill point (``resume.kill_at``) so the parent SIGKILLs this process group there."""
+        if kill is None:
+            return
+        at, k = kill
+        step, done = trainer.state.global_step, len(MeasuringTrainer.micro)
+        n = getattr(trainer, "current_gradient_accumulation_steps", spec.grad_accum)
+        hit = {
+            "boundary": where == "step_end" and step == k,
+            "boundary-1": where in ("step_begin", "micro") and step == k - 1 and done == n - 1,
+            "boundary+1": where == "micro" and step == k and done == 1,
+            "checkpoint-write": where == "save" and step == k,
+        }.get(at, False)
+        if hit:
+            events.emit("kill_point", step=step, where=where, micro_done=done, micro_in_step=n)
+            while True:  # hold: the parent kills this process group now
+                time.sleep(0.05)
+
     class MeasuringTrainer(Trainer):
-        """Trainer that records, per micro-batch, the sample ids fed to the model and the unrounded loss."""
+        """Trainer that records, per micro-batch, the sample ids fed to the model and the unrounded loss, reports the
+        random generators right after a checkpoint's RNG state is restored, and holds at the interrupted run's kill
+        point (a private hook of Trainer each: ``_load_rng_state``, ``_save_optimizer_and_scheduler``)."""
 
         micro: list[tuple[list[int], float]] = []
 
         def training_step(self, model, inputs, num_items_in_batch=None):
             ids = inputs.pop("sample_ids").tolist()
             loss = super().training_step(model, inputs, num_items_in_batch)
-            self.micro.append((ids, float(loss)))
+            MeasuringTrainer.micro.append((ids, float(loss)))
+            maybe_kill(self, "micro")
             return loss
+
+        def _load_rng_state(self, checkpoint):
+            super()._load_rng_state(checkpoint)
+            if checkpoint is not None:
+                events.emit("rng_restored", digest=rng_digest(live_rng_state()), checkpoint=str(checkpoint))
+
+        def _save_optimizer_and_scheduler(self, output_dir):
+            maybe_kill(self, "save")  # weights are written, optimizer and the rest not: a partial checkpoint
+            super()._save_optimizer_and_scheduler(output_dir)
 
     class StepReporter(TrainerCallback):
         def __init__(self) -> None:
             self.lr: float | None = None
+            self.rng: dict[str, str] | None = None
+            self.trainer = None
+
+        def on_step_begin(self, args, state, control, **kw):
+            self.rng = rng_digest(live_rng_state())  # the generators as this optimizer step starts
+            maybe_kill(self.trainer, "step_begin")
 
         def on_pre_optimizer_step(self, args, state, control, optimizer=None, **kw):
             self.lr = float(optimizer.param_groups[0]["lr"]) if optimizer is not None else None
@@ -213,11 +253,9 @@ def build_trainer(spec, model, tokenizer, blocks, out_dir: Path, device: str, ev
                 learning_rate=self.lr,
                 loss=sum(loss for _, loss in micro),
                 sample_ids=[i for ids, _ in micro for i in ids],
+                rng=self.rng,
             )
-            if job["role"] == "interrupted" and state.global_step >= job["kill_step"]:
-                events.emit("kill_point", step=state.global_step)
-                while True:  # hold: the parent kills this process group now
-                    time.sleep(0.05)
+            maybe_kill(self.trainer, "step_end")
 
         def on_save(self, args, state, control, **kw):
             path = Path(args.output_dir) / f"checkpoint-{state.global_step}"
@@ -250,13 +288,16 @@ def build_trainer(spec, model, tokenizer, blocks, out_dir: Path, device: str, ev
         fp16=spec.dtype == "fp16",
         gradient_checkpointing=False,  # enabled on the model in build_model, once
     )
-    return MeasuringTrainer(
+    reporter = StepReporter()
+    trainer = MeasuringTrainer(
         model=model,
         args=args,
         train_dataset=_ListDataset(blocks),
         data_collator=_collate,
-        callbacks=[StepReporter(), *(extra_callbacks or [])],
+        callbacks=[reporter, *(extra_callbacks or [])],
     )
+    reporter.trainer = trainer
+    return trainer
 
 
 class _ListDataset:

@@ -224,3 +224,130 @@ def test_safe_load_is_the_only_torch_load_and_children_force_weights_only(tmp_pa
                          env=child_env({"PATH": "/usr/bin:/bin", "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"}),
                          cwd=Path(__file__).resolve().parent.parent)
     assert out.stdout.strip() == "refused", out.stdout + out.stderr
+
+
+# ------------------------------------------------------------------ kill points, checkpoint selection, RNG state
+def test_select_checkpoint_skips_a_partial_newer_one_and_names_it(tmp_path):
+    """A kill during a checkpoint write leaves checkpoint-40 with weights only; the resume must take checkpoint-20,
+    not the highest step transformers' get_last_checkpoint would take."""
+    from transformers.trainer_utils import get_last_checkpoint
+
+    from core.resume import select_checkpoint, selection_check
+
+    spec = RunSpec.build(None, mode="lora")
+    lora_checkpoint(tmp_path / "checkpoint-20", spec)
+    partial = tmp_path / "checkpoint-40"
+    partial.mkdir()
+    save_file({"w": torch.zeros(2)}, str(partial / "adapter_model.safetensors"))
+    assert get_last_checkpoint(str(tmp_path)).endswith("checkpoint-40")
+    selection = select_checkpoint(spec, tmp_path)
+    assert selection.checkpoint == tmp_path / "checkpoint-20"
+    check = selection_check(selection, 20)
+    assert check.status == "pass"
+    assert "checkpoint-40 is partial (missing: optimizer (optimizer.pt)" in check.evidence
+    assert selection_check(selection, 40).status == "fail"  # the spec's checkpoint was not the newest complete one
+
+
+def test_select_checkpoint_fails_naming_every_partial_one_when_none_is_complete(tmp_path):
+    from core.resume import select_checkpoint, selection_check
+
+    spec = RunSpec.build(None, mode="lora")
+    ckpt = lora_checkpoint(tmp_path / "checkpoint-20", spec)
+    (ckpt / "trainer_state.json").unlink()
+    other = lora_checkpoint(tmp_path / "checkpoint-10", spec)
+    (other / "trainer_state.json").write_text(json.dumps({"global_step": 9}))  # a directory renamed by hand
+    selection = select_checkpoint(spec, tmp_path)
+    assert selection.checkpoint is None
+    check = selection_check(selection, 20)
+    assert check.status == "fail" and check.evidence.startswith("no complete checkpoint to resume from")
+    assert "checkpoint-20 is partial (missing: trainer state (trainer_state.json))" in check.evidence
+    assert "checkpoint-10: trainer_state.json says global step 9" in check.evidence
+
+
+def test_rng_digest_follows_every_generator():
+    import random
+
+    import numpy as np
+
+    from core.resume import live_rng_state, rng_digest
+
+    torch.manual_seed(0), random.seed(0), np.random.seed(0)
+    first = rng_digest(live_rng_state())
+    assert set(first) == {"python", "numpy", "cpu"} and first == rng_digest(live_rng_state())
+    for draw, key in ((lambda: torch.rand(1), "cpu"), (lambda: random.random(), "python"),
+                      (lambda: np.random.rand(), "numpy")):
+        before = rng_digest(live_rng_state())
+        draw()
+        after = rng_digest(live_rng_state())
+        assert [k for k in after if after[k] != before[k]] == [key]
+
+
+def test_rng_digest_of_a_saved_state_equals_the_live_one(tmp_path):
+    """The parent digests rng_state.pth (loaded weights_only) and the child its live generators: same layout."""
+    from core.resume import live_rng_state, rng_digest, safe_load
+
+    torch.save(live_rng_state(), tmp_path / "rng_state.pth")
+    assert rng_digest(safe_load(tmp_path / "rng_state.pth")) == rng_digest(live_rng_state())
+
+
+def rng_steps(states: dict[int, dict]) -> list[dict]:
+    return [{"step": s, "rng": d} for s, d in sorted(states.items())]
+
+
+def test_rng_not_restored_or_not_continuing_fails():
+    from core.resume import compare_rng
+
+    a, b, c = ({"cpu": x, "numpy": "n", "python": "p"} for x in ("a", "b", "c"))
+    ref = {r["step"]: r for r in rng_steps({1: a, 2: b, 3: c})}
+    good = compare_rng(b, b, rng_steps({2: b, 3: c}), ref, c=1)
+    assert [ch.status for ch in good] == ["pass", "pass"] and "3 distinct states" in good[1].evidence
+    not_restored = by_name(compare_rng(None, b, rng_steps({2: a, 3: b}), ref, c=1))
+    assert not_restored["rng_restored"].status == "fail"
+    # a fresh process: the seed's state where the uninterrupted run had advanced
+    fresh = by_name(compare_rng(b, b, rng_steps({2: a, 3: b}), ref, c=1))
+    assert fresh["rng_continues"].status == "fail" and fresh["rng_continues"].evidence.startswith("generators cpu")
+    other = by_name(compare_rng({**b, "numpy": "x"}, b, rng_steps({2: b, 3: c}), ref, c=1))
+    assert other["rng_restored"].status == "fail" and "numpy" in other["rng_restored"].evidence
+
+
+def test_rng_check_says_when_nothing_drew_random_numbers():
+    from core.resume import compare_rng
+
+    a = {"cpu": "a", "numpy": "n", "python": "p"}
+    ref = {r["step"]: r for r in rng_steps({1: a, 2: a, 3: a})}
+    check = by_name(compare_rng(a, a, rng_steps({2: a, 3: a}), ref, c=1))["rng_continues"]
+    assert check.status == "pass" and "cannot tell a restored state from a fresh one" in check.evidence
+
+
+def test_kill_point_check_compares_where_the_run_died_with_the_spec():
+    from core.resume import kill_point_check
+
+    spec = RunSpec.build(None, mode="lora", steps=30, grad_accum=4, resume_checkpoint_every=10,
+                         resume_kill_after_checkpoint=2, resume_kill_at="boundary+1")
+    assert spec.resume.kill_step() == 25
+    inside = {"step": 25, "where": "micro", "micro_done": 1, "micro_in_step": 4}
+    assert kill_point_check(spec, inside).status == "pass"
+    assert "inside step 26 after 1 of its 4 micro-batches" in kill_point_check(spec, inside).evidence
+    assert kill_point_check(spec, {**inside, "micro_done": 2}).status == "fail"
+    assert kill_point_check(spec, {"step": 25, "where": "step_end"}).status == "fail"
+    minus = RunSpec.build(None, mode="lora", steps=30, grad_accum=4, resume_kill_at="boundary-1")
+    assert kill_point_check(minus, {"step": 24, "where": "micro", "micro_done": 3, "micro_in_step": 4}).status == "pass"
+    write = RunSpec.build(None, mode="lora", steps=30, resume_kill_at="checkpoint-write")
+    assert write.resume.kill_step() == 30 and write.resume.kill_checkpoint_step() == 20
+    assert kill_point_check(write, {"step": 30, "where": "save"}).status == "pass"
+
+
+def test_kill_points_are_validated_against_the_run_length():
+    import pytest
+
+    from core.errors import SpecError
+
+    with pytest.raises(SpecError, match="not a kill point; choose one of boundary, boundary-1"):
+        RunSpec.build(None, mode="lora", resume_kill_at="halfway")
+    # checkpoint-write (c = 20, every 10) needs step 30 to run; boundary+1 needs step k+1 = 26
+    assert RunSpec.build(None, mode="lora", steps=30, resume_kill_at="checkpoint-write").resume.kill_step() == 30
+    with pytest.raises(SpecError, match="would come at step 30"):
+        RunSpec.build(None, mode="lora", steps=29, resume_kill_at="checkpoint-write")
+    assert RunSpec.build(None, mode="lora", steps=26, resume_kill_at="boundary+1").resume.last_step_needed() == 26
+    with pytest.raises(SpecError, match="would come at step 25"):
+        RunSpec.build(None, mode="lora", steps=25, resume_kill_at="boundary")

@@ -106,19 +106,29 @@ def finished_run(app: GpuAcceptApp) -> SimpleNamespace:
                          "token-weighted perplexity: exp(sum NLL / sum target tokens)", EvalPoint(49232.478, 10.80, 252, 4, 0.1),
                          EvalPoint(49195.247, 10.79, 252, 4, 0.1), 2.5, 614.4, steps, {}, "", "", "perplexity down")
     tier = tolerance_tier("cpu", "fp32")
-    checks = [Check("kill", "pass", "SIGKILL to process group 4242 after step 3; no process of the group is left"),
+    checks = [Check("kill", "pass", "SIGKILL to process group 4242 inside step 4 after 1 of its 1 micro-batches, "
+                                    "before its optimizer step; no process of the group is left"),
+              Check("kill_point", "pass", "boundary+1: killed inside step 4 after 1 of its 1 micro-batches, before its "
+                                          "optimizer step"),
+              Check("checkpoint_selection", "pass", "resume from checkpoint-2, the newest complete checkpoint",
+                    kind="completeness"),
               Check("checkpoint_complete", "pass", "present: adapter weights, optimizer, scheduler, RNG, trainer state",
                     kind="completeness"),
               Check("learning_rate", "pass", "learning rate equal at 7 steps"),
               Check("sample_ids", "pass", "sample ids equal at 7 steps"),
               Check("loss", "pass", "loss within cpu-fp32-exact at every step; identical", kind="tolerance",
                     tier=tier.name, largest_difference=0.0),
+              Check("rng_restored", "pass", "right after restore, generators cpu, numpy, python equal rng_state.pth of "
+                                            "checkpoint-2 (sha256)"),
               Check("final_weights", "pass", "8 tensors of adapter_model.safetensors: bit-identical",
                     kind="tolerance", tier=tier.name, largest_difference=0.0)]
     comparison_rows = [{"step": s["step"], "learning_rate": s["learning_rate"], "loss_reference": s["loss"],
                         "loss_resumed": s["loss"], "difference": 0.0} for s in steps[2:]]
-    resume = ResumeResult("pass", checks, 2, 3, 4242, tier, comparison_rows, {}, 7, 12.0,
-                          "killed at step 3, resumed from checkpoint-2: 6 checks passed (cpu-fp32-exact)")
+    resume = ResumeResult("pass", checks, checkpoint_step=2, kill_step=3, killed_pgid=4242, tier=tier,
+                          comparison=comparison_rows, manifest={}, extra_steps=7, seconds=12.0,
+                          summary=f"killed {spec.resume.describe(short=True)}, resumed from checkpoint-2: 9 checks passed "
+                                  "(cpu-fp32-exact)",
+                          kill_at="boundary+1", kill_planned=spec.resume.describe())
     app.state.spec, app.state.ctx = spec, ctx
     run_dir = Path("runs/20261130T000000Z-lora-tiny-llama")
     return SimpleNamespace(spec=spec, run_dir=run_dir, verdict=None, stopped={},

@@ -21,6 +21,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from core.spec import KILL_POINTS
+
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
 
@@ -57,12 +59,15 @@ def _spec_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--resume-check", action=argparse.BooleanOptionalAction, default=None, dest="resume_check")
     g.add_argument("--checkpoint-every", type=int, dest="resume_checkpoint_every")
     g.add_argument("--kill-after-checkpoint", type=int, dest="resume_kill_after_checkpoint")
+    g.add_argument("--kill-at", dest="resume_kill_at", choices=tuple(KILL_POINTS),
+                   help="where the interrupted run is SIGKILLed: at the accumulation boundary, one micro-step before or "
+                        "after it (default boundary+1), or while the next checkpoint is written")
 
 
 _SPEC_KEYS = ("mode", "model", "dtype", "batch_size", "seq_len", "grad_accum", "optimizer", "learning_rate",
               "lr_scheduler", "warmup_steps", "steps", "gradient_checkpointing", "lora_r", "lora_alpha",
               "lora_dropout", "lora_targets", "devices", "strategy", "tp", "data", "heldout_fraction", "eval_max_blocks", "seed",
-              "probe_steps", "resume_check", "resume_checkpoint_every", "resume_kill_after_checkpoint")
+              "probe_steps", "resume_check", "resume_checkpoint_every", "resume_kill_after_checkpoint", "resume_kill_at")
 
 
 def build_parser() -> argparse.ArgumentParser:

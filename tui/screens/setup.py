@@ -11,6 +11,7 @@ from textual.containers import Horizontal, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Button, Footer, Header, Input, Label, Select, Static
 
+from core.spec import KILL_POINTS
 from tui.screens.nav import NavButtons
 
 # (flag name, label, kind, choices, modes it applies to)
@@ -26,6 +27,7 @@ FIELDS: list[tuple[str, str, str, tuple[str, ...], tuple[str, ...]]] = [
     ("gradient_checkpointing", "Grad checkpointing", "choice", ("off", "on"), ("full", "lora")),
     ("resume_checkpoint_every", "Checkpoint every", "int", (), ("full", "lora")),
     ("resume_kill_after_checkpoint", "Kill after ckpt #", "int", (), ("full", "lora")),
+    ("resume_kill_at", "Kill point", "choice", tuple(KILL_POINTS), ("full", "lora")),
     ("lora_r", "LoRA rank r", "int", (), ("lora",)),
     ("lora_alpha", "LoRA alpha", "int", (), ("lora",)),
     ("lora_targets", "LoRA targets", "str", (), ("lora",)),
@@ -37,7 +39,7 @@ def spec_field_to_input(field: str) -> str:
     """A SpecError field ("lora.r") as the input id that fixes it ("lora_r")."""
     return {"lora.r": "lora_r", "lora.alpha": "lora_alpha", "lora.targets": "lora_targets",
             "resume.kill_after_checkpoint": "resume_kill_after_checkpoint",
-            "resume.checkpoint_every": "resume_checkpoint_every"}.get(field, field)
+            "resume.checkpoint_every": "resume_checkpoint_every", "resume.kill_at": "resume_kill_at"}.get(field, field)
 
 
 def shown_value(value: Any) -> str:

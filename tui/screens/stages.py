@@ -322,7 +322,7 @@ class ResumeScreen(StageScreen):
         c, k, n = result.checkpoint_step, result.kill_step, spec.steps
         self.query_one("#timeline", Static).update(
             f"reference    1 {'━' * 20} {n}\n"
-            f"interrupted  1 {'━' * 10}● ckpt {c} ━ ✕ SIGKILL at {k}\n"
+            f"interrupted  1 {'━' * 10}● ckpt {c} ━ ✕ SIGKILL {_kill_label(result.kill_at, k)}\n"
             f"resumed                  ckpt {c} → {c + 1} {'━' * 8} {n}")
         verdict.update(f"[b]{result.status.upper()}[/b] · {result.summary}")
         # evidence wraps: it is the point of each line
@@ -338,3 +338,10 @@ class ResumeScreen(StageScreen):
 
     def next_screen(self) -> Screen:
         return _export()
+
+
+def _kill_label(kill_at: str | None, k: int) -> str:
+    """Where the interrupted run was killed, short enough for the 80-column timeline."""
+    return {"boundary": f"after step {k}", "boundary-1": f"in step {k}, before last micro",
+            "boundary+1": f"in step {k + 1}, micro 1",
+            "checkpoint-write": f"writing ckpt {k}"}.get(kill_at or "", f"at step {k}")
