@@ -352,6 +352,8 @@ def run_resume_check(
     intr = [e for e in interrupted.events if e["kind"] == "step"]
     res = [e for e in resumed.events if e["kind"] == "step"]
     checks.extend(compare_steps(ref, intr, res, c, spec.steps, tier))
+    checks.append(compare_trainable(getattr(reference, "trainable", {}),
+                                    next((e for e in resumed.events if e["kind"] == "trainable"), {})))
     restored = next((e["digest"] for e in resumed.events if e["kind"] == "rng_restored"), None)
     checks.extend(compare_rng(restored, saved_rng, res, ref, c))
     comparison = [
@@ -458,6 +460,21 @@ def compare_steps(ref: dict[int, dict], interrupted: list[dict], resumed: list[d
                         + (f"; largest difference {worst:.3g} at step {worst_step}" if worst_step else "; identical"),
                         kind="tolerance", tier=tier.name, largest_difference=worst))
     return checks
+
+
+def compare_trainable(reference: dict, resumed: dict) -> Check:
+    """The resumed run trains exactly the reference's parameters (names and count; exact). A resume that rebuilt the
+    model differently (other LoRA targets, a frozen layer unfrozen) trains another set from the same checkpoint."""
+    if not reference.get("names") or not resumed.get("names"):
+        return Check("trainable_set", "fail", "no trainable-parameter list from the "
+                                              + ("reference" if not reference.get("names") else "resumed") + " run")
+    a, b = set(resumed["names"]), set(reference["names"])
+    if a == b and resumed["parameters"] == reference["parameters"]:
+        return Check("trainable_set", "pass", f"the same {len(a)} trainable tensors, {resumed['parameters']:,} "
+                                              f"parameters, as the uninterrupted run")
+    only = sorted(a - b)[:3] + sorted(b - a)[:3]
+    return Check("trainable_set", "fail", f"resumed {len(a)} tensors / {resumed['parameters']:,} parameters vs "
+                                          f"reference {len(b)} / {reference['parameters']:,}; differ: {', '.join(only)}")
 
 
 def compare_weights(ref_file: Path, res_file: Path, tier: Tier) -> Check:

@@ -46,6 +46,7 @@ class TrainEvalResult:
     output_dir: str = ""
     log_path: str = ""
     summary: str = ""
+    trainable: dict[str, Any] = field(default_factory=dict)  # names and count of trainable parameters (training)
 
 
 def run_train_eval(
@@ -106,6 +107,8 @@ def run_train_eval(
         output_dir=str(child.output_dir),
         log_path=str(child.log_path),
         summary=summary,
+        trainable=next(({k: e[k] for k in ("names", "parameters")} for e in child.events
+                        if e["kind"] == "trainable"), {}),
     )
     return result, child
 

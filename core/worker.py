@@ -98,6 +98,8 @@ def run_job(job: dict[str, Any], events: EventWriter) -> None:
         events.emit("evaluation", when="before", **_eval_dict(before))
         if role == "evaluate":  # inference: fixed weights, evaluated once
             return
+    trainable = [(n, p.numel()) for n, p in model.named_parameters() if p.requires_grad]
+    events.emit("trainable", names=[n for n, _ in trainable], parameters=sum(k for _, k in trainable))
     out_dir = Path(job["output_dir"])
     trainer = build_trainer(spec, model, tokenizer, train_blocks, out_dir, device, events, job)
     started = time.perf_counter()

@@ -351,3 +351,13 @@ def test_kill_points_are_validated_against_the_run_length():
     assert RunSpec.build(None, mode="lora", steps=26, resume_kill_at="boundary+1").resume.last_step_needed() == 26
     with pytest.raises(SpecError, match="would come at step 25"):
         RunSpec.build(None, mode="lora", steps=25, resume_kill_at="boundary")
+
+
+def test_trainable_set_must_be_the_references():
+    from core.resume import compare_trainable
+
+    ref = {"names": ["a.lora_A", "a.lora_B"], "parameters": 64}
+    assert compare_trainable(ref, dict(ref)).status == "pass"
+    other = compare_trainable(ref, {"names": ["a.lora_A", "a.lora_B", "lm_head.weight"], "parameters": 96})
+    assert other.status == "fail" and "lm_head.weight" in other.evidence
+    assert compare_trainable(ref, {}).status == "fail"

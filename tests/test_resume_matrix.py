@@ -7,8 +7,6 @@ gradient accumulation 2 so "one micro-step either side of the boundary" is a dif
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from core.resume import run_resume_check
@@ -53,6 +51,7 @@ def test_each_kill_point_resumes_from_checkpoint_2_exactly(tiny_model_dir, refer
     assert "6 distinct states over 6 steps" in checks["rng_continues"].evidence
     assert checks["rng_restored"].status == "pass" and "cpu, numpy, python" in checks["rng_restored"].evidence
     assert "bit-identical" in checks["final_weights"].evidence  # CPU fp32: the exact tier
+    assert checks["trainable_set"].evidence.startswith("the same 8 trainable tensors")  # q, v x A, B x 2 layers
     assert reference.steps[2]["epoch"] < 1.0  # killed mid-epoch in the first epoch
     out = tmp_path / "resume-interrupted" / "output"
     if kill_at == "checkpoint-write":  # a partial checkpoint-4 exists; transformers would take it, the check does not
