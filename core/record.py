@@ -53,6 +53,7 @@ def environment() -> dict[str, Any]:
         env["host_memory_bytes"] = int(psutil.virtual_memory().total)
     except Exception:  # noqa: BLE001 - environment capture never fails a record
         pass
+    env.update(_nvidia_driver())
     try:
         import torch
 
@@ -69,6 +70,29 @@ def environment() -> dict[str, Any]:
     except Exception:  # noqa: BLE001
         env["cuda_available"] = False
     return env
+
+
+def _nvidia_driver() -> dict[str, Any]:
+    """The NVIDIA driver's version and CUDA driver API version from NVML, or why there is none."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception as exc:  # noqa: BLE001 - no driver here is a fact to record, not an error
+        return {"nvidia_driver": f"not found ({type(exc).__name__}: {str(exc)[:80]})"}
+    try:
+        out: dict[str, Any] = {"nvidia_driver": str(pynvml.nvmlSystemGetDriverVersion())}
+        try:
+            v = int(pynvml.nvmlSystemGetCudaDriverVersion_v2())
+            out["cuda_driver_api"] = f"{v // 1000}.{v % 1000 // 10}"
+        except Exception:  # noqa: BLE001
+            pass
+        return out
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:  # noqa: BLE001
+            pass
 
 
 def build_record(spec: RunSpec, *, run_dir: Path, model: dict[str, Any], plan: Any, probe: Any, train_eval: Any,
@@ -90,6 +114,9 @@ def build_record(spec: RunSpec, *, run_dir: Path, model: dict[str, Any], plan: A
         "model": {"provenance": "measured", "method": "parameters counted on the model built on the meta device",
                   **model},
     }
+    rec["seeds"] = {"provenance": "measured", "method": "the spec's seed, set in every child process with "
+                    "transformers.set_seed and passed to Trainer as seed and data_seed",
+                    "seed": spec.seed, "data_seed": spec.seed}
     rec["plan"] = _plan_table(plan)
     if plan is not None:
         rec["plan"]["traced"] = traced if traced else {"status": "not_run",
@@ -222,6 +249,76 @@ def verdict(spec: RunSpec, plan: Any, probe: Any, te: Any, resume: Any,
                     "other data, longer training or other hardware"}
 
 
+PROVENANCES = ("measured", "estimated", "not_run")
+TABLES = ("spec", "environment", "model", "seeds", "plan", "probe", "data", "evaluation", "resume", "verdict",
+          "signoff")
+STAGE_STATUSES = ("pass", "fail", "not_applicable", "not_run", "cancelled", "error")
+
+
+def spec_table_hash(spec_table: dict[str, Any]) -> str:
+    """sha256 of a record's ``spec`` table without its ``hash`` key, as :meth:`RunSpec.spec_hash` computes it."""
+    import hashlib
+    import json
+
+    body = {k: v for k, v in spec_table.items() if k != "hash"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def schema_problems(rec: dict[str, Any]) -> list[str]:
+    """What in a parsed record breaks schema version 1 (docs/record.md); empty when it conforms.
+
+    Checked: ``schema_version``, ``tool``, ``tool_version``; UTC-aware ``created_utc`` / ``started_utc``; every table
+    of :data:`TABLES`; the spec's sha256; a ``provenance`` of :data:`PROVENANCES` on every table of numbers (an
+    ``estimated`` one with its ``method``); verdict statuses; the sign-off (``status = "unsigned"``, or operator, role,
+    decision accept / reject, comment, UTC-aware ``time_utc``).
+    """
+    import datetime as _dt
+
+    out: list[str] = []
+    if rec.get("schema_version") != SCHEMA_VERSION:
+        out.append(f"schema_version is {rec.get('schema_version')!r}; this gpuaccept reads version {SCHEMA_VERSION}")
+        return out
+    if rec.get("tool") != TOOL or not isinstance(rec.get("tool_version"), str):
+        out.append("tool must be \"gpuaccept\" with a tool_version string")
+    for key in ("created_utc", "started_utc"):
+        value = rec.get(key)
+        if not isinstance(value, _dt.datetime) or value.utcoffset() != _dt.timedelta(0):
+            out.append(f"{key} must be a UTC date-time with its offset (got {value!r})")
+    missing = [t for t in TABLES if not isinstance(rec.get(t), dict)]
+    if missing:
+        out.append("missing tables: " + ", ".join(missing))
+        return out
+    if rec["spec"].get("hash") != spec_table_hash(rec["spec"]):
+        out.append("spec.hash is not the sha256 of the spec table: the spec was changed after the run")
+    for table in ("environment", "model", "plan", "probe", "data", "evaluation"):
+        prov = rec[table].get("provenance")
+        if prov not in PROVENANCES:
+            out.append(f"{table}.provenance is {prov!r}; one of {', '.join(PROVENANCES)}")
+        elif prov == "estimated" and not rec[table].get("method"):
+            out.append(f"{table} is estimated but says no method")
+    res = rec["resume"]
+    if res.get("status") != "not_applicable" and res.get("provenance") not in PROVENANCES:
+        out.append(f"resume.provenance is {res.get('provenance')!r}; one of {', '.join(PROVENANCES)}")
+    if rec["verdict"].get("status") not in ("pass", "fail"):
+        out.append(f"verdict.status is {rec['verdict'].get('status')!r}; pass or fail")
+    for name, item in rec["verdict"].get("stages", {}).items():
+        if item.get("status") not in STAGE_STATUSES or not isinstance(item.get("evidence"), str):
+            out.append(f"verdict.stages.{name} needs a status ({', '.join(STAGE_STATUSES)}) and its evidence")
+    so = rec["signoff"]
+    if so.get("status") != "unsigned":
+        for key in ("operator", "role", "comment"):
+            if not isinstance(so.get(key), str):
+                out.append(f"signoff.{key} must be a string")
+        if not so.get("operator"):
+            out.append("signoff.operator is empty")
+        if so.get("decision") not in ("accept", "reject"):
+            out.append(f"signoff.decision is {so.get('decision')!r}; accept or reject")
+        t = so.get("time_utc")
+        if not isinstance(t, _dt.datetime) or t.utcoffset() != _dt.timedelta(0):
+            out.append(f"signoff.time_utc must be a UTC date-time with its offset (got {t!r})")
+    return out
+
+
 def _clean(value: Any) -> Any:
     """Drop None (TOML has no null), make tuples lists and keys strings, keep UTC-aware datetimes."""
     if isinstance(value, dict):
@@ -235,12 +332,36 @@ def _clean(value: Any) -> Any:
     return value
 
 
+def plain_values(value: Any, where: str = "record") -> None:
+    """Refuse what must never reach the TOML writer: None, numpy (or torch) scalars, naive or non-UTC date-times.
+
+    Raises:
+        TypeError: naming the key path of the first such value.
+    """
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise TypeError(f"{where}: key {k!r} is not a string")
+            plain_values(v, f"{where}.{k}")
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            plain_values(v, f"{where}[{i}]")
+    elif value is None:
+        raise TypeError(f"{where} is None: TOML has no null; omit it and say why in its table")
+    elif isinstance(value, dt.datetime):
+        if value.utcoffset() != dt.timedelta(0):
+            raise TypeError(f"{where} = {value!r} is not a UTC-aware date-time")
+    elif type(value) not in (str, int, float, bool, dt.date, dt.time):
+        raise TypeError(f"{where} is a {type(value).__module__}.{type(value).__name__}, not a plain TOML value")
+
+
 def write_record(record: dict[str, Any], path: Path) -> Path:
     """Write ``record`` as TOML atomically: temp file in the same directory, fsync, rename.
 
     Raises:
-        TypeError: a value TOML cannot hold (tomli-w rejects None, bytes, numpy scalars).
+        TypeError: a value that must not be written (:func:`plain_values`), naming where it is.
     """
+    plain_values(record)
     text = tomli_w.dumps(record)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".record-", suffix=".toml", dir=path.parent)
@@ -259,3 +380,38 @@ def write_record(record: dict[str, Any], path: Path) -> Path:
 def utc_now() -> dt.datetime:
     """The current time, UTC-aware, to the second (naive datetimes read back as local time)."""
     return dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
+
+
+def make_signoff(operator: str, decision: str, role: str = "", comment: str = "") -> dict[str, Any]:
+    """A ``signoff`` table: who decided what, in which role, why, when (UTC).
+
+    Raises:
+        ValueError: an empty operator or a decision other than accept / reject.
+    """
+    if not operator.strip():
+        raise ValueError("name the operator who signs off")
+    if decision not in ("accept", "reject"):
+        raise ValueError(f"the decision is accept or reject (got {decision!r})")
+    return {"operator": operator.strip(), "role": role.strip(), "decision": decision, "comment": comment.strip(),
+            "time_utc": utc_now()}
+
+
+def add_signoff(path: Path, signoff: dict[str, Any]) -> dict[str, Any]:
+    """Put ``signoff`` into the unsigned record at ``path`` and rewrite it atomically; returns the record.
+
+    Raises:
+        ValueError: the record already holds a sign-off, or is already signed (``record.toml.sig`` exists).
+    """
+    import tomllib
+
+    path = Path(path)
+    if path.with_name(path.name + ".sig").exists():
+        raise ValueError(f"{path} is already signed; a signed record is never rewritten")
+    record = tomllib.loads(path.read_text(encoding="utf-8"))
+    current = record.get("signoff", {})
+    if current.get("status") != "unsigned":
+        raise ValueError(f"{path} already holds a sign-off by {current.get('operator')!r} "
+                         f"({current.get('decision')}); sign it as it is, without --operator")
+    record["signoff"] = signoff
+    write_record(record, path)
+    return record

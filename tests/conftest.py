@@ -10,6 +10,7 @@ import pytest
 # Snapshots and colours must not depend on the developer's terminal.
 os.environ.pop("NO_COLOR", None)
 os.environ.pop("TEXTUAL_THEME", None)
+os.environ.pop("SSH_AUTH_SOCK", None)  # the export screen names the ssh-agent's keys: none in tests
 
 
 def make_tiny_llama(path: Path, *, tie: bool = True, seed: int = 0) -> Path:
@@ -39,3 +40,21 @@ def make_tiny_llama(path: Path, *, tie: bool = True, seed: int = 0) -> Path:
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     return make_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="session")
+def lora_run(tiny_model_dir, tmp_path_factory):
+    """The whole pipeline once on the tiny model (LoRA, accumulation 2, cosine with warmup): spec, record, events."""
+    import tomllib
+
+    from core.events import RunFinished
+    from core.pipeline import run_pipeline
+    from core.spec import RunSpec
+
+    spec = RunSpec.build(model=str(tiny_model_dir), mode="lora", steps=8, seq_len=64, grad_accum=2,
+                         resume_checkpoint_every=2, resume_kill_after_checkpoint=2, lr_scheduler="cosine",
+                         warmup_steps=2, eval_max_blocks=8)
+    events = list(run_pipeline(spec, runs_root=tmp_path_factory.mktemp("runs")))
+    assert isinstance(events[-1], RunFinished)
+    record = tomllib.loads(Path(events[-1].record_path).read_text())
+    return spec, record, events

@@ -31,6 +31,9 @@ def headless(tmp_path_factory) -> dict:
     record_path = Path(cwd, out.stdout.strip().splitlines()[-1].removeprefix("record: "))
     assert record_path.parent.parent == cwd / "runs"
     print(f"headless embedded LoRA acceptance: {elapsed:.0f} s")
+    verified = subprocess.run([exe, "verify", str(record_path)], capture_output=True, text=True, timeout=120)
+    assert verified.returncode == 3, verified.stdout  # unsigned, schema valid, every verdict follows from its data
+    assert "schema: ok" in verified.stdout and "every verdict follows" in verified.stdout
     return tomllib.loads(record_path.read_text())
 
 
@@ -66,10 +69,18 @@ async def test_the_wizard_writes_the_same_record_as_the_headless_run(headless, t
             assert app.state.run.results[stage].status == "pass", (stage, app.state.run.results[stage].summary)
         await pilot.press("ctrl+n", *"Grace")
         app.screen.query_one("#decision").value = "accept"
+        app.screen.query_one("#role").value = "ML infra on-call"
+        key = tmp_path / "grace"
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "grace@box", "-f", str(key)], check=True)
+        app.screen.query_one("#key").value = str(key)
         await pilot.click("#write")
-        await wait_for(pilot, lambda: app.state.record_path is not None, 60)
+        await wait_for(pilot, lambda: app.state.signature_path is not None, 60)
     wizard = tomllib.loads(Path(app.state.record_path).read_text())
-    assert wizard["signoff"]["operator"] == "Grace"
+    assert wizard["signoff"]["operator"] == "Grace" and wizard["signoff"]["role"] == "ML infra on-call"
+    assert app.state.signature_path == Path(str(app.state.record_path) + ".sig")
+    from core.verify import verify
+
+    assert verify(Path(app.state.record_path)).exit_code == 0  # signed by the export screen, schema and verdicts hold
     assert headless["signoff"] == {"status": "unsigned"}
     assert keys({k: v for k, v in wizard.items() if k != "signoff"}) == keys(
         {k: v for k, v in headless.items() if k != "signoff"})

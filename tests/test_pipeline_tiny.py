@@ -5,8 +5,6 @@ from __future__ import annotations
 import tomllib
 from pathlib import Path
 
-import pytest
-
 from core.childproc import group_alive
 from core.events import Progress, RunFinished, StageFinished
 from core.pipeline import run_pipeline
@@ -21,14 +19,6 @@ def run(spec: RunSpec, runs: Path) -> tuple[dict, list]:
     assert isinstance(final, RunFinished)
     record = tomllib.loads(Path(final.record_path).read_text())
     return record, events
-
-
-@pytest.fixture(scope="module")
-def lora_run(tiny_model_dir, tmp_path_factory):
-    spec = RunSpec.build(model=str(tiny_model_dir), mode="lora", steps=8, seq_len=64, grad_accum=2,
-                         resume_checkpoint_every=2, resume_kill_after_checkpoint=2, lr_scheduler="cosine",
-                         warmup_steps=2, eval_max_blocks=8)
-    return spec, *run(spec, tmp_path_factory.mktemp("runs"))
 
 
 def test_lora_record_has_every_table_and_passes(lora_run):

@@ -85,6 +85,18 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
     plan.add_argument("--traced", action="store_true",
                       help="also trace one step on fake tensors (torch MemTracker; seconds) and compare it line by line")
+    sign = sub.add_parser("sign", help="sign a record with ssh-keygen -Y sign (namespace gpuaccept-record)")
+    sign.add_argument("record", help="record.toml of a run")
+    sign.add_argument("--key", required=True,
+                      help="private key file, or the .pub of a key held by the ssh-agent")
+    sign.add_argument("--operator", help="who signs off (for a record written without a sign-off)")
+    sign.add_argument("--role", default="", help="the operator's role, e.g. 'ML infra on-call'")
+    sign.add_argument("--decision", choices=("accept", "reject"), help="with --operator")
+    sign.add_argument("--comment", default="", help="why (optional)")
+    verify = sub.add_parser("verify", help="check a record: signature, schema, and every verdict against its data")
+    verify.add_argument("record", help="record.toml (its signature is record.toml.sig beside it)")
+    verify.add_argument("--allowed-signers", help="ssh-keygen allowed-signers file: also check who signed")
+    verify.add_argument("--identity", help="with --allowed-signers: the signer's principal in that file")
     monitor = sub.add_parser("monitor", help="live memory bars of every device (NVML, or host memory without a GPU)")
     monitor.add_argument("--once", action="store_true", help="print one sample of every device and exit")
     monitor.add_argument("--json", action="store_true", help="with --once: as JSON")
@@ -124,6 +136,10 @@ def main(argv: list[str] | None = None) -> int:
             return monitor_main(args)
         if args.command == "run":
             return cmd_run(args) if args.headless else cmd_wizard(args)
+        if args.command == "sign":
+            return cmd_sign(args)
+        if args.command == "verify":
+            return cmd_verify(args)
     except GpuAcceptError as exc:
         print(f"gpuaccept: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -230,6 +246,55 @@ def format_plan(plan: Any, spec: Any) -> str:
         lines.append(f"\nnote: the sum over {len(plan.devices)} devices ({total / 2**30:.2f} GiB of {capacity / 2**30:.2f} "
                      "GiB) is not a placement: CUDA does not pool GPU memory, so each device must fit on its own")
     return "\n".join(lines)
+
+
+def cmd_sign(args: argparse.Namespace) -> int:
+    """Add the sign-off (when the record has none) and sign the record's bytes; prints the key's fingerprint."""
+    from core.record import add_signoff, make_signoff
+    from core.signing import SigningError, fingerprint, sign
+
+    record = Path(args.record)
+    if not record.is_file():
+        raise SigningError(f"record {record} not found")
+    fp = fingerprint(Path(args.key))  # before the record is touched: a bad key changes nothing
+    if args.operator or args.decision:
+        if not (args.operator and args.decision):
+            print("gpuaccept: error: --operator and --decision go together", file=sys.stderr)
+            return EXIT_USAGE
+        try:
+            add_signoff(record, make_signoff(args.operator, args.decision, args.role, args.comment))
+        except ValueError as exc:
+            print(f"gpuaccept: error: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+    else:
+        import tomllib
+
+        if tomllib.loads(record.read_text(encoding="utf-8")).get("signoff", {}).get("status") == "unsigned":
+            print("gpuaccept: error: the record has no sign-off: give --operator NAME --decision accept|reject",
+                  file=sys.stderr)
+            return EXIT_USAGE
+    sig = sign(record, Path(args.key))
+    print(f"signed {record} with {fp}\nsignature: {sig}")
+    return EXIT_OK
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    """Exit codes: 0 verified and signed, 3 consistent but unsigned, 4 bad signature, 5 schema, 6 verdict, 2 usage."""
+    from core.verify import verify
+
+    if bool(args.allowed_signers) != bool(args.identity):
+        print("gpuaccept: error: --allowed-signers and --identity go together", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        result = verify(Path(args.record), Path(args.allowed_signers) if args.allowed_signers else None, args.identity)
+    except FileNotFoundError as exc:
+        print(f"gpuaccept: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    print("\n".join(result.lines()))
+    code = result.exit_code
+    print({0: "VERIFIED", 3: "UNSIGNED (consistent)", 4: "BAD SIGNATURE", 5: "SCHEMA INVALID",
+           6: "VERDICT DOES NOT FOLLOW FROM THE DATA"}[code] + f" (exit {code})")
+    return code
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -35,3 +35,4 @@ class WizardState:
     cancel: threading.Event = field(default_factory=threading.Event)
     children: set[int] = field(default_factory=set)  # pids of the stages' child processes (each leads its group)
     record_path: Path | None = None
+    signature_path: Path | None = None  # record.toml.sig once the export screen signed the record

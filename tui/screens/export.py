@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from textual import work
 from textual.app import ComposeResult
 from textual.containers import Horizontal, VerticalScroll
@@ -25,11 +27,19 @@ class ExportScreen(Screen):
                 yield Label("Operator")
                 yield Input(placeholder="your name", id="operator", compact=True)
             with Horizontal(classes="field"):
+                yield Label("Role")
+                yield Input(placeholder="e.g. ML infra on-call (optional)", id="role", compact=True)
+            with Horizontal(classes="field"):
                 yield Label("Decision")
                 yield Select([("accept", "accept"), ("reject", "reject")], prompt="choose", id="decision", compact=True)
             with Horizontal(classes="field"):
                 yield Label("Comment")
                 yield Input(placeholder="why (optional)", id="comment", compact=True)
+            with Horizontal(classes="field"):
+                yield Label("Signing key")
+                yield Input(placeholder="key file, or an agent key's .pub; empty: unsigned", id="key",
+                            compact=True)
+            yield Static(self._key_hint(), id="key-info")
             yield Static("", id="written")
         yield Static("", classes="error", id="export-error")
         with Horizontal(classes="nav"):
@@ -56,6 +66,31 @@ class ExportScreen(Screen):
             + Content(f" {stage} {item['status']}: {item['evidence']}") for stage, item in v["stages"].items()))
         self.query_one("#operator", Input).focus()
 
+    @staticmethod
+    def _key_hint() -> str:
+        from core.signing import agent_keys
+
+        held = agent_keys()
+        agent = f"the ssh-agent holds {len(held)} key(s); give the .pub of one" if held else "no ssh-agent key"
+        return f"signed with ssh-keygen -Y sign, namespace gpuaccept-record, into record.toml.sig ({agent})"
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        if event.input.id == "key":
+            self.show_fingerprint(event.value.strip())
+
+    @work(thread=True, exclusive=True, group="fingerprint")
+    def show_fingerprint(self, key: str) -> None:
+        from core.signing import SigningError, fingerprint
+
+        if not key:
+            text = self._key_hint()
+        else:
+            try:
+                text = f"key: {fingerprint(Path(key).expanduser())}"
+            except SigningError as exc:
+                text = str(exc)
+        self.app.call_from_thread(self.query_one("#key-info", Static).update, Content(text))
+
     def on_button_pressed(self, event: Button.Pressed) -> None:
         if event.button.id == "write":
             self.write()
@@ -77,8 +112,8 @@ class ExportScreen(Screen):
             error.update("choose a decision: accept or reject")
             return None
         error.update("")
-        return {"operator": operator, "decision": decision, "comment": self.query_one("#comment", Input).value.strip(),
-                "time_utc": utc_now()}
+        return {"operator": operator, "role": self.query_one("#role", Input).value.strip(), "decision": decision,
+                "comment": self.query_one("#comment", Input).value.strip(), "time_utc": utc_now()}
 
     @work(thread=True, exclusive=True, group="record")
     def write(self) -> None:
@@ -92,6 +127,24 @@ class ExportScreen(Screen):
             return
         self.app.state.record_path = path
         self.app.call_from_thread(setattr, self.query_one("#write", Button), "disabled", True)
+        signed = self.sign(path)
         self.app.call_from_thread(self.query_one("#written", Static).update,
                                   f"[b]record written:[/b] {path}\n(verdict {self.app.state.run.verdict}; "
-                                  f"decision {signoff['decision']} by {signoff['operator']})")
+                                  f"decision {signoff['decision']} by {signoff['operator']}; {signed})")
+
+    def sign(self, path: Path) -> str:
+        """Sign the written record with the key given, if any; what happened, in words (never raises)."""
+        from core.signing import SigningError, fingerprint, sign
+
+        key = self.app.call_from_thread(lambda: self.query_one("#key", Input).value.strip())
+        if not key:
+            return "unsigned: no key given; sign later with gpuaccept sign RECORD --key KEY"
+        try:
+            fp = fingerprint(Path(key).expanduser())
+            sig = sign(path, Path(key).expanduser())
+        except SigningError as exc:
+            self.app.call_from_thread(self.query_one("#export-error", Static).update,
+                                      Content(f"record written, not signed: {exc}"))
+            return "not signed"
+        self.app.state.signature_path = sig
+        return f"signed into {sig.name} with {fp}"

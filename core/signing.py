@@ -1,0 +1,143 @@
+"""Signatures of acceptance records with OpenSSH's ``ssh-keygen -Y`` (namespace ``gpuaccept-record``).
+
+The signature covers the exact bytes of ``record.toml`` on disk and is written beside it as ``record.toml.sig`` (what
+``ssh-keygen -Y sign`` writes). A key is a private key file, or a public key file whose private half is in the
+ssh-agent (``ssh-keygen`` then asks the agent). Nothing here prompts: ssh-keygen runs with stdin closed, so a
+passphrase-protected key file fails with a message that says to load it into the agent (``ssh-add KEY``) and give its
+``.pub``.
+
+Source: ssh-keygen(1), "ALLOWED SIGNERS" and the ``-Y sign`` / ``-Y verify`` / ``-Y check-novalidate`` operations
+(OpenSSH 8.2+; the ``-Y`` interface is stable since 8.2).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from core.errors import GpuAcceptError
+
+NAMESPACE = "gpuaccept-record"
+
+
+class SigningError(GpuAcceptError):
+    """Signing could not be done (no ssh-keygen, no usable key, an existing signature); the message says what to do."""
+
+
+@dataclass(frozen=True)
+class SignatureCheck:
+    """Outcome of checking ``record.toml.sig``.
+
+    ``status``: ``good`` (valid over the bytes on disk; with allowed signers, by an allowed identity), ``bad`` (changed
+    bytes, another namespace, a signer not allowed, an unreadable signature) or ``unsigned`` (no .sig file).
+    ``signer_checked`` says whether the signer was checked against an allowed-signers file or only the signature.
+    """
+
+    status: str
+    detail: str
+    fingerprint: str | None = None
+    signer_checked: bool = False
+
+
+def _ssh_keygen() -> str:
+    exe = shutil.which("ssh-keygen")
+    if exe is None:
+        raise SigningError("ssh-keygen was not found: install OpenSSH's client tools (8.2 or newer) to sign records")
+    return exe
+
+
+def _run(args: list[str], stdin_path: Path | None = None) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    env.pop("SSH_ASKPASS", None)  # never a pop-up; a key that needs a passphrase fails
+    if stdin_path is None:
+        return subprocess.run(args, stdin=subprocess.DEVNULL, capture_output=True, text=True, env=env, timeout=60)
+    with open(stdin_path, "rb") as fh:
+        return subprocess.run(args, stdin=fh, capture_output=True, env=env, timeout=60)
+
+
+def signature_path(record: Path) -> Path:
+    """Where the signature of ``record`` lives: ``record.toml.sig``."""
+    return record.with_name(record.name + ".sig")
+
+
+def fingerprint(key: Path) -> str:
+    """``ssh-keygen -l`` of a key file (private or public): bits, SHA256 fingerprint, comment, type.
+
+    Raises:
+        SigningError: the file is not a key ssh-keygen can read.
+    """
+    key = Path(key).expanduser()
+    if not key.is_file():
+        raise SigningError(f"key file {key} not found; give a private key or the .pub of a key in the ssh-agent")
+    done = _run([_ssh_keygen(), "-l", "-f", str(key)])
+    if done.returncode != 0:
+        raise SigningError(f"{key} is not an SSH key ssh-keygen can read: {(done.stderr or done.stdout).strip()}")
+    return done.stdout.strip()
+
+
+def agent_keys() -> list[str]:
+    """Public keys the ssh-agent holds (``ssh-add -L``), one line each; empty without an agent."""
+    exe = shutil.which("ssh-add")
+    if exe is None or not os.environ.get("SSH_AUTH_SOCK"):
+        return []
+    done = subprocess.run([exe, "-L"], stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=10)
+    return [line for line in done.stdout.splitlines() if line.strip()] if done.returncode == 0 else []
+
+
+def sign(record: Path, key: Path) -> Path:
+    """Sign the bytes of ``record`` with ``key``; returns ``record.toml.sig``.
+
+    Raises:
+        SigningError: the record is missing or already signed (a signature is never overwritten), or ssh-keygen
+            refused (a passphrase-protected key that is not in the agent, an unreadable key).
+    """
+    record, key = Path(record), Path(key).expanduser()
+    if not record.is_file():
+        raise SigningError(f"record {record} not found")
+    sig = signature_path(record)
+    if sig.exists():
+        raise SigningError(f"{sig} already exists: a signed record is not signed again (start a new run)")
+    fingerprint(key)  # a clear error for a missing or unreadable key before ssh-keygen's own
+    done = _run([_ssh_keygen(), "-Y", "sign", "-f", str(key), "-n", NAMESPACE, str(record)])
+    if done.returncode != 0 or not sig.is_file():
+        why = (done.stderr or done.stdout).strip().splitlines()
+        hint = ""
+        if any("passphrase" in line.lower() for line in why) or key.suffix != ".pub":
+            hint = "; a key with a passphrase must be in the ssh-agent: run ssh-add KEY and give KEY.pub"
+        raise SigningError(f"ssh-keygen could not sign with {key}: {why[-1] if why else 'no output'}{hint}")
+    return sig
+
+
+def check_signature(record: Path, allowed_signers: Path | None = None, identity: str | None = None) -> SignatureCheck:
+    """Check ``record.toml.sig`` over the bytes of ``record`` in namespace ``gpuaccept-record``.
+
+    With ``allowed_signers`` and ``identity``, ``ssh-keygen -Y verify`` also checks that the identity may sign with
+    that key; without them, ``-Y check-novalidate`` checks the signature only and the result says the signer was not
+    checked.
+    """
+    record = Path(record)
+    sig = signature_path(record)
+    if not sig.is_file():
+        return SignatureCheck("unsigned", f"no signature: {sig.name} does not exist")
+    if allowed_signers is not None:
+        if not identity:
+            raise SigningError("--allowed-signers needs --identity: the signer's principal in that file")
+        args = [_ssh_keygen(), "-Y", "verify", "-f", str(allowed_signers), "-I", identity, "-n", NAMESPACE,
+                "-s", str(sig)]
+    else:
+        args = [_ssh_keygen(), "-Y", "check-novalidate", "-n", NAMESPACE, "-s", str(sig)]
+    done = _run(args, stdin_path=record)
+    out = (done.stdout + done.stderr).decode("utf-8", "replace").strip()
+    found = re.search(r"(SHA256:[A-Za-z0-9+/=]+)", out)
+    fp = found.group(1) if found else None
+    if done.returncode == 0:
+        who = f"signer {identity} allowed by {allowed_signers}" if allowed_signers else \
+            "signer not checked (no --allowed-signers)"
+        return SignatureCheck("good", f"good signature over {record.name} ({NAMESPACE}, key {fp}); {who}", fp,
+                              allowed_signers is not None)
+    last = out.splitlines()[-1] if out else f"ssh-keygen exit {done.returncode}"
+    return SignatureCheck("bad", f"signature does not verify: {last}", fp, allowed_signers is not None)

@@ -1,0 +1,182 @@
+"""Issue 7: the record's schema, its sign-off signed with ssh-keygen, and ``gpuaccept verify`` with its exit codes.
+
+The record is the one the pipeline wrote for the tiny model (the ``lora_run`` fixture); each test works on a copy.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import shutil
+import subprocess
+import tomllib
+from pathlib import Path
+
+import pytest
+import tomli_w
+
+from core.record import plain_values, schema_problems, write_record
+from core.verify import EXIT_BAD_SIGNATURE, EXIT_SCHEMA, EXIT_UNSIGNED, EXIT_VERDICT, EXIT_VERIFIED, recompute_verdicts
+from tui.cli import main
+
+pytestmark = pytest.mark.skipif(shutil.which("ssh-keygen") is None, reason="OpenSSH's ssh-keygen is needed")
+
+
+@pytest.fixture
+def record(lora_run, tmp_path) -> Path:
+    _, rec, events = lora_run
+    path = tmp_path / "record.toml"
+    shutil.copyfile(events[-1].record_path, path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def key(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("keys") / "grace"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "grace@box", "-f", str(path)], check=True)
+    return path
+
+
+def sign(record: Path, key: Path, capsys) -> int:
+    code = main(["sign", str(record), "--key", str(key), "--operator", "Grace", "--role", "ML infra on-call",
+                 "--decision", "accept", "--comment", "fits on one device"])
+    capsys.readouterr()
+    return code
+
+
+def verify(record: Path, capsys, *extra: str) -> tuple[int, str]:
+    code = main(["verify", str(record), *extra])
+    return code, capsys.readouterr().out
+
+
+def edit(record: Path, change) -> None:
+    """Hand-edit the record as a person with a text editor would (TOML in, TOML out)."""
+    data = tomllib.loads(record.read_text())
+    change(data)
+    record.write_text(tomli_w.dumps(data))
+
+
+def test_the_pipelines_record_conforms_and_its_verdicts_follow(lora_run):
+    _, rec, _ = lora_run
+    assert schema_problems(rec) == []
+    assert recompute_verdicts(rec) == []
+
+
+def test_unsigned_is_reported_as_unsigned(record, capsys):
+    code, out = verify(record, capsys)
+    assert code == EXIT_UNSIGNED
+    assert "signature: unsigned" in out and "schema: ok" in out and "UNSIGNED (consistent) (exit 3)" in out
+
+
+def test_round_trip_sign_then_verify(record, key, capsys):
+    assert sign(record, key, capsys) == 0
+    signed = tomllib.loads(record.read_text())["signoff"]
+    assert signed["operator"] == "Grace" and signed["role"] == "ML infra on-call" and signed["decision"] == "accept"
+    assert signed["time_utc"].utcoffset() == dt.timedelta(0)
+    code, out = verify(record, capsys)
+    assert code == EXIT_VERIFIED, out
+    assert "signer not checked (no --allowed-signers)" in out
+    allowed = record.parent / "allowed_signers"
+    allowed.write_text("grace@box " + key.with_suffix(".pub").read_text())
+    code, out = verify(record, capsys, "--allowed-signers", str(allowed), "--identity", "grace@box")
+    assert code == EXIT_VERIFIED and "signer grace@box allowed" in out
+    code, out = verify(record, capsys, "--allowed-signers", str(allowed), "--identity", "mallory@box")
+    assert code == EXIT_BAD_SIGNATURE
+
+
+def test_one_changed_byte_fails_the_signature(record, key, capsys):
+    assert sign(record, key, capsys) == 0
+    data = bytearray(record.read_bytes())
+    at = data.index(b"Grace")
+    data[at] = ord("g")  # one byte of the operator's name
+    record.write_bytes(bytes(data))
+    code, out = verify(record, capsys)
+    assert code == EXIT_BAD_SIGNATURE and "BAD SIGNATURE (exit 4)" in out
+
+
+def test_a_signature_in_another_namespace_fails(record, key, capsys):
+    subprocess.run(["ssh-keygen", "-Y", "sign", "-f", str(key), "-n", "file", str(record)], check=True,
+                   capture_output=True)
+    code, out = verify(record, capsys)
+    assert code == EXIT_BAD_SIGNATURE and "namespace" in out
+
+
+def test_a_signed_record_is_not_signed_or_rewritten_again(record, key, capsys):
+    assert sign(record, key, capsys) == 0
+    before = record.read_bytes()
+    assert main(["sign", str(record), "--key", str(key)]) == 2
+    assert "already" in capsys.readouterr().err
+    assert record.read_bytes() == before
+
+
+def test_a_bad_key_leaves_the_record_untouched(record, tmp_path, capsys):
+    before = record.read_bytes()
+    not_a_key = tmp_path / "notes.txt"
+    not_a_key.write_text("hello")
+    assert main(["sign", str(record), "--key", str(not_a_key), "--operator", "Grace", "--decision", "accept"]) == 2
+    assert "is not an SSH key" in capsys.readouterr().err
+    assert record.read_bytes() == before and not record.with_name("record.toml.sig").exists()
+
+
+def test_a_hand_edited_number_that_changes_a_verdict_fails_even_unsigned(record, capsys):
+    import math
+
+    def worse_after_training(data):  # perplexity and mean NLL changed together: only the comparison gives it away
+        after = data["evaluation"]["after"]
+        after["mean_nll"] = data["evaluation"]["before"]["mean_nll"] + 0.5
+        after["perplexity"] = math.exp(after["mean_nll"])
+
+    edit(record, worse_after_training)
+    code, out = verify(record, capsys)
+    assert code == EXIT_VERDICT
+    assert "evaluation table says status pass, its data says fail" in out
+
+
+def test_a_plan_total_edited_past_capacity_is_caught(record, capsys):
+    def shrink_capacity(data):
+        device = data["plan"]["devices"][0]
+        device["capacity_bytes"] = device["total_bytes"] - 1
+
+    edit(record, shrink_capacity)
+    code, out = verify(record, capsys)
+    assert code == EXIT_VERDICT and "means fits = False, the record says True" in out
+
+
+def test_an_edited_spec_breaks_its_hash(record, capsys):
+    edit(record, lambda data: data["spec"].update(batch_size=64))
+    code, out = verify(record, capsys)
+    assert code == EXIT_SCHEMA and "spec.hash is not the sha256 of the spec table" in out
+
+
+def test_a_naive_time_is_a_schema_error(record, capsys):
+    edit(record, lambda data: data.update(created_utc=data["created_utc"].replace(tzinfo=None)))
+    code, out = verify(record, capsys)
+    assert code == EXIT_SCHEMA and "created_utc must be a UTC date-time" in out
+
+
+def test_nothing_but_plain_values_reaches_the_writer(tmp_path):
+    import numpy as np
+
+    ok = {"a": 1, "t": dt.datetime(2026, 11, 30, tzinfo=dt.timezone.utc), "l": [1.5, "x"]}
+    write_record(ok, tmp_path / "ok.toml")
+    for bad, where in (({"a": {"b": None}}, "record.a.b is None"),
+                       ({"a": [1, np.float32(2.0)]}, "record.a[1] is a numpy.float32"),
+                       ({"t": dt.datetime(2026, 11, 30)}, "record.t = ")):
+        with pytest.raises(TypeError, match=where.replace("[", r"\[").replace("]", r"\]")):
+            write_record(bad, tmp_path / "bad.toml")
+    assert not (tmp_path / "bad.toml").exists()
+    plain_values(ok)
+
+
+def test_the_pipelines_record_holds_only_plain_values_and_utc_times(lora_run):
+    _, rec, _ = lora_run
+    plain_values(rec)  # tomllib gives back what was written: no None could have been written
+
+    def times(value):
+        if isinstance(value, dict):
+            return [t for v in value.values() for t in times(v)]
+        if isinstance(value, list):
+            return [t for v in value for t in times(v)]
+        return [value] if isinstance(value, dt.datetime) else []
+
+    found = times(rec)
+    assert len(found) >= 2 and all(t.utcoffset() == dt.timedelta(0) for t in found)
