@@ -253,6 +253,9 @@ PROVENANCES = ("measured", "estimated", "not_run")
 TABLES = ("spec", "environment", "model", "seeds", "plan", "probe", "data", "evaluation", "resume", "verdict",
           "signoff")
 STAGE_STATUSES = ("pass", "fail", "not_applicable", "not_run", "cancelled", "error")
+VERDICT_STAGES = ("plan", "probe", "evaluation", "resume")
+TOP_LEVEL = ("schema_version", "tool", "tool_version", "created_utc", "started_utc", "run_dir")
+OPTIONAL_TABLES = ("onboarding",)  # the onboarding quiz's answers, when the operator adds them
 
 
 def spec_table_hash(spec_table: dict[str, Any]) -> str:
@@ -275,7 +278,8 @@ def schema_problems(rec: dict[str, Any]) -> list[str]:
     import datetime as _dt
 
     out: list[str] = []
-    if rec.get("schema_version") != SCHEMA_VERSION:
+    version = rec.get("schema_version")
+    if isinstance(version, bool) or not isinstance(version, int) or version != SCHEMA_VERSION:
         out.append(f"schema_version is {rec.get('schema_version')!r}; this gpuaccept reads version {SCHEMA_VERSION}")
         return out
     if rec.get("tool") != TOOL or not isinstance(rec.get("tool_version"), str):
@@ -288,24 +292,38 @@ def schema_problems(rec: dict[str, Any]) -> list[str]:
     if missing:
         out.append("missing tables: " + ", ".join(missing))
         return out
+    unknown = sorted(set(rec) - set(TOP_LEVEL) - set(TABLES) - set(OPTIONAL_TABLES))
+    if unknown:
+        out.append("unknown top-level keys: " + ", ".join(unknown))
     if rec["spec"].get("hash") != spec_table_hash(rec["spec"]):
-        out.append("spec.hash is not the sha256 of the spec table: the spec was changed after the run")
-    for table in ("environment", "model", "plan", "probe", "data", "evaluation"):
+        out.append("spec.hash is not the sha256 of the spec table: the spec was edited (and the hash not recomputed)")
+    allowed = {"environment": ("measured",), "model": ("measured",), "seeds": ("measured",),
+               "plan": ("estimated", "not_run"), "probe": ("measured", "not_run"), "data": ("measured", "not_run"),
+               "evaluation": ("measured", "not_run")}
+    for table, provenances in allowed.items():
         prov = rec[table].get("provenance")
-        if prov not in PROVENANCES:
-            out.append(f"{table}.provenance is {prov!r}; one of {', '.join(PROVENANCES)}")
+        if prov not in provenances:
+            out.append(f"{table}.provenance is {prov!r}; for this table one of {', '.join(provenances)}")
         elif prov == "estimated" and not rec[table].get("method"):
             out.append(f"{table} is estimated but says no method")
     res = rec["resume"]
-    if res.get("status") != "not_applicable" and res.get("provenance") not in PROVENANCES:
-        out.append(f"resume.provenance is {res.get('provenance')!r}; one of {', '.join(PROVENANCES)}")
+    if res.get("status") != "not_applicable" and res.get("provenance") not in ("measured", "not_run"):
+        out.append(f"resume.provenance is {res.get('provenance')!r}; measured or not_run (or status not_applicable)")
     if rec["verdict"].get("status") not in ("pass", "fail"):
         out.append(f"verdict.status is {rec['verdict'].get('status')!r}; pass or fail")
-    for name, item in rec["verdict"].get("stages", {}).items():
-        if item.get("status") not in STAGE_STATUSES or not isinstance(item.get("evidence"), str):
-            out.append(f"verdict.stages.{name} needs a status ({', '.join(STAGE_STATUSES)}) and its evidence")
+    stages = rec["verdict"].get("stages")
+    if not isinstance(stages, dict) or sorted(stages) != sorted(VERDICT_STAGES):
+        out.append(f"verdict.stages must hold exactly {', '.join(VERDICT_STAGES)}")
+    else:
+        for name, item in stages.items():
+            if not isinstance(item, dict) or item.get("status") not in STAGE_STATUSES or \
+                    not isinstance(item.get("evidence"), str):
+                out.append(f"verdict.stages.{name} needs a status ({', '.join(STAGE_STATUSES)}) and its evidence")
     so = rec["signoff"]
-    if so.get("status") != "unsigned":
+    if so.get("status") == "unsigned":
+        if set(so) != {"status"}:
+            out.append("signoff says unsigned but holds " + ", ".join(sorted(set(so) - {"status"})))
+    else:
         for key in ("operator", "role", "comment"):
             if not isinstance(so.get(key), str):
                 out.append(f"signoff.{key} must be a string")

@@ -49,6 +49,12 @@ def tolerance_tier(device: str, dtype: str) -> Tier:
     return Tier(f"{dtype}-relative", 2e-2, f"{dtype} keeps 8 (bf16) to 11 (fp16) mantissa bits")
 
 
+def known_tiers() -> dict[str, Tier]:
+    """Every tier :func:`tolerance_tier` can give, by name (what ``gpuaccept verify`` holds a record's tier to)."""
+    tiers = [tolerance_tier(d, t) for d in ("cpu", "cuda") for t in ("fp32", "bf16", "fp16")]
+    return {t.name: t for t in tiers}
+
+
 @dataclass(frozen=True)
 class Check:
     """One check of the resume comparison with its evidence."""
@@ -78,6 +84,20 @@ class ResumeResult:
     summary: str = ""
     kill_at: str | None = None  # resume.kill_at of the spec (KILL_POINTS)
     kill_planned: str = ""  # the kill point in words, with its step numbers
+
+
+RESUME_CHECKS: dict[str, str] = {
+    "kill": "exact", "kill_point": "exact", "checkpoint_selection": "completeness",
+    "checkpoint_complete": "completeness", "manifest": "exact", "safe_loading": "exact", "trainer_state": "exact",
+    "global_steps": "exact", "epoch": "exact", "learning_rate": "exact", "sample_ids": "exact", "loss": "tolerance",
+    "trainable_set": "exact", "rng_restored": "exact", "rng_continues": "exact", "final_weights": "tolerance",
+    "optimizer_progress": "exact", "optimizer_moments": "tolerance",
+}  # every check a passing resume comparison holds, with its kind; fp16 adds "grad_scaler" (exact)
+
+
+def expected_checks(dtype: str) -> dict[str, str]:
+    """The checks a passing resume comparison must hold for ``dtype``, name -> kind."""
+    return {**RESUME_CHECKS, **({"grad_scaler": "exact"} if dtype == "fp16" else {})}
 
 
 def required_files(spec: RunSpec) -> dict[str, str]:

@@ -2,9 +2,9 @@
 
 The signature covers the exact bytes of ``record.toml`` on disk and is written beside it as ``record.toml.sig`` (what
 ``ssh-keygen -Y sign`` writes). A key is a private key file, or a public key file whose private half is in the
-ssh-agent (``ssh-keygen`` then asks the agent). Nothing here prompts: ssh-keygen runs with stdin closed, so a
-passphrase-protected key file fails with a message that says to load it into the agent (``ssh-add KEY``) and give its
-``.pub``.
+ssh-agent (``ssh-keygen`` then asks the agent). Nothing here prompts: ssh-keygen runs in a new session without a
+terminal, so a passphrase-protected key file fails with a message that says to load it into the agent
+(``ssh-add KEY``) and give its ``.pub``.
 
 Source: ssh-keygen(1), "ALLOWED SIGNERS" and the ``-Y sign`` / ``-Y verify`` / ``-Y check-novalidate`` operations
 (OpenSSH 8.2+; the ``-Y`` interface is stable since 8.2).
@@ -53,10 +53,13 @@ def _ssh_keygen() -> str:
 def _run(args: list[str], stdin_path: Path | None = None) -> subprocess.CompletedProcess:
     env = dict(os.environ)
     env.pop("SSH_ASKPASS", None)  # never a pop-up; a key that needs a passphrase fails
+    # a new session has no controlling terminal: ssh-keygen cannot open /dev/tty to ask for a passphrase, so a key
+    # that needs one fails at once instead of prompting under the wizard or hanging a script
     if stdin_path is None:
-        return subprocess.run(args, stdin=subprocess.DEVNULL, capture_output=True, text=True, env=env, timeout=60)
+        return subprocess.run(args, stdin=subprocess.DEVNULL, capture_output=True, text=True, env=env, timeout=60,
+                              start_new_session=True)
     with open(stdin_path, "rb") as fh:
-        return subprocess.run(args, stdin=fh, capture_output=True, env=env, timeout=60)
+        return subprocess.run(args, stdin=fh, capture_output=True, env=env, timeout=60, start_new_session=True)
 
 
 def signature_path(record: Path) -> Path:
@@ -88,28 +91,56 @@ def agent_keys() -> list[str]:
     return [line for line in done.stdout.splitlines() if line.strip()] if done.returncode == 0 else []
 
 
+def can_sign(key: Path) -> None:
+    """Sign a scratch file with ``key`` to prove it can sign here (the key readable, its passphrase not needed or the
+    key in the agent), before anything is changed.
+
+    Raises:
+        SigningError: saying why and what to do.
+    """
+    import tempfile
+
+    key = Path(key).expanduser().resolve()
+    fingerprint(key)
+    with tempfile.TemporaryDirectory(prefix="gpuaccept-sign-") as tmp:
+        probe = Path(tmp) / "probe.txt"
+        probe.write_text("gpuaccept can-sign probe\n", encoding="utf-8")
+        _sign_file(probe, key)
+
+
+def _sign_file(path: Path, key: Path) -> Path:
+    done = _run([_ssh_keygen(), "-Y", "sign", "-f", str(key), "-n", NAMESPACE, str(path)])
+    sig = signature_path(path)
+    if done.returncode != 0 or not sig.is_file():
+        # ssh-keygen's own prompt text ends up in its error output when there is no terminal to ask on
+        why = [w for w in (re.sub(r"Enter passphrase[^:]*:\s*", "", line).strip()
+                           for line in (done.stderr or done.stdout).strip().splitlines()) if w]
+        text = " ".join(why).lower()
+        hint = ""
+        if "passphrase" in text or "incorrect" in text or "load key" in text:
+            hint = "; a key with a passphrase must be in the ssh-agent: run ssh-add KEY and give KEY.pub"
+        elif "no private key" in text or "agent" in text:
+            hint = "; a .pub signs only when its private key is in the ssh-agent (ssh-add -l lists them)"
+        raise SigningError(f"ssh-keygen could not sign with {key}: {why[-1] if why else 'no output'}{hint}")
+    return sig
+
+
 def sign(record: Path, key: Path) -> Path:
-    """Sign the bytes of ``record`` with ``key``; returns ``record.toml.sig``.
+    """Sign the bytes of ``record`` with ``key``; returns ``record.toml.sig``. A symlinked record is signed where it
+    points.
 
     Raises:
         SigningError: the record is missing or already signed (a signature is never overwritten), or ssh-keygen
             refused (a passphrase-protected key that is not in the agent, an unreadable key).
     """
-    record, key = Path(record), Path(key).expanduser()
+    record, key = Path(record).resolve(), Path(key).expanduser().resolve()
     if not record.is_file():
         raise SigningError(f"record {record} not found")
     sig = signature_path(record)
     if sig.exists():
         raise SigningError(f"{sig} already exists: a signed record is not signed again (start a new run)")
     fingerprint(key)  # a clear error for a missing or unreadable key before ssh-keygen's own
-    done = _run([_ssh_keygen(), "-Y", "sign", "-f", str(key), "-n", NAMESPACE, str(record)])
-    if done.returncode != 0 or not sig.is_file():
-        why = (done.stderr or done.stdout).strip().splitlines()
-        hint = ""
-        if any("passphrase" in line.lower() for line in why) or key.suffix != ".pub":
-            hint = "; a key with a passphrase must be in the ssh-agent: run ssh-add KEY and give KEY.pub"
-        raise SigningError(f"ssh-keygen could not sign with {key}: {why[-1] if why else 'no output'}{hint}")
-    return sig
+    return _sign_file(record, key)
 
 
 def check_signature(record: Path, allowed_signers: Path | None = None, identity: str | None = None) -> SignatureCheck:
@@ -121,11 +152,15 @@ def check_signature(record: Path, allowed_signers: Path | None = None, identity:
     """
     record = Path(record)
     sig = signature_path(record)
-    if not sig.is_file():
+    if sig.exists() and not sig.is_file():
+        return SignatureCheck("bad", f"{sig.name} is not a file")
+    if not sig.exists():
         return SignatureCheck("unsigned", f"no signature: {sig.name} does not exist")
     if allowed_signers is not None:
         if not identity:
             raise SigningError("--allowed-signers needs --identity: the signer's principal in that file")
+        if not Path(allowed_signers).is_file():
+            raise FileNotFoundError(f"allowed-signers file {allowed_signers} not found")
         args = [_ssh_keygen(), "-Y", "verify", "-f", str(allowed_signers), "-I", identity, "-n", NAMESPACE,
                 "-s", str(sig)]
     else:
@@ -141,3 +176,53 @@ def check_signature(record: Path, allowed_signers: Path | None = None, identity:
                               allowed_signers is not None)
     last = out.splitlines()[-1] if out else f"ssh-keygen exit {done.returncode}"
     return SignatureCheck("bad", f"signature does not verify: {last}", fp, allowed_signers is not None)
+
+
+def sign_record(record: Path, key: Path, signoff: dict | None = None) -> Path:
+    """Sign off and sign a record: nothing is changed unless all of it can be done.
+
+    Order: the key must sign a scratch file (:func:`can_sign`); the record must parse, and with ``signoff`` put in
+    (when given) conform to the schema and have every verdict follow from its data (:mod:`core.verify`); then the
+    sign-off is written into the record (atomically) and its bytes signed. A symlink is followed.
+
+    Raises:
+        SigningError: what stopped it, with what to do; the record is untouched.
+    """
+    import tomllib
+
+    from core.record import add_signoff, schema_problems
+    from core.verify import recompute_verdicts
+
+    record = Path(record).resolve()
+    if not record.is_file():
+        raise SigningError(f"record {record} not found")
+    if signature_path(record).exists():
+        raise SigningError(f"{signature_path(record)} already exists: a signed record is not signed again")
+    try:
+        data = tomllib.loads(record.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise SigningError(f"{record} is not a gpuaccept record (not TOML: {exc})") from None
+    current = data.get("signoff", {})
+    if signoff is None and current.get("status") == "unsigned":
+        raise SigningError("the record has no sign-off: give --operator NAME --decision accept|reject")
+    if signoff is not None:
+        if current.get("status") != "unsigned":
+            raise SigningError(f"the record already holds a sign-off by {current.get('operator')!r} "
+                               f"({current.get('decision')}); sign it as it is, without --operator")
+        data["signoff"] = signoff
+    problems = schema_problems(data)
+    if not problems:
+        try:
+            problems = recompute_verdicts(data)
+        except (TypeError, KeyError, ValueError, AttributeError) as exc:
+            problems = [f"a value the verdicts depend on is missing or of the wrong type: {exc}"]
+    if problems:
+        raise SigningError("not signed: the record does not verify (" + "; ".join(problems[:3])
+                           + (" ..." if len(problems) > 3 else "") + "); gpuaccept verify shows every finding")
+    can_sign(key)
+    if signoff is not None:
+        try:
+            add_signoff(record, signoff)
+        except ValueError as exc:
+            raise SigningError(str(exc)) from None
+    return sign(record, key)

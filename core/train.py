@@ -6,6 +6,7 @@ Inference mode evaluates once (fixed weights: no backward, no update). The train
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generator
@@ -83,15 +84,17 @@ def run_train_eval(
         metric = f"{metric}; evaluated on {data['heldout_selection']}"
     if spec.training:
         assert after is not None and trained is not None
-        status = "pass" if after.perplexity < before.perplexity else "fail"
-        criterion = "held-out perplexity after training < before training"
+        finite = math.isfinite(before.perplexity) and math.isfinite(after.perplexity)
+        status = "pass" if finite and after.perplexity < before.perplexity else "fail"
+        criterion = "held-out perplexity after training < before training, both finite"
         train_s = float(trained["seconds"])
         tokens = spec.batch_size * spec.grad_accum * spec.seq_len * spec.steps
         summary = f"perplexity {before.perplexity:.3f} -> {after.perplexity:.3f} in {spec.steps} steps, {train_s:.1f} s"
         tps: float | None = tokens / train_s if train_s > 0 else None
     else:
-        status = "pass"
-        criterion = "measured on fixed weights (inference sets no threshold; read the value)"
+        status = "pass" if math.isfinite(before.perplexity) else "fail"
+        criterion = ("measured on fixed weights: pass when finite (inference sets no threshold; read the value; a "
+                     "non-finite perplexity means the model's outputs are broken)")
         train_s, tps = None, None
         summary = f"perplexity {before.perplexity:.3f} on the fixed weights"
     result = TrainEvalResult(

@@ -10,9 +10,10 @@ Three independent checks, each reported with what it found:
    capacity, probe peak vs capacity, perplexity before vs after, every resume check) and the overall verdict from
    those. A hand-edited number that changes a verdict fails here even on an unsigned record.
 
-Exit codes (documented in docs/record.md): 0 verified and signed; 3 consistent but unsigned; 4 bad signature;
-5 schema invalid; 6 a verdict does not follow from the data; 2 usage (no such file). When several apply, the first of
-4, 5, 6, 3 is returned.
+Exit codes (documented in docs/record.md): 0 verified, signed by an allowed signer; 7 verified and the signature good,
+but the signer not checked (no allowed-signers file); 3 consistent but unsigned; 4 bad signature; 5 schema invalid;
+6 a verdict does not follow from the data; 2 usage (no such file). When several apply, the first of 4, 5, 6, 3, 7 is
+returned.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 EXIT_VERIFIED, EXIT_USAGE, EXIT_UNSIGNED, EXIT_BAD_SIGNATURE, EXIT_SCHEMA, EXIT_VERDICT = 0, 2, 3, 4, 5, 6
+EXIT_SIGNER_NOT_CHECKED = 7
 PASSING = ("pass", "not_applicable")
 
 
@@ -45,13 +47,19 @@ class Verification:
             return EXIT_VERDICT
         if self.signature.status == "unsigned":
             return EXIT_UNSIGNED
+        if not self.signature.signer_checked:
+            return EXIT_SIGNER_NOT_CHECKED
         return EXIT_VERIFIED
 
     def lines(self) -> list[str]:
         out = [f"signature: {self.signature.status} · {self.signature.detail}"]
         out += ["schema: ok"] if not self.schema else [f"schema: {p}" for p in self.schema]
-        out += ["verdicts: every verdict follows from the record's data"] if not self.verdicts else \
-            [f"verdict: {p}" for p in self.verdicts]
+        if self.schema:
+            out.append("verdicts: not recomputed (the schema check failed)")
+        elif not self.verdicts:
+            out.append("verdicts: every verdict follows from the record's data")
+        else:
+            out += [f"verdict: {p}" for p in self.verdicts]
         return out
 
 
@@ -74,101 +82,270 @@ def verify(record_path: Path, allowed_signers: Path | None = None, identity: str
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         return Verification(signature, [f"not a TOML file: {exc}"], [])
     problems = schema_problems(record)
-    verdicts = recompute_verdicts(record) if not problems else []
+    verdicts: list[str] = []
+    if not problems:
+        try:
+            verdicts = recompute_verdicts(record)
+        except (TypeError, KeyError, ValueError, AttributeError) as exc:
+            problems.append(f"a value the verdicts depend on is missing or of the wrong type: {exc}")
     return Verification(signature, problems, verdicts)
+
+
+def num(value: Any, where: str) -> float:
+    """A number of the record as a float; ``"inf"``, ``"-inf"``, ``"nan"`` are how the writer spells non-finite ones.
+
+    Raises:
+        TypeError: not a number (booleans are not numbers here), naming ``where``.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise TypeError(f"{where} is {value!r}, not a number")
+    if isinstance(value, str):
+        if value not in ("inf", "-inf", "nan"):
+            raise TypeError(f"{where} is {value!r}, not a number")
+        return float(value)
+    return float(value)
+
+
+def count(value: Any, where: str) -> int:
+    """A byte or token count: an int >= 0.
+
+    Raises:
+        TypeError: anything else, naming ``where``.
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise TypeError(f"{where} is {value!r}, not a count (an integer >= 0)")
+    return value
+
+
+STAGES = ("plan", "probe", "evaluation", "resume")
 
 
 def recompute_verdicts(rec: dict[str, Any]) -> list[str]:
     """Each stage's status from the record's own data, compared with the statuses it states; the problems found.
 
     Rules (the ones the pipeline applies, :mod:`core.record`, :mod:`core.probe`, :mod:`core.train`,
-    :mod:`core.resume`): plan — every device's components sum to its total, and fits = total <= capacity; a device
-    that does not fit fails the stage. Probe — the measured peak (on CPU the larger of peak tensor bytes and peak RSS)
-    <= the device's capacity. Evaluation — training: perplexity after < before, each perplexity = exp(mean NLL);
-    inference: measured once. Resume — pass exactly when every check passed; a check on the exact tier has largest
-    difference 0; each comparison row's difference = |loss reference - loss resumed|. Overall — pass exactly when every
-    stage is pass or not_applicable.
-    """
-    problems: list[str] = []
-    stated = {name: item.get("status") for name, item in rec["verdict"].get("stages", {}).items()}
-    computed: dict[str, str] = {}
+    :mod:`core.resume`), and no stage passes without its evidence:
 
+    - plan (estimated): every device's components sum to its total; ``fits`` = total <= capacity on that device alone;
+      a device that does not fit fails the stage;
+    - probe (measured): each probed device's peak (on CPU the larger of peak tensor bytes and peak RSS) <= the
+      capacity of the planned device of the same name; a device without a capacity cannot pass; the plan comparison
+      repeats the plan's total and the probe's peak;
+    - evaluation (measured, on a measured data split): perplexity = exp(mean NLL) >= 1 over tokens > 0; training:
+      both finite and after < before; inference: measured once and finite, nothing after; its settings are the spec's;
+    - resume (measured; not_applicable exactly for inference or the check switched off): pass exactly when every
+      check passed and every check of :data:`core.resume.RESUME_CHECKS` is there with its kind, with the checkpoint's
+      sha256 manifest; the tier is one
+      gpuaccept applies, with its own tolerance; the comparison covers every resumed step, each difference =
+      |reference - resumed| within the tier;
+    - overall: pass exactly when every stage is pass or not_applicable.
+
+    Raises:
+        TypeError: a value a verdict depends on is not a number or count (the caller reports it).
+    """
+    from core.plan import COMPONENTS
+    from core.resume import expected_checks, known_tiers
+
+    problems: list[str] = []
+    spec = rec["spec"]
+    training = spec.get("mode") != "inference"
+    stages = rec["verdict"].get("stages", {})
+    stated = {name: stages.get(name, {}).get("status") for name in STAGES}
+    computed: dict[str, str] = {}
+    evidence_of = {"plan": rec["plan"], "probe": rec["probe"], "evaluation": rec["evaluation"]}
+
+    # plan ---------------------------------------------------------------------------------------------------------
     plan = rec["plan"]
-    if plan.get("provenance") == "not_run":
+    capacity: dict[str, int | None] = {}
+    if plan.get("provenance") == "estimated":
+        fails = False
+        devices = plan.get("devices", [])
+        if not devices:
+            problems.append("plan is estimated but plans no device")
+        for i, d in enumerate(devices):
+            name = str(d.get("name"))
+            comps = d.get("components", {})
+            if not isinstance(comps, dict) or sorted(comps) != sorted(COMPONENTS):
+                problems.append(f"plan device {name}: components must be exactly {', '.join(COMPONENTS)}")
+                comps = comps if isinstance(comps, dict) else {}
+            total = sum(count(v, f"plan.devices[{i}].components.{k}") for k, v in comps.items())
+            stated_total = count(d.get("total_bytes"), f"plan.devices[{i}].total_bytes")
+            if total != stated_total:
+                problems.append(f"plan device {name}: components sum to {total} B, total_bytes says {stated_total}")
+            cap = d.get("capacity_bytes")
+            capacity[name] = None if cap is None else count(cap, f"plan.devices[{i}].capacity_bytes")
+            if cap is None:
+                if "fits" in d:
+                    problems.append(f"plan device {name}: fits = {d['fits']} without a capacity to fit in")
+                continue
+            fits = stated_total <= cap
+            if d.get("fits") is not fits:
+                problems.append(f"plan device {name}: total {stated_total} B vs capacity {cap} B means fits = {fits}, "
+                                f"the record says {d.get('fits')}")
+            fails = fails or not fits
+        computed["plan"] = "fail" if fails else "pass"
+    elif plan.get("provenance") == "not_run":
         computed["plan"] = "not_run"
     else:
-        fails = False
-        for d in plan.get("devices", []):
-            total = sum(d.get("components", {}).values())
-            if total != d.get("total_bytes"):
-                problems.append(f"plan device {d.get('name')}: components sum to {total} B, total_bytes says "
-                                f"{d.get('total_bytes')}")
-            cap = d.get("capacity_bytes")
-            if cap is not None:
-                fits = d.get("total_bytes", 0) <= cap
-                if d.get("fits") is not fits:
-                    problems.append(f"plan device {d.get('name')}: total {d.get('total_bytes')} B vs capacity {cap} B "
-                                    f"means fits = {fits}, the record says {d.get('fits')}")
-                fails = fails or not fits
-        computed["plan"] = "fail" if fails else "pass"
+        problems.append(f"plan.provenance is {plan.get('provenance')!r}: a plan is estimated or not_run")
 
+    # probe --------------------------------------------------------------------------------------------------------
     probe = rec["probe"]
     if probe.get("provenance") == "measured":
-        caps = [d.get("capacity_bytes") for d in plan.get("devices", [])[:1]]
         ok = True
-        for d in probe.get("devices", []):
-            used = d["peak_bytes"] if str(d.get("device", "")).startswith("cuda") else \
-                max(d["peak_bytes"], d.get("peak_rss_bytes", 0))
-            if caps and caps[0] is not None and used > caps[0]:
+        devices = probe.get("devices", [])
+        if not devices:
+            problems.append("probe is measured but lists no device")
+            ok = False
+        for i, d in enumerate(devices):
+            name = str(d.get("device"))
+            peak = count(d.get("peak_bytes"), f"probe.devices[{i}].peak_bytes")
+            rss = count(d.get("peak_rss_bytes", 0), f"probe.devices[{i}].peak_rss_bytes")
+            used = peak if name.startswith("cuda") else max(peak, rss)
+            cap = capacity.get(name)
+            if cap is None:
+                problems.append(f"probe device {name}: no planned device of that name with a capacity, so its fit "
+                                f"cannot be judged")
                 ok = False
+            elif used > cap:
+                ok = False
+        totals = {str(d.get("name")): d.get("total_bytes") for d in plan.get("devices", [])}
+        peaks = {str(d.get("device")): d.get("peak_bytes") for d in devices}
+        for row in probe.get("plan_comparison", []):
+            name = str(row.get("device"))
+            if name in totals and row.get("planned_bytes") != totals[name]:
+                problems.append(f"probe.plan_comparison for {name}: planned {row.get('planned_bytes')} B, the plan "
+                                f"says {totals[name]}")
+            if name in peaks and row.get("measured_bytes") != peaks[name]:
+                problems.append(f"probe.plan_comparison for {name}: measured {row.get('measured_bytes')} B, the "
+                                f"probe's peak is {peaks[name]}")
         computed["probe"] = "pass" if ok else "fail"
         _same(problems, "probe table", probe.get("status"), computed["probe"])
+    elif probe.get("provenance") != "not_run":
+        problems.append(f"probe.provenance is {probe.get('provenance')!r}: a probe is measured or not_run")
 
+    # evaluation ---------------------------------------------------------------------------------------------------
     ev = rec["evaluation"]
     if ev.get("provenance") == "measured":
-        before, after = ev.get("before", {}), ev.get("after", {})
-        for when, point in (("before", before), ("after", after)):
-            if "perplexity" in point and "mean_nll" in point and not math.isclose(
-                    point["perplexity"], math.exp(point["mean_nll"]), rel_tol=1e-9):
-                problems.append(f"evaluation {when}: perplexity {point['perplexity']} is not exp(mean NLL "
-                                f"{point['mean_nll']}) = {math.exp(point['mean_nll'])}")
-        if rec["spec"].get("mode") == "inference":
-            computed["evaluation"] = "pass" if "perplexity" in before else "fail"
+        points = {}
+        for when in ("before", "after") if training else ("before",):
+            point = ev.get(when, {})
+            if not isinstance(point, dict) or point.get("provenance") == "not_run":
+                problems.append(f"evaluation.{when} was not measured")
+                continue
+            ppl = num(point.get("perplexity"), f"evaluation.{when}.perplexity")
+            nll = num(point.get("mean_nll"), f"evaluation.{when}.mean_nll")
+            tokens = count(point.get("tokens"), f"evaluation.{when}.tokens")
+            if tokens == 0:
+                problems.append(f"evaluation.{when}: 0 tokens evaluated")
+            if not math.isclose(ppl, math.exp(nll) if nll < 709 else math.inf, rel_tol=1e-9) and not (
+                    math.isnan(ppl) and math.isnan(nll)):
+                problems.append(f"evaluation {when}: perplexity {ppl} is not exp(mean NLL {nll})")
+            if ppl < 1.0:
+                problems.append(f"evaluation {when}: perplexity {ppl} < 1 (the mean NLL of a distribution is >= 0)")
+            points[when] = ppl
+        if not training and isinstance(ev.get("after"), dict) and ev["after"].get("provenance") != "not_run":
+            problems.append("evaluation.after is measured, but an inference run trains nothing")
+        settings = ev.get("settings", {})
+        for key, value in settings.items():
+            if spec.get(key) != value:
+                problems.append(f"evaluation.settings.{key} = {value!r}, the spec says {spec.get(key)!r}")
+        if rec["data"].get("provenance") != "measured":
+            problems.append("evaluation is measured but the data table (the split it was measured on) is not")
+        if training:
+            after, before = points.get("after", math.nan), points.get("before", math.nan)
+            computed["evaluation"] = "pass" if math.isfinite(before) and math.isfinite(after) and after < before \
+                else "fail"
         else:
-            computed["evaluation"] = "pass" if "perplexity" in after and after["perplexity"] < before.get(
-                "perplexity", -math.inf) else "fail"
+            computed["evaluation"] = "pass" if math.isfinite(points.get("before", math.nan)) else "fail"
         _same(problems, "evaluation table", ev.get("status"), computed["evaluation"])
+    elif ev.get("provenance") != "not_run":
+        problems.append(f"evaluation.provenance is {ev.get('provenance')!r}: an evaluation is measured or not_run")
 
+    # resume -------------------------------------------------------------------------------------------------------
     res = rec["resume"]
+    applies = training and spec.get("resume", {}).get("check", True)
+    evidence_of["resume"] = res
     if res.get("status") == "not_applicable":
         computed["resume"] = "not_applicable"
-        if rec["spec"].get("mode") != "inference" and rec["spec"].get("resume", {}).get("check", True):
+        if applies:
             problems.append("resume is not_applicable, but the spec trains with the resume check on")
+    elif not applies and res.get("provenance") == "measured":
+        problems.append("resume was measured, but the spec is inference or has the resume check off")
     elif res.get("provenance") == "measured":
         checks = res.get("checks", [])
-        rtol = res.get("tier", {}).get("rtol")
+        if not isinstance(checks, list) or not all(isinstance(ch, dict) for ch in checks):
+            raise TypeError("resume.checks is not a list of tables")
+        names = {ch.get("name"): ch for ch in checks}
+        tier = res.get("tier", {})
+        known = known_tiers().get(tier.get("name"))
+        if known is None:
+            problems.append(f"resume.tier {tier.get('name')!r} is not a tier gpuaccept applies "
+                            f"({', '.join(known_tiers())})")
+            rtol = 0.0
+        else:
+            rtol = known.rtol
+            if num(tier.get("rtol"), "resume.tier.rtol") != known.rtol:
+                problems.append(f"resume.tier {known.name} has rtol {known.rtol}, the record says {tier.get('rtol')}")
+        probed = [str(d.get("device")) for d in rec["probe"].get("devices", [])] if probe.get(
+            "provenance") == "measured" else []
+        if known is not None and probed:
+            from core.resume import tolerance_tier
+
+            want = tolerance_tier(probed[0], spec.get("dtype", "fp32")).name
+            if want != known.name:
+                problems.append(f"resume.tier is {known.name}, but {spec.get('dtype')} on {probed[0]} is {want}")
+        all_pass = bool(checks) and all(ch.get("status") == "pass" for ch in checks)
+        if all_pass:
+            for name, kind in expected_checks(spec.get("dtype", "fp32")).items():
+                if name not in names:
+                    problems.append(f"resume passed without its {name} check")
+                elif names[name].get("kind") != kind:
+                    problems.append(f"resume check {name} is of kind {names[name].get('kind')!r}, it is a {kind} check")
         for ch in checks:
             if ch.get("kind") == "tolerance" and rtol == 0.0 and ch.get("status") == "pass" and \
-                    ch.get("largest_difference", 0.0) != 0.0:
+                    num(ch.get("largest_difference", 0.0), f"resume check {ch.get('name')} largest_difference") != 0.0:
                 problems.append(f"resume check {ch.get('name')}: passed on an exact tier with largest difference "
                                 f"{ch.get('largest_difference')}")
-        for row in res.get("comparison", []):
-            diff = abs(row["loss_reference"] - row["loss_resumed"])
-            if not math.isclose(diff, row["difference"], rel_tol=1e-9, abs_tol=1e-15):
-                problems.append(f"resume step {row['step']}: |{row['loss_reference']} - {row['loss_resumed']}| = "
-                                f"{diff}, the row says {row['difference']}")
-            if rtol is not None and diff > rtol * max(abs(row["loss_reference"]), 1e-12):
-                if res.get("status") == "pass":
-                    problems.append(f"resume step {row['step']}: loss difference {diff} is outside the tier "
-                                    f"(rtol {rtol}) but the resume passed")
-        computed["resume"] = "pass" if checks and all(ch.get("status") == "pass" for ch in checks) else "fail"
+        rows = res.get("comparison", [])
+        if all_pass and not res.get("checkpoint_manifest"):
+            problems.append("resume passed without the sha256 manifest of the checkpoint it resumed from")
+        if all_pass:
+            c = count(res.get("checkpoint_step"), "resume.checkpoint_step")
+            want_steps = list(range(c + 1, count(spec.get("steps"), "spec.steps") + 1))
+            got_steps = [row.get("step") for row in rows]
+            if got_steps != want_steps:
+                problems.append(f"resume comparison covers steps {got_steps[:3]}..., the resumed run is steps "
+                                f"{c + 1}-{want_steps[-1] if want_steps else c}")
+        for i, row in enumerate(rows):
+            ref = num(row.get("loss_reference"), f"resume.comparison[{i}].loss_reference")
+            got = num(row.get("loss_resumed"), f"resume.comparison[{i}].loss_resumed")
+            stated_diff = num(row.get("difference"), f"resume.comparison[{i}].difference")
+            diff = abs(ref - got)
+            if not (math.isclose(diff, stated_diff, rel_tol=1e-9, abs_tol=1e-15) or
+                    (math.isnan(diff) and math.isnan(stated_diff))):
+                problems.append(f"resume step {row.get('step')}: |{ref} - {got}| = {diff}, the row says {stated_diff}")
+            if all_pass and not diff <= rtol * max(abs(ref), 1e-12):
+                problems.append(f"resume step {row.get('step')}: loss difference {diff} is outside the tier "
+                                f"(rtol {rtol}) but the resume passed")
+        computed["resume"] = "pass" if all_pass else "fail"
         _same(problems, "resume table", res.get("status"), computed["resume"])
+    elif res.get("provenance") != "not_run":
+        problems.append(f"resume.provenance is {res.get('provenance')!r}: measured, not_run, or status "
+                        f"not_applicable")
 
-    for name, status in computed.items():
-        if name in stated and stated[name] != status and not (status == "not_run" and stated[name] in
-                                                                ("not_run", "cancelled", "error")):
-            problems.append(f"verdict.stages.{name} says {stated[name]}, its data says {status}")
-    overall = "pass" if stated and all(s in PASSING for s in {**stated, **computed}.values()) else "fail"
+    # stages and the overall verdict ----------------------------------------------------------------------------------
+    for name in STAGES:
+        status = computed.get(name)
+        said = stated[name]
+        if status is None:  # its table says not_run: the stage cannot have passed
+            if said not in ("not_run", "cancelled", "error", "fail"):
+                problems.append(f"verdict.stages.{name} says {said}, but its table holds no measurement "
+                                f"(provenance {evidence_of[name].get('provenance')!r})")
+        elif said != status and not (status == "not_run" and said in ("cancelled", "error")):
+            problems.append(f"verdict.stages.{name} says {said}, its data says {status}")
+    final = {name: computed.get(name, stated[name]) for name in STAGES}
+    overall = "pass" if all(s in PASSING for s in final.values()) else "fail"
     if rec["verdict"].get("status") != overall:
         problems.append(f"verdict.status says {rec['verdict'].get('status')}, the stages say {overall}")
     return problems

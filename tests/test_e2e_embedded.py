@@ -80,7 +80,10 @@ async def test_the_wizard_writes_the_same_record_as_the_headless_run(headless, t
     assert app.state.signature_path == Path(str(app.state.record_path) + ".sig")
     from core.verify import verify
 
-    assert verify(Path(app.state.record_path)).exit_code == 0  # signed by the export screen, schema and verdicts hold
+    allowed = tmp_path / "allowed_signers"
+    allowed.write_text("grace@box " + (tmp_path / "grace.pub").read_text())
+    # signed by the export screen with Grace's key; schema and every verdict hold
+    assert verify(Path(app.state.record_path), allowed, "grace@box").exit_code == 0
     assert headless["signoff"] == {"status": "unsigned"}
     assert keys({k: v for k, v in wizard.items() if k != "signoff"}) == keys(
         {k: v for k, v in headless.items() if k != "signoff"})

@@ -249,37 +249,30 @@ def format_plan(plan: Any, spec: Any) -> str:
 
 
 def cmd_sign(args: argparse.Namespace) -> int:
-    """Add the sign-off (when the record has none) and sign the record's bytes; prints the key's fingerprint."""
-    from core.record import add_signoff, make_signoff
-    from core.signing import SigningError, fingerprint, sign
+    """Add the sign-off (when the record has none) and sign the record's bytes; prints the key's fingerprint.
+    Nothing is changed unless the key can sign and the record (with its sign-off) verifies."""
+    from core.record import make_signoff
+    from core.signing import fingerprint, sign_record
 
-    record = Path(args.record)
-    if not record.is_file():
-        raise SigningError(f"record {record} not found")
-    fp = fingerprint(Path(args.key))  # before the record is touched: a bad key changes nothing
-    if args.operator or args.decision:
-        if not (args.operator and args.decision):
-            print("gpuaccept: error: --operator and --decision go together", file=sys.stderr)
-            return EXIT_USAGE
+    if bool(args.operator) != bool(args.decision):
+        print("gpuaccept: error: --operator and --decision go together", file=sys.stderr)
+        return EXIT_USAGE
+    signoff = None
+    if args.operator:
         try:
-            add_signoff(record, make_signoff(args.operator, args.decision, args.role, args.comment))
+            signoff = make_signoff(args.operator, args.decision, args.role, args.comment)
         except ValueError as exc:
             print(f"gpuaccept: error: {exc}", file=sys.stderr)
             return EXIT_USAGE
-    else:
-        import tomllib
-
-        if tomllib.loads(record.read_text(encoding="utf-8")).get("signoff", {}).get("status") == "unsigned":
-            print("gpuaccept: error: the record has no sign-off: give --operator NAME --decision accept|reject",
-                  file=sys.stderr)
-            return EXIT_USAGE
-    sig = sign(record, Path(args.key))
-    print(f"signed {record} with {fp}\nsignature: {sig}")
+    fp = fingerprint(Path(args.key))
+    sig = sign_record(Path(args.record), Path(args.key), signoff)
+    print(f"signed {Path(args.record).resolve()} with {fp}\nsignature: {sig}")
     return EXIT_OK
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    """Exit codes: 0 verified and signed, 3 consistent but unsigned, 4 bad signature, 5 schema, 6 verdict, 2 usage."""
+    """Exit codes: 0 verified and signed by an allowed signer, 7 the same with the signer not checked, 3 consistent but
+    unsigned, 4 bad signature, 5 schema, 6 verdict, 2 usage (docs/record.md)."""
     from core.verify import verify
 
     if bool(args.allowed_signers) != bool(args.identity):
@@ -287,13 +280,14 @@ def cmd_verify(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     try:
         result = verify(Path(args.record), Path(args.allowed_signers) if args.allowed_signers else None, args.identity)
-    except FileNotFoundError as exc:
+    except (FileNotFoundError, IsADirectoryError) as exc:
         print(f"gpuaccept: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     print("\n".join(result.lines()))
     code = result.exit_code
     print({0: "VERIFIED", 3: "UNSIGNED (consistent)", 4: "BAD SIGNATURE", 5: "SCHEMA INVALID",
-           6: "VERDICT DOES NOT FOLLOW FROM THE DATA"}[code] + f" (exit {code})")
+           6: "VERDICT DOES NOT FOLLOW FROM THE DATA",
+           7: "SIGNATURE GOOD, SIGNER NOT CHECKED (give --allowed-signers and --identity)"}[code] + f" (exit {code})")
     return code
 
 

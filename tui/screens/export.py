@@ -117,9 +117,19 @@ class ExportScreen(Screen):
 
     @work(thread=True, exclusive=True, group="record")
     def write(self) -> None:
+        from core.signing import SigningError, can_sign
+
         signoff = self.app.call_from_thread(self.signoff)
         if signoff is None:
             return
+        key = self.app.call_from_thread(lambda: self.query_one("#key", Input).value.strip())
+        if key:  # a key that cannot sign stops here, before the record is written with this sign-off
+            try:
+                can_sign(Path(key).expanduser())
+            except SigningError as exc:
+                self.app.call_from_thread(self.query_one("#export-error", Static).update,
+                                          Content(f"not written: {exc}"))
+                return
         try:
             path = self.app.state.run.write_record(signoff)
         except Exception as exc:  # noqa: BLE001 - shown, never a traceback
