@@ -35,6 +35,15 @@ FIELDS: list[tuple[str, str, str, tuple[str, ...], tuple[str, ...]]] = [
 ]
 
 
+# choices whose value alone says little to a newcomer: what the option does, in a few words
+CHOICE_LABELS: dict[str, str] = {
+    "boundary+1": "boundary+1 · inside the next step",
+    "boundary": "boundary · right after a step",
+    "boundary-1": "boundary-1 · before a step's last micro",
+    "checkpoint-write": "checkpoint-write · mid checkpoint",
+}
+
+
 def spec_field_to_input(field: str) -> str:
     """A SpecError field ("lora.r") as the input id that fixes it ("lora_r")."""
     return {"lora.r": "lora_r", "lora.alpha": "lora_alpha", "lora.targets": "lora_targets",
@@ -87,8 +96,8 @@ class SetupScreen(NavButtons, Screen):
                 with Horizontal(classes="field"):
                     yield Label(label)
                     if kind == "choice":
-                        yield Select([(c, c) for c in choices], value=value, allow_blank=False, id=name,
-                                     compact=True)
+                        yield Select([(CHOICE_LABELS.get(c, c), c) for c in choices], value=value,
+                                     allow_blank=False, id=name, compact=True)
                     else:
                         yield Input(value=value, id=name, compact=True)
                 yield Static("", classes="field-error", id=f"err-{name}")
