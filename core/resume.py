@@ -415,6 +415,10 @@ def kill_position(event: dict) -> str:
     if where == "step_end":
         return f"right after optimizer step {step}"
     done, n = event.get("micro_done", 0), event.get("micro_in_step", 1)
+    if where == "step_begin":
+        return f"at the start of step {step + 1}, before its micro-batch (no accumulation: one per step)"
+    if n == 1:
+        return f"inside step {step + 1} after its only micro-batch's backward, before its optimizer step"
     return f"inside step {step + 1} after {done} of its {n} micro-batches, before its optimizer step"
 
 

@@ -361,3 +361,14 @@ def test_trainable_set_must_be_the_references():
     other = compare_trainable(ref, {"names": ["a.lora_A", "a.lora_B", "lm_head.weight"], "parameters": 96})
     assert other.status == "fail" and "lm_head.weight" in other.evidence
     assert compare_trainable(ref, {}).status == "fail"
+
+
+def test_kill_position_reads_right_without_accumulation():
+    from core.resume import kill_position
+
+    assert kill_position({"step": 3, "where": "micro", "micro_done": 1, "micro_in_step": 1}) == (
+        "inside step 4 after its only micro-batch's backward, before its optimizer step")
+    assert kill_position({"step": 2, "where": "step_begin", "micro_done": 0, "micro_in_step": 1}).startswith(
+        "at the start of step 3")
+    assert kill_position({"step": 3, "where": "micro", "micro_done": 1, "micro_in_step": 4}) == (
+        "inside step 4 after 1 of its 4 micro-batches, before its optimizer step")

@@ -106,10 +106,10 @@ def finished_run(app: GpuAcceptApp) -> SimpleNamespace:
                          "token-weighted perplexity: exp(sum NLL / sum target tokens)", EvalPoint(49232.478, 10.80, 252, 4, 0.1),
                          EvalPoint(49195.247, 10.79, 252, 4, 0.1), 2.5, 614.4, steps, {}, "", "", "perplexity down")
     tier = tolerance_tier("cpu", "fp32")
-    checks = [Check("kill", "pass", "SIGKILL to process group 4242 inside step 4 after 1 of its 1 micro-batches, "
-                                    "before its optimizer step; no process of the group is left"),
-              Check("kill_point", "pass", "boundary+1: killed inside step 4 after 1 of its 1 micro-batches, before its "
-                                          "optimizer step"),
+    checks = [Check("kill", "pass", "SIGKILL to process group 4242 inside step 4 after its only micro-batch's "
+                                    "backward, before its optimizer step; no process of the group is left"),
+              Check("kill_point", "pass", "boundary+1: killed inside step 4 after its only micro-batch's backward, "
+                                          "before its optimizer step"),
               Check("checkpoint_selection", "pass", "resume from checkpoint-2, the newest complete checkpoint",
                     kind="completeness"),
               Check("checkpoint_complete", "pass", "present: adapter weights, optimizer, scheduler, RNG, trainer state",

@@ -141,6 +141,8 @@ class ExportScreen(Screen):
         self.app.call_from_thread(self.query_one("#written", Static).update,
                                   f"[b]record written:[/b] {path}\n(verdict {self.app.state.run.verdict}; "
                                   f"decision {signoff['decision']} by {signoff['operator']}; {signed})")
+        # at 80x24 the confirmation sits below the form: bring it into view
+        self.app.call_from_thread(self.query_one("#written", Static).scroll_visible)
 
     def sign(self, path: Path) -> str:
         """Sign the written record with the key given, if any; what happened, in words (never raises)."""
