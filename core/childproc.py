@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from core.errors import StageError
-from core.events import read_events
+from core.events import rank_events_path, read_events
 
 
 @dataclass
@@ -31,7 +31,8 @@ class ChildJob:
     job: dict[str, Any]
     proc: subprocess.Popen | None = None
     events: list[dict[str, Any]] = field(default_factory=list)
-    _offset: int = 0
+    nproc: int = 1  # processes torchrun starts (1: no torchrun)
+    _offsets: dict[int, int] = field(default_factory=dict)
 
     @property
     def events_path(self) -> Path:
@@ -60,10 +61,12 @@ def child_env(base: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def start_child(name: str, job_dir: Path, job: dict[str, Any]) -> ChildJob:
-    """Write ``job.json`` and start ``python -m core.worker`` on it in a new process group."""
+def start_child(name: str, job_dir: Path, job: dict[str, Any], nproc: int = 1) -> ChildJob:
+    """Write ``job.json`` and start ``python -m core.worker`` on it in a new process group; with ``nproc`` > 1 under
+    ``torchrun --standalone --nproc-per-node nproc`` (torch.distributed.run), whose workers are in the same group, so
+    one SIGKILL of the group ends every rank. Rank r writes its own events file (:func:`rank_events_path`)."""
     job_dir.mkdir(parents=True, exist_ok=True)
-    child = ChildJob(name=name, job_dir=job_dir, job=dict(job))
+    child = ChildJob(name=name, job_dir=job_dir, job=dict(job), nproc=nproc)
     child.job.setdefault("events", str(child.events_path))
     child.job.setdefault("output_dir", str(child.output_dir))
     (job_dir / "job.json").write_text(json.dumps(child.job, indent=2), encoding="utf-8")
@@ -71,7 +74,9 @@ def start_child(name: str, job_dir: Path, job: dict[str, Any]) -> ChildJob:
     with open(child.log_path, "ab") as log, open(os.devnull, "rb") as devnull:
         child.proc = subprocess.Popen(
             # -P: never import from the current directory (a user's own `core/` must not shadow ours)
-            [sys.executable, "-P", "-m", "core.worker", str(job_dir / "job.json")],
+            [sys.executable, "-P", "-m", "core.worker", str(job_dir / "job.json")] if nproc == 1 else
+            [sys.executable, "-P", "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+             "-m", "core.worker", str(job_dir / "job.json")],
             stdin=devnull,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -83,7 +88,11 @@ def start_child(name: str, job_dir: Path, job: dict[str, Any]) -> ChildJob:
 
 def poll_events(child: ChildJob) -> list[dict[str, Any]]:
     """New complete events since the last call (also kept in ``child.events``)."""
-    new, child._offset = read_events(child.events_path, child._offset)
+    new: list[dict[str, Any]] = []
+    for rank in range(child.nproc):
+        path = rank_events_path(child.events_path, rank)
+        got, child._offsets[rank] = read_events(path, child._offsets.get(rank, 0))
+        new.extend(got)
     child.events.extend(new)
     return new
 

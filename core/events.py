@@ -83,6 +83,14 @@ class RunFinished(Event):
     run_dir: str
 
 
+def rank_events_path(path: Path, rank: int | None) -> Path:
+    """The events file of one rank under torchrun: rank 0 (or a single process) writes ``path`` itself, rank r
+    ``events.rank{r}.jsonl`` beside it, so ranks never interleave lines in one file."""
+    if not rank:
+        return path
+    return path.with_name(f"{path.stem}.rank{rank}{path.suffix}")
+
+
 class EventWriter:
     """Writes child events as JSON lines, flushed per event.
 
@@ -90,14 +98,17 @@ class EventWriter:
         path: the events file; created (with parents) if missing, appended to otherwise.
     """
 
-    def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
+    def __init__(self, path: str | Path, rank: int | None = None) -> None:
+        self.path = rank_events_path(Path(path), rank)
+        self.rank = rank
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - lives as long as the writer
 
     def emit(self, kind: str, **data: Any) -> None:
-        """Append one event ``{"kind": kind, "t": time, **data}`` and flush it to the OS."""
+        """Append one event ``{"kind": kind, "t": time, **data}`` (with ``rank`` under torchrun) and flush it."""
         record = {"kind": kind, "t": time.time(), **data}
+        if self.rank is not None:
+            record["rank"] = self.rank
         self._fh.write(json.dumps(record, default=_jsonable) + "\n")
         self._fh.flush()
         os.fsync(self._fh.fileno())

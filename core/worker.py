@@ -38,7 +38,8 @@ _TRAINER_OPTIM = {"adamw": "adamw_torch", "sgd": "sgd", "adafactor": "adafactor"
 def main(argv: list[str]) -> int:
     job = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
     _exit_with_parent()
-    events = EventWriter(job["events"])
+    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1  # launched by torchrun (core.childproc, nproc > 1)
+    events = EventWriter(job["events"], int(os.environ["RANK"]) if distributed else None)
     try:
         run_job(job, events)
     except BaseException as exc:  # the parent reads this event; the traceback goes to the child's log
@@ -286,6 +287,8 @@ def build_trainer(spec, model, tokenizer, blocks, out_dir: Path, device: str, ev
         dataloader_num_workers=0,
         remove_unused_columns=False,
         use_cpu=device == "cpu",
+        # several CPU processes under torchrun talk over gloo (NCCL is for CUDA devices)
+        ddp_backend="gloo" if device == "cpu" and int(os.environ.get("WORLD_SIZE", "1")) > 1 else None,
         bf16=spec.dtype == "bf16",  # mixed precision: autocast over fp32 weights
         fp16=spec.dtype == "fp16",
         gradient_checkpointing=False,  # enabled on the model in build_model, once
@@ -369,6 +372,8 @@ def probe(spec: RunSpec, model, tokenizer, blocks: list[dict], out_dir: Path, de
         trainer = build_trainer(spec, model, tokenizer, blocks, out_dir, device, events, job,
                                 max_steps=n, save=False, extra_callbacks=[ProbeCallback()])
         trainer.train()
+        # what the run was actually wrapped in (Trainer may fall back, e.g. FSDP requested on CPU runs as DDP)
+        wrapper = type(trainer.model_wrapped).__name__
     else:
         batch = _collate(blocks[: spec.batch_size])
         batch.pop("sample_ids")
@@ -389,6 +394,8 @@ def probe(spec: RunSpec, model, tokenizer, blocks: list[dict], out_dir: Path, de
                     torch.cuda.synchronize()
                 step_times.append(time.perf_counter() - started)
                 events.emit("probe_step", step=step, total=n, seconds=step_times[-1])
+    if not spec.training:
+        wrapper = "none (inference, one process)"
     steady = step_times[1:] or step_times  # the first step pays one-off allocations and kernel choices
     step_s = sum(steady) / len(steady)
     tokens = spec.batch_size * spec.seq_len * (spec.grad_accum if spec.training else 1)
@@ -403,6 +410,8 @@ def probe(spec: RunSpec, model, tokenizer, blocks: list[dict], out_dir: Path, de
         "rss_start_bytes": rss_start,
         "rss_after_load_bytes": rss_loaded,
         "peak_rss_bytes": _peak_rss_bytes(),
+        "wrapper": wrapper,
+        "world_size": int(os.environ.get("WORLD_SIZE", "1")),
     }
     if is_cuda:
         ledger["peak_allocated_bytes"] = int(torch.cuda.max_memory_allocated(device))
