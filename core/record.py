@@ -260,11 +260,9 @@ OPTIONAL_TABLES = ("onboarding",)  # the onboarding quiz's answers, when the ope
 
 def spec_table_hash(spec_table: dict[str, Any]) -> str:
     """sha256 of a record's ``spec`` table without its ``hash`` key, as :meth:`RunSpec.spec_hash` computes it."""
-    import hashlib
-    import json
+    from core.spec import canonical_sha256
 
-    body = {k: v for k, v in spec_table.items() if k != "hash"}
-    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    return canonical_sha256({k: v for k, v in spec_table.items() if k != "hash"})
 
 
 def schema_problems(rec: dict[str, Any]) -> list[str]:

@@ -335,8 +335,12 @@ class RunSpec:
 
     def spec_hash(self) -> str:
         """sha256 of the canonical JSON of :meth:`to_dict` (sorted keys): the same spec gives the same hash anywhere."""
-        blob = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":")).encode()
-        return hashlib.sha256(blob).hexdigest()
+        return canonical_sha256(self.to_dict())
+
+
+def canonical_sha256(mapping: dict[str, Any]) -> str:
+    """sha256 of ``mapping`` as canonical JSON (sorted keys, no spaces): the spec's hash, and a record's spec table's."""
+    return hashlib.sha256(json.dumps(mapping, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 def parse_devices(devices: str) -> list[str]:

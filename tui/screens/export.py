@@ -100,7 +100,7 @@ class ExportScreen(Screen):
             self.app.exit(0)
 
     def signoff(self) -> dict | None:
-        from core.record import utc_now
+        from core.record import make_signoff
 
         operator = self.query_one("#operator", Input).value.strip()
         decision = self.query_one("#decision", Select).value
@@ -112,8 +112,8 @@ class ExportScreen(Screen):
             error.update("choose a decision: accept or reject")
             return None
         error.update("")
-        return {"operator": operator, "role": self.query_one("#role", Input).value.strip(), "decision": decision,
-                "comment": self.query_one("#comment", Input).value.strip(), "time_utc": utc_now()}
+        return make_signoff(operator, decision, self.query_one("#role", Input).value,
+                            self.query_one("#comment", Input).value)
 
     @work(thread=True, exclusive=True, group="record")
     def write(self) -> None:
