@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from core.errors import StageError
-from core.events import rank_events_path, read_events
+from core.events import read_events
 
 
 @dataclass
@@ -32,7 +32,7 @@ class ChildJob:
     proc: subprocess.Popen | None = None
     events: list[dict[str, Any]] = field(default_factory=list)
     nproc: int = 1  # processes torchrun starts (1: no torchrun)
-    _offsets: dict[int, int] = field(default_factory=dict)
+    _offsets: dict[str, int] = field(default_factory=dict)
 
     @property
     def events_path(self) -> Path:
@@ -61,21 +61,36 @@ def child_env(base: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def start_child(name: str, job_dir: Path, job: dict[str, Any], nproc: int = 1) -> ChildJob:
-    """Write ``job.json`` and start ``python -m core.worker`` on it in a new process group; with ``nproc`` > 1 under
-    ``torchrun --standalone --nproc-per-node nproc`` (torch.distributed.run), whose workers are in the same group, so
-    one SIGKILL of the group ends every rank. Rank r writes its own events file (:func:`rank_events_path`)."""
+def start_child(name: str, job_dir: Path, job: dict[str, Any], nproc: int = 1,
+                torchrun_args: list[str] | None = None, visible_devices: list[str] | None = None) -> ChildJob:
+    """Write ``job.json`` and start ``python -m core.worker`` on it in a new process group.
+
+    With ``nproc`` > 1 (or ``torchrun_args``, for several nodes) it runs under torchrun (``torch.distributed.run``),
+    by default ``--standalone --nproc-per-node nproc``; torchrun's workers are in the same group, so one SIGKILL of
+    the group ends every rank of this node. Each rank writes its own events file (:func:`core.events.rank_events_path`).
+
+    Args:
+        torchrun_args: torchrun's options instead of the default (:meth:`core.spec.TorchrunSettings.args`).
+        visible_devices: CUDA device names (``cuda:2``) the ranks get, in local-rank order: ``CUDA_VISIBLE_DEVICES``
+            is set to them (composed with the parent's own ``CUDA_VISIBLE_DEVICES``), so local rank r uses
+            ``cuda:r`` inside the child, which is the r-th device named.
+    """
     job_dir.mkdir(parents=True, exist_ok=True)
+    torchrun = nproc > 1 or bool(torchrun_args)
     child = ChildJob(name=name, job_dir=job_dir, job=dict(job), nproc=nproc)
     child.job.setdefault("events", str(child.events_path))
     child.job.setdefault("output_dir", str(child.output_dir))
     (job_dir / "job.json").write_text(json.dumps(child.job, indent=2), encoding="utf-8")
     env = child_env()
+    cuda = [d for d in (visible_devices or []) if d.startswith("cuda")]
+    if torchrun and cuda:
+        env["CUDA_VISIBLE_DEVICES"] = visible_for(cuda, os.environ.get("CUDA_VISIBLE_DEVICES"))
+    launcher = torchrun_args or ["--standalone", f"--nproc-per-node={nproc}"]
     with open(child.log_path, "ab") as log, open(os.devnull, "rb") as devnull:
         child.proc = subprocess.Popen(
             # -P: never import from the current directory (a user's own `core/` must not shadow ours)
-            [sys.executable, "-P", "-m", "core.worker", str(job_dir / "job.json")] if nproc == 1 else
-            [sys.executable, "-P", "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+            [sys.executable, "-P", "-m", "core.worker", str(job_dir / "job.json")] if not torchrun else
+            [sys.executable, "-P", "-m", "torch.distributed.run", *launcher,
              "-m", "core.worker", str(job_dir / "job.json")],
             stdin=devnull,
             stdout=log,
@@ -86,12 +101,41 @@ def start_child(name: str, job_dir: Path, job: dict[str, Any], nproc: int = 1) -
     return child
 
 
+def launch_options(spec: Any, names: list[str]) -> dict[str, Any]:
+    """How to start the children of ``spec`` whose ranks use the devices ``names`` on this node: keyword arguments of
+    :func:`start_child` (``nproc``, ``torchrun_args``, ``visible_devices``). One process for strategies that do not
+    run under torchrun (:meth:`core.spec.RunSpec.local_world_size`)."""
+    nproc = spec.local_world_size(len(names))
+    if nproc == 1 and spec.torchrun.nnodes == 1:
+        return {"nproc": 1, "torchrun_args": None, "visible_devices": None}
+    return {"nproc": nproc, "torchrun_args": spec.torchrun.args(nproc), "visible_devices": names}
+
+
+def visible_for(names: list[str], parent_visible: str | None) -> str:
+    """``CUDA_VISIBLE_DEVICES`` for a child that should see the CUDA devices ``names`` (this process's numbering):
+    their indices, mapped through the parent's own ``CUDA_VISIBLE_DEVICES`` when it has one.
+
+    Raises:
+        StageError: a name whose index the parent's ``CUDA_VISIBLE_DEVICES`` does not have.
+    """
+    indices = [int(n.split(":", 1)[1]) for n in names]
+    if not parent_visible:
+        return ",".join(map(str, indices))
+    outer = [v.strip() for v in parent_visible.split(",") if v.strip()]
+    missing = [f"cuda:{i}" for i in indices if i >= len(outer)]
+    if missing:
+        raise StageError(f"{', '.join(missing)} not visible: CUDA_VISIBLE_DEVICES={parent_visible} names "
+                         f"{len(outer)} device(s)")
+    return ",".join(outer[i] for i in indices)
+
+
 def poll_events(child: ChildJob) -> list[dict[str, Any]]:
-    """New complete events since the last call (also kept in ``child.events``)."""
+    """New complete events since the last call (also kept in ``child.events``), from every rank's events file in the
+    job directory (rank numbers are global: on a second node they do not start at 0)."""
     new: list[dict[str, Any]] = []
-    for rank in range(child.nproc):
-        path = rank_events_path(child.events_path, rank)
-        got, child._offsets[rank] = read_events(path, child._offsets.get(rank, 0))
+    paths = [child.events_path, *sorted(child.job_dir.glob(f"{child.events_path.stem}.rank*{child.events_path.suffix}"))]
+    for path in paths:
+        got, child._offsets[str(path)] = read_events(path, child._offsets.get(str(path), 0))
         new.extend(got)
     child.events.extend(new)
     return new

@@ -15,8 +15,16 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    """The tensor this process holds: a DTensor's local shard (FSDP2 ``fully_shard`` parameters, gradients and
+    optimizer states), else ``t`` itself."""
+    return t._local_tensor if hasattr(t, "_local_tensor") else t
+
+
 def tensor_bytes(t: torch.Tensor) -> int:
-    """Bytes of a tensor's elements (numel x element size), not of its whole storage."""
+    """Bytes of a tensor's elements held by this process (numel x element size; a DTensor's local shard), not of its
+    whole storage."""
+    t = local_tensor(t)
     return t.numel() * t.element_size()
 
 
@@ -81,11 +89,13 @@ class LiveTensorTracker(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         # Views and in-place results share an input's storage: nothing new was allocated.
         inputs = {
-            id(a.untyped_storage()) for a in tree_flatten((args, kwargs or {}))[0] if isinstance(a, torch.Tensor)
+            id(local_tensor(a).untyped_storage()) for a in tree_flatten((args, kwargs or {}))[0]
+            if isinstance(a, torch.Tensor)
         }
         for t in tree_flatten(out)[0]:
             if not isinstance(t, torch.Tensor) or t.device.type != "cpu":
                 continue
+            t = local_tensor(t)  # a DTensor (FSDP2) holds only its local shard's storage
             storage = t.untyped_storage()
             key = id(storage)
             if key in self.live or key in inputs or storage.nbytes() == 0:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Generator
 
+from core.childproc import launch_options
 from core.errors import GpuAcceptError
 from core.events import Event, EventWriter, Message, RunFinished, StageFinished, StageStarted
 from core.spec import RunSpec, parse_devices
@@ -45,7 +46,8 @@ def make_plan(spec: RunSpec, devices_override: list[Any] | None = None) -> PlanC
     config = load_config(source)
     modules = linear_module_names(config) if spec.mode == "lora" else None
     validate_against_config(spec, declared_max_positions(source, config), modules)
-    devices = devices_override if devices_override is not None else detect_devices(spec.devices)
+    ranks = spec.torchrun.nproc_per_node if spec.local_world_size(1) > 1 else 1
+    devices = devices_override if devices_override is not None else detect_devices(spec.devices, cpu_ranks=ranks)
     plan = plan_memory(spec, config, devices)
     return PlanContext(source=source, config=config, devices=devices, plan=plan)
 
@@ -87,6 +89,9 @@ class AcceptanceRun:
         self.ctx = ctx if ctx is not None else make_plan(spec, devices_override)
         self.device = _run_device(spec, self.ctx.devices)
         check_runnable(spec, self.ctx, self.device)
+        #: the devices of this node's ranks, in local-rank order (one for a single process), and how children start
+        self.rank_devices = rank_devices(spec, self.ctx.devices, self.device)
+        self.launch = launch_options(spec, self.rank_devices)
         self.run_dir = new_run_dir(spec, Path(runs_root), self.started)
         (self.run_dir / "spec.toml").write_text(tomli_w.dumps(spec.to_dict()), encoding="utf-8")
         (self.run_dir / "plan.json").write_text(json.dumps(self.ctx.plan.to_json(), indent=2), encoding="utf-8")
@@ -125,6 +130,11 @@ class AcceptanceRun:
             self.stopped.setdefault(name, f"{name}: cancelled (the wizard or the process was closed)")
             raise
 
+    def _refused(self, stage: str, why: str) -> GpuAcceptError:
+        """The error that refuses ``stage`` before it starts, remembered so the record says why it did not run."""
+        self.stopped[stage] = f"not run: {why}"
+        return GpuAcceptError(why)
+
     @property
     def plan_fits(self) -> bool:
         """The plan fits on every device (a device of unknown capacity does not count against it)."""
@@ -160,16 +170,18 @@ class AcceptanceRun:
         from core.probe import run_probe
 
         spec, device = self.spec, self.device
-        yield self.emit(StageStarted("probe", detail=f"{spec.probe_steps} real steps in a child process on {device}"))
-        if len(self.ctx.devices) > 1:
-            yield self.emit(Message("probe", text=f"{len(self.ctx.devices)} devices planned; this version probes and "
-                                                  f"trains on {device} only"))
+        where = (f"{self.launch['nproc']} ranks under torchrun ({spec.strategy}, {', '.join(self.rank_devices)})"
+                 if self.launch["nproc"] > 1 else f"a child process on {device}")
+        yield self.emit(StageStarted("probe", detail=f"{spec.probe_steps} real steps in {where}"))
+        if len(self.ctx.devices) > 1 and self.launch["nproc"] == 1:
+            yield self.emit(Message("probe", text=f"{len(self.ctx.devices)} devices planned; strategy "
+                                                  f"{spec.strategy} probes and trains on {device} only"))
         if self.ctx.source.kind == "embedded" and not embedded_cache_ready():
             yield self.emit(Message("probe", text="converting the embedded model from GGUF to safetensors (once)"))
             convert_in_child(self.run_dir / "convert-embedded.log")
         self.model_path = runnable_path(self.ctx.source)
         probe = yield from self._stage("probe", run_probe(spec, self.model_path, self.run_dir / "probe", device,
-                                                          self.ctx.plan, cancelled))
+                                                          self.ctx.plan, cancelled, self.launch))
         self.results["probe"] = probe
         yield self.emit(StageFinished("probe", status=probe.status, result=probe, summary=probe.summary))
         return probe
@@ -181,10 +193,16 @@ class AcceptanceRun:
         probe = self.results["probe"]
         if probe is None or probe.status != "pass" or self.model_path is None:
             raise GpuAcceptError("the probe did not pass; training and evaluation were not run")
+        if self.spec.strategy == "zero3" and self.device == "cpu":
+            raise self._refused("train_eval", 
+                "zero3 on the CPU: the probe measured FSDP2 sharding (torch fully_shard), but Trainer cannot train with "
+                "FSDP on the CPU (accelerate enables it only on accelerators) and would run DDP instead; training, "
+                "evaluation and the resume check were not run: run zero3 on CUDA devices, or strategy ddp on the CPU")
         yield self.emit(StageStarted("train_eval", detail="held-out perplexity before/after training"
                                      if self.spec.training else "held-out perplexity of the fixed weights"))
         te, _child = yield from self._stage(
-            "train_eval", run_train_eval(self.spec, self.model_path, self.run_dir / "train", self.device, cancelled))
+            "train_eval", run_train_eval(self.spec, self.model_path, self.run_dir / "train", self.device, cancelled,
+                                         self.launch))
         self.results["train_eval"] = te
         yield self.emit(StageFinished("train_eval", status=te.status, result=te, summary=te.summary))
         return te
@@ -194,6 +212,11 @@ class AcceptanceRun:
         from core.resume import not_applicable, run_resume_check
 
         spec = self.spec
+        if spec.training and spec.resume.check and spec.torchrun.nnodes > 1:
+            raise self._refused("resume", f"the kill-and-resume check runs on one node; this run has "
+                                          f"{spec.torchrun.nnodes} nodes (a kill on one node leaves the others' ranks "
+                                          "waiting in collectives): check resume on one node with the same "
+                                          "nproc_per_node, or switch it off with resume.check = false")
         if spec.training and spec.resume.check:
             te = self.results["train_eval"]
             if te is None or self.model_path is None:
@@ -201,7 +224,7 @@ class AcceptanceRun:
             yield self.emit(StageStarted("resume", detail="kill the training process, resume from its checkpoint, "
                                                           "compare"))
             resume = yield from self._stage(
-                "resume", run_resume_check(spec, self.model_path, self.run_dir, self.device, te, cancelled))
+                "resume", run_resume_check(spec, self.model_path, self.run_dir, self.device, te, cancelled, self.launch))
         else:
             yield self.emit(StageStarted("resume", detail="nothing to resume"))
             resume = not_applicable(spec)
@@ -310,9 +333,16 @@ def check_runnable(spec: RunSpec, ctx: PlanContext, device: str) -> None:
         GpuAcceptError: a config without weights, a plan that does not fit, a CUDA device torch cannot see, fp16
             training on the CPU; each says what to change.
     """
-    if spec.strategy != "single":
-        raise GpuAcceptError(f"strategy: {spec.strategy} can be planned (gpuaccept plan --strategy {spec.strategy}); "
-                             "this version probes, trains and resumes on one device: run with strategy single")
+    if spec.strategy not in RUNNABLE_STRATEGIES:
+        why = {"zero1": "Trainer runs ZeRO stages 1 and 2 through DeepSpeed, which is not installed here",
+               "zero2": "Trainer runs ZeRO stages 1 and 2 through DeepSpeed, which is not installed here",
+               "device_map": "this version runs device_map only in the plan",
+               "tp": "this version runs tensor parallelism only in the plan"}[spec.strategy]
+        raise GpuAcceptError(f"strategy: {spec.strategy} can be planned (gpuaccept plan --strategy {spec.strategy}), "
+                             f"not run: {why}; run with strategy single, ddp or zero3 (fsdp)")
+    if spec.strategy != "single" and not spec.training:
+        raise GpuAcceptError(f"strategy: inference runs in one process; {spec.strategy} is for training (every rank "
+                             "would evaluate the same held-out blocks): use strategy single")
     if not ctx.source.runnable:
         raise GpuAcceptError(f"{spec.model} has no weights: it can be planned (gpuaccept plan), not run; "
                              "give a model directory with weights")
@@ -325,10 +355,22 @@ def check_runnable(spec: RunSpec, ctx: PlanContext, device: str) -> None:
         raise GpuAcceptError("dtype: fp16 training needs a CUDA device; on the CPU use fp32 or bf16")
 
 
+#: Strategies the probe, training and resume stages run (the others are planned only; see check_runnable).
+RUNNABLE_STRATEGIES = ("single", "ddp", "zero3")
+
+
+def rank_devices(spec: RunSpec, devices: list[Any], device: str) -> list[str]:
+    """The device of each rank on this node, in local-rank order: the planned devices under torchrun (``cpu:r`` for
+    CPU ranks, ``cuda:i``), else the one device the single process runs on."""
+    if spec.local_world_size(len(devices)) > 1 or spec.torchrun.nnodes > 1:
+        return [d.name for d in devices]
+    return [device]
+
+
 def _run_device(spec: RunSpec, devices: list[Any]) -> str:
     """The device the single-device probe and training run on: the first planned device."""
     names = parse_devices(spec.devices)
-    if names == ["cpu"] or not devices:
+    if names == ["cpu"] or not devices or devices[0].kind == "cpu":
         return "cpu"
     return devices[0].name
 

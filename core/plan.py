@@ -39,7 +39,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.errors import SpecError
-from core.spec import DTYPE_BYTES, LoraSettings, RunSpec, check_strategy, parse_device_capacities, parse_devices
+from core.spec import (
+    DTYPE_BYTES,
+    TORCHRUN_STRATEGIES,
+    LoraSettings,
+    RunSpec,
+    check_strategy,
+    parse_device_capacities,
+    parse_devices,
+)
 
 COMPONENTS = ("weights", "gradients", "optimizer_states", "activations", "temporaries", "overhead", "kv_cache")
 
@@ -490,8 +498,12 @@ def _params(model: Any, mode: str) -> tuple[_Param, ...]:
 
 
 # ---------------------------------------------------------------------------------------------------------- devices
-def detect_devices(devices: str) -> list[DeviceInfo]:
+def detect_devices(devices: str, cpu_ranks: int = 1) -> list[DeviceInfo]:
     """The devices named by a spec's ``devices`` setting, with their capacity.
+
+    ``cpu_ranks`` >= 2 (torchrun's ranks on the CPU, ``torchrun.nproc_per_node``): when the run is on the host CPU it
+    is planned as that many devices ``cpu:0`` ... ``cpu:N-1``, one per rank, each given an equal share of the host's
+    available memory (the ranks are processes sharing one host memory; a share is a convention, not a partition).
 
     - ``"cpu"``: the host, capacity = ``psutil.virtual_memory().available`` (bytes free for a new process now);
     - ``"auto"``: every visible CUDA device if ``torch.cuda.is_available()``, else the host CPU;
@@ -510,13 +522,13 @@ def detect_devices(devices: str) -> list[DeviceInfo]:
         return [DeviceInfo(f"cuda:{i}", "cuda", "planned GPU", cap, given) for i, cap in enumerate(capacities)]
     names = parse_devices(devices)
     if names == ["cpu"]:
-        return [_host_device()]
+        return _host_devices(cpu_ranks)
     import torch
 
     cuda = torch.cuda.is_available()
     if names == ["auto"]:
         if not cuda:
-            return [_host_device()]
+            return _host_devices(cpu_ranks)
         names = [f"cuda:{i}" for i in range(torch.cuda.device_count())]
     count = torch.cuda.device_count() if cuda else 0
     out = []
@@ -530,6 +542,15 @@ def detect_devices(devices: str) -> list[DeviceInfo]:
             props = torch.cuda.get_device_properties(index)
             out.append(DeviceInfo(name, "cuda", props.name, int(props.total_memory), "torch.cuda total memory"))
     return out
+
+
+def _host_devices(ranks: int) -> list[DeviceInfo]:
+    host = _host_device()
+    if ranks < 2:
+        return [host]
+    share = host.capacity_bytes // ranks
+    return [DeviceInfo(f"cpu:{r}", "cpu", f"host CPU, rank {r} of {ranks}", share,
+                       f"available host memory (psutil) / {ranks} ranks sharing it") for r in range(ranks)]
 
 
 def _host_device() -> DeviceInfo:
@@ -578,7 +599,9 @@ def plan_memory(
             does not divide the model's attention or KV heads.
     """
     strategy = spec.strategy
-    check_strategy(strategy, spec.tp, len(devices), spec.devices)
+    # N: the ranks sharing the work (every node's, for several nodes); the devices planned are this node's
+    n = spec.world_size(len(devices)) if strategy in TORCHRUN_STRATEGIES else len(devices)
+    check_strategy(strategy, spec.tp, n, spec.devices)
     shape = _Shape.of(config)
     if strategy == "tp":
         _check_tp_heads(spec.tp, shape)
@@ -601,16 +624,16 @@ def plan_memory(
             plans.append(DevicePlan(device, {name: lines[name] for name in COMPONENTS}))
         return MemoryPlan(counts, plans, "single", CONVENTION)
     if strategy == "ddp":
-        per_device = [_ddp_lines(spec, summary, common, len(devices)) for _ in devices]
+        per_device = [_ddp_lines(spec, summary, common, n) for _ in devices]
     elif strategy in ("zero1", "zero2", "zero3"):
-        per_device = [_zero_lines(spec, shape, summary, common, strategy, len(devices)) for _ in devices]
+        per_device = [_zero_lines(spec, shape, summary, common, strategy, n) for _ in devices]
     elif strategy == "device_map":
         per_device = _device_map_lines(spec, shape, summary, devices)
     else:
         per_device = [_tp_lines(spec, shape, summary, spec.tp, len(devices)) for _ in devices]
     plans = []
     for device, lines in zip(devices, per_device):
-        lines = dict(lines, overhead=_overhead(device, strategy, len(devices)))
+        lines = dict(lines, overhead=_overhead(device, strategy, n))
         plans.append(DevicePlan(device, {name: lines[name] for name in COMPONENTS}))
     convention = CONVENTION.replace(_SINGLE_RULE, f"(strategy {strategy}: see its rule at the end)")
     return MemoryPlan(counts, plans, strategy, f"{convention} {STRATEGY_CONVENTIONS[strategy]}")

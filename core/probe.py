@@ -11,16 +11,18 @@ from pathlib import Path
 from typing import Any, Generator
 
 from core.childproc import check_exit, start_child, watch
+from core.errors import StageError
 from core.events import ChildStarted, DeviceBound, Event, Message, Progress
 from core.spec import RunSpec
 
 
 @dataclass(frozen=True)
 class DeviceMeasurement:
-    """What the probe measured on one device, in bytes.
+    """What the probe measured on one device (one rank under torchrun), in bytes.
 
     ``peak_bytes`` is what is compared with the plan's total: peak allocated on CUDA; on CPU the peak of live tensor
     bytes tracked in the step (the process's peak RSS, which also holds the Python and torch runtime, is kept beside it).
+    ``weights_bytes`` is this rank's share of the weights after wrapping (a shard under FSDP, all of them under DDP).
     """
 
     device: str
@@ -34,6 +36,10 @@ class DeviceMeasurement:
     rss_after_load_bytes: int
     parameters: int
     trainable_parameters: int
+    rank: int = 0
+    world_size: int = 1
+    host: str = ""
+    wrapper: str = ""
 
 
 @dataclass(frozen=True)
@@ -46,11 +52,14 @@ class PlanComparison:
     error_pct: float
     compared: str
     components: dict[str, tuple[int, int | None]] = field(default_factory=dict)  # name -> (planned, measured or None)
+    rank: int = 0
 
 
 @dataclass(frozen=True)
 class ProbeResult:
-    """Outcome of the probe stage. ``status``: pass (ran, fits) | fail (ran, above capacity)."""
+    """Outcome of the probe stage. ``status``: pass (ran, fits on every device, ran as the strategy asked) | fail.
+
+    ``devices`` holds one measurement per rank (one for a single process); ``problems`` says why it failed."""
 
     status: str
     steps: int
@@ -61,72 +70,149 @@ class ProbeResult:
     comparisons: list[PlanComparison]
     log_path: str
     summary: str
+    problems: list[str] = field(default_factory=list)
+
+
+#: The wrapper Trainer must have put the model in for each torchrun strategy (the class name of
+#: ``trainer.model_wrapped``; FSDP2's ``fully_shard`` makes the class ``FSDP<name>``, FSDP1 wraps in
+#: ``FullyShardedDataParallel``).
+EXPECTED_WRAPPERS = {"ddp": ("DistributedDataParallel",), "zero3": ("FullyShardedDataParallel", "FSDP")}
+
+
+def wrapper_problem(strategy: str, wrapper: str) -> str | None:
+    """Why the wrapper a rank measured under is not the one ``strategy`` asked for, or None when it is (or when the
+    strategy runs without one). Trainer and accelerate fall back without an error: FSDP asked for on the CPU runs
+    as DDP (accelerate enables FSDP only on accelerators), so the memory the plan divides by N is not divided."""
+    expected = EXPECTED_WRAPPERS.get(strategy)
+    if expected is None or any(wrapper.startswith(e) for e in expected):
+        return None
+    asked = "zero3 (FSDP full shard)" if strategy == "zero3" else strategy
+    why = (" (accelerate enables FSDP only on accelerators; on the CPU Trainer falls back to DDP without an error)"
+           if strategy == "zero3" and wrapper.startswith("DistributedDataParallel") else "")
+    return f"strategy {asked} was asked for, but the model ran wrapped in {wrapper or 'nothing'}{why}"
+
+
+def rank_ledgers(events: list[dict]) -> list[dict]:
+    """Every rank's ledger, in global rank order: rank 0's ``ledgers`` event (every rank's, gathered over the process
+    group, so several nodes' ledgers arrive on node 0) when there is one, else each ``ledger`` event read here."""
+    gathered = next((e["ledgers"] for e in events if e["kind"] == "ledgers"), None)
+    ledgers = gathered if gathered is not None else [e for e in events if e["kind"] == "ledger"]
+    return sorted(ledgers, key=lambda e: e.get("global_rank", 0))
 
 
 def run_probe(
-    spec: RunSpec, model_path: Path, job_dir: Path, device: str, plan: Any, cancelled=None
+    spec: RunSpec, model_path: Path, job_dir: Path, device: str, plan: Any, cancelled=None,
+    launch: dict[str, Any] | None = None,
 ) -> Generator[Event, None, ProbeResult]:
     """Run the probe child and yield its progress; return the :class:`ProbeResult`.
 
+    Args:
+        launch: :func:`core.childproc.launch_options` for several ranks (torchrun); one process by default.
+
     Raises:
-        StageError: the child failed (its error and log are named).
+        StageError: the child failed (its error and log are named), or fewer ranks reported than were started.
     """
-    yield Message("probe", text=f"starting the probe child on {device} ({spec.probe_steps} real steps)")
+    launch = launch or {}
+    names = launch.get("visible_devices") or [device]
+    ranks = f"{launch['nproc']} ranks under torchrun on {', '.join(names)}" if launch.get("nproc", 1) > 1 else device
+    yield Message("probe", text=f"starting the probe child on {ranks} ({spec.probe_steps} real steps)")
     child = start_child("probe", job_dir, {"role": "probe", "spec": spec.to_dict(), "model_path": str(model_path),
-                                           "device": device})
+                                           "device": device, "devices": names}, **launch)
     yield ChildStarted("probe", run="probe", pid=child.proc.pid, log_path=str(child.log_path))
     for event in watch(child, cancelled=cancelled):
         if event["kind"] == "device_uuid":
             yield DeviceBound("probe", device=event["device"], uuid=event["uuid"])
-        if event["kind"] == "probe_step":
+        if event["kind"] == "probe_step" and not event.get("rank"):
             yield Progress("probe", run="probe", step=event["step"], total=event["total"])
     check_exit(child)
-    by_kind = {e["kind"]: e for e in child.events}
-    ledger = by_kind["ledger"]
-    placement = by_kind["placement"]["devices"]
-    place = placement.get(device, {"parameters": 0, "trainable": 0})
-    if device.startswith("cuda"):
-        peak, peak_method = ledger["peak_allocated_bytes"], "peak allocated (torch.cuda.max_memory_allocated)"
+    ledgers = rank_ledgers(child.events)
+    gathered = any(e["kind"] == "ledgers" for e in child.events)
+    # rank 0's node gathers every node's ledgers; another node has its own ranks' (node 0's record holds them all)
+    world = spec.world_size(len(names)) if gathered or spec.torchrun.nnodes == 1 else launch.get("nproc", 1)
+    if len(ledgers) != world:
+        raise StageError(f"probe: {len(ledgers)} rank(s) reported a ledger, {world} were started (see {child.log_path})")
+    placement: dict[str, dict[str, int]] = {}
+    for e in child.events:
+        if e["kind"] == "placement":
+            placement.update(e["devices"])
+    plan_by_name = {d.device.name: d for d in plan.devices}
+    measurements, comparisons, problems = [], [], []
+    for ledger in ledgers:
+        m = _measurement(ledger, placement)
+        measurements.append(m)
+        plan_device = plan_by_name.get(m.device)
+        if plan_device is not None:
+            comparisons.append(compare_with_plan(plan_device, m))
+        capacity = plan_device.device.capacity_bytes if plan_device is not None else None
+        if capacity is not None and measured_use(m) > capacity:
+            problems.append(f"{_where(m)}: measured {_gib(measured_use(m))} is above its capacity {_gib(capacity)}")
+        wrong = wrapper_problem(spec.strategy, m.wrapper)
+        if wrong:
+            problems.append(f"{_where(m)}: {wrong}")
+    status = "fail" if problems else "pass"
+    first = ledgers[0]
+    summary = (f"{first['steps']} steps on {_span_names(measurements)}, {first['step_time_s']:.2f} s/step, "
+               + "; ".join(f"{_where(m)} measured peak {_gib(m.peak_bytes)}"
+                           + (f" vs plan {_gib(c.planned_bytes)} ({c.error_pct:+.1f} %)" if c else "")
+                           for m, c in ((m, next((c for c in comparisons if c.rank == m.rank), None))
+                                        for m in measurements)))
+    if problems:
+        summary += "; FAIL: " + "; ".join(dict.fromkeys(p.split(": ", 1)[1] for p in problems))
+    return ProbeResult(
+        status=status,
+        steps=first["steps"],
+        step_time_s=max(e["step_time_s"] for e in ledgers),  # the slowest rank sets the pace of a synchronous step
+        tokens_per_s=sum(e["tokens_per_s"] for e in ledgers),
+        devices=measurements,
+        placement=placement,
+        comparisons=comparisons,
+        log_path=str(child.log_path),
+        summary=summary,
+        problems=problems,
+    )
+
+
+def measured_use(m: DeviceMeasurement) -> int:
+    """What a device's fit is judged by: peak allocated on CUDA; on the CPU the larger of the tensor peak and the
+    process's peak RSS (the whole process competes for host memory, runtime included)."""
+    return m.peak_bytes if m.device.startswith("cuda") else max(m.peak_bytes, m.peak_rss_bytes)
+
+
+def _measurement(ledger: dict[str, Any], placement: dict[str, dict[str, int]]) -> DeviceMeasurement:
+    name = ledger["device"]
+    place = placement.get(name, {"parameters": 0, "trainable": 0})
+    if name.startswith("cuda"):
+        peak, method = ledger["peak_allocated_bytes"], "peak allocated (torch.cuda.max_memory_allocated)"
         reserved = ledger["peak_reserved_bytes"]
     else:
-        peak, peak_method = ledger["peak_tracked_tensor_bytes"], ledger["tracked_method"]
-        reserved = None
-    measurement = DeviceMeasurement(
-        device=device,
+        peak, method, reserved = ledger["peak_tracked_tensor_bytes"], ledger["tracked_method"], None
+    return DeviceMeasurement(
+        device=name,
         weights_bytes=ledger["weights_bytes"],
         gradients_bytes=ledger["gradients_bytes"],
         optimizer_states_bytes=ledger["optimizer_states_bytes"],
         peak_bytes=int(peak),
-        peak_method=peak_method,
+        peak_method=method,
         peak_reserved_bytes=reserved,
         peak_rss_bytes=ledger["peak_rss_bytes"],
         rss_after_load_bytes=ledger["rss_after_load_bytes"],
         parameters=place["parameters"],
         trainable_parameters=place["trainable"],
+        rank=ledger.get("global_rank", 0),
+        world_size=ledger.get("world_size", 1),
+        host=ledger.get("host", ""),
+        wrapper=ledger.get("wrapper", ""),
     )
-    comparisons = [compare_with_plan(plan_device, measurement) for plan_device in plan.devices[:1]]
-    capacity = plan.devices[0].device.capacity_bytes if plan.devices else None
-    # On the CPU the whole process competes for host memory: judge the fit by its peak RSS (runtime included).
-    used = measurement.peak_bytes if device.startswith("cuda") else max(measurement.peak_bytes, measurement.peak_rss_bytes)
-    fits = capacity is None or used <= capacity
-    status = "pass" if fits else "fail"
-    c = comparisons[0] if comparisons else None
-    summary = (
-        f"{ledger['steps']} steps on {device}, {ledger['step_time_s']:.2f} s/step, "
-        f"measured peak {_gib(measurement.peak_bytes)}"
-        + (f" vs plan {_gib(c.planned_bytes)} ({c.error_pct:+.1f} %)" if c else "")
-    )
-    return ProbeResult(
-        status=status,
-        steps=ledger["steps"],
-        step_time_s=ledger["step_time_s"],
-        tokens_per_s=ledger["tokens_per_s"],
-        devices=[measurement],
-        placement=placement,
-        comparisons=comparisons,
-        log_path=str(child.log_path),
-        summary=summary,
-    )
+
+
+def _where(m: DeviceMeasurement) -> str:
+    return m.device if m.world_size == 1 else f"rank {m.rank} ({m.device})"
+
+
+def _span_names(ms: list[DeviceMeasurement]) -> str:
+    hosts = {m.host for m in ms}
+    names = ", ".join(m.device + (f"@{m.host}" if len(hosts) > 1 else "") for m in ms)
+    return names if len(ms) == 1 else f"{len(ms)} ranks ({names})"
 
 
 def compare_with_plan(plan_device: Any, m: DeviceMeasurement) -> PlanComparison:
@@ -145,6 +231,7 @@ def compare_with_plan(plan_device: Any, m: DeviceMeasurement) -> PlanComparison:
         components.setdefault(name, (line.bytes, None))
     error = 100.0 * (planned - m.peak_bytes) / m.peak_bytes if m.peak_bytes else 0.0
     return PlanComparison(
+        rank=m.rank,
         device=m.device,
         planned_bytes=planned,
         measured_bytes=m.peak_bytes,

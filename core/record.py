@@ -151,8 +151,9 @@ def _probe_table(probe: Any) -> dict[str, Any]:
         "log": probe.log_path,
         "devices": [dataclasses.asdict(d) for d in probe.devices],
         "placement": probe.placement,
+        "problems": list(probe.problems),
         "plan_comparison": [
-            {"device": c.device, "planned_bytes": c.planned_bytes, "measured_bytes": c.measured_bytes,
+            {"device": c.device, "rank": c.rank, "planned_bytes": c.planned_bytes, "measured_bytes": c.measured_bytes,
              "error_pct": c.error_pct, "compared": c.compared,
              "components": {k: {"planned_bytes": p, **({"measured_bytes": m} if m is not None else {"measured": "not measured on its own (inside the peak)"})}
                             for k, (p, m) in c.components.items()}}
@@ -172,7 +173,8 @@ def _evaluation_tables(spec: RunSpec, te: Any) -> tuple[dict, dict]:
         "metric": te.metric,
         "settings": {"mode": spec.mode, "steps": spec.steps, "batch_size": spec.batch_size, "seq_len": spec.seq_len,
                      "grad_accum": spec.grad_accum, "learning_rate": spec.learning_rate, "optimizer": spec.optimizer,
-                     "dtype": spec.dtype, "seed": spec.seed},
+                     "dtype": spec.dtype, "seed": spec.seed, "strategy": spec.strategy,
+                     "torchrun": dataclasses.asdict(spec.torchrun)},
         "before": dataclasses.asdict(te.before),
         "log": te.log_path,
     }
@@ -235,7 +237,7 @@ def verdict(spec: RunSpec, plan: Any, probe: Any, te: Any, resume: Any,
     for name, key, res in (("probe", "probe", probe), ("evaluation", "train_eval", te), ("resume", "resume", resume)):
         if res is None and key in stopped:
             why = stopped[key]
-            status = "cancelled" if "cancelled" in why else "error"
+            status = "not_run" if why.startswith("not run") else "cancelled" if "cancelled" in why else "error"
             stages[name] = {"status": status, "evidence": why}
         elif res is None:
             earlier = next((s for s in stages.values() if s["status"] not in ("pass", "not_applicable")), None)

@@ -17,6 +17,8 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generator
@@ -42,7 +44,7 @@ def tolerance_tier(device: str, dtype: str) -> Tier:
     CPU fp32 is deterministic here (DESIGN §6: a resumed run's adapter weights were bit-identical), so it must be
     exact. CUDA fp32 may reorder reductions (atomics, kernel choice); 16-bit types round at ~3 decimal digits.
     """
-    if device == "cpu" and dtype == "fp32":
+    if device.split(":")[0] == "cpu" and dtype == "fp32":
         return Tier("cpu-fp32-exact", 0.0, "CPU fp32 kernels are deterministic for a fixed thread count")
     if dtype == "fp32":
         return Tier("cuda-fp32-relative", 1e-4, "CUDA kernels may reorder floating-point reductions")
@@ -91,7 +93,7 @@ RESUME_CHECKS: dict[str, str] = {
     "checkpoint_complete": "completeness", "manifest": "exact", "safe_loading": "exact", "trainer_state": "exact",
     "global_steps": "exact", "epoch": "exact", "learning_rate": "exact", "sample_ids": "exact", "loss": "tolerance",
     "trainable_set": "exact", "rng_restored": "exact", "rng_continues": "exact", "final_weights": "tolerance",
-    "optimizer_progress": "exact", "optimizer_moments": "tolerance",
+    "optimizer_progress": "exact", "optimizer_moments": "tolerance", "world_size": "exact",
 }  # every check a passing resume comparison holds, with its kind; fp16 adds "grad_scaler" (exact)
 
 
@@ -100,29 +102,34 @@ def expected_checks(dtype: str) -> dict[str, str]:
     return {**RESUME_CHECKS, **({"grad_scaler": "exact"} if dtype == "fp16" else {})}
 
 
-def required_files(spec: RunSpec) -> dict[str, str]:
-    """Checkpoint files that must exist, by component (Trainer's names)."""
+def required_files(spec: RunSpec, world_size: int = 1) -> dict[str, str]:
+    """Checkpoint files that must exist, by component (Trainer's names). Under torchrun (``world_size`` > 1) Trainer
+    writes one RNG state per process, ``rng_state_<rank>.pth``; the weights, optimizer (DDP: rank 0's, the same on
+    every rank; FSDP: a full state dict gathered to rank 0), scheduler and trainer state once."""
     files = {
         "adapter weights" if spec.mode == "lora" else "model weights": (
             "adapter_model.safetensors" if spec.mode == "lora" else "model.safetensors"
         ),
         "optimizer": "optimizer.pt",
         "scheduler": "scheduler.pt",
-        "RNG state": "rng_state.pth",
         "trainer state": "trainer_state.json",
     }
+    if world_size > 1:
+        files.update({f"RNG state of rank {r}": f"rng_state_{r}.pth" for r in range(world_size)})
+    else:
+        files["RNG state"] = "rng_state.pth"
     if spec.dtype == "fp16":
         files["GradScaler"] = "scaler.pt"
     return files
 
 
-def completeness(spec: RunSpec, ckpt: Path) -> Check:
+def completeness(spec: RunSpec, ckpt: Path, world_size: int = 1) -> Check:
     """Every component a resume needs is in ``ckpt`` (case R6): fail, naming each missing component and its file.
 
     Trainer itself loads the optimizer and scheduler only when both files exist and only logs a missing RNG state; this
     check fails instead of warning.
     """
-    files = required_files(spec)
+    files = required_files(spec, world_size)
     missing = [f"{comp} ({name})" for comp, name in files.items() if not (ckpt / name).is_file()]
     if missing:
         return Check("checkpoint_complete", "fail", "missing: " + ", ".join(missing), kind="completeness")
@@ -161,10 +168,10 @@ def safe_load(path: Path) -> Any:
             from None
 
 
-def safe_loading(spec: RunSpec, ckpt: Path) -> Check:
+def safe_loading(spec: RunSpec, ckpt: Path, world_size: int = 1) -> Check:
     """Every pickle the resume will load (optimizer, scheduler, RNG state, GradScaler) loads with
     ``weights_only=True`` (case R8); otherwise fail and name the file, and the resume is not run."""
-    names = [name for name in required_files(spec).values() if name.endswith((".pt", ".pth"))]
+    names = [name for name in required_files(spec, world_size).values() if name.endswith((".pt", ".pth"))]
     refused = []
     for name in names:
         try:
@@ -186,7 +193,9 @@ def live_rng_state() -> dict[str, Any]:
     state: dict[str, Any] = {"python": random.getstate(), "numpy": np.random.get_state(),
                              "cpu": torch.random.get_rng_state()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.random.get_rng_state()
+        # as Trainer saves it: every device's state under torch.distributed, the current device's otherwise
+        distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
+        state["cuda"] = torch.cuda.random.get_rng_state_all() if distributed else torch.cuda.random.get_rng_state()
     return state
 
 
@@ -225,15 +234,17 @@ def compare_rng(restored: dict[str, str] | None, saved: dict[str, str], resumed:
         resumed: the resumed run's step events (``step``, ``rng``: digest at the start of the step).
         ref: the reference's step events by step.
     """
+    ranks = sorted({k.split("@rank")[1] for k in saved if "@rank" in k})
+    files = f"rng_state_{ranks[0]}..{ranks[-1]}.pth" if ranks else "rng_state.pth"
     if restored is None:
         first = Check("rng_restored", "fail", "the resumed run never restored an RNG state (Trainer's _load_rng_state "
                                               "did not run or found no file)")
     else:
         diff = sorted(k for k in saved.keys() | restored.keys() if saved.get(k) != restored.get(k))
         first = Check("rng_restored", "fail" if diff else "pass",
-                      f"right after restore, generators {', '.join(sorted(restored))} equal rng_state.pth of "
+                      f"right after restore, generators {', '.join(sorted(restored))} equal {files} of "
                       f"checkpoint-{c} (sha256)" if not diff else
-                      f"after restore, {', '.join(diff)} differ from rng_state.pth of checkpoint-{c}")
+                      f"after restore, {', '.join(diff)} differ from {files} of checkpoint-{c}")
     pairs = [(e["step"], e.get("rng"), ref.get(e["step"], {}).get("rng")) for e in resumed]
     missing = [step for step, a, b in pairs if a is None or b is None]
     differ = [step for step, a, b in pairs if a is not None and b is not None and a != b]
@@ -263,7 +274,7 @@ class Selection:
     skipped: list[str]
 
 
-def select_checkpoint(spec: RunSpec, output_dir: Path) -> Selection:
+def select_checkpoint(spec: RunSpec, output_dir: Path, world_size: int = 1) -> Selection:
     """The newest ``checkpoint-N`` in ``output_dir`` that holds every component (:func:`completeness`) and whose
     ``trainer_state.json`` says global step N; newer partial ones (a kill during the write) are skipped with the reason.
 
@@ -275,7 +286,7 @@ def select_checkpoint(spec: RunSpec, output_dir: Path) -> Selection:
     for ckpt in sorted(output_dir.glob("checkpoint-*"), key=_step_of, reverse=True):
         if not ckpt.is_dir() or _step_of(ckpt) < 0:
             continue
-        complete = completeness(spec, ckpt)
+        complete = completeness(spec, ckpt, world_size)
         if complete.status != "pass":
             skipped.append(f"{ckpt.name} is partial ({complete.evidence})")
             continue
@@ -291,6 +302,40 @@ def select_checkpoint(spec: RunSpec, output_dir: Path) -> Selection:
     return Selection(None, skipped)
 
 
+def checkpoint_world_size(ckpt: Path) -> int | None:
+    """How many processes wrote ``ckpt``, from Trainer's RNG files: ``rng_state.pth`` = 1, ``rng_state_<r>.pth`` =
+    the highest r + 1; None when it holds neither."""
+    ranks = [int(m.group(1)) for p in ckpt.glob("rng_state_*.pth") if (m := re.fullmatch(r"rng_state_(\d+)\.pth", p.name))]
+    if ranks:
+        return max(ranks) + 1
+    return 1 if (ckpt / "rng_state.pth").is_file() else None
+
+
+def world_size_check(ckpt: Path, resume_world: int) -> Check:
+    """The resume runs at the world size the checkpoint was written at (exact). Trainer resumes at another world size
+    with only a log line: each rank's RNG file is missing or another rank's, the sampler splits the data into other
+    shards and the global batch changes, so the run that continues is not the one that was checkpointed."""
+    written = checkpoint_world_size(ckpt)
+    files = "rng_state.pth" if written == 1 else f"rng_state_0..{(written or 1) - 1}.pth"
+    if written is None:
+        return Check("world_size", "fail", f"{ckpt.name} holds no RNG state, so the world size it was written at is "
+                                           "unknown; the resume was not started")
+    if written != resume_world:
+        return Check("world_size", "fail",
+                     f"refused: {ckpt.name} was written by {written} process(es) ({files}) and this resume would run "
+                     f"{resume_world}; resume at world size {written} (the RNG state per rank, the data shard of each "
+                     "rank and the global batch depend on it), or start a new run; the resume was not started")
+    return Check("world_size", "pass", f"{ckpt.name} was written by {written} process(es) ({files}); resumed at "
+                                       f"{resume_world}")
+
+
+def _rank_digests(digests: dict[int, dict[str, str]]) -> dict[str, str]:
+    """One digest mapping for several ranks' generators (``<generator>@rank<r>``); one rank's as it is."""
+    if list(digests) in ([0], []):
+        return digests.get(0, {})
+    return {f"{k}@rank{r}": v for r in sorted(digests) for k, v in digests[r].items()}
+
+
 def not_applicable(spec: RunSpec) -> ResumeResult:
     """The result for inference (nothing is trained, nothing resumes) or when the check is switched off."""
     why = "inference: fixed weights, no training state to resume" if not spec.training else "switched off in the spec"
@@ -298,9 +343,16 @@ def not_applicable(spec: RunSpec) -> ResumeResult:
 
 
 def run_resume_check(
-    spec: RunSpec, model_path: Path, run_dir: Path, device: str, reference: Any, cancelled=None
+    spec: RunSpec, model_path: Path, run_dir: Path, device: str, reference: Any, cancelled=None,
+    launch: dict[str, Any] | None = None, resume_launch: dict[str, Any] | None = None,
 ) -> Generator[Event, None, ResumeResult]:
     """Run the interrupted and resumed children and compare with ``reference`` (a TrainEvalResult).
+
+    Args:
+        launch: :func:`core.childproc.launch_options` of the run (torchrun ranks), for both children; one process by
+            default. Under torchrun the kill lands once every rank of this node holds at its kill point.
+        resume_launch: the resumed child's launch when it differs (a different world size is refused by the
+            ``world_size`` check before the resumed child starts).
 
     Raises:
         StageError: a child failed to start or run (not a failed comparison, which is a ``fail`` result).
@@ -312,20 +364,34 @@ def run_resume_check(
     k = spec.resume.kill_step()
     tier = tolerance_tier(device, spec.dtype)
     checks: list[Check] = []
-    base = {"spec": spec.to_dict(), "model_path": str(model_path), "device": device, "save_total_limit": None}
+    launch = launch or {"nproc": 1}
+    resume_launch = resume_launch or launch
+    names = launch.get("visible_devices") or [device]
+    world = spec.world_size(len(names)) if launch.get("nproc", 1) > 1 or spec.torchrun.nnodes > 1 else 1
+    resume_names = resume_launch.get("visible_devices") or [device]
+    resume_world = resume_launch.get("nproc", 1) * spec.torchrun.nnodes if (
+        resume_launch.get("nproc", 1) > 1 or spec.torchrun.nnodes > 1) else 1
+    local = launch.get("nproc", 1)
+    base = {"spec": spec.to_dict(), "model_path": str(model_path), "device": device, "devices": names,
+            "save_total_limit": None}
 
     # 1. the interrupted run, killed at the kill point (after checkpoint c, before the next is complete)
     yield Message("resume", text=f"interrupted run: SIGKILL {spec.resume.describe()}")
     interrupted = start_child("interrupted", run_dir / "resume-interrupted", {
-        **base, "role": "interrupted", "kill_step": k, "kill_at": spec.resume.kill_at})
+        **base, "role": "interrupted", "kill_step": k, "kill_at": spec.resume.kill_at}, **launch)
     yield ChildStarted("resume", run="interrupted", pid=interrupted.proc.pid, log_path=str(interrupted.log_path))
-    kill_event = None
-    for event in watch(interrupted, stop_when=lambda e: e["kind"] == "kill_point", cancelled=cancelled):
-        if event["kind"] == "step":
+    held: dict[int, dict] = {}  # rank -> its kill_point event: kill once every rank of this node holds there
+
+    def all_held(e: dict) -> bool:
+        if e["kind"] == "kill_point":
+            held[e.get("rank", 0)] = e
+        return len(held) >= local
+
+    for event in watch(interrupted, stop_when=all_held, cancelled=cancelled):
+        if event["kind"] == "step" and not event.get("rank"):
             yield Progress("resume", run="interrupted", step=event["step"], total=spec.resume.last_step_needed(),
                            loss=event["loss"])
-        if event["kind"] == "kill_point":
-            kill_event = event
+    kill_event = held.get(min(held)) if len(held) >= local else None
     if kill_event is None:
         check_exit(interrupted)
         raise StageError(f"the interrupted run ended before its kill point (see {interrupted.log_path})")
@@ -336,12 +402,20 @@ def run_resume_check(
                         f"SIGKILL to process group {pgid} {kill_position(kill_event)}; "
                         + ("a process of the group is still alive" if alive else "no process of the group is left")))
     checks.append(kill_point_check(spec, kill_event))
+    if local > 1:
+        apart = [r for r, e in held.items() if (e["step"], e.get("where"), e.get("micro_done")) !=
+                 (kill_event["step"], kill_event.get("where"), kill_event.get("micro_done"))]
+        if apart:
+            checks[-1] = Check("kill_point", "fail", f"ranks {apart} held at another point than rank 0: "
+                                                     + "; ".join(f"rank {r} {kill_position(held[r])}" for r in apart))
+        else:
+            checks[-1] = Check("kill_point", checks[-1].status, f"all {local} ranks: {checks[-1].evidence}")
 
     # 2. which checkpoint to resume from; completeness, manifest and safe loading, before anything loads it
-    selection = select_checkpoint(spec, interrupted.output_dir)
+    selection = select_checkpoint(spec, interrupted.output_dir, world)
     checks.append(selection_check(selection, c))
     ckpt = interrupted.output_dir / f"checkpoint-{c}"
-    complete = completeness(spec, ckpt)
+    complete = completeness(spec, ckpt, world)
     checks.append(complete)
     manifest = write_manifest(ckpt, run_dir / "resume-interrupted" / f"manifest-checkpoint-{c}.json")
     if complete.status != "pass" or selection.checkpoint != ckpt:
@@ -349,32 +423,39 @@ def run_resume_check(
     bad = verify_manifest(ckpt, manifest)
     checks.append(Check("manifest", "fail" if bad else "pass",
                         ("sha256 mismatch: " + ", ".join(bad)) if bad else f"sha256 of {len(manifest)} files verified"))
-    safe = safe_loading(spec, ckpt)
+    safe = safe_loading(spec, ckpt, world)
     checks.append(safe)
     state = json.loads((ckpt / "trainer_state.json").read_text(encoding="utf-8"))
     checks.append(Check("trainer_state", "pass" if state.get("global_step") == c else "fail",
                         f"trainer_state.json global_step = {state.get('global_step')} (expected {c})"))
-    if bad or safe.status != "pass":
+    sized = world_size_check(ckpt, resume_world)
+    checks.append(sized)
+    if bad or safe.status != "pass" or sized.status != "pass":
         return _finish(spec, checks, c, k, pgid, tier, [], manifest, 0, started)
-    saved_rng = rng_digest(safe_load(ckpt / "rng_state.pth"))
+    saved_rng = _rank_digests({r: rng_digest(safe_load(ckpt / (f"rng_state_{r}.pth" if world > 1 else "rng_state.pth")))
+                               for r in range(world)})
 
     # 3. the resumed run
     yield Message("resume", text=f"resumed run from checkpoint-{c} to step {spec.steps}")
-    resumed = start_child("resumed", run_dir / "resume-resumed", {**base, "role": "resumed", "resume_from": str(ckpt)})
+    resumed = start_child("resumed", run_dir / "resume-resumed", {**base, "devices": resume_names, "role": "resumed",
+                                                                  "resume_from": str(ckpt)}, **resume_launch)
     yield ChildStarted("resume", run="resumed", pid=resumed.proc.pid, log_path=str(resumed.log_path))
     for event in watch(resumed, cancelled=cancelled):
-        if event["kind"] == "step":
+        if event["kind"] == "step" and not event.get("rank"):
             yield Progress("resume", run="resumed", step=event["step"], total=spec.steps, loss=event["loss"])
     check_exit(resumed)
 
     # 4. compare
+    from core.train import merge_rank_steps, rank0
+
     ref = {s["step"]: s for s in reference.steps}
-    intr = [e for e in interrupted.events if e["kind"] == "step"]
-    res = [e for e in resumed.events if e["kind"] == "step"]
+    intr = merge_rank_steps(interrupted.events)
+    res = merge_rank_steps(resumed.events)
     checks.extend(compare_steps(ref, intr, res, c, spec.steps, tier))
     checks.append(compare_trainable(getattr(reference, "trainable", {}),
-                                    next((e for e in resumed.events if e["kind"] == "trainable"), {})))
-    restored = next((e["digest"] for e in resumed.events if e["kind"] == "rng_restored"), None)
+                                    next((e for e in rank0(resumed.events) if e["kind"] == "trainable"), {})))
+    restored_by_rank = {e.get("rank", 0): e["digest"] for e in resumed.events if e["kind"] == "rng_restored"}
+    restored = _rank_digests(restored_by_rank) if len(restored_by_rank) == world else None
     checks.extend(compare_rng(restored, saved_rng, res, ref, c))
     comparison = [
         {"step": e["step"], "learning_rate": e["learning_rate"], "loss_reference": ref[e["step"]]["loss"],
@@ -474,10 +555,16 @@ def compare_steps(ref: dict[int, dict], interrupted: list[dict], resumed: list[d
     worst, worst_step = 0.0, None
     bad = []
     for e, r in pairs:
-        d = abs(e["loss"] - r["loss"])
-        if d > worst:
-            worst, worst_step = d, e["step"]
-        if not _close(e["loss"], r["loss"], tier.rtol):
+        # every rank's own loss when the run has several (their mean could hide two differences that cancel)
+        mine, theirs = e.get("rank_losses") or [e["loss"]], r.get("rank_losses") or [r["loss"]]
+        if len(mine) != len(theirs):
+            bad.append(e["step"])
+            continue
+        for a, b in zip(mine, theirs):
+            d = abs(a - b)
+            if d > worst:
+                worst, worst_step = d, e["step"]
+        if not all(_close(a, b, tier.rtol) for a, b in zip(mine, theirs)):
             bad.append(e["step"])
     checks.append(Check("loss", "fail" if bad else "pass",
                         (f"loss within {tier.name} at every step" if not bad else f"loss outside {tier.name} at steps {_span(bad)}")

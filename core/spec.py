@@ -38,6 +38,13 @@ TOML layout (every key optional; the defaults are the embedded model and text)::
     checkpoint_every = 10         # steps between checkpoints
     kill_after_checkpoint = 2     # kill after the 2nd checkpoint, before the next one
     kill_at = "boundary+1"        # boundary | boundary-1 | boundary+1 | checkpoint-write
+
+    [torchrun]                    # strategies ddp and zero3 (fsdp) run under torchrun, one process per rank
+    nproc_per_node = 0            # 0: one per CUDA device (1 on the CPU); on the CPU, N >= 2 gloo ranks
+    nnodes = 1                    # several nodes: run the same spec on each, with the same rendezvous
+    rdzv_endpoint = ""            # host:port of the rendezvous (required when nnodes > 1)
+    rdzv_id = "gpuaccept"
+    rdzv_backend = "c10d"
 """
 
 from __future__ import annotations
@@ -148,6 +155,44 @@ class ResumeSettings:
         return where if short else f"{where} ({disk})"
 
 
+#: torchrun's rendezvous backends gpuaccept passes through (torch.distributed.elastic; c10d needs no etcd).
+RDZV_BACKENDS = ("c10d", "static")
+#: Strategies that run one process per rank under torchrun (the others run in one process).
+TORCHRUN_STRATEGIES = ("ddp", "zero1", "zero2", "zero3")
+
+
+@dataclass(frozen=True)
+class TorchrunSettings:
+    """How torchrun (``torch.distributed.run``) starts the ranks of strategies ddp / zero*: see
+    https://pytorch.org/docs/stable/elastic/run.html.
+
+    Attributes:
+        nproc_per_node: processes on this node; 0 = one per CUDA device named by ``devices`` (1 on the CPU). On the
+            CPU, N >= 2 starts N ranks over gloo (each a full process sharing the host's memory), so the whole
+            several-rank path runs without a GPU.
+        nnodes: nodes taking part; above 1, the same spec is run on every node with the same ``rdzv_endpoint`` and
+            ``rdzv_id`` (torchrun's ``--nnodes --rdzv-backend --rdzv-endpoint --rdzv-id``; one node runs
+            ``--standalone``).
+        rdzv_endpoint: ``host:port`` every node reaches (required when ``nnodes`` > 1).
+        rdzv_id: the job id all nodes share.
+        rdzv_backend: ``c10d`` (default) or ``static``.
+    """
+
+    nproc_per_node: int = 0
+    nnodes: int = 1
+    rdzv_endpoint: str = ""
+    rdzv_id: str = "gpuaccept"
+    rdzv_backend: str = "c10d"
+
+    def args(self, nproc: int) -> list[str]:
+        """torchrun's arguments for ``nproc`` processes on this node: ``--standalone`` on one node, the rendezvous
+        options otherwise."""
+        if self.nnodes == 1:
+            return ["--standalone", f"--nproc-per-node={nproc}"]
+        return [f"--nnodes={self.nnodes}", f"--nproc-per-node={nproc}", f"--rdzv-backend={self.rdzv_backend}",
+                f"--rdzv-endpoint={self.rdzv_endpoint}", f"--rdzv-id={self.rdzv_id}"]
+
+
 @dataclass(frozen=True)
 class RunSpec:
     """A training or inference setup to accept. Sizes are per device: ``batch_size`` is the micro-batch.
@@ -180,6 +225,7 @@ class RunSpec:
     probe_steps: int = 3
     lora: LoraSettings = field(default_factory=LoraSettings)
     resume: ResumeSettings = field(default_factory=ResumeSettings)
+    torchrun: TorchrunSettings = field(default_factory=TorchrunSettings)
 
     def __post_init__(self) -> None:
         # "fsdp" (FSDP full shard) is ZeRO stage 3: store one name for one strategy, so specs compare and hash alike.
@@ -212,6 +258,8 @@ class RunSpec:
                 raw.setdefault("lora", {})[key.removeprefix("lora_")] = value
             elif key.startswith("resume_"):
                 raw.setdefault("resume", {})[key.removeprefix("resume_")] = value
+            elif key.startswith("torchrun_"):
+                raw.setdefault("torchrun", {})[key.removeprefix("torchrun_")] = value
             else:
                 raw[key] = value
         return cls.from_dict(raw)
@@ -240,12 +288,13 @@ class RunSpec:
             targets = lora.targets.split(",") if isinstance(lora.targets, str) else lora.targets
             lora = dataclasses.replace(lora, targets=tuple(t.strip() for t in targets if t.strip()))
         resume = _sub(ResumeSettings, resume_raw, "resume")
+        torchrun = _sub(TorchrunSettings, dict(raw.pop("torchrun", {}) or {}), "torchrun")
         scalars = {k: v for k, v in raw.items()}
         if "devices" in scalars and not isinstance(scalars["devices"], str):
             value = scalars["devices"]
             scalars["devices"] = ",".join(str(v) for v in value) if isinstance(value, list) else str(value)
         _check_types(cls, scalars)
-        spec = cls(**scalars, lora=lora, resume=resume)
+        spec = cls(**scalars, lora=lora, resume=resume, torchrun=torchrun)
         spec.validate()
         return spec
 
@@ -308,6 +357,11 @@ class RunSpec:
                     f"{self.steps}: raise steps above {last} or lower checkpoint_every / kill_after_checkpoint",
                 )
         count = device_count(self.devices)
+        self._check_torchrun(count)
+        if _is_cpu(self.devices):
+            count = max(1, self.torchrun.nproc_per_node)  # CPU ranks: each a process, sharing the host's memory
+        if count is not None and self.strategy in TORCHRUN_STRATEGIES:
+            count *= self.torchrun.nnodes  # the ranks of every node share the work
         check_strategy(self.strategy, self.tp, count, self.devices)
         if self.data != EMBEDDED_DATA:
             path = Path(self.data)
@@ -315,6 +369,48 @@ class RunSpec:
                 raise SpecError("data", f"{self.data!r}: give 'embedded' or a .txt / .jsonl file")
             if not path.is_file():
                 raise SpecError("data", f"file {self.data} not found; give 'embedded' or an existing .txt / .jsonl file")
+
+    def _check_torchrun(self, count: int | None) -> None:
+        t = self.torchrun
+        if t.nproc_per_node < 0:
+            raise SpecError("torchrun.nproc_per_node", f"must be 0 (one per device) or more (got {t.nproc_per_node})")
+        if t.nnodes < 1:
+            raise SpecError("torchrun.nnodes", f"must be at least 1 (got {t.nnodes})")
+        several = t.nproc_per_node > 1 or t.nnodes > 1
+        if several and self.strategy not in TORCHRUN_STRATEGIES:
+            raise SpecError("torchrun.nproc_per_node" if t.nproc_per_node > 1 else "torchrun.nnodes",
+                            f"several processes need a data-parallel strategy (ddp, or zero3 = fsdp); strategy "
+                            f"{self.strategy} runs in one process: set strategy = \"ddp\" or nproc_per_node = 0")
+        if count is not None and not _is_cpu(self.devices) and t.nproc_per_node not in (0, count):
+            raise SpecError("torchrun.nproc_per_node",
+                            f"{t.nproc_per_node} processes for the {count} devices of devices = {self.devices!r}: "
+                            "one process per CUDA device; set nproc_per_node = 0 (one per device) or name that many "
+                            "devices")
+        if t.rdzv_backend not in RDZV_BACKENDS:
+            raise SpecError("torchrun.rdzv_backend", f"{t.rdzv_backend!r}: choose one of {', '.join(RDZV_BACKENDS)}")
+        if t.nnodes > 1:
+            if not re.fullmatch(r"[A-Za-z0-9_.\-\[\]:]+:\d+", t.rdzv_endpoint):
+                raise SpecError("torchrun.rdzv_endpoint",
+                                f"{t.rdzv_endpoint!r}: {t.nnodes} nodes need a rendezvous host:port every node reaches, "
+                                "e.g. node0.cluster:29500")
+            if not re.fullmatch(r"[A-Za-z0-9_.\-]+", t.rdzv_id):
+                raise SpecError("torchrun.rdzv_id", f"{t.rdzv_id!r}: letters, digits, '.', '_' and '-' only")
+        elif t.rdzv_endpoint:
+            raise SpecError("torchrun.rdzv_endpoint", "a rendezvous is for several nodes; set nnodes above 1 or "
+                                                      "leave rdzv_endpoint empty (one node runs --standalone)")
+
+    def local_world_size(self, n_devices: int) -> int:
+        """Processes torchrun starts on this node for ``n_devices`` devices used here (1: no torchrun).
+
+        Strategies ddp and zero* run one process per CUDA device (``nproc_per_node`` or the device count), or
+        ``nproc_per_node`` ranks on the CPU; every other strategy runs in one process."""
+        if self.strategy not in TORCHRUN_STRATEGIES:
+            return 1
+        return self.torchrun.nproc_per_node or n_devices
+
+    def world_size(self, n_devices: int) -> int:
+        """Processes of the whole run: :meth:`local_world_size` x ``torchrun.nnodes``."""
+        return self.local_world_size(n_devices) * self.torchrun.nnodes
 
     # ------------------------------------------------------------------ views
     @property
@@ -360,6 +456,10 @@ def parse_devices(devices: str) -> list[str]:
             "to run, give auto, cpu, or CUDA indices such as 0 or 0,1",
         )
     return _parse_device_names(devices)
+
+
+def _is_cpu(devices: str) -> bool:
+    return parse_device_capacities(devices) is None and _parse_device_names(devices) == ["cpu"]
 
 
 def _parse_device_names(devices: str) -> list[str]:
@@ -463,7 +563,8 @@ def check_strategy(strategy: str, tp: int, count: int | None, devices: str = "")
         raise SpecError(
             "strategy",
             f"{strategy} spreads a run over several devices but devices{where} names {count}; give at least 2 devices "
-            "(e.g. devices = \"0,1\" or \"2x80GiB\") or use strategy single",
+            "(e.g. devices = \"0,1\" or \"2x80GiB\"; on the CPU, ranks: torchrun.nproc_per_node = 2, flag --nproc 2) "
+            "or use strategy single",
         )
     if strategy == "tp" and count % tp != 0:
         divisors = [d for d in range(2, count + 1) if count % d == 0]

@@ -50,21 +50,67 @@ class TrainEvalResult:
     trainable: dict[str, Any] = field(default_factory=dict)  # names and count of trainable parameters (training)
 
 
+def rank0(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The events of global rank 0 (every event of a single process): the one that evaluates, reports data and
+    training time for the run (every rank holds the same weights under DDP)."""
+    return [e for e in events if not e.get("rank")]
+
+
+def merge_rank_steps(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One record per optimizer step from every rank's ``step`` events, in step order.
+
+    A single process's steps are returned as they are. Under torchrun (events with ``rank``) each step's record is
+    rank 0's with ``loss`` = the mean of the ranks' losses (each rank's own micro-batches; equal sizes, so the mean
+    is the global batch's), ``rank_losses`` = each rank's loss, ``sample_ids`` = every rank's ids in rank order, and
+    ``rng`` = every rank's generator digests, keyed ``<generator>@rank<r>``.
+    """
+    steps = [e for e in events if e["kind"] == "step"]
+    if not any("rank" in e for e in steps):
+        return steps
+    by_step: dict[int, dict[int, dict[str, Any]]] = {}
+    for e in steps:
+        by_step.setdefault(e["step"], {})[e["rank"]] = e
+    out = []
+    for step in sorted(by_step):
+        ranks = by_step[step]
+        order = sorted(ranks)
+        first = ranks[order[0]]
+        out.append({
+            **first,
+            "loss": sum(ranks[r]["loss"] for r in order) / len(order),
+            "rank_losses": [ranks[r]["loss"] for r in order],
+            "ranks": order,
+            "sample_ids": [i for r in order for i in ranks[r]["sample_ids"]],
+            "rng": {f"{k}@rank{r}": v for r in order for k, v in (ranks[r].get("rng") or {}).items()},
+        })
+    return out
+
+
 def run_train_eval(
-    spec: RunSpec, model_path: Path, job_dir: Path, device: str, cancelled=None
+    spec: RunSpec, model_path: Path, job_dir: Path, device: str, cancelled=None, launch: dict[str, Any] | None = None
 ) -> Generator[Event, None, tuple[TrainEvalResult, ChildJob]]:
     """Run the train (or, for inference, evaluate-only) child; yield progress; return the result and the child job.
+
+    Args:
+        launch: :func:`core.childproc.launch_options` for several ranks (torchrun); one process by default. Held-out
+            evaluation, data and training time come from rank 0; each step's loss is the mean over the ranks
+            (:func:`merge_rank_steps`).
 
     Raises:
         StageError: the child failed.
     """
+    launch = launch or {}
+    names = launch.get("visible_devices") or [device]
     role = "train" if spec.training else "evaluate"
     what = f"evaluate, train {spec.steps} steps, evaluate" if spec.training else "evaluate the fixed weights once"
-    yield Message("train_eval", text=f"starting the {role} child on {device}: {what}")
+    where = f"{launch['nproc']} ranks under torchrun" if launch.get("nproc", 1) > 1 else device
+    yield Message("train_eval", text=f"starting the {role} child on {where}: {what}")
     child = start_child(role, job_dir, {"role": role, "spec": spec.to_dict(), "model_path": str(model_path),
-                                        "device": device, "save_total_limit": None})
+                                        "device": device, "devices": names, "save_total_limit": None}, **launch)
     yield ChildStarted("train_eval", run="train", pid=child.proc.pid, log_path=str(child.log_path))
     for event in watch(child, cancelled=cancelled):
+        if event.get("rank"):
+            continue  # rank 0 reports progress for the run
         if event["kind"] == "step":
             yield Progress("train_eval", run="train", step=event["step"], total=spec.steps, loss=event["loss"],
                            learning_rate=event["learning_rate"])
@@ -73,10 +119,12 @@ def run_train_eval(
             yield Message("train_eval", text=f"held-out perplexity{when}: {event['perplexity']:.3f} "
                                              f"({event['tokens']} tokens, {event['seconds']:.1f} s)")
     check_exit(child)
-    evals = {e["when"]: e for e in child.events if e["kind"] == "evaluation"}
-    steps = [e for e in child.events if e["kind"] == "step"]
-    trained = next((e for e in child.events if e["kind"] == "trained"), None)
-    data = next((e for e in child.events if e["kind"] == "data"), {})
+    events = rank0(child.events)
+    evals = {e["when"]: e for e in events if e["kind"] == "evaluation"}
+    steps = merge_rank_steps(child.events)
+    trained = next((e for e in events if e["kind"] == "trained"), None)
+    data = next((e for e in events if e["kind"] == "data"), {})
+    world = spec.world_size(len(names)) if spec.training else 1
     before = _point(evals["before"])
     after = _point(evals["after"]) if "after" in evals else None
     metric = evals["before"]["metric"]
@@ -88,7 +136,7 @@ def run_train_eval(
         status = "pass" if finite and after.perplexity < before.perplexity else "fail"
         criterion = "held-out perplexity after training < before training, both finite"
         train_s = float(trained["seconds"])
-        tokens = spec.batch_size * spec.grad_accum * spec.seq_len * spec.steps
+        tokens = spec.batch_size * spec.grad_accum * spec.seq_len * spec.steps * world
         summary = f"perplexity {before.perplexity:.3f} -> {after.perplexity:.3f} in {spec.steps} steps, {train_s:.1f} s"
         tps: float | None = tokens / train_s if train_s > 0 else None
     else:
@@ -105,12 +153,13 @@ def run_train_eval(
         after=after,
         training_time_s=train_s,
         tokens_per_s=tps,
-        steps=[{k: e.get(k) for k in ("step", "epoch", "learning_rate", "loss", "sample_ids", "rng")} for e in steps],
+        steps=[{k: e.get(k) for k in ("step", "epoch", "learning_rate", "loss", "sample_ids", "rng", "rank_losses")
+                if k in e} for e in steps],
         data={k: v for k, v in data.items() if k not in ("kind", "t")},
         output_dir=str(child.output_dir),
         log_path=str(child.log_path),
         summary=summary,
-        trainable=next(({k: e[k] for k in ("names", "parameters")} for e in child.events
+        trainable=next(({k: e[k] for k in ("names", "parameters")} for e in events
                         if e["kind"] == "trainable"), {}),
     )
     return result, child

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from core.probe import wrapper_problem
+
 EXIT_VERIFIED, EXIT_USAGE, EXIT_UNSIGNED, EXIT_BAD_SIGNATURE, EXIT_SCHEMA, EXIT_VERDICT = 0, 2, 3, 4, 5, 6
 EXIT_SIGNER_NOT_CHECKED = 7
 PASSING = ("pass", "not_applicable")
@@ -120,6 +122,22 @@ def count(value: Any, where: str) -> int:
 STAGES = ("plan", "probe", "evaluation", "resume")
 
 
+def expected_world_size(spec: dict[str, Any], planned_devices: int) -> int | None:
+    """The ranks a record's spec runs (one per planned device of a node for ddp / zero*, unless ``nproc_per_node``
+    says; x ``nnodes``), or None when the spec table does not say."""
+    from core.spec import TORCHRUN_STRATEGIES
+
+    torchrun = spec.get("torchrun")
+    if not isinstance(torchrun, dict):
+        return None
+    if spec.get("strategy") not in TORCHRUN_STRATEGIES:
+        return 1
+    nproc, nnodes = torchrun.get("nproc_per_node"), torchrun.get("nnodes")
+    if not isinstance(nproc, int) or not isinstance(nnodes, int):
+        return None
+    return (nproc or planned_devices) * nnodes
+
+
 def recompute_verdicts(rec: dict[str, Any]) -> list[str]:
     """Each stage's status from the record's own data, compared with the statuses it states; the problems found.
 
@@ -197,8 +215,12 @@ def recompute_verdicts(rec: dict[str, Any]) -> list[str]:
         if not devices:
             problems.append("probe is measured but lists no device")
             ok = False
+        strategy = str(spec.get("strategy", "single"))
         for i, d in enumerate(devices):
             name = str(d.get("device"))
+            wrong = wrapper_problem(strategy, str(d.get("wrapper", "")))
+            if wrong:
+                ok = False
             peak = count(d.get("peak_bytes"), f"probe.devices[{i}].peak_bytes")
             rss = count(d.get("peak_rss_bytes", 0), f"probe.devices[{i}].peak_rss_bytes")
             used = peak if name.startswith("cuda") else max(peak, rss)
@@ -209,16 +231,20 @@ def recompute_verdicts(rec: dict[str, Any]) -> list[str]:
                 ok = False
             elif used > cap:
                 ok = False
+        world = expected_world_size(spec, len(plan.get("devices", [])))
+        if devices and world is not None and len(devices) != world:
+            problems.append(f"probe lists {len(devices)} device(s) (one per rank), but the spec runs {world} rank(s)")
+            ok = False
         totals = {str(d.get("name")): d.get("total_bytes") for d in plan.get("devices", [])}
-        peaks = {str(d.get("device")): d.get("peak_bytes") for d in devices}
+        peaks = {(str(d.get("device")), d.get("rank", 0)): d.get("peak_bytes") for d in devices}
         for row in probe.get("plan_comparison", []):
-            name = str(row.get("device"))
+            name, key = str(row.get("device")), (str(row.get("device")), row.get("rank", 0))
             if name in totals and row.get("planned_bytes") != totals[name]:
                 problems.append(f"probe.plan_comparison for {name}: planned {row.get('planned_bytes')} B, the plan "
                                 f"says {totals[name]}")
-            if name in peaks and row.get("measured_bytes") != peaks[name]:
+            if key in peaks and row.get("measured_bytes") != peaks[key]:
                 problems.append(f"probe.plan_comparison for {name}: measured {row.get('measured_bytes')} B, the "
-                                f"probe's peak is {peaks[name]}")
+                                f"probe's peak is {peaks[key]}")
         computed["probe"] = "pass" if ok else "fail"
         _same(problems, "probe table", probe.get("status"), computed["probe"])
     elif probe.get("provenance") != "not_run":

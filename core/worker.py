@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import socket
 import sys
 import time
 from pathlib import Path
@@ -42,6 +43,7 @@ def main(argv: list[str]) -> int:
     events = EventWriter(job["events"], int(os.environ["RANK"]) if distributed else None)
     try:
         run_job(job, events)
+        _close_process_group()
     except BaseException as exc:  # the parent reads this event; the traceback goes to the child's log
         import traceback
 
@@ -51,6 +53,19 @@ def main(argv: list[str]) -> int:
     finally:
         events.close()
     return 0
+
+
+def _close_process_group() -> None:
+    """Under torchrun: wait for every rank, then destroy the process group before the interpreter exits (a gloo
+    group left to interpreter teardown can abort the process with "terminate called without an active exception",
+    an exit status torchrun reports as a failure)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) < 2:
+        return
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 def _exit_with_parent() -> None:
@@ -76,12 +91,13 @@ def run_job(job: dict[str, Any], events: EventWriter) -> None:
     hf_logging.disable_progress_bar()
     spec = RunSpec.from_dict(job["spec"])
     role = job["role"]
-    device = job["device"]
+    device, name = rank_device(job)
     rss_start = _rss_bytes()
-    events.emit("started", role=role, pid=os.getpid(), pgid=os.getpgid(0), device=device, torch=torch.__version__)
+    events.emit("started", role=role, pid=os.getpid(), pgid=os.getpgid(0), device=name, torch=torch.__version__,
+                host=socket.gethostname(), **rank_info())
     if device.startswith("cuda"):
         torch.cuda.set_device(torch.device(device))
-        events.emit("device_uuid", device=device, uuid=str(torch.cuda.get_device_properties(device).uuid))
+        events.emit("device_uuid", device=name, uuid=str(torch.cuda.get_device_properties(device).uuid))
 
     set_seed(spec.seed)
     model, tokenizer = build_model(spec, job["model_path"], device)
@@ -89,7 +105,7 @@ def run_job(job: dict[str, Any], events: EventWriter) -> None:
     events.emit("data", **data_info)
 
     if role == "probe":
-        probe(spec, model, tokenizer, train_blocks, Path(job["output_dir"]), device, events, job, rss_start)
+        probe(spec, model, tokenizer, train_blocks, Path(job["output_dir"]), device, events, job, rss_start, name)
         return
 
     from core.evaluate import evaluate_perplexity
@@ -110,6 +126,31 @@ def run_job(job: dict[str, Any], events: EventWriter) -> None:
     if role == "train":
         after = evaluate_perplexity(model, heldout_blocks, spec.batch_size, device=device)
         events.emit("evaluation", when="after", **_eval_dict(after))
+
+
+def rank_info() -> dict[str, int]:
+    """This process's place under torchrun (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``GROUP_RANK`` = the node's
+    rank, from torch.distributed.run's environment); a single process is rank 0 of 1."""
+    env = os.environ
+    return {"global_rank": int(env.get("RANK", 0)), "local_rank": int(env.get("LOCAL_RANK", 0)),
+            "world_size": int(env.get("WORLD_SIZE", 1)), "node_rank": int(env.get("GROUP_RANK", 0))}
+
+
+def rank_device(job: dict[str, Any]) -> tuple[str, str]:
+    """(torch device, reported name) of this rank.
+
+    One process: ``job["device"]`` for both. Under torchrun each rank takes the device of its local rank: on the CPU
+    ``"cpu"``, reported ``cpu:<local rank>`` (the ranks share the host); on CUDA the parent restricted
+    ``CUDA_VISIBLE_DEVICES`` to the devices named in ``job["devices"]``, so the torch device is ``cuda:<local rank>``
+    and the name reported is the one planned (``job["devices"][local rank]``)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) == 1 and "LOCAL_RANK" not in os.environ:
+        return job["device"], job["device"]
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    names = job.get("devices") or [job["device"]]
+    name = names[local] if local < len(names) else f"{job['device']}:{local}"
+    if name.startswith("cuda"):
+        return f"cuda:{local}", name
+    return "cpu", name
 
 
 # ----------------------------------------------------------------------------------------------------------- building
@@ -292,6 +333,10 @@ def build_trainer(spec, model, tokenizer, blocks, out_dir: Path, device: str, ev
         bf16=spec.dtype == "bf16",  # mixed precision: autocast over fp32 weights
         fp16=spec.dtype == "fp16",
         gradient_checkpointing=False,  # enabled on the model in build_model, once
+        # zero3 = FSDP full shard (FSDP2, full state dict checkpoints). accelerate enables FSDP only on accelerators:
+        # on the CPU this runs as DDP, which the probe reports from the wrapper it finds (core.probe).
+        **({"fsdp": True, "fsdp_config": {"version": 2, "reshard_after_forward": True}}
+           if spec.strategy == "zero3" else {}),
     )
     reporter = StepReporter()
     trainer = MeasuringTrainer(
@@ -320,7 +365,7 @@ class _ListDataset:
 
 # ------------------------------------------------------------------------------------------------------------ probe
 def probe(spec: RunSpec, model, tokenizer, blocks: list[dict], out_dir: Path, device: str, events: EventWriter,
-          job: dict, rss_start: int) -> None:
+          job: dict, rss_start: int, name: str | None = None) -> None:
     """Run ``probe_steps`` real steps and emit the measured ledger (``ledger`` event) and the placement.
 
     Training modes run Trainer steps (its own optimizer and schedule) with a callback that counts gradients at the
@@ -333,7 +378,7 @@ def probe(spec: RunSpec, model, tokenizer, blocks: list[dict], out_dir: Path, de
 
     from core.measure import LiveTensorTracker, optimizer_state_bytes, parameter_placement, tensor_bytes
 
-    placement = parameter_placement(model)
+    placement = {(name if k == device and name else k): v for k, v in parameter_placement(model).items()}
     events.emit("placement", devices=placement)
     weights = sum(d["bytes"] for d in placement.values())
     rss_loaded = _rss_bytes()
@@ -346,7 +391,11 @@ def probe(spec: RunSpec, model, tokenizer, blocks: list[dict], out_dir: Path, de
     step_times: list[float] = []
     n = spec.probe_steps
 
-    if spec.training:
+    fsdp2_cpu = (spec.training and spec.strategy == "zero3" and not is_cuda
+                 and int(os.environ.get("WORLD_SIZE", "1")) > 1)
+    if fsdp2_cpu:
+        wrapper, local_weights = _fsdp2_cpu_steps(spec, model, blocks, tracker, seen, step_times, events)
+    elif spec.training:
 
         class ProbeCallback(TrainerCallback):
             def on_step_begin(self, args, state, control, **kw):
@@ -374,6 +423,8 @@ def probe(spec: RunSpec, model, tokenizer, blocks: list[dict], out_dir: Path, de
         trainer.train()
         # what the run was actually wrapped in (Trainer may fall back, e.g. FSDP requested on CPU runs as DDP)
         wrapper = type(trainer.model_wrapped).__name__
+        # this rank's share of the weights after wrapping (FSDP keeps a shard of each parameter, DDP all of them)
+        local_weights = sum(_local_bytes(p) for p in trainer.model_wrapped.parameters())
     else:
         batch = _collate(blocks[: spec.batch_size])
         batch.pop("sample_ids")
@@ -395,13 +446,16 @@ def probe(spec: RunSpec, model, tokenizer, blocks: list[dict], out_dir: Path, de
                 step_times.append(time.perf_counter() - started)
                 events.emit("probe_step", step=step, total=n, seconds=step_times[-1])
     if not spec.training:
-        wrapper = "none (inference, one process)"
+        wrapper, local_weights = "none (inference, one process)", weights
     steady = step_times[1:] or step_times  # the first step pays one-off allocations and kernel choices
     step_s = sum(steady) / len(steady)
     tokens = spec.batch_size * spec.seq_len * (spec.grad_accum if spec.training else 1)
     ledger: dict[str, Any] = {
-        "device": device,
-        "weights_bytes": weights,
+        "device": name or device,
+        "host": socket.gethostname(),
+        **rank_info(),
+        "weights_bytes": local_weights,
+        "weights_loaded_bytes": weights,
         "gradients_bytes": seen["gradients"],
         "optimizer_states_bytes": seen["optimizer_states"],
         "step_time_s": step_s,
@@ -411,7 +465,6 @@ def probe(spec: RunSpec, model, tokenizer, blocks: list[dict], out_dir: Path, de
         "rss_after_load_bytes": rss_loaded,
         "peak_rss_bytes": _peak_rss_bytes(),
         "wrapper": wrapper,
-        "world_size": int(os.environ.get("WORLD_SIZE", "1")),
     }
     if is_cuda:
         ledger["peak_allocated_bytes"] = int(torch.cuda.max_memory_allocated(device))
@@ -420,6 +473,100 @@ def probe(spec: RunSpec, model, tokenizer, blocks: list[dict], out_dir: Path, de
         ledger["peak_tracked_tensor_bytes"] = tracker.peak_bytes
         ledger["tracked_method"] = tracker.method
     events.emit("ledger", **ledger)
+    _gather_ledgers(ledger, events)
+
+
+def _fsdp2_cpu_steps(spec: RunSpec, model, blocks: list[dict], tracker, seen: dict[str, int],
+                     step_times: list[float], events: EventWriter) -> tuple[str, int]:
+    """zero3 (FSDP full shard) on the CPU: ``probe_steps`` steps under torch's FSDP2 over gloo, outside Trainer.
+
+    accelerate enables FSDP only on accelerators, so Trainer on the CPU runs DDP instead; to measure the sharding the
+    plan divides by N, the probe shards the model itself with ``torch.distributed.fsdp.fully_shard`` (each decoder
+    layer, ``_no_split_modules``, then the root, as Trainer's transformer-based wrap does) and runs the spec's
+    optimizer over this rank's shard: rank r takes blocks r, r + N, ... (as a DistributedSampler without shuffling).
+    Measured as the Trainer path is: gradients before the optimizer step, optimizer states after it, live tensors
+    (local shards) in the step.
+
+    Returns:
+        (wrapper, local weight bytes): the sharded model's class (``FSDP<name>``) with how it was run, and this rank's
+        share of the weights.
+
+    Raises:
+        SpecError: optimizer adafactor (this path runs torch's AdamW and SGD only).
+    """
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    from core.errors import SpecError
+    from core.measure import optimizer_state_bytes, tensor_bytes
+
+    if spec.optimizer not in ("adamw", "sgd"):
+        raise SpecError("optimizer", "the CPU zero3 probe (FSDP2 outside Trainer) runs adamw or sgd; choose one, or "
+                                     "probe zero3 on CUDA devices")
+    if not dist.is_initialized():
+        dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    unit_names = set(getattr(base, "_no_split_modules", None) or [])
+    for module in [m for m in model.modules() if type(m).__name__ in unit_names]:
+        fully_shard(module)
+    fully_shard(model)
+    params = [p for p in model.parameters() if p.requires_grad]
+    if spec.optimizer == "adamw":
+        opt = torch.optim.AdamW(params, lr=spec.learning_rate, weight_decay=0.0)
+    else:
+        opt = torch.optim.SGD(params, lr=spec.learning_rate, momentum=0.9)
+    local_weights = sum(tensor_bytes(p) for p in model.parameters())
+    mine = blocks[rank::world] or blocks
+    model.train()
+    i = 0
+    for step in range(1, spec.probe_steps + 1):
+        started = time.perf_counter()
+        tracker.baseline_bytes = local_weights + seen["optimizer_states"]
+        tracker.__enter__()
+        try:
+            for _ in range(spec.grad_accum):
+                batch = _collate([mine[(i + j) % len(mine)] for j in range(spec.batch_size)])
+                i += spec.batch_size
+                batch.pop("sample_ids")
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=spec.dtype == "bf16"):
+                    loss = model(**batch).loss / spec.grad_accum
+                loss.backward()
+                del loss
+            grads = sum(tensor_bytes(p.grad) for p in params if p.grad is not None)
+            seen["gradients"] = max(seen["gradients"], grads)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        finally:
+            tracker.__exit__(None, None, None)
+        step_times.append(time.perf_counter() - started)
+        seen["optimizer_states"] = optimizer_state_bytes(opt)
+        events.emit("probe_step", step=step, total=spec.probe_steps, seconds=step_times[-1])
+    units = "/".join(sorted(unit_names)) or "no decoder layer class"
+    wrapper = (f"{type(model).__name__} (torch FSDP2 fully_shard over gloo: each {units} and the root; outside "
+               "Trainer, which runs FSDP only on accelerators)")
+    return wrapper, local_weights
+
+
+def _gather_ledgers(ledger: dict[str, Any], events: EventWriter) -> None:
+    """Under torchrun, rank 0 gathers every rank's ledger (``torch.distributed.all_gather_object``, over the run's
+    own process group) and emits them as one ``ledgers`` event: on several nodes the parent on node 0 sees the ledgers
+    of every node, not only the files written on its own disk."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+        return
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, ledger)
+    if dist.get_rank() == 0:
+        events.emit("ledgers", ledgers=gathered)
+
+
+def _local_bytes(t: Any) -> int:
+    """Bytes of ``t`` held by this process: a DTensor's local shard (FSDP2), else the whole tensor."""
+    local = t.to_local() if hasattr(t, "to_local") else t
+    return local.numel() * local.element_size()
 
 
 def _eval_dict(result: Any) -> dict[str, Any]:

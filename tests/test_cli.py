@@ -173,11 +173,17 @@ def test_bad_strategy_flags_are_one_named_line(args, message, tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
-def test_running_a_multi_device_strategy_is_refused_until_it_can_be_measured(tmp_path, tiny_model_dir):
-    out = gpuaccept("run", "--headless", "--model", str(tiny_model_dir), "--devices", "0,1", "--strategy", "ddp",
+@pytest.mark.parametrize(("flags", "message"), [
+    (("--devices", "cpu", "--strategy", "zero2", "--nproc", "2"), "strategy: zero2 can be planned"),
+    (("--devices", "0,1", "--strategy", "tp", "--tp", "2"), "strategy: tp can be planned"),
+    (("--devices", "0,1", "--strategy", "ddp"), "cuda:0 is not visible to torch here"),
+    (("--devices", "cpu", "--strategy", "ddp"), "--nproc 2"),
+])
+def test_running_a_strategy_that_cannot_run_here_is_refused(tmp_path, tiny_model_dir, flags, message):
+    out = gpuaccept("run", "--headless", "--model", str(tiny_model_dir), "--mode", "full", *flags,
                     "--runs-dir", str(tmp_path / "runs"))
     assert out.returncode == 2 and "Traceback" not in out.stderr
-    assert "strategy: ddp can be planned" in out.stderr
+    assert message in out.stderr
     assert not (tmp_path / "runs").exists()
 
 

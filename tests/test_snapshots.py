@@ -131,7 +131,7 @@ def finished_run(app: GpuAcceptApp) -> SimpleNamespace:
                           kill_at="boundary+1", kill_planned=spec.resume.describe())
     app.state.spec, app.state.ctx = spec, ctx
     run_dir = Path("runs/20261130T000000Z-lora-tiny-llama")
-    return SimpleNamespace(spec=spec, run_dir=run_dir, verdict=None, stopped={},
+    return SimpleNamespace(spec=spec, run_dir=run_dir, verdict=None, stopped={}, launch={"nproc": 1},
                            record_path=run_dir / "record.toml",  # nothing is written when the app closes
                            close=lambda: None,
                            results={"plan": ctx.plan, "probe": probe, "train_eval": te, "resume": resume})

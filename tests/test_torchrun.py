@@ -1,24 +1,277 @@
-"""Issue 8, first piece: the worker under torchrun (gloo on CPU, world size 2), each rank reporting on its own."""
+"""Issue 8: several ranks under torchrun on the CPU (gloo, world size 2): the probe's per-rank ledgers against the
+plan's per-device numbers, training and the kill-and-resume check under DDP, FSDP's sharding measured, a different
+world size at resume refused, two nodes' ledgers merged on node 0."""
 
 from __future__ import annotations
 
-from core.childproc import check_exit, group_alive, start_child, watch
+import socket
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from core.childproc import check_exit, group_alive, launch_options, start_child, visible_for, watch
+from core.errors import SpecError, StageError
 from core.spec import RunSpec
 
 
-def test_the_probe_under_torchrun_reports_a_ledger_per_rank(tiny_model_dir, tmp_path):
-    spec = RunSpec.build(model=str(tiny_model_dir), mode="full", steps=6, seq_len=32, batch_size=2, probe_steps=2,
-                         resume_checkpoint_every=2, resume_kill_after_checkpoint=1)
-    child = start_child("probe", tmp_path / "probe", {"role": "probe", "spec": spec.to_dict(),
-                                                      "model_path": str(tiny_model_dir), "device": "cpu"}, nproc=2)
+def _spec(tiny_model_dir, **kw) -> RunSpec:
+    base = dict(model=str(tiny_model_dir), steps=6, seq_len=32, batch_size=2, probe_steps=2, devices="cpu",
+                strategy="ddp", torchrun_nproc_per_node=2, resume_checkpoint_every=2, resume_kill_after_checkpoint=1,
+                eval_max_blocks=16, learning_rate=5e-3)
+    return RunSpec.build(**{**base, **kw})
+
+
+def _stages(run, *names):
+    """Run the named stages of an AcceptanceRun in order, draining their events; return the last result."""
+    result = None
+    for name in names:
+        gen = getattr(run, f"{name}_stage")()
+        try:
+            while True:
+                next(gen)
+        except StopIteration as stop:
+            result = stop.value
+    return result
+
+
+@pytest.fixture(scope="module")
+def ddp_run(tiny_model_dir, tmp_path_factory):
+    """LoRA (dropout 0.1, so the random generators advance) under DDP at world size 2: every stage, and the record."""
+    from core.pipeline import AcceptanceRun
+
+    spec = _spec(tiny_model_dir, mode="lora", lora_dropout=0.1)
+    run = AcceptanceRun(spec, tmp_path_factory.mktemp("runs"), traced={"status": "not_run", "reason": "test"})
+    _stages(run, "plan", "probe", "train_eval", "resume")
+    path = run.write_record()
+    run.close()
+    return run, tomllib.loads(path.read_text()), path
+
+
+def test_ddp_probe_reports_each_rank_against_its_planned_device(ddp_run):
+    run, record, _ = ddp_run
+    probe = record["probe"]
+    assert probe["status"] == "pass" and probe["problems"] == []
+    assert [(d["device"], d["rank"], d["world_size"]) for d in probe["devices"]] == [("cpu:0", 0, 2), ("cpu:1", 1, 2)]
+    plan = {d["name"]: d for d in record["plan"]["devices"]}
+    assert set(plan) == {"cpu:0", "cpu:1"}  # the plan is per rank too, each a share of the host
+    for d in probe["devices"]:
+        assert d["wrapper"] == "DistributedDataParallel"
+        # DDP keeps a full replica on every rank: the planned weights, not divided
+        assert d["weights_bytes"] == plan[d["device"]]["components"]["weights"]
+    rows = {(r["device"], r["rank"]): r for r in probe["plan_comparison"]}
+    assert set(rows) == {("cpu:0", 0), ("cpu:1", 1)}
+    for (name, rank), row in rows.items():
+        assert row["planned_bytes"] == plan[name]["total_bytes"]
+        assert row["measured_bytes"] == probe["devices"][rank]["peak_bytes"]
+    assert record["spec"]["torchrun"]["nproc_per_node"] == 2
+
+
+def test_ddp_training_merges_the_ranks_steps(ddp_run):
+    run, record, _ = ddp_run
+    te = run.results["train_eval"]
+    assert te.status == "pass"
+    assert [s["step"] for s in te.steps] == list(range(1, 7))
+    for s in te.steps:
+        assert len(s["rank_losses"]) == 2
+        assert s["loss"] == pytest.approx(sum(s["rank_losses"]) / 2)
+        assert len(s["sample_ids"]) == 2 * 2  # micro-batch 2 on each of 2 ranks
+        assert {k.split("@")[1] for k in s["rng"]} == {"rank0", "rank1"}
+    first = te.steps[0]["sample_ids"]
+    assert len(set(first)) == 4  # the ranks train on different samples (DistributedSampler)
+    # micro-batch 2 x 32 tokens x 6 steps on each of 2 ranks
+    assert te.tokens_per_s == pytest.approx(2 * 32 * 6 * 2 / te.training_time_s)
+
+
+def test_the_resume_check_passes_under_ddp(ddp_run):
+    run, record, path = ddp_run
+    resume = record["resume"]
+    assert resume["status"] == "pass", [c for c in resume["checks"] if c["status"] != "pass"]
+    checks = {c["name"]: c for c in resume["checks"]}
+    assert checks["world_size"]["status"] == "pass" and "written by 2 process(es)" in checks["world_size"]["evidence"]
+    assert "all 2 ranks" in checks["kill_point"]["evidence"]
+    assert "rng_state_0..1.pth" in checks["rng_restored"]["evidence"]
+    assert "the generators advanced" in checks["rng_continues"]["evidence"]
+    assert checks["loss"]["evidence"].endswith("identical")
+    ckpt = Path(run.run_dir) / "resume-interrupted" / "output" / "checkpoint-2"
+    assert sorted(p.name for p in ckpt.glob("rng_state*")) == ["rng_state_0.pth", "rng_state_1.pth"]
+    from core.verify import verify
+
+    assert verify(path).exit_code == 3  # unsigned but every verdict follows from the record, per rank
+
+
+def test_a_different_world_size_at_resume_is_refused(ddp_run, tmp_path):
+    from core.resume import run_resume_check
+
+    run, _, _ = ddp_run
+    te = run.results["train_eval"]
+    gen = run_resume_check(run.spec, run.model_path, tmp_path, "cpu", te, launch=run.launch,
+                           resume_launch={"nproc": 1, "torchrun_args": None, "visible_devices": None})
+    try:
+        while True:
+            next(gen)
+    except StopIteration as stop:
+        result = stop.value
+    checks = {c.name: c for c in result.checks}
+    assert result.status == "fail"
+    assert checks["world_size"].status == "fail"
+    assert "written by 2 process(es)" in checks["world_size"].evidence and "would run 1" in checks["world_size"].evidence
+    assert not (tmp_path / "resume-resumed").exists()  # refused before the resumed run started
+
+
+def test_fsdp_on_the_cpu_shards_as_planned_and_refuses_to_train(tiny_model_dir, tmp_path):
+    """Trainer cannot run FSDP on the CPU (accelerate enables it only on accelerators); the probe shards with torch's
+    FSDP2 itself, and each rank's weights, gradients and optimizer states are the plan's zero3 numbers (÷ 2)."""
+    from core.events import RunFinished
+    from core.pipeline import run_pipeline
+
+    spec = _spec(tiny_model_dir, mode="full", strategy="fsdp")
+    events = list(run_pipeline(spec, runs_root=tmp_path))
+    assert isinstance(events[-1], RunFinished)
+    record = tomllib.loads(Path(events[-1].record_path).read_text())
+    plan = {d["name"]: d["components"] for d in record["plan"]["devices"]}
+    assert record["plan"]["strategy"] == "zero3"
+    probe = record["probe"]
+    assert probe["status"] == "pass"
+    for d in probe["devices"]:
+        assert d["wrapper"].startswith("FSDPLlamaForCausalLM (torch FSDP2 fully_shard")
+        c = plan[d["device"]]
+        assert d["weights_bytes"] == c["weights"] < record["model"]["parameters_total"] * 4  # a shard, as planned
+        assert d["gradients_bytes"] == c["gradients"]
+        # AdamW's two moments of the shard, + one step counter per parameter tensor (not in the plan)
+        assert 0 <= d["optimizer_states_bytes"] - c["optimizer_states"] <= 4 * 64
+    assert record["verdict"]["stages"]["evaluation"]["status"] == "not_run"
+    assert "Trainer cannot train with FSDP on the CPU" in record["verdict"]["stages"]["evaluation"]["evidence"]
+    assert record["verdict"]["status"] == "fail"
+
+
+def test_fsdp_that_ran_as_ddp_fails_the_probe_and_verify(ddp_run, tmp_path):
+    from core.probe import wrapper_problem
+    from core.verify import verify
+
+    assert wrapper_problem("ddp", "DistributedDataParallel") is None
+    assert wrapper_problem("zero3", "FSDPPeftModelForCausalLM (torch FSDP2 ...)") is None
+    assert "falls back to DDP" in wrapper_problem("zero3", "DistributedDataParallel")
+    assert "wrapped in LlamaForCausalLM" in wrapper_problem("ddp", "LlamaForCausalLM")
+    # a DDP record edited to claim zero3: the wrapper no longer follows, and verify says so (exit 6)
+    _, _, path = ddp_run
+    text = path.read_text().replace('strategy = "ddp"', 'strategy = "zero3"', 1)
+    import hashlib
+    import json
+
+    rec = tomllib.loads(text)
+    spec = {k: v for k, v in rec["spec"].items() if k != "hash"}
+    new_hash = hashlib.sha256(json.dumps(spec, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    text = text.replace(rec["spec"]["hash"], new_hash)
+    edited = tmp_path / "record.toml"
+    edited.write_text(text)
+    result = verify(edited)
+    assert result.exit_code == 6, (result.schema, result.verdicts)
+    assert any("zero3" in v or "probe" in v for v in result.verdicts)
+
+
+def test_two_nodes_ledgers_are_merged_on_node_0(tiny_model_dir, tmp_path):
+    """Two torchrun launches on this machine as two nodes (c10d rendezvous on localhost, one rank each)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    spec = _spec(tiny_model_dir, mode="full", torchrun_nproc_per_node=1, torchrun_nnodes=2,
+                 torchrun_rdzv_endpoint=f"127.0.0.1:{port}", torchrun_rdzv_id="test-nodes")
+    launch = launch_options(spec, ["cpu:0"])
+    assert launch["torchrun_args"][:2] == ["--nnodes=2", "--nproc-per-node=1"]
+    job = {"role": "probe", "spec": spec.to_dict(), "model_path": str(tiny_model_dir), "device": "cpu",
+           "devices": ["cpu:0"]}
+    nodes = [start_child("probe", tmp_path / f"node{i}", job, **launch) for i in (0, 1)]
+    events = []
+    for child in nodes:
+        events.append(list(watch(child)))
+        check_exit(child)
+    gathered = [e for node in events for e in node if e["kind"] == "ledgers"]
+    assert len(gathered) == 1  # rank 0 gathers; it is on one of the two nodes
+    ledgers = gathered[0]["ledgers"]
+    assert [(x["global_rank"], x["world_size"]) for x in ledgers] == [(0, 2), (1, 2)]
+    assert sorted(x["node_rank"] for x in ledgers) == [0, 1]
+    assert all(x["wrapper"] == "DistributedDataParallel" for x in ledgers)
+
+
+def test_the_probe_under_torchrun_leaves_no_process(tiny_model_dir, tmp_path):
+    spec = _spec(tiny_model_dir, mode="full")
+    child = start_child("probe", tmp_path / "probe", {"role": "probe", "spec": spec.to_dict(), "device": "cpu",
+                                                      "model_path": str(tiny_model_dir), "devices": ["cpu:0", "cpu:1"]},
+                        **launch_options(spec, ["cpu:0", "cpu:1"]))
     events = list(watch(child))
     check_exit(child)
     ledgers = {e["rank"]: e for e in events if e["kind"] == "ledger"}
     assert sorted(ledgers) == [0, 1]
     assert (tmp_path / "probe" / "events.rank1.jsonl").is_file()  # rank 1 never writes into rank 0's file
-    for rank, ledger in ledgers.items():
-        assert ledger["world_size"] == 2
-        assert ledger["wrapper"] == "DistributedDataParallel"  # DDP: a full replica on every rank
-        assert ledger["weights_bytes"] == ledgers[0]["weights_bytes"] > 0
+    for ledger in ledgers.values():
         assert ledger["optimizer_states_bytes"] >= 2 * ledger["weights_bytes"]  # AdamW: 2 moments, not sharded
     assert not group_alive(child.proc.pid)  # torchrun and both ranks are gone
+
+
+# ------------------------------------------------------------------------------------------------ settings, offline
+@pytest.mark.parametrize(("kw", "field", "words"), [
+    (dict(devices="cpu", strategy="ddp"), "strategy", "--nproc 2"),
+    (dict(devices="cpu", torchrun_nproc_per_node=2), "torchrun.nproc_per_node", "data-parallel strategy"),
+    (dict(devices="0,1", strategy="ddp", torchrun_nproc_per_node=3), "torchrun.nproc_per_node", "one process per CUDA"),
+    (dict(devices="cpu", strategy="ddp", torchrun_nproc_per_node=2, torchrun_nnodes=2), "torchrun.rdzv_endpoint",
+     "host:port"),
+    (dict(devices="cpu", strategy="ddp", torchrun_nproc_per_node=2, torchrun_rdzv_endpoint="h:1"),
+     "torchrun.rdzv_endpoint", "nnodes above 1"),
+    (dict(devices="cpu", strategy="ddp", torchrun_nproc_per_node=-1), "torchrun.nproc_per_node", "0 (one per device)"),
+    (dict(devices="cpu", strategy="ddp", torchrun_nproc_per_node=2, torchrun_rdzv_backend="etcd"),
+     "torchrun.rdzv_backend", "c10d"),
+])
+def test_bad_torchrun_settings_are_named(kw, field, words):
+    with pytest.raises(SpecError) as info:
+        RunSpec.build(mode="full", **kw)
+    assert info.value.field == field and words in info.value.message
+
+
+def test_world_size_and_launch_options():
+    cpu = RunSpec.build(mode="lora", devices="cpu", strategy="ddp", torchrun_nproc_per_node=2)
+    assert (cpu.local_world_size(2), cpu.world_size(2)) == (2, 2)
+    assert launch_options(cpu, ["cpu:0", "cpu:1"])["torchrun_args"] == ["--standalone", "--nproc-per-node=2"]
+    gpus = RunSpec.build(mode="full", devices="2,3", strategy="zero3")
+    assert gpus.world_size(2) == 2  # one per CUDA device
+    nodes = RunSpec.build(mode="full", devices="0,1", strategy="ddp", torchrun_nnodes=4,
+                          torchrun_rdzv_endpoint="node0.cluster:29500")
+    assert nodes.world_size(2) == 8
+    assert launch_options(nodes, ["cuda:0", "cuda:1"])["torchrun_args"] == [
+        "--nnodes=4", "--nproc-per-node=2", "--rdzv-backend=c10d", "--rdzv-endpoint=node0.cluster:29500",
+        "--rdzv-id=gpuaccept"]
+    single = RunSpec.build(mode="lora", devices="cpu")
+    assert launch_options(single, ["cpu"]) == {"nproc": 1, "torchrun_args": None, "visible_devices": None}
+    assert visible_for(["cuda:2", "cuda:3"], None) == "2,3"
+    assert visible_for(["cuda:0", "cuda:2"], "4,5,6") == "4,6"  # composed with the parent's own restriction
+    with pytest.raises(StageError, match="cuda:3 not visible"):
+        visible_for(["cuda:3"], "4,5")
+
+
+def test_zero3_across_nodes_divides_by_every_rank(tiny_model_dir):
+    """The plan's divisor is the world size (every node's ranks), not this node's devices."""
+    from core.pipeline import make_plan
+
+    one = make_plan(RunSpec.build(model=str(tiny_model_dir), mode="full", devices="cpu", strategy="zero3",
+                                  torchrun_nproc_per_node=2)).plan
+    two = make_plan(RunSpec.build(model=str(tiny_model_dir), mode="full", devices="cpu", strategy="zero3",
+                                  torchrun_nproc_per_node=2, torchrun_nnodes=2,
+                                  torchrun_rdzv_endpoint="127.0.0.1:29500")).plan
+    w1, w2 = (p.devices[0].lines["weights"].bytes for p in (one, two))
+    assert len(one.devices) == len(two.devices) == 2
+    assert w2 == -(-w1 * 2 // 4) and "N=4" in two.devices[0].lines["weights"].method
+
+
+def test_merge_rank_steps():
+    from core.train import merge_rank_steps
+
+    single = [{"kind": "step", "step": 1, "loss": 2.0, "sample_ids": [1], "rng": {"cpu": "a"}}]
+    assert merge_rank_steps(single) == single
+    events = [
+        {"kind": "step", "step": 1, "rank": 1, "loss": 4.0, "sample_ids": [2], "rng": {"cpu": "b"}, "epoch": 0.5},
+        {"kind": "step", "step": 1, "rank": 0, "loss": 2.0, "sample_ids": [1], "rng": {"cpu": "a"}, "epoch": 0.5},
+        {"kind": "evaluation", "rank": 0},
+    ]
+    (merged,) = merge_rank_steps(events)
+    assert merged["loss"] == 3.0 and merged["rank_losses"] == [2.0, 4.0]
+    assert merged["sample_ids"] == [1, 2] and merged["rng"] == {"cpu@rank0": "a", "cpu@rank1": "b"}

@@ -51,6 +51,15 @@ def _spec_flags(p: argparse.ArgumentParser) -> None:
                    help="how the run is spread over the devices (fsdp = zero3; default single: each device is "
                         "planned as holding the whole run)")
     g.add_argument("--tp", type=int, help="tensor-parallel degree, with --strategy tp (must divide the number of devices)")
+    g.add_argument("--nproc", type=int, dest="torchrun_nproc_per_node",
+                   help="torchrun processes on this node (ddp, zero3): default one per CUDA device; on the CPU N >= 2 "
+                        "gloo ranks")
+    g.add_argument("--nnodes", type=int, dest="torchrun_nnodes",
+                   help="nodes of a several-node run: run the same spec on every node with the same --rdzv-endpoint")
+    g.add_argument("--rdzv-endpoint", dest="torchrun_rdzv_endpoint", help="host:port every node reaches (--nnodes > 1)")
+    g.add_argument("--rdzv-id", dest="torchrun_rdzv_id", help="job id shared by every node (default gpuaccept)")
+    g.add_argument("--rdzv-backend", dest="torchrun_rdzv_backend", choices=("c10d", "static"),
+                   help="torchrun's rendezvous backend (default c10d)")
     g.add_argument("--data", help="embedded, or a .txt / .jsonl file")
     g.add_argument("--heldout-fraction", type=float)
     g.add_argument("--eval-max-blocks", type=int)
@@ -66,7 +75,8 @@ def _spec_flags(p: argparse.ArgumentParser) -> None:
 
 _SPEC_KEYS = ("mode", "model", "dtype", "batch_size", "seq_len", "grad_accum", "optimizer", "learning_rate",
               "lr_scheduler", "warmup_steps", "steps", "gradient_checkpointing", "lora_r", "lora_alpha",
-              "lora_dropout", "lora_targets", "devices", "strategy", "tp", "data", "heldout_fraction", "eval_max_blocks", "seed",
+              "lora_dropout", "lora_targets", "devices", "strategy", "tp", "torchrun_nproc_per_node", "torchrun_nnodes",
+              "torchrun_rdzv_endpoint", "torchrun_rdzv_id", "torchrun_rdzv_backend", "data", "heldout_fraction", "eval_max_blocks", "seed",
               "probe_steps", "resume_check", "resume_checkpoint_every", "resume_kill_after_checkpoint", "resume_kill_at")
 
 

@@ -32,6 +32,8 @@ FIELDS: list[tuple[str, str, str, tuple[str, ...], tuple[str, ...]]] = [
     ("lora_alpha", "LoRA alpha", "int", (), ("lora",)),
     ("lora_targets", "LoRA targets", "str", (), ("lora",)),
     ("devices", "Devices", "str", (), ("inference", "full", "lora")),
+    ("strategy", "Strategy", "choice", ("single", "ddp", "zero3"), ("full", "lora")),
+    ("torchrun_nproc_per_node", "Ranks/node, 0=auto", "int", (), ("full", "lora")),
 ]
 
 
@@ -41,6 +43,9 @@ CHOICE_LABELS: dict[str, str] = {
     "boundary": "boundary · right after a step",
     "boundary-1": "boundary-1 · before a step's last micro",
     "checkpoint-write": "checkpoint-write · mid checkpoint",
+    "single": "single · one process",
+    "ddp": "ddp · a replica per rank",
+    "zero3": "zero3 · FSDP full shard",
 }
 
 
@@ -48,7 +53,8 @@ def spec_field_to_input(field: str) -> str:
     """A SpecError field ("lora.r") as the input id that fixes it ("lora_r")."""
     return {"lora.r": "lora_r", "lora.alpha": "lora_alpha", "lora.targets": "lora_targets",
             "resume.kill_after_checkpoint": "resume_kill_after_checkpoint",
-            "resume.checkpoint_every": "resume_checkpoint_every", "resume.kill_at": "resume_kill_at"}.get(field, field)
+            "resume.checkpoint_every": "resume_checkpoint_every", "resume.kill_at": "resume_kill_at",
+            "torchrun.nproc_per_node": "torchrun_nproc_per_node"}.get(field, field)
 
 
 def shown_value(value: Any) -> str:
@@ -66,6 +72,8 @@ def current_value(spec: Any, name: str) -> str:
         return shown_value(getattr(spec.lora, name.removeprefix("lora_")))
     if name.startswith("resume_"):
         return shown_value(getattr(spec.resume, name.removeprefix("resume_")))
+    if name.startswith("torchrun_"):
+        return shown_value(getattr(spec.torchrun, name.removeprefix("torchrun_")))
     return shown_value(getattr(spec, name))
 
 
@@ -96,7 +104,8 @@ class SetupScreen(NavButtons, Screen):
                 with Horizontal(classes="field"):
                     yield Label(label)
                     if kind == "choice":
-                        yield Select([(CHOICE_LABELS.get(c, c), c) for c in choices], value=value,
+                        options = choices if value in choices else (*choices, value)  # e.g. --strategy tp: kept
+                        yield Select([(CHOICE_LABELS.get(c, c), c) for c in options], value=value,
                                      allow_blank=False, id=name, compact=True)
                     else:
                         yield Input(value=value, id=name, compact=True)

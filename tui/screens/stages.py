@@ -209,21 +209,28 @@ class ProbeScreen(StageScreen):
         table = self.query_one("#measured", ReadTable)
         table.clear(columns=True)
         table.add_columns("device · component", "planned", "measured", "plan error")
+        ranks = len(result.devices) > 1
         for c in result.comparisons:  # the total first: it is what decides the fit
-            table.add_row(f"{c.device} total vs peak", gib(c.planned_bytes), gib(c.measured_bytes), f"{c.error_pct:+.1f} %")
+            where = f"r{c.rank} {c.device}" if ranks else c.device
+            table.add_row(f"{where} total vs peak", gib(c.planned_bytes), gib(c.measured_bytes), f"{c.error_pct:+.1f} %")
             for name, (planned, measured) in c.components.items():
-                table.add_row(f"{c.device} {name}", gib(planned), gib(measured) if measured is not None else "in peak",
+                table.add_row(f"{where} {name}", gib(planned), gib(measured) if measured is not None else "in peak",
                               _err(planned, measured))
         d = result.devices[0]
-        if d.peak_reserved_bytes is not None:
+        if ranks:
+            kind = "peak allocated" if d.peak_reserved_bytes is not None else "peak of live tensors"
+            peak = (f"{len(result.devices)} ranks under torchrun, wrapped in {d.wrapper.split(' (')[0]}; {kind} "
+                    + ", ".join(f"r{m.rank} {gib(m.peak_bytes)}" for m in result.devices))
+        elif d.peak_reserved_bytes is not None:
             peak = f"peak allocated {gib(d.peak_bytes)}, reserved {gib(d.peak_reserved_bytes)}"
         else:
             peak = (f"peak of live tensors {gib(d.peak_bytes)}; process peak RSS {gib(d.peak_rss_bytes)} "
                     "(+ Python/torch runtime and allocator caches)")
+        problems = "".join(f"\n[red]✗ {p}[/]" for p in getattr(result, "problems", []))
         self.query_one("#measured-title", Static).update(
             f"[b]{result.status.upper()}[/b] · {result.steps} steps, {result.step_time_s:.2f} s/step, "
             f"{result.tokens_per_s:.0f} tokens/s · {peak}. Plan error = (planned − measured) / measured: "
-            "+ means the plan is above what was measured.")
+            "+ means the plan is above what was measured." + problems)
         self.query_one("#placement", Static).update("placement: " + "; ".join(
             f"{dev}: {p['parameters']:,} parameters, {gib(p['bytes'])}" for dev, p in result.placement.items()))
 
@@ -282,9 +289,12 @@ class EvaluateScreen(StageScreen):
         if result.after is not None:
             lines.append(f"perplexity after:  {result.after.perplexity:.3f}  ({len(losses)} steps, "
                          f"{result.training_time_s:.1f} s, {result.tokens_per_s:.0f} tokens/s)")
-        spec = self.app.state.run.spec
+        run = self.app.state.run
+        spec = run.spec
         if spec.training:
-            lines.append(f"settings: {spec.mode}, {spec.dtype}, micro-batch {spec.batch_size} × {spec.seq_len}, "
+            ranks = run.launch["nproc"] * spec.torchrun.nnodes if run.launch["nproc"] > 1 else 1
+            on = f" on each of {ranks} ranks ({spec.strategy})" if ranks > 1 else ""
+            lines.append(f"settings: {spec.mode}, {spec.dtype}, micro-batch {spec.batch_size} × {spec.seq_len}{on}, "
                          f"accumulation {spec.grad_accum}, {spec.optimizer} lr {spec.learning_rate:g}, seed {spec.seed}")
         else:
             lines.append(f"settings: inference, {spec.dtype}, batch {spec.batch_size} × {spec.seq_len}, seed {spec.seed}")
