@@ -83,7 +83,7 @@ def start_child(name: str, job_dir: Path, job: dict[str, Any], nproc: int = 1,
     (job_dir / "job.json").write_text(json.dumps(child.job, indent=2), encoding="utf-8")
     env = child_env()
     cuda = [d for d in (visible_devices or []) if d.startswith("cuda")]
-    if torchrun and cuda:
+    if cuda:
         env["CUDA_VISIBLE_DEVICES"] = visible_for(cuda, os.environ.get("CUDA_VISIBLE_DEVICES"))
     launcher = torchrun_args or ["--standalone", f"--nproc-per-node={nproc}"]
     with open(child.log_path, "ab") as log, open(os.devnull, "rb") as devnull:
@@ -106,6 +106,8 @@ def launch_options(spec: Any, names: list[str]) -> dict[str, Any]:
     :func:`start_child` (``nproc``, ``torchrun_args``, ``visible_devices``). One process for strategies that do not
     run under torchrun (:meth:`core.spec.RunSpec.local_world_size`)."""
     nproc = spec.local_world_size(len(names))
+    if spec.strategy == "device_map":  # one process over every device named
+        return {"nproc": 1, "torchrun_args": None, "visible_devices": names}
     if nproc == 1 and spec.torchrun.nnodes == 1:
         return {"nproc": 1, "torchrun_args": None, "visible_devices": None}
     return {"nproc": nproc, "torchrun_args": spec.torchrun.args(nproc), "visible_devices": names}

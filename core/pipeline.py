@@ -336,11 +336,14 @@ def check_runnable(spec: RunSpec, ctx: PlanContext, device: str) -> None:
     if spec.strategy not in RUNNABLE_STRATEGIES:
         why = {"zero1": "Trainer runs ZeRO stages 1 and 2 through DeepSpeed, which is not installed here",
                "zero2": "Trainer runs ZeRO stages 1 and 2 through DeepSpeed, which is not installed here",
-               "device_map": "this version runs device_map only in the plan",
                "tp": "this version runs tensor parallelism only in the plan"}[spec.strategy]
         raise GpuAcceptError(f"strategy: {spec.strategy} can be planned (gpuaccept plan --strategy {spec.strategy}), "
                              f"not run: {why}; run with strategy single, ddp or zero3 (fsdp)")
-    if spec.strategy != "single" and not spec.training:
+    if spec.strategy == "device_map" and spec.training:
+        raise GpuAcceptError("strategy: device_map is probed for inference in this version (layers split over the "
+                             "devices, one process); training with it is planned only: gpuaccept plan --strategy "
+                             "device_map, or train with ddp or zero3")
+    if spec.strategy in ("ddp", "zero3") and not spec.training:
         raise GpuAcceptError(f"strategy: inference runs in one process; {spec.strategy} is for training (every rank "
                              "would evaluate the same held-out blocks): use strategy single")
     if not ctx.source.runnable:
@@ -356,13 +359,13 @@ def check_runnable(spec: RunSpec, ctx: PlanContext, device: str) -> None:
 
 
 #: Strategies the probe, training and resume stages run (the others are planned only; see check_runnable).
-RUNNABLE_STRATEGIES = ("single", "ddp", "zero3")
+RUNNABLE_STRATEGIES = ("single", "ddp", "zero3", "device_map")
 
 
 def rank_devices(spec: RunSpec, devices: list[Any], device: str) -> list[str]:
     """The device of each rank on this node, in local-rank order: the planned devices under torchrun (``cpu:r`` for
     CPU ranks, ``cuda:i``), else the one device the single process runs on."""
-    if spec.local_world_size(len(devices)) > 1 or spec.torchrun.nnodes > 1:
+    if spec.local_world_size(len(devices)) > 1 or spec.torchrun.nnodes > 1 or spec.strategy == "device_map":
         return [d.name for d in devices]
     return [device]
 

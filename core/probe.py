@@ -71,6 +71,7 @@ class ProbeResult:
     log_path: str
     summary: str
     problems: list[str] = field(default_factory=list)
+    layers: dict[str, list[str]] = field(default_factory=dict)  # device_map: which modules went to which device
 
 
 #: The wrapper Trainer must have put the model in for each torchrun strategy (the class name of
@@ -137,7 +138,8 @@ def run_probe(
             placement.update(e["devices"])
     plan_by_name = {d.device.name: d for d in plan.devices}
     measurements, comparisons, problems = [], [], []
-    for ledger in ledgers:
+    layers = next((e["layers"] for e in child.events if e["kind"] == "device_map"), {})
+    for ledger in _per_device(ledgers):
         m = _measurement(ledger, placement)
         measurements.append(m)
         plan_device = plan_by_name.get(m.device)
@@ -169,7 +171,23 @@ def run_probe(
         log_path=str(child.log_path),
         summary=summary,
         problems=problems,
+        layers=layers,
     )
+
+
+def _per_device(ledgers: list[dict]) -> list[dict]:
+    """One ledger per device: a rank's ledger as it is, or, for one process over several devices (device_map), its
+    ledger once per device with that device's weights and peaks (gradients and optimizer states: inference has none)."""
+    out = []
+    for ledger in ledgers:
+        if "per_device" not in ledger:
+            out.append(ledger)
+            continue
+        for d in ledger["per_device"]:
+            out.append({**ledger, "device": d["device"], "weights_bytes": d["weights_bytes"],
+                        "peak_allocated_bytes": d["peak_allocated_bytes"],
+                        "peak_reserved_bytes": d["peak_reserved_bytes"], "wrapper": "device_map (accelerate)"})
+    return out
 
 
 def measured_use(m: DeviceMeasurement) -> int:

@@ -152,6 +152,7 @@ def _probe_table(probe: Any) -> dict[str, Any]:
         "devices": [dataclasses.asdict(d) for d in probe.devices],
         "placement": probe.placement,
         "problems": list(probe.problems),
+        **({"layer_placement": probe.layers} if getattr(probe, "layers", None) else {}),
         "plan_comparison": [
             {"device": c.device, "rank": c.rank, "planned_bytes": c.planned_bytes, "measured_bytes": c.measured_bytes,
              "error_pct": c.error_pct, "compared": c.compared,

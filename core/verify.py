@@ -130,6 +130,8 @@ def expected_world_size(spec: dict[str, Any], planned_devices: int) -> int | Non
     torchrun = spec.get("torchrun")
     if not isinstance(torchrun, dict):
         return None
+    if spec.get("strategy") == "device_map":
+        return planned_devices  # one process, a measurement per device
     if spec.get("strategy") not in TORCHRUN_STRATEGIES:
         return 1
     nproc, nnodes = torchrun.get("nproc_per_node"), torchrun.get("nnodes")

@@ -100,7 +100,10 @@ def run_job(job: dict[str, Any], events: EventWriter) -> None:
         events.emit("device_uuid", device=name, uuid=str(torch.cuda.get_device_properties(device).uuid))
 
     set_seed(spec.seed)
-    model, tokenizer = build_model(spec, job["model_path"], device)
+    device_map = job.get("device_map") or ("balanced" if spec.strategy == "device_map" else None)
+    if device_map is not None:
+        device = "cuda:0" if name.startswith("cuda") else "cpu"  # the first device: where the inputs go
+    model, tokenizer = build_model(spec, job["model_path"], device, device_map)
     train_blocks, heldout_blocks, data_info = build_data(spec, tokenizer)
     events.emit("data", **data_info)
 
@@ -154,8 +157,12 @@ def rank_device(job: dict[str, Any]) -> tuple[str, str]:
 
 
 # ----------------------------------------------------------------------------------------------------------- building
-def build_model(spec: RunSpec, model_path: str, device: str) -> tuple[Any, Any]:
+def build_model(spec: RunSpec, model_path: str, device: str, device_map: Any = None) -> tuple[Any, Any]:
     """Load the model on ``device`` and wrap LoRA adapters when the mode is ``lora``.
+
+    With ``device_map`` (strategy device_map, inference) the weights are placed by accelerate as
+    ``from_pretrained(device_map=...)`` does (``"balanced"``: whole decoder layers spread over the visible devices), not
+    moved to ``device``.
 
     Inference loads the weights in the spec's dtype. Training in bf16/fp16 is mixed precision as Trainer does it: fp32
     weights (the master copy) and autocast to the 16-bit dtype (``TrainingArguments(bf16=True)`` / ``fp16=True`` with a
@@ -165,7 +172,10 @@ def build_model(spec: RunSpec, model_path: str, device: str) -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     dtype = getattr(torch, _TORCH_DTYPES[spec.dtype if not spec.training else "fp32"])
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(device)
+    if device_map is not None:
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype, device_map=device_map)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(device)
     model.config.use_cache = False if spec.training else model.config.use_cache
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     if spec.mode == "lora":
@@ -378,14 +388,27 @@ def probe(spec: RunSpec, model, tokenizer, blocks: list[dict], out_dir: Path, de
 
     from core.measure import LiveTensorTracker, optimizer_state_bytes, parameter_placement, tensor_bytes
 
-    placement = {(name if k == device and name else k): v for k, v in parameter_placement(model).items()}
+    names = job.get("devices") or [name or device]
+    # accelerate sets hf_device_map only for a map over several devices; a one-device map is the whole model there
+    hf_map = getattr(model, "hf_device_map", None) or (
+        {"": device} if job.get("device_map") or spec.strategy == "device_map" else None)
+    if hf_map is not None:  # device_map: torch's cuda:i is the i-th device named (CUDA_VISIBLE_DEVICES)
+        rename = {f"cuda:{i}": n for i, n in enumerate(names) if n.startswith("cuda")}
+        if not rename:
+            rename = {"cpu": names[0]}
+    else:
+        rename = {device: name} if name else {}
+    placement = {rename.get(k, k): v for k, v in parameter_placement(model).items()}
     events.emit("placement", devices=placement)
+    if hf_map is not None:
+        events.emit("device_map", layers=layer_placement(hf_map, rename))
     weights = sum(d["bytes"] for d in placement.values())
     rss_loaded = _rss_bytes()
     is_cuda = device.startswith("cuda")
     if is_cuda:
         torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats(device)
+        for i in range(torch.cuda.device_count()):  # device_map: every device the model is on
+            torch.cuda.reset_peak_memory_stats(i)
     tracker = None if is_cuda else LiveTensorTracker(baseline_bytes=weights)
     seen = {"gradients": 0, "optimizer_states": 0}
     step_times: list[float] = []
@@ -469,6 +492,12 @@ def probe(spec: RunSpec, model, tokenizer, blocks: list[dict], out_dir: Path, de
     if is_cuda:
         ledger["peak_allocated_bytes"] = int(torch.cuda.max_memory_allocated(device))
         ledger["peak_reserved_bytes"] = int(torch.cuda.max_memory_reserved(device))
+    if hf_map is not None and is_cuda:  # one process, several devices: a peak on each
+        ledger["per_device"] = [
+            {"device": n, "weights_bytes": placement.get(n, {}).get("bytes", 0),
+             "peak_allocated_bytes": int(torch.cuda.max_memory_allocated(i)),
+             "peak_reserved_bytes": int(torch.cuda.max_memory_reserved(i))}
+            for i, n in enumerate(names)]
     else:
         ledger["peak_tracked_tensor_bytes"] = tracker.peak_bytes
         ledger["tracked_method"] = tracker.method
@@ -547,6 +576,27 @@ def _fsdp2_cpu_steps(spec: RunSpec, model, blocks: list[dict], tracker, seen: di
     wrapper = (f"{type(model).__name__} (torch FSDP2 fully_shard over gloo: each {units} and the root; outside "
                "Trainer, which runs FSDP only on accelerators)")
     return wrapper, local_weights
+
+
+def layer_placement(hf_device_map: dict[str, Any], rename: dict[str, str]) -> dict[str, list[str]]:
+    """Which modules went to which device, from accelerate's ``model.hf_device_map`` (module name -> device), in
+    model order, runs of consecutive decoder layers joined: ``{"cuda:0": ["model.embed_tokens",
+    "model.layers.0-11"], "cuda:1": ["model.layers.12-23", "model.norm", "lm_head"]}``. Integer devices are CUDA
+    indices of this process (``rename`` maps ``cuda:i`` to the name planned)."""
+    import re
+
+    out: dict[str, list[str]] = {}
+    for module, where in hf_device_map.items():
+        where = f"cuda:{where}" if isinstance(where, int) else str(where)
+        where = rename.get(where, where)
+        items = out.setdefault(where, [])
+        m = re.fullmatch(r"(.*\.)(\d+)", module)
+        last = re.fullmatch(r"(.*\.)(\d+)(?:-(\d+))?", items[-1]) if items else None
+        if m and last and last.group(1) == m.group(1) and int(last.group(3) or last.group(2)) + 1 == int(m.group(2)):
+            items[-1] = f"{last.group(1)}{last.group(2)}-{m.group(2)}"
+        else:
+            items.append(module or "(the whole model)")
+    return out
 
 
 def _gather_ledgers(ledger: dict[str, Any], events: EventWriter) -> None:

@@ -231,8 +231,10 @@ class ProbeScreen(StageScreen):
             f"[b]{result.status.upper()}[/b] · {result.steps} steps, {result.step_time_s:.2f} s/step, "
             f"{result.tokens_per_s:.0f} tokens/s · {peak}. Plan error = (planned − measured) / measured: "
             "+ means the plan is above what was measured." + problems)
+        layers = getattr(result, "layers", {}) or {}
         self.query_one("#placement", Static).update("placement: " + "; ".join(
-            f"{dev}: {p['parameters']:,} parameters, {gib(p['bytes'])}" for dev, p in result.placement.items()))
+            f"{dev}: {p['parameters']:,} parameters, {gib(p['bytes'])}"
+            + (f" ({', '.join(layers[dev])})" if dev in layers else "") for dev, p in result.placement.items()))
 
     def next_screen(self) -> Screen:
         probe = self.app.state.run.results.get("probe") if self.app.state.run else None
