@@ -249,3 +249,58 @@ def test_monitor_screen(snap, size):
         await pilot.pause()
 
     snap(app, size, run_before)
+
+
+def two_rank_probe(app: GpuAcceptApp) -> SimpleNamespace:
+    """The finished run with a probe at world size 2 (DDP on two CPU ranks): one measurement and one comparison per
+    rank, with fixed numbers."""
+    from core.pipeline import make_plan
+    from core.plan import DeviceInfo
+
+    run = finished_run(app)
+    spec = RunSpec.build(mode="lora", model="tiny-llama", seq_len=64, steps=6, resume_checkpoint_every=2,
+                         resume_kill_after_checkpoint=1, devices="cpu", strategy="ddp", torchrun_nproc_per_node=2)
+    ranks = [DeviceInfo(f"cpu:{r}", "cpu", f"host CPU, rank {r} of 2", 32 * GiB, "constructed for tests")
+             for r in (0, 1)]
+    ctx = make_plan(spec, ranks)
+    measurements, comparisons = [], []
+    for r, plan_dev in enumerate(ctx.plan.devices):
+        m = DeviceMeasurement(device=plan_dev.device.name, weights_bytes=plan_dev.lines["weights"].bytes,
+                              gradients_bytes=plan_dev.lines["gradients"].bytes,
+                              optimizer_states_bytes=plan_dev.lines["optimizer_states"].bytes,
+                              peak_bytes=150_000_000 + r * 1_000_000, peak_method="peak of live CPU tensor storages",
+                              peak_reserved_bytes=None, peak_rss_bytes=600_000_000, rss_after_load_bytes=400_000_000,
+                              parameters=ctx.plan.parameters.total, trainable_parameters=ctx.plan.parameters.trainable,
+                              rank=r, world_size=2, host="test-host", wrapper="DistributedDataParallel")
+        measurements.append(m)
+        comparisons.append(PlanComparison(
+            m.device, plan_dev.total_bytes, m.peak_bytes, 100.0 * (plan_dev.total_bytes - m.peak_bytes) / m.peak_bytes,
+            "plan total vs peak", {"weights": (plan_dev.lines["weights"].bytes, m.weights_bytes)}, rank=r))
+    run.spec, run.launch = spec, {"nproc": 2, "torchrun_args": ["--standalone", "--nproc-per-node=2"],
+                                  "visible_devices": ["cpu:0", "cpu:1"]}
+    app.state.spec, app.state.ctx = spec, ctx
+    run.results = {**run.results, "plan": ctx.plan, "probe": ProbeResult(
+        "pass", 3, 0.42, 1220.0, measurements,
+        {m.device: {"parameters": m.parameters, "bytes": m.weights_bytes, "trainable": m.trainable_parameters}
+         for m in measurements}, comparisons, "runs/x/probe/child.log", "3 steps on 2 ranks")}
+    return run
+
+
+def test_probe_screen_lists_every_rank(snap):
+    async def run_before(pilot) -> None:
+        from tui.screens import stages
+
+        app = pilot.app
+        app.state.run = two_rank_probe(app)
+        screen = stages.ProbeScreen()
+        await app.push_screen(screen)
+        await until(pilot, lambda: bool(screen._bars) and screen.sampler.latest())
+        screen.refresh_bars()
+        await pilot.pause(0.2)
+        rows = [str(screen.query_one("#measured").get_row_at(i)[0]) for i in range(screen.query_one("#measured").row_count)]
+        assert [r for r in rows if "total" in r] == ["r0 cpu:0 total vs peak", "r1 cpu:1 total vs peak"]
+        title = str(screen.query_one("#measured-title").content)
+        assert "2 ranks under torchrun, wrapped in DistributedDataParallel" in title
+        assert "r0 0.14 GiB, r1 0.14 GiB" in title
+
+    snap(app_for(), (80, 24), run_before)
