@@ -261,6 +261,12 @@ TOP_LEVEL = ("schema_version", "tool", "tool_version", "created_utc", "started_u
 OPTIONAL_TABLES = ("onboarding",)  # the onboarding quiz's answers, when the operator adds them
 
 
+def _utc_aware(value: Any) -> bool:
+    from datetime import datetime
+
+    return isinstance(value, datetime) and value.utcoffset() is not None and value.utcoffset().total_seconds() == 0
+
+
 def spec_table_hash(spec_table: dict[str, Any]) -> str:
     """sha256 of a record's ``spec`` table without its ``hash`` key, as :meth:`RunSpec.spec_hash` computes it."""
     from core.spec import canonical_sha256
@@ -293,6 +299,14 @@ def schema_problems(rec: dict[str, Any]) -> list[str]:
     if missing:
         out.append("missing tables: " + ", ".join(missing))
         return out
+    onboarding = rec.get("onboarding")
+    if onboarding is not None:
+        ok = (isinstance(onboarding, dict) and str(onboarding.get("operator", "")).strip()
+              and isinstance(onboarding.get("score"), int) and isinstance(onboarding.get("questions_asked"), int)
+              and 0 <= onboarding["score"] <= onboarding["questions_asked"] == len(onboarding.get("questions", []))
+              and _utc_aware(onboarding.get("time_utc")))
+        if not ok:
+            out.append("onboarding: needs operator, UTC time_utc, score <= questions_asked = the questions listed")
     unknown = sorted(set(rec) - set(TOP_LEVEL) - set(TABLES) - set(OPTIONAL_TABLES))
     if unknown:
         out.append("unknown top-level keys: " + ", ".join(unknown))

@@ -304,3 +304,49 @@ def test_probe_screen_lists_every_rank(snap):
         assert "r0 0.14 GiB, r1 0.14 GiB" in title
 
     snap(app_for(), (80, 24), run_before)
+
+
+def quiz_record(path: Path) -> Path:
+    """A record with fixed numbers (LoRA on two 24 GiB GPUs, the second over its capacity) for the quiz screens."""
+    import tomli_w
+
+    comps = {"weights": 540_000_000, "gradients": 3_000_000, "optimizer_states": 6_000_000,
+             "activations": 2_400_000_000, "temporaries": 600_000_000, "overhead": 524_288_000, "kv_cache": 0}
+    dev = {"label": "test GPU", "capacity_bytes": 24 * GiB, "fits": True, "components": comps,
+           "total_bytes": sum(comps.values()), "methods": {k: "constructed" for k in comps}}
+    record = {
+        "spec": {"mode": "lora", "optimizer": "adamw", "seed": 42, "steps": 30, "hash": "0" * 64},
+        "model": {"parameters_total": 134_515_008, "parameters_trainable": 460_800},
+        "plan": {"provenance": "estimated", "devices": [dict(dev, name="cuda:0"),
+                                                        dict(dev, name="cuda:1", capacity_bytes=3 * GiB, fits=False)]},
+        "probe": {"provenance": "measured", "devices": [{"device": "cuda:0", "peak_bytes": 3_900_000_000,
+                                                         "peak_reserved_bytes": 4_400_000_000}]},
+        "evaluation": {"provenance": "measured", "status": "pass", "criterion": "after < before",
+                       "before": {"perplexity": 21.482, "tokens": 4064}, "after": {"perplexity": 18.907, "tokens": 4064}},
+        "resume": {"provenance": "measured", "status": "pass", "checkpoint_step": 20,
+                   "kill_planned": "inside step 21, after its first micro-batch",
+                   "tier": {"name": "cuda-fp32-relative", "rtol": 1e-4, "why": "CUDA kernels may reorder reductions"},
+                   "checks": [{"name": n, "status": "pass"} for n in ("kill", "world_size", "loss", "final_weights")]},
+    }
+    path.write_text(tomli_w.dumps(record))
+    return path
+
+
+@pytest.mark.parametrize("stage", ["question", "answered", "score"])
+def test_quiz_screen(snap, stage, tmp_path):
+    from tui.screens.quiz import QuizApp
+
+    async def run_before(pilot) -> None:
+        await pilot.pause()
+        if stage == "question":
+            return
+        screen = pilot.app.screen
+        await pilot.press(str((screen.questions[0].answer + 1) % 4 + 1))  # a wrong answer: the ✗ and the ✓ shown
+        await pilot.pause()
+        if stage == "score":
+            for q in screen.questions[1:]:
+                await pilot.press("n", str(q.answer + 1))
+            await pilot.press("n")
+            await pilot.pause()
+
+    snap(QuizApp(quiz_record(tmp_path / "record.toml"), operator="Grace"), (80, 24), run_before)

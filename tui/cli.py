@@ -107,6 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("record", help="record.toml (its signature is record.toml.sig beside it)")
     verify.add_argument("--allowed-signers", help="ssh-keygen allowed-signers file: also check who signed")
     verify.add_argument("--identity", help="with --allowed-signers: the signer's principal in that file")
+    quiz = sub.add_parser("quiz", help="the onboarding check: 4-6 questions from a record's own numbers")
+    quiz.add_argument("record", help="record.toml of a run")
+    quiz.add_argument("--operator", default="", help="who answers (to add the score to an unsigned record)")
     monitor = sub.add_parser("monitor", help="live memory bars of every device (NVML, or host memory without a GPU)")
     monitor.add_argument("--once", action="store_true", help="print one sample of every device and exit")
     monitor.add_argument("--json", action="store_true", help="with --once: as JSON")
@@ -150,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_sign(args)
         if args.command == "verify":
             return cmd_verify(args)
+        if args.command == "quiz":
+            return cmd_quiz(args)
     except GpuAcceptError as exc:
         print(f"gpuaccept: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -164,6 +169,23 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_FAIL
     build_parser().print_help()
     return EXIT_USAGE
+
+
+def cmd_quiz(args: argparse.Namespace) -> int:
+    """The onboarding quiz over one record (keyboard only); its questions are checked before any screen opens."""
+    import tomllib
+
+    from core.errors import GpuAcceptError
+    from core.quiz import build_quiz
+
+    path = Path(args.record)
+    try:
+        build_quiz(tomllib.loads(path.read_text(encoding="utf-8")))
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise GpuAcceptError(f"{path}: cannot read the record ({exc}); give the record.toml of a run") from None
+    from tui.screens.quiz import QuizApp
+
+    return QuizApp(path, args.operator).run() or 0
 
 
 def cmd_wizard(args: argparse.Namespace) -> int:

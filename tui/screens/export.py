@@ -45,6 +45,7 @@ class ExportScreen(Screen):
         with Horizontal(classes="nav"):
             yield Button("← Back", id="back")
             yield Button("Write record", id="write", variant="primary")
+            yield Button("Quiz →", id="quiz", disabled=True)
             yield Button("Quit", id="quit")
         yield Footer()
 
@@ -98,6 +99,10 @@ class ExportScreen(Screen):
             self.app.action_back()
         elif event.button.id == "quit":
             self.app.exit(0)
+        elif event.button.id == "quiz" and self.app.state.record_path is not None:
+            from tui.screens.quiz import QuizScreen
+
+            self.app.push_screen(QuizScreen(self.app.state.record_path))
 
     def signoff(self) -> dict | None:
         from core.record import make_signoff
@@ -137,6 +142,7 @@ class ExportScreen(Screen):
             return
         self.app.state.record_path = path
         self.app.call_from_thread(setattr, self.query_one("#write", Button), "disabled", True)
+        self.app.call_from_thread(setattr, self.query_one("#quiz", Button), "disabled", False)
         signed = self.sign(path)
         self.app.call_from_thread(self.query_one("#written", Static).update,
                                   f"[b]record written:[/b] {path}\n(verdict {self.app.state.run.verdict}; "

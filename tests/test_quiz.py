@@ -1,0 +1,179 @@
+"""Issue 9: the onboarding quiz. Questions are built from records of each mode (real runs on the tiny model, and
+constructed variants: several devices where the total fits and one device does not, a CUDA probe, a failed resume);
+every right answer is checked against the record's own data here, independently of how core.quiz words it."""
+
+from __future__ import annotations
+
+import copy
+import tomllib
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+
+from core.errors import GpuAcceptError
+from core.quiz import MAX_QUESTIONS, add_onboarding, build_quiz, onboarding_table
+
+GiB = 2**30
+
+
+@pytest.fixture(scope="module")
+def inference_record(tiny_model_dir, tmp_path_factory):
+    from core.events import RunFinished
+    from core.pipeline import run_pipeline
+    from core.spec import RunSpec
+
+    spec = RunSpec.build(model=str(tiny_model_dir), mode="inference", seq_len=32, batch_size=2, eval_max_blocks=4)
+    events = list(run_pipeline(spec, runs_root=tmp_path_factory.mktemp("runs")))
+    assert isinstance(events[-1], RunFinished)
+    return tomllib.loads(Path(events[-1].record_path).read_text())
+
+
+def right(q) -> str:
+    return q.choices[q.answer]
+
+
+def by_id(questions) -> dict:
+    return {q.id: q for q in questions}
+
+
+def test_a_training_record_gets_six_questions_each_answered_by_its_data(lora_run):
+    _, record, _ = lora_run
+    qs = by_id(build_quiz(record))
+    assert list(qs) == ["fit_by_device", "batch_doubles", "lora_vs_full", "memory_readings", "finished_vs_quality",
+                        "checkpoint_vs_resume"]
+    for q in qs.values():
+        assert 4 == len(q.choices) == len(set(q.choices)) and 0 <= q.answer < 4 and q.evidence and q.explanation
+    plan = record["plan"]["devices"]
+    # fit: judged per device; every device of this record fits
+    assert all(d["total_bytes"] <= d["capacity_bytes"] for d in plan)
+    assert right(qs["fit_by_device"]).startswith("Yes: each device fits on its own")
+    # batch doubles: the activations line, at twice its bytes
+    act = plan[0]["components"]["activations"]
+    assert right(qs["batch_doubles"]).startswith("Activations, ~2x") and f"{2 * act / GiB:.3g} GiB" in right(
+        qs["batch_doubles"])
+    # LoRA -> full: gradients + optimizer states, today's bytes
+    g_o = plan[0]["components"]["gradients"] + plan[0]["components"]["optimizer_states"]
+    assert right(qs["lora_vs_full"]).startswith("Gradients and optimizer states")
+    assert (f"{g_o / GiB:.3g} GiB" if g_o >= 0.001 * GiB else "<0.001 GiB") in right(qs["lora_vs_full"])
+    # CPU readings: RSS above the tensor peak, by exactly the difference the record holds
+    d = record["probe"]["devices"][0]
+    assert d["peak_rss_bytes"] > d["peak_bytes"]
+    assert f"{(d['peak_rss_bytes'] - d['peak_bytes']) / GiB:.3g} GiB" in right(qs["memory_readings"])
+    # quality: the held-out numbers, and "lower" only when after < before
+    b, a = record["evaluation"]["before"]["perplexity"], record["evaluation"]["after"]["perplexity"]
+    assert f"{b:.3f} → {a:.3f}" in right(qs["finished_vs_quality"])
+    assert ("lower: better" in right(qs["finished_vs_quality"])) == (a < b)
+    # resume: what the comparison showed, never a promise of bit-identical reruns
+    assert record["resume"]["status"] == "pass"
+    assert right(qs["checkpoint_vs_resume"]).startswith(f"It resumed from checkpoint-{record['resume']['checkpoint_step']}")
+    assert "bit-identical" in " ".join(c for c in qs["checkpoint_vs_resume"].choices if c != right(
+        qs["checkpoint_vs_resume"]))
+
+
+def test_several_devices_where_the_total_fits_and_one_device_does_not(lora_run):
+    _, record, _ = lora_run
+    rec = copy.deepcopy(record)
+    dev = rec["plan"]["devices"][0]
+    big = dict(dev, name="cuda:0", capacity_bytes=80 * GiB, total_bytes=10 * GiB, fits=True)
+    small = dict(dev, name="cuda:1", capacity_bytes=8 * GiB, total_bytes=10 * GiB, fits=False)
+    rec["plan"]["devices"] = [big, small]
+    q = by_id(build_quiz(rec))["fit_by_device"]
+    assert sum(d["total_bytes"] for d in rec["plan"]["devices"]) < sum(d["capacity_bytes"] for d in rec["plan"]["devices"])
+    assert right(q) == "No: cuda:1 needs 10.0 GiB of its own 8.00 GiB"
+    pooled = [c for c in q.choices if "pools memory" in c]
+    assert pooled and pooled[0] != right(q)  # the box's total is offered, and wrong
+    assert "cuda:1 10.0 GiB of 8.00 GiB (does not fit)" in q.explanation
+
+
+def test_a_cuda_probe_asks_about_allocated_and_reserved(lora_run):
+    _, record, _ = lora_run
+    rec = copy.deepcopy(record)
+    rec["probe"]["devices"][0].update(device="cuda:0", peak_bytes=30 * GiB, peak_reserved_bytes=34 * GiB)
+    q = by_id(build_quiz(rec))["memory_readings"]
+    assert "peak allocated 30.0 GiB and peak reserved 34.0 GiB" in q.prompt
+    assert right(q).startswith("Reserved + CUDA context") and "4.00 GiB here" in right(q)
+
+
+def test_a_failed_resume_is_not_called_a_resume(lora_run):
+    _, record, _ = lora_run
+    rec = copy.deepcopy(record)
+    rec["resume"]["status"] = "fail"
+    rec["resume"]["checks"][0]["status"] = "fail"
+    q = by_id(build_quiz(rec))["checkpoint_vs_resume"]
+    assert right(q) == f"Not that it resumes: {rec['resume']['checks'][0]['name']} failed"
+
+
+def test_an_inference_record_asks_no_training_or_resume_question(inference_record):
+    qs = by_id(build_quiz(inference_record))
+    assert list(qs) == ["fit_by_device", "batch_doubles", "memory_readings", "finished_vs_quality"]
+    assert 4 <= len(qs) <= MAX_QUESTIONS
+    kv = inference_record["plan"]["devices"][0]["components"]["kv_cache"]
+    assert kv > 0 and right(qs["batch_doubles"]).startswith("Activations and KV cache")
+    ppl = inference_record["evaluation"]["before"]["perplexity"]
+    assert right(qs["finished_vs_quality"]).startswith(f"Perplexity {ppl:.3f} on ")
+    assert "training" not in " ".join(q.prompt for q in qs.values())
+
+
+def test_a_record_without_a_plan_is_refused(lora_run):
+    _, record, _ = lora_run
+    rec = copy.deepcopy(record)
+    rec["plan"] = {"provenance": "not_run"}
+    with pytest.raises(GpuAcceptError, match="no plan"):
+        build_quiz(rec)
+
+
+def test_the_answers_go_into_an_unsigned_record_only(lora_run, tmp_path):
+    from core.verify import verify
+
+    _, record, events = lora_run
+    src = Path(events[-1].record_path)
+    path = tmp_path / "record.toml"
+    path.write_bytes(src.read_bytes())
+    qs = build_quiz(record)
+    chosen = [q.answer for q in qs[:-1]] + [(qs[-1].answer + 1) % 4]
+    now = datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc)
+    table = onboarding_table(qs, chosen, "Ada", now)
+    assert table["score"] == len(qs) - 1 and table["questions_asked"] == len(qs)
+    add_onboarding(path, table)
+    written = tomllib.loads(path.read_text())
+    assert written["onboarding"]["operator"] == "Ada" and written["onboarding"]["score"] == len(qs) - 1
+    assert [r["correct"] for r in written["onboarding"]["questions"]] == [True] * (len(qs) - 1) + [False]
+    assert verify(path).exit_code == 3  # still consistent, unsigned
+    with pytest.raises(GpuAcceptError, match="operator"):
+        onboarding_table(qs, chosen, " ", now)
+    with pytest.raises(GpuAcceptError, match="answer every one"):
+        onboarding_table(qs, chosen[:-1], "Ada", now)
+    (tmp_path / "record.toml.sig").write_text("a signature")
+    before = path.read_bytes()
+    with pytest.raises(GpuAcceptError, match="signed"):
+        add_onboarding(path, table)
+    assert path.read_bytes() == before
+
+
+async def test_pilot_answers_a_whole_quiz_and_adds_it(lora_run, tmp_path):
+    from tui.screens.quiz import QuizApp
+
+    _, record, events = lora_run
+    path = tmp_path / "record.toml"
+    path.write_bytes(Path(events[-1].record_path).read_bytes())
+    qs = build_quiz(record)
+    app = QuizApp(path, operator="Grace")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        for i, q in enumerate(qs):
+            answer = q.answer if i % 2 == 0 else (q.answer + 1) % 4  # right, wrong, right, ...
+            await pilot.press(str(answer + 1))
+            await pilot.pause()
+            feedback = str(app.screen.query_one("#feedback").content)
+            assert ("Right" in feedback) == (answer == q.answer)
+            await pilot.press("n")
+            await pilot.pause()
+        summary = str(app.screen.query_one("#summary").content)
+        expected = sum(1 for i in range(len(qs)) if i % 2 == 0)
+        assert f"{expected} of {len(qs)} right" in summary
+        app.screen.query_one("#add").press()
+        await pilot.pause(0.3)
+        assert "added to" in str(app.screen.query_one("#added").content)
+    written = tomllib.loads(path.read_text())
+    assert written["onboarding"]["operator"] == "Grace" and written["onboarding"]["score"] == expected

@@ -1,0 +1,187 @@
+"""The onboarding check: questions from one record's own numbers (core.quiz), answered with the keyboard."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, VerticalScroll
+from textual.content import Content
+from textual.screen import Screen
+from textual.widgets import Button, Footer, Header, Input, Label, OptionList, Static
+
+LETTERS = "ABCD"
+
+
+class QuizScreen(Screen):
+    """One question at a time: 1-4 (or ↑↓ Enter) answers, the explanation points at the record's evidence, n goes on.
+    At the end the score, and the answers can be added to the (unsigned) record as its ``onboarding`` table."""
+
+    BINDINGS = [
+        Binding("1", "answer(0)", "A", show=False),
+        Binding("2", "answer(1)", "B", show=False),
+        Binding("3", "answer(2)", "C", show=False),
+        Binding("4", "answer(3)", "D", show=False),
+        Binding("n", "next", "Next question"),
+        Binding("ctrl+n", "next", "Next", show=False),
+    ]
+
+    def __init__(self, record_path: Path, operator: str = "") -> None:
+        super().__init__()
+        import tomllib
+
+        from core.quiz import build_quiz
+
+        self.record_path = Path(record_path)
+        self.record = tomllib.loads(self.record_path.read_text(encoding="utf-8"))
+        self.questions = build_quiz(self.record)
+        self.chosen: list[int] = []
+        self.index = 0
+        self.operator = operator or str(self.record.get("signoff", {}).get("operator", ""))
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        yield Static("", classes="title", id="quiz-title")
+        yield Static("From this run's own record: each right answer follows from its numbers. Keys 1-4 (or ↑↓ and "
+                     "Enter) answer; n goes on.", classes="intro")
+        with VerticalScroll(classes="body", id="quiz-body"):
+            yield Static("", id="prompt")
+            yield OptionList(id="choices", compact=True)
+            yield Static("", id="feedback")
+            yield Static("", id="summary")
+            with Horizontal(classes="field", id="operator-field"):
+                yield Label("Operator")
+                yield Input(value=self.operator, placeholder="who answered", id="operator", compact=True)
+            yield Static("", id="added")
+        with Horizontal(classes="nav"):
+            yield Button("Next →", id="next", variant="primary", disabled=True)
+            yield Button("Add to record", id="add", disabled=True)
+            yield Button("Close", id="close")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#operator-field").display = False
+        self.query_one("#add").display = False
+        self.show_question()
+
+    # ------------------------------------------------------------------ questions
+    def show_question(self) -> None:
+        q = self.questions[self.index]
+        self.query_one("#quiz-title", Static).update(
+            f"Onboarding check · question {self.index + 1} of {len(self.questions)}")
+        self.query_one("#prompt", Static).update(Content(q.prompt))
+        choices = self.query_one("#choices", OptionList)
+        choices.clear_options()
+        choices.add_options([Content(f"{LETTERS[i]}  {c}") for i, c in enumerate(q.choices)])
+        choices.disabled = False
+        choices.highlighted = 0
+        choices.focus()
+        self.query_one("#feedback", Static).update("")
+        self.query_one("#next", Button).disabled = True
+
+    def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
+        self.action_answer(event.option_index)
+
+    def action_answer(self, i: int) -> None:
+        if len(self.chosen) > self.index or self.index >= len(self.questions):
+            return  # answered already: the first answer counts
+        q = self.questions[self.index]
+        if i >= len(q.choices):
+            return
+        self.chosen.append(i)
+        right = i == q.answer
+        verdict = "[green]✓ Right.[/]" if right else f"[red]✗ Not this one: the answer is {LETTERS[q.answer]}.[/]"
+        self.query_one("#feedback", Static).update(
+            Content.from_markup(verdict) + Content("\n" + q.explanation + "\nEvidence: " + ", ".join(q.evidence)))
+        choices = self.query_one("#choices", OptionList)
+        choices.clear_options()  # mark the answer given and the right one (not by colour alone)
+        choices.add_options([Content(f"{'✓' if k == q.answer else '✗' if k == i else ' '} {LETTERS[k]}  {c}")
+                             for k, c in enumerate(q.choices)])
+        choices.disabled = True
+        nxt = self.query_one("#next", Button)
+        nxt.label = "Next →" if self.index + 1 < len(self.questions) else "Score →"
+        nxt.disabled = False
+        nxt.focus()
+        self.query_one("#feedback", Static).scroll_visible()
+
+    def action_next(self) -> None:
+        if len(self.chosen) <= self.index:
+            return
+        self.index += 1
+        if self.index < len(self.questions):
+            self.show_question()
+        else:
+            self.show_summary()
+
+    # ------------------------------------------------------------------ the end
+    @property
+    def score(self) -> int:
+        return sum(c == q.answer for q, c in zip(self.questions, self.chosen))
+
+    def show_summary(self) -> None:
+        self.query_one("#quiz-title", Static).update("Onboarding check · score")
+        for wid in ("#prompt", "#choices", "#feedback"):
+            self.query_one(wid).display = False
+        lines = [f"[b]{self.score} of {len(self.questions)}[/b] right."]
+        for q, c in zip(self.questions, self.chosen):
+            mark = "[green]✓[/]" if c == q.answer else f"[red]✗[/] (answer {LETTERS[q.answer]})"
+            lines.append(f"{mark} {q.id.replace('_', ' ')}")
+        signed = self.record_path.with_name(self.record_path.name + ".sig").exists()
+        lines.append("The record is signed, so it is never rewritten: the score stays here." if signed else
+                     "Add the answers to the record as its onboarding table (optional), with who answered:")
+        self.query_one("#summary", Static).update(Content.from_markup("\n".join(lines)))
+        self.query_one("#next").display = False
+        add = self.query_one("#add", Button)
+        add.display = True
+        add.disabled = signed
+        self.query_one("#operator-field").display = not signed
+        (self.query_one("#operator", Input) if not signed else self.query_one("#close", Button)).focus()
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        if event.button.id == "next":
+            self.action_next()
+        elif event.button.id == "add":
+            self.add_to_record()
+        elif event.button.id == "close":
+            self.dismiss(self.score) if len(self.app.screen_stack) > 1 and not isinstance(self.app, QuizApp) \
+                else self.app.exit(0)
+
+    def add_to_record(self) -> None:
+        from core.errors import GpuAcceptError
+        from core.quiz import add_onboarding, onboarding_table
+        from core.record import utc_now
+
+        try:
+            table = onboarding_table(self.questions, self.chosen, self.query_one("#operator", Input).value, utc_now())
+            path = add_onboarding(self.record_path, table)
+        except GpuAcceptError as exc:
+            self.query_one("#added", Static).update(Content(f"not added: {exc}"))
+            return
+        self.query_one("#added", Static).update(Content(f"added to {path} as [onboarding] ({table['score']} of "
+                                                        f"{table['questions_asked']}, {table['operator']})"))
+        self.query_one("#add", Button).disabled = True
+        self.query_one("#added", Static).scroll_visible()
+
+
+class QuizApp(App[int]):
+    """``gpuaccept quiz RECORD``: the quiz screen alone."""
+
+    CSS_PATH = "../app.tcss"
+    TITLE = "gpuaccept"
+    SUB_TITLE = "onboarding check"
+    BINDINGS = [Binding("q", "quit", "Quit")]
+
+    def __init__(self, record_path: Path, operator: str = "") -> None:
+        super().__init__()
+        self.record_path, self.operator = Path(record_path), operator
+
+    def on_mount(self) -> None:
+        self.push_screen(QuizScreen(self.record_path, self.operator))
+
+
+def quiz_screen_for(state: Any) -> QuizScreen | None:
+    """The quiz over the wizard's written record, or None before one is written."""
+    path = getattr(state, "record_path", None)
+    return QuizScreen(Path(path)) if path else None
