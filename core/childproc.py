@@ -3,7 +3,9 @@
 The child runs in its own process group (``start_new_session``) with stdin from /dev/null and stdout/stderr appended to
 ``child.log`` in its job directory, so nothing it prints reaches the terminal (which would corrupt a Textual screen).
 Events come back over ``events.jsonl``. Killing means SIGKILL to the whole process group: killing only a wrapper
-orphans the Python child (DESIGN §6).
+orphans the Python child (DESIGN §6). Under torchrun every rank runs in a session of its own (torch.distributed.run
+starts its workers with ``start_new_session``), so each rank's group is killed too (:func:`child_groups`), and each
+worker also ends itself within a second when this process is gone (``GPUACCEPT_PARENT_PID``).
 """
 
 from __future__ import annotations
@@ -52,6 +54,8 @@ def child_env(base: dict[str, str] | None = None) -> dict[str, str]:
     ours) forced to ``weights_only=True`` whatever its call site passes or ``base`` says (DESIGN §4: no pickle of
     arbitrary objects is ever loaded from a checkpoint)."""
     env = dict(os.environ if base is None else base)
+    # the worker ends itself when this process is gone, even under torchrun (whose ranks' parent is torchrun)
+    env["GPUACCEPT_PARENT_PID"] = str(os.getpid())
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     env["PYTHONUNBUFFERED"] = "1"
     env["HF_HUB_OFFLINE"] = "1"  # never download: the model must already be here
@@ -66,8 +70,8 @@ def start_child(name: str, job_dir: Path, job: dict[str, Any], nproc: int = 1,
     """Write ``job.json`` and start ``python -m core.worker`` on it in a new process group.
 
     With ``nproc`` > 1 (or ``torchrun_args``, for several nodes) it runs under torchrun (``torch.distributed.run``),
-    by default ``--standalone --nproc-per-node nproc``; torchrun's workers are in the same group, so one SIGKILL of
-    the group ends every rank of this node. Each rank writes its own events file (:func:`core.events.rank_events_path`).
+    by default ``--standalone --nproc-per-node nproc``; torchrun starts each rank in a session of its own, so
+    :func:`kill_group` kills the rank groups it learned from their ``started`` events too. Each rank writes its own events file (:func:`core.events.rank_events_path`).
 
     Args:
         torchrun_args: torchrun's options instead of the default (:meth:`core.spec.TorchrunSettings.args`).
@@ -176,14 +180,26 @@ def watch(
             kill_group(child)
 
 
+def child_groups(child: ChildJob) -> list[int]:
+    """Every process group of the child: its own (it leads it: ``start_new_session``), and under torchrun each rank's,
+    from the rank's ``started`` event: torch.distributed.run starts every worker in a new session of its own, so
+    killing torchrun's group does not reach the ranks."""
+    assert child.proc is not None
+    poll_events(child)
+    ranks = sorted({int(e["pgid"]) for e in child.events if e.get("kind") == "started" and e.get("pgid")})
+    return [child.proc.pid, *[g for g in ranks if g != child.proc.pid]]
+
+
 def kill_group(child: ChildJob, timeout_s: float = 10.0) -> int:
-    """SIGKILL the child's process group and reap it. Returns the process group id that was killed."""
+    """SIGKILL every process group of the child (:func:`child_groups`: torchrun's and each rank's) and reap it.
+    Returns the child's own process group id."""
     assert child.proc is not None
     pgid = child.proc.pid  # start_new_session: the child leads its own group
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+    for group in reversed(child_groups(child)):  # the ranks first, then torchrun (which would signal them)
+        try:
+            os.killpg(group, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
     try:
         child.proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL cannot be caught
@@ -192,14 +208,24 @@ def kill_group(child: ChildJob, timeout_s: float = 10.0) -> int:
 
 
 def group_alive(pgid: int) -> bool:
-    """True while any process of group ``pgid`` exists (signal 0 probes without killing)."""
+    """True while a process of group ``pgid`` still runs: signal 0 probes the group without killing, and a group
+    holding only zombies (killed, not yet reaped: a killed torchrun's ranks wait for init to reap them) is not
+    running."""
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    import psutil
+
+    for proc in psutil.process_iter(["pid", "status"]):
+        try:
+            if os.getpgid(proc.info["pid"]) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                return True
+        except (ProcessLookupError, PermissionError):
+            continue
+    return False
 
 
 def check_exit(child: ChildJob) -> None:

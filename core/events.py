@@ -98,9 +98,10 @@ class EventWriter:
         path: the events file; created (with parents) if missing, appended to otherwise.
     """
 
-    def __init__(self, path: str | Path, rank: int | None = None) -> None:
+    def __init__(self, path: str | Path, rank: int | None = None, local_rank: int | None = None) -> None:
         self.path = rank_events_path(Path(path), rank)
         self.rank = rank
+        self.local_rank = local_rank
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - lives as long as the writer
 
@@ -109,6 +110,8 @@ class EventWriter:
         record = {"kind": kind, "t": time.time(), **data}
         if self.rank is not None:
             record["rank"] = self.rank
+        if self.local_rank is not None:
+            record["local_rank"] = self.local_rank
         self._fh.write(json.dumps(record, default=_jsonable) + "\n")
         self._fh.flush()
         os.fsync(self._fh.fileno())

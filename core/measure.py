@@ -41,10 +41,11 @@ def parameter_placement(model: torch.nn.Module) -> dict[str, dict[str, int]]:
             continue
         seen.add(id(p))
         d = out.setdefault(str(p.device), {"parameters": 0, "bytes": 0, "trainable": 0})
-        d["parameters"] += p.numel()
+        n = local_tensor(p).numel()  # a DTensor's local shard (FSDP2)
+        d["parameters"] += n
         d["bytes"] += tensor_bytes(p)
         if p.requires_grad:
-            d["trainable"] += p.numel()
+            d["trainable"] += n
     return out
 
 

@@ -194,6 +194,7 @@ class AcceptanceRun:
         if probe is None or probe.status != "pass" or self.model_path is None:
             raise GpuAcceptError("the probe did not pass; training and evaluation were not run")
         if self.spec.strategy == "zero3" and self.device == "cpu":
+            self.stopped["resume"] = "not run: training was not run (zero3 on the CPU)"
             raise self._refused("train_eval", 
                 "zero3 on the CPU: the probe measured FSDP2 sharding (torch fully_shard), but Trainer cannot train with "
                 "FSDP on the CPU (accelerate enables it only on accelerators) and would run DDP instead; training, "
@@ -212,11 +213,6 @@ class AcceptanceRun:
         from core.resume import not_applicable, run_resume_check
 
         spec = self.spec
-        if spec.training and spec.resume.check and spec.torchrun.nnodes > 1:
-            raise self._refused("resume", f"the kill-and-resume check runs on one node; this run has "
-                                          f"{spec.torchrun.nnodes} nodes (a kill on one node leaves the others' ranks "
-                                          "waiting in collectives): check resume on one node with the same "
-                                          "nproc_per_node, or switch it off with resume.check = false")
         if spec.training and spec.resume.check:
             te = self.results["train_eval"]
             if te is None or self.model_path is None:
@@ -343,6 +339,14 @@ def check_runnable(spec: RunSpec, ctx: PlanContext, device: str) -> None:
         raise GpuAcceptError("strategy: device_map is probed for inference in this version (layers split over the "
                              "devices, one process); training with it is planned only: gpuaccept plan --strategy "
                              "device_map, or train with ddp or zero3")
+    if spec.torchrun.nnodes > 1 and spec.training and spec.resume.check:
+        raise GpuAcceptError(f"resume.check: the kill-and-resume check runs on one node, and this run has "
+                             f"{spec.torchrun.nnodes} (a kill on one node leaves the other nodes' ranks waiting in "
+                             "collectives): run with --no-resume-check (resume.check = false) on every node, and check "
+                             "resume on one node with the same nproc_per_node")
+    if spec.strategy == "zero3" and device == "cpu" and spec.training and spec.optimizer not in ("adamw", "sgd"):
+        raise GpuAcceptError(f"optimizer: the CPU zero3 probe (torch FSDP2 outside Trainer) runs adamw or sgd, not "
+                             f"{spec.optimizer}: choose one of them, or probe zero3 on CUDA devices")
     if spec.strategy in ("ddp", "zero3") and not spec.training:
         raise GpuAcceptError(f"strategy: inference runs in one process; {spec.strategy} is for training (every rank "
                              "would evaluate the same held-out blocks): use strategy single")

@@ -703,11 +703,16 @@ def _zero_lines(
         temp = common["temporaries"]
         temp_bytes, temp_text = temp.bytes, f"{label}, not divided: {temp.method}"
     if stage == "3":
-        largest = max(_layer_weight_bytes(summary).values(), default=0)
-        gathered = ZERO3_GATHERED_UNITS * largest
+        layers = _layer_weight_bytes(summary)
+        largest = max(layers.values(), default=0)
+        # the root unit (embeddings, final norm, LM head: what no decoder layer holds) stays gathered through the step
+        root = max(0, common["weights"].bytes - sum(layers.values()))
+        gathered = ZERO3_GATHERED_UNITS * largest + root
         temp_bytes += gathered
         temp_text += (f"; + largest gathered unit x {ZERO3_GATHERED_UNITS} (the one computing and the one prefetched): "
-                      f"the largest decoder layer's unsharded weights {largest:,} B x {ZERO3_GATHERED_UNITS}")
+                      f"the largest decoder layer's unsharded weights {largest:,} B x {ZERO3_GATHERED_UNITS}; + the "
+                      f"root unit unsharded, {root:,} B (embeddings, final norm, LM head: FSDP does not reshard the "
+                      "root after forward, so it is gathered from the first forward to the end of backward)")
     lines["temporaries"] = Line("temporaries", temp_bytes, temp_text)
     return lines
 

@@ -40,6 +40,7 @@ class DeviceMeasurement:
     world_size: int = 1
     host: str = ""
     wrapper: str = ""
+    threads: int = 0  # torch's CPU threads in this rank's process (torchrun sets 1 per rank unless told)
 
 
 @dataclass(frozen=True)
@@ -85,7 +86,8 @@ def wrapper_problem(strategy: str, wrapper: str) -> str | None:
     strategy runs without one). Trainer and accelerate fall back without an error: FSDP asked for on the CPU runs
     as DDP (accelerate enables FSDP only on accelerators), so the memory the plan divides by N is not divided."""
     expected = EXPECTED_WRAPPERS.get(strategy)
-    if expected is None or any(wrapper.startswith(e) for e in expected):
+    name = wrapper.split(" (", 1)[0]  # the class name; what follows says how it ran
+    if expected is None or name == expected[0] or (strategy == "zero3" and name.startswith("FSDP")):
         return None
     asked = "zero3 (FSDP full shard)" if strategy == "zero3" else strategy
     why = (" (accelerate enables FSDP only on accelerators; on the CPU Trainer falls back to DDP without an error)"
@@ -117,13 +119,18 @@ def run_probe(
     names = launch.get("visible_devices") or [device]
     ranks = f"{launch['nproc']} ranks under torchrun on {', '.join(names)}" if launch.get("nproc", 1) > 1 else device
     yield Message("probe", text=f"starting the probe child on {ranks} ({spec.probe_steps} real steps)")
+    if spec.torchrun.nnodes > 1:
+        t = spec.torchrun
+        yield Message("probe", text=f"waiting for all {t.nnodes} nodes at the rendezvous {t.rdzv_endpoint} (id "
+                                    f"{t.rdzv_id}): start the same spec on every node; torchrun waits up to 900 s "
+                                    "for them to join")
     child = start_child("probe", job_dir, {"role": "probe", "spec": spec.to_dict(), "model_path": str(model_path),
                                            "device": device, "devices": names}, **launch)
     yield ChildStarted("probe", run="probe", pid=child.proc.pid, log_path=str(child.log_path))
     for event in watch(child, cancelled=cancelled):
         if event["kind"] == "device_uuid":
             yield DeviceBound("probe", device=event["device"], uuid=event["uuid"])
-        if event["kind"] == "probe_step" and not event.get("rank"):
+        if event["kind"] == "probe_step" and event.get("local_rank", event.get("rank", 0)) == 0:
             yield Progress("probe", run="probe", step=event["step"], total=event["total"])
     check_exit(child)
     ledgers = rank_ledgers(child.events)
@@ -220,6 +227,7 @@ def _measurement(ledger: dict[str, Any], placement: dict[str, dict[str, int]]) -
         world_size=ledger.get("world_size", 1),
         host=ledger.get("host", ""),
         wrapper=ledger.get("wrapper", ""),
+        threads=ledger.get("torch_threads", 0),
     )
 
 

@@ -23,10 +23,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generator
 
-from core.childproc import check_exit, group_alive, kill_group, start_child, watch
+from core.childproc import check_exit, child_groups, group_alive, kill_group, start_child, watch
 from core.errors import StageError
 from core.events import ChildStarted, Event, Message, Progress
 from core.spec import RunSpec
+from core.train import StepMean, merge_rank_steps, rank0
 
 
 @dataclass(frozen=True)
@@ -387,19 +388,23 @@ def run_resume_check(
             held[e.get("rank", 0)] = e
         return len(held) >= local
 
+    mean = StepMean(local)
     for event in watch(interrupted, stop_when=all_held, cancelled=cancelled):
-        if event["kind"] == "step" and not event.get("rank"):
+        if event["kind"] == "step" and (event := mean.add(event)) is not None:
             yield Progress("resume", run="interrupted", step=event["step"], total=spec.resume.last_step_needed(),
                            loss=event["loss"])
     kill_event = held.get(min(held)) if len(held) >= local else None
     if kill_event is None:
         check_exit(interrupted)
         raise StageError(f"the interrupted run ended before its kill point (see {interrupted.log_path})")
+    groups = child_groups(interrupted)
     pgid = kill_group(interrupted)
     time.sleep(0.05)
-    alive = group_alive(pgid)
+    alive = any(group_alive(g) for g in groups)
+    what = (f"process group {pgid}" if len(groups) == 1 else
+            f"process groups {pgid} (torchrun) and {', '.join(map(str, groups[1:]))} (its ranks)")
     checks.append(Check("kill", "fail" if alive else "pass",
-                        f"SIGKILL to process group {pgid} {kill_position(kill_event)}; "
+                        f"SIGKILL to {what} {kill_position(kill_event)}; "
                         + ("a process of the group is still alive" if alive else "no process of the group is left")))
     checks.append(kill_point_check(spec, kill_event))
     if local > 1:
@@ -440,13 +445,13 @@ def run_resume_check(
     resumed = start_child("resumed", run_dir / "resume-resumed", {**base, "devices": resume_names, "role": "resumed",
                                                                   "resume_from": str(ckpt)}, **resume_launch)
     yield ChildStarted("resume", run="resumed", pid=resumed.proc.pid, log_path=str(resumed.log_path))
+    mean = StepMean(resume_launch.get("nproc", 1))
     for event in watch(resumed, cancelled=cancelled):
-        if event["kind"] == "step" and not event.get("rank"):
+        if event["kind"] == "step" and (event := mean.add(event)) is not None:
             yield Progress("resume", run="resumed", step=event["step"], total=spec.steps, loss=event["loss"])
     check_exit(resumed)
 
     # 4. compare
-    from core.train import merge_rank_steps, rank0
 
     ref = {s["step"]: s for s in reference.steps}
     intr = merge_rank_steps(interrupted.events)

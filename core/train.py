@@ -50,10 +50,34 @@ class TrainEvalResult:
     trainable: dict[str, Any] = field(default_factory=dict)  # names and count of trainable parameters (training)
 
 
+def leads(event: dict[str, Any]) -> bool:
+    """The event comes from this node's first rank (local rank 0; a single process leads itself). On the node of
+    global rank 0 that is rank 0; on another node of a several-node run it is that node's first rank."""
+    return event.get("local_rank", event.get("rank", 0)) == 0
+
+
 def rank0(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The events of global rank 0 (every event of a single process): the one that evaluates, reports data and
-    training time for the run (every rank holds the same weights under DDP)."""
-    return [e for e in events if not e.get("rank")]
+    """The events of this node's first rank (every event of a single process, :func:`leads`): the one that evaluates,
+    reports data and training time for the run (every rank holds the same weights under DDP)."""
+    return [e for e in events if leads(e)]
+
+
+class StepMean:
+    """Progress of a several-rank run: one step record once every local rank has reported that step, its loss the
+    mean over the ranks (what the record keeps; :func:`merge_rank_steps`)."""
+
+    def __init__(self, ranks: int) -> None:
+        self.ranks = max(1, ranks)
+        self.pending: dict[int, list[dict[str, Any]]] = {}
+
+    def add(self, event: dict[str, Any]) -> dict[str, Any] | None:
+        """The merged step when ``event`` (a ``step`` event) completes it, else None."""
+        got = self.pending.setdefault(event["step"], [])
+        got.append(event)
+        if len(got) < self.ranks:
+            return None
+        del self.pending[event["step"]]
+        return {**got[0], "loss": sum(e["loss"] for e in got) / len(got)}
 
 
 def merge_rank_steps(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -108,9 +132,15 @@ def run_train_eval(
     child = start_child(role, job_dir, {"role": role, "spec": spec.to_dict(), "model_path": str(model_path),
                                         "device": device, "devices": names, "save_total_limit": None}, **launch)
     yield ChildStarted("train_eval", run="train", pid=child.proc.pid, log_path=str(child.log_path))
+    mean = StepMean(launch.get("nproc", 1))
     for event in watch(child, cancelled=cancelled):
-        if event.get("rank"):
-            continue  # rank 0 reports progress for the run
+        if event["kind"] == "step":
+            step = mean.add(event)
+            if step is None:
+                continue
+            event = step
+        elif not leads(event):
+            continue  # this node's first rank reports for the run
         if event["kind"] == "step":
             yield Progress("train_eval", run="train", step=event["step"], total=spec.steps, loss=event["loss"],
                            learning_rate=event["learning_rate"])

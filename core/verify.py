@@ -223,6 +223,8 @@ def recompute_verdicts(rec: dict[str, Any]) -> list[str]:
             wrong = wrapper_problem(strategy, str(d.get("wrapper", "")))
             if wrong:
                 ok = False
+                if probe.get("status") == "pass":
+                    problems.append(f"probe device {name} passes, but {wrong}")
             peak = count(d.get("peak_bytes"), f"probe.devices[{i}].peak_bytes")
             rss = count(d.get("peak_rss_bytes", 0), f"probe.devices[{i}].peak_rss_bytes")
             used = peak if name.startswith("cuda") else max(peak, rss)
@@ -237,6 +239,19 @@ def recompute_verdicts(rec: dict[str, Any]) -> list[str]:
         if devices and world is not None and len(devices) != world:
             problems.append(f"probe lists {len(devices)} device(s) (one per rank), but the spec runs {world} rank(s)")
             ok = False
+        if world is not None and world > 1 and strategy != "device_map":
+            ranks = sorted(d.get("rank", 0) for d in devices)
+            if ranks != list(range(len(devices))):
+                problems.append(f"probe.devices ranks are {ranks}: each rank 0..{len(devices) - 1} must appear once")
+            sizes = {d.get("world_size", 1) for d in devices}
+            if sizes != {world}:
+                problems.append(f"probe.devices say world size {sorted(sizes)}, the spec runs {world} ranks")
+            per_host = [(d.get("host"), d.get("device")) for d in devices]
+            if len(set(per_host)) != len(per_host):
+                problems.append("probe.devices name one device of one host for two ranks")
+        if probe.get("status") == "pass" and probe.get("problems"):
+            problems.append("probe.status is pass, but probe.problems lists why it fails: "
+                            + "; ".join(map(str, probe["problems"]))[:200])
         totals = {str(d.get("name")): d.get("total_bytes") for d in plan.get("devices", [])}
         peaks = {(str(d.get("device")), d.get("rank", 0)): d.get("peak_bytes") for d in devices}
         for row in probe.get("plan_comparison", []):

@@ -40,7 +40,8 @@ def main(argv: list[str]) -> int:
     job = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
     _exit_with_parent()
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1  # launched by torchrun (core.childproc, nproc > 1)
-    events = EventWriter(job["events"], int(os.environ["RANK"]) if distributed else None)
+    events = EventWriter(job["events"], int(os.environ["RANK"]) if distributed else None,
+                         int(os.environ["LOCAL_RANK"]) if distributed else None)
     try:
         run_job(job, events)
         _close_process_group()
@@ -73,12 +74,20 @@ def _exit_with_parent() -> None:
     import threading
 
     parent = os.getppid()
+    owner = int(os.environ.get("GPUACCEPT_PARENT_PID", "0") or 0)  # gpuaccept itself (under torchrun: not the parent)
 
     def watchdog() -> None:
         while True:
             time.sleep(1.0)
             if os.getppid() != parent:
                 os._exit(3)
+            if owner:
+                try:
+                    os.kill(owner, 0)
+                except ProcessLookupError:
+                    os._exit(3)
+                except PermissionError:
+                    pass
 
     threading.Thread(target=watchdog, name="parent-watchdog", daemon=True).start()
 
@@ -488,6 +497,7 @@ def probe(spec: RunSpec, model, tokenizer, blocks: list[dict], out_dir: Path, de
         "rss_after_load_bytes": rss_loaded,
         "peak_rss_bytes": _peak_rss_bytes(),
         "wrapper": wrapper,
+        "torch_threads": torch.get_num_threads(),  # torchrun sets OMP_NUM_THREADS=1 per rank unless it is set
     }
     if is_cuda:
         ledger["peak_allocated_bytes"] = int(torch.cuda.max_memory_allocated(device))
@@ -541,6 +551,10 @@ def _fsdp2_cpu_steps(spec: RunSpec, model, blocks: list[dict], tracker, seen: di
     for module in [m for m in model.modules() if type(m).__name__ in unit_names]:
         fully_shard(module)
     fully_shard(model)
+    from core.measure import parameter_placement
+
+    placed = parameter_placement(model)  # after sharding: this rank's shard of each parameter, on the CPU
+    events.emit("placement", devices={_rank_name(): placed["cpu"]})
     params = [p for p in model.parameters() if p.requires_grad]
     if spec.optimizer == "adamw":
         opt = torch.optim.AdamW(params, lr=spec.learning_rate, weight_decay=0.0)
@@ -597,6 +611,10 @@ def layer_placement(hf_device_map: dict[str, Any], rename: dict[str, str]) -> di
         else:
             items.append(module or "(the whole model)")
     return out
+
+
+def _rank_name() -> str:
+    return f"cpu:{int(os.environ.get('LOCAL_RANK', '0'))}"
 
 
 def _gather_ledgers(ledger: dict[str, Any], events: EventWriter) -> None:

@@ -88,9 +88,12 @@ def test_p4_zero3_shards_model_states_but_not_activations(gptj):
     expected_act = L * s * b * h * 34 + 2 * b * s * V * 4
     assert two["activations"].bytes == four["activations"].bytes == expected_act
     assert "not divided" in four["activations"].method
-    # temporaries: the AdamW step on the shard, the logits gradient, and the largest decoder layer gathered x 2
+    # temporaries: the AdamW step on the shard, the logits gradient, the largest decoder layer gathered x 2, and the
+    # root unit (embeddings, ln_f, LM head with its bias: every parameter no layer holds) gathered, fp32 master weights
     layer = 4 * h * h + 2 * (h * 4 * h) + 4 * h + h + 2 * h  # q,k,v,o + fc_in/fc_out + their biases + ln_1
-    assert four["temporaries"].bytes == math.ceil(4 * p / 4) + b * s * V * 4 + 2 * layer * 4
+    root = p - L * layer
+    assert root == V * h + 2 * h + V * h + V  # wte, ln_f (weight, bias), lm_head (weight, bias)
+    assert four["temporaries"].bytes == math.ceil(4 * p / 4) + b * s * V * 4 + 2 * layer * 4 + root * 4
     assert four["overhead"].bytes == CUDA_OVERHEAD_BYTES + NCCL_BUFFER_BYTES
     dp4 = plans[4].devices[0]
     states_only = sum(four[k].bytes for k in ("weights", "gradients", "optimizer_states"))

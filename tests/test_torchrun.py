@@ -140,6 +140,9 @@ def test_fsdp_on_the_cpu_shards_as_planned_and_refuses_to_train(tiny_model_dir, 
         assert d["gradients_bytes"] == c["gradients"]
         # AdamW's two moments of the shard, + one step counter per parameter tensor (not in the plan)
         assert 0 <= d["optimizer_states_bytes"] - c["optimizer_states"] <= 4 * 64
+    # the plan's zero3 total (the shard, the root unit and two layers gathered) is what each rank's peak was
+    assert all(abs(row["error_pct"]) < 2.0 for row in probe["plan_comparison"]), probe["plan_comparison"]
+    assert all(p["bytes"] == plan[name]["weights"] for name, p in probe["placement"].items())  # the shard's bytes
     assert record["verdict"]["stages"]["evaluation"]["status"] == "not_run"
     assert "Trainer cannot train with FSDP on the CPU" in record["verdict"]["stages"]["evaluation"]["evidence"]
     assert record["verdict"]["status"] == "fail"
@@ -275,3 +278,53 @@ def test_merge_rank_steps():
     (merged,) = merge_rank_steps(events)
     assert merged["loss"] == 3.0 and merged["rank_losses"] == [2.0, 4.0]
     assert merged["sample_ids"] == [1, 2] and merged["rng"] == {"cpu@rank0": "a", "cpu@rank1": "b"}
+
+
+def test_a_kill_mid_run_ends_every_rank_at_once(tiny_model_dir, tmp_path):
+    """torchrun starts each rank in a session of its own: killing torchrun's group alone left the ranks running."""
+    import time
+
+    from core.childproc import child_groups, kill_group
+
+    spec = _spec(tiny_model_dir, mode="full", probe_steps=200)
+    names = ["cpu:0", "cpu:1"]
+    child = start_child("probe", tmp_path / "probe", {"role": "probe", "spec": spec.to_dict(), "device": "cpu",
+                                                      "model_path": str(tiny_model_dir), "devices": names},
+                        **launch_options(spec, names))
+    seen: set[int] = set()
+    for event in watch(child, stop_when=lambda e: e["kind"] == "probe_step" and seen.add(e["rank"]) is None
+                       and len(seen) == 2):
+        pass
+    pids = sorted(e["pid"] for e in child.events if e["kind"] == "started")
+    assert len(pids) == 2 and len(child_groups(child)) == 3  # torchrun's group and one per rank
+    kill_group(child)
+    time.sleep(0.2)
+    def running(pid: int) -> bool:  # a killed rank may linger as a zombie until init reaps it: not running
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] not in "ZX"
+        except (FileNotFoundError, ProcessLookupError):
+            return False
+
+    assert [pid for pid in pids if running(pid)] == []
+
+
+def test_verify_wants_each_rank_once_at_the_spec_world_size(ddp_run, tmp_path):
+    import copy
+
+    import tomli_w
+
+    from core.verify import verify
+
+    _, record, _ = ddp_run
+    for edit, words in [
+        (lambda r: r["probe"]["devices"].__setitem__(1, copy.deepcopy(r["probe"]["devices"][0])), "must appear once"),
+        (lambda r: r["probe"]["devices"][1].__setitem__("world_size", 4), "world size"),
+        (lambda r: r["probe"].__setitem__("problems", ["rank 1: out of memory"]), "probe.problems"),
+        (lambda r: r["probe"]["devices"][0].__setitem__("wrapper", "DistributedDataParallelXYZ"), "wrapped in"),
+    ]:
+        rec = copy.deepcopy(record)
+        edit(rec)
+        path = tmp_path / "record.toml"
+        path.write_text(tomli_w.dumps(rec))
+        result = verify(path)
+        assert result.exit_code == 6 and any(words in v for v in result.verdicts), (words, result.verdicts)
