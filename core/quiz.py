@@ -58,63 +58,95 @@ def _q(qid: str, seed: str, prompt: str, right: str, wrong: list[str], explanati
     return Question(qid, prompt, choices, answer, explanation, evidence)
 
 
+#: the fewest questions a quiz asks: a record that answers fewer is refused
+MIN_QUESTIONS = 4
+
+
 def build_quiz(record: dict[str, Any]) -> list[Question]:
-    """The questions for ``record`` (a parsed record.toml, schema version 1), in a fixed order, at most
-    :data:`MAX_QUESTIONS`.
+    """The questions for ``record`` (a parsed record.toml, schema version 1), in a fixed order, 4 to
+    :data:`MAX_QUESTIONS`. A kind whose data is missing or malformed in the record is not asked.
 
     Raises:
-        GpuAcceptError: the record holds no plan (nothing to ask about).
+        GpuAcceptError: the record is not a mapping, holds no plan, or answers fewer than :data:`MIN_QUESTIONS`
+            questions.
     """
-    plan = record.get("plan", {})
-    if plan.get("provenance") != "estimated" or not plan.get("devices"):
+    if not isinstance(record, dict):
+        raise GpuAcceptError("not a record: give the record.toml of a run")
+    plan = record.get("plan")
+    if not isinstance(plan, dict) or plan.get("provenance") != "estimated" or not isinstance(plan.get("devices"), list) \
+            or not plan["devices"]:
         raise GpuAcceptError("this record holds no plan, so there is nothing its numbers can answer; quiz a record "
                              "whose plan stage ran")
-    seed = str(record.get("spec", {}).get("hash", ""))
-    training = record.get("spec", {}).get("mode") != "inference"
+    spec = record.get("spec") if isinstance(record.get("spec"), dict) else {}
+    seed = str(spec.get("hash", ""))
+    training = spec.get("mode") in ("full", "lora")
     makers = [_fit_by_device, _batch_doubles]
     if training:
         makers.append(_lora_vs_full)
     makers += [_memory_readings, _finished_vs_quality]
     if training:
         makers.append(_checkpoint_vs_resume)
-    questions = [q for q in (m(record, seed) for m in makers) if q is not None]
+    questions = []
+    for make in makers:
+        try:
+            q = make(record, seed)
+        except (KeyError, TypeError, AttributeError, ValueError, IndexError, ZeroDivisionError):
+            q = None  # the record's data for this kind is malformed: not asked
+        if q is not None:
+            questions.append(q)
+    if len(questions) < MIN_QUESTIONS:
+        raise GpuAcceptError(f"this record's numbers answer only {len(questions)} question(s) (the check asks at least "
+                             f"{MIN_QUESTIONS}): its probe, evaluation or resume did not run or lack data; quiz a "
+                             "record whose stages ran")
     return questions[:MAX_QUESTIONS]
 
 
 # ------------------------------------------------------------------------------------------------------------ kinds
 def _fit_by_device(rec: dict[str, Any], seed: str) -> Question | None:
-    devices = [d for d in rec["plan"]["devices"] if d.get("capacity_bytes")]
+    devices = [d for d in rec["plan"]["devices"] if isinstance(d.get("capacity_bytes"), int) and d["capacity_bytes"] > 0]
     if not devices:
         return None
-    total = sum(d["total_bytes"] for d in devices)
+    total = sum(int(d["total_bytes"]) for d in devices)
     capacity = sum(d["capacity_bytes"] for d in devices)
     over = [d for d in devices if d["total_bytes"] > d["capacity_bytes"]]
     tightest = max(devices, key=lambda d: d["total_bytes"] / d["capacity_bytes"])
-    if len(devices) > 1:
+    host_ranks = len(devices) > 1 and all(str(d["name"]).startswith("cpu") for d in devices)
+    if host_ranks:  # CPU ranks: processes sharing one host's memory, each planned against an equal share of it
+        prompt = (f"The plan gives each of {len(devices)} CPU ranks an equal share of the host's available memory "
+                  f"({_gib(devices[0]['capacity_bytes'])} each) and needs {_gib(total)} in all. Does the plan say "
+                  "it fits?")
+    elif len(devices) > 1:
         prompt = (f"The plan needs {_gib(total)} over {len(devices)} devices; together they have {_gib(capacity)}. "
-                  "Does this setup fit?")
+                  "Does the plan say this setup fits?")
     else:
         d = devices[0]
         prompt = (f"The plan needs {_gib(d['total_bytes'])} on {d['name']}, which has {_gib(d['capacity_bytes'])}. "
-                  "Does this setup fit?")
+                  "Does the plan say this setup fits?")
     if over:
         d = over[0]
-        right = f"No: {d['name']} needs {_gib(d['total_bytes'])} of its own {_gib(d['capacity_bytes'])}"
+        right = f"No: {d['name']} needs {_gib(d['total_bytes'])}, above its own {_gib(d['capacity_bytes'])}"
     else:
-        right = (f"Yes: each device fits on its own (tightest {tightest['name']}: {_gib(tightest['total_bytes'])} of "
-                 f"{_gib(tightest['capacity_bytes'])})")
+        right = (f"Yes: each device fits on its own (tightest {tightest['name']}: "
+                 f"{_gib(tightest['total_bytes'])} of {_gib(tightest['capacity_bytes'])})")
+    weights = sum(int(d["components"].get("weights", 0)) for d in devices)
     wrong = [
-        f"Yes: the box's {_gib(capacity)} in all hold the {_gib(total)}; CUDA pools memory" if len(devices) > 1 else
-        f"It depends on the host's RAM added to {devices[0]['name']}'s",
-        "Unknown until the probe runs: a plan cannot judge fit",
-        "Yes: only the weights must fit; the rest comes on demand",
+        (f"Yes: the {len(devices)} devices' {_gib(capacity)} in all hold the {_gib(total)}, as CUDA pools memory"
+         if len(devices) > 1 and not host_ranks else
+         f"No: {len(devices)} ranks cannot share the {_gib(capacity)} of one host's memory" if host_ranks else
+         f"It depends on the host's RAM added to the {_gib(capacity)} of {devices[0]['name']}"),
+        f"It cannot say: only the probe's measurement decides fit, not a plan's estimate of {_gib(total)}",
+        f"Yes: only the weights ({_gib(weights)}) have to fit; the rest is allocated on demand",
     ]
-    explanation = ("Fit is judged per device: the unified CUDA address space does not pool physical memory, so a "
-                   "device whose share exceeds its capacity fails however much the others have free. From the record: "
-                   + "; ".join(f"{d['name']} {_gib(d['total_bytes'])} of {_gib(d['capacity_bytes'])} "
-                               f"({'fits' if d['total_bytes'] <= d['capacity_bytes'] else 'does not fit'})"
-                               for d in devices)
-                   + ". These are estimates; the probe measures.")
+    shares = "; ".join(f"{d['name']} {_gib(d['total_bytes'])} of {_gib(d['capacity_bytes'])} "
+                       f"({'fits' if d['total_bytes'] <= d['capacity_bytes'] else 'does not fit'})" for d in devices)
+    if host_ranks:
+        explanation = ("Each rank is a process with its own weights, gradients, optimizer states and activations; "
+                       "the plan judges each against its share of the host's available memory. From the record: "
+                       f"{shares}. The plan says fit or not from its estimates; the probe then measures each rank.")
+    else:
+        explanation = ("Fit is judged per device: a unified CUDA address space does not pool physical memory, so a "
+                       "device whose share exceeds its capacity fails however much the others have free. From the "
+                       f"record: {shares}. The plan says fit or not from its estimates; the probe then measures.")
     return _q("fit_by_device", seed, prompt, right, wrong, explanation,
               ("plan.devices[].total_bytes", "plan.devices[].capacity_bytes"))
 
@@ -125,62 +157,63 @@ def _batch_doubles(rec: dict[str, Any], seed: str) -> Question | None:
     if not comps.get("activations"):
         return None
     dominant = max(comps, key=lambda k: comps[k])
-    inference = rec["spec"].get("mode") == "inference"
+    inference = rec.get("spec", {}).get("mode") == "inference"
     act = comps["activations"]
     kv = comps.get("kv_cache", 0)
+    methods = d.get("methods", {}) if isinstance(d.get("methods"), dict) else {}
     prompt = (f"On {d['name']} the largest line of the plan is {dominant} ({_gib(comps[dominant])} of "
               f"{_gib(d['total_bytes'])}). If the micro-batch doubled (same sequence length), what would grow?")
     if inference and kv:
-        right = f"Activations and KV cache, ~2x each ({_gib(act)} → {_gib(2 * act)}); weights stay"
+        right = f"Activations and KV cache ~2x ({_gib(act + kv)} → {_gib(2 * act + 2 * kv)}); the weights stay"
     else:
-        right = f"Activations, ~2x ({_gib(act)} → {_gib(2 * act)}); weights" + (
-            " and optimizer states stay" if not inference else " stay")
+        right = f"Activations ~2x ({_gib(act)} → {_gib(2 * act)}), with the logits; the weights stay"
     wrong = [
-        f"Weights ({_gib(comps.get('weights', 0))}): more samples touch more parameters",
-        f"Every line, ~2x ({_gib(d['total_bytes'])} → {_gib(2 * d['total_bytes'])}): twice the data",
-        f"Optimizer states ({_gib(comps.get('optimizer_states', 0))}): one moment per sample" if not inference else
-        f"Nothing: inference memory ({_gib(d['total_bytes'])}) is fixed",
+        f"Weights ({_gib(comps.get('weights', 0))} → {_gib(2 * comps.get('weights', 0))}): more samples touch more "
+        "parameters, the rest stays",
+        f"Every line ~2x ({_gib(d['total_bytes'])} → {_gib(2 * d['total_bytes'])}): the whole step handles twice "
+        "the data",
+        (f"Optimizer states ({_gib(comps.get('optimizer_states', 0))} → "
+         f"{_gib(2 * comps.get('optimizer_states', 0))}): a moment per sample, the rest stays") if not inference else
+        f"Nothing: inference memory ({_gib(d['total_bytes'])}) is set by the weights alone, whatever the batch",
     ]
-    explanation = (f"Activations are stored per token (Korthikanti et al. 2022: s·b·h·(34 + 5·a·s/h) bytes per "
-                   "layer in 16-bit), so they are linear in the micro-batch b; weights, gradients and optimizer states "
-                   f"depend on the parameters only. The record's activations line on {d['name']}: "
-                   f"{comps['activations']:,} B (its formula: plan.devices[0].methods.activations).")
+    explanation = ("Activations are kept per token of the micro-batch, so they are linear in it; so are the "
+                   "logits and their gradient among the temporaries. Weights, gradients and optimizer states follow "
+                   "the parameters only. The record's own formulas: activations "
+                   f"({comps['activations']:,} B): {methods.get('activations', 'not stated')}; temporaries: "
+                   f"{methods.get('temporaries', 'not stated')}")
     return _q("batch_doubles", seed, prompt, right, wrong, explanation,
-              ("plan.devices[0].components", "plan.devices[0].methods.activations"))
-
-
-_STATE_BYTES = {"adamw": 8, "sgd": 4}  # fp32 optimizer-state bytes per trained parameter (AdamW: 2 moments)
+              ("plan.devices[0].components", "plan.devices[0].methods"))
 
 
 def _lora_vs_full(rec: dict[str, Any], seed: str) -> Question | None:
     mode = rec["spec"].get("mode")
-    comps = rec["plan"]["devices"][0]["components"]
+    device = rec["plan"]["devices"][0]
+    comps = device["components"]
     grads_opt = comps.get("gradients", 0) + comps.get("optimizer_states", 0)
     total_p = rec.get("model", {}).get("parameters_total")
     trained_p = rec.get("model", {}).get("parameters_trainable")
-    if not total_p or not trained_p:
+    if not isinstance(total_p, int) or not isinstance(trained_p, int) or not total_p or not trained_p:
         return None
     if mode == "full":
         prompt = (f"This full fine-tuning trains all {total_p:,} parameters. If LoRA replaced it (frozen base, small "
                   "adapters), which lines would shrink most?")
         right = f"Gradients and optimizer states ({_gib(grads_opt)} now): only trained parameters have them"
-        wrong = [f"Activations ({_gib(comps.get('activations', 0))}): a frozen base stores none",
-                 f"Weights ({_gib(comps.get('weights', 0))}): LoRA shrinks the base matrices",
-                 "None: LoRA only changes the learning rate"]
+        wrong = [f"Activations ({_gib(comps.get('activations', 0))} now): a frozen base keeps no activations at all",
+                 f"Weights ({_gib(comps.get('weights', 0))} now): LoRA replaces the base matrices by low-rank ones",
+                 "None of them: LoRA changes the learning rate and the update, not what is held in memory"]
     else:
-        per = _STATE_BYTES.get(str(rec["spec"].get("optimizer")))
-        full = f", ~{_gib(total_p * (4 + per))} for every parameter" if per else ", for every parameter"
         prompt = (f"This LoRA run trains {trained_p:,} of {total_p:,} parameters. With full fine-tuning instead, "
                   "which lines would grow most?")
-        right = f"Gradients and optimizer states: {_gib(grads_opt)} now{full}"
-        wrong = [f"Activations ({_gib(comps.get('activations', 0))} now): only full fine-tuning stores them",
-                 f"Weights ({_gib(comps.get('weights', 0))} now): LoRA keeps the base compressed",
-                 "The KV cache: training keeps one per layer"]
-    explanation = ("Gradients (one per trained parameter) and optimizer states (AdamW: two fp32 moments, 8 B per "
-                   "trained parameter) follow the trained parameters; weights are all held either way, and "
-                   "activations follow the tokens through every layer, frozen or not. From the record: "
+        right = f"Gradients and optimizer states ({_gib(grads_opt)} now): every parameter would have them"
+        wrong = [f"Activations ({_gib(comps.get('activations', 0))} now): only full fine-tuning keeps them at all",
+                 f"Weights ({_gib(comps.get('weights', 0))} now): LoRA keeps the base model compressed in memory",
+                 f"The KV cache ({_gib(comps.get('kv_cache', 0))} now): full fine-tuning keeps one per layer"]
+    explanation = ("Gradients (one per trained parameter) and optimizer states (AdamW: two moments per trained "
+                   "parameter) follow the trained parameters; the weights are all held either way. Activations follow "
+                   "the tokens through every layer, frozen or not; LoRA saves only part of them (the record's "
+                   "activations method says which). From the record: "
                    f"{trained_p:,} trained of {total_p:,}; gradients + optimizer states {_gib(grads_opt)} on "
-                   f"{rec['plan']['devices'][0]['name']}.")
+                   f"{device['name']}.")
     return _q("lora_vs_full", seed, prompt, right, wrong, explanation,
               ("model.parameters_total", "model.parameters_trainable", "plan.devices[0].components"))
 
@@ -190,30 +223,34 @@ def _memory_readings(rec: dict[str, Any], seed: str) -> Question | None:
     if probe.get("provenance") != "measured" or not probe.get("devices"):
         return None
     d = probe["devices"][0]
-    peak = d["peak_bytes"]
+    peak = int(d["peak_bytes"])
     reserved = d.get("peak_reserved_bytes")
     if reserved is not None:
+        reserved = int(reserved)
+        if reserved < peak:
+            return None
         prompt = (f"On {d['device']} the probe measured peak allocated {_gib(peak)} and peak reserved "
-                  f"{_gib(reserved)}. Which is nearer to what nvidia-smi (NVML 'used') shows, and why?")
-        right = f"Reserved + CUDA context: the allocator caches freed blocks ({_gib(reserved - peak)} here)"
-        wrong = ["Allocated: nvidia-smi reads torch's tensors",
-                 "Neither: reserved is other processes' memory",
-                 "Both: they differ only by rounding"]
-        explanation = ("Peak allocated is the most live tensor bytes; reserved is what torch's caching allocator took "
-                       "from the driver (allocated + cached blocks); NVML 'used' is the device's view: reserved plus "
-                       f"the CUDA context and other processes. From the record: allocated {peak:,} B, reserved "
-                       f"{reserved:,} B on {d['device']}.")
+                  f"{_gib(reserved)}. What is the {_gib(reserved - peak)} between them?")
+        right = (f"Blocks torch's caching allocator took from the driver and keeps for reuse, not live tensors "
+                 f"({_gib(reserved - peak)})")
+        wrong = [f"Memory other processes hold on {d['device']}, counted in the reserved figure",
+                 "The CUDA context and cuBLAS workspace, which torch counts as reserved memory",
+                 f"Rounding: allocated is in GB (10^9 B) and reserved in GiB (2^30 B), {_gib(reserved - peak)} apart"]
+        explanation = ("Peak allocated is the most bytes live tensors held; reserved is what torch's caching allocator "
+                       "held (allocated + cached free blocks). Neither counts the CUDA context or other processes: "
+                       "those are in the device's own 'used' figure (NVML), which this record does not hold. From the "
+                       f"record: allocated {peak:,} B, reserved {reserved:,} B on {d['device']}.")
         evidence = ("probe.devices[0].peak_bytes", "probe.devices[0].peak_reserved_bytes")
     else:
-        rss = d.get("peak_rss_bytes", 0)
+        rss = int(d.get("peak_rss_bytes", 0))
         if rss <= peak:
             return None
         prompt = (f"On the CPU the probe measured a peak of live tensors of {_gib(peak)} and a process peak RSS of "
                   f"{_gib(rss)}. Why is the RSS larger?")
         right = f"RSS also holds the runtime, libraries and caches ({_gib(rss - peak)} here)"
-        wrong = [f"RSS includes the GPU's memory ({_gib(rss - peak)} of it here)",
-                 "The tensor tracker missed the weights and optimizer states",
-                 "RSS is in GB, the tensors in GiB"]
+        wrong = [f"RSS counts the GPU's memory too ({_gib(rss - peak)} of it here), tensors only the host's",
+                 f"The tensor tracker missed the weights and optimizer states ({_gib(rss - peak)} of them)",
+                 f"Units: RSS is in GB (10^9 B) and the tensors in GiB (2^30 B), {_gib(rss - peak)} apart"]
         explanation = ("The probe follows every tensor storage created in the step (plus the weights and optimizer "
                        "states): that is what the plan estimates. RSS is the whole process's resident memory: "
                        f"runtime and libraries included, so the host's fit is judged by it. From the record: tensors "
@@ -223,39 +260,48 @@ def _memory_readings(rec: dict[str, Any], seed: str) -> Question | None:
 
 
 def _finished_vs_quality(rec: dict[str, Any], seed: str) -> Question | None:
+    import math
+
     ev = rec.get("evaluation", {})
     before = ev.get("before", {})
     if ev.get("provenance") != "measured" or before.get("provenance", "measured") != "measured":
         return None
-    tokens = before.get("tokens", 0)
+    b = float(before["perplexity"])
+    tokens = int(before["tokens"])
     if rec["spec"].get("mode") == "inference":
         prompt = "The fixed weights ran over the held-out split without an error. What does the record say about them?"
-        right = f"Perplexity {before['perplexity']:.3f} on {tokens:,} held-out tokens: this text only"
-        wrong = ["Good: it ran without an error",
-                 "Nothing: perplexity is for training only",
-                 "Broken: perplexity above 1 means errors"]
+        right = (f"Held-out perplexity {b:.3f} on {tokens:,} tokens: how they predict this text, nothing beyond it"
+                 if math.isfinite(b) else f"Their held-out perplexity is {b}: not finite, so their outputs are broken")
+        wrong = ["That they are good: the evaluation ran over every held-out block without an error",
+                 "Nothing at all: perplexity is defined for training runs, not for fixed weights",
+                 "That they are broken: any perplexity above 1 means the model makes errors"]
         explanation = ("Finishing shows the setup runs. The measured number is the token-weighted perplexity "
                        "exp(Σ NLL / Σ tokens) on the held-out split (lower is better; 1 is perfect): "
-                       f"{before['perplexity']:.3f} on {tokens:,} tokens, from these weights on this text only.")
+                       f"{b:.3f} on {tokens:,} tokens, from these weights on this text only.")
         return _q("finished_vs_quality", seed, prompt, right, wrong, explanation,
                   ("evaluation.before.perplexity", "evaluation.before.tokens"))
     after = ev.get("after", {})
     if "perplexity" not in after:
         return None
-    steps = rec["spec"].get("steps")
-    b, a = before["perplexity"], after["perplexity"]
-    better = a < b
-    prompt = f"Training ran all {steps} steps without an error. What does that say about the model's quality?"
-    right = (f"Nothing alone; held-out perplexity {b:.3f} → {a:.3f}"
-             + (" (lower: better on this text)" if better else " (not lower: no gain shown)"))
-    wrong = [f"Good: the training loss went from the first step's to the last step's in {steps} steps",
-             "Good: finishing without errors means it converged",
-             "Bad: a perplexity above 1 means failure"]
+    a = float(after["perplexity"])
+    losses = ev.get("loss_per_step") or []
+    steps = len(losses) or rec["spec"].get("steps")
+    prompt = f"Training ran {steps} optimizer steps and ended without an error. What does that say about quality?"
+    if math.isfinite(a) and math.isfinite(b):
+        pct = 100.0 * (a - b) / b
+        right = f"Nothing alone; held-out perplexity {b:.3f} → {a:.3f} ({pct:+.2f} %), this text only"
+    else:
+        right = f"Nothing alone; and held-out perplexity {b} → {a} is not finite: the outputs are broken"
+    first_last = (f"{losses[0]:.3f} to {losses[-1]:.3f}" if len(losses) >= 2 else "its first to its last value")
+    wrong = [f"It is good: the training loss went from {first_last} on the data it trained on",
+             f"It is good: a run that finishes {steps} steps without an error has converged",
+             "It is bad: any held-out perplexity above 1 means the model has failed to learn"]
     explanation = ("'It ran' is not 'it is good'. The training loss is measured on the data it trains on; the "
-                   "held-out split was never trained on. From the record: perplexity before "
-                   f"{b:.3f}, after {a:.3f} ({ev.get('status')}: {ev.get('criterion', '')}).")
+                   "held-out split was never trained on, and a small change is a weak signal. From the record: "
+                   f"perplexity before {b:.3f}, after {a:.3f} on {tokens:,} tokens ({ev.get('status')}: "
+                   f"{ev.get('criterion', '')}).")
     return _q("finished_vs_quality", seed, prompt, right, wrong, explanation,
-              ("evaluation.before.perplexity", "evaluation.after.perplexity", "evaluation.before.tokens"))
+              ("evaluation.before.perplexity", "evaluation.after.perplexity", "evaluation.loss_per_step"))
 
 
 def _checkpoint_vs_resume(rec: dict[str, Any], seed: str) -> Question | None:
@@ -263,18 +309,18 @@ def _checkpoint_vs_resume(rec: dict[str, Any], seed: str) -> Question | None:
     if res.get("provenance") != "measured" or not res.get("checks"):
         return None
     c = res.get("checkpoint_step")
-    tier = res.get("tier", {})
+    tier = res.get("tier", {}) if isinstance(res.get("tier"), dict) else {}
     checks = res["checks"]
-    failed = [ch["name"] for ch in checks if ch.get("status") != "pass"]
+    failed = [str(ch.get("name")) for ch in checks if ch.get("status") != "pass"]
     prompt = (f"checkpoint-{c} was written, and the resume check ran (tier {tier.get('name')}). What has been "
               "shown?")
     if not failed:
-        right = f"It resumed from checkpoint-{c} as the uninterrupted run did, here; no promise for other reruns"
+        right = f"That it resumed from checkpoint-{c} as the uninterrupted run did, here; no more"
     else:
-        right = f"Not that it resumes: {', '.join(failed[:3])} failed"
-    wrong = [f"It resumes anywhere: checkpoint-{c} holds every file Trainer writes",
-             f"Every rerun with seed {rec['spec'].get('seed')} is bit-identical, on any machine",
-             "Nothing: a checkpoint loads or raises, nothing to compare"]
+        right = f"Not that it resumes: {', '.join(failed[:3])} failed against the uninterrupted run"
+    wrong = [f"That it resumes anywhere: checkpoint-{c} holds every file Trainer writes, so it loads",
+             f"That every rerun with seed {rec['spec'].get('seed')} is bit-identical, on any machine and thread count",
+             f"Nothing: checkpoint-{c} either loads or raises, so there is nothing to compare against"]
     explanation = ("A checkpoint's presence says files exist, not that training continues from them. The record's "
                    f"resume check killed a second run {res.get('kill_planned', '')}, resumed it from checkpoint-{c} "
                    "and compared it with the "
@@ -306,7 +352,8 @@ def onboarding_table(questions: list[Question], chosen: list[int], operator: str
 
 
 def add_onboarding(record_path: Path, table: dict[str, Any]) -> Path:
-    """Add ``table`` to an unsigned record as its ``onboarding`` table (written atomically).
+    """Append ``table`` to an unsigned record's ``onboarding`` attempts (an array of tables: each answer kept, none
+    replaced), written atomically.
 
     Raises:
         GpuAcceptError: the record is signed (a signed record is never rewritten: its signature covers its bytes), or
@@ -322,7 +369,8 @@ def add_onboarding(record_path: Path, table: dict[str, Any]) -> Path:
                              "byte): the quiz result was not added")
     try:
         record = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, tomllib.TOMLDecodeError) as exc:
+    except (OSError, ValueError) as exc:
         raise GpuAcceptError(f"{path}: cannot read the record ({exc})") from None
-    record["onboarding"] = table
+    earlier = record.get("onboarding", [])
+    record["onboarding"] = [*(earlier if isinstance(earlier, list) else [earlier]), table]
     return write_record(record, path)

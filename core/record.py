@@ -299,14 +299,17 @@ def schema_problems(rec: dict[str, Any]) -> list[str]:
     if missing:
         out.append("missing tables: " + ", ".join(missing))
         return out
-    onboarding = rec.get("onboarding")
-    if onboarding is not None:
-        ok = (isinstance(onboarding, dict) and str(onboarding.get("operator", "")).strip()
-              and isinstance(onboarding.get("score"), int) and isinstance(onboarding.get("questions_asked"), int)
-              and 0 <= onboarding["score"] <= onboarding["questions_asked"] == len(onboarding.get("questions", []))
-              and _utc_aware(onboarding.get("time_utc")))
-        if not ok:
-            out.append("onboarding: needs operator, UTC time_utc, score <= questions_asked = the questions listed")
+    attempts = rec.get("onboarding")
+    if attempts is not None:
+        for i, a in enumerate(attempts if isinstance(attempts, list) else [attempts]):
+            rows = a.get("questions") if isinstance(a, dict) else None
+            ok = (isinstance(a, dict) and str(a.get("operator", "")).strip() and isinstance(rows, list)
+                  and all(isinstance(r, dict) and r.get("correct") == (r.get("chosen") == r.get("right")) for r in rows)
+                  and a.get("questions_asked") == len(rows) and a.get("score") == sum(r["correct"] for r in rows)
+                  and _utc_aware(a.get("time_utc")))
+            if not ok:
+                out.append(f"onboarding[{i}]: needs operator, UTC time_utc, questions whose correct = (chosen == "
+                           "right), questions_asked = their number and score = the correct ones")
     unknown = sorted(set(rec) - set(TOP_LEVEL) - set(TABLES) - set(OPTIONAL_TABLES))
     if unknown:
         out.append("unknown top-level keys: " + ", ".join(unknown))

@@ -181,7 +181,7 @@ def cmd_quiz(args: argparse.Namespace) -> int:
     path = Path(args.record)
     try:
         build_quiz(tomllib.loads(path.read_text(encoding="utf-8")))
-    except (OSError, tomllib.TOMLDecodeError) as exc:
+    except (OSError, ValueError) as exc:  # ValueError: not TOML, not UTF-8
         raise GpuAcceptError(f"{path}: cannot read the record ({exc}); give the record.toml of a run") from None
     from tui.screens.quiz import QuizApp
 

@@ -100,9 +100,15 @@ class ExportScreen(Screen):
         elif event.button.id == "quit":
             self.app.exit(0)
         elif event.button.id == "quiz" and self.app.state.record_path is not None:
+            from core.errors import GpuAcceptError
             from tui.screens.quiz import QuizScreen
 
-            self.app.push_screen(QuizScreen(self.app.state.record_path))
+            try:
+                screen = QuizScreen(self.app.state.record_path)
+            except (GpuAcceptError, OSError, ValueError) as exc:  # shown, never a traceback
+                self.query_one("#export-error", Static).update(Content(f"no quiz: {exc}"))
+                return
+            self.app.push_screen(screen)
 
     def signoff(self) -> dict | None:
         from core.record import make_signoff

@@ -45,7 +45,7 @@ class QuizScreen(Screen):
         yield Header()
         yield Static("", classes="title", id="quiz-title")
         yield Static("From this run's own record: each right answer follows from its numbers. Keys 1-4 (or ↑↓ and "
-                     "Enter) answer; n goes on.", classes="intro")
+                     "Enter) answer; n goes on.", classes="intro", id="quiz-intro")
         with VerticalScroll(classes="body", id="quiz-body"):
             yield Static("", id="prompt")
             yield OptionList(id="choices", compact=True)
@@ -120,8 +120,20 @@ class QuizScreen(Screen):
     def score(self) -> int:
         return sum(c == q.answer for q, c in zip(self.questions, self.chosen))
 
+    def check_action(self, action: str, parameters: tuple) -> bool | None:
+        if action in ("next", "answer") and self.index >= len(self.questions):
+            return False  # the score screen: nothing left to answer (and the footer stops offering it)
+        return True
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        if event.input.id == "operator" and not self.query_one("#add", Button).disabled:
+            self.add_to_record()
+
     def show_summary(self) -> None:
         self.query_one("#quiz-title", Static).update("Onboarding check · score")
+        self.query_one("#quiz-intro", Static).update("Every question and whether it was answered right; the "
+                                                     "explanations were shown with each answer.")
+        self.refresh_bindings()
         for wid in ("#prompt", "#choices", "#feedback"):
             self.query_one(wid).display = False
         lines = [f"[b]{self.score} of {len(self.questions)}[/b] right."]
