@@ -350,3 +350,32 @@ def test_quiz_screen(snap, stage, tmp_path):
             await pilot.pause()
 
     snap(QuizApp(quiz_record(tmp_path / "record.toml"), operator="Grace"), (80, 24), run_before)
+
+
+async def test_the_export_screen_opens_the_quiz_on_the_written_record(snap, tmp_path):  # snap: cwd, tiny-llama
+    """After the record is written, Quiz → opens the quiz on it; a record it cannot quiz is said on the export screen."""
+    from tui.screens.export import ExportScreen
+    from tui.screens.quiz import QuizScreen
+
+    app = app_for()
+    async with app.run_test(size=(80, 24)) as pilot:
+        app.state.run = finished_run(app)
+        await app.push_screen(ExportScreen())
+        await pilot.pause()
+        assert app.screen.query_one("#quiz").disabled  # nothing written yet
+        bad = tmp_path / "bad.toml"
+        bad.write_text('plan = { provenance = "not_run" }\n')
+        app.state.record_path = bad
+        app.screen.query_one("#quiz").disabled = False
+        app.screen.query_one("#quiz").press()
+        await pilot.pause()
+        assert isinstance(app.screen, ExportScreen)
+        assert "no quiz: this record holds no plan" in str(app.screen.query_one("#export-error").content)
+        app.state.record_path = quiz_record(tmp_path / "record.toml")
+        app.screen.query_one("#quiz").press()
+        await pilot.pause()
+        assert isinstance(app.screen, QuizScreen) and len(app.screen.questions) == 6
+        await pilot.press("1", "n")
+        app.screen.query_one("#close").press()
+        await pilot.pause()
+        assert isinstance(app.screen, ExportScreen)  # Close returns to the export screen, not out of the wizard
