@@ -221,3 +221,32 @@ def test_the_right_answer_is_not_simply_the_longest(lora_run, inference_record):
         qs = build_quiz(record)
         longest = [q.id for q in qs if max(q.choices, key=len) == q.choices[q.answer]]
         assert len(longest) <= len(qs) // 2, longest
+
+
+@pytest.fixture(scope="module")
+def full_record(tiny_model_dir, tmp_path_factory):
+    from core.events import RunFinished
+    from core.pipeline import run_pipeline
+    from core.spec import RunSpec
+
+    spec = RunSpec.build(model=str(tiny_model_dir), mode="full", seq_len=32, batch_size=2, steps=4,
+                         resume_checkpoint_every=2, resume_kill_after_checkpoint=1, eval_max_blocks=8)
+    events = list(run_pipeline(spec, runs_root=tmp_path_factory.mktemp("runs")))
+    assert isinstance(events[-1], RunFinished)
+    return tomllib.loads(Path(events[-1].record_path).read_text())
+
+
+def test_a_full_fine_tuning_record(full_record):
+    qs = by_id(build_quiz(full_record))
+    assert list(qs) == ["fit_by_device", "batch_doubles", "lora_vs_full", "memory_readings", "finished_vs_quality",
+                        "checkpoint_vs_resume"]
+    comps = full_record["plan"]["devices"][0]["components"]
+    g_o = comps["gradients"] + comps["optimizer_states"]
+    assert full_record["model"]["parameters_trainable"] == full_record["model"]["parameters_total"]
+    assert f"trains all {full_record['model']['parameters_total']:,} parameters" in qs["lora_vs_full"].prompt
+    assert right(qs["lora_vs_full"]) == (f"Gradients and optimizer states ({g_o / GiB:.3g} GiB now): only trained "
+                                         "parameters have them")
+    assert g_o > comps["weights"]  # AdamW: 4 B of gradient + 8 B of states per parameter, above the 4 B weights
+    resume = full_record["resume"]
+    assert right(qs["checkpoint_vs_resume"]).startswith("That it resumed" if resume["status"] == "pass"
+                                                        else "Not that it resumes")
