@@ -71,7 +71,8 @@ def start_child(name: str, job_dir: Path, job: dict[str, Any], nproc: int = 1,
 
     With ``nproc`` > 1 (or ``torchrun_args``, for several nodes) it runs under torchrun (``torch.distributed.run``),
     by default ``--standalone --nproc-per-node nproc``; torchrun starts each rank in a session of its own, so
-    :func:`kill_group` kills the rank groups it learned from their ``started`` events too. Each rank writes its own events file (:func:`core.events.rank_events_path`).
+    :func:`kill_group` kills the rank groups it learned from their ``started`` events too. Each rank writes its own
+    events file (:func:`core.events.rank_events_path`).
 
     Args:
         torchrun_args: torchrun's options instead of the default (:meth:`core.spec.TorchrunSettings.args`).
@@ -139,7 +140,8 @@ def poll_events(child: ChildJob) -> list[dict[str, Any]]:
     """New complete events since the last call (also kept in ``child.events``), from every rank's events file in the
     job directory (rank numbers are global: on a second node they do not start at 0)."""
     new: list[dict[str, Any]] = []
-    paths = [child.events_path, *sorted(child.job_dir.glob(f"{child.events_path.stem}.rank*{child.events_path.suffix}"))]
+    ranks = child.job_dir.glob(f"{child.events_path.stem}.rank*{child.events_path.suffix}")
+    paths = [child.events_path, *sorted(ranks)]
     for path in paths:
         got, child._offsets[str(path)] = read_events(path, child._offsets.get(str(path), 0))
         new.extend(got)

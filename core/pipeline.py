@@ -46,8 +46,9 @@ def make_plan(spec: RunSpec, devices_override: list[Any] | None = None) -> PlanC
     config = load_config(source)
     modules = linear_module_names(config) if spec.mode == "lora" else None
     validate_against_config(spec, declared_max_positions(source, config), modules)
-    ranks = spec.torchrun.nproc_per_node if spec.local_world_size(1) > 1 else 1
-    devices = devices_override if devices_override is not None else detect_devices(spec.devices, cpu_ranks=ranks)
+    # on the CPU, torchrun's ranks are planned as devices: local_world_size(1) is nproc_per_node there (else 1)
+    devices = devices_override if devices_override is not None else detect_devices(spec.devices,
+                                                                                   cpu_ranks=spec.local_world_size(1))
     plan = plan_memory(spec, config, devices)
     return PlanContext(source=source, config=config, devices=devices, plan=plan)
 
@@ -195,7 +196,8 @@ class AcceptanceRun:
             raise GpuAcceptError("the probe did not pass; training and evaluation were not run")
         if self.spec.strategy == "zero3" and self.device == "cpu":
             self.stopped["resume"] = "not run: training was not run (zero3 on the CPU)"
-            raise self._refused("train_eval", 
+            raise self._refused(
+                "train_eval",
                 "zero3 on the CPU: the probe measured FSDP2 sharding (torch fully_shard), but Trainer cannot train with "
                 "FSDP on the CPU (accelerate enables it only on accelerators) and would run DDP instead; training, "
                 "evaluation and the resume check were not run: run zero3 on CUDA devices, or strategy ddp on the CPU")

@@ -12,7 +12,7 @@ from typing import Any, Generator
 
 from core.childproc import check_exit, start_child, watch
 from core.errors import StageError
-from core.events import ChildStarted, DeviceBound, Event, Message, Progress
+from core.events import ChildStarted, DeviceBound, Event, Message, Progress, leads
 from core.spec import RunSpec
 
 
@@ -78,7 +78,7 @@ class ProbeResult:
 #: The wrapper Trainer must have put the model in for each torchrun strategy (the class name of
 #: ``trainer.model_wrapped``; FSDP2's ``fully_shard`` makes the class ``FSDP<name>``, FSDP1 wraps in
 #: ``FullyShardedDataParallel``).
-EXPECTED_WRAPPERS = {"ddp": ("DistributedDataParallel",), "zero3": ("FullyShardedDataParallel", "FSDP")}
+EXPECTED_WRAPPERS = {"ddp": "DistributedDataParallel", "zero3": "FullyShardedDataParallel"}
 
 
 def wrapper_problem(strategy: str, wrapper: str) -> str | None:
@@ -87,7 +87,7 @@ def wrapper_problem(strategy: str, wrapper: str) -> str | None:
     as DDP (accelerate enables FSDP only on accelerators), so the memory the plan divides by N is not divided."""
     expected = EXPECTED_WRAPPERS.get(strategy)
     name = wrapper.split(" (", 1)[0]  # the class name; what follows says how it ran
-    if expected is None or name == expected[0] or (strategy == "zero3" and name.startswith("FSDP")):
+    if expected is None or name == expected or (strategy == "zero3" and name.startswith("FSDP")):
         return None
     asked = "zero3 (FSDP full shard)" if strategy == "zero3" else strategy
     why = (" (accelerate enables FSDP only on accelerators; on the CPU Trainer falls back to DDP without an error)"
@@ -130,7 +130,7 @@ def run_probe(
     for event in watch(child, cancelled=cancelled):
         if event["kind"] == "device_uuid":
             yield DeviceBound("probe", device=event["device"], uuid=event["uuid"])
-        if event["kind"] == "probe_step" and event.get("local_rank", event.get("rank", 0)) == 0:
+        if event["kind"] == "probe_step" and leads(event):
             yield Progress("probe", run="probe", step=event["step"], total=event["total"])
     check_exit(child)
     ledgers = rank_ledgers(child.events)

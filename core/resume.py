@@ -25,9 +25,9 @@ from typing import Any, Generator
 
 from core.childproc import check_exit, child_groups, group_alive, kill_group, start_child, watch
 from core.errors import StageError
-from core.events import ChildStarted, Event, Message, Progress
+from core.events import ChildStarted, Event, Message, Progress, lead_events
 from core.spec import RunSpec
-from core.train import StepMean, merge_rank_steps, rank0
+from core.train import StepMean, merge_rank_steps
 
 
 @dataclass(frozen=True)
@@ -368,10 +368,10 @@ def run_resume_check(
     launch = launch or {"nproc": 1}
     resume_launch = resume_launch or launch
     names = launch.get("visible_devices") or [device]
-    world = spec.world_size(len(names)) if launch.get("nproc", 1) > 1 or spec.torchrun.nnodes > 1 else 1
     resume_names = resume_launch.get("visible_devices") or [device]
-    resume_world = resume_launch.get("nproc", 1) * spec.torchrun.nnodes if (
-        resume_launch.get("nproc", 1) > 1 or spec.torchrun.nnodes > 1) else 1
+    # processes writing / resuming the checkpoint: this node's ranks x the nodes (1 x 1 for a single process)
+    world = launch.get("nproc", 1) * spec.torchrun.nnodes
+    resume_world = resume_launch.get("nproc", 1) * spec.torchrun.nnodes
     local = launch.get("nproc", 1)
     base = {"spec": spec.to_dict(), "model_path": str(model_path), "device": device, "devices": names,
             "save_total_limit": None}
@@ -458,7 +458,7 @@ def run_resume_check(
     res = merge_rank_steps(resumed.events)
     checks.extend(compare_steps(ref, intr, res, c, spec.steps, tier))
     checks.append(compare_trainable(getattr(reference, "trainable", {}),
-                                    next((e for e in rank0(resumed.events) if e["kind"] == "trainable"), {})))
+                                    next((e for e in lead_events(resumed.events) if e["kind"] == "trainable"), {})))
     restored_by_rank = {e.get("rank", 0): e["digest"] for e in resumed.events if e["kind"] == "rng_restored"}
     restored = _rank_digests(restored_by_rank) if len(restored_by_rank) == world else None
     checks.extend(compare_rng(restored, saved_rng, res, ref, c))

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Generator
 
 from core.childproc import ChildJob, check_exit, start_child, watch
-from core.events import ChildStarted, Event, Message, Progress
+from core.events import ChildStarted, Event, Message, Progress, lead_events, leads
 from core.spec import RunSpec
 
 
@@ -48,18 +48,6 @@ class TrainEvalResult:
     log_path: str = ""
     summary: str = ""
     trainable: dict[str, Any] = field(default_factory=dict)  # names and count of trainable parameters (training)
-
-
-def leads(event: dict[str, Any]) -> bool:
-    """The event comes from this node's first rank (local rank 0; a single process leads itself). On the node of
-    global rank 0 that is rank 0; on another node of a several-node run it is that node's first rank."""
-    return event.get("local_rank", event.get("rank", 0)) == 0
-
-
-def rank0(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The events of this node's first rank (every event of a single process, :func:`leads`): the one that evaluates,
-    reports data and training time for the run (every rank holds the same weights under DDP)."""
-    return [e for e in events if leads(e)]
 
 
 class StepMean:
@@ -149,7 +137,7 @@ def run_train_eval(
             yield Message("train_eval", text=f"held-out perplexity{when}: {event['perplexity']:.3f} "
                                              f"({event['tokens']} tokens, {event['seconds']:.1f} s)")
     check_exit(child)
-    events = rank0(child.events)
+    events = lead_events(child.events)
     evals = {e["when"]: e for e in events if e["kind"] == "evaluation"}
     steps = merge_rank_steps(child.events)
     trained = next((e for e in events if e["kind"] == "trained"), None)

@@ -426,7 +426,8 @@ def probe(spec: RunSpec, model, tokenizer, blocks: list[dict], out_dir: Path, de
     fsdp2_cpu = (spec.training and spec.strategy == "zero3" and not is_cuda
                  and int(os.environ.get("WORLD_SIZE", "1")) > 1)
     if fsdp2_cpu:
-        wrapper, local_weights = _fsdp2_cpu_steps(spec, model, blocks, tracker, seen, step_times, events)
+        wrapper, local_weights = _fsdp2_cpu_steps(spec, model, blocks, tracker, seen, step_times, events,
+                                                  name or device)
     elif spec.training:
 
         class ProbeCallback(TrainerCallback):
@@ -516,7 +517,7 @@ def probe(spec: RunSpec, model, tokenizer, blocks: list[dict], out_dir: Path, de
 
 
 def _fsdp2_cpu_steps(spec: RunSpec, model, blocks: list[dict], tracker, seen: dict[str, int],
-                     step_times: list[float], events: EventWriter) -> tuple[str, int]:
+                     step_times: list[float], events: EventWriter, name: str) -> tuple[str, int]:
     """zero3 (FSDP full shard) on the CPU: ``probe_steps`` steps under torch's FSDP2 over gloo, outside Trainer.
 
     accelerate enables FSDP only on accelerators, so Trainer on the CPU runs DDP instead; to measure the sharding the
@@ -554,7 +555,7 @@ def _fsdp2_cpu_steps(spec: RunSpec, model, blocks: list[dict], tracker, seen: di
     from core.measure import parameter_placement
 
     placed = parameter_placement(model)  # after sharding: this rank's shard of each parameter, on the CPU
-    events.emit("placement", devices={_rank_name(): placed["cpu"]})
+    events.emit("placement", devices={name: placed["cpu"]})
     params = [p for p in model.parameters() if p.requires_grad]
     if spec.optimizer == "adamw":
         opt = torch.optim.AdamW(params, lr=spec.learning_rate, weight_decay=0.0)
@@ -611,10 +612,6 @@ def layer_placement(hf_device_map: dict[str, Any], rename: dict[str, str]) -> di
         else:
             items.append(module or "(the whole model)")
     return out
-
-
-def _rank_name() -> str:
-    return f"cpu:{int(os.environ.get('LOCAL_RANK', '0'))}"
 
 
 def _gather_ledgers(ledger: dict[str, Any], events: EventWriter) -> None:
