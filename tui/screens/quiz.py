@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from textual.app import App, ComposeResult
 from textual.binding import Binding
@@ -157,8 +156,10 @@ class QuizScreen(Screen):
         elif event.button.id == "add":
             self.add_to_record()
         elif event.button.id == "close":
-            self.dismiss(self.score) if len(self.app.screen_stack) > 1 and not isinstance(self.app, QuizApp) \
-                else self.app.exit(0)
+            if isinstance(self.app, QuizApp):  # `gpuaccept quiz`: the quiz is the whole app
+                self.app.exit(0)
+            else:  # from the wizard's export screen: back to it
+                self.dismiss(self.score)
 
     def add_to_record(self) -> None:
         from core.errors import GpuAcceptError
@@ -192,8 +193,3 @@ class QuizApp(App[int]):
     def on_mount(self) -> None:
         self.push_screen(QuizScreen(self.record_path, self.operator))
 
-
-def quiz_screen_for(state: Any) -> QuizScreen | None:
-    """The quiz over the wizard's written record, or None before one is written."""
-    path = getattr(state, "record_path", None)
-    return QuizScreen(Path(path)) if path else None
