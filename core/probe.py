@@ -143,6 +143,7 @@ def run_probe(
     for e in child.events:
         if e["kind"] == "placement":
             placement.update(e["devices"])
+    placement = dict(sorted(placement.items()))  # ranks' events arrive in any order: list devices in order
     plan_by_name = {d.device.name: d for d in plan.devices}
     measurements, comparisons, problems = [], [], []
     layers = next((e["layers"] for e in child.events if e["kind"] == "device_map"), {})

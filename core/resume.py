@@ -405,7 +405,8 @@ def run_resume_check(
             f"process groups {pgid} (torchrun) and {', '.join(map(str, groups[1:]))} (its ranks)")
     checks.append(Check("kill", "fail" if alive else "pass",
                         f"SIGKILL to {what} {kill_position(kill_event)}; "
-                        + ("a process of the group is still alive" if alive else "no process of the group is left")))
+                        + (f"a process of the group{'s' * (len(groups) > 1)} is still alive" if alive else
+                           f"no process of the group{'s' * (len(groups) > 1)} is left")))
     checks.append(kill_point_check(spec, kill_event))
     if local > 1:
         apart = [r for r, e in held.items() if (e["step"], e.get("where"), e.get("micro_done")) !=

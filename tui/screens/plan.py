@@ -86,9 +86,14 @@ class PlanScreen(NavButtons, Screen):
         if len(plan.devices) > 1:
             total = sum(d.total_bytes for d in plan.devices)
             capacity = sum(d.device.capacity_bytes or 0 for d in plan.devices)
-            widgets.append(Static(
-                f"[yellow]Note:[/] the sum over {len(plan.devices)} devices ({gib(total)} of {gib(capacity)}) is not a "
-                "placement: CUDA does not pool GPU memory, so each device above must fit on its own."))
+            if all(d.device.kind == "cpu" for d in plan.devices):  # torchrun's ranks on the CPU: one host's memory
+                widgets.append(Static(
+                    f"[yellow]Note:[/] the {len(plan.devices)} CPU ranks are processes sharing one host's memory "
+                    f"({gib(capacity)} available): each is planned against an equal share of it."))
+            else:
+                widgets.append(Static(
+                    f"[yellow]Note:[/] the sum over {len(plan.devices)} devices ({gib(total)} of {gib(capacity)}) is "
+                    "not a placement: CUDA does not pool GPU memory, so each device above must fit on its own."))
         widgets.append(Static(f"[dim]convention: {plan.convention}[/]"))
         # no ids inside the body: its old children are still being removed when the new ones mount
         self._traced_slot = Static("[dim]traced plan: tracing one step on fake tensors (torch MemTracker) in a child "
