@@ -11,8 +11,8 @@
 3. Traced plan of a ~1.1B Llama-like config (TinyLlama-1.1B's shape: hidden 2048, 22 layers, GQA 32/4 heads, vocabulary
    32,000), bf16 mixed precision, LoRA r 8 on q/v, micro-batch 4 x 256: in-process trace time and the child-process
    wall time the wizard waits (target under 30 s).
-4. Traced on fake vs on real CPU tensors for a tiny Llama (inference, full, LoRA, with and without gradient
-   checkpointing and accumulation): every MemTracker category total must be identical.
+4. Traced on fake vs on real CPU tensors for a tiny Llama (inference, full, LoRA; pure and amp bf16, with and without
+   gradient checkpointing and accumulation): every MemTracker category total, and every phase, must be identical.
 
 Run: ``.venv/bin/python benchmarks/plan_speed.py`` (writes benchmarks/results/plan_speed.json).
 """
@@ -144,7 +144,8 @@ def traced_1b() -> dict:
 
     values = dict(TINYLLAMA)
     config = AutoConfig.for_model(values.pop("model_type"), **values)
-    spec = RunSpec.build(None, mode="lora", dtype="bf16", batch_size=4, seq_len=256, devices="1x80GiB")
+    spec = RunSpec.build(None, mode="lora", dtype="bf16", precision="amp", batch_size=4, seq_len=256,
+                         devices="1x80GiB")
     t0 = time.perf_counter()
     traced = trace_plan(spec, config, target="cuda")
     in_process = time.perf_counter() - t0
@@ -175,16 +176,19 @@ def fake_vs_real() -> dict:
     cases = {
         "inference bf16": dict(mode="inference", dtype="bf16"),
         "full fp32": dict(mode="full"),
-        "full bf16 accumulation 4": dict(mode="full", dtype="bf16", grad_accum=4),
+        "full bf16 pure accumulation 4": dict(mode="full", dtype="bf16", grad_accum=4),
+        "full bf16 amp accumulation 4": dict(mode="full", dtype="bf16", precision="amp", grad_accum=4),
         "lora fp32": dict(mode="lora"),
-        "lora bf16 checkpointing": dict(mode="lora", dtype="bf16", gradient_checkpointing=True),
+        "lora bf16 pure checkpointing": dict(mode="lora", dtype="bf16", gradient_checkpointing=True),
+        "lora bf16 amp": dict(mode="lora", dtype="bf16", precision="amp"),
     }
     out = {}
     for name, kw in cases.items():
         spec = RunSpec.build(None, batch_size=4, seq_len=32, devices="cpu", **kw)
         fake = trace_plan(spec, config, target="cpu")
         real = trace_plan(spec, config, target="cpu", real=True)
-        out[name] = {"identical": fake.categories == real.categories, "fake": fake.categories, "real": real.categories}
+        out[name] = {"identical": fake.categories == real.categories and fake.phases == real.phases,
+                     "fake": fake.categories, "real": real.categories}
     return out
 
 

@@ -104,12 +104,15 @@ class EvalResult:
     metric: str = METRIC
 
 
-def evaluate_perplexity(model: Any, blocks: Sequence[dict], batch_size: int, device: Any = "cpu") -> EvalResult:
+def evaluate_perplexity(model: Any, blocks: Sequence[dict], batch_size: int, device: Any = "cpu",
+                        autocast: str | None = None) -> EvalResult:
     """Token-weighted perplexity of ``model`` over ``blocks``.
 
     The model runs in eval mode under ``torch.inference_mode()`` with ``input_ids`` and ``attention_mask`` only (no
     labels: the loss is computed here, see :func:`masked_token_nll`); its previous training flag is restored afterwards,
-    also on error.
+    also on error. With ``autocast`` (a dtype name, ``bf16`` / ``fp16``) the forward runs under ``torch.autocast`` as
+    the training step does, before training and after it alike (Trainer leaves the model's forward wrapped in
+    autocast after training; doing it explicitly keeps both evaluations on the same numerics).
 
     Args:
         model: a causal LM whose output has ``.logits`` (batch, seq, vocab), already on ``device``.
@@ -131,12 +134,16 @@ def evaluate_perplexity(model: Any, blocks: Sequence[dict], batch_size: int, dev
     if len(lengths) != 1:
         raise DataError(f"held-out blocks have different lengths {sorted(lengths)}; cut them with make_blocks")
 
+    from core.spec import TORCH_DTYPE_NAMES
+
     was_training = model.training
     nll_sum, tokens = 0.0, 0
     start = time.perf_counter()
     model.eval()
+    device_type = "cuda" if str(device).startswith("cuda") else "cpu"
+    cast = getattr(torch, TORCH_DTYPE_NAMES[autocast]) if autocast else None
     try:
-        with torch.inference_mode():
+        with torch.inference_mode(), torch.autocast(device_type, dtype=cast, enabled=cast is not None):
             for first in range(0, len(blocks), batch_size):
                 batch = blocks[first : first + batch_size]
                 input_ids = torch.tensor([b["input_ids"] for b in batch], dtype=torch.long, device=device)

@@ -65,7 +65,9 @@ class LiveTensorTracker(TorchDispatchMode):
 
     Every op output's storage is counted once when created and released when its storage is freed (a weakref
     finalizer on the storage). Storages that existed before entering (weights, optimizer states) are not seen, so their
-    bytes are passed as ``baseline_bytes``.
+    bytes are passed as ``baseline_bytes``. A storage grown or shrunk in place with ``UntypedStorage.resize_`` (FSDP2
+    re-allocates its unsharded parameters that way at every all-gather, and frees them with ``resize_(0)``; no op is
+    dispatched for it) is followed by wrapping that method while the tracker is active.
 
     Attributes:
         peak_bytes: the largest ``baseline_bytes + live tracked bytes`` seen, in bytes.
@@ -83,8 +85,51 @@ class LiveTensorTracker(TorchDispatchMode):
         self.current = 0
         self.peak_bytes = baseline_bytes
 
+    def restart(self, baseline_bytes: int) -> None:
+        """Start a new step: ``baseline_bytes`` are the tensors alive now (counted from the live objects: weights,
+        optimizer states, gradients kept from the step before), and nothing tracked so far counts again (a storage
+        created in an earlier step that is still alive is in the new baseline, never in both). The peak is kept."""
+        self.live.clear()
+        self.current = 0
+        self.baseline_bytes = baseline_bytes
+        self.peak_bytes = max(self.peak_bytes, baseline_bytes)
+
     def _free(self, key: int) -> None:
         self.current -= self.live.pop(key, 0)
+
+    def __enter__(self):
+        original = torch.UntypedStorage.resize_
+        tracker = self
+
+        def resize_(storage, size):
+            before = storage.nbytes()
+            out = original(storage, size)
+            tracker._resized(storage, storage.nbytes() - before)
+            return out
+
+        self._original_resize = original
+        torch.UntypedStorage.resize_ = resize_
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        torch.UntypedStorage.resize_ = self._original_resize
+        return super().__exit__(*exc)
+
+    def _resized(self, storage: Any, delta: int) -> None:
+        """A storage grew (or shrank) by ``delta`` bytes in place. Growth of a storage not tracked yet is new memory of
+        this step; shrinking one not tracked frees memory no step counted (it was resized to 0 before): ignored."""
+        key = id(storage)
+        if key in self.live:
+            self.live[key] += delta
+            self.current += delta
+        elif delta > 0:
+            try:
+                weakref.finalize(storage, self._free, key)
+            except TypeError:
+                return
+            self.live[key] = delta
+            self.current += delta
+        self.peak_bytes = max(self.peak_bytes, self.baseline_bytes + self.current)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))

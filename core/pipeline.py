@@ -138,8 +138,11 @@ class AcceptanceRun:
 
     @property
     def plan_fits(self) -> bool:
-        """The plan fits on every device (a device of unknown capacity does not count against it)."""
-        return all(d.fits is not False for d in self.ctx.plan.devices)
+        """The plan fits on every device, judged by the larger of the analytic and traced peaks (core/fit.py; a device
+        of unknown capacity does not count against it)."""
+        from core.fit import plan_fits
+
+        return plan_fits(self.ctx.plan, self.traced)
 
     @property
     def model_info(self) -> dict[str, Any]:
@@ -162,7 +165,7 @@ class AcceptanceRun:
         (self.run_dir / "plan.json").write_text(json.dumps({**self.ctx.plan.to_json(), "traced": self.traced},
                                                            indent=2), encoding="utf-8")
         yield self.emit(StageFinished("plan", status="pass" if self.plan_fits else "fail", result=self.ctx.plan,
-                                      summary=_plan_summary(self.ctx.plan)))
+                                      summary=_plan_summary(self.ctx.plan, self.traced)))
         return self.ctx.plan
 
     def probe_stage(self, cancelled: Callable[[], bool] | None = None) -> Generator[Event, None, Any]:
@@ -182,7 +185,7 @@ class AcceptanceRun:
             convert_in_child(self.run_dir / "convert-embedded.log")
         self.model_path = runnable_path(self.ctx.source)
         probe = yield from self._stage("probe", run_probe(spec, self.model_path, self.run_dir / "probe", device,
-                                                          self.ctx.plan, cancelled, self.launch))
+                                                          self.ctx.plan, cancelled, self.launch, self.traced))
         self.results["probe"] = probe
         yield self.emit(StageFinished("probe", status=probe.status, result=probe, summary=probe.summary))
         return probe
@@ -362,6 +365,24 @@ def check_runnable(spec: RunSpec, ctx: PlanContext, device: str) -> None:
                              "use --devices cpu or auto, or plan it with `gpuaccept plan`")
     if spec.dtype == "fp16" and device == "cpu" and spec.training:
         raise GpuAcceptError("dtype: fp16 training needs a CUDA device; on the CPU use fp32 or bf16")
+    missing = attention_unavailable(spec.attn_implementation, device)
+    if missing:
+        raise GpuAcceptError(f"attn_implementation: {missing}")
+
+
+def attention_unavailable(attention: str, device: str) -> str | None:
+    """Why ``attention`` cannot run on ``device`` here (a kernel whose package is missing, or a CUDA-only kernel on the
+    CPU), or None. It can still be planned: the plan counts flash_attention_2 as a fused kernel, like sdpa."""
+    import importlib.util
+
+    if attention != "flash_attention_2":
+        return None
+    if importlib.util.find_spec("flash_attn") is None:
+        return ("flash_attention_2 needs the flash_attn package, which is not installed here (pip install flash-attn, "
+                "on a CUDA box); use sdpa, whose fused kernels save the same tensors (the plan is the same)")
+    if not device.startswith("cuda"):
+        return "flash_attention_2 runs on CUDA devices only; use sdpa on the CPU"
+    return None
 
 
 #: Strategies the probe, training and resume stages run (the others are planned only; see check_runnable).
@@ -390,10 +411,14 @@ def _cuda_visible() -> bool:
     return bool(torch.cuda.is_available())
 
 
-def _plan_summary(plan: Any) -> str:
+def _plan_summary(plan: Any, traced: dict[str, Any] | None = None) -> str:
+    from core.fit import fit_verdicts
+
     parts = []
-    for d in plan.devices:
+    for d, fit in zip(plan.devices, fit_verdicts(plan, traced)):
         cap = f"{d.device.capacity_bytes / 2**30:.1f} GiB" if d.device.capacity_bytes else "unknown"
-        verdict = {True: "fits", False: "does not fit", None: "fit unknown"}[d.fits]
-        parts.append(f"{d.device.name}: {d.total_bytes / 2**30:.2f} GiB of {cap}, {verdict}")
+        verdict = {True: "fits", False: "does not fit", None: "fit unknown"}[fit.fits]
+        peak = d.peak_phase.name.replace("_", " ") if d.peak_phase else ""
+        parts.append(f"{d.device.name}: {fit.bytes / 2**30:.2f} GiB of {cap}, {verdict} ({fit.untraced_note}; the "
+                     f"analytic peak is in the {peak})")
     return "; ".join(parts)

@@ -1,25 +1,31 @@
-"""The analytic memory plan: bytes per device and per component, before anything runs (DESIGN §3).
+"""The analytic memory plan: bytes per device, per component and per phase of the step, before anything runs.
 
 The model is built on the meta device from its config (no weights are read or allocated), so a 70B model plans in well
 under a second on a laptop once torch and transformers are imported; a Llama-family config.json is summarised from its
-numbers instead (core/shapes.py, equal to the meta build in tests), with no import of either. Parameter counts and shapes come from that meta model; everything else is a formula of the
-spec (batch ``b``, sequence ``s``, dtype bytes) and the config (hidden ``h``, layers ``L``, heads ``a``, vocabulary
-``V``). Every :class:`Line` carries the formula it used, so a reader can check each number.
+numbers instead (core/shapes.py, equal to the meta build in tests), with no import of either. Parameter counts and
+shapes come from that meta model; everything else is a formula of the spec (batch ``b``, sequence ``s``, dtypes) and
+the config (hidden ``h``, layers ``L``, heads ``a``, vocabulary ``V``). Every :class:`Line` carries the formula it
+used, so a reader can check each number.
 
-Accounting convention (also in :attr:`MemoryPlan.convention`, shown on screen and written to the record):
+Accounting convention (also in :attr:`MemoryPlan.convention`, shown on screen and written to the record; docs/plan.md):
 
-- weights: every parameter (LM head included, tied weights once); inference in the spec dtype; training in fp32, since
-  bf16/fp16 training is mixed precision with fp32 master weights and autocast (Trainer's ``bf16=True``/``fp16=True``,
-  16 B per parameter with AdamW as in ZeRO, arXiv 1910.02054); LoRA adapters are fp32 (peft's default);
+- precision (``spec.precision``): ``pure`` keeps the parameters in the dtype (a 16-bit model: weights, gradients and
+  AdamW moments 2 B each; LoRA adapters fp32, as peft's ``autocast_adapter_dtype`` keeps them); ``amp`` keeps fp32
+  parameters, gradients and optimizer states and runs forward and backward under autocast (Trainer's ``bf16=True`` on
+  an fp32 model; 16 B per parameter with AdamW, as in ZeRO, arXiv 1910.02054);
+- weights: every parameter (LM head included, tied weights once) in its dtype;
 - gradients: trainable parameters x bytes of their own dtype; inference has none;
-- optimizer states: fp32 (4 B) per state element: AdamW 2 x T x 4 B, SGD with momentum T x 4 B, Adafactor factored
-  row + column statistics;
-- activations (saved for backward): Korthikanti et al. 2022 (arXiv 2205.05198), per layer
-  ``s·b·h·(34 + 5·a·s/h)`` bytes in 16-bit, scaled by dtype bytes / 2, plus fp32 logits;
-- temporaries: short-lived buffers at the peak (foreach AdamW's extra state, the logits gradient; one layer's working set
-  for inference);
+- optimizer states: in the dtype each optimizer creates them (:func:`_optimizer_states`);
+- activations (saved for backward): op by op for the Llama family (:mod:`core.activations`), Korthikanti et al. 2022
+  (arXiv 2205.05198) otherwise; the loss's logits; under amp the 16-bit weight copies autocast keeps;
+- temporaries: the loss's gradients at the start of backward, the optimizer step's buffers (:func:`_step_temporaries`);
+  one layer's working set for inference;
 - overhead: the CUDA context and cuBLAS workspace, a line of its own (never hidden in another);
 - kv_cache: inference only.
+
+The total of a device is the peak of the step: the largest of its phases (:mod:`core.phases`: forward, backward,
+optimizer step), each holding the components alive at its own peak; a line is its component's largest value over the
+phases.
 
 Per device, by strategy (:func:`plan_memory`; the rule is appended to the convention of a plan made for it): single
 (each device holds the whole run), ddp (full replica + gradient buckets; PyTorch DDP docs), zero1/zero2/zero3 (ZeRO,
@@ -33,14 +39,19 @@ Nothing here imports torch, transformers or peft at module import; functions imp
 from __future__ import annotations
 
 import copy
+import dataclasses
 import re
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from core.activations import LLAMA_FAMILY, Adapter, Dims, Numerics, StepActivations, step_activations
 from core.errors import SpecError
+from core.phases import Phase, StepTerms, inference_moments, peak, phases_of, training_moments
 from core.spec import (
+    ALL_LINEAR,
     DTYPE_BYTES,
+    TORCH_DTYPE_NAMES,
     TORCHRUN_STRATEGIES,
     LoraSettings,
     RunSpec,
@@ -63,8 +74,6 @@ DDP_BUCKET_CAP_BYTES = 25 * 2**20
 #: default ``backward_prefetch=BACKWARD_PRE`` all-gathers the next unit before the current one's gradient is computed;
 #: DeepSpeed ZeRO-3 prefetches by ``stage3_prefetch_bucket_size``). An estimate of the planner, stated in the method.
 ZERO3_GATHERED_UNITS = 2
-#: Bytes per optimizer-state element under this plan's convention (fp32 states).
-OPTIMIZER_STATE_BYTES = 4
 #: Bytes per logit element: transformers' causal-LM loss upcasts logits to fp32.
 LOGITS_BYTES = 4
 #: Korthikanti et al. 2022, eq. (1): bytes per token per hidden unit of one transformer layer in 16-bit, without the
@@ -125,21 +134,38 @@ class ParameterCount:
 
 @dataclass(frozen=True)
 class DevicePlan:
-    """What one device must hold: a :class:`Line` for every name in :data:`COMPONENTS`."""
+    """What one device must hold: a :class:`Line` for every name in :data:`COMPONENTS` (each component's largest value
+    over the phases) and the phases of the step (:mod:`core.phases`)."""
 
     device: DeviceInfo
     lines: dict[str, Line]
+    phases: dict[str, Phase] = field(default_factory=dict)
+    #: bytes of this plan a traced step cannot see: the overhead line and DDP's gradient buckets
+    untraced_bytes: int = 0
+
+    @property
+    def peak_phase(self) -> Phase | None:
+        """The phase with the most bytes alive (None for a plan made without phases)."""
+        return peak(self.phases) if self.phases else None
 
     @property
     def total_bytes(self) -> int:
-        """The sum of all components, in bytes (a sum, never the largest component: case P3)."""
+        """The peak of the step, in bytes: the largest phase (components alive together), never the sum of each
+        component's own maximum, which no moment holds; a plan without phases sums its lines."""
+        p = self.peak_phase
+        return p.total_bytes if p is not None else self.sum_of_lines
+
+    @property
+    def sum_of_lines(self) -> int:
+        """The sum of every component's largest value: an upper bound of this plan's phases, reached by none."""
         return sum(line.bytes for line in self.lines.values())
 
     @property
     def fits(self) -> bool | None:
         """``total_bytes <= capacity_bytes`` on this device alone; ``None`` when the capacity is unknown.
 
-        Fit is judged per device: memory of other devices never counts (case P5).
+        Fit is judged per device: memory of other devices never counts (case P5). The traced plan can raise the bytes
+        the fit is judged by (:func:`core.fit.fit_verdicts`).
         """
         if self.device.capacity_bytes is None:
             return None
@@ -176,6 +202,11 @@ class MemoryPlan:
                     "capacity_bytes": dp.device.capacity_bytes,
                     "components": {name: int(dp.lines[name].bytes) for name in COMPONENTS},
                     "methods": {name: dp.lines[name].method for name in COMPONENTS},
+                    "phases": {p.name: {"at": p.at, "components": {k: int(v) for k, v in p.components.items()}}
+                               for p in dp.phases.values()},
+                    "peak_phase": dp.peak_phase.name if dp.peak_phase else "",
+                    "sum_of_components_bytes": int(dp.sum_of_lines),
+                    "untraced_bytes": int(dp.untraced_bytes),
                     "total_bytes": int(dp.total_bytes),
                     "fits": dp.fits,
                 }
@@ -186,18 +217,17 @@ class MemoryPlan:
 
 CONVENTION = (
     "Bytes per device, each device planned on its own (strategy 'single': every device holds the whole run); the "
-    "total is the sum of all components, never the largest one, and is an upper bound because activations are freed "
-    "before the optimizer step. Training in bf16/fp16 is mixed precision as Trainer does it (bf16=True / fp16=True): "
-    "the model and its fp32 master weights stay fp32 (4 B), the forward and backward run under autocast in the 16-bit "
-    "dtype, so activations are 16-bit; inference loads the weights in the spec dtype. LoRA adapters are fp32 (peft's "
-    "default); gradients are in each parameter's dtype; optimizer "
-    "states count 4 B (fp32) per element: AdamW 2 x T x 4 B, SGD with momentum T x 4 B, Adafactor factored row + "
-    "column statistics; torch's foreach AdamW adds about one more state at the step (temporaries). Activations follow "
-    "Korthikanti et al. 2022 (arXiv 2205.05198) scaled to the dtype, assuming SDPA/flash attention (no saved "
-    "attention scores) unless the config asks for eager attention, plus fp32 logits for the loss; LoRA keeps them "
-    "but for the inputs of frozen MLP linears (no weight gradient to compute), not in proportion to its trainable "
-    "parameters. Inference holds weights, the KV cache and one layer's working set. The CUDA context and cuBLAS "
-    "workspace are a separate overhead line (estimate)."
+    "total is the peak of the step: the largest of its phases (forward, backward, optimizer step), each holding the "
+    "components alive at its own peak, not the sum of each component's maximum (shown beside it, reached by no "
+    "moment). {precision}; LoRA adapters are fp32 (peft's autocast_adapter_dtype). Gradients are in each "
+    "parameter's dtype; optimizer states in the dtype the optimizer makes them: AdamW 2 moments x T in the "
+    "parameter's dtype, SGD with momentum one buffer, Adafactor factored fp32 row + column statistics; the "
+    "optimizer step's buffers are temporaries (foreach AdamW on CUDA: one more state). Activations are op by op from "
+    "the model's code for the Llama family (RMSNorm's fp32 copies, the gated MLP, the attention kernel's saved "
+    "tensors, autocast's 16-bit copies), Korthikanti et al. 2022 otherwise; a frozen linear layer saves no input; "
+    "the loss keeps fp32 logits and log_softmax. Inference holds weights and the KV cache, with the logits at the end of "
+    "the forward or one layer's working set before it, whichever is larger. The CUDA context and cuBLAS workspace are "
+    "a separate overhead line (estimate)."
 )
 
 _SINGLE_RULE = "(strategy 'single': every device holds the whole run)"
@@ -236,14 +266,17 @@ STRATEGY_CONVENTIONS = {
 
 
 # ------------------------------------------------------------------------------------------------------- meta model
-def build_meta_model(config: Any, mode: str, lora: LoraSettings | None, dtype: str | None = None) -> Any:
+def build_meta_model(config: Any, mode: str, lora: LoraSettings | None, dtype: str | None = None,
+                     attn_implementation: str | None = None) -> Any:
     """Build the model on the meta device: shapes and dtypes only, no memory, no weights read.
 
     Args:
         config: a ``transformers.PretrainedConfig`` (it is copied, never changed).
         mode: ``inference`` | ``full`` | ``lora``; ``lora`` wraps the model with peft (also on the meta device).
-        lora: LoRA settings; required for ``lora``, ignored otherwise.
+        lora: LoRA settings; required for ``lora``, ignored otherwise. Targets ``("all-linear",)`` are passed to peft
+            as its keyword (every linear layer but the output layer).
         dtype: ``fp32`` | ``bf16`` | ``fp16`` for the base parameters (default: the config's own default, fp32).
+        attn_implementation: passed to ``from_config`` (``sdpa``, ``eager``); None: the library's choice.
 
     Returns:
         ``AutoModelForCausalLM.from_config(config)`` built under ``torch.device("meta")``; for ``lora`` the peft model
@@ -262,7 +295,9 @@ def build_meta_model(config: Any, mode: str, lora: LoraSettings | None, dtype: s
     config = copy.deepcopy(config)  # from_config writes _attn_implementation into the config
     kwargs: dict[str, Any] = {}
     if dtype is not None:
-        kwargs["dtype"] = getattr(torch, {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[dtype])
+        kwargs["dtype"] = getattr(torch, TORCH_DTYPE_NAMES[dtype])
+    if attn_implementation is not None:
+        kwargs["attn_implementation"] = attn_implementation
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # deprecation chatter from transformers/peft internals
         with torch.device("meta"):
@@ -274,17 +309,20 @@ def build_meta_model(config: Any, mode: str, lora: LoraSettings | None, dtype: s
             if mode == "lora":
                 if lora is None:
                     raise SpecError("lora", "LoRA mode needs LoRA settings (r, alpha, dropout, targets)")
-                from peft import LoraConfig, get_peft_model
+                from peft import get_peft_model
 
-                peft_config = LoraConfig(
-                    r=lora.r,
-                    lora_alpha=lora.alpha,
-                    lora_dropout=lora.dropout,
-                    target_modules=list(lora.targets),
-                    task_type="CAUSAL_LM",
-                )
-                model = get_peft_model(model, peft_config)
+                model = get_peft_model(model, lora_config(lora))
     return model
+
+
+def lora_config(lora: LoraSettings) -> Any:
+    """peft's ``LoraConfig`` for these settings, as the probe and the plan both build it (``all-linear`` passed as
+    peft's keyword string, module names as a list)."""
+    from peft import LoraConfig
+
+    targets: Any = ALL_LINEAR if lora.targets == (ALL_LINEAR,) else list(lora.targets)
+    return LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=targets,
+                      task_type="CAUSAL_LM")
 
 
 #: Meta-model summaries already made in this process, by (config JSON, mode, LoRA settings, parameter dtype): the
@@ -352,12 +390,14 @@ def _is_linear(module: Any) -> bool:
 
 @dataclass(frozen=True)
 class _Adapter:
-    """One LoRA-wrapped module: its input width, rank, adapter bytes per element and the layer it is in."""
+    """One LoRA-wrapped module: its input width, rank, adapter bytes per element, the layer it is in and its short
+    name (``q_proj`` ...)."""
 
     in_features: int
     r: int
     element_bytes: int
     layer: str | None
+    module: str = ""
 
 
 @dataclass(frozen=True)
@@ -432,6 +472,7 @@ def _summarise(model: Any, mode: str) -> _Summary:
                         r=int(weight.shape[0]),
                         element_bytes=weight.element_size(),
                         layer=match.group(1) if match else None,
+                        module=name.rsplit(".", 1)[-1],
                     )
                 )
     return _Summary(ParameterCount(total, trainable), weight_groups, grad_groups, tuple(shapes), tuple(adapters),
@@ -459,7 +500,7 @@ def _summary_from_shapes(config: Any, mode: str, lora: LoraSettings | None, dtyp
             shapes.append(p["shape"])
         if "adapter_in" in p:
             adapters.append(_Adapter(p["adapter_in"], p["shape"][0], dtype_bytes(p["dtype"]),
-                                     None if p["layer"] is None else str(p["layer"])))
+                                     None if p["layer"] is None else str(p["layer"]), p["module"]))
         layer = p["layer"]
         unit = "layer" if layer is not None else ("embeddings" if p["kind"] == "embedding" else "head")
         params.append(_Param(unit, layer, n, p["dtype"], trainable, p["shape"], p["kind"]))
@@ -563,23 +604,30 @@ def _host_device() -> DeviceInfo:
 def plan_memory(
     spec: RunSpec, config: Any, devices: list[DeviceInfo], parameters: ParameterCount | None = None
 ) -> MemoryPlan:
-    """Plan the memory of ``spec`` on each device, by ``spec.strategy`` (DESIGN §3).
+    """Plan the memory of ``spec`` on each device, by ``spec.strategy`` (DESIGN §3), phase by phase.
 
-    Every device plan holds a :class:`Line` for every name in :data:`COMPONENTS`; each method names the strategy and
-    its divisor. Bytes per device (N = number of devices):
+    Each device's plan holds the phases of the step (:mod:`core.phases`: forward, backward, optimizer step; inference:
+    forward) with the bytes of every component alive at each phase's peak, a :class:`Line` per component (its largest
+    value over the phases, with its formula) and its total: the peak of the step, the largest phase (never the sum of
+    each component's maximum, which no moment holds). Bytes per device (N = number of devices):
 
-    - ``single``: every device is planned as if it held the whole run (the whole-run lines on each device).
-    - ``ddp`` (PyTorch DDP docs): the whole-run lines on every device (a full replica; activations of its own
-      micro-batch), plus under temporaries DDP's gradient bucket buffers = the gradient bytes (the reducer's flat
-      25 MiB buckets cover every gradient while ``gradient_as_bucket_view=False``, DDP's default, kept by Trainer).
+    - ``single``: every device is planned as if it held the whole run.
+    - ``ddp`` (PyTorch DDP docs): a full replica on every device (activations of its own micro-batch), plus DDP's
+      gradient bucket buffers = the gradient bytes in every phase (the reducer's flat 25 MiB buckets, allocated when
+      the model is wrapped, cover every gradient while ``gradient_as_bucket_view=False``, DDP's default, kept by
+      Trainer).
     - ``zero1`` / ``zero2`` / ``zero3`` (ZeRO, arXiv 1910.02054; ``zero3`` = FSDP full shard): optimizer states (and the
-      optimizer step's temporaries) ÷ N; ``zero2`` also gradients ÷ N; ``zero3`` also weights ÷ N plus the largest
-      gathered unit (the largest decoder layer's unsharded weights x 2 for prefetch) under temporaries. Division rounds
-      up (shards are padded to equal size). Activations are never divided (case P4).
+      optimizer step's temporaries) ÷ N; ``zero2`` also gradients ÷ N; ``zero3`` also weights ÷ N plus, in forward and
+      backward, the gathered units (the largest decoder layer's unsharded weights x 2 for prefetch, and the root unit).
+      Division rounds up (shards are padded to equal size). Activations are never divided (case P4).
     - ``device_map``: whole decoder layers placed in order on the devices (see :func:`_device_map`); each device holds
-      its layers' weights, gradients, optimizer states, activations and KV cache; logits on the last device.
+      its layers' weights, gradients, optimizer states, activations and KV cache; the loss on the last device.
     - ``tp`` (Megatron-LM, arXiv 1909.08053): linear layers of attention and MLP ÷ tp, embeddings and LM head
-      vocab-parallel ÷ tp, the rest replicated; activations per Korthikanti et al. 2022 eq. 2; KV cache ÷ tp.
+      vocab-parallel ÷ tp, the rest replicated; activations per Korthikanti et al. 2022 eq. 2; logits and KV cache ÷ tp.
+
+    Activations: for the Llama family (:data:`core.activations.LLAMA_FAMILY`) op by op from the model's own code
+    (:mod:`core.activations`, equal to the traced plan on its layers); for other models Korthikanti et al. 2022 eq. 1,
+    an approximation for GPT-style layers, said so in the method.
 
     Overhead: the CUDA context line on every CUDA device; strategies that run collectives on N >= 2 devices (ddp,
     zero*, tp) add :data:`NCCL_BUFFER_BYTES` (estimate) to it; device_map runs in one process and uses none.
@@ -592,7 +640,8 @@ def plan_memory(
             default the counts of the meta model built here, in the parameter dtype, once per process).
 
     Returns:
-        a :class:`MemoryPlan` whose device plans hold a :class:`Line` for every name in :data:`COMPONENTS`.
+        a :class:`MemoryPlan` whose device plans hold a :class:`Line` for every name in :data:`COMPONENTS` and the
+        phases of the step.
 
     Raises:
         SpecError: the strategy does not suit the number of devices (e.g. ``devices = "auto"`` found one), or ``tp``
@@ -602,119 +651,209 @@ def plan_memory(
     # N: the ranks sharing the work (every node's, for several nodes); the devices planned are this node's
     n = spec.world_size(len(devices)) if strategy in TORCHRUN_STRATEGIES else len(devices)
     check_strategy(strategy, spec.tp, n, spec.devices)
-    shape = _Shape.of(config)
+    shape = _Shape.of(config, spec.attn_implementation)
     if strategy == "tp":
         _check_tp_heads(spec.tp, shape)
-    # Mixed precision: training keeps fp32 parameters (master weights) and autocasts; inference loads in the dtype.
-    param_dtype = "fp32" if spec.training else spec.dtype
-    summary = meta_summary(config, spec.mode, spec.lora if spec.mode == "lora" else None, param_dtype)
+    # precision: pure keeps the parameters in the dtype (LoRA adapters fp32), amp keeps fp32 master weights
+    summary = meta_summary(config, spec.mode, spec.lora if spec.mode == "lora" else None, spec.param_dtype)
     counts = parameters if parameters is not None else summary.count
-    common = {
-        "weights": _weights(summary),
-        "gradients": _gradients(spec, summary),
-        "optimizer_states": _optimizer_states(spec, summary),
-        "activations": _activations(spec, shape, summary),
-        "temporaries": _temporaries(spec, shape, summary),
-        "kv_cache": _kv_cache(spec, shape),
-    }
+    wholes: dict[str, _Step] = {}  # the whole run per device kind: CPU and CUDA differ (optimizer foreach, dropout)
+
+    def whole(kind: str) -> _Step:
+        if kind not in wholes:
+            wholes[kind] = _whole_step(spec, shape, summary, kind)
+        return wholes[kind]
+
     if strategy == "single":
-        plans = []
-        for device in devices:
-            lines = dict(common, overhead=_overhead(device))
-            plans.append(DevicePlan(device, {name: lines[name] for name in COMPONENTS}))
-        return MemoryPlan(counts, plans, "single", CONVENTION)
-    if strategy == "ddp":
-        per_device = [_ddp_lines(spec, summary, common, n) for _ in devices]
+        steps = [(whole(d.kind), "") for d in devices]
+    elif strategy == "ddp":
+        steps = [(_ddp_step(spec, whole(d.kind), n), f"ddp (full replica per device, N={n})") for d in devices]
     elif strategy in ("zero1", "zero2", "zero3"):
-        per_device = [_zero_lines(spec, shape, summary, common, strategy, n) for _ in devices]
+        steps = [_zero_step(spec, summary, whole(d.kind), strategy, n) for d in devices]
     elif strategy == "device_map":
-        per_device = _device_map_lines(spec, shape, summary, devices)
+        steps = _device_map_steps(spec, shape, summary, devices)
     else:
-        per_device = [_tp_lines(spec, shape, summary, spec.tp, len(devices)) for _ in devices]
-    plans = []
-    for device, lines in zip(devices, per_device):
-        lines = dict(lines, overhead=_overhead(device, strategy, n))
-        plans.append(DevicePlan(device, {name: lines[name] for name in COMPONENTS}))
-    convention = CONVENTION.replace(_SINGLE_RULE, f"(strategy {strategy}: see its rule at the end)")
+        steps = [_tp_step(spec, shape, summary, spec.tp, len(devices), d.kind) for d in devices]
+    plans = [_device_plan(device, step, tag, _overhead(device, strategy, n))
+             for device, (step, tag) in zip(devices, steps)]
+    if strategy == "single":
+        return MemoryPlan(counts, plans, "single", _convention(spec))
+    convention = _convention(spec).replace(_SINGLE_RULE, f"(strategy {strategy}: see its rule at the end)")
     return MemoryPlan(counts, plans, strategy, f"{convention} {STRATEGY_CONVENTIONS[strategy]}")
 
 
+@dataclass(frozen=True)
+class _Step:
+    """One device's step before it is a :class:`DevicePlan`: the terms of its phases (training) or its inference
+    parts, and the formula of each component (``methods``)."""
+
+    methods: dict[str, str]
+    terms: StepTerms | None = None  # training
+    inference: dict[str, int] | None = None  # weights, activations, temporaries, kv_cache
+
+
+def _device_plan(device: DeviceInfo, step: _Step, tag: str, overhead: Line) -> DevicePlan:
+    """Phases from the step's terms (each at its own peak moment), each component's line its largest value over every
+    moment of the step."""
+    if step.terms is not None:
+        moments = training_moments(dataclasses.replace(step.terms, overhead=overhead.bytes))
+        untraced = overhead.bytes + step.terms.every_phase
+    else:
+        moments = inference_moments(overhead=overhead.bytes, **step.inference)
+        untraced = overhead.bytes
+    phases = phases_of(moments)
+    lines = {}
+    for name in COMPONENTS:
+        if name == "overhead":
+            lines[name] = overhead
+            continue
+        largest = max(moments, key=lambda p: p.components[name])
+        method = step.methods[name]
+        if len(moments) > 1 and largest.components[name] and name not in ("weights", "optimizer_states", "kv_cache"):
+            method += f" (largest at {largest.at})"
+        lines[name] = Line(name, largest.components[name], f"{tag}: {method}" if tag else method)
+    return DevicePlan(device, lines, phases, untraced)
+
+
+def _whole_step(spec: RunSpec, shape: "_Shape", summary: _Summary, kind: str) -> _Step:
+    """The whole run on one device of ``kind`` (cpu | cuda)."""
+    weights = _weights(summary)
+    if not spec.training:
+        activations, temporaries = _inference_activations(spec, shape), _inference_temporaries(spec, shape)
+        kv = _kv_cache(spec, shape)
+        return _Step(
+            methods={"weights": weights.method, "gradients": "inference: no backward pass, no gradients",
+                     "optimizer_states": "inference: no optimizer", "activations": activations.method,
+                     "temporaries": temporaries.method, "kv_cache": kv.method},
+            inference={"weights": weights.bytes, "activations": activations.bytes,
+                       "temporaries": temporaries.bytes, "kv_cache": kv.bytes})
+    gradients, states = _gradients(spec, summary), _optimizer_states(spec, summary, kind)
+    step_bytes, step_text = _step_temporaries(spec, summary, kind)
+    act, act_text = _activation_terms(spec, shape, summary, kind)
+    grads = _gradient_terms(spec, shape, summary)
+    terms = StepTerms(
+        weights=weights.bytes, gradients=gradients.bytes, optimizer_states=states.bytes, step_temporaries=step_bytes,
+        accumulated_gradients=gradients.bytes if spec.grad_accum > 1 else 0,
+        layers=act.layers, first_layer=act.layer_input + act.recompute if act.recompute else act.first,
+        head=act.head, logits_forward=act.logits_forward, logits_saved=act.logits_saved,
+        logits_backward=act.logits_backward, logits_grad=act.logits_grad, hidden_grad=act.hidden_grad,
+        recompute=act.recompute, forward_cache=act.forward_cache, **grads)
+    return _Step(methods={"weights": weights.method, "gradients": gradients.method, "optimizer_states": states.method,
+                          "activations": act_text,
+                          "temporaries": _temporaries_text(spec, act, step_text, grads),
+                          "kv_cache": "training: use_cache off, no KV cache"}, terms=terms)
+
+
+def _temporaries_text(spec: RunSpec, act: StepActivations, step_text: str, grads: dict[str, int]) -> str:
+    parts = [f"start of backward: fp32 gradients of log_softmax and of the logits 2 x b·s·V x 4 B = "
+             f"{act.logits_backward:,} B", f"optimizer step: {step_text}"]
+    if grads.get("tied_buffer"):
+        parts.append(f"tied embedding: the LM head's part of its gradient {grads['tied_buffer']:,} B held from the "
+                     "head's backward to the embedding's, where the two parts and their sum are alive at once")
+    return "; ".join(parts)
+
+
+def _gradient_terms(spec: RunSpec, shape: "_Shape", summary: _Summary) -> dict[str, int]:
+    """The gradient terms of the backward's moments: the LM head's weight gradient (an untied head trained), its
+    16-bit transient under amp, a tied embedding's buffer, and the first layer's and embedding's gradients."""
+    head = tied = first = 0
+    vocab_matrix = shape.vocab * shape.hidden
+    for p in summary.params:
+        if not p.trainable:
+            continue
+        nbytes = p.numel * DTYPE_BYTES.get(p.dtype, 4)
+        if p.unit == "embeddings":
+            first += nbytes
+            if shape.tied and p.numel == vocab_matrix:
+                tied = nbytes
+        elif p.layer == 0:
+            first += nbytes
+        elif p.unit == "head" and p.kind == "linear" and p.numel == vocab_matrix:
+            head = nbytes
+    cast = spec.param_dtype != spec.dtype and spec.autocast and (head or tied)
+    return {"head_gradient": head, "head_gradient_transient": vocab_matrix * spec.dtype_bytes if cast else 0,
+            "tied_buffer": tied, "first_gradients": first}
+
+
+def _convention(spec: RunSpec) -> str:
+    """:data:`CONVENTION` with the precision of this spec."""
+    if spec.param_dtype == spec.dtype:
+        precision = (f"precision pure: the model is loaded in {spec.dtype}, its gradients and optimizer states are in "
+                     f"{spec.dtype} (torch's AdamW keeps its moments in each parameter's dtype)")
+    else:
+        precision = (f"precision amp: fp32 weights, gradients and optimizer states (the master copy), forward and "
+                     f"backward under autocast to {spec.dtype}; autocast keeps a {spec.dtype} copy of each linear "
+                     "weight for the step (counted with the activations)")
+    return CONVENTION.format(precision=precision)
+
+
 # ------------------------------------------------------------------------------------------------------- strategies
-def _tagged(line: Line, tag: str) -> Line:
-    """``line`` with ``tag`` (the strategy and its divisor) in front of its method."""
-    return Line(line.component, line.bytes, f"{tag}: {line.method}")
+def _tagged_methods(step: _Step, names: tuple[str, ...], tag: str) -> dict[str, str]:
+    return {k: (f"{tag}: {v}" if k in names else v) for k, v in step.methods.items()}
 
 
-def _divided(line: Line, n: int, tag: str) -> Line:
-    """``line`` ÷ ``n`` rounded up (ZeRO and FSDP pad shards to equal size), its method saying so."""
-    if line.bytes == 0:
-        return _tagged(line, f"{tag}, ÷ N={n} (nothing to divide)")
-    return Line(line.component, -(-line.bytes // n),
-                f"{tag}: ÷ N={n}, ceil({line.bytes:,} B / {n}) of the whole-model figure, {line.method}")
+def _ceil_div(value: int, n: int) -> int:
+    return -(-value // n)
 
 
-def _ddp_lines(spec: RunSpec, summary: _Summary, common: dict[str, Line], n: int) -> dict[str, Line]:
+def _ddp_step(spec: RunSpec, whole: _Step, n: int) -> _Step:
     """DDP: a full replica per device plus the gradient bucket buffers (PyTorch DDP docs, ``gradient_as_bucket_view``:
-    with the default ``False`` the reducer's buckets are a second copy of every gradient; ``True`` saves exactly the
-    gradient size). Buckets hold at most ``bucket_cap_mb`` = 25 MiB each (the first one 1 MiB); their sum is the
-    gradient bytes. Inference has no backward pass and no buckets."""
-    tag = f"ddp (full replica per device, N={n})"
-    lines = {name: _tagged(line, tag) for name, line in common.items()}
-    temp = common["temporaries"]
-    if spec.training:
-        buckets = common["gradients"].bytes
-        lines["temporaries"] = Line(
-            "temporaries",
-            temp.bytes + buckets,
-            f"{tag}: {temp.method}; + DDP gradient buckets (estimate) {buckets:,} B = the gradient bytes: the reducer "
-            f"copies every gradient into flat buckets of bucket_cap_mb = {DDP_BUCKET_CAP_BYTES // 2**20} MiB "
-            "(gradient_as_bucket_view=False, DDP's default, kept by Trainer; True would save these bytes)",
-        )
-    return lines
+    with the default ``False`` the reducer's buckets are a second copy of every gradient, allocated when the model is
+    wrapped and kept; ``True`` saves exactly the gradient size). Buckets hold at most ``bucket_cap_mb`` = 25 MiB each
+    (the first one 1 MiB); their sum is the gradient bytes. Inference has no backward pass and no buckets."""
+    if whole.terms is None:
+        return whole
+    buckets = whole.terms.gradients
+    methods = dict(whole.methods)
+    methods["temporaries"] += (f"; + DDP gradient buckets (estimate) {buckets:,} B in every phase = the gradient "
+                               f"bytes: the reducer copies every gradient into flat buckets of bucket_cap_mb = "
+                               f"{DDP_BUCKET_CAP_BYTES // 2**20} MiB (gradient_as_bucket_view=False, DDP's default, "
+                               "kept by Trainer; True would save these bytes)")
+    return _Step(methods, dataclasses.replace(whole.terms, every_phase=buckets))
 
 
-def _zero_lines(
-    spec: RunSpec, shape: "_Shape", summary: _Summary, common: dict[str, Line], strategy: str, n: int
-) -> dict[str, Line]:
+def _zero_step(spec: RunSpec, summary: _Summary, whole: _Step, strategy: str, n: int) -> tuple[_Step, str]:
     """ZeRO stage 1/2/3 (Rajbhandari et al. 2020, arXiv 1910.02054, Fig. 1: P_os, P_os+g, P_os+g+p; ``zero3`` is
-    PyTorch FSDP's FULL_SHARD). Stage 1: optimizer states ÷ N; stage 2: + gradients ÷ N; stage 3: + weights ÷ N and the
-    largest gathered unit x :data:`ZERO3_GATHERED_UNITS`. The optimizer step runs on each device's shard, so its
-    temporaries are ÷ N too; the logits gradient and the activations are per micro-batch and are not divided."""
+    PyTorch FSDP's FULL_SHARD). Stage 1: optimizer states ÷ N; stage 2: + gradients ÷ N; stage 3: + weights ÷ N and,
+    in forward and backward, the largest gathered unit x :data:`ZERO3_GATHERED_UNITS` and the root unit. The optimizer
+    step runs on each device's shard, so its temporaries are ÷ N too; the activations and the logits are per
+    micro-batch and are not divided."""
     stage = strategy[-1]
     label = f"{strategy} (ZeRO stage {stage}" + (" = FSDP full shard" if stage == "3" else "") + ", arXiv 1910.02054)"
     divided = {"1": ("optimizer_states",), "2": ("optimizer_states", "gradients"),
                "3": ("optimizer_states", "gradients", "weights")}[stage]
-    lines: dict[str, Line] = {}
-    for name, line in common.items():
+    methods = {}
+    for name, method in whole.methods.items():
         if name in divided:
-            lines[name] = _divided(line, n, label)
+            methods[name] = f"÷ N={n} (rounded up) of the whole-model figure, {method}"
         elif name == "activations":
-            lines[name] = _tagged(line, f"{label}, not divided: each device runs its own micro-batch through every "
-                                        "layer (case P4)")
-        elif name != "temporaries":
-            lines[name] = _tagged(line, f"{label}, not divided")
-    if spec.training:
-        step, step_text, logits_grad = _temporaries_parts(spec, shape, summary)
-        step_local = -(-step // n)
-        temp_bytes = step_local + logits_grad
-        temp_text = (f"{label}: optimizer step on this device's shard, ÷ N={n}: ceil({step:,} B / {n}) of {step_text}; "
-                     f"+ fp32 logits gradient b·s·V x {LOGITS_BYTES} B (not divided)")
-    else:
-        temp = common["temporaries"]
-        temp_bytes, temp_text = temp.bytes, f"{label}, not divided: {temp.method}"
-    if stage == "3":
+            methods[name] = f"not divided: each device runs its own micro-batch through every layer (case P4); {method}"
+        elif name == "temporaries":
+            methods[name] = f"the optimizer step on this device's shard, ÷ N={n}; {method}"
+        else:
+            methods[name] = f"not divided: {method}"
+    t = whole.terms
+    if t is None:
+        return _Step(methods, inference=whole.inference), label
+    changes: dict[str, int] = {"step_temporaries": _ceil_div(t.step_temporaries, n)}
+    if "optimizer_states" in divided:
+        changes["optimizer_states"] = _ceil_div(t.optimizer_states, n)
+    if "gradients" in divided:
+        for key in ("gradients", "accumulated_gradients", "first_gradients", "head_gradient"):
+            changes[key] = _ceil_div(getattr(t, key), n)
+    if "weights" in divided:
+        changes["weights"] = _ceil_div(t.weights, n)
         layers = _layer_weight_bytes(summary)
         largest = max(layers.values(), default=0)
         # the root unit (embeddings, final norm, LM head: what no decoder layer holds) stays gathered through the step
-        root = max(0, common["weights"].bytes - sum(layers.values()))
-        gathered = ZERO3_GATHERED_UNITS * largest + root
-        temp_bytes += gathered
-        temp_text += (f"; + largest gathered unit x {ZERO3_GATHERED_UNITS} (the one computing and the one prefetched): "
-                      f"the largest decoder layer's unsharded weights {largest:,} B x {ZERO3_GATHERED_UNITS}; + the "
-                      f"root unit unsharded, {root:,} B (embeddings, final norm, LM head: FSDP does not reshard the "
-                      "root after forward, so it is gathered from the first forward to the end of backward)")
-    lines["temporaries"] = Line("temporaries", temp_bytes, temp_text)
-    return lines
+        root = max(0, t.weights - sum(layers.values()))
+        changes["gathered"] = ZERO3_GATHERED_UNITS * largest + root
+        methods["temporaries"] += (
+            f"; + in forward and backward the largest gathered unit x {ZERO3_GATHERED_UNITS} (the one computing and "
+            f"the one prefetched): the largest decoder layer's unsharded weights {largest:,} B x "
+            f"{ZERO3_GATHERED_UNITS}; + the root unit unsharded, {root:,} B (embeddings, final norm, LM head: FSDP does "
+            "not reshard the root after forward, so it is gathered from the first forward to the end of backward)")
+    return _Step(methods, dataclasses.replace(t, **changes)), label
 
 
 def _layer_weight_bytes(summary: _Summary) -> dict[int, int]:
@@ -731,6 +870,7 @@ def _share(summary: _Summary, params: list[tuple[_Param, int, tuple[int, ...]]],
     weight_groups: dict[str, int] = {}
     grad_groups: dict[str, int] = {}
     shapes: list[tuple[int, ...]] = []
+    local: list[_Param] = []
     total = trainable = 0
     for p, numel, local_shape in params:
         total += numel
@@ -739,7 +879,9 @@ def _share(summary: _Summary, params: list[tuple[_Param, int, tuple[int, ...]]],
             trainable += numel
             grad_groups[p.dtype] = grad_groups.get(p.dtype, 0) + numel
             shapes.append(local_shape)
-    return _Summary(ParameterCount(total, trainable), weight_groups, grad_groups, tuple(shapes), adapters)
+        local.append(dataclasses.replace(p, numel=numel, shape=local_shape))
+    return _Summary(ParameterCount(total, trainable), weight_groups, grad_groups, tuple(shapes), adapters,
+                    tuple(local))
 
 
 def _device_map(summary: _Summary, devices: list[DeviceInfo]) -> dict[str, int]:
@@ -788,12 +930,14 @@ def _layer_range(layers: list[int]) -> str:
     return f"layer {layers[0]}" if len(layers) == 1 else f"layers {layers[0]}-{layers[-1]} ({len(layers)})"
 
 
-def _device_map_lines(spec: RunSpec, shape: "_Shape", summary: _Summary, devices: list[DeviceInfo]) -> list[dict[str, Line]]:
-    """device_map: each device holds the units :func:`_device_map` places on it, and what they need in the run."""
+def _device_map_steps(spec: RunSpec, shape: "_Shape", summary: _Summary,
+                      devices: list[DeviceInfo]) -> list[tuple[_Step, str]]:
+    """device_map: each device holds the units :func:`_device_map` places on it, and what they need in the run (its
+    layers' activations; the loss on the last device)."""
     placement = _device_map(summary, devices)
     n = len(devices)
     out = []
-    for index in range(n):
+    for index, device in enumerate(devices):
         layers = sorted(int(u.split()[1]) for u, d in placement.items() if d == index and u.startswith("layer "))
         held = [u for u in ("embeddings", "head") if placement[u] == index]
         last = index == n - 1
@@ -805,17 +949,54 @@ def _device_map_lines(spec: RunSpec, shape: "_Shape", summary: _Summary, devices
         adapters = tuple(a for a in summary.adapters
                          if (a.layer is not None and int(a.layer) in layers) or (a.layer is None and last))
         local = _share(summary, mine, adapters)
-        lines = {
-            "weights": _tagged(_weights(local, "the parameters of the units on this device, tied weights with the "
-                                                      "embedding"), tag),
-            "gradients": _tagged(_gradients(spec, local), tag),
-            "optimizer_states": _tagged(_optimizer_states(spec, local), tag),
-            "activations": _tagged(_activations_part(spec, shape, adapters, len(layers), last, 1), tag),
-            "temporaries": _tagged(_temporaries_part(spec, shape, local, len(layers), last, 1), tag),
-            "kv_cache": _tagged(_kv_cache_part(spec, shape, len(layers), 1), tag),
-        }
-        out.append(lines)
+        out.append((_part_step(spec, shape, summary, local, device.kind, len(layers), first=0 in layers, head=last,
+                               scope="the parameters of the units on this device, tied weights with the embedding"),
+                    tag))
     return out
+
+
+def _part_step(spec: RunSpec, shape: "_Shape", summary: _Summary, local: _Summary, kind: str, n_layers: int, *,
+               first: bool, head: bool, scope: str, tp: int = 1) -> _Step:
+    """The step of a device holding ``n_layers`` decoder layers of the model and the parameters in ``local``
+    (device_map: its own layers; tp: every layer's shards), with the loss when ``head``."""
+    weights = _weights(local, scope)
+    if not spec.training:
+        activations = _inference_activations(spec, shape, tp) if head else Line(
+            "activations", 0, "inference: no logits on this device (no activations are saved)")
+        temporaries = _inference_temporaries(spec, shape, tp) if n_layers else Line(
+            "temporaries", 0, "inference: no decoder layer here, no layer working set")
+        kv = _kv_cache(spec, shape, n_layers, tp)
+        return _Step(
+            methods={"weights": weights.method, "gradients": "inference: no backward pass, no gradients",
+                     "optimizer_states": "inference: no optimizer", "activations": activations.method,
+                     "temporaries": temporaries.method, "kv_cache": kv.method},
+            inference={"weights": weights.bytes, "activations": activations.bytes,
+                       "temporaries": temporaries.bytes, "kv_cache": kv.bytes})
+    gradients, states = _gradients(spec, local), _optimizer_states(spec, local, kind)
+    step_bytes, step_text = _step_temporaries(spec, local, kind)
+    act, act_text = _activation_terms(spec, shape, summary, kind, tp)
+    per_layer = act.layer_input if act.recompute else act.layer
+    layers = n_layers * per_layer + (act.first - act.layer if first and not act.recompute and n_layers else 0)
+    loss = {"head": act.head, "logits_forward": act.logits_forward, "logits_saved": act.logits_saved,
+            "logits_backward": act.logits_backward, "logits_grad": act.logits_grad} if head else {}
+    grads = _gradient_terms(spec, shape, local) if head or first else {}
+    values: dict[str, int] = dict(
+        weights=weights.bytes, gradients=gradients.bytes, optimizer_states=states.bytes, step_temporaries=step_bytes,
+        accumulated_gradients=gradients.bytes if spec.grad_accum > 1 else 0, layers=layers,
+        first_layer=(act.layer_input + act.recompute if act.recompute else (act.first if first else act.layer))
+        if n_layers else 0,
+        logits_forward=0, logits_saved=0, logits_backward=0, logits_grad=0, head=0,
+        hidden_grad=act.hidden_grad, recompute=act.recompute if n_layers else 0,
+        forward_cache=act.forward_cache * n_layers // max(shape.layers, 1))
+    values.update(loss)
+    values.update(grads)
+    terms = StepTerms(**values)
+    where = f"{_n_layers(n_layers)} here" + ("" if head else "; no logits here")
+    return _Step(methods={"weights": weights.method, "gradients": gradients.method, "optimizer_states": states.method,
+                          "activations": f"{where}: {act_text}",
+                          "temporaries": _temporaries_text(spec, act, step_text, grads) if head
+                          else f"optimizer step (this device's parameters): {step_text}",
+                          "kv_cache": "training: use_cache off, no KV cache"}, terms=terms)
 
 
 def _check_tp_heads(tp: int, shape: "_Shape") -> None:
@@ -834,12 +1015,12 @@ def _check_tp_heads(tp: int, shape: "_Shape") -> None:
         )
 
 
-def _tp_lines(spec: RunSpec, shape: "_Shape", summary: _Summary, tp: int, n: int) -> dict[str, Line]:
+def _tp_step(spec: RunSpec, shape: "_Shape", summary: _Summary, tp: int, n: int, kind: str) -> tuple[_Step, str]:
     """tp (Megatron-LM, Shoeybi et al. 2019, arXiv 1909.08053): every ``nn.Linear`` / ``Conv1D`` inside the decoder
     layers (attention q/k/v/o, MLP) is split ÷ tp (column- and row-parallel; biases with their weights, though Megatron
     replicates the row-parallel bias: hidden elements per layer), the token embedding and the LM head are
     vocab-parallel ÷ tp; norms, position embeddings and LoRA adapters are replicated. Adafactor shapes: the first
-    dimension ÷ tp. Elements per device round up."""
+    dimension ÷ tp. Elements per device round up. Activations per layer: Korthikanti et al. 2022 eq. 2."""
     tag = f"tp (tensor parallel, tp={tp}, arXiv 1909.08053" + (f"; {n // tp} data-parallel replicas" if n > tp else "") + ")"
     mine = []
     split_numel = 0
@@ -854,19 +1035,17 @@ def _tp_lines(spec: RunSpec, shape: "_Shape", summary: _Summary, tp: int, n: int
     local = _share(summary, mine, summary.adapters)
     rule = (f"linear layers of attention and MLP + vocab-parallel embeddings/LM head ÷ {tp}, the rest replicated "
             f"(split part of the model: {split_numel:,} parameters)")
-    return {
-        "weights": _tagged(_weights(local, "this device's shards + the replicated parameters"), f"{tag}, {rule}"),
-        "gradients": _tagged(_gradients(spec, local), f"{tag}, {rule}"),
-        "optimizer_states": _tagged(_optimizer_states(spec, local), f"{tag}, {rule}"),
-        "activations": _tagged(_activations_part(spec, shape, summary.adapters, shape.layers, True, tp), tag),
-        "temporaries": _tagged(_temporaries_part(spec, shape, local, shape.layers, True, tp), tag),
-        "kv_cache": _tagged(_kv_cache_part(spec, shape, shape.layers, tp), tag),
-    }
+    step = _part_step(spec, shape, summary, local, kind, shape.layers, first=True, head=True,
+                      scope="this device's shards + the replicated parameters", tp=tp)
+    methods = {k: (f"{rule}; {v}" if k in ("weights", "gradients", "optimizer_states") else v)
+               for k, v in step.methods.items()}
+    return _Step(methods, step.terms, step.inference), tag
 
 
 @dataclass(frozen=True)
 class _Shape:
-    """Config sizes the formulas use: hidden h, layers L, heads a, KV heads, head_dim, vocabulary V, attention kind."""
+    """Config sizes the formulas use: hidden h, layers L, heads a, KV heads, head_dim, vocabulary V, MLP width, tied
+    embeddings, the attention implementation, the model family and the linear layers with a bias."""
 
     hidden: int
     layers: int
@@ -874,17 +1053,31 @@ class _Shape:
     kv_heads: int
     head_dim: int
     vocab: int
-    attention: str  # the config's attention implementation; "sdpa" assumed when it names none
+    attention: str  # the spec's attention implementation (sdpa, eager, flash_attention_2)
+    inter: int = 0
+    tied: bool = False
+    family: str = ""
+    biases: frozenset[str] = frozenset()
 
     @classmethod
-    def of(cls, config: Any) -> "_Shape":
+    def of(cls, config: Any, attention: str = "sdpa") -> "_Shape":
         text = config.get_text_config() if hasattr(config, "get_text_config") else config
         hidden = int(text.hidden_size)
         heads = int(text.num_attention_heads)
         kv_heads = getattr(text, "num_key_value_heads", None) or heads
         head_dim = getattr(text, "head_dim", None) or hidden // heads
-        attention = getattr(text, "_attn_implementation", None) or "sdpa"
-        return cls(hidden, int(text.num_hidden_layers), heads, int(kv_heads), int(head_dim), int(text.vocab_size), attention)
+        family = str(getattr(text, "model_type", "") or "")
+        biases: set[str] = set()
+        if family == "qwen2":
+            biases |= {"q_proj", "k_proj", "v_proj"}
+        if getattr(text, "attention_bias", False) is True:
+            biases |= {"q_proj", "k_proj", "v_proj", "o_proj"}
+        if getattr(text, "mlp_bias", False) is True:
+            biases |= {"gate_proj", "up_proj", "down_proj"}
+        return cls(hidden, int(text.num_hidden_layers), heads, int(kv_heads), int(head_dim), int(text.vocab_size),
+                   attention, int(getattr(text, "intermediate_size", None) or 4 * hidden),
+                   bool(getattr(config, "tie_word_embeddings", getattr(text, "tie_word_embeddings", False))),
+                   family, frozenset(biases))
 
     @property
     def materialises_scores(self) -> bool:
@@ -904,8 +1097,8 @@ def _group_bytes(groups: dict[str, int]) -> int:
 
 
 def _weights(summary: _Summary, scope: str | None = None) -> Line:
-    """weights = P x bytes of each parameter's dtype (the spec dtype; LoRA adapters fp32). ``scope``: what part of the
-    model ``summary`` is, for a device holding part of it (device_map, tp)."""
+    """weights = P x bytes of each parameter's dtype (the parameter dtype; LoRA adapters fp32). ``scope``: what part of
+    the model ``summary`` is, for a device holding part of it (device_map, tp)."""
     if scope is not None:
         return Line("weights", _group_bytes(summary.weight_groups),
                     f"P here x bytes: {_groups(summary.weight_groups)}; {scope}")
@@ -917,23 +1110,43 @@ def _weights(summary: _Summary, scope: str | None = None) -> Line:
 
 
 def _gradients(spec: RunSpec, summary: _Summary) -> Line:
-    """gradients = T x bytes of the parameter dtype; none for inference."""
+    """gradients = T x bytes of each trainable parameter's dtype; none for inference."""
     if not spec.training:
         return Line("gradients", 0, "inference: no backward pass, no gradients")
-    return Line("gradients", _group_bytes(summary.grad_groups), f"T x bytes (parameter dtype): {_groups(summary.grad_groups)}")
+    text = f"T x bytes (each parameter's dtype): {_groups(summary.grad_groups)}"
+    if spec.grad_accum > 1:
+        text += "; gradient accumulation keeps them from the second micro-batch's forward on"
+    return Line("gradients", _group_bytes(summary.grad_groups), text)
 
 
-def _optimizer_states(spec: RunSpec, summary: _Summary) -> Line:
-    """AdamW 2 x T x 4 B; SGD with momentum T x 4 B; Adafactor (r + c) x 4 B per 2-D parameter (rows x cols), n x 4 B
-    per 1-D one (Shazeer & Stern 2018, arXiv 1804.04235; transformers' ``Adafactor`` without a first moment)."""
+def _trainable(summary: _Summary) -> list[_Param]:
+    return [p for p in summary.params if p.trainable]
+
+
+def _optimizer_states(spec: RunSpec, summary: _Summary, kind: str = "cuda") -> Line:
+    """Optimizer states in the steady state, each in the dtype the optimizer creates it in (read from the libraries):
+
+    - AdamW (torch): ``exp_avg`` and ``exp_avg_sq`` are ``torch.zeros_like(param)``, so 2 x T x each parameter's
+      bytes (bf16 moments for a bf16 model); plus a 4 B fp32 step counter per trainable tensor, a CPU tensor (not on
+      a CUDA device) unless fused or capturable;
+    - SGD with momentum (torch): ``momentum_buffer = clone(grad)``: T x the parameter's bytes;
+    - Adafactor (transformers, no first moment; Shazeer & Stern 2018, arXiv 1804.04235): the gradient is upcast to fp32
+      before its statistics are made, so (rows + cols) x 4 B per matrix and n x 4 B per vector, whatever the dtype.
+    """
     if not spec.training:
         return Line("optimizer_states", 0, "inference: no optimizer")
-    t = summary.count.trainable
-    b = OPTIMIZER_STATE_BYTES
+    trainable = _trainable(summary)
     if spec.optimizer == "adamw":
-        return Line("optimizer_states", 2 * t * b, f"AdamW: 2 moments x T x {b} B = 2 x {t:,} x {b} B")
+        moments = 2 * _group_bytes(summary.grad_groups)
+        steps = 4 * len(trainable) if kind == "cpu" else 0
+        text = f"AdamW: 2 moments x T in each parameter's dtype (zeros_like(param)) = 2 x ({_groups(summary.grad_groups)})"
+        text += (f" + a 4 B fp32 step counter per trainable tensor ({len(trainable):,})" if kind == "cpu"
+                 else "; its step counters are CPU tensors, not on the device")
+        return Line("optimizer_states", moments + steps, text)
     if spec.optimizer == "sgd":
-        return Line("optimizer_states", t * b, f"SGD with momentum: 1 buffer x T x {b} B = {t:,} x {b} B (0 without momentum)")
+        return Line("optimizer_states", _group_bytes(summary.grad_groups),
+                    f"SGD with momentum: 1 buffer x T in each parameter's dtype (clone of the gradient) = "
+                    f"{_groups(summary.grad_groups)} (0 without momentum)")
     elements = 0
     for shape in summary.trainable_shapes:
         if len(shape) >= 2:
@@ -945,9 +1158,39 @@ def _optimizer_states(spec: RunSpec, summary: _Summary) -> Line:
             elements += _numel(shape)
     return Line(
         "optimizer_states",
-        elements * b,
-        f"Adafactor factored second moment: (rows + cols) x {b} B per matrix, n x {b} B per vector = {elements:,} x {b} B",
+        elements * 4,
+        f"Adafactor factored second moment in fp32 (the gradient is upcast first): (rows + cols) x 4 B per matrix, "
+        f"n x 4 B per vector = {elements:,} x 4 B",
     )
+
+
+def _step_temporaries(spec: RunSpec, summary: _Summary, kind: str) -> tuple[int, str]:
+    """The optimizer step's transient buffers (bytes, formula), read from the optimizers' code and checked against the
+    traced plan:
+
+    - AdamW with ``foreach`` (torch's default on CUDA): ``torch._foreach_sqrt(exp_avg_sqs)`` makes one more state's
+      worth, T x the parameters' bytes; per tensor (the CPU default): ``exp_avg_sq.sqrt() / bias_correction`` makes
+      two copies of a tensor, 2 x the largest trainable tensor;
+    - SGD with momentum: in place, none;
+    - Adafactor: ``grad ** 2 + eps`` and the update, 2 fp32 copies of the largest trainable tensor, and for a 16-bit
+      parameter its fp32 gradient and fp32 weight as well (4 copies).
+    """
+    trainable = _trainable(summary)
+    largest = max(trainable, key=lambda p: p.numel * DTYPE_BYTES.get(p.dtype, 4), default=None)
+    if spec.optimizer == "sgd" or largest is None:
+        return 0, "SGD step: in-place updates, no temporaries"
+    if spec.optimizer == "adafactor":
+        copies = 2 if DTYPE_BYTES.get(largest.dtype, 4) == 4 else 4
+        return copies * largest.numel * 4, (f"Adafactor step: {copies} fp32 copies of the largest trainable tensor = "
+                                            f"{copies} x {largest.numel:,} x 4 B")
+    if kind == "cuda":
+        return (_group_bytes(summary.grad_groups),
+                f"foreach AdamW (torch's default on CUDA): _foreach_sqrt makes one more state, T x bytes = "
+                f"{_groups(summary.grad_groups)}")
+    nbytes = DTYPE_BYTES.get(largest.dtype, 4)
+    return (2 * largest.numel * nbytes,
+            f"per-tensor AdamW (torch's default on the CPU): sqrt and the division of the largest trainable tensor, "
+            f"2 x {largest.numel:,} x {nbytes} B")
 
 
 def _numel(shape: tuple[int, ...]) -> int:
@@ -962,37 +1205,112 @@ _MLP_IN_NAMES = frozenset({"gate_proj", "up_proj", "c_fc", "fc_in", "fc1", "w1",
 _MLP_OUT_NAMES = frozenset({"down_proj", "c_proj", "fc_out", "fc2", "w2", "dense_4h_to_h"})
 
 
+def _numerics(spec: RunSpec) -> Numerics:
+    param = DTYPE_BYTES[spec.param_dtype]
+    return Numerics(param_bytes=param, compute_bytes=spec.dtype_bytes if spec.autocast else param,
+                    autocast=spec.autocast)
+
+
+def _activation_terms(spec: RunSpec, shape: _Shape, summary: _Summary, kind: str,
+                      tp: int = 1) -> tuple[StepActivations, str]:
+    """The activation terms of one micro-batch (see :class:`core.activations.StepActivations`) and their formula.
+
+    The Llama family, without tensor parallelism: op by op (:func:`core.activations.step_activations`). Others:
+    Korthikanti et al. 2022 (eq. 1; eq. 2 under tp) for the layers, an approximation stated in the method."""
+    num = _numerics(spec)
+    c = num.compute_bytes
+    b, s, h, V = spec.batch_size, spec.seq_len, shape.hidden, shape.vocab
+    mask = 1 if kind == "cuda" else 4
+    adapters = {a.module: Adapter(a.r, spec.lora.dropout > 0, mask) for a in summary.adapters}
+    if shape.family in LLAMA_FAMILY and tp == 1:
+        dims = Dims(b, s, h, shape.inter, shape.heads, shape.kv_heads, shape.head_dim, V, shape.layers, shape.tied)
+        act = step_activations(dims, num, full=spec.mode == "full", adapters=adapters, attention=shape.attention,
+                               checkpointing=spec.gradient_checkpointing, biases=shape.biases)
+        top = sorted(act.breakdown.items(), key=lambda kv: -kv[1])
+        parts = ", ".join(f"{why} {n:,}" for why, n in top)
+        text = (f"op by op from the {shape.family} decoder's code (core/activations.py): one layer saves "
+                f"{act.layer:,} B ({parts})")
+        if spec.gradient_checkpointing:
+            text += (f"; checkpointing: each of L={shape.layers} layers keeps its input {act.layer_input:,} B, one "
+                     f"layer recomputed in backward")
+        else:
+            text += f"; L={shape.layers} layers" + (f" (the first {act.first:,} B)" if act.first != act.layer else "")
+        text += (f"; + final norm, LM head and RoPE {act.head:,} B; + the loss at the end of the forward: logits b·s·V "
+                 f"x ({c if c != 4 else ''}{' + 4' if c != 4 else '4'} + 4) B (compute dtype, fp32 copy, "
+                 f"log_softmax), V={V:,}")
+        if act.forward_cache:
+            text += f"; + autocast's cached {spec.dtype} weight copies {act.forward_cache:,} B to the forward's end"
+        return act, text
+    return _korthikanti_terms(spec, shape, summary, num, adapters, tp)
+
+
+def _korthikanti_terms(spec: RunSpec, shape: _Shape, summary: _Summary, num: Numerics, adapters: dict[str, Adapter],
+                       tp: int) -> tuple[StepActivations, str]:
+    """Activation terms for layers this planner has no op-by-op model of (or under tensor parallelism)."""
+    c = num.compute_bytes
+    s, b, h, V = spec.seq_len, spec.batch_size, shape.hidden, shape.vocab
+    per_layer, layer_text = _layer_activation_bytes(spec, shape, tp, c)
+    lora_extra = _adapter_activation_bytes(spec, summary.adapters, c)
+    cast = 0
+    if num.cast_weights:  # amp: each linear weight's 16-bit copy is kept for the backward of its input
+        cast = sum(p.numel for p in summary.params if p.kind == "linear" and p.unit == "layer") * c // max(tp, 1)
+    per_layer_all = per_layer + (lora_extra + cast) // max(shape.layers, 1)
+    layer_input = b * s * h * num.residual_bytes
+    logits = -(-b * s * V // tp)
+    if spec.gradient_checkpointing:
+        layers, recompute, cache = shape.layers * layer_input, per_layer_all, cast
+    else:
+        layers, recompute, cache = shape.layers * per_layer_all, 0, 0
+    act = StepActivations(
+        layer=per_layer_all, first=per_layer_all, layer_input=layer_input, layers=layers,
+        head=b * s * h * (4 + c), logits_forward=logits * (c + (4 if c != 4 else 0) + 4), logits_saved=logits * 4,
+        logits_backward=2 * logits * 4, logits_grad=logits * c, hidden_grad=b * s * h * c, recompute=recompute,
+        forward_cache=cache, breakdown={})
+    text = (f"Korthikanti et al. 2022 (an approximation for {shape.family or 'this'} layers): L={shape.layers} x "
+            f"{layer_text}, h={h}, s={s}, b={b}")
+    if lora_extra:
+        text += f"; + LoRA adapters' inputs {lora_extra:,} B"
+    if cast:
+        text += f"; + the {spec.dtype} copies of the linear weights under amp {cast:,} B"
+    if spec.gradient_checkpointing:
+        text += f"; checkpointing: each layer keeps its input {layer_input:,} B, one layer recomputed in backward"
+    split = f"/{tp} (vocab-parallel)" if tp > 1 else ""
+    text += f"; + the loss: logits b·s·V{split} (compute dtype, fp32 copy, fp32 log_softmax), V={V:,}"
+    return act, text
+
+
 def _frozen_mlp_inputs(spec: RunSpec) -> int:
     """Korthikanti units (of s·b·h, 16-bit) that LoRA training does not save: a frozen linear layer's backward needs its
     weight, not its input, so the input of a frozen MLP linear is kept only when something else saves it. Of eq. (1)'s
     34: the first MLP linear's input (2, the layer norm's output; the norm saves its own input) and the second's input
     (8, the activation function's output; the function saves its own input) are dropped unless LoRA targets those
-    layers. Attention terms are kept (fused attention saves its inputs and output). On SmolLM2 the traced and the CPU
-    probe's live tensors agree with this (LoRA q/v activations about 0.7x full fine-tuning's). 0 outside LoRA."""
+    layers. 0 outside LoRA."""
     if spec.mode != "lora":
+        return 0
+    if spec.all_linear:
         return 0
     targets = set(spec.lora.targets)
     return (0 if targets & _MLP_IN_NAMES else 2) + (0 if targets & _MLP_OUT_NAMES else 8)
 
 
-def _layer_activation_bytes(spec: RunSpec, shape: _Shape, tp: int = 1) -> tuple[int, str]:
+def _layer_activation_bytes(spec: RunSpec, shape: _Shape, tp: int = 1, nbytes: int | None = None) -> tuple[int, str]:
     """One layer's saved activations, Korthikanti et al. 2022 eq. (1): ``s·b·h·(34 + 5·a·s/h)`` bytes in 16-bit, scaled by
-    dtype bytes / 2; the ``5·a·s/h`` score term only with eager attention. With tensor parallelism ``tp`` = t > 1, eq. (2)
+    compute bytes / 2; the ``5·a·s/h`` score term only with eager attention. With tensor parallelism ``tp`` = t > 1, eq. (2)
     (no sequence parallelism): ``s·b·h·(10 + 24/t + 5·a·s/(h·t))``. Returns (bytes, formula text)."""
-    s, b, h, a, nbytes = spec.seq_len, spec.batch_size, shape.hidden, shape.heads, spec.dtype_bytes
+    s, b, h, a = spec.seq_len, spec.batch_size, shape.hidden, shape.heads
+    nbytes = nbytes if nbytes is not None else spec.dtype_bytes
     if tp == 1:
         units, frozen_text = KORTHIKANTI_SBH_BYTES_16BIT, ""
         unsaved = _frozen_mlp_inputs(spec)
         if unsaved:
             units -= unsaved
-            frozen_text = (f" - {unsaved} (LoRA: frozen MLP linears keep no input, they need no weight gradient; "
-                           "measured with the traced plan)")
+            frozen_text = f" - {unsaved} (LoRA: frozen MLP linears keep no input, they need no weight gradient)"
         per_layer = s * b * h * units * nbytes // 2
         if shape.materialises_scores:
             per_layer += 5 * a * s * s * b * nbytes // 2
             text = f"s·b·h·(34{frozen_text} + 5·a·s/h) x {nbytes}/2 B (eager attention keeps the a·s·s scores)"
         else:
-            text = f"s·b·h·(34{frozen_text}) x {nbytes}/2 B ({shape.attention} attention assumed fused: no saved scores)"
+            text = f"s·b·h·(34{frozen_text}) x {nbytes}/2 B ({shape.attention} attention: fused, no saved scores)"
         return per_layer, text
     per_layer = s * b * h * (10 * tp + 24) * nbytes // (2 * tp)
     if shape.materialises_scores:
@@ -1001,191 +1319,65 @@ def _layer_activation_bytes(spec: RunSpec, shape: _Shape, tp: int = 1) -> tuple[
                 "the scores of its heads)")
     else:
         text = (f"s·b·h·(10 + 24/t) x {nbytes}/2 B, t={tp} (Korthikanti eq. 2, no sequence parallelism; "
-                f"{shape.attention} attention assumed fused)")
+                f"{shape.attention} attention: fused)")
     return per_layer, text
 
 
-def _activations(spec: RunSpec, shape: _Shape, summary: _Summary) -> Line:
-    """Training: L layers of Korthikanti activations (or, with gradient checkpointing, one s·b·h input per layer plus one
-    full layer), fp32 logits twice (b·s·V·4 B x 2), and for LoRA each adapter's input and rank-r intermediate.
-    Inference: the logits of a full forward pass and the loss over them (:func:`_inference_logits`)."""
-    s, b, nbytes = spec.seq_len, spec.batch_size, spec.dtype_bytes
-    L, h, V = shape.layers, shape.hidden, shape.vocab
-    if not spec.training:
-        size, text = _inference_logits(b * s * V, nbytes, f"{b}·{s}·{V:,}")
-        return Line("activations", size, f"{text} (no activations are saved; one layer's working set is under "
-                                         "temporaries)")
-    per_layer, layer_text = _layer_activation_bytes(spec, shape)
-    logits = 2 * b * s * V * LOGITS_BYTES
-    if spec.gradient_checkpointing:
-        layers = L * s * b * h * nbytes + per_layer
-        text = f"checkpointing: L·s·b·h x {nbytes} B (one input per layer) + one layer {layer_text}, L={L}, h={h}"
-    else:
-        layers = L * per_layer
-        text = f"Korthikanti et al. 2022: L x {layer_text}, L={L}, h={h}, s={s}, b={b}"
-    text += f"; + fp32 logits kept for the loss 2 x b·s·V x 4 B (V={V:,})"
-    total = layers + logits
-    if summary.adapters:
-        extra, extra_text = _adapter_activations(spec, summary.adapters)
-        total += extra
-        text += f"; + LoRA {extra_text} (adapters save their own inputs)"
-    return Line("activations", total, text)
+def _adapter_activation_bytes(spec: RunSpec, adapters: tuple[_Adapter, ...], c: int) -> int:
+    """Per adapter: its input b·s·in (cast to the compute dtype) and its rank-r intermediate b·s·r, plus a dropout mask
+    b·s·in x 1 B when dropout > 0."""
+    s, b = spec.seq_len, spec.batch_size
+    mask = 1 if spec.lora.dropout > 0 else 0
+    return sum(b * s * (ad.in_features + ad.r) * c + b * s * ad.in_features * mask for ad in adapters)
 
 
-def _inference_logits(elements: int, nbytes: int, numbers: str) -> tuple[int, str]:
-    """Inference logits with the loss over them (the probe and the held-out evaluation pass labels): the logits in the
-    dtype, plus transformers' fp32 copy for the loss when the dtype is 16-bit, plus the fp32 log-softmax of the cross
-    entropy (seen in the traced plan; an fp32 model's ``.float()`` is the same tensor)."""
+def _inference_activations(spec: RunSpec, shape: _Shape, tp: int = 1) -> Line:
+    """Inference at the loss (the probe and the held-out evaluation pass labels): the logits in the dtype, plus
+    transformers' fp32 copy for the loss when the dtype is 16-bit, plus the fp32 log-softmax of the cross entropy
+    (an fp32 model's ``.float()`` is the same tensor), and the last hidden state the LM head read (b·s·h); equal to the
+    traced forward within its rounding."""
+    nbytes = spec.dtype_bytes
+    elements = -(-spec.batch_size * spec.seq_len * shape.vocab // tp)
     copies = nbytes + (LOGITS_BYTES if nbytes != LOGITS_BYTES else 0) + LOGITS_BYTES
     parts = f"{nbytes} B" + (f" + fp32 copy {LOGITS_BYTES} B" if nbytes != LOGITS_BYTES else "") + \
         f" + fp32 log-softmax {LOGITS_BYTES} B"
-    return elements * copies, (f"inference: logits of a full forward pass and the loss over them, b·s·V x ({parts}) "
-                               f"= {numbers} x {copies} B")
-
-
-def _adapter_activations(spec: RunSpec, adapters: tuple[_Adapter, ...]) -> tuple[int, str]:
-    """Per adapter: its input b·s·in and its rank-r intermediate b·s·r, in the adapter dtype (peft casts the input to it),
-    plus a 1 B dropout mask b·s·in when dropout > 0. With gradient checkpointing only the recomputed layer's adapters
-    (and adapters outside the layers, e.g. on lm_head) hold theirs at once."""
-    s, b = spec.seq_len, spec.batch_size
-    mask = 1 if spec.lora.dropout > 0 else 0
-
-    def cost(ad: _Adapter) -> int:
-        return b * s * (ad.in_features + ad.r) * ad.element_bytes + b * s * ad.in_features * mask
-
-    if spec.gradient_checkpointing:
-        by_layer: dict[str, int] = {}
-        outside = 0
-        for ad in adapters:
-            if ad.layer is None:
-                outside += cost(ad)
-            else:
-                by_layer[ad.layer] = by_layer.get(ad.layer, 0) + cost(ad)
-        total = outside + max(by_layer.values(), default=0)
-        scope = "for one recomputed layer"
-    else:
-        total = sum(cost(ad) for ad in adapters)
-        scope = f"for {len(adapters)} adapted modules"
-    text = "b·s·(in + r) x adapter bytes" + (" + b·s·in x 1 B dropout mask" if mask else "") + f" {scope}"
-    return total, text
-
-
-def _temporaries_parts(spec: RunSpec, shape: _Shape, summary: _Summary) -> tuple[int, str, int]:
-    """Training temporaries in two parts: (optimizer step bytes, its formula text, fp32 logits gradient bytes)."""
-    t = summary.count.trainable
-    b_opt = OPTIMIZER_STATE_BYTES
-    if spec.optimizer == "adamw":
-        step, step_text = t * b_opt, f"foreach AdamW step ≈ one more state T x {b_opt} B = {t:,} x {b_opt} B"
-    elif spec.optimizer == "adafactor":
-        largest = max((_numel(sh) for sh in summary.trainable_shapes), default=0)
-        step, step_text = 2 * largest * b_opt, f"Adafactor step: 2 x largest trainable tensor x {b_opt} B = 2 x {largest:,} x {b_opt} B"
-    else:
-        step, step_text = 0, "SGD step: in-place updates, no temporaries"
-    logits_grad = spec.batch_size * spec.seq_len * shape.vocab * LOGITS_BYTES
-    return step, step_text, logits_grad
-
-
-def _temporaries(spec: RunSpec, shape: _Shape, summary: _Summary) -> Line:
-    """Training: the optimizer step's transient buffers (foreach AdamW ≈ one more state, T x 4 B; Adafactor ≈ two fp32
-    copies of the largest trainable tensor; SGD none) plus the fp32 logits gradient b·s·V x 4 B.
-    Inference: one layer's working set (one layer of Korthikanti activations)."""
-    if not spec.training:
-        per_layer, layer_text = _layer_activation_bytes(spec, shape)
-        return Line("temporaries", per_layer, f"inference: one layer's working set, {layer_text}")
-    step, step_text, logits_grad = _temporaries_parts(spec, shape, summary)
-    return Line("temporaries", step + logits_grad, f"{step_text}; + fp32 logits gradient b·s·V x {LOGITS_BYTES} B")
-
-
-def _temporaries_part(spec: RunSpec, shape: _Shape, local: _Summary, layers: int, logits: bool, tp: int) -> Line:
-    """Temporaries of a device holding part of the model (device_map, tp): the optimizer step over its own trainable
-    parameters (``local``), the fp32 logits gradient b·s·V/tp x 4 B when it computes the logits; inference: one layer's
-    working set when it holds any layer."""
-    if not spec.training:
-        if layers == 0:
-            return Line("temporaries", 0, "inference: no decoder layer here, no layer working set")
-        per_layer, layer_text = _layer_activation_bytes(spec, shape, tp)
-        return Line("temporaries", per_layer, f"inference: one layer's working set, {layer_text}")
-    step, step_text, _ = _temporaries_parts(spec, shape, local)
-    if not logits:
-        return Line("temporaries", step, f"{step_text} (this device's parameters); no logits here")
-    logits_grad = -(-spec.batch_size * spec.seq_len * shape.vocab // tp) * LOGITS_BYTES
     split = f"/{tp} (vocab-parallel)" if tp > 1 else ""
-    return Line("temporaries", step + logits_grad,
-                f"{step_text} (this device's parameters); + fp32 logits gradient b·s·V{split} x {LOGITS_BYTES} B")
+    hidden = spec.batch_size * spec.seq_len * shape.hidden * nbytes
+    return Line("activations", elements * copies + hidden,
+                f"inference: logits of a full forward pass and the loss over them, b·s·V{split} x ({parts}) = "
+                f"{spec.batch_size}·{spec.seq_len}·{shape.vocab:,}{split} x {copies} B, + the last hidden state b·s·h "
+                f"x {nbytes} B (no activations are saved; a layer's working set is freed before the loss)")
+
+
+def _inference_temporaries(spec: RunSpec, shape: _Shape, tp: int = 1) -> Line:
+    """Inference: one layer's working set (one layer of Korthikanti activations), an estimate; it counts when it is
+    above the loss's bytes (it is freed before the loss)."""
+    per_layer, layer_text = _layer_activation_bytes(spec, shape, tp)
+    return Line("temporaries", per_layer, f"inference: one layer's working set (estimate), {layer_text}")
 
 
 def _n_layers(n: int) -> str:
     return f"{n} layer" if n == 1 else f"{n} layers"
 
 
-def _activations_part(
-    spec: RunSpec, shape: _Shape, adapters: tuple[_Adapter, ...], layers: int, logits: bool, tp: int
-) -> Line:
-    """Activations of a device running ``layers`` decoder layers (device_map: its own; tp: all, each ÷ tp per
-    Korthikanti eq. 2), with the logits when it computes them (÷ tp: vocab-parallel) and the LoRA adapters it holds
-    (replicated under tp). Same formulas as :func:`_activations`."""
-    s, b, nbytes = spec.seq_len, spec.batch_size, spec.dtype_bytes
-    h, V = shape.hidden, shape.vocab
-    split = f"/{tp} (vocab-parallel)" if tp > 1 else ""
-    if not spec.training:
-        if not logits:
-            return Line("activations", 0, "inference: no logits on this device (no activations are saved)")
-        size, text = _inference_logits(-(-b * s * V // tp), nbytes, f"{b}·{s}·{V:,}{split}")
-        return Line("activations", size, f"{text} (no activations are saved)")
-    per_layer, layer_text = _layer_activation_bytes(spec, shape, tp)
-    if layers == 0:
-        total, text = 0, "no decoder layer here"
-    elif spec.gradient_checkpointing:
-        total = layers * s * b * h * nbytes + per_layer
-        text = (f"checkpointing: {_n_layers(layers)} x s·b·h x {nbytes} B (one input per layer) + one layer "
-                f"{layer_text}")
-    else:
-        total = layers * per_layer
-        text = f"Korthikanti et al. 2022: {_n_layers(layers)} x {layer_text}, h={h}, s={s}, b={b}"
-    if logits:
-        total += 2 * -(-b * s * V // tp) * LOGITS_BYTES
-        text += f"; + fp32 logits kept for the loss 2 x b·s·V{split} x {LOGITS_BYTES} B (V={V:,})"
-    else:
-        text += "; no logits here"
-    if adapters:
-        extra, extra_text = _adapter_activations(spec, adapters)
-        total += extra
-        text += f"; + LoRA {extra_text}" + (" (replicated under tp)" if tp > 1 else "") + " (adapters save their own inputs)"
-    return Line("activations", total, text)
-
-
-def _kv_cache(spec: RunSpec, shape: _Shape) -> Line:
+def _kv_cache(spec: RunSpec, shape: _Shape, layers: int | None = None, tp: int = 1) -> Line:
     """Inference: 2 (K, V) x layers x kv_heads x head_dim x b x s x dtype bytes (grouped-query attention: kv_heads =
-    ``num_key_value_heads``; head_dim = ``head_dim`` or hidden / heads). Training runs with ``use_cache`` off."""
+    ``num_key_value_heads``; head_dim = ``head_dim`` or hidden / heads), for ``layers`` decoder layers (default all)
+    with the KV heads ÷ ``tp``. Training runs with ``use_cache`` off."""
     if spec.training:
         return Line("kv_cache", 0, "training: use_cache off, no KV cache")
     nbytes = spec.dtype_bytes
-    size = 2 * shape.layers * shape.kv_heads * shape.head_dim * spec.batch_size * spec.seq_len * nbytes
-    return Line(
-        "kv_cache",
-        size,
-        f"2 (K,V) x L x kv_heads x head_dim x b x s x {nbytes} B = 2 x {shape.layers} x {shape.kv_heads} x "
-        f"{shape.head_dim} x {spec.batch_size} x {spec.seq_len} x {nbytes} B",
-    )
-
-
-def _kv_cache_part(spec: RunSpec, shape: _Shape, layers: int, tp: int) -> Line:
-    """:func:`_kv_cache` for ``layers`` decoder layers with the KV heads ÷ ``tp`` (device_map: a device's own layers;
-    tp: every layer, each device keeping its heads' K and V)."""
-    if spec.training:
-        return Line("kv_cache", 0, "training: use_cache off, no KV cache")
-    nbytes = spec.dtype_bytes
+    layers = shape.layers if layers is None else layers
     kv_heads = shape.kv_heads // tp
     size = 2 * layers * kv_heads * shape.head_dim * spec.batch_size * spec.seq_len * nbytes
     heads = f"kv_heads/{tp}" if tp > 1 else "kv_heads"
+    where = "L" if layers == shape.layers else "layers here"
     return Line(
         "kv_cache",
         size,
-        f"2 (K,V) x layers here x {heads} x head_dim x b x s x {nbytes} B = 2 x {layers} x {kv_heads} x "
+        f"2 (K,V) x {where} x {heads} x head_dim x b x s x {nbytes} B = 2 x {layers} x {kv_heads} x "
         f"{shape.head_dim} x {spec.batch_size} x {spec.seq_len} x {nbytes} B",
     )
-
-
 def _overhead(device: DeviceInfo, strategy: str = "single", n: int = 1) -> Line:
     """CUDA: CUDA context + cuBLAS workspace, 500 MiB per process per device (estimate), plus NCCL communicator
     buffers (:data:`NCCL_BUFFER_BYTES`, estimate) for strategies that run collectives on N >= 2 devices (ddp, zero*,

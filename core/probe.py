@@ -12,6 +12,7 @@ from typing import Any, Generator
 
 from core.childproc import check_exit, start_child, watch
 from core.errors import StageError
+from core.fit import UNDER_ESTIMATE_TOLERANCE, under_estimate
 from core.events import ChildStarted, DeviceBound, Event, Message, Progress, leads
 from core.spec import RunSpec
 
@@ -45,7 +46,9 @@ class DeviceMeasurement:
 
 @dataclass(frozen=True)
 class PlanComparison:
-    """Plan vs measurement on one device. ``error_pct`` = 100 x (planned - measured) / measured."""
+    """Plan vs measurement on one device. ``planned_bytes``: the plan's peak of tensors (the bytes its fit is judged
+    by, core/fit.py, without the overhead line: peak allocated holds no CUDA context); ``error_pct`` = 100 x (planned -
+    measured) / measured; ``under_estimate``: (measured - planned) / planned when above the tolerance, else None."""
 
     device: str
     planned_bytes: int
@@ -54,6 +57,7 @@ class PlanComparison:
     compared: str
     components: dict[str, tuple[int, int | None]] = field(default_factory=dict)  # name -> (planned, measured or None)
     rank: int = 0
+    under_estimate: float | None = None
 
 
 @dataclass(frozen=True)
@@ -73,6 +77,10 @@ class ProbeResult:
     summary: str
     problems: list[str] = field(default_factory=list)
     layers: dict[str, list[str]] = field(default_factory=dict)  # device_map: which modules went to which device
+    findings: list[str] = field(default_factory=list)  # what passed but must be read: an under-estimating plan
+    attention: str = ""  # the attention implementation the model ran with (its config's _attn_implementation)
+    lora_targets: list[str] = field(default_factory=list)  # LoRA: the modules peft adapted (all-linear resolved)
+    lora_modules: int = 0  # LoRA: how many modules carry an adapter
 
 
 #: The wrapper Trainer must have put the model in for each torchrun strategy (the class name of
@@ -105,12 +113,14 @@ def rank_ledgers(events: list[dict]) -> list[dict]:
 
 def run_probe(
     spec: RunSpec, model_path: Path, job_dir: Path, device: str, plan: Any, cancelled=None,
-    launch: dict[str, Any] | None = None,
+    launch: dict[str, Any] | None = None, traced: dict[str, Any] | None = None,
 ) -> Generator[Event, None, ProbeResult]:
     """Run the probe child and yield its progress; return the :class:`ProbeResult`.
 
     Args:
         launch: :func:`core.childproc.launch_options` for several ranks (torchrun); one process by default.
+        traced: the traced plan's table (:func:`core.traced.traced_table`): each device is compared with the plan its
+            fit was judged by (the larger of the analytic and traced peaks, core/fit.py).
 
     Raises:
         StageError: the child failed (its error and log are named), or fewer ranks reported than were started.
@@ -144,15 +154,24 @@ def run_probe(
         if e["kind"] == "placement":
             placement.update(e["devices"])
     placement = dict(sorted(placement.items()))  # ranks' events arrive in any order: list devices in order
+    from core.fit import fit_verdicts
+
     plan_by_name = {d.device.name: d for d in plan.devices}
-    measurements, comparisons, problems = [], [], []
+    fit_by_name = {f.device: f for f in fit_verdicts(plan, traced)}
+    measurements, comparisons, problems, findings = [], [], [], []
     layers = next((e["layers"] for e in child.events if e["kind"] == "device_map"), {})
     for ledger in _per_device(ledgers):
         m = _measurement(ledger, placement)
         measurements.append(m)
         plan_device = plan_by_name.get(m.device)
         if plan_device is not None:
-            comparisons.append(compare_with_plan(plan_device, m))
+            comparison = compare_with_plan(plan_device, m, fit_by_name[m.device].bytes)
+            comparisons.append(comparison)
+            if comparison.under_estimate is not None:
+                findings.append(f"{_where(m)}: UNDER-ESTIMATE: measured peak {_gib(m.peak_bytes)} is "
+                                f"{100 * comparison.under_estimate:.1f} % above the plan's {_gib(comparison.planned_bytes)} "
+                                f"of tensors (the tolerance is {100 * UNDER_ESTIMATE_TOLERANCE:.0f} %): a device sized "
+                                "to the plan would run out of memory")
         capacity = plan_device.device.capacity_bytes if plan_device is not None else None
         if capacity is not None and measured_use(m) > capacity:
             problems.append(f"{_where(m)}: measured {_gib(measured_use(m))} is above its capacity {_gib(capacity)}")
@@ -168,6 +187,9 @@ def run_probe(
                                         for m in measurements)))
     if problems:
         summary += "; FAIL: " + "; ".join(dict.fromkeys(p.split(": ", 1)[1] for p in problems))
+    if findings:
+        summary += "; " + "; ".join(findings)
+    used = next((e for e in child.events if e["kind"] == "model_built"), {})
     return ProbeResult(
         status=status,
         steps=first["steps"],
@@ -180,6 +202,10 @@ def run_probe(
         summary=summary,
         problems=problems,
         layers=layers,
+        findings=findings,
+        attention=str(used.get("attention", "")),
+        lora_targets=list(used.get("lora_targets", [])),
+        lora_modules=int(used.get("lora_modules", 0)),
     )
 
 
@@ -242,13 +268,15 @@ def _span_names(ms: list[DeviceMeasurement]) -> str:
     return names if len(ms) == 1 else f"{len(ms)} ranks ({names})"
 
 
-def compare_with_plan(plan_device: Any, m: DeviceMeasurement) -> PlanComparison:
+def compare_with_plan(plan_device: Any, m: DeviceMeasurement, fit_bytes: int | None = None) -> PlanComparison:
     """Compare a device's plan with its measurement, component by component where measured.
 
-    The plan's total excludes nothing; on CPU its ``overhead`` line is 0 (the runtime is not a tensor), so it is compared
-    with the tracked tensor peak, not with RSS.
+    The plan's peak of tensors (``fit_bytes``, the bytes its fit is judged by, default its analytic peak, without the
+    ``overhead`` line: the CUDA context is not in peak allocated, and the CPU's runtime is not a tensor) is compared
+    with the peak allocated on CUDA, or the tracked tensor peak on the CPU (not RSS).
     """
-    planned = plan_device.total_bytes
+    overhead = plan_device.lines["overhead"].bytes
+    planned = (plan_device.total_bytes if fit_bytes is None else fit_bytes) - overhead
     components = {
         "weights": (plan_device.lines["weights"].bytes, m.weights_bytes),
         "gradients": (plan_device.lines["gradients"].bytes, m.gradients_bytes),
@@ -263,8 +291,9 @@ def compare_with_plan(plan_device: Any, m: DeviceMeasurement) -> PlanComparison:
         planned_bytes=planned,
         measured_bytes=m.peak_bytes,
         error_pct=error,
-        compared=f"plan total vs {m.peak_method}",
+        compared=f"the plan's peak of tensors (without the overhead line) vs {m.peak_method}",
         components=components,
+        under_estimate=under_estimate(planned, m.peak_bytes),
     )
 
 

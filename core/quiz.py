@@ -194,6 +194,7 @@ def _lora_vs_full(rec: dict[str, Any], seed: str) -> Question | None:
     trained_p = rec.get("model", {}).get("parameters_trainable")
     if not isinstance(total_p, int) or not isinstance(trained_p, int) or not total_p or not trained_p:
         return None
+    per_param, how = _state_bytes_per_parameter(rec["spec"])
     if mode == "full":
         prompt = (f"This full fine-tuning trains all {total_p:,} parameters. If LoRA replaced it (frozen base, small "
                   "adapters), which lines would shrink most?")
@@ -205,6 +206,8 @@ def _lora_vs_full(rec: dict[str, Any], seed: str) -> Question | None:
         prompt = (f"This LoRA run trains {trained_p:,} of {total_p:,} parameters. With full fine-tuning instead, "
                   "which lines would grow most?")
         right = f"Gradients and optimizer states ({_gib(grads_opt)} now): every parameter would have them"
+        if per_param:
+            right += f", about {_gib(total_p * per_param)} ({how})"
         wrong = [f"Activations ({_gib(comps.get('activations', 0))} now): only full fine-tuning keeps them at all",
                  f"Weights ({_gib(comps.get('weights', 0))} now): LoRA keeps the base model compressed in memory",
                  f"The KV cache ({_gib(comps.get('kv_cache', 0))} now): full fine-tuning keeps one per layer"]
@@ -213,9 +216,24 @@ def _lora_vs_full(rec: dict[str, Any], seed: str) -> Question | None:
                    "the tokens through every layer, frozen or not; LoRA saves only part of them (the record's "
                    "activations method says which). From the record: "
                    f"{trained_p:,} trained of {total_p:,}; gradients + optimizer states {_gib(grads_opt)} on "
-                   f"{device['name']}.")
+                   f"{device['name']}." + (f" Per trained parameter of this base: {how}." if per_param else ""))
     return _q("lora_vs_full", seed, prompt, right, wrong, explanation,
               ("model.parameters_total", "model.parameters_trainable", "plan.devices[0].components"))
+
+
+def _state_bytes_per_parameter(spec: dict[str, Any]) -> tuple[int, str]:
+    """Bytes of gradient + optimizer states per trained parameter of the record's base, in the dtype its parameters
+    were held in (precision pure: the spec's dtype; amp, and records of schema 1, which had no precision: fp32), and
+    the formula; (0, "") for Adafactor (factored states: not per parameter)."""
+    from core.spec import DTYPE_BYTES
+
+    dtype = spec.get("dtype", "fp32") if spec.get("precision", "amp") == "pure" else "fp32"
+    b = DTYPE_BYTES.get(dtype, 4)
+    states = {"adamw": (2, "2 AdamW moments"), "sgd": (1, "1 momentum buffer")}.get(spec.get("optimizer", "adamw"))
+    if states is None:
+        return 0, ""
+    n, what = states
+    return b * (1 + n), f"{b} B gradient + {what} x {b} B in {dtype}, the dtype the base is held in"
 
 
 def _memory_readings(rec: dict[str, Any], seed: str) -> Question | None:

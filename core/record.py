@@ -21,7 +21,10 @@ import tomli_w
 
 from core.spec import RunSpec
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+#: Versions ``gpuaccept verify`` reads: 1 (a plan's total is the sum of its components) and 2 (the peak of the step's
+#: phases; the fit judged by the larger of the analytic and traced peaks; probe findings).
+READABLE_VERSIONS = (1, 2)
 TOOL = "gpuaccept"
 
 
@@ -117,25 +120,31 @@ def build_record(spec: RunSpec, *, run_dir: Path, model: dict[str, Any], plan: A
     rec["seeds"] = {"provenance": "measured", "method": "the spec's seed, set in every child process with "
                     "transformers.set_seed and passed to Trainer as seed and data_seed",
                     "seed": spec.seed, "data_seed": spec.seed}
-    rec["plan"] = _plan_table(plan)
-    if plan is not None:
-        rec["plan"]["traced"] = traced if traced else {"status": "not_run",
-                                                        "reason": "the trace did not run before the probe started"}
+    rec["plan"] = _plan_table(plan, traced)
     rec["probe"] = _probe_table(probe)
     rec["data"], rec["evaluation"] = _evaluation_tables(spec, train_eval)
     rec["resume"] = _resume_table(resume)
-    rec["verdict"] = verdict(spec, plan, probe, train_eval, resume, stopped)
+    rec["verdict"] = verdict(spec, plan, probe, train_eval, resume, stopped, traced)
     return _clean(rec)
 
 
-def _plan_table(plan: Any) -> dict[str, Any]:
+def _plan_table(plan: Any, traced: dict[str, Any] | None) -> dict[str, Any]:
+    """The analytic plan per device (its phases, lines and peak), the traced plan beside it, and each device's fit
+    judged by the larger of the two (``fit_bytes``, ``fit_judged_by``, ``fits``; core/fit.py)."""
+    from core.fit import fit_verdicts
+
     if plan is None:
         return {"provenance": "not_run"}
     data = plan.to_json()
+    for device, fit in zip(data["devices"], fit_verdicts(plan, traced)):
+        device.update(fit_bytes=fit.bytes, fit_judged_by=fit.judged_by, fits=fit.fits)
     return {
         "provenance": "estimated",
-        "method": "analytic per-component ledger (see each line's method); model built on the meta device for counts",
+        "method": "analytic: the peak of the step over its phases (forward, backward, optimizer step), each line its "
+                  "component's largest value (see each line's method); model built on the meta device for counts",
         **data,
+        "traced": traced if traced else {"status": "not_run", "reason": "the trace did not run before the probe "
+                                                                        "started"},
     }
 
 
@@ -152,10 +161,15 @@ def _probe_table(probe: Any) -> dict[str, Any]:
         "devices": [dataclasses.asdict(d) for d in probe.devices],
         "placement": probe.placement,
         "problems": list(probe.problems),
+        "findings": list(probe.findings),
+        "attention_implementation": probe.attention,
+        **({"lora_targets_resolved": probe.lora_targets, "lora_modules_adapted": probe.lora_modules}
+           if probe.lora_targets else {}),
         **({"layer_placement": probe.layers} if getattr(probe, "layers", None) else {}),
         "plan_comparison": [
             {"device": c.device, "rank": c.rank, "planned_bytes": c.planned_bytes, "measured_bytes": c.measured_bytes,
              "error_pct": c.error_pct, "compared": c.compared,
+             **({"under_estimate_pct": 100 * c.under_estimate} if c.under_estimate is not None else {}),
              "components": {k: {"planned_bytes": p, **({"measured_bytes": m} if m is not None else {"measured": "not measured on its own (inside the peak)"})}
                             for k, (p, m) in c.components.items()}}
             for c in probe.comparisons
@@ -217,7 +231,7 @@ def _resume_table(r: Any) -> dict[str, Any]:
 
 
 def verdict(spec: RunSpec, plan: Any, probe: Any, te: Any, resume: Any,
-            stopped: dict[str, str] | None = None) -> dict[str, Any]:
+            stopped: dict[str, str] | None = None, traced: dict[str, Any] | None = None) -> dict[str, Any]:
     """Overall verdict: pass only when every stage that applies passed; each stage's status and evidence are listed.
 
     Args:
@@ -227,12 +241,14 @@ def verdict(spec: RunSpec, plan: Any, probe: Any, te: Any, resume: Any,
     stopped = stopped or {}
     stages: dict[str, dict[str, str]] = {}
     if plan is not None:
-        fits = [d.fits for d in plan.devices]
-        st = "pass" if all(f is not False for f in fits) else "fail"
+        from core.fit import fit_verdicts
+
+        fits = fit_verdicts(plan, traced)
+        st = "pass" if all(f.fits is not False for f in fits) else "fail"
         stages["plan"] = {"status": st, "evidence": "; ".join(
-            f"{d.device.name}: planned {d.total_bytes / 2**30:.2f} GiB of "
+            f"{f.device}: planned {f.bytes / 2**30:.2f} GiB ({f.untraced_note}) of "
             + (f"{d.device.capacity_bytes / 2**30:.2f} GiB ({d.device.capacity_source})" if d.device.capacity_bytes
-               else "unknown capacity") for d in plan.devices)}
+               else "unknown capacity") for f, d in zip(fits, plan.devices))}
     else:
         stages["plan"] = {"status": "not_run", "evidence": "the plan did not run"}
     for name, key, res in (("probe", "probe", probe), ("evaluation", "train_eval", te), ("resume", "resume", resume)):
@@ -286,8 +302,9 @@ def schema_problems(rec: dict[str, Any]) -> list[str]:
 
     out: list[str] = []
     version = rec.get("schema_version")
-    if isinstance(version, bool) or not isinstance(version, int) or version != SCHEMA_VERSION:
-        out.append(f"schema_version is {rec.get('schema_version')!r}; this gpuaccept reads version {SCHEMA_VERSION}")
+    if isinstance(version, bool) or not isinstance(version, int) or version not in READABLE_VERSIONS:
+        out.append(f"schema_version is {rec.get('schema_version')!r}; this gpuaccept reads versions "
+                   f"{', '.join(map(str, READABLE_VERSIONS))}")
         return out
     if rec.get("tool") != TOOL or not isinstance(rec.get("tool_version"), str):
         out.append("tool must be \"gpuaccept\" with a tool_version string")

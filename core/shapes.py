@@ -19,6 +19,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from core.spec import ALL_LINEAR
+
 #: Families and their bias rules: (q/k/v bias, o bias, MLP bias) from the config, or fixed.
 FAMILIES = ("llama", "mistral", "qwen2")
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -73,8 +75,9 @@ def fast_config(raw: dict[str, Any]) -> FastConfig | None:
 
 
 def lora_supported(targets: tuple[str, ...]) -> bool:
-    """LoRA on these targets can be summarised here (the seven projections only)."""
-    return bool(targets) and all(t in PROJECTIONS for t in targets)
+    """LoRA on these targets can be summarised here (the seven projections, or peft's ``all-linear``: the seven
+    projections, as peft resolves it for these families: every linear layer but the LM head)."""
+    return targets == (ALL_LINEAR,) or (bool(targets) and all(t in PROJECTIONS for t in targets))
 
 
 def parameters(config: FastConfig, mode: str, lora: Any, dtype: str | None) -> list[dict[str, Any]]:
@@ -91,7 +94,7 @@ def parameters(config: FastConfig, mode: str, lora: Any, dtype: str | None) -> l
     mlp_bias = bool(c.raw.get("mlp_bias", False)) if family == "llama" else False
     base = dtype or "fp32"
     train_base = mode == "full"
-    targets = set(lora.targets) if mode == "lora" else set()
+    targets = (set(PROJECTIONS) if lora.targets == (ALL_LINEAR,) else set(lora.targets)) if mode == "lora" else set()
     out: list[dict[str, Any]] = []
 
     def param(module: str, layer: int | None, shape: tuple[int, ...], kind: str, trainable: bool,

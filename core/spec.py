@@ -9,6 +9,8 @@ TOML layout (every key optional; the defaults are the embedded model and text)::
     mode = "lora"                 # inference | full | lora
     model = "smollm2-135m"        # embedded | local HF directory | cached HF id | config.json (plan only)
     dtype = "fp32"                # fp32 | bf16 | fp16
+    precision = "pure"            # pure: the model loaded in dtype | amp: fp32 weights, autocast to dtype (moot for fp32)
+    attn_implementation = "sdpa"  # sdpa | eager | flash_attention_2 (passed to from_pretrained)
     batch_size = 4                # micro-batch per device
     seq_len = 128
     grad_accum = 1
@@ -31,7 +33,7 @@ TOML layout (every key optional; the defaults are the embedded model and text)::
     r = 8
     alpha = 16
     dropout = 0.0
-    targets = ["q_proj", "v_proj"]
+    targets = ["q_proj", "v_proj"] # module names, or ["all-linear"] (peft: every linear layer but the LM head)
 
     [resume]
     check = true
@@ -62,6 +64,16 @@ from core.errors import SpecError
 
 MODES = ("inference", "full", "lora")
 DTYPES = ("fp32", "bf16", "fp16")
+#: How the dtype is used (README "Precision"): ``pure`` loads the model in ``dtype`` (parameters, gradients and
+#: optimizer states in it; LoRA adapters fp32, as peft keeps them); ``amp`` keeps fp32 parameters, gradients and
+#: optimizer states and runs forward and backward under autocast in ``dtype`` (Trainer's bf16=True on an fp32 model).
+PRECISIONS = ("pure", "amp")
+#: Attention implementations passed to ``from_pretrained(attn_implementation=...)``.
+ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2")
+#: peft's keyword for "every linear layer but the output layer" (``LoraConfig(target_modules="all-linear")``).
+ALL_LINEAR = "all-linear"
+#: torch dtype attribute of each dtype name.
+TORCH_DTYPE_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 OPTIMIZERS = ("adamw", "sgd", "adafactor")
 SCHEDULERS = ("linear", "cosine", "constant")
 #: How a run is spread over devices (DESIGN §3). ``fsdp`` is accepted and stored as ``zero3`` (FSDP full shard).
@@ -206,6 +218,8 @@ class RunSpec:
     mode: str = "lora"
     model: str = EMBEDDED_MODEL
     dtype: str = "fp32"
+    precision: str = "pure"
+    attn_implementation: str = "sdpa"
     batch_size: int = 4
     seq_len: int = 128
     grad_accum: int = 1
@@ -307,6 +321,10 @@ class RunSpec:
         """
         if self.dtype not in DTYPES:
             raise SpecError("dtype", f"{self.dtype!r} is not supported; choose one of {', '.join(DTYPES)}")
+        self._check_precision()
+        if self.attn_implementation not in ATTN_IMPLEMENTATIONS:
+            raise SpecError("attn_implementation", f"{self.attn_implementation!r} is not supported; choose one of "
+                                                   f"{', '.join(ATTN_IMPLEMENTATIONS)}")
         if self.optimizer not in OPTIMIZERS:
             raise SpecError("optimizer", f"{self.optimizer!r} is not supported; choose one of {', '.join(OPTIMIZERS)}")
         if self.lr_scheduler not in SCHEDULERS:
@@ -339,6 +357,9 @@ class RunSpec:
                 raise SpecError("lora.dropout", f"must be in [0, 1) (got {self.lora.dropout})")
             if not self.lora.targets:
                 raise SpecError("lora.targets", "name at least one module, e.g. q_proj,v_proj")
+            if ALL_LINEAR in self.lora.targets and len(self.lora.targets) > 1:
+                raise SpecError("lora.targets", f"{ALL_LINEAR} already names every linear layer but the LM head; give "
+                                                f"it alone, or list module names without it")
         if self.mode != "inference" and self.resume.check:
             r = self.resume
             if r.checkpoint_every < 1:
@@ -369,6 +390,25 @@ class RunSpec:
                 raise SpecError("data", f"{self.data!r}: give 'embedded' or a .txt / .jsonl file")
             if not path.is_file():
                 raise SpecError("data", f"file {self.data} not found; give 'embedded' or an existing .txt / .jsonl file")
+
+    def _check_precision(self) -> None:
+        """``precision`` is one of :data:`PRECISIONS`; what cannot run is refused here, naming the fix.
+
+        - pure fp16 full fine-tuning: every gradient would be fp16, and the GradScaler that fp16 training needs
+          refuses them (``torch.amp.GradScaler.unscale_``: "Attempting to unscale FP16 gradients."; checked in
+          tests/test_precision.py). LoRA on an fp16 base is fine: its adapters and their gradients are fp32.
+        - amp for inference: there is no master copy to keep; inference loads the weights in ``dtype``.
+        """
+        if self.precision not in PRECISIONS:
+            raise SpecError("precision", f"{self.precision!r} is not a precision; choose pure (the model loaded in "
+                                         f"dtype) or amp (fp32 weights, autocast to dtype)")
+        if self.precision == "pure" and self.dtype == "fp16" and self.mode == "full":
+            raise SpecError("precision", "pure fp16 full fine-tuning makes every gradient fp16, and the GradScaler "
+                                         "fp16 training needs refuses them (\"Attempting to unscale FP16 gradients\"); "
+                                         "set precision = \"amp\" (fp32 master weights) or dtype = \"bf16\"")
+        if self.precision == "amp" and self.mode == "inference":
+            raise SpecError("precision", "amp keeps fp32 master weights for training; inference loads the weights in "
+                                         "dtype: set precision = \"pure\" (the default) or choose mode full or lora")
 
     def _check_torchrun(self, count: int | None) -> None:
         t = self.torchrun
@@ -420,8 +460,26 @@ class RunSpec:
 
     @property
     def dtype_bytes(self) -> int:
-        """Bytes per element of :attr:`dtype`."""
+        """Bytes per element of :attr:`dtype` (the compute dtype: activations, logits before the loss)."""
         return DTYPE_BYTES[self.dtype]
+
+    @property
+    def param_dtype(self) -> str:
+        """The dtype the model's parameters are loaded and kept in: :attr:`dtype` under ``pure``, fp32 under ``amp``
+        (master weights; forward and backward autocast to :attr:`dtype`). LoRA adapters are fp32 either way."""
+        return "fp32" if self.precision == "amp" else self.dtype
+
+    @property
+    def autocast(self) -> bool:
+        """Training runs under autocast to :attr:`dtype` (Trainer's ``bf16=True`` / ``fp16=True``): every 16-bit
+        training run, amp or pure (on a 16-bit model autocast leaves the base alone and computes fp32 adapters in
+        :attr:`dtype`, as Trainer does)."""
+        return self.training and self.dtype != "fp32"
+
+    @property
+    def all_linear(self) -> bool:
+        """LoRA targets peft's ``all-linear``: every linear layer but the LM head."""
+        return self.mode == "lora" and self.lora.targets == (ALL_LINEAR,)
 
     def to_dict(self) -> dict[str, Any]:
         """A TOML/JSON-ready mapping (tuples become lists), the inverse of :meth:`from_dict`."""
@@ -592,7 +650,7 @@ def validate_against_config(spec: RunSpec, max_positions: int | None, module_nam
             f"{spec.seq_len} is above the model's max_position_embeddings ({max_positions}); "
             f"use a sequence length of at most {max_positions}",
         )
-    if spec.mode == "lora" and module_names is not None:
+    if spec.mode == "lora" and module_names is not None and not spec.all_linear:
         missing = [t for t in spec.lora.targets if t not in module_names]
         if missing:
             raise SpecError(

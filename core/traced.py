@@ -38,12 +38,12 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.spec import RunSpec
+from core.phases import PHASES
+from core.spec import TORCH_DTYPE_NAMES, RunSpec
 
 #: The tensor components the trace measures (the plan's COMPONENTS without ``overhead``).
 TRACED_COMPONENTS = ("weights", "gradients", "optimizer_states", "activations", "temporaries", "kv_cache")
 
-_TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 _CATEGORY_TO_COMPONENT = {
     "PARAM": "weights",
     "GRAD": "gradients",
@@ -68,6 +68,10 @@ class TracedPlan:
         seconds: wall time of the trace (build, warm-up step, traced step), seconds.
         tensors: ``"fake"`` or ``"real"``.
         modules: per-module peaks (module name -> bytes) when traced with ``fast=False``; empty otherwise.
+        phases: the peak of each phase of the step (:data:`core.phases.PHASES`: every micro-batch's forward with its
+            loss, every micro-batch's backward, the optimizer step with ``zero_grad``; inference: ``forward`` only),
+            each as bytes per component at that phase's own peak; the overall peak is the largest of them. The
+            optimizer step's buffers, which MemTracker files as optimizer states, are counted as temporaries.
     """
 
     components: dict[str, int]
@@ -77,6 +81,21 @@ class TracedPlan:
     seconds: float
     tensors: str
     modules: dict[str, int] = field(default_factory=dict)
+    phases: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    @property
+    def maxima(self) -> dict[str, int]:
+        """Each component's largest value over the phases (the analytic plan's lines are the same kind of number)."""
+        if not self.phases:
+            return dict(self.components)
+        return {name: max(p.get(name, 0) for p in self.phases.values()) for name in TRACED_COMPONENTS}
+
+    @property
+    def peak_phase(self) -> str | None:
+        """The phase whose peak is the overall peak (the first of :data:`PHASES` on a tie), or None without phases."""
+        if not self.phases:
+            return None
+        return max(self.phases, key=lambda p: (sum(self.phases[p].values()), -PHASES.index(p)))
 
     def to_json(self) -> dict[str, Any]:
         """JSON-ready (ints and strings) for ``gpuaccept plan --json`` and the record."""
@@ -86,6 +105,8 @@ class TracedPlan:
             "tensors": self.tensors,
             "components": {k: int(v) for k, v in self.components.items()},
             "peak_bytes": int(self.peak_bytes),
+            "peak_phase": self.peak_phase or "",
+            "phases": {p: {k: int(v) for k, v in c.items()} for p, c in self.phases.items()},
             "categories": {k: int(v) for k, v in self.categories.items()},
             "seconds": round(self.seconds, 3),
         }
@@ -114,12 +135,13 @@ class PlanDifference:
     """The analytic plan of one device beside the traced plan.
 
     Attributes:
-        lines: one :class:`LineDifference` per traced component.
+        lines: one :class:`LineDifference` per traced component: its largest value over the phases, analytic vs traced.
         most_different: the component with the largest absolute difference in bytes.
-        analytic_tensor_bytes: the analytic plan's total without its overhead line (the trace has none).
+        analytic_tensor_bytes: the analytic peak of the step without its overhead line (the trace has none).
         traced_peak_bytes: the traced peak.
-        note: what the comparison does not cover (the overhead line; the analytic total is a sum of each
-            component's own maximum, the traced peak is one moment).
+        note: what the comparison does not cover (the overhead line).
+        phases: per phase (:data:`PHASES`), the analytic phase's tensor bytes vs the traced phase's peak.
+        analytic_peak_phase: the phase the analytic peak is in.
     """
 
     lines: list[LineDifference]
@@ -127,36 +149,43 @@ class PlanDifference:
     analytic_tensor_bytes: int
     traced_peak_bytes: int
     note: str
+    phases: list[LineDifference] = field(default_factory=list)
+    analytic_peak_phase: str = ""
 
     @property
     def relative(self) -> float | None:
-        """(traced peak - analytic tensor total) / analytic tensor total."""
+        """(traced peak - analytic tensor peak) / analytic tensor peak."""
         if not self.analytic_tensor_bytes:
             return None
         return (self.traced_peak_bytes - self.analytic_tensor_bytes) / self.analytic_tensor_bytes
 
 
 def relative_text(analytic: int, traced: int) -> str:
-    """(traced - analytic) / analytic as ``+12%``; ``n/a`` when only the trace has bytes, empty when both are 0."""
+    """(traced - analytic) / analytic as ``+12.0%``; ``n/a`` when only the trace has bytes, empty when both are 0."""
     if analytic:
-        return f"{(traced - analytic) / analytic:+.0%}"
+        return f"{(traced - analytic) / analytic:+.1%}"
     return "n/a" if traced else ""
 
 
 def compare(device_plan: Any, traced: TracedPlan) -> PlanDifference:
-    """Line by line, the analytic ``device_plan`` (:class:`core.plan.DevicePlan`) against ``traced``.
+    """The analytic ``device_plan`` (:class:`core.plan.DevicePlan`) against ``traced``: each component's largest value
+    over the phases, each phase's bytes, and the peaks (the analytic one without its overhead line: the trace has none).
 
     The most different line is the one with the largest absolute byte difference (ties: the first in
     :data:`TRACED_COMPONENTS`).
     """
-    lines = [LineDifference(name, int(device_plan.lines[name].bytes), int(traced.components.get(name, 0)))
+    maxima = traced.maxima
+    lines = [LineDifference(name, int(device_plan.lines[name].bytes), int(maxima.get(name, 0)))
              for name in TRACED_COMPONENTS]
     most = max(lines, key=lambda d: abs(d.difference_bytes))
-    analytic = sum(d.analytic_bytes for d in lines)
-    note = ("The analytic plan sums each component's own maximum; the trace is the single moment of the peak (e.g. "
-            "gradients not yet all created, activations partly freed). Overhead (CUDA context) is not a tensor and is "
-            "not traced.")
-    return PlanDifference(lines, most.component, analytic, traced.peak_bytes, note)
+    overhead = device_plan.lines["overhead"].bytes
+    phases = [LineDifference(name, device_plan.phases[name].total_bytes - overhead, sum(traced.phases[name].values()))
+              for name in PHASES if name in device_plan.phases and name in traced.phases]
+    note = ("Both totals are the peak of the step (its largest phase); each line is its component's largest value over "
+            "the phases. Overhead (CUDA context) is not a tensor and is not traced.")
+    peak_phase = device_plan.peak_phase.name if device_plan.peak_phase else ""
+    return PlanDifference(lines, most.component, device_plan.total_bytes - overhead, traced.peak_bytes, note, phases,
+                          peak_phase)
 
 
 def trace_plan(spec: RunSpec, config: Any, *, target: str = "cuda", fast: bool = True, real: bool = False) -> TracedPlan:
@@ -183,8 +212,8 @@ def trace_plan(spec: RunSpec, config: Any, *, target: str = "cuda", fast: bool =
     from core.plan import build_meta_model
 
     started = time.perf_counter()
-    param_dtype = "fp32" if spec.training else spec.dtype
-    model = build_meta_model(config, spec.mode, spec.lora if spec.mode == "lora" else None, param_dtype)
+    model = build_meta_model(config, spec.mode, spec.lora if spec.mode == "lora" else None, spec.param_dtype,
+                             traced_attention(spec))
     fake_mode = None if real else FakeTensorMode()
     context = fake_mode if fake_mode is not None else _Nothing()
     generator = torch.Generator().manual_seed(spec.seed)
@@ -212,18 +241,28 @@ def trace_plan(spec: RunSpec, config: Any, *, target: str = "cuda", fast: bool =
             step()  # warm-up: creates the optimizer states, so the traced step is the steady state
         tracker = _tracker(fast)
         tracker.track_external(model, *( [optimizer] if optimizer is not None else []))
+        # phase -> MemTracker's categories at that phase's own peak (the largest over micro-batches)
+        phases: dict[str, dict[str, int]] = {}
+
+        def mark(phase: str) -> None:
+            """End of a phase: keep its peak if above an earlier one of the same phase, then start the next."""
+            categories = _categories(next(iter(tracker._peak_mem_snap.values()), {}))
+            if sum(categories.values()) > sum(phases.get(phase, {}).values()):
+                phases[phase] = categories
+            tracker._peak_mem.clear()  # the next phase's peak starts from what is alive now
+            tracker._peak_mem_snap.clear()
+
         with tracker:
-            kv_bytes = step(between=tracker.reset_mod_stats)  # MemTracker refuses a second forward otherwise
-        peak = tracker.get_tracker_snapshot("peak")
-    snapshot = next(iter(peak.values()), {}) if peak else {}
-    categories = {_category_name(k): int(v) for k, v in snapshot.items() if _category_name(k) != "Total"}
-    components = dict.fromkeys(TRACED_COMPONENTS, 0)
-    for name, value in categories.items():
-        components[_CATEGORY_TO_COMPONENT.get(name, "temporaries")] += value
-    if spec.mode == "inference" and kv_bytes:
-        moved = min(kv_bytes, components["activations"])
-        components["kv_cache"] = moved
-        components["activations"] -= moved
+            # reset_mod_stats between micro-batches: MemTracker refuses a second forward otherwise
+            kv_bytes = step(between=tracker.reset_mod_stats, mark=mark)
+    by_phase = {p: _components(spec, categories, kv_bytes) for p, categories in phases.items()}
+    if "optimizer_step" in by_phase:  # MemTracker files the step's buffers under OPT: they are not states
+        step = by_phase["optimizer_step"]
+        extra = max(0, step["optimizer_states"] - by_phase["forward"]["optimizer_states"])
+        step["optimizer_states"] -= extra
+        step["temporaries"] += extra
+    peak_phase = max(by_phase, key=lambda p: (sum(by_phase[p].values()), -PHASES.index(p)))
+    components = by_phase[peak_phase]
     modules: dict[str, int] = {}
     if not fast:
         for stats in tracker.memory_tracking.values():
@@ -232,12 +271,31 @@ def trace_plan(spec: RunSpec, config: Any, *, target: str = "cuda", fast: bool =
     return TracedPlan(
         components=components,
         peak_bytes=sum(components.values()),
-        categories=categories,
+        categories=phases[peak_phase],
         method=_method(spec, target, real, fast),
         seconds=time.perf_counter() - started,
         tensors="real" if real else "fake",
         modules=modules,
+        phases=by_phase,
     )
+
+
+def _categories(snapshot: dict[Any, int]) -> dict[str, int]:
+    """MemTracker's snapshot as category name -> bytes, without its total."""
+    return {_category_name(k): int(v) for k, v in snapshot.items() if _category_name(k) != "Total"}
+
+
+def _components(spec: RunSpec, categories: dict[str, int], kv_bytes: int) -> dict[str, int]:
+    """MemTracker's categories mapped to the plan's components (:data:`_CATEGORY_TO_COMPONENT`); for inference the KV
+    cache the forward returned (``kv_bytes``) is moved out of the activations."""
+    components = dict.fromkeys(TRACED_COMPONENTS, 0)
+    for name, value in categories.items():
+        components[_CATEGORY_TO_COMPONENT.get(name, "temporaries")] += value
+    if spec.mode == "inference" and kv_bytes:
+        moved = min(kv_bytes, components["activations"])
+        components["kv_cache"] = moved
+        components["activations"] -= moved
+    return components
 
 
 # ------------------------------------------------------------------------------------------------------------ helpers
@@ -276,9 +334,25 @@ def _category_name(key: Any) -> str:
     return getattr(key, "name", str(key))
 
 
+def traced_attention(spec: RunSpec) -> str:
+    """The attention implementation the trace runs: the spec's, but SDPA for ``flash_attention_2`` (no flash kernel
+    on the CPU; both are fused kernels that save q, k, v, the output and a log-sum-exp per row, not the scores)."""
+    return "sdpa" if spec.attn_implementation == "flash_attention_2" else spec.attn_implementation
+
+
 def _method(spec: RunSpec, target: str, real: bool, fast: bool) -> str:
-    precision = ("mixed precision: fp32 weights, autocast to " + spec.dtype) if spec.training and spec.dtype != "fp32" \
-        else spec.dtype
+    if spec.param_dtype != spec.dtype:
+        precision = f"amp: fp32 weights, autocast to {spec.dtype}"
+    elif spec.autocast:
+        precision = f"pure {spec.dtype}: weights in {spec.dtype}" + (", LoRA adapters fp32" if spec.mode == "lora" else "") + \
+            f", autocast to {spec.dtype}"
+    else:
+        precision = spec.param_dtype
+    attention = traced_attention(spec)
+    if attention != spec.attn_implementation:
+        precision += f", {attention} attention for {spec.attn_implementation} (no flash kernel on the CPU)"
+    else:
+        precision += f", {attention} attention"
     what = "one forward under no_grad (KV cache from the config)" if spec.mode == "inference" else (
         f"one steady-state step after a warm-up step ({spec.optimizer}, foreach={'True' if target == 'cuda' else 'False'}"
         f" as torch picks it on {target}"
@@ -328,19 +402,22 @@ def _optimizer(spec: RunSpec, model: Any, foreach: bool) -> Any:
 
 
 def _step_fn(spec: RunSpec, model: Any, batch: dict[str, Any], optimizer: Any) -> Any:
-    """A function running one step; returns the KV cache bytes (inference) or 0. ``between`` runs between micro-batches."""
+    """A function running one step; returns the KV cache bytes (inference) or 0. ``between`` runs between
+    micro-batches; ``mark(phase)`` at the end of each phase (:data:`PHASES`)."""
     import torch
 
-    autocast = spec.training and spec.dtype != "fp32"
-    dtype = getattr(torch, _TORCH_DTYPES[spec.dtype])
+    autocast = spec.autocast
+    dtype = getattr(torch, TORCH_DTYPE_NAMES[spec.dtype])
     micro_batches = 2 if spec.grad_accum > 1 else 1
 
-    def step(between: Any = None) -> int:
+    def step(between: Any = None, mark: Any = None) -> int:
+        mark = mark or (lambda phase: None)
         if optimizer is None:
             with torch.no_grad():
                 out = model(**batch)
                 kv = _cache_bytes(out["cache"] if "cache" in out else out.get("past_key_values"))
                 del out
+            mark("forward")
             return kv
         for i in range(micro_batches):
             if i and between is not None:
@@ -349,10 +426,13 @@ def _step_fn(spec: RunSpec, model: Any, batch: dict[str, Any], optimizer: Any) -
                 out = model(**batch)
             loss = out.loss / spec.grad_accum
             del out
+            mark("forward")
             loss.backward()
             del loss
+            mark("backward")
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        mark("optimizer_step")
         return 0
 
     return step
@@ -479,6 +559,9 @@ def comparison_json(traced: TracedPlan, difference: PlanDifference, device_name:
     out["analytic_tensor_bytes"] = int(difference.analytic_tensor_bytes)
     out["lines"] = {d.component: {"analytic_bytes": d.analytic_bytes, "traced_bytes": d.traced_bytes}
                     for d in difference.lines}
+    out["phase_totals"] = {d.component: {"analytic_bytes": d.analytic_bytes, "traced_bytes": d.traced_bytes}
+                           for d in difference.phases}
+    out["analytic_peak_phase"] = difference.analytic_peak_phase
     out["note"] = difference.note
     return out
 
@@ -487,7 +570,8 @@ def traced_from_json(data: dict[str, Any]) -> TracedPlan:
     """The inverse of :meth:`TracedPlan.to_json` (per-module peaks are not carried)."""
     return TracedPlan(components={k: int(v) for k, v in data["components"].items()}, peak_bytes=int(data["peak_bytes"]),
                       categories={k: int(v) for k, v in data["categories"].items()}, method=str(data["method"]),
-                      seconds=float(data["seconds"]), tensors=str(data["tensors"]))
+                      seconds=float(data["seconds"]), tensors=str(data["tensors"]),
+                      phases={p: {k: int(v) for k, v in c.items()} for p, c in data.get("phases", {}).items()})
 
 
 def trace_in_child(spec: RunSpec, target: str, cancelled: Any = None, timeout_s: float = 600.0) -> TracedPlan:

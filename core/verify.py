@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from core.fit import fit_of, traced_peak, under_estimate
 from core.probe import wrapper_problem
 
 EXIT_VERIFIED, EXIT_USAGE, EXIT_UNSIGNED, EXIT_BAD_SIGNATURE, EXIT_SCHEMA, EXIT_VERDICT = 0, 2, 3, 4, 5, 6
@@ -122,6 +123,96 @@ def count(value: Any, where: str) -> int:
 STAGES = ("plan", "probe", "evaluation", "resume")
 
 
+def _plan_verdict(rec: dict[str, Any], problems: list[str], computed: dict[str, str]
+                  ) -> tuple[dict[str, int | None], dict[str, int]]:
+    """The plan stage recomputed from the record's plan table (appends to ``problems``, sets ``computed["plan"]``).
+
+    Schema 2: every device's phases list every component; its total is the largest phase (the peak of the step), no
+    phase holds more of a component than its line, ``sum_of_components_bytes`` is the sum of the lines; its fit is
+    judged by the larger of that peak and the traced one (with what a trace cannot see, ``untraced_bytes``;
+    core/fit.py), ``fits`` = that <= the device's capacity. Schema 1: the total is the sum of the components.
+
+    Returns:
+        (capacity by device name, the plan's tensor bytes by device name: what a probe's peak is compared with).
+    """
+    from core.plan import COMPONENTS
+
+    plan = rec["plan"]
+    capacity: dict[str, int | None] = {}
+    tensors: dict[str, int] = {}
+    if plan.get("provenance") == "not_run":
+        computed["plan"] = "not_run"
+        return capacity, tensors
+    if plan.get("provenance") != "estimated":
+        problems.append(f"plan.provenance is {plan.get('provenance')!r}: a plan is estimated or not_run")
+        return capacity, tensors
+    v2 = rec.get("schema_version", 1) >= 2
+    peak = traced_peak(plan.get("traced")) if v2 else None
+    fails = False
+    devices = plan.get("devices", [])
+    if not devices:
+        problems.append("plan is estimated but plans no device")
+    for i, d in enumerate(devices):
+        name = str(d.get("name"))
+        where = f"plan.devices[{i}]"
+        comps = d.get("components", {})
+        if not isinstance(comps, dict) or sorted(comps) != sorted(COMPONENTS):
+            problems.append(f"plan device {name}: components must be exactly {', '.join(COMPONENTS)}")
+            comps = comps if isinstance(comps, dict) else {}
+        lines = {k: count(v, f"{where}.components.{k}") for k, v in comps.items()}
+        stated_total = count(d.get("total_bytes"), f"{where}.total_bytes")
+        if v2:
+            total = _phases_total(name, d, lines, problems, where)
+        else:
+            total = sum(lines.values())
+        if total != stated_total:
+            what = "its largest phase holds" if v2 else "components sum to"
+            problems.append(f"plan device {name}: {what} {total} B, total_bytes says {stated_total}")
+        cap = d.get("capacity_bytes")
+        capacity[name] = None if cap is None else count(cap, f"{where}.capacity_bytes")
+        fit = fit_of(name, capacity[name], stated_total, count(d.get("untraced_bytes", 0), f"{where}.untraced_bytes"),
+                     peak, str(plan.get("strategy", "single")))
+        tensors[name] = (fit.bytes - lines.get("overhead", 0)) if v2 else stated_total
+        if v2 and (d.get("fit_bytes") != fit.bytes or d.get("fit_judged_by") != fit.judged_by):
+            problems.append(f"plan device {name}: the fit is judged by {fit.bytes} B ({fit.judged_by}: the larger of "
+                            f"the analytic and traced peaks), the record says {d.get('fit_bytes')} "
+                            f"({d.get('fit_judged_by')})")
+        if cap is None:
+            if d.get("fits") is not None:
+                problems.append(f"plan device {name}: fits = {d['fits']} without a capacity to fit in")
+            continue
+        if d.get("fits") is not fit.fits:
+            problems.append(f"plan device {name}: {fit.bytes} B vs capacity {cap} B means fits = {fit.fits}, the "
+                            f"record says {d.get('fits')}")
+        fails = fails or not fit.fits
+    computed["plan"] = "fail" if fails else "pass"
+    return capacity, tensors
+
+
+def _phases_total(name: str, d: dict[str, Any], lines: dict[str, int], problems: list[str], where: str) -> int:
+    """The largest phase's total of a schema-2 device plan; no phase may hold more of a component than its line (the
+    line is that component's largest value over the step) and ``peak_phase`` must be the largest phase."""
+    phases = d.get("phases")
+    if not isinstance(phases, dict) or not phases:
+        problems.append(f"plan device {name}: no phases (schema 2 plans the phases of the step)")
+        return sum(lines.values())
+    totals: dict[str, int] = {}
+    for phase, body in phases.items():
+        comps = body.get("components", {}) if isinstance(body, dict) else {}
+        totals[phase] = sum(count(v, f"{where}.phases.{phase}.components.{k}") for k, v in comps.items())
+        for k, line in lines.items():
+            if count(comps.get(k, 0), f"{where}.phases.{phase}.components.{k}") > line:
+                problems.append(f"plan device {name}: {k} holds {comps.get(k)} B in the {phase} phase, above its line "
+                                f"({line} B, its largest value)")
+    top = max(totals, key=lambda p: totals[p])
+    if totals.get(str(d.get("peak_phase")), -1) != totals[top]:
+        problems.append(f"plan device {name}: peak_phase is {d.get('peak_phase')!r}, the largest phase is {top!r}")
+    if d.get("sum_of_components_bytes") != sum(lines.values()):
+        problems.append(f"plan device {name}: sum_of_components_bytes is {d.get('sum_of_components_bytes')}, the lines "
+                        f"sum to {sum(lines.values())}")
+    return totals[top]
+
+
 def expected_world_size(spec: dict[str, Any], planned_devices: int) -> int | None:
     """The ranks a record's spec runs (one per planned device of a node for ddp / zero*, unless ``nproc_per_node``
     says; x ``nnodes``), or None when the spec table does not say."""
@@ -176,38 +267,7 @@ def recompute_verdicts(rec: dict[str, Any]) -> list[str]:
 
     # plan ---------------------------------------------------------------------------------------------------------
     plan = rec["plan"]
-    capacity: dict[str, int | None] = {}
-    if plan.get("provenance") == "estimated":
-        fails = False
-        devices = plan.get("devices", [])
-        if not devices:
-            problems.append("plan is estimated but plans no device")
-        for i, d in enumerate(devices):
-            name = str(d.get("name"))
-            comps = d.get("components", {})
-            if not isinstance(comps, dict) or sorted(comps) != sorted(COMPONENTS):
-                problems.append(f"plan device {name}: components must be exactly {', '.join(COMPONENTS)}")
-                comps = comps if isinstance(comps, dict) else {}
-            total = sum(count(v, f"plan.devices[{i}].components.{k}") for k, v in comps.items())
-            stated_total = count(d.get("total_bytes"), f"plan.devices[{i}].total_bytes")
-            if total != stated_total:
-                problems.append(f"plan device {name}: components sum to {total} B, total_bytes says {stated_total}")
-            cap = d.get("capacity_bytes")
-            capacity[name] = None if cap is None else count(cap, f"plan.devices[{i}].capacity_bytes")
-            if cap is None:
-                if "fits" in d:
-                    problems.append(f"plan device {name}: fits = {d['fits']} without a capacity to fit in")
-                continue
-            fits = stated_total <= cap
-            if d.get("fits") is not fits:
-                problems.append(f"plan device {name}: total {stated_total} B vs capacity {cap} B means fits = {fits}, "
-                                f"the record says {d.get('fits')}")
-            fails = fails or not fits
-        computed["plan"] = "fail" if fails else "pass"
-    elif plan.get("provenance") == "not_run":
-        computed["plan"] = "not_run"
-    else:
-        problems.append(f"plan.provenance is {plan.get('provenance')!r}: a plan is estimated or not_run")
+    capacity, planned_tensors = _plan_verdict(rec, problems, computed)
 
     # probe --------------------------------------------------------------------------------------------------------
     probe = rec["probe"]
@@ -252,16 +312,21 @@ def recompute_verdicts(rec: dict[str, Any]) -> list[str]:
         if probe.get("status") == "pass" and probe.get("problems"):
             problems.append("probe.status is pass, but probe.problems lists why it fails: "
                             + "; ".join(map(str, probe["problems"]))[:200])
-        totals = {str(d.get("name")): d.get("total_bytes") for d in plan.get("devices", [])}
         peaks = {(str(d.get("device")), d.get("rank", 0)): d.get("peak_bytes") for d in devices}
+        findings = " ".join(map(str, probe.get("findings", [])))
         for row in probe.get("plan_comparison", []):
             name, key = str(row.get("device")), (str(row.get("device")), row.get("rank", 0))
-            if name in totals and row.get("planned_bytes") != totals[name]:
+            if name in planned_tensors and row.get("planned_bytes") != planned_tensors[name]:
                 problems.append(f"probe.plan_comparison for {name}: planned {row.get('planned_bytes')} B, the plan "
-                                f"says {totals[name]}")
+                                f"says {planned_tensors[name]}")
             if key in peaks and row.get("measured_bytes") != peaks[key]:
                 problems.append(f"probe.plan_comparison for {name}: measured {row.get('measured_bytes')} B, the "
                                 f"probe's peak is {peaks[key]}")
+            over = under_estimate(count(row.get("planned_bytes"), "probe.plan_comparison[].planned_bytes"),
+                                  count(row.get("measured_bytes"), "probe.plan_comparison[].measured_bytes"))
+            if over is not None and rec.get("schema_version", 1) >= 2 and "UNDER-ESTIMATE" not in findings:
+                problems.append(f"probe on {name} measured {100 * over:.1f} % above the plan, and probe.findings does "
+                                "not name the under-estimate")
         computed["probe"] = "pass" if ok else "fail"
         _same(problems, "probe table", probe.get("status"), computed["probe"])
     elif probe.get("provenance") != "not_run":

@@ -30,9 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from core.events import EventWriter
-from core.spec import RunSpec
+from core.spec import TORCH_DTYPE_NAMES, RunSpec
 
-_TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 _TRAINER_OPTIM = {"adamw": "adamw_torch", "sgd": "sgd", "adafactor": "adafactor"}
 
 
@@ -113,6 +112,7 @@ def run_job(job: dict[str, Any], events: EventWriter) -> None:
     if device_map is not None:
         device = "cuda:0" if name.startswith("cuda") else "cpu"  # the first device: where the inputs go
     model, tokenizer = build_model(spec, job["model_path"], device, device_map)
+    events.emit("model_built", **model_facts(spec, model))
     train_blocks, heldout_blocks, data_info = build_data(spec, tokenizer)
     events.emit("data", **data_info)
 
@@ -123,7 +123,8 @@ def run_job(job: dict[str, Any], events: EventWriter) -> None:
     from core.evaluate import evaluate_perplexity
 
     if role in ("train", "evaluate"):
-        before = evaluate_perplexity(model, heldout_blocks, spec.batch_size, device=device)
+        before = evaluate_perplexity(model, heldout_blocks, spec.batch_size, device=device,
+                                     autocast=spec.dtype if spec.autocast else None)
         events.emit("evaluation", when="before", **_eval_dict(before))
         if role == "evaluate":  # inference: fixed weights, evaluated once
             return
@@ -136,7 +137,8 @@ def run_job(job: dict[str, Any], events: EventWriter) -> None:
     train_s = time.perf_counter() - started
     events.emit("trained", seconds=train_s, global_step=trainer.state.global_step, output_dir=str(out_dir))
     if role == "train":
-        after = evaluate_perplexity(model, heldout_blocks, spec.batch_size, device=device)
+        after = evaluate_perplexity(model, heldout_blocks, spec.batch_size, device=device,
+                                    autocast=spec.dtype if spec.autocast else None)
         events.emit("evaluation", when="after", **_eval_dict(after))
 
 
@@ -173,31 +175,27 @@ def build_model(spec: RunSpec, model_path: str, device: str, device_map: Any = N
     ``from_pretrained(device_map=...)`` does (``"balanced"``: whole decoder layers spread over the visible devices), not
     moved to ``device``.
 
-    Inference loads the weights in the spec's dtype. Training in bf16/fp16 is mixed precision as Trainer does it: fp32
-    weights (the master copy) and autocast to the 16-bit dtype (``TrainingArguments(bf16=True)`` / ``fp16=True`` with a
-    GradScaler), the convention the plan states.
+    The parameters are loaded in ``spec.param_dtype`` (README "Precision"): the dtype under ``pure`` (LoRA adapters
+    fp32: peft's ``autocast_adapter_dtype``), fp32 under ``amp`` (the master copy; Trainer autocasts to the 16-bit
+    dtype with ``bf16=True`` / ``fp16=True``). ``attn_implementation`` is passed to ``from_pretrained``.
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    dtype = getattr(torch, _TORCH_DTYPES[spec.dtype if not spec.training else "fp32"])
+    from core.plan import lora_config
+
+    kwargs = {"dtype": getattr(torch, TORCH_DTYPE_NAMES[spec.param_dtype]),
+              "attn_implementation": spec.attn_implementation}
     if device_map is not None:
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype, device_map=device_map)
+        model = AutoModelForCausalLM.from_pretrained(model_path, device_map=device_map, **kwargs)
     else:
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(device)
+        model = AutoModelForCausalLM.from_pretrained(model_path, **kwargs).to(device)
     model.config.use_cache = False if spec.training else model.config.use_cache
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     if spec.mode == "lora":
-        from peft import LoraConfig, get_peft_model
+        from peft import get_peft_model
 
-        config = LoraConfig(
-            r=spec.lora.r,
-            lora_alpha=spec.lora.alpha,
-            lora_dropout=spec.lora.dropout,
-            target_modules=list(spec.lora.targets),
-            task_type="CAUSAL_LM",
-        )
-        model = get_peft_model(model, config)
+        model = get_peft_model(model, lora_config(spec.lora))
     if spec.mode == "inference":
         model.requires_grad_(False)
     if spec.gradient_checkpointing and spec.training:
@@ -205,6 +203,26 @@ def build_model(spec: RunSpec, model_path: str, device: str, device_map: Any = N
         if spec.mode == "lora":
             model.enable_input_require_grads()
     return model, tokenizer
+
+
+def model_facts(spec: RunSpec, model: Any) -> dict[str, Any]:
+    """What the model actually runs with: its attention implementation (the config's ``_attn_implementation``), its
+    parameters by dtype, and for LoRA the short names of the modules peft adapted (``all-linear`` resolved) and how
+    many modules that is."""
+    from collections import Counter
+
+    from core.measure import local_tensor
+
+    dtypes: Counter[str] = Counter()
+    for p in model.parameters():
+        dtypes[str(p.dtype).removeprefix("torch.")] += local_tensor(p).numel()
+    facts: dict[str, Any] = {"attention": str(getattr(model.config, "_attn_implementation", "") or ""),
+                             "parameter_dtypes": dict(dtypes)}
+    if spec.mode == "lora":  # peft resolves all-linear to every module's full name: recorded by short name, counted
+        adapted = [name for name, module in model.named_modules() if hasattr(module, "lora_A") and len(module.lora_A)]
+        facts["lora_targets"] = sorted({name.rsplit(".", 1)[-1] for name in adapted})
+        facts["lora_modules"] = len(adapted)
+    return facts
 
 
 def build_data(spec: RunSpec, tokenizer: Any) -> tuple[list[dict], list[dict], dict[str, Any]]:
@@ -349,8 +367,9 @@ def build_trainer(spec, model, tokenizer, blocks, out_dir: Path, device: str, ev
         use_cpu=device == "cpu",
         # several CPU processes under torchrun talk over gloo (NCCL is for CUDA devices)
         ddp_backend="gloo" if device == "cpu" and int(os.environ.get("WORLD_SIZE", "1")) > 1 else None,
-        bf16=spec.dtype == "bf16",  # mixed precision: autocast over fp32 weights
-        fp16=spec.dtype == "fp16",
+        # autocast to the 16-bit dtype (spec.autocast): over fp32 weights (amp), or a 16-bit model's fp32 adapters (pure)
+        bf16=spec.autocast and spec.dtype == "bf16",
+        fp16=spec.autocast and spec.dtype == "fp16",
         gradient_checkpointing=False,  # enabled on the model in build_model, once
         # zero3 = FSDP full shard (FSDP2, full state dict checkpoints). accelerate enables FSDP only on accelerators:
         # on the CPU this runs as DDP, which the probe reports from the wrapper it finds (core.probe).
@@ -431,14 +450,14 @@ def probe(spec: RunSpec, model, tokenizer, blocks: list[dict], out_dir: Path, de
     elif spec.training:
 
         class ProbeCallback(TrainerCallback):
-            def on_step_begin(self, args, state, control, **kw):
+            def on_step_begin(self, args, state, control, model=None, optimizer=None, **kw):
                 self.started = time.perf_counter()
-                if tracker is not None:
+                if tracker is not None:  # what is alive as the step starts, counted once from the live tensors
+                    tracker.restart(weights + optimizer_state_bytes(optimizer) + _gradient_bytes(model))
                     tracker.__enter__()
 
             def on_pre_optimizer_step(self, args, state, control, model=None, **kw):
-                grads = sum(tensor_bytes(p.grad) for p in model.parameters() if p.grad is not None)
-                seen["gradients"] = max(seen["gradients"], grads)
+                seen["gradients"] = max(seen["gradients"], _gradient_bytes(model))
 
             def on_step_end(self, args, state, control, optimizer=None, **kw):
                 if tracker is not None:
@@ -447,8 +466,6 @@ def probe(spec: RunSpec, model, tokenizer, blocks: list[dict], out_dir: Path, de
                     torch.cuda.synchronize()
                 step_times.append(time.perf_counter() - self.started)
                 seen["optimizer_states"] = optimizer_state_bytes(optimizer)
-                if tracker is not None:  # states persist into the next step: the next step's baseline
-                    tracker.baseline_bytes = weights + seen["optimizer_states"]
                 events.emit("probe_step", step=state.global_step, total=n, seconds=step_times[-1])
 
         trainer = build_trainer(spec, model, tokenizer, blocks, out_dir, device, events, job,
@@ -567,14 +584,14 @@ def _fsdp2_cpu_steps(spec: RunSpec, model, blocks: list[dict], tracker, seen: di
     i = 0
     for step in range(1, spec.probe_steps + 1):
         started = time.perf_counter()
-        tracker.baseline_bytes = local_weights + seen["optimizer_states"]
+        tracker.restart(local_weights + optimizer_state_bytes(opt) + _gradient_bytes(model))
         tracker.__enter__()
         try:
             for _ in range(spec.grad_accum):
                 batch = _collate([mine[(i + j) % len(mine)] for j in range(spec.batch_size)])
                 i += spec.batch_size
                 batch.pop("sample_ids")
-                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=spec.dtype == "bf16"):
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=spec.autocast and spec.dtype == "bf16"):
                     loss = model(**batch).loss / spec.grad_accum
                 loss.backward()
                 del loss
@@ -626,6 +643,13 @@ def _gather_ledgers(ledger: dict[str, Any], events: EventWriter) -> None:
     dist.all_gather_object(gathered, ledger)
     if dist.get_rank() == 0:
         events.emit("ledgers", ledgers=gathered)
+
+
+def _gradient_bytes(model: Any) -> int:
+    """Bytes of the gradients ``model``'s parameters hold now (this rank's shards under FSDP2)."""
+    from core.measure import tensor_bytes
+
+    return sum(tensor_bytes(p.grad) for p in model.parameters() if p.grad is not None)
 
 
 def _local_bytes(t: Any) -> int:

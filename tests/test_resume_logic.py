@@ -104,7 +104,7 @@ def test_required_files_by_mode_and_dtype():
     assert "adapter weights" in required_files(RunSpec.build(mode="lora"))
     assert required_files(RunSpec.build(mode="full"))["model weights"] == "model.safetensors"
     assert "GradScaler" not in required_files(RunSpec.build(mode="full"))
-    assert required_files(RunSpec.build(mode="full", dtype="fp16"))["GradScaler"] == "scaler.pt"
+    assert required_files(RunSpec.build(mode="full", dtype="fp16", precision="amp"))["GradScaler"] == "scaler.pt"
 
 
 def test_manifest_detects_a_changed_added_or_removed_file(tmp_path):
@@ -194,7 +194,7 @@ def test_r7_a_restarted_loss_scale_is_caught_and_an_equal_one_passes(tmp_path):
     (tmp_path / "res" / "scaler.pt").unlink()
     missing = compare_scalers(tmp_path / "ref" / "scaler.pt", tmp_path / "res" / "scaler.pt")
     assert missing.status == "fail" and "scaler.pt missing" in missing.evidence
-    assert "GradScaler" in required_files(RunSpec.build(None, mode="full", dtype="fp16"))
+    assert "GradScaler" in required_files(RunSpec.build(None, mode="full", dtype="fp16", precision="amp"))
 
 
 def test_safe_load_is_the_only_torch_load_and_children_force_weights_only(tmp_path):

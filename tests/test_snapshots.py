@@ -298,7 +298,7 @@ def test_probe_screen_lists_every_rank(snap):
         screen.refresh_bars()
         await pilot.pause(0.2)
         rows = [str(screen.query_one("#measured").get_row_at(i)[0]) for i in range(screen.query_one("#measured").row_count)]
-        assert [r for r in rows if "total" in r] == ["r0 cpu:0 total vs peak", "r1 cpu:1 total vs peak"]
+        assert [r for r in rows if "tensors vs peak" in r] == ["r0 cpu:0 tensors vs peak", "r1 cpu:1 tensors vs peak"]
         title = str(screen.query_one("#measured-title").content)
         assert "2 ranks under torchrun, wrapped in DistributedDataParallel" in title
         assert "r0 0.14 GiB, r1 0.14 GiB" in title

@@ -67,8 +67,9 @@ def gptj(tmp_path_factory):
 
 # ---------------------------------------------------------------------------------------------------------------- P4
 def test_p4_zero3_shards_model_states_but_not_activations(gptj):
-    plans = {n: _plan(gptj, f"{n}x80GiB", mode=P4["mode"], dtype=P4["dtype"], strategy=P4["strategy"],
-                      batch_size=1, seq_len=2048) for n in P4["devices"]}
+    # fp16 full fine-tuning keeps fp32 master weights (pure fp16 is refused: its gradients could not be unscaled)
+    plans = {n: _plan(gptj, f"{n}x80GiB", mode=P4["mode"], dtype=P4["dtype"], precision="amp",
+                      strategy=P4["strategy"], batch_size=1, seq_len=2048) for n in P4["devices"]}
     p = plans[2].parameters.total
     assert p == plans[4].parameters.total == 6050882784
     for n, plan in plans.items():
@@ -83,21 +84,28 @@ def test_p4_zero3_shards_model_states_but_not_activations(gptj):
     two, four = plans[2].devices[0].lines, plans[4].devices[0].lines
     for name in ("weights", "gradients", "optimizer_states"):
         assert abs(2 * four[name].bytes - two[name].bytes) <= 2, name  # half, within rounding
-    # activations are per micro-batch: identical at N=2 and N=4, and equal to Korthikanti's L·s·b·h·34 (16-bit) + logits
+    # activations are per micro-batch: identical at N=2 and N=4. GPT-J has no op-by-op model here: Korthikanti's
+    # L·s·b·h·34 (16-bit), plus under amp each layer's fp16 copy of its linear weights and biases (q,k,v,o; fc_in/out),
+    # the final norm and LM head inputs b·s·h x (4 + 2) B, and the loss: logits b·s·V x (2 + 4 + 4) B
     s, b, h, L, V = 2048, 1, 4096, 28, 50400
-    expected_act = L * s * b * h * 34 + 2 * b * s * V * 4
+    cast = L * (4 * h * h + 2 * 4 * h * h + 4 * h + h) * 2
+    expected_act = L * s * b * h * 34 + cast + b * s * h * (4 + 2) + b * s * V * (2 + 4 + 4)
     assert two["activations"].bytes == four["activations"].bytes == expected_act
-    assert "not divided" in four["activations"].method
-    # temporaries: the AdamW step on the shard, the logits gradient, the largest decoder layer gathered x 2, and the
-    # root unit (embeddings, ln_f, LM head with its bias: every parameter no layer holds) gathered, fp32 master weights
+    assert "not divided" in four["activations"].method and "Korthikanti" in four["activations"].method
+    # the gathered units, in forward and backward: the largest decoder layer x 2 and the root unit (embeddings, ln_f,
+    # LM head with its bias: every parameter no layer holds), fp32 master weights
     layer = 4 * h * h + 2 * (h * 4 * h) + 4 * h + h + 2 * h  # q,k,v,o + fc_in/fc_out + their biases + ln_1
     root = p - L * layer
     assert root == V * h + 2 * h + V * h + V  # wte, ln_f (weight, bias), lm_head (weight, bias)
-    assert four["temporaries"].bytes == math.ceil(4 * p / 4) + b * s * V * 4 + 2 * layer * 4 + root * 4
+    phases = plans[4].devices[0].phases
+    assert phases["forward"].components["temporaries"] == 2 * layer * 4 + root * 4
+    assert phases["backward"].components["temporaries"] == 2 * layer * 4 + root * 4 + 2 * b * s * V * 4
+    # the optimizer step runs on the shard: foreach AdamW's one more state / N, and nothing gathered
+    assert phases["optimizer_step"].components["temporaries"] == math.ceil(4 * p / 4)
     assert four["overhead"].bytes == CUDA_OVERHEAD_BYTES + NCCL_BUFFER_BYTES
     dp4 = plans[4].devices[0]
     states_only = sum(four[k].bytes for k in ("weights", "gradients", "optimizer_states"))
-    assert dp4.total_bytes >= states_only + four["activations"].bytes
+    assert dp4.phases["forward"].total_bytes >= states_only - four["gradients"].bytes + four["activations"].bytes
     assert dp4.total_bytes > 1.3 * states_only  # far above the "model states only" figure
     assert four["activations"].bytes > 10 * 0.77e9  # the wrong value seen was 0.77 GB per GPU in all
 
@@ -117,12 +125,13 @@ def test_p5_a_device_does_not_fit_whatever_the_sum_and_ddp_replicates(smollm2):
     ddp = _plan(smollm2, "8x24GiB", strategy="ddp", **kw)
     assert ddp.strategy == "ddp" and len(ddp.devices) == 8
     for dp in ddp.devices:
-        assert dp.lines["weights"].bytes == cuda0.lines["weights"].bytes == 4 * SMOLLM2_PARAMS  # a full replica
+        assert dp.lines["weights"].bytes == cuda0.lines["weights"].bytes == 2 * SMOLLM2_PARAMS  # a full bf16 replica
         assert dp.lines["gradients"].bytes == cuda0.lines["gradients"].bytes
         assert dp.lines["optimizer_states"].bytes == cuda0.lines["optimizer_states"].bytes
         assert dp.lines["activations"].bytes == cuda0.lines["activations"].bytes
-        # DDP's bucket buffers: a second copy of every gradient (gradient_as_bucket_view=False)
-        assert dp.lines["temporaries"].bytes == cuda0.lines["temporaries"].bytes + 4 * SMOLLM2_PARAMS
+        # DDP's bucket buffers: a second copy of every gradient (gradient_as_bucket_view=False), in every phase
+        assert dp.lines["temporaries"].bytes == cuda0.lines["temporaries"].bytes + 2 * SMOLLM2_PARAMS
+        assert all(p.components["temporaries"] >= 2 * SMOLLM2_PARAMS for p in dp.phases.values())
         assert "estimate" in dp.lines["temporaries"].method and "bucket" in dp.lines["temporaries"].method
         assert dp.lines["overhead"].bytes == CUDA_OVERHEAD_BYTES + NCCL_BUFFER_BYTES
         assert "NCCL" in dp.lines["overhead"].method and "estimate" in dp.lines["overhead"].method
@@ -131,7 +140,7 @@ def test_p5_a_device_does_not_fit_whatever_the_sum_and_ddp_replicates(smollm2):
 
 # ------------------------------------------------------------------------------------------------------------ ZeRO-1/2
 def test_zero1_shards_optimizer_states_zero2_also_gradients(smollm2):
-    kw = dict(mode="full", dtype="bf16", batch_size=1, seq_len=256)
+    kw = dict(mode="full", dtype="bf16", precision="amp", batch_size=1, seq_len=256)
     n = 8
     plans = {s: _plan(smollm2, f"{n}x24GiB", strategy=s, **kw) for s in ("ddp", "zero1", "zero2", "zero3")}
     ddp, z1, z2, z3 = (plans[s].devices[0].lines for s in ("ddp", "zero1", "zero2", "zero3"))
@@ -166,7 +175,9 @@ def test_device_map_heterogeneous_places_more_layers_on_the_larger_device(smollm
     assert big.lines["weights"].bytes == 2 * (SMOLLM2_EMBED + layers[0] * SMOLLM2_LAYER)
     assert abs(big.lines["weights"].bytes / (2 * SMOLLM2_PARAMS) - 0.75) < SMOLLM2_LAYER / SMOLLM2_PARAMS
     # the logits are computed on the last device only
-    assert big.lines["activations"].bytes == 0 and small.lines["activations"].bytes == 1 * 1024 * 49152 * (2 + 4 + 4)  # bf16 logits, fp32 copy, log-softmax
+    # bf16 logits, their fp32 copy and the log-softmax, and the last hidden state the LM head read
+    assert big.lines["activations"].bytes == 0
+    assert small.lines["activations"].bytes == 1 * 1024 * 49152 * (2 + 4 + 4) + 1 * 1024 * 576 * 2
     assert "no NCCL" in big.lines["overhead"].method and big.lines["overhead"].bytes == CUDA_OVERHEAD_BYTES
 
 
@@ -174,7 +185,7 @@ def test_device_map_training_sums_to_the_whole_run(smollm2):
     kw = dict(mode="full", dtype="bf16", batch_size=2, seq_len=512)
     single = _plan(smollm2, "1x24GiB", **kw).devices[0].lines
     plan = _plan(smollm2, "24GiB,8GiB,8GiB", strategy="device_map", **kw)
-    for name in ("weights", "gradients", "optimizer_states", "activations", "temporaries"):
+    for name in ("weights", "gradients", "optimizer_states", "activations"):
         assert sum(_bytes(plan, name)) == single[name].bytes, name
     assert all(b > 0 for b in _bytes(plan, "weights"))
 
@@ -194,7 +205,8 @@ def test_tp2_halves_the_linear_weights_and_the_kv_cache(tmp_path):
     for dp in plan.devices:
         assert dp.lines["weights"].bytes == 2 * (linear // 2 + vocab // 2 + replicated)
         assert dp.lines["kv_cache"].bytes == P6["expect_kv_cache_bytes"] // 2
-        assert dp.lines["activations"].bytes == single["activations"].bytes // 2  # vocab-parallel logits
+        hidden = P6["batch"] * P6["seq_len"] * h * 2  # the last hidden state, replicated
+        assert dp.lines["activations"].bytes - hidden == (single["activations"].bytes - hidden) // 2  # vocab-parallel
         assert "tp=2" in dp.lines["weights"].method
     # 4 devices with tp=2: two data-parallel replicas of a 2-device group hold the same per device
     four = _plan(config, "4x80GiB", strategy="tp", tp=2, **kw)
@@ -206,7 +218,9 @@ def test_tp_training_activations_follow_korthikanti_eq2(tmp_path):
     s, b, h, L, V = 1024, 1, 4096, 32, 128256
     plan = _plan(config, "2x80GiB", mode="full", dtype="bf16", batch_size=b, seq_len=s, strategy="tp", tp=2)
     act = plan.devices[0].lines["activations"]
-    assert act.bytes == L * s * b * h * (10 + 24 // 2) + 2 * b * s * (V // 2) * 4
+    # pure bf16: L layers of s·b·h·(10 + 24/t) x 2/2 B, the final norm and LM head inputs b·s·h x (4 + 2) B, the loss
+    # over vocab-parallel logits b·s·V/t x (2 + 4 + 4) B
+    assert act.bytes == L * s * b * h * (10 + 24 // 2) + b * s * h * 6 + b * s * (V // 2) * (2 + 4 + 4)
     assert "Korthikanti eq. 2" in act.method
 
 

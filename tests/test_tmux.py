@@ -44,7 +44,7 @@ def test_walk_to_the_plan_screen_with_keys(tmp_path, tiny_model_dir):
     try:
         term.wait_for("Step 1/7", "Inference", "Full fine-tuning", "LoRA")  # fails after 90 s if one is missing
         term.tmux("send-keys", "-t", term.session, "Enter")
-        term.wait_for("Step 2/7 · Setup (lora)", "Micro-batch / device", "LoRA rank r")
+        term.wait_for("Step 2/7 · Setup (lora)", "Micro-batch / device", "Precision")
         term.tmux("send-keys", "-t", term.session, "C-n")
         plan = term.wait_for("Step 3/7 · Plan (estimates)", "→ fits", "ACT activations")
         assert "micro-batch 4 × 64 tokens" in " ".join(plan.split())  # the line may wrap at 80 columns

@@ -31,9 +31,12 @@ def _spec(mode: str, **kw) -> RunSpec:
 
 SPECS = {
     "lora fp32": _spec("lora"),
-    "lora bf16 + checkpointing": _spec("lora", dtype="bf16", gradient_checkpointing=True),
+    "lora bf16 pure + checkpointing": _spec("lora", dtype="bf16", gradient_checkpointing=True),
+    "lora bf16 amp": _spec("lora", dtype="bf16", precision="amp"),
     "full fp32, accumulation 2": _spec("full", grad_accum=2),
-    "full bf16, sgd": _spec("full", dtype="bf16", optimizer="sgd"),
+    "full bf16 pure, sgd": _spec("full", dtype="bf16", optimizer="sgd"),
+    "full bf16 pure, adamw, eager": _spec("full", dtype="bf16", attn_implementation="eager"),
+    "full bf16 amp + checkpointing": _spec("full", dtype="bf16", precision="amp", gradient_checkpointing=True),
     "full adafactor": _spec("full", optimizer="adafactor"),
     "inference bf16": _spec("inference", dtype="bf16"),
 }
@@ -48,6 +51,7 @@ def test_fake_and_real_tensors_give_identical_category_totals(name):
     assert fake.tensors == "fake" and real.tensors == "real"
     assert fake.categories == real.categories
     assert fake.components == real.components
+    assert fake.phases == real.phases
     assert fake.peak_bytes > 0
 
 
@@ -120,21 +124,32 @@ def test_adamw_foreach_on_cuda_adds_step_temporaries():
 
 
 def test_compare_names_the_line_that_differs_most():
+    from core.phases import Phase
+
     device = CPU
     lines = {name: Line(name, b, "test") for name, b in
              dict(weights=100, gradients=100, optimizer_states=200, activations=1000, temporaries=10, kv_cache=0,
                   overhead=500).items()}
-    traced = TracedPlan(components=dict(weights=100, gradients=0, optimizer_states=200, activations=1300,
-                                        temporaries=50, kv_cache=0),
-                        peak_bytes=1650, categories={}, method="constructed", seconds=0.0, tensors="fake")
-    diff = compare(DevicePlan(device, lines), traced)
+    fwd = dict(weights=100, gradients=0, optimizer_states=200, activations=1000, temporaries=10, kv_cache=0,
+               overhead=500)
+    step = dict(weights=100, gradients=100, optimizer_states=200, activations=0, temporaries=10, kv_cache=0,
+                overhead=500)
+    phases = {"forward": Phase("forward", fwd, "constructed"), "optimizer_step": Phase("optimizer_step", step, "c")}
+    traced_fwd = dict(weights=100, gradients=0, optimizer_states=200, activations=1300, temporaries=50, kv_cache=0)
+    traced_step = dict(weights=100, gradients=100, optimizer_states=200, activations=0, temporaries=0, kv_cache=0)
+    traced = TracedPlan(components=traced_fwd, peak_bytes=1650, categories={}, method="constructed", seconds=0.0,
+                        tensors="fake", phases={"forward": traced_fwd, "optimizer_step": traced_step})
+    diff = compare(DevicePlan(device, lines, phases), traced)
     assert diff.most_different == "activations"
-    assert diff.analytic_tensor_bytes == 1410  # overhead is not traced
+    assert diff.analytic_tensor_bytes == 1310  # the analytic peak (forward) without the overhead: it is not traced
     assert diff.traced_peak_bytes == 1650
-    assert diff.relative == pytest.approx(240 / 1410)
+    assert diff.relative == pytest.approx(340 / 1310)
     by = {d.component: d for d in diff.lines}
-    assert by["gradients"].relative == -1.0 and by["kv_cache"].relative is None
+    assert by["gradients"].traced_bytes == 100  # a line is the component's largest value over the phases
+    assert by["kv_cache"].relative is None
     assert [d.component for d in diff.lines] == list(TRACED_COMPONENTS)
+    assert [(p.component, p.analytic_bytes, p.traced_bytes) for p in diff.phases] == [
+        ("forward", 1310, 1650), ("optimizer_step", 410, 400)]
 
 
 def test_not_a_causal_lm_is_a_named_error():
@@ -166,4 +181,4 @@ def test_p7_traced_lora_activations_stay_the_order_of_full_fine_tuning():
     ratio = lora.components["activations"] / full.components["activations"]
     assert 0.5 < ratio < 1.0, ratio  # the order of full fine-tuning's, nowhere near the trainable fraction
     assert lora.components["optimizer_states"] < full.components["optimizer_states"] / 100
-    assert lora.components["weights"] >= full.components["weights"]  # the base is kept whole (fp32 + adapters)
+    assert lora.components["weights"] >= full.components["weights"]  # the base is kept whole (bf16 + fp32 adapters)

@@ -4,9 +4,12 @@
   passes; prints where the record is.
 - ``gpuaccept monitor [--once [--json]] [--interval S] [--record FILE]``: every device's memory (NVML, mapped to CUDA
   devices by UUID; host memory in CPU mode), live or one sample.
-- ``gpuaccept plan [SPEC.toml] [flags] [--json] [--traced]``: the memory plan only (no weights loaded), per device, by
-  ``--strategy`` (and ``--tp``); ``--devices 8x80GiB`` or ``24GiB,8GiB`` plans for a box you do not have, offline;
-  ``--traced`` adds one step traced on fake tensors (core/traced.py) beside it, the most different line named.
+- ``gpuaccept plan [SPEC.toml] [flags] [--json] [--traced] [--max-batch] [--max-seq]``: the memory plan only (no
+  weights loaded), per device and per phase of the step, by ``--strategy`` (and ``--tp``); ``--devices 8x80GiB`` or
+  ``24GiB,8GiB`` plans for a box you do not have, offline; ``--traced`` adds one step traced on fake tensors
+  (core/traced.py) beside it, the most different line named; ``--max-batch`` / ``--max-seq`` search the largest
+  micro-batch / sequence length that fits each device. Exit 0 when every device fits, 3 when one does not, 4 when
+  none fails but a capacity is unknown.
 
 torch and transformers are imported only when a command needs them. Bad input prints one named error line (exit 2),
 never a traceback.
@@ -15,15 +18,18 @@ never a traceback.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
 from pathlib import Path
 from typing import Any
 
-from core.spec import KILL_POINTS
+from core.spec import ATTN_IMPLEMENTATIONS, DTYPES, KILL_POINTS, PRECISIONS
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+#: ``gpuaccept plan``: a device does not fit; no device fails, but one's capacity is unknown.
+EXIT_DOES_NOT_FIT, EXIT_FIT_UNKNOWN = 3, 4
 
 
 def _spec_flags(p: argparse.ArgumentParser) -> None:
@@ -31,7 +37,13 @@ def _spec_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("setup (flags override the spec file; defaults: the embedded model and text)")
     g.add_argument("--mode", choices=("inference", "full", "lora"))
     g.add_argument("--model", help="smollm2-135m (embedded), a local HF model directory, a cached HF id, or a config.json")
-    g.add_argument("--dtype", choices=("fp32", "bf16", "fp16"))
+    g.add_argument("--dtype", choices=DTYPES)
+    g.add_argument("--precision", choices=PRECISIONS,
+                   help="pure (default): the model loaded in --dtype, gradients and optimizer states in it (LoRA "
+                        "adapters fp32); amp: fp32 weights, gradients and optimizer states, autocast to --dtype "
+                        "(the same for fp32)")
+    g.add_argument("--attn-implementation", choices=ATTN_IMPLEMENTATIONS,
+                   help="passed to from_pretrained (default sdpa); eager keeps the b·a·s·s scores for backward")
     g.add_argument("--batch-size", type=int, help="micro-batch per device")
     g.add_argument("--seq-len", type=int, help="tokens per sequence")
     g.add_argument("--grad-accum", type=int, help="gradient accumulation steps")
@@ -44,7 +56,8 @@ def _spec_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--lora-r", type=int)
     g.add_argument("--lora-alpha", type=int)
     g.add_argument("--lora-dropout", type=float)
-    g.add_argument("--lora-targets", help="comma-separated module names, e.g. q_proj,v_proj")
+    g.add_argument("--lora-targets", help="comma-separated module names, e.g. q_proj,v_proj, or all-linear (peft: "
+                                          "every linear layer but the LM head)")
     g.add_argument("--devices", help="auto, cpu, CUDA indices such as 0 or 0,1; to plan for a box you do not have: "
                                      "8x80GiB (count x capacity) or 24GiB,8GiB (capacities; GiB/GB/MiB/MB)")
     g.add_argument("--strategy", choices=("single", "ddp", "zero1", "zero2", "zero3", "fsdp", "device_map", "tp"),
@@ -73,7 +86,7 @@ def _spec_flags(p: argparse.ArgumentParser) -> None:
                         "after it (default boundary+1), or while the next checkpoint is written")
 
 
-_SPEC_KEYS = ("mode", "model", "dtype", "batch_size", "seq_len", "grad_accum", "optimizer", "learning_rate",
+_SPEC_KEYS = ("mode", "model", "dtype", "precision", "attn_implementation", "batch_size", "seq_len", "grad_accum", "optimizer", "learning_rate",
               "lr_scheduler", "warmup_steps", "steps", "gradient_checkpointing", "lora_r", "lora_alpha",
               "lora_dropout", "lora_targets", "devices", "strategy", "tp", "torchrun_nproc_per_node", "torchrun_nnodes",
               "torchrun_rdzv_endpoint", "torchrun_rdzv_id", "torchrun_rdzv_backend", "data", "heldout_fraction", "eval_max_blocks", "seed",
@@ -95,6 +108,10 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
     plan.add_argument("--traced", action="store_true",
                       help="also trace one step on fake tensors (torch MemTracker; seconds) and compare it line by line")
+    plan.add_argument("--max-batch", action="store_true",
+                      help="also search, per device, the largest micro-batch whose plan fits (with its headroom)")
+    plan.add_argument("--max-seq", action="store_true",
+                      help="also search, per device, the largest sequence length whose plan fits")
     sign = sub.add_parser("sign", help="sign a record with ssh-keygen -Y sign (namespace gpuaccept-record)")
     sign.add_argument("record", help="record.toml of a run")
     sign.add_argument("--key", required=True,
@@ -205,21 +222,61 @@ def cmd_wizard(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    """Exit codes: 0 every device fits, 3 a device does not fit, 4 none fails but a device's capacity is unknown, 2 bad
+    input. Fit is judged by the larger of the analytic and traced peaks (with --traced)."""
+    from core.fit import fit_verdicts
     from core.pipeline import make_plan
 
     spec = spec_from_args(args)
     ctx = make_plan(spec)
     traced = _traced(spec, ctx) if args.traced else None
+    fits = fit_verdicts(ctx.plan, traced)
+    largest = _largest(spec, ctx, args)
     if args.json:
         out = ctx.plan.to_json()
+        for device, fit in zip(out["devices"], fits):
+            device.update(fit_bytes=fit.bytes, fit_judged_by=fit.judged_by, fits=fit.fits)
         if traced is not None:
             out["traced"] = traced
+        if largest:
+            out["largest_fitting"] = {axis: [dataclasses.asdict(x) | {"headroom_bytes": x.headroom_bytes}
+                                             for x in rows] for axis, rows in largest.items()}
         print(json.dumps(out, indent=2))
-        return EXIT_OK
-    print(format_plan(ctx.plan, spec))
-    if traced is not None:
-        print("\n" + format_traced(traced))
-    return EXIT_OK
+    else:
+        print(format_plan(ctx.plan, spec, fits))
+        if traced is not None:
+            print("\n" + format_traced(traced))
+        for rows in largest.values():
+            print("\n" + format_largest(rows, spec))
+    if any(f.fits is False for f in fits):
+        return EXIT_DOES_NOT_FIT
+    return EXIT_FIT_UNKNOWN if any(f.fits is None for f in fits) else EXIT_OK
+
+
+def _largest(spec: Any, ctx: Any, args: argparse.Namespace) -> dict[str, list[Any]]:
+    """The fit search of ``--max-batch`` / ``--max-seq`` (core.fit.largest_fitting), by axis."""
+    from core.fit import largest_fitting
+    from core.models import declared_max_positions
+
+    axes = [a for a, on in (("batch_size", args.max_batch), ("seq_len", args.max_seq)) if on]
+    limit = declared_max_positions(ctx.source, ctx.config) if "seq_len" in axes else None
+    return {axis: largest_fitting(spec, ctx.config, ctx.devices, axis, limit) for axis in axes}
+
+
+def format_largest(rows: list[Any], spec: Any) -> str:
+    """The fit search as text: per device the largest value, its plan, the headroom and why it stops."""
+    what = "micro-batch" if rows[0].axis == "batch_size" else "sequence length"
+    other = f"sequence length {spec.seq_len}" if rows[0].axis == "batch_size" else f"micro-batch {spec.batch_size}"
+    lines = [f"largest {what} that fits ({other}, the rest of the spec unchanged; analytic plan):"]
+    for r in rows:
+        if r.value is None:
+            lines.append(f"  {r.device}: unknown ({r.limit})")
+        elif r.value == 0:
+            lines.append(f"  {r.device}: none ({r.limit})")
+        else:
+            lines.append(f"  {r.device}: {r.value} (plan {r.plan_bytes / 2**30:.2f} GiB of {r.capacity_bytes / 2**30:.2f}"
+                         f" GiB, headroom {r.headroom_bytes / 2**30:.2f} GiB; {r.limit})")
+    return "\n".join(lines)
 
 
 def _traced(spec: Any, ctx: Any) -> dict[str, Any]:
@@ -253,27 +310,42 @@ def format_traced(traced: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def format_plan(plan: Any, spec: Any) -> str:
-    """The plan as text: parameters, strategy, convention, then each device with one line per component (GiB = 2^30
-    bytes) and its own fit verdict."""
+def format_plan(plan: Any, spec: Any, fits: list[Any] | None = None) -> str:
+    """The plan as text: parameters, strategy, convention, then each device with one line per component (its largest
+    value over the phases; GiB = 2^30 bytes), the phases with the bytes alive at each one's peak, and the device's
+    own fit verdict (``fits``: :func:`core.fit.fit_verdicts`, by default the analytic plan's)."""
+    from core.fit import fit_verdicts
+
+    fits = fits if fits is not None else fit_verdicts(plan)
     strategy = plan.strategy + (f" (tp={spec.tp})" if plan.strategy == "tp" else "")
     lines = [
-        f"model {spec.model}, mode {spec.mode}, dtype {spec.dtype}, micro-batch {spec.batch_size} x {spec.seq_len} tokens",
+        f"model {spec.model}, mode {spec.mode}, dtype {spec.dtype}, precision {spec.precision}, attention "
+        f"{spec.attn_implementation}, micro-batch {spec.batch_size} x {spec.seq_len} tokens",
         f"strategy {strategy} over {len(plan.devices)} device(s)",
         f"parameters: {plan.parameters.total:,} total, {plan.parameters.trainable:,} trainable",
         f"convention: {plan.convention}",
         "all numbers below are ESTIMATES (analytic); the probe measures",
     ]
-    for d in plan.devices:
+    for d, fit in zip(plan.devices, fits):
         cap = f"{d.device.capacity_bytes / 2**30:.2f} GiB ({d.device.capacity_source})" if d.device.capacity_bytes \
             else "unknown capacity"
         lines.append(f"\n{d.device.name} {d.device.label}: capacity {cap}")
+        lines.append("  each component's largest value over the step:")
         for name, line in d.lines.items():
             lines.append(f"  {name:<17} {line.bytes / 2**30:9.3f} GiB  {line.method}")
-        verdict = {True: "fits", False: "DOES NOT FIT", None: "fit unknown"}[d.fits]
-        lines.append(f"  {'total':<17} {d.total_bytes / 2**30:9.3f} GiB  {verdict} on {d.device.name}")
+        peak = d.peak_phase
+        if len(d.phases) > 1:
+            lines.append(f"  {'(their sum':<17} {d.sum_of_lines / 2**30:9.3f} GiB  no moment of the step holds them "
+                         "all)")
+            lines.append("  the phases of the step, bytes alive at each one's peak:")
+            for p in d.phases.values():
+                mark = "  <- the peak" if p is peak else ""
+                lines.append(f"  {p.name.replace('_', ' '):<17} {p.total_bytes / 2**30:9.3f} GiB  at {p.at}{mark}")
+        verdict = {True: "fits", False: "DOES NOT FIT", None: "fit unknown"}[fit.fits]
+        lines.append(f"  {'peak of the step':<17} {fit.bytes / 2**30:9.3f} GiB  {verdict} on {d.device.name} "
+                     f"({fit.untraced_note})")
     if len(plan.devices) > 1:
-        total = sum(d.total_bytes for d in plan.devices)
+        total = sum(f.bytes for f in fits)
         capacity = sum(d.device.capacity_bytes or 0 for d in plan.devices)
         lines.append(f"\nnote: the sum over {len(plan.devices)} devices ({total / 2**30:.2f} GiB of {capacity / 2**30:.2f} "
                      "GiB) is not a placement: CUDA does not pool GPU memory, so each device must fit on its own")

@@ -46,22 +46,25 @@ class PlanScreen(NavButtons, Screen):
         from core.errors import GpuAcceptError
         from core.pipeline import make_plan
 
+        from core.fit import largest_fitting
+
         try:
             ctx = make_plan(spec, self.app.state.devices_override)
+            largest = largest_fitting(spec, ctx.config, ctx.devices, "batch_size")
         except GpuAcceptError as exc:
             self.app.call_from_thread(self.show_error, str(exc))
             return
         except Exception as exc:  # noqa: BLE001 - one line on screen, never a traceback
             self.app.call_from_thread(self.show_error, f"{type(exc).__name__}: {exc}")
             return
-        self.app.call_from_thread(self.show_plan, spec, ctx)
+        self.app.call_from_thread(self.show_plan, spec, ctx, largest)
 
     def show_error(self, message: str) -> None:
         self.query_one("#loading").display = False
         self.query_one("#plan-error", Static).update(f"cannot plan: {message}  (Esc: back to the setup)")
         self.query_one("#next", Button).disabled = True
 
-    def show_plan(self, spec: Any, ctx: Any) -> None:
+    def show_plan(self, spec: Any, ctx: Any, largest: list[Any] | None = None) -> None:
         state = self.app.state
         state.spec, state.ctx = spec, ctx
         self.query_one("#loading").display = False
@@ -69,20 +72,41 @@ class PlanScreen(NavButtons, Screen):
         body = self.query_one("#plan-body", VerticalScroll)
         body.remove_children()
         plan = ctx.plan
+        precision = f"{spec.precision} {spec.dtype}" if spec.training and spec.dtype != "fp32" else spec.dtype
         widgets: list[Any] = [Static(
-            f"{spec.model} · {spec.mode} · {spec.dtype} · micro-batch {spec.batch_size} × {spec.seq_len} tokens · "
-            f"parameters {plan.parameters.total:,} ({plan.parameters.trainable:,} trainable)")]
+            f"{spec.model} · {spec.mode} · {precision} · {spec.attn_implementation} · micro-batch {spec.batch_size} × "
+            f"{spec.seq_len} tokens · parameters {plan.parameters.total:,} ({plan.parameters.trainable:,} trainable)")]
+        by_device = {x.device: x for x in largest or []}
         for d in plan.devices:
             verdict = {True: "fits", False: "DOES NOT FIT", None: "fit unknown"}[d.fits]
             cap = gib(d.device.capacity_bytes) if d.device.capacity_bytes else "unknown capacity"
-            widgets.append(Static(f"[b]{d.device.name}[/b] {d.device.label}: {gib(d.total_bytes)} of {cap} → "
+            peak = d.peak_phase
+            widgets.append(Static(f"[b]{d.device.name}[/b] {d.device.label}: peak {gib(d.total_bytes)} of {cap} → "
                                   f"[{'green' if d.fits is not False else 'red'}]{verdict}[/]"))
-            widgets.append(PlanBar({k: line.bytes for k, line in d.lines.items()}, d.device.capacity_bytes))
+            alive = peak.components if peak else {k: line.bytes for k, line in d.lines.items()}
+            widgets.append(PlanBar(alive, d.device.capacity_bytes))
+            if len(d.phases) > 1:
+                widgets.append(Static("phases: " + " · ".join(
+                    f"{p.name.replace('_', ' ')} {p.total_bytes / 2**30:.2f}"
+                    + (f" [b]◀ peak[/b] ({p.at})" if p is peak else "") for p in d.phases.values()) + " GiB"))
+            most = by_device.get(d.device.name)
+            if most is not None and most.value is not None:
+                widgets.append(Static(largest_text(most)))
             table = ReadTable()
-            table.add_columns("component", "GiB", "how it is estimated")
+            table.add_columns("component", "GiB", "how it is estimated (its largest value in the step)")
             for name, line in d.lines.items():
                 table.add_row(f"{SHORT[name]} {name}", f"{line.bytes / 2**30:.3f}", line.method)
             widgets.append(table)
+            if len(d.phases) > 1:
+                phases = ReadTable()
+                phases.add_columns("phase of the step", "GiB", "alive at its peak")
+                for p in d.phases.values():
+                    parts = ", ".join(f"{SHORT[k]} {v / 2**30:.2f}" for k, v in p.components.items() if v)
+                    phases.add_row(p.name.replace("_", " ") + (" ◀ peak" if p is peak else ""),
+                                   f"{p.total_bytes / 2**30:.3f}", f"{parts} (at {p.at})")
+                widgets.append(phases)
+                widgets.append(Static(f"[dim]The components' largest values sum to {gib(d.sum_of_lines)}; no moment "
+                                      f"of the step holds them all: the plan is the peak phase, {gib(d.total_bytes)}.[/]"))
         if len(plan.devices) > 1:
             total = sum(d.total_bytes for d in plan.devices)
             capacity = sum(d.device.capacity_bytes or 0 for d in plan.devices)
@@ -147,10 +171,31 @@ class PlanScreen(NavButtons, Screen):
             a, t = row["analytic_bytes"], row["traced_bytes"]
             rel = relative_text(a, t)
             table.add_row(f"{SHORT[name]} {name}", f"{a / 2**30:.3f}", f"{t / 2**30:.3f}", rel)
+        for name, row in traced.get("phase_totals", {}).items():
+            a, t = row["analytic_bytes"], row["traced_bytes"]
+            table.add_row(f"phase {name.replace('_', ' ')}", f"{a / 2**30:.3f}", f"{t / 2**30:.3f}", relative_text(a, t))
         a, t = traced["analytic_tensor_bytes"], traced["peak_bytes"]
-        table.add_row("tensors total", f"{a / 2**30:.3f}", f"{t / 2**30:.3f}", relative_text(a, t))
-        note = Static(f"[dim]{traced['note']} Method: {traced['method']}.[/]")
-        self.query_one("#plan-body", VerticalScroll).mount(table, note, after=slot)
+        table.add_row("peak of tensors", f"{a / 2**30:.3f}", f"{t / 2**30:.3f}", relative_text(a, t))
+        widgets = [table, Static(self.fit_text(traced)), Static(f"[dim]{traced['note']} Method: {traced['method']}.[/]")]
+        self.query_one("#plan-body", VerticalScroll).mount(*widgets, after=slot)
+
+    def fit_text(self, traced: dict[str, Any]) -> str:
+        """The fit verdict judged by the larger of the analytic and traced peaks (core/fit.py); a plan that fits only
+        by the smaller one is not a fit: Next is disabled and the reason shown."""
+        from core.fit import fit_verdicts
+
+        ctx = self.app.state.ctx
+        fits = fit_verdicts(ctx.plan, traced)
+        parts = []
+        for f in fits:
+            verdict = {True: "[green]fits[/]", False: "[red]DOES NOT FIT[/]", None: "fit unknown"}[f.fits]
+            parts.append(f"{f.device} {gib(f.bytes)} → {verdict}")
+        if any(f.fits is False for f in fits):
+            self.query_one("#next", Button).disabled = True
+            self.query_one("#plan-error", Static).update("the traced peak does not fit: lower the micro-batch (b) or "
+                                                         "the sequence length (s)")
+        return "Fit, judged by the larger of the analytic and traced peaks: " + "; ".join(
+            parts + [f.untraced_note for f in fits[:1]])
 
     def _what_if(self, **change: Any) -> None:
         from core.errors import SpecError
@@ -184,3 +229,11 @@ class PlanScreen(NavButtons, Screen):
             self.app.finish_run()  # a changed setup is a new run: never show the old run's results as this one's
 
         self.app.push_screen(ProbeScreen())
+
+
+def largest_text(largest: Any) -> str:
+    """One line on the fit search: the largest micro-batch whose plan fits the device, with its headroom."""
+    if largest.value == 0:
+        return f"[red]not even a micro-batch of 1 fits[/] ({largest.limit})"
+    return (f"largest micro-batch that fits: [b]{largest.value}[/b] (plan {gib(largest.plan_bytes)}, headroom "
+            f"{gib(largest.headroom_bytes)}; {largest.limit})")

@@ -11,13 +11,15 @@ from textual.containers import Horizontal, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Button, Footer, Header, Input, Label, Select, Static
 
-from core.spec import KILL_POINTS
+from core.spec import ATTN_IMPLEMENTATIONS, DTYPES, KILL_POINTS, PRECISIONS
 from tui.screens.nav import NavButtons
 
 # (flag name, label, kind, choices, modes it applies to)
 FIELDS: list[tuple[str, str, str, tuple[str, ...], tuple[str, ...]]] = [
     ("model", "Model", "str", (), ("inference", "full", "lora")),
-    ("dtype", "Dtype", "choice", ("fp32", "bf16", "fp16"), ("inference", "full", "lora")),
+    ("dtype", "Dtype", "choice", DTYPES, ("inference", "full", "lora")),
+    ("precision", "Precision", "choice", PRECISIONS, ("full", "lora")),
+    ("attn_implementation", "Attention", "choice", ATTN_IMPLEMENTATIONS, ("inference", "full", "lora")),
     ("batch_size", "Micro-batch / device", "int", (), ("inference", "full", "lora")),
     ("seq_len", "Sequence length", "int", (), ("inference", "full", "lora")),
     ("grad_accum", "Grad accumulation", "int", (), ("full", "lora")),
@@ -46,6 +48,11 @@ CHOICE_LABELS: dict[str, str] = {
     "single": "single · one process",
     "ddp": "ddp · a replica per rank",
     "zero3": "zero3 · FSDP full shard",
+    "pure": "pure · model in the dtype",
+    "amp": "amp · fp32 weights, autocast",
+    "sdpa": "sdpa · fused, no scores kept",
+    "eager": "eager · keeps b·a·s·s scores",
+    "flash_attention_2": "flash_attention_2 · CUDA",
 }
 
 
@@ -93,8 +100,8 @@ class SetupScreen(NavButtons, Screen):
         yield Static(f"Step 2/7 · Setup ({state.mode})", classes="title")
         training = state.mode != "inference"
         yield Static("What moves memory: batch × sequence drive activations" + ("" if training else " and the KV cache")
-                     + "; the dtype sets the bytes per number" + ("; the optimizer the states per trainable parameter"
-                                                                 if training else "")
+                     + "; the dtype sets the bytes per number" + (" (precision: what is kept in it)" if training else "")
+                     + ("; the optimizer the states per trainable parameter" if training else "")
                      + ". Defaults: the embedded SmolLM2-135M and the Python docs as text.", classes="intro")
         with VerticalScroll(classes="body", id="form"):
             for name, label, kind, choices, modes in FIELDS:

@@ -212,7 +212,7 @@ class ProbeScreen(StageScreen):
         ranks = len(result.devices) > 1
         for c in result.comparisons:  # the total first: it is what decides the fit
             where = f"r{c.rank} {c.device}" if ranks else c.device
-            table.add_row(f"{where} total vs peak", gib(c.planned_bytes), gib(c.measured_bytes), f"{c.error_pct:+.1f} %")
+            table.add_row(f"{where} tensors vs peak", gib(c.planned_bytes), gib(c.measured_bytes), f"{c.error_pct:+.1f} %")
             for name, (planned, measured) in c.components.items():
                 table.add_row(f"{where} {name}", gib(planned), gib(measured) if measured is not None else "in peak",
                               _err(planned, measured))
@@ -227,6 +227,7 @@ class ProbeScreen(StageScreen):
             peak = (f"peak of live tensors {gib(d.peak_bytes)}; process peak RSS {gib(d.peak_rss_bytes)} "
                     "(+ Python/torch runtime and allocator caches)")
         problems = "".join(f"\n[red]✗ {p}[/]" for p in getattr(result, "problems", []))
+        problems += "".join(f"\n[yellow]! {f}[/]" for f in getattr(result, "findings", []))
         self.query_one("#measured-title", Static).update(
             f"[b]{result.status.upper()}[/b] · {result.steps} steps, {result.step_time_s:.2f} s/step, "
             f"{result.tokens_per_s:.0f} tokens/s · {peak}. Plan error = (planned − measured) / measured: "
