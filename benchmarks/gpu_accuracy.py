@@ -2,7 +2,8 @@
 
 Matrix: inference / full fine-tuning / LoRA (r 8, q/v) x two micro-batch sizes (4 x 256 and 8 x 512) x two configs in
 benchmarks/configs/ (the embedded model's shape, SmolLM2-135M, and a ~1.1B Llama shape), random-initialised (memory per
-component does not depend on the values), bf16 (training: mixed precision, fp32 weights + autocast, as Trainer).
+component does not depend on the values), bf16; training in both precisions (pure: the model in bf16, LoRA adapters
+fp32; amp: fp32 weights), under bf16 autocast as Trainer runs it.
 
 Each cell runs in its own child process (a fresh CUDA context, so peaks do not leak between cells): build the model
 on the GPU, one warm-up step (creates the optimizer states), ``torch.cuda.reset_peak_memory_stats()``, two measured
@@ -43,15 +44,17 @@ MODES = ("inference", "full", "lora")
 
 
 def cells() -> list[dict]:
-    return [{"config": name, "mode": mode, "batch_size": b, "seq_len": s}
-            for name in CONFIGS for mode in MODES for b, s in SIZES]
+    return [{"config": name, "mode": mode, "precision": precision, "batch_size": b, "seq_len": s}
+            for name in CONFIGS for mode in MODES for precision in (("pure",) if mode == "inference" else ("pure", "amp"))
+            for b, s in SIZES]
 
 
 def spec_of(cell: dict):
     from core.spec import RunSpec
 
     return RunSpec.build(None, model=str(CONFIGS[cell["config"]]), mode=cell["mode"], dtype="bf16",
-                         batch_size=cell["batch_size"], seq_len=cell["seq_len"], devices="0")
+                         precision=cell.get("precision", "pure"), batch_size=cell["batch_size"],
+                         seq_len=cell["seq_len"], devices="0")
 
 
 def load_config(name: str):
@@ -75,15 +78,17 @@ def measure(cell: dict) -> dict:
     nvml = _Nvml(0)
     from transformers import AutoModelForCausalLM
 
-    dtype = torch.float32 if spec.training else torch.bfloat16
+    from core.plan import lora_config
+    from core.spec import TORCH_DTYPE_NAMES
+
+    dtype = getattr(torch, TORCH_DTYPE_NAMES[spec.param_dtype])  # pure: bf16; amp: fp32 master weights
     torch.manual_seed(0)
     with torch.device(device):
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=spec.attn_implementation)
     if spec.mode == "lora":
-        from peft import LoraConfig, get_peft_model
+        from peft import get_peft_model
 
-        model = get_peft_model(model, LoraConfig(r=spec.lora.r, lora_alpha=spec.lora.alpha, lora_dropout=spec.lora.dropout,
-                                                 target_modules=list(spec.lora.targets), task_type="CAUSAL_LM"))
+        model = get_peft_model(model, lora_config(spec.lora))
     ids = torch.randint(0, config.vocab_size, (spec.batch_size, spec.seq_len), device=device)
     if spec.training:
         model.train()
@@ -248,7 +253,7 @@ def main() -> int:
 
 def _print_row(row: dict) -> None:
     gib = 2**30
-    head = f"{row['config']:<13} {row['mode']:<9} {row['batch_size']}x{row['seq_len']:<4}"
+    head = f"{row['config']:<13} {row['mode']:<9} {row.get('precision', ''):<4} {row['batch_size']}x{row['seq_len']:<4}"
     est = f"analytic {row['analytic_tensor_bytes'] / gib:7.3f}  traced {row['traced_peak_bytes'] / gib:7.3f}"
     if row.get("status") == "measured":
         m = row["measured"]

@@ -716,35 +716,12 @@ def _device_plan(device: DeviceInfo, step: _Step, tag: str, overhead: Line) -> D
 
 
 def _whole_step(spec: RunSpec, shape: "_Shape", summary: _Summary, kind: str) -> _Step:
-    """The whole run on one device of ``kind`` (cpu | cuda)."""
-    weights = _weights(summary)
-    if not spec.training:
-        activations, temporaries = _inference_activations(spec, shape), _inference_temporaries(spec, shape)
-        kv = _kv_cache(spec, shape)
-        return _Step(
-            methods={"weights": weights.method, "gradients": "inference: no backward pass, no gradients",
-                     "optimizer_states": "inference: no optimizer", "activations": activations.method,
-                     "temporaries": temporaries.method, "kv_cache": kv.method},
-            inference={"weights": weights.bytes, "activations": activations.bytes,
-                       "temporaries": temporaries.bytes, "kv_cache": kv.bytes})
-    gradients, states = _gradients(spec, summary), _optimizer_states(spec, summary, kind)
-    step_bytes, step_text = _step_temporaries(spec, summary, kind)
-    act, act_text = _activation_terms(spec, shape, summary, kind)
-    grads = _gradient_terms(spec, shape, summary)
-    terms = StepTerms(
-        weights=weights.bytes, gradients=gradients.bytes, optimizer_states=states.bytes, step_temporaries=step_bytes,
-        accumulated_gradients=gradients.bytes if spec.grad_accum > 1 else 0,
-        layers=act.layers, first_layer=act.layer_input + act.recompute if act.recompute else act.first,
-        head=act.head, logits_forward=act.logits_forward, logits_saved=act.logits_saved,
-        logits_backward=act.logits_backward, logits_grad=act.logits_grad, hidden_grad=act.hidden_grad,
-        recompute=act.recompute, forward_cache=act.forward_cache, **grads)
-    return _Step(methods={"weights": weights.method, "gradients": gradients.method, "optimizer_states": states.method,
-                          "activations": act_text,
-                          "temporaries": _temporaries_text(spec, act, step_text, grads),
-                          "kv_cache": "training: use_cache off, no KV cache"}, terms=terms)
+    """The whole run on one device of ``kind`` (cpu | cuda): every layer, the embedding and the loss."""
+    return _part_step(spec, shape, summary, summary, kind, shape.layers, first=True, head=True)
 
 
-def _temporaries_text(spec: RunSpec, act: StepActivations, step_text: str, grads: dict[str, int]) -> str:
+def _temporaries_text(act: StepActivations, step_text: str, grads: dict[str, int]) -> str:
+    """The temporaries line's formula: the loss's gradients, the optimizer step's buffers, a tied embedding's parts."""
     parts = [f"start of backward: fp32 gradients of log_softmax and of the logits 2 x b·s·V x 4 B = "
              f"{act.logits_backward:,} B", f"optimizer step: {step_text}"]
     if grads.get("tied_buffer"):
@@ -788,10 +765,6 @@ def _convention(spec: RunSpec) -> str:
 
 
 # ------------------------------------------------------------------------------------------------------- strategies
-def _tagged_methods(step: _Step, names: tuple[str, ...], tag: str) -> dict[str, str]:
-    return {k: (f"{tag}: {v}" if k in names else v) for k, v in step.methods.items()}
-
-
 def _ceil_div(value: int, n: int) -> int:
     return -(-value // n)
 
@@ -956,9 +929,10 @@ def _device_map_steps(spec: RunSpec, shape: "_Shape", summary: _Summary,
 
 
 def _part_step(spec: RunSpec, shape: "_Shape", summary: _Summary, local: _Summary, kind: str, n_layers: int, *,
-               first: bool, head: bool, scope: str, tp: int = 1) -> _Step:
+               first: bool, head: bool, scope: str | None = None, tp: int = 1) -> _Step:
     """The step of a device holding ``n_layers`` decoder layers of the model and the parameters in ``local``
-    (device_map: its own layers; tp: every layer's shards), with the loss when ``head``."""
+    (device_map: its own layers; tp: every layer's shards; the whole model: ``local`` is ``summary``, no ``scope``),
+    with the first layer when ``first`` and the loss when ``head``."""
     weights = _weights(local, scope)
     if not spec.training:
         activations = _inference_activations(spec, shape, tp) if head else Line(
@@ -991,10 +965,10 @@ def _part_step(spec: RunSpec, shape: "_Shape", summary: _Summary, local: _Summar
     values.update(loss)
     values.update(grads)
     terms = StepTerms(**values)
-    where = f"{_n_layers(n_layers)} here" + ("" if head else "; no logits here")
+    where = "" if scope is None else f"{_n_layers(n_layers)} here" + ("" if head else "; no logits here") + ": "
     return _Step(methods={"weights": weights.method, "gradients": gradients.method, "optimizer_states": states.method,
-                          "activations": f"{where}: {act_text}",
-                          "temporaries": _temporaries_text(spec, act, step_text, grads) if head
+                          "activations": f"{where}{act_text}",
+                          "temporaries": _temporaries_text(act, step_text, grads) if head
                           else f"optimizer step (this device's parameters): {step_text}",
                           "kv_cache": "training: use_cache off, no KV cache"}, terms=terms)
 

@@ -254,7 +254,6 @@ def recompute_verdicts(rec: dict[str, Any]) -> list[str]:
     Raises:
         TypeError: a value a verdict depends on is not a number or count (the caller reports it).
     """
-    from core.plan import COMPONENTS
     from core.resume import expected_checks, known_tiers
 
     problems: list[str] = []

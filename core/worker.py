@@ -414,7 +414,7 @@ def probe(spec: RunSpec, model, tokenizer, blocks: list[dict], out_dir: Path, de
     import torch
     from transformers import TrainerCallback
 
-    from core.measure import LiveTensorTracker, optimizer_state_bytes, parameter_placement, tensor_bytes
+    from core.measure import LiveTensorTracker, optimizer_state_bytes, parameter_placement
 
     names = job.get("devices") or [name or device]
     # accelerate sets hf_device_map only for a map over several devices; a one-device map is the whole model there

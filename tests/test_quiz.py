@@ -250,3 +250,26 @@ def test_a_full_fine_tuning_record(full_record):
     resume = full_record["resume"]
     assert right(qs["checkpoint_vs_resume"]).startswith("That it resumed" if resume["status"] == "pass"
                                                         else "Not that it resumes")
+
+
+@pytest.mark.parametrize("changes,per_parameter,words", [
+    ({"dtype": "bf16", "precision": "pure"}, 2 + 2 * 2, "2 B gradient + 2 AdamW moments x 2 B in bf16"),
+    ({"dtype": "bf16", "precision": "amp"}, 4 + 2 * 4, "4 B gradient + 2 AdamW moments x 4 B in fp32"),
+    ({"dtype": "bf16", "precision": None}, 4 + 2 * 4, "4 B gradient + 2 AdamW moments x 4 B in fp32"),  # schema 1: amp
+    ({"dtype": "bf16", "precision": "pure", "optimizer": "sgd"}, 2 + 2, "2 B gradient + 1 momentum buffer x 2 B"),
+])
+def test_the_lora_question_counts_the_bases_real_bytes_per_parameter(lora_run, changes, per_parameter, words):
+    """LoRA -> full fine-tuning: every parameter would get a gradient and optimizer states in the dtype the base is
+    held in (a 16-bit base under pure: 2 B each), not an assumed fp32."""
+    import copy
+
+    record = copy.deepcopy(lora_run[1])
+    for key, value in changes.items():
+        if value is None:
+            record["spec"].pop(key, None)
+        else:
+            record["spec"][key] = value
+    q = by_id(build_quiz(record))["lora_vs_full"]
+    total = record["model"]["parameters_total"]
+    assert f"about {total * per_parameter / GiB:.3g} GiB ({words}" in right(q)
+    assert words in q.explanation

@@ -149,6 +149,69 @@ def test_a_plan_total_edited_past_capacity_is_caught(record, capsys):
     assert code == EXIT_VERDICT and "means fits = False, the record says True" in out
 
 
+def test_a_plan_total_summed_instead_of_its_peak_phase_is_caught(record, capsys):
+    """Schema 2: the total is the largest phase; a total edited back to the sum of the components (which no moment of
+    the step holds) does not follow, nor does a phase holding more of a component than its line."""
+    def summed(data):
+        device = data["plan"]["devices"][0]
+        device["total_bytes"] = sum(device["components"].values())
+
+    edit(record, summed)
+    code, out = verify(record, capsys)
+    assert code == EXIT_VERDICT and "its largest phase holds" in out
+
+
+def test_a_phase_above_its_line_and_a_wrong_peak_phase_are_caught(record, capsys):
+    def inflate(data):
+        device = data["plan"]["devices"][0]
+        device["phases"]["optimizer_step"]["components"]["temporaries"] += 10**12
+        device["peak_phase"] = "forward"
+
+    edit(record, inflate)
+    code, out = verify(record, capsys)
+    assert code == EXIT_VERDICT
+    assert "above its line" in out and "the largest phase is 'optimizer_step'" in out
+
+
+def test_a_fit_judged_by_the_smaller_estimate_is_caught(record, capsys):
+    """The fit is judged by the larger of the analytic peak and the traced one (+ what a trace cannot see): a traced
+    peak edited above the analytic one, with the record still saying "analytic", does not follow."""
+    def traced_above(data):
+        device = data["plan"]["devices"][0]
+        data["plan"]["traced"]["peak_bytes"] = device["total_bytes"] + 1000
+
+    edit(record, traced_above)
+    code, out = verify(record, capsys)
+    assert code == EXIT_VERDICT and "(traced: the larger of the analytic and traced peaks)" in out
+
+
+def test_an_under_estimate_the_findings_do_not_name_is_caught(record, capsys):
+    def measured_above_the_plan(data):
+        row = data["probe"]["plan_comparison"][0]
+        peak = int(row["planned_bytes"] * 1.2)
+        row["measured_bytes"] = peak
+        data["probe"]["devices"][0]["peak_bytes"] = peak
+        data["probe"]["findings"] = []
+
+    edit(record, measured_above_the_plan)
+    code, out = verify(record, capsys)
+    assert code == EXIT_VERDICT and "does not name the under-estimate" in out
+
+
+def test_a_schema_1_record_is_read_with_its_own_rule(record, capsys):
+    """Records written before schema 2 summed the components into the total: verify reads them by that rule."""
+    def as_version_1(data):
+        data["schema_version"] = 1
+        device = data["plan"]["devices"][0]
+        device["total_bytes"] = sum(device["components"].values())
+        device["fits"] = device["total_bytes"] <= device["capacity_bytes"]
+        data["probe"]["plan_comparison"][0]["planned_bytes"] = device["total_bytes"]
+
+    edit(record, as_version_1)
+    code, out = verify(record, capsys)
+    assert code == EXIT_UNSIGNED, out
+
+
 def test_an_edited_spec_breaks_its_hash(record, capsys):
     edit(record, lambda data: data["spec"].update(batch_size=64))
     code, out = verify(record, capsys)

@@ -298,14 +298,18 @@ def format_traced(traced: dict[str, Any]) -> str:
 
     gib = 2**30
     lines = [f"traced plan (ESTIMATE, {traced['seconds']:.1f} s): {traced['method']}",
-             f"  {'component':<17} {'analytic':>9}  {'traced':>9}  {'difference':>10}"]
+             f"  {'component':<20} {'analytic':>9}  {'traced':>9}  {'difference':>10}"]
     for name, row in traced["lines"].items():
         a, t = row["analytic_bytes"], row["traced_bytes"]
         rel = relative_text(a, t)
         mark = "  <- differs most" if name == traced["most_different"] else ""
-        lines.append(f"  {name:<17} {a / gib:9.3f}  {t / gib:9.3f}  {rel:>10}{mark}")
+        lines.append(f"  {name:<20} {a / gib:9.3f}  {t / gib:9.3f}  {rel:>10}{mark}")
+    for name, row in traced.get("phase_totals", {}).items():
+        a, t = row["analytic_bytes"], row["traced_bytes"]
+        lines.append(f"  {'phase ' + name.replace('_', ' '):<20} {a / gib:9.3f}  {t / gib:9.3f}  {relative_text(a, t):>10}")
     a, t = traced["analytic_tensor_bytes"], traced["peak_bytes"]
-    lines.append(f"  {'tensors total':<17} {a / gib:9.3f}  {t / gib:9.3f}  {relative_text(a, t):>10}")
+    peaks = f"  (peak: {traced.get('analytic_peak_phase', '?')} / {traced.get('peak_phase', '?')})".replace("_", " ")
+    lines.append(f"  {'peak of tensors':<20} {a / gib:9.3f}  {t / gib:9.3f}  {relative_text(a, t):>10}{peaks}")
     lines.append(f"  on {traced['compared_with']}; {traced['note']}")
     return "\n".join(lines)
 
