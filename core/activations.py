@@ -15,7 +15,9 @@ torch's rules for what each op saves, tensor by tensor, with shared storages cou
   parameter is cached for the whole forward (``torch.autocast``'s weight cache), a frozen one is cast per call;
 - RoPE saves only cos and sin (shared by every layer); SDPA / flash attention saves q, k, v, its output and a fp32
   log-sum-exp per row and head (grouped-query attention: k and v at the KV heads, no ``repeat_kv`` when no mask is
-  passed); eager attention saves q, the repeated k and v, the fp32 softmax and its copy in the compute dtype;
+  passed); with padding in the batch a mask reaches SDPA: transformers repeats k and v to every head
+  (``use_gqa_in_sdpa`` wants no mask) and SDPA keeps the mask, made additive in the compute dtype, b·s·s per layer;
+  eager attention saves q, the repeated k and v, the fp32 softmax and its copy in the compute dtype;
 - SiLU saves its input, the gated product saves both factors;
 - LoRA (peft's ``Linear``): the input cast to the adapter's fp32 (and by autocast back to the compute dtype) is saved
   by ``lora_A``, ``lora_A``'s rank-r output by ``lora_B``, a 1 B dropout mask when dropout > 0, and under autocast the
@@ -150,10 +152,11 @@ class _Layer:
     """One decoder layer's forward, op by op, recording what is saved (see the module docstring)."""
 
     def __init__(self, dims: Dims, num: Numerics, tag: str, saved: Saved, *, full: bool,
-                 adapters: dict[str, Adapter], attention: str, biases: frozenset[str] = frozenset()) -> None:
+                 adapters: dict[str, Adapter], attention: str, biases: frozenset[str] = frozenset(),
+                 masked: bool = False) -> None:
         self.d, self.n, self.tag, self.saved = dims, num, tag, saved
         self.full, self.adapters, self.attention = full, adapters, attention
-        self.biases = biases
+        self.biases, self.masked = biases, masked
         self._count = 0
 
     def _new(self, numel: int, nbytes: int, grad: bool) -> _T:
@@ -239,12 +242,18 @@ class _Layer:
             out_bytes = c if self.n.autocast else qc.nbytes
             out = self._new(tokens * q_width, out_bytes, grad)  # transpose(1, 2).contiguous(): a copy
         else:
+            if self.masked and d.heads != d.kv_heads:  # repeat_kv: no grouped-query SDPA with a mask
+                k = self._new(tokens * q_width, k.nbytes, k.grad)
+                v = self._new(tokens * q_width, v.nbytes, v.grad)
             qc, kc, vc = self._autocast_in(q), self._autocast_in(k), self._autocast_in(v)
             out = self._new(tokens * q_width, qc.nbytes, grad)
             if grad:
                 for t, what in ((qc, "q"), (kc, "k"), (vc, "v"), (out, "output")):
                     self.saved.save(t, f"attention {what}")
                 self.saved.add(f"{self.tag}.lse", d.b * d.heads * d.s * FP32, "attention log-sum-exp (fp32)")
+                if self.masked:
+                    self.saved.add(f"{self.tag}.mask", d.b * d.s * d.s * qc.nbytes,
+                                   "attention mask (padding), additive, b·s·s")
         return self.linear("o_proj", out, q_width, d.h)
 
     def mlp(self, y: _T) -> _T:
@@ -273,7 +282,7 @@ class _Layer:
 
 
 def decoder_layer(dims: Dims, num: Numerics, *, full: bool, adapters: dict[str, Adapter], attention: str,
-                  input_grad: bool, biases: frozenset[str] = frozenset()) -> Saved:
+                  input_grad: bool, biases: frozenset[str] = frozenset(), masked: bool = False) -> Saved:
     """What one Llama-family decoder layer saves for backward.
 
     Args:
@@ -285,13 +294,16 @@ def decoder_layer(dims: Dims, num: Numerics, *, full: bool, adapters: dict[str, 
         input_grad: the layer's input needs a gradient (False for the first layer of LoRA without gradient
             checkpointing: the frozen embedding's output does not).
         biases: the short names of the linear layers with a bias (Qwen2: q, k and v).
+        masked: an attention mask reaches SDPA (the batch holds padding); flash_attention_2 unpads instead and eager
+            adds its mask to the scores, so this changes only ``sdpa``.
 
     Returns:
         the saved storages (bytes and why), each once.
     """
     saved = Saved()
     x = _T("layer input", dims.tokens * dims.h, num.residual_bytes, input_grad)
-    _Layer(dims, num, "layer", saved, full=full, adapters=adapters, attention=attention, biases=biases).forward(x)
+    _Layer(dims, num, "layer", saved, full=full, adapters=adapters, attention=attention, biases=biases,
+           masked=masked and attention == "sdpa").forward(x)
     return saved
 
 
@@ -339,7 +351,7 @@ class StepActivations:
 
 
 def step_activations(dims: Dims, num: Numerics, *, full: bool, adapters: dict[str, Adapter], attention: str,
-                     checkpointing: bool, biases: frozenset[str] = frozenset()) -> StepActivations:
+                     checkpointing: bool, biases: frozenset[str] = frozenset(), masked: bool = False) -> StepActivations:
     """The activation terms of one micro-batch through a Llama-family model (see :class:`StepActivations`).
 
     The first layer's input is the embedding's output: it needs a gradient in full fine-tuning, and in LoRA only with
@@ -349,7 +361,7 @@ def step_activations(dims: Dims, num: Numerics, *, full: bool, adapters: dict[st
     """
     tokens = dims.tokens
     steady = decoder_layer(dims, num, full=full, adapters=adapters, attention=attention, input_grad=True,
-                           biases=biases)
+                           biases=biases, masked=masked)
     layer_input = tokens * dims.h * num.residual_bytes
     if checkpointing:  # nothing inside a layer is kept; autocast's cache still holds every cast weight to the end
         first = steady
@@ -358,7 +370,7 @@ def step_activations(dims: Dims, num: Numerics, *, full: bool, adapters: dict[st
         cache = dims.layers * sum(steady.cache.values())
     else:
         first = decoder_layer(dims, num, full=full, adapters=adapters, attention=attention, input_grad=full,
-                              biases=biases)
+                              biases=biases, masked=masked)
         layers = first.total + (dims.layers - 1) * steady.total
         recompute = 0
         cache = first.cache_only + (dims.layers - 1) * steady.cache_only

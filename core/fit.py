@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 #: A measured peak above the plan by more than this fraction is an under-estimate (named, not hidden).
 UNDER_ESTIMATE_TOLERANCE = 0.05
@@ -129,13 +129,16 @@ class Largest:
         return self.capacity_bytes - self.plan_bytes
 
 
-def largest_fitting(spec: Any, config: Any, devices: list[Any], axis: str, max_positions: int | None = None
-                    ) -> list[Largest]:
-    """Per device, the largest ``axis`` value (micro-batch or sequence length) whose analytic plan fits it.
+def largest_fitting(spec: Any, config: Any, devices: list[Any], axis: str, max_positions: int | None = None,
+                    trace: Callable[[Any], int] | None = None) -> list[Largest]:
+    """Per device, the largest ``axis`` value (micro-batch or sequence length) whose plan fits it.
 
     The plan's peak grows with the micro-batch and the sequence length (every term is non-decreasing in both), so the
     search doubles from the spec's value until a plan does not fit, then bisects: about 2 log2(value) plans, each a
-    few milliseconds (the model summary is built once). The analytic plan only: a trace per value would take seconds.
+    few milliseconds (the model summary is built once). With ``trace`` (a spec -> traced peak of tensor bytes, seconds
+    each) the value found is then checked as the fit is judged, by the larger of the analytic and traced peaks
+    (strategies single and ddp), and bisected down with traces while it does not fit: a model without an op-by-op
+    activation model (Korthikanti's approximation) can be well below its trace.
 
     Args:
         spec: the run (:class:`core.spec.RunSpec`); every other setting is kept.
@@ -195,4 +198,45 @@ def largest_fitting(spec: Any, config: Any, devices: list[Any], axis: str, max_p
         else:
             limit = f"the search's ceiling ({ceiling:,})"
         out.append(Largest(device.name, axis, good, totals(good)[i], capacity, limit))
+    if trace is not None and plan_memory(spec, config, devices).strategy in TRACED_FIT_STRATEGIES:
+        out = [_refined(row, i, spec, config, devices, axis, floor, trace, cache) for i, row in enumerate(out)]
     return out
+
+
+def _refined(row: Largest, index: int, spec: Any, config: Any, devices: list[Any], axis: str, floor: int,
+             trace: Callable[[Any], int], cache: dict[int, list[int]]) -> Largest:
+    """``row`` checked against the traced plan: the largest value whose larger-of-the-two plan fits (bisection with
+    traces, at most log2(value) of them)."""
+    import dataclasses
+
+    from core.plan import plan_memory
+
+    if not row.value:
+        return row
+    traced: dict[int, int] = {}
+
+    def fit_at(value: int) -> tuple[bool, int]:
+        candidate = dataclasses.replace(spec, **{axis: value})
+        device = plan_memory(candidate, config, devices).devices[index]
+        if value not in traced:
+            traced[value] = trace(candidate)
+        fit = fit_of(device.device.name, device.device.capacity_bytes, device.total_bytes, device.untraced_bytes,
+                     traced[value], "single")
+        return bool(fit.fits), fit.bytes
+
+    ok, used = fit_at(row.value)
+    if ok:
+        return dataclasses.replace(row, plan_bytes=used, limit=row.limit + "; the traced plan agrees")
+    good, bad, used_good = 0, row.value, 0
+    while bad - good > 1:
+        middle = max(floor, (good + bad) // 2)
+        fits, used = fit_at(middle)
+        if fits:
+            good, used_good = middle, used
+        else:
+            bad = middle
+        if middle == floor and not fits:
+            break
+    return dataclasses.replace(row, value=good, plan_bytes=used_good,
+                               limit=f"{axis} = {bad} does not fit by the traced plan (the analytic plan said "
+                                     f"{row.value})")

@@ -138,7 +138,11 @@ def load_config(source: ModelSource) -> Any:
         return config
     if source.path.is_file():
         return _config_from_json(source.path)
-    return AutoConfig.from_pretrained(source.path, local_files_only=True)
+    _check_shape_fields(source.path / "config.json")
+    try:
+        return AutoConfig.from_pretrained(source.path, local_files_only=True)
+    except ValueError as exc:  # an unknown model_type, a malformed config
+        raise ModelNotFoundError(f"{source.path}: transformers cannot read its config ({str(exc)[:200]})") from None
 
 
 def _fast_config(path: Path) -> Any:
@@ -177,7 +181,37 @@ def _config_from_json(path: Path) -> Any:
     model_type = data.pop("model_type", None)
     if model_type is None:
         raise ModelNotFoundError(f"{path} has no model_type; it is not a Hugging Face config.json")
-    return AutoConfig.for_model(model_type, **data)
+    _check_shape_fields(path)
+    try:
+        return AutoConfig.for_model(model_type, **data)
+    except ValueError as exc:
+        raise ModelNotFoundError(f"{path}: model_type {model_type!r} is not one transformers knows ({str(exc)[:120]}); "
+                                 "give the config.json of a transformers causal LM") from None
+
+
+#: The fields that decide a Llama-family model's shapes: a config.json of those families must state each of them, or
+#: the library's defaults (32 layers, an MLP of 11,008 ...) would be planned as if they were the model's.
+SHAPE_FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+
+
+def _check_shape_fields(path: Path) -> None:
+    """Refuse a Llama-family config.json that leaves a shape field to the library's default.
+
+    Raises:
+        ModelNotFoundError: naming the missing fields.
+    """
+    from core.shapes import FAMILIES
+
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    if not isinstance(raw, dict) or raw.get("model_type") not in FAMILIES:
+        return
+    missing = [k for k in SHAPE_FIELDS if k not in raw]
+    if missing:
+        raise ModelNotFoundError(f"{path} states no {', '.join(missing)}: the library's defaults are not this model's "
+                                 "shape; give every shape field (they are in the model's own config.json)")
 
 
 def _drop_quantization(config: Any) -> None:

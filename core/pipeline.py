@@ -385,6 +385,15 @@ def attention_unavailable(attention: str, device: str) -> str | None:
     return None
 
 
+def runnable_reason(spec: RunSpec, ctx: PlanContext) -> str | None:
+    """Why ``spec`` cannot run here (:func:`check_runnable`'s refusal), or None: for a screen to say it before Next."""
+    try:
+        check_runnable(spec, ctx, _run_device(spec, ctx.devices))
+    except GpuAcceptError as exc:
+        return str(exc)
+    return None
+
+
 #: Strategies the probe, training and resume stages run (the others are planned only; see check_runnable).
 RUNNABLE_STRATEGIES = ("single", "ddp", "zero3", "device_map")
 

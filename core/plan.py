@@ -64,6 +64,10 @@ COMPONENTS = ("weights", "gradients", "optimizer_states", "activations", "tempor
 
 #: Per-process, per-device CUDA context + cuBLAS workspace estimate (DESIGN §3: 300-700 MB; lazy module loading).
 CUDA_OVERHEAD_BYTES = 500 * 2**20
+#: Per-process memory of a CPU run beyond its tensors: the Python, torch and transformers runtime and the allocator's free
+#: memory, an estimate (measured here: the probe's peak RSS 0.44-0.59 GiB above its peak of live tensors on the embedded
+#: model, LoRA and full fine-tuning, fp32 and bf16). The CPU fit counts it, as the probe's RSS does.
+CPU_RUNTIME_BYTES = 640 * 2**20
 #: Per-process, per-device NCCL communicator buffers, an estimate (not measured here): NCCL allocates NCCL_BUFFSIZE
 #: (4 MiB by default) per channel, per peer and per protocol, so it grows with channels and peers; a few hundred MiB
 #: per GPU is common. Added to the overhead line of every strategy that runs collectives on N >= 2 devices.
@@ -79,6 +83,9 @@ LOGITS_BYTES = 4
 #: Korthikanti et al. 2022, eq. (1): bytes per token per hidden unit of one transformer layer in 16-bit, without the
 #: attention-score term 5·a·s/h (which is kept only when the attention implementation materialises the scores).
 KORTHIKANTI_SBH_BYTES_16BIT = 34
+#: Of those 34, the MLP's (a plain 4h MLP with GeLU and dropout): its input 2, GeLU's input 8, the second linear's input
+#: 8, the dropout mask 1; the rest is attention (11) and the two layer norms (4).
+KORTHIKANTI_MLP_UNITS = 19
 
 _DTYPE_NAMES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 _LAYER_INDEX = re.compile(r"\.(\d+)\.")
@@ -182,12 +189,15 @@ class MemoryPlan:
         strategy: how the run is spread over devices (:data:`core.spec.STRATEGIES`); ``"single"``: each device holds
             the whole run; ``ddp``, ``zero1``/``zero2``/``zero3``, ``device_map``, ``tp``: see :func:`plan_memory`.
         convention: one paragraph stating the accounting convention (with the strategy's rule appended).
+        activation_model: ``"op-by-op"`` (the Llama family, :mod:`core.activations`) or ``"korthikanti"`` (an
+            approximation for other layers; the traced plan checks it).
     """
 
     parameters: ParameterCount
     devices: list[DevicePlan]
     strategy: str
     convention: str
+    activation_model: str = "op-by-op"
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready mapping (bytes as ints) for ``gpuaccept plan --json`` and the record."""
@@ -195,6 +205,7 @@ class MemoryPlan:
             "parameters": {"total": self.parameters.total, "trainable": self.parameters.trainable},
             "strategy": self.strategy,
             "convention": self.convention,
+            "activation_model": self.activation_model,
             "devices": [
                 {
                     "name": dp.device.name,
@@ -652,6 +663,7 @@ def plan_memory(
     n = spec.world_size(len(devices)) if strategy in TORCHRUN_STRATEGIES else len(devices)
     check_strategy(strategy, spec.tp, n, spec.devices)
     shape = _Shape.of(config, spec.attn_implementation)
+    shape = dataclasses.replace(shape, gated=bool(linear_module_names(config) & GATED_MLP_NAMES))
     if strategy == "tp":
         _check_tp_heads(spec.tp, shape)
     # precision: pure keeps the parameters in the dtype (LoRA adapters fp32), amp keeps fp32 master weights
@@ -674,12 +686,13 @@ def plan_memory(
         steps = _device_map_steps(spec, shape, summary, devices)
     else:
         steps = [_tp_step(spec, shape, summary, spec.tp, len(devices), d.kind) for d in devices]
-    plans = [_device_plan(device, step, tag, _overhead(device, strategy, n))
-             for device, (step, tag) in zip(devices, steps)]
+    plans = [_device_plan(device, step, tag, _overhead(device, strategy, n, first=i == 0))
+             for i, (device, (step, tag)) in enumerate(zip(devices, steps))]
+    model = "op-by-op" if shape.family in LLAMA_FAMILY and strategy != "tp" else "korthikanti"
     if strategy == "single":
-        return MemoryPlan(counts, plans, "single", _convention(spec))
+        return MemoryPlan(counts, plans, "single", _convention(spec), model)
     convention = _convention(spec).replace(_SINGLE_RULE, f"(strategy {strategy}: see its rule at the end)")
-    return MemoryPlan(counts, plans, strategy, f"{convention} {STRATEGY_CONVENTIONS[strategy]}")
+    return MemoryPlan(counts, plans, strategy, f"{convention} {STRATEGY_CONVENTIONS[strategy]}", model)
 
 
 @dataclass(frozen=True)
@@ -754,7 +767,10 @@ def _gradient_terms(spec: RunSpec, shape: "_Shape", summary: _Summary) -> dict[s
 
 def _convention(spec: RunSpec) -> str:
     """:data:`CONVENTION` with the precision of this spec."""
-    if spec.param_dtype == spec.dtype:
+    if spec.dtype == "fp32":
+        precision = ("fp32: weights, gradients and optimizer states in fp32, no autocast (the precision, pure or amp, is "
+                     "moot in fp32)")
+    elif spec.param_dtype == spec.dtype:
         precision = (f"precision pure: the model is loaded in {spec.dtype}, its gradients and optimizer states are in "
                      f"{spec.dtype} (torch's AdamW keeps its moments in each parameter's dtype)")
     else:
@@ -1032,6 +1048,8 @@ class _Shape:
     tied: bool = False
     family: str = ""
     biases: frozenset[str] = frozenset()
+    gated: bool = False  # a gated MLP (gate_proj ...), known from the model's linear modules
+    activation: str = ""  # the config's hidden_act / activation_function
 
     @classmethod
     def of(cls, config: Any, attention: str = "sdpa") -> "_Shape":
@@ -1048,10 +1066,11 @@ class _Shape:
             biases |= {"q_proj", "k_proj", "v_proj", "o_proj"}
         if getattr(text, "mlp_bias", False) is True:
             biases |= {"gate_proj", "up_proj", "down_proj"}
+        activation = getattr(text, "hidden_act", None) or getattr(text, "activation_function", None) or ""
         return cls(hidden, int(text.num_hidden_layers), heads, int(kv_heads), int(head_dim), int(text.vocab_size),
                    attention, int(getattr(text, "intermediate_size", None) or 4 * hidden),
                    bool(getattr(config, "tie_word_embeddings", getattr(text, "tie_word_embeddings", False))),
-                   family, frozenset(biases))
+                   family, frozenset(biases), activation=str(activation))
 
     @property
     def materialises_scores(self) -> bool:
@@ -1199,7 +1218,8 @@ def _activation_terms(spec: RunSpec, shape: _Shape, summary: _Summary, kind: str
     if shape.family in LLAMA_FAMILY and tp == 1:
         dims = Dims(b, s, h, shape.inter, shape.heads, shape.kv_heads, shape.head_dim, V, shape.layers, shape.tied)
         act = step_activations(dims, num, full=spec.mode == "full", adapters=adapters, attention=shape.attention,
-                               checkpointing=spec.gradient_checkpointing, biases=shape.biases)
+                               checkpointing=spec.gradient_checkpointing, biases=shape.biases,
+                               masked=spec.padding == "padded")
         top = sorted(act.breakdown.items(), key=lambda kv: -kv[1])
         parts = ", ".join(f"{why} {n:,}" for why, n in top)
         text = (f"op by op from the {shape.family} decoder's code (core/activations.py): one layer saves "
@@ -1253,46 +1273,63 @@ def _korthikanti_terms(spec: RunSpec, shape: _Shape, summary: _Summary, num: Num
     return act, text
 
 
-def _frozen_mlp_inputs(spec: RunSpec) -> int:
-    """Korthikanti units (of s·b·h, 16-bit) that LoRA training does not save: a frozen linear layer's backward needs its
-    weight, not its input, so the input of a frozen MLP linear is kept only when something else saves it. Of eq. (1)'s
-    34: the first MLP linear's input (2, the layer norm's output; the norm saves its own input) and the second's input
-    (8, the activation function's output; the function saves its own input) are dropped unless LoRA targets those
-    layers. 0 outside LoRA."""
-    if spec.mode != "lora":
-        return 0
-    if spec.all_linear:
-        return 0
-    targets = set(spec.lora.targets)
-    return (0 if targets & _MLP_IN_NAMES else 2) + (0 if targets & _MLP_OUT_NAMES else 8)
+#: Short names of the gate projection of a gated MLP (SwiGLU, GeGLU): the MLP keeps four I-wide tensors, not two.
+GATED_MLP_NAMES = frozenset({"gate_proj", "gate_up_proj", "w1", "w3", "wi_0", "fc_gate"})
+#: Activations transformers writes as Python arithmetic (transformers/activations.py), each of whose ops keeps its own
+#: I-wide tensor for backward, by how many more than a fused activation (which keeps its input only):
+#: NewGELUActivation ``0.5 * x * (1 + tanh(c * (x + 0.044715 * x**3)))`` keeps tanh's output, 1 + it and 0.5 * x;
+#: FastGELUActivation also the inner factor; QuickGELUActivation ``x * sigmoid(1.702 * x)`` the sigmoid's output.
+PYTHON_ACTIVATION_TENSORS = {"gelu_new": 3, "gelu_fast": 4, "quick_gelu": 1}
+
+
+def _mlp_units(spec: RunSpec, shape: _Shape) -> tuple[float, str]:
+    """Korthikanti's MLP share of a layer (16-bit s·b·h units), generalised to the MLP width I and to gating: the first
+    linear's input (2), then I-wide tensors of 2 B each: a plain MLP keeps the activation's input and the second
+    linear's input (2 x 2·I/h) and a 1 B dropout mask (Korthikanti's 19 at I = 4h); a gated one keeps the gate, the
+    activation's output, up and their product (4 x 2·I/h); an activation written as Python arithmetic keeps more
+    (:data:`PYTHON_ACTIVATION_TENSORS`). LoRA on frozen MLP linears drops the inputs of those it does not adapt (a
+    frozen linear needs no weight gradient)."""
+    ratio = shape.inter / shape.hidden
+    inner = 8 * ratio if shape.gated else 4 * ratio + 1
+    inner += 2 * ratio * PYTHON_ACTIVATION_TENSORS.get(shape.activation, 0)
+    first, second = 2.0, 2 * ratio
+    if spec.mode == "lora" and not spec.all_linear:
+        targets = set(spec.lora.targets)
+        first = first if targets & _MLP_IN_NAMES else 0.0
+        if not targets & _MLP_OUT_NAMES:
+            inner -= second  # the second linear's input is the product (gated) or the activation's output
+    units = first + inner
+    kind = "gated" if shape.gated else "plain"
+    extra = PYTHON_ACTIVATION_TENSORS.get(shape.activation, 0)
+    act = f", {shape.activation} keeps {extra} more I-wide tensors" if extra else ""
+    return units, f"{kind} MLP {units:.1f} (I/h = {ratio:.2f}{act})"
 
 
 def _layer_activation_bytes(spec: RunSpec, shape: _Shape, tp: int = 1, nbytes: int | None = None) -> tuple[int, str]:
     """One layer's saved activations, Korthikanti et al. 2022 eq. (1): ``s·b·h·(34 + 5·a·s/h)`` bytes in 16-bit, scaled by
-    compute bytes / 2; the ``5·a·s/h`` score term only with eager attention. With tensor parallelism ``tp`` = t > 1, eq. (2)
-    (no sequence parallelism): ``s·b·h·(10 + 24/t + 5·a·s/(h·t))``. Returns (bytes, formula text)."""
+    compute bytes / 2, its MLP share generalised to the MLP's width and gating (:func:`_mlp_units`); the ``5·a·s/h``
+    score term only with eager attention. With tensor parallelism ``tp`` = t > 1, eq. (2) (no sequence parallelism):
+    ``s·b·h·(10 + 24/t + 5·a·s/(h·t))``. Returns (bytes, formula text)."""
     s, b, h, a = spec.seq_len, spec.batch_size, shape.hidden, shape.heads
     nbytes = nbytes if nbytes is not None else spec.dtype_bytes
     if tp == 1:
-        units, frozen_text = KORTHIKANTI_SBH_BYTES_16BIT, ""
-        unsaved = _frozen_mlp_inputs(spec)
-        if unsaved:
-            units -= unsaved
-            frozen_text = f" - {unsaved} (LoRA: frozen MLP linears keep no input, they need no weight gradient)"
-        per_layer = s * b * h * units * nbytes // 2
+        mlp, mlp_text = _mlp_units(spec, shape)
+        units = KORTHIKANTI_SBH_BYTES_16BIT - KORTHIKANTI_MLP_UNITS + mlp
+        per_layer = int(s * b * h * units * nbytes / 2)
+        body = f"s·b·h·({KORTHIKANTI_SBH_BYTES_16BIT - KORTHIKANTI_MLP_UNITS} + {mlp_text}"
         if shape.materialises_scores:
             per_layer += 5 * a * s * s * b * nbytes // 2
-            text = f"s·b·h·(34{frozen_text} + 5·a·s/h) x {nbytes}/2 B (eager attention keeps the a·s·s scores)"
+            text = f"{body} + 5·a·s/h) x {nbytes} B / 2 (eager attention keeps the a·s·s scores)"
         else:
-            text = f"s·b·h·(34{frozen_text}) x {nbytes}/2 B ({shape.attention} attention: fused, no saved scores)"
+            text = f"{body}) x {nbytes} B / 2 ({shape.attention} attention: fused, no saved scores)"
         return per_layer, text
     per_layer = s * b * h * (10 * tp + 24) * nbytes // (2 * tp)
     if shape.materialises_scores:
         per_layer += 5 * a * s * s * b * nbytes // (2 * tp)
-        text = (f"s·b·h·(10 + 24/t + 5·a·s/(h·t)) x {nbytes}/2 B, t={tp} (Korthikanti eq. 2; eager attention keeps "
+        text = (f"s·b·h·(10 + 24/t + 5·a·s/(h·t)) x {nbytes} B / 2, t={tp} (Korthikanti eq. 2; eager attention keeps "
                 "the scores of its heads)")
     else:
-        text = (f"s·b·h·(10 + 24/t) x {nbytes}/2 B, t={tp} (Korthikanti eq. 2, no sequence parallelism; "
+        text = (f"s·b·h·(10 + 24/t) x {nbytes} B / 2, t={tp} (Korthikanti eq. 2, no sequence parallelism; "
                 f"{shape.attention} attention: fused)")
     return per_layer, text
 
@@ -1352,10 +1389,11 @@ def _kv_cache(spec: RunSpec, shape: _Shape, layers: int | None = None, tp: int =
         f"2 (K,V) x {where} x {heads} x head_dim x b x s x {nbytes} B = 2 x {layers} x {kv_heads} x "
         f"{shape.head_dim} x {spec.batch_size} x {spec.seq_len} x {nbytes} B",
     )
-def _overhead(device: DeviceInfo, strategy: str = "single", n: int = 1) -> Line:
+def _overhead(device: DeviceInfo, strategy: str = "single", n: int = 1, first: bool = True) -> Line:
     """CUDA: CUDA context + cuBLAS workspace, 500 MiB per process per device (estimate), plus NCCL communicator
     buffers (:data:`NCCL_BUFFER_BYTES`, estimate) for strategies that run collectives on N >= 2 devices (ddp, zero*,
-    tp; not device_map, which is one process). CPU: nothing planned."""
+    tp; not device_map, which is one process). CPU: the process's runtime, :data:`CPU_RUNTIME_BYTES` (estimate): on the
+    CPU the probe's fit is judged by the larger of its tensor peak and its RSS, which holds it."""
     if device.kind == "cuda":
         text = "CUDA context + cuBLAS workspace (estimate; 300-700 MB per process per device): 500 MiB"
         if strategy in ("single", "device_map") or n < 2:
@@ -1368,4 +1406,9 @@ def _overhead(device: DeviceInfo, strategy: str = "single", n: int = 1) -> Line:
             f"{text}; + NCCL communicator buffers for {strategy} over N={n} devices (estimate, not measured here): "
             f"{NCCL_BUFFER_BYTES // 2**20} MiB (NCCL_BUFFSIZE 4 MiB per channel, peer and protocol)",
         )
-    return Line("overhead", 0, "no CUDA context on CPU; the Python/torch runtime is counted by the probe's RSS, not planned")
+    if strategy == "device_map" and not first:
+        return Line("overhead", 0, "device_map runs in one process: its runtime is counted on the first device")
+    return Line("overhead", CPU_RUNTIME_BYTES,
+                f"no CUDA context on the CPU; the process's Python, torch and transformers runtime and the allocator's "
+                f"free memory (estimate; the probe's peak RSS was 0.44-0.59 GiB above its tensor peak on the embedded "
+                f"model): {CPU_RUNTIME_BYTES // 2**20} MiB")

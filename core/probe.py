@@ -178,18 +178,22 @@ def run_probe(
         wrong = wrapper_problem(spec.strategy, m.wrapper)
         if wrong:
             problems.append(f"{_where(m)}: {wrong}")
+    used = next((e for e in child.events if e["kind"] == "model_built"), {})
+    if used.get("attention") and used["attention"] != spec.attn_implementation:
+        problems.append(f"{_where(measurements[0]) if measurements else device}: the model ran with {used['attention']} "
+                        f"attention, not the {spec.attn_implementation} the plan is for (transformers fell back): plan "
+                        f"it with --attn-implementation {used['attention']}")
     status = "fail" if problems else "pass"
     first = ledgers[0]
     summary = (f"{first['steps']} steps on {_span_names(measurements)}, {first['step_time_s']:.2f} s/step, "
                + "; ".join(f"{_where(m)} measured peak {_gib(m.peak_bytes)}"
-                           + (f" vs plan {_gib(c.planned_bytes)} ({c.error_pct:+.1f} %)" if c else "")
+                           + (f", plan {_gib(c.planned_bytes)} ({_relation(c)})" if c else "")
                            for m, c in ((m, next((c for c in comparisons if c.rank == m.rank), None))
                                         for m in measurements)))
     if problems:
         summary += "; FAIL: " + "; ".join(dict.fromkeys(p.split(": ", 1)[1] for p in problems))
     if findings:
         summary += "; " + "; ".join(findings)
-    used = next((e for e in child.events if e["kind"] == "model_built"), {})
     return ProbeResult(
         status=status,
         steps=first["steps"],
@@ -295,6 +299,13 @@ def compare_with_plan(plan_device: Any, m: DeviceMeasurement, fit_bytes: int | N
         components=components,
         under_estimate=under_estimate(planned, m.peak_bytes),
     )
+
+
+def _relation(c: PlanComparison) -> str:
+    """Where the plan stands to the measurement, in words: "plan 0.1 % above the measurement"."""
+    if abs(c.error_pct) < 0.05:
+        return "plan equal to the measurement within 0.05 %"
+    return f"plan {abs(c.error_pct):.1f} % {'above' if c.error_pct > 0 else 'below'} the measurement"
 
 
 def _gib(n: int) -> str:

@@ -188,7 +188,8 @@ def _evaluation_tables(spec: RunSpec, te: Any) -> tuple[dict, dict]:
         "metric": te.metric,
         "settings": {"mode": spec.mode, "steps": spec.steps, "batch_size": spec.batch_size, "seq_len": spec.seq_len,
                      "grad_accum": spec.grad_accum, "learning_rate": spec.learning_rate, "optimizer": spec.optimizer,
-                     "dtype": spec.dtype, "seed": spec.seed, "strategy": spec.strategy,
+                     "dtype": spec.dtype, "precision": spec.precision, "attn_implementation": spec.attn_implementation,
+                     "padding": spec.padding, "seed": spec.seed, "strategy": spec.strategy,
                      "torchrun": dataclasses.asdict(spec.torchrun)},
         "before": dataclasses.asdict(te.before),
         "log": te.log_path,
@@ -283,6 +284,35 @@ def _utc_aware(value: Any) -> bool:
     return isinstance(value, datetime) and value.utcoffset() is not None and value.utcoffset().total_seconds() == 0
 
 
+def _version_2_problems(rec: dict[str, Any]) -> list[str]:
+    """What schema 2 adds: the spec's precision, attention implementation and padding, each one of its values; a plan's
+    devices with their phases (names among :data:`core.phases.PHASES`), peak phase and fit."""
+    from core.phases import PHASES
+    from core.spec import ATTN_IMPLEMENTATIONS, PADDINGS, PRECISIONS
+
+    out = []
+    for key, allowed in (("precision", PRECISIONS), ("attn_implementation", ATTN_IMPLEMENTATIONS),
+                         ("padding", PADDINGS)):
+        if rec["spec"].get(key) not in allowed:
+            out.append(f"spec.{key} is {rec['spec'].get(key)!r}; schema 2 holds one of {', '.join(allowed)}")
+    plan = rec["plan"]
+    if plan.get("provenance") != "estimated":
+        return out
+    for i, d in enumerate(plan.get("devices", [])):
+        where = f"plan.devices[{i}]"
+        missing = [k for k in ("phases", "peak_phase", "fit_bytes", "fit_judged_by", "sum_of_components_bytes",
+                               "untraced_bytes") if k not in d]
+        if missing:
+            out.append(f"{where} lacks {', '.join(missing)} (schema 2 plans the phases of the step and the fit)")
+            continue
+        phases = d["phases"]
+        if not isinstance(phases, dict) or not phases or any(p not in PHASES for p in phases):
+            out.append(f"{where}.phases must be a table of phases among {', '.join(PHASES)}")
+        if d["fit_judged_by"] not in ("analytic", "traced"):
+            out.append(f"{where}.fit_judged_by is {d['fit_judged_by']!r}; analytic or traced")
+    return out
+
+
 def spec_table_hash(spec_table: dict[str, Any]) -> str:
     """sha256 of a record's ``spec`` table without its ``hash`` key, as :meth:`RunSpec.spec_hash` computes it."""
     from core.spec import canonical_sha256
@@ -332,6 +362,8 @@ def schema_problems(rec: dict[str, Any]) -> list[str]:
         out.append("unknown top-level keys: " + ", ".join(unknown))
     if rec["spec"].get("hash") != spec_table_hash(rec["spec"]):
         out.append("spec.hash is not the sha256 of the spec table: the spec was edited (and the hash not recomputed)")
+    if version >= 2:
+        out.extend(_version_2_problems(rec))
     allowed = {"environment": ("measured",), "model": ("measured",), "seeds": ("measured",),
                "plan": ("estimated", "not_run"), "probe": ("measured", "not_run"), "data": ("measured", "not_run"),
                "evaluation": ("measured", "not_run")}

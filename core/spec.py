@@ -11,6 +11,7 @@ TOML layout (every key optional; the defaults are the embedded model and text)::
     dtype = "fp32"                # fp32 | bf16 | fp16
     precision = "pure"            # pure: the model loaded in dtype | amp: fp32 weights, autocast to dtype (moot for fp32)
     attn_implementation = "sdpa"  # sdpa | eager | flash_attention_2 (passed to from_pretrained)
+    padding = "padded"            # padded: some batches hold padding (a mask reaches attention) | packed: full blocks only
     batch_size = 4                # micro-batch per device
     seq_len = 128
     grad_accum = 1
@@ -70,6 +71,10 @@ DTYPES = ("fp32", "bf16", "fp16")
 PRECISIONS = ("pure", "amp")
 #: Attention implementations passed to ``from_pretrained(attn_implementation=...)``.
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2")
+#: What the batches hold: ``padded`` (some batches hold padding, so an attention mask reaches the attention kernel: SDPA
+#: then repeats k and v to every head and keeps the mask, per layer) or ``packed`` (every block full: causal attention
+#: without a mask). gpuaccept's own data is packed but for its last, padded block (dropped from training when packed).
+PADDINGS = ("padded", "packed")
 #: peft's keyword for "every linear layer but the output layer" (``LoraConfig(target_modules="all-linear")``).
 ALL_LINEAR = "all-linear"
 #: torch dtype attribute of each dtype name.
@@ -220,6 +225,7 @@ class RunSpec:
     dtype: str = "fp32"
     precision: str = "pure"
     attn_implementation: str = "sdpa"
+    padding: str = "padded"
     batch_size: int = 4
     seq_len: int = 128
     grad_accum: int = 1
@@ -325,6 +331,12 @@ class RunSpec:
         if self.attn_implementation not in ATTN_IMPLEMENTATIONS:
             raise SpecError("attn_implementation", f"{self.attn_implementation!r} is not supported; choose one of "
                                                    f"{', '.join(ATTN_IMPLEMENTATIONS)}")
+        if self.attn_implementation == "flash_attention_2" and self.dtype == "fp32":
+            raise SpecError("attn_implementation", "flash_attention_2 runs in fp16 and bf16 only; set dtype = \"bf16\" "
+                                                   "or use sdpa")
+        if self.padding not in PADDINGS:
+            raise SpecError("padding", f"{self.padding!r}: choose padded (some batches hold padding) or packed (every "
+                                       "block full, no attention mask)")
         if self.optimizer not in OPTIMIZERS:
             raise SpecError("optimizer", f"{self.optimizer!r} is not supported; choose one of {', '.join(OPTIMIZERS)}")
         if self.lr_scheduler not in SCHEDULERS:
@@ -357,6 +369,9 @@ class RunSpec:
                 raise SpecError("lora.dropout", f"must be in [0, 1) (got {self.lora.dropout})")
             if not self.lora.targets:
                 raise SpecError("lora.targets", "name at least one module, e.g. q_proj,v_proj")
+            repeated = sorted({t for t in self.lora.targets if self.lora.targets.count(t) > 1})
+            if repeated:
+                raise SpecError("lora.targets", f"{', '.join(repeated)} named twice; name each module once")
             if ALL_LINEAR in self.lora.targets and len(self.lora.targets) > 1:
                 raise SpecError("lora.targets", f"{ALL_LINEAR} already names every linear layer but the LM head; give "
                                                 f"it alone, or list module names without it")

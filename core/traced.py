@@ -169,22 +169,26 @@ def relative_text(analytic: int, traced: int) -> str:
 
 def compare(device_plan: Any, traced: TracedPlan) -> PlanDifference:
     """The analytic ``device_plan`` (:class:`core.plan.DevicePlan`) against ``traced``: each component's largest value
-    over the phases, each phase's bytes, and the peaks (the analytic one without its overhead line: the trace has none).
+    over the phases, each phase's bytes, and the peaks. The analytic side leaves out what a trace cannot see
+    (``untraced_bytes``: the overhead line, and under DDP the gradient buckets, which sit in its temporaries).
 
     The most different line is the one with the largest absolute byte difference (ties: the first in
     :data:`TRACED_COMPONENTS`).
     """
+    untraced = getattr(device_plan, "untraced_bytes", 0) or device_plan.lines["overhead"].bytes
+    buckets = untraced - device_plan.lines["overhead"].bytes  # DDP's, in every phase's temporaries
     maxima = traced.maxima
-    lines = [LineDifference(name, int(device_plan.lines[name].bytes), int(maxima.get(name, 0)))
+    lines = [LineDifference(name, int(device_plan.lines[name].bytes) - (buckets if name == "temporaries" else 0),
+                            int(maxima.get(name, 0)))
              for name in TRACED_COMPONENTS]
     most = max(lines, key=lambda d: abs(d.difference_bytes))
-    overhead = device_plan.lines["overhead"].bytes
-    phases = [LineDifference(name, device_plan.phases[name].total_bytes - overhead, sum(traced.phases[name].values()))
+    phases = [LineDifference(name, device_plan.phases[name].total_bytes - untraced, sum(traced.phases[name].values()))
               for name in PHASES if name in device_plan.phases and name in traced.phases]
     note = ("Both totals are the peak of the step (its largest phase); each line is its component's largest value over "
-            "the phases. Overhead (CUDA context) is not a tensor and is not traced.")
+            "the phases. What a trace cannot see is left out of the analytic side: the overhead line (the CUDA "
+            "context is not a tensor)" + (f" and DDP's gradient buckets ({buckets:,} B)" if buckets else "") + ".")
     peak_phase = device_plan.peak_phase.name if device_plan.peak_phase else ""
-    return PlanDifference(lines, most.component, device_plan.total_bytes - overhead, traced.peak_bytes, note, phases,
+    return PlanDifference(lines, most.component, device_plan.total_bytes - untraced, traced.peak_bytes, note, phases,
                           peak_phase)
 
 
@@ -217,7 +221,7 @@ def trace_plan(spec: RunSpec, config: Any, *, target: str = "cuda", fast: bool =
     fake_mode = None if real else FakeTensorMode()
     context = fake_mode if fake_mode is not None else _Nothing()
     generator = torch.Generator().manual_seed(spec.seed)
-    with context, warnings.catch_warnings(), _unpacked_blocks():
+    with context, warnings.catch_warnings(), _unpacked_blocks(), _dropout_as_on(target):
         warnings.simplefilter("ignore")
         _materialise(model, real, generator)
         if spec.mode == "inference":
@@ -232,9 +236,15 @@ def trace_plan(spec: RunSpec, config: Any, *, target: str = "cuda", fast: bool =
                 model.enable_input_require_grads()
         vocab = int(getattr(config, "vocab_size"))
         ids = torch.randint(0, vocab, (spec.batch_size, spec.seq_len), generator=None if fake_mode else generator)
-        # No attention mask: the blocks are full, and with real tensors transformers sees an all-ones mask and runs
-        # causal attention without one; fake tensors have no values to look at, so it would build a b x s x s mask.
+        # padded: a batch with padding, whose attention mask reaches the kernel (fake tensors have no values, so any
+        # mask is taken as one; on real tensors the last position of the first row is padding). packed: no mask, as
+        # transformers drops an all-ones one and runs causal attention.
         batch = {"input_ids": ids, "labels": ids}
+        if spec.padding == "padded":
+            mask = torch.ones_like(ids)
+            if fake_mode is None:
+                mask[0, -1] = 0
+            batch["attention_mask"] = mask
         optimizer = _optimizer(spec, model, foreach=target == "cuda") if spec.training else None
         step = _step_fn(spec, model, batch, optimizer)
         if optimizer is not None:
@@ -328,6 +338,32 @@ def _unpacked_blocks() -> Any:
         yield
     finally:
         masking_utils.find_packed_sequence_indices = original
+
+
+@contextlib.contextmanager
+def _dropout_as_on(target: str) -> Any:
+    """Dropout as it runs on ``target``. On CUDA, ``F.dropout`` is the fused ``native_dropout``, which keeps a bool mask
+    (1 B per element) for backward; on the CPU it multiplies by scaled noise in the input's dtype and keeps that (4 B
+    for peft's fp32 adapter input). The trace runs CPU tensors, so for a CUDA target dropout is routed to
+    ``torch.native_dropout`` (it runs on the CPU and keeps the bool mask, as CUDA's kernel does)."""
+    import torch
+
+    if target != "cuda":
+        yield
+        return
+    functional = torch.nn.functional
+    original = functional.dropout
+
+    def dropout(input: Any, p: float = 0.5, training: bool = True, inplace: bool = False) -> Any:
+        if not training or p == 0.0:
+            return input
+        return torch.native_dropout(input, p, True)[0]
+
+    functional.dropout = dropout
+    try:
+        yield
+    finally:
+        functional.dropout = original
 
 
 def _category_name(key: Any) -> str:

@@ -189,6 +189,33 @@ def _plan_verdict(rec: dict[str, Any], problems: list[str], computed: dict[str, 
     return capacity, tensors
 
 
+def _names_device(finding: str, device: str, rank: Any) -> bool:
+    """A finding is about ``device``: it starts with its name, or with ``rank R (device)`` under torchrun."""
+    return finding.startswith(f"{device}:") or finding.startswith(f"rank {rank} ({device})")
+
+
+def _ran_as_planned(spec: dict[str, Any], probe: dict[str, Any]) -> list[str]:
+    """A passing probe ran what the plan was made for: the spec's attention implementation, and for LoRA the spec's
+    targets (``all-linear``: every linear layer but the LM head)."""
+    out = []
+    if probe.get("status") != "pass":
+        return out
+    used = probe.get("attention_implementation")
+    if used and used != spec.get("attn_implementation", "sdpa"):
+        out.append(f"probe passes, but the model ran with {used} attention and the plan is for "
+                   f"{spec.get('attn_implementation')}")
+    targets = spec.get("lora", {}).get("targets", []) if isinstance(spec.get("lora"), dict) else []
+    resolved = probe.get("lora_targets_resolved")
+    if spec.get("mode") == "lora" and resolved is not None:
+        if targets == ["all-linear"]:
+            if not resolved or "lm_head" in resolved:
+                out.append(f"probe.lora_targets_resolved {resolved} is not all-linear's (every linear layer but the "
+                           "LM head)")
+        elif sorted(set(targets)) != sorted(resolved):
+            out.append(f"probe.lora_targets_resolved {resolved} are not the spec's targets {targets}")
+    return out
+
+
 def _phases_total(name: str, d: dict[str, Any], lines: dict[str, int], problems: list[str], where: str) -> int:
     """The largest phase's total of a schema-2 device plan; no phase may hold more of a component than its line (the
     line is that component's largest value over the step) and ``peak_phase`` must be the largest phase."""
@@ -312,7 +339,8 @@ def recompute_verdicts(rec: dict[str, Any]) -> list[str]:
             problems.append("probe.status is pass, but probe.problems lists why it fails: "
                             + "; ".join(map(str, probe["problems"]))[:200])
         peaks = {(str(d.get("device")), d.get("rank", 0)): d.get("peak_bytes") for d in devices}
-        findings = " ".join(map(str, probe.get("findings", [])))
+        findings = [str(f) for f in probe.get("findings", [])]
+        v2 = rec.get("schema_version", 1) >= 2
         for row in probe.get("plan_comparison", []):
             name, key = str(row.get("device")), (str(row.get("device")), row.get("rank", 0))
             if name in planned_tensors and row.get("planned_bytes") != planned_tensors[name]:
@@ -323,9 +351,15 @@ def recompute_verdicts(rec: dict[str, Any]) -> list[str]:
                                 f"probe's peak is {peaks[key]}")
             over = under_estimate(count(row.get("planned_bytes"), "probe.plan_comparison[].planned_bytes"),
                                   count(row.get("measured_bytes"), "probe.plan_comparison[].measured_bytes"))
-            if over is not None and rec.get("schema_version", 1) >= 2 and "UNDER-ESTIMATE" not in findings:
+            named = any("UNDER-ESTIMATE" in f and _names_device(f, name, row.get("rank", 0)) for f in findings)
+            if v2 and over is not None and not named:
                 problems.append(f"probe on {name} measured {100 * over:.1f} % above the plan, and probe.findings does "
                                 "not name the under-estimate")
+            elif v2 and over is None and named:
+                problems.append(f"probe.findings names an under-estimate on {name}, but it measured within the "
+                                f"tolerance of its plan")
+        if v2:
+            problems.extend(_ran_as_planned(spec, probe))
         computed["probe"] = "pass" if ok else "fail"
         _same(problems, "probe table", probe.get("status"), computed["probe"])
     elif probe.get("provenance") != "not_run":

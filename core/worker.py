@@ -5,7 +5,7 @@ Run as ``python -m core.worker JOB.json``; started by :mod:`core.childproc` in i
 
 Roles (``job["role"]``):
 
-- ``probe``: ``probe_steps`` real steps (Trainer + PEFT for training, forward passes under ``torch.inference_mode`` for
+- ``probe``: ``probe_steps`` real steps (Trainer + PEFT for training, forward passes under ``torch.no_grad`` for
   inference) with a measuring callback; emits a measured ledger per device.
 - ``evaluate``: held-out perplexity of the fixed weights (inference mode).
 - ``train``: held-out perplexity before, ``steps`` optimizer steps with Trainer checkpoints, perplexity after. This run is
@@ -231,6 +231,13 @@ def build_data(spec: RunSpec, tokenizer: Any) -> tuple[list[dict], list[dict], d
 
     split = split_documents(load_documents(spec.data), spec.heldout_fraction)
     train = make_blocks(split.train, tokenizer, spec.seq_len)
+    if spec.padding == "packed":  # no batch may hold padding: the partial last block is not trained on
+        train = [b for b in train if all(b["attention_mask"])]
+        if not train:
+            from core.errors import DataError
+
+            raise DataError(f"padding = packed: the training text gives no full block of {spec.seq_len} tokens; give "
+                            "more text, a shorter seq_len, or padding = padded")
     heldout_all = make_blocks(split.heldout, tokenizer, spec.seq_len)
     heldout = heldout_all[: spec.eval_max_blocks]  # evaluation time is bounded by eval_max_blocks
     info = {
@@ -408,14 +415,19 @@ def probe(spec: RunSpec, model, tokenizer, blocks: list[dict], out_dir: Path, de
 
     Training modes run Trainer steps (its own optimizer and schedule) with a callback that counts gradients at the
     optimizer step and optimizer states after it from the live tensors; inference runs forward passes under
-    ``torch.inference_mode``. On CUDA the allocator's peak allocated and reserved are read; on CPU a
-    :class:`~core.measure.LiveTensorTracker` follows the step's tensors.
+    ``torch.no_grad`` (not ``inference_mode``: under it a composite op such as ``cross_entropy_loss`` reaches the CPU
+    tracker whole, and the ``log_softmax`` it allocates inside is not seen; the bytes are the same). On CUDA the
+    allocator's peak allocated and reserved are read; on CPU a
+    :class:`~core.measure.LiveTensorTracker` follows the step's tensors. With ``padding = padded`` every block's last
+    position is padding (:func:`padded_blocks`): each step is one of a batch holding padding, as the plan counts.
     """
     import torch
     from transformers import TrainerCallback
 
     from core.measure import LiveTensorTracker, optimizer_state_bytes, parameter_placement
 
+    if spec.padding == "padded":
+        blocks = padded_blocks(blocks)
     names = job.get("devices") or [name or device]
     # accelerate sets hf_device_map only for a map over several devices; a one-device map is the whole model there
     hf_map = getattr(model, "hf_device_map", None) or (
@@ -480,7 +492,7 @@ def probe(spec: RunSpec, model, tokenizer, blocks: list[dict], out_dir: Path, de
         batch.pop("sample_ids")
         batch = {k: v.to(device) for k, v in batch.items()}
         model.eval()
-        with torch.inference_mode():
+        with torch.no_grad():  # not inference_mode: see the docstring
             for step in range(1, n + 1):
                 started = time.perf_counter()
                 if tracker is not None:
@@ -531,6 +543,19 @@ def probe(spec: RunSpec, model, tokenizer, blocks: list[dict], out_dir: Path, de
         ledger["tracked_method"] = tracker.method
     events.emit("ledger", **ledger)
     _gather_ledgers(ledger, events)
+
+
+def padded_blocks(blocks: list[dict]) -> list[dict]:
+    """The probe's blocks with padding = padded: each block's last position made padding (attention mask 0, no target),
+    so every probe step takes the path a batch holding padding takes (the attention kernel gets a mask), the largest
+    step of the run, which the plan counts; the training run itself meets it in the batches that hold the data's
+    padded block."""
+    out = []
+    for block in blocks:
+        mask = list(block["attention_mask"])
+        mask[-1] = 0
+        out.append({**block, "attention_mask": mask})
+    return out
 
 
 def _fsdp2_cpu_steps(spec: RunSpec, model, blocks: list[dict], tracker, seen: dict[str, int],

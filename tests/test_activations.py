@@ -61,7 +61,7 @@ def _layer_difference(spec_kw: dict) -> int:
 
     from core.traced import trace_plan
 
-    spec = RunSpec.build(batch_size=2, seq_len=16, devices="cpu", **spec_kw)
+    spec = RunSpec.build(batch_size=2, seq_len=16, devices="cpu", **{"padding": "packed", **spec_kw})
     acts = []
     for layers in (1, 2):
         config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
@@ -80,6 +80,18 @@ def _layer_difference(spec_kw: dict) -> int:
 def test_the_traced_layer_is_the_hand_written_one(name, spec_kw):
     expected = next(c[-1] for c in CASES if c[0] == name)
     assert _layer_difference(spec_kw) == expected
+
+
+def test_a_padded_batch_sends_sdpa_a_mask_it_keeps_per_layer():
+    """Padding in the batch: transformers repeats k and v to all 4 heads (2 x 1,024 more elements x 2 B) and SDPA keeps
+    the mask, made additive in bf16, b·s·s x 2 B; found when a real Trainer step measured above the unmasked plan."""
+    packed = decoder_layer(DIMS, PURE_BF16, full=True, adapters={}, attention="sdpa", input_grad=True).total
+    padded = decoder_layer(DIMS, PURE_BF16, full=True, adapters={}, attention="sdpa", input_grad=True,
+                           masked=True).total
+    assert padded - packed == 2 * 1024 * 2 + 2 * 16 * 16 * 2
+    assert padded == _layer_difference(dict(mode="full", dtype="bf16", padding="padded"))
+    eager = decoder_layer(DIMS, PURE_BF16, full=True, adapters={}, attention="eager", input_grad=True, masked=True)
+    assert eager.total == next(c[-1] for c in CASES if c[0] == "pure bf16 full eager")  # eager masks either way
 
 
 def test_all_linear_lora_keeps_more_than_full_fine_tuning_pure_bf16():

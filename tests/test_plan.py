@@ -15,6 +15,7 @@ import pytest
 from core.models import load_config, resolve_model
 from core.plan import (
     COMPONENTS,
+    CPU_RUNTIME_BYTES,
     CUDA_OVERHEAD_BYTES,
     DeviceInfo,
     ParameterCount,
@@ -203,7 +204,7 @@ def test_gradient_checkpointing_and_eager_attention_change_activations(tmp_path)
     checkpointing each layer keeps only its input (b·s·h x 2 B); eager attention adds the fp32 softmax and its bf16
     copy (b·a·s·s x 6 B) and the k, v repeated to every head, per layer; the attention choice is the spec's."""
     config = _config(tmp_path, TINY)
-    kw = dict(mode="full", dtype="bf16", batch_size=2, seq_len=256)
+    kw = dict(mode="full", dtype="bf16", batch_size=2, seq_len=256, padding="packed")
     base = plan_memory(_spec(**kw), config, [DEVICE_80G]).devices[0]
     ckpt = plan_memory(_spec(gradient_checkpointing=True, **kw), config, [DEVICE_80G]).devices[0]
     eager = plan_memory(_spec(attn_implementation="eager", **kw), config, [DEVICE_80G]).devices[0]
@@ -215,7 +216,10 @@ def test_gradient_checkpointing_and_eager_attention_change_activations(tmp_path)
     # log-sum-exp (b·a·s x 4 B)
     lse = b * a * s * 4
     assert eager.phases["forward"].components["activations"] - forward == L * (b * a * s * s * 6 + s * b * h * 2 - lse)
-    assert "sdpa" in base.lines["activations"].method or "attention" in base.lines["activations"].method
+    # a padded batch sends SDPA a mask: k and v repeated to every head (+ s·b·h x 2 B here) and the mask, additive in
+    # bf16, b·s·s x 2 B, kept per layer
+    padded = plan_memory(_spec(**{**kw, "padding": "padded"}), config, [DEVICE_80G]).devices[0]
+    assert padded.phases["forward"].components["activations"] - forward == L * (s * b * h * 2 + b * s * s * 2)
 
 
 def _layer(device_plan) -> int:
@@ -241,7 +245,7 @@ def test_fits_is_judged_against_the_device_capacity(tmp_path):
     assert [dp.fits for dp in plan.devices] == [False, True, None]  # 500 MiB CUDA overhead alone exceeds 100 MiB
     needed = plan_memory(spec, config, [DeviceInfo("cpu", "cpu", "host CPU", None, "test")]).devices[0].total_bytes
     cpu_plan = plan_memory(spec, config, [DeviceInfo("cpu", "cpu", "host CPU", needed, "test")]).devices[0]
-    assert cpu_plan.lines["overhead"].bytes == 0
+    assert cpu_plan.lines["overhead"].bytes == CPU_RUNTIME_BYTES  # the process's runtime: the CPU fit counts RSS
     assert cpu_plan.fits is True  # exactly at capacity fits
     assert plan_memory(spec, config, [DeviceInfo("cpu", "cpu", "host CPU", needed - 1, "test")]).devices[0].fits is False
 
@@ -251,7 +255,8 @@ def test_to_json_has_exactly_the_documented_keys(tmp_path):
     plan = plan_memory(_spec(mode="lora", dtype="bf16"), config, [DEVICE_80G])
     out = plan.to_json()
     json.dumps(out)
-    assert set(out) == {"parameters", "strategy", "convention", "devices"}
+    assert set(out) == {"parameters", "strategy", "convention", "activation_model", "devices"}
+    assert out["activation_model"] == "op-by-op"
     assert set(out["parameters"]) == {"total", "trainable"}
     assert out["strategy"] == "single"
     assert "precision pure" in out["convention"] and "peak of the step" in out["convention"]
@@ -297,7 +302,9 @@ def test_strategies_on_cpu_devices_plan_no_cuda_or_nccl_overhead(tmp_path):
     cpus = [DeviceInfo(f"cpu{i}", "cpu", "host", 80 * GiB, "test") for i in range(2)]
     for strategy in ("ddp", "zero3", "device_map"):
         plan = plan_memory(_spec(mode="full", strategy=strategy, devices="0,1"), config, cpus)
-        assert [dp.lines["overhead"].bytes for dp in plan.devices] == [0, 0]
+        # a runtime per process: one per rank, one for device_map's single process
+        expected = [CPU_RUNTIME_BYTES, 0] if strategy == "device_map" else [CPU_RUNTIME_BYTES] * 2
+        assert [dp.lines["overhead"].bytes for dp in plan.devices] == expected
 
 
 def test_import_is_lazy():

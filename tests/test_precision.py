@@ -198,3 +198,33 @@ def test_plan_exit_codes_and_the_search_on_the_command_line(tmp_path, capsys):
     assert main(base + ["--devices", "80GiB", "--max-seq", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["largest_fitting"]["seq_len"]
     assert rows[0]["value"] == 512 and rows[0]["headroom_bytes"] > 0
+
+
+def test_the_fit_search_checks_its_answer_with_traces_when_given_them(tmp_path):
+    """A model the analytic plan under-counts (here: a trace made to read 25 % above it, standing for a layer type
+    without an op-by-op model): the search's value is checked as the fit is judged, by the larger of the two, and
+    bisected down with traces until that fits."""
+    config = _config(tmp_path, TINY)
+    spec = RunSpec.build(mode="full", dtype="bf16", batch_size=4, seq_len=64)
+    gpu = _gpu(None)
+
+    def analytic(b: int) -> int:
+        d = plan_memory(RunSpec.build(mode="full", dtype="bf16", batch_size=b, seq_len=64), config, [gpu]).devices[0]
+        return d.total_bytes - d.untraced_bytes
+
+    capacity = plan_memory(RunSpec.build(mode="full", dtype="bf16", batch_size=40, seq_len=64), config,
+                           [gpu]).devices[0].total_bytes
+    device = _gpu(capacity)
+    traces = []
+
+    def trace(candidate) -> int:  # 25 % above the analytic tensors
+        traces.append(candidate.batch_size)
+        return int(analytic(candidate.batch_size) * 1.25)
+
+    (plain,) = largest_fitting(spec, config, [device], "batch_size")
+    (checked,) = largest_fitting(spec, config, [device], "batch_size", trace=trace)
+    assert plain.value == 40 and checked.value < 40
+    untraced = plan_memory(spec, config, [device]).devices[0].untraced_bytes
+    assert int(analytic(checked.value) * 1.25) + untraced <= capacity < int(analytic(checked.value + 1) * 1.25) + untraced
+    assert checked.plan_bytes == int(analytic(checked.value) * 1.25) + untraced
+    assert "does not fit by the traced plan" in checked.limit and len(traces) <= 8

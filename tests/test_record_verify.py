@@ -198,6 +198,45 @@ def test_an_under_estimate_the_findings_do_not_name_is_caught(record, capsys):
     assert code == EXIT_VERDICT and "does not name the under-estimate" in out
 
 
+def test_a_probe_that_ran_other_than_planned_does_not_pass(record, capsys):
+    """Schema 2: a passing probe ran the spec's attention implementation and LoRA targets (the plan is for those), and
+    names an under-estimate exactly where its numbers show one."""
+    edit(record, lambda data: data["probe"].update(attention_implementation="eager"))
+    code, out = verify(record, capsys)
+    assert code == EXIT_VERDICT and "the model ran with eager attention and the plan is for sdpa" in out
+
+    def other_targets(data):
+        data["probe"]["attention_implementation"] = "sdpa"
+        data["probe"]["lora_targets_resolved"] = ["k_proj"]
+        data["probe"]["findings"] = [f"{data['probe']['devices'][0]['device']}: UNDER-ESTIMATE: invented"]
+
+    edit(record, other_targets)
+    code, out = verify(record, capsys)
+    assert "are not the spec's targets" in out and "but it measured within the tolerance of its plan" in out
+
+
+@pytest.mark.parametrize("change,says", [
+    (lambda spec: spec.update(precision="half"), "spec.precision is 'half'"),
+    (lambda spec: spec.pop("padding"), "spec.padding is None"),
+])
+def test_schema_2_spec_keys_are_checked_even_with_the_hash_recomputed(record, capsys, change, says):
+    from core.record import spec_table_hash
+
+    def edited(data):
+        change(data["spec"])
+        data["spec"]["hash"] = spec_table_hash(data["spec"])
+
+    edit(record, edited)
+    code, out = verify(record, capsys)
+    assert code == EXIT_SCHEMA and says in out
+
+
+def test_a_plan_device_without_its_fit_is_a_schema_error(record, capsys):
+    edit(record, lambda data: data["plan"]["devices"][0].pop("fit_bytes"))
+    code, out = verify(record, capsys)
+    assert code == EXIT_SCHEMA and "lacks fit_bytes" in out
+
+
 def test_a_schema_1_record_is_read_with_its_own_rule(record, capsys):
     """Records written before schema 2 summed the components into the total: verify reads them by that rule."""
     def as_version_1(data):

@@ -85,11 +85,13 @@ def test_p4_zero3_shards_model_states_but_not_activations(gptj):
     for name in ("weights", "gradients", "optimizer_states"):
         assert abs(2 * four[name].bytes - two[name].bytes) <= 2, name  # half, within rounding
     # activations are per micro-batch: identical at N=2 and N=4. GPT-J has no op-by-op model here: Korthikanti's
-    # L·s·b·h·34 (16-bit), plus under amp each layer's fp16 copy of its linear weights and biases (q,k,v,o; fc_in/out),
-    # the final norm and LM head inputs b·s·h x (4 + 2) B, and the loss: logits b·s·V x (2 + 4 + 4) B
+    # s·b·h·34 per layer (16-bit), its MLP share (19) generalised: a plain 4h MLP with gelu_new, whose Python arithmetic
+    # keeps 3 more 4h-wide tensors (+ 3 x 2 x 4 = 24); under amp each layer's fp16 copy of its linear weights and
+    # biases (q,k,v,o; fc_in/out), the final norm and LM head inputs b·s·h x (4 + 2) B, and the loss: logits b·s·V x
+    # (2 + 4 + 4) B
     s, b, h, L, V = 2048, 1, 4096, 28, 50400
     cast = L * (4 * h * h + 2 * 4 * h * h + 4 * h + h) * 2
-    expected_act = L * s * b * h * 34 + cast + b * s * h * (4 + 2) + b * s * V * (2 + 4 + 4)
+    expected_act = L * s * b * h * (34 + 24) + cast + b * s * h * (4 + 2) + b * s * V * (2 + 4 + 4)
     assert two["activations"].bytes == four["activations"].bytes == expected_act
     assert "not divided" in four["activations"].method and "Korthikanti" in four["activations"].method
     # the gathered units, in forward and backward: the largest decoder layer x 2 and the root unit (embeddings, ln_f,
@@ -296,7 +298,8 @@ def test_every_strategy_keeps_every_component_and_the_json_keys(smollm2):
             plan = _plan(smollm2, devices, mode=mode, strategy=strategy, tp=tp, batch_size=1, seq_len=128)
             out = plan.to_json()
             json.dumps(out)
-            assert set(out) == {"parameters", "strategy", "convention", "devices"} and out["strategy"] == strategy
+            assert set(out) == {"parameters", "strategy", "convention", "activation_model", "devices"}
+            assert out["strategy"] == strategy
             assert "strategy 'single'" not in out["convention"] and f"Strategy {strategy}" in out["convention"]
             for device in out["devices"]:
                 assert list(device["components"]) == list(COMPONENTS)

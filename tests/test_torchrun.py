@@ -61,8 +61,8 @@ def test_ddp_probe_reports_each_rank_against_its_planned_device(ddp_run):
         assert d["weights_bytes"] == plan[d["device"]]["components"]["weights"]
     rows = {(r["device"], r["rank"]): r for r in probe["plan_comparison"]}
     assert set(rows) == {("cpu:0", 0), ("cpu:1", 1)}
-    for (name, rank), row in rows.items():
-        assert row["planned_bytes"] == plan[name]["total_bytes"]
+    for (name, rank), row in rows.items():  # the plan's tensors: its fit's bytes without the overhead line
+        assert row["planned_bytes"] == plan[name]["fit_bytes"] - plan[name]["components"]["overhead"]
         assert row["measured_bytes"] == probe["devices"][rank]["peak_bytes"]
     assert record["spec"]["torchrun"]["nproc_per_node"] == 2
 

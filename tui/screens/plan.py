@@ -47,24 +47,26 @@ class PlanScreen(NavButtons, Screen):
         from core.pipeline import make_plan
 
         from core.fit import largest_fitting
+        from core.pipeline import runnable_reason
 
         try:
             ctx = make_plan(spec, self.app.state.devices_override)
             largest = largest_fitting(spec, ctx.config, ctx.devices, "batch_size")
+            refusal = runnable_reason(spec, ctx)
         except GpuAcceptError as exc:
             self.app.call_from_thread(self.show_error, str(exc))
             return
         except Exception as exc:  # noqa: BLE001 - one line on screen, never a traceback
             self.app.call_from_thread(self.show_error, f"{type(exc).__name__}: {exc}")
             return
-        self.app.call_from_thread(self.show_plan, spec, ctx, largest)
+        self.app.call_from_thread(self.show_plan, spec, ctx, largest, refusal)
 
     def show_error(self, message: str) -> None:
         self.query_one("#loading").display = False
         self.query_one("#plan-error", Static).update(f"cannot plan: {message}  (Esc: back to the setup)")
         self.query_one("#next", Button).disabled = True
 
-    def show_plan(self, spec: Any, ctx: Any, largest: list[Any] | None = None) -> None:
+    def show_plan(self, spec: Any, ctx: Any, largest: list[Any] | None = None, refusal: str | None = None) -> None:
         state = self.app.state
         state.spec, state.ctx = spec, ctx
         self.query_one("#loading").display = False
@@ -91,7 +93,9 @@ class PlanScreen(NavButtons, Screen):
                     + (f" [b]◀ peak[/b] ({p.at})" if p is peak else "") for p in d.phases.values()) + " GiB"))
             most = by_device.get(d.device.name)
             if most is not None and most.value is not None:
-                widgets.append(Static(largest_text(most)))
+                approximate = "" if plan.activation_model == "op-by-op" else (
+                    " [yellow]· analytic, Korthikanti's approximation for this model: see the traced plan below[/]")
+                widgets.append(Static(largest_text(most) + approximate))
             table = ReadTable()
             table.add_columns("component", "GiB", "how it is estimated (its largest value in the step)")
             for name, line in d.lines.items():
@@ -129,10 +133,9 @@ class PlanScreen(NavButtons, Screen):
             body.focus()  # ↑/↓/PgUp/PgDn scroll the plan (the traced plan and the convention are below the fold)
         self.app.state.traced = None
         self.trace(spec, ctx)
-        runnable = ctx.source.runnable and all(d.fits is not False for d in plan.devices)
-        self.query_one("#next", Button).disabled = not runnable
-        if not ctx.source.runnable:
-            self.query_one("#plan-error", Static).update("this model is a config without weights: planned, not run")
+        self.query_one("#next", Button).disabled = refusal is not None
+        if refusal is not None:  # planned, but it cannot run here: say why before Next (the probe would refuse it)
+            self.query_one("#plan-error", Static).update(f"planned, not runnable here: {refusal}")
 
     @work(thread=True, exclusive=True, group="trace")
     def trace(self, spec: Any, ctx: Any) -> None:
@@ -192,8 +195,9 @@ class PlanScreen(NavButtons, Screen):
             parts.append(f"{f.device} {gib(f.bytes)} → {verdict}")
         if any(f.fits is False for f in fits):
             self.query_one("#next", Button).disabled = True
-            self.query_one("#plan-error", Static).update("the traced peak does not fit: lower the micro-batch (b) or "
-                                                         "the sequence length (s)")
+            self.query_one("#plan-error", Static).update("the plan does not fit (judged by the larger of the analytic "
+                                                         "and traced peaks): lower the micro-batch (b) or the "
+                                                         "sequence length (s)")
         return "Fit, judged by the larger of the analytic and traced peaks: " + "; ".join(
             parts + [f.untraced_note for f in fits[:1]])
 
@@ -234,6 +238,6 @@ class PlanScreen(NavButtons, Screen):
 def largest_text(largest: Any) -> str:
     """One line on the fit search: the largest micro-batch whose plan fits the device, with its headroom."""
     if largest.value == 0:
-        return f"[red]not even a micro-batch of 1 fits[/] ({largest.limit})"
+        return "[red]not even a micro-batch of 1 fits[/]"
     return (f"largest micro-batch that fits: [b]{largest.value}[/b] (plan {gib(largest.plan_bytes)}, headroom "
             f"{gib(largest.headroom_bytes)}; {largest.limit})")

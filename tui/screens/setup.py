@@ -11,7 +11,7 @@ from textual.containers import Horizontal, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Button, Footer, Header, Input, Label, Select, Static
 
-from core.spec import ATTN_IMPLEMENTATIONS, DTYPES, KILL_POINTS, PRECISIONS
+from core.spec import ATTN_IMPLEMENTATIONS, DTYPES, KILL_POINTS, PADDINGS, PRECISIONS
 from tui.screens.nav import NavButtons
 
 # (flag name, label, kind, choices, modes it applies to)
@@ -20,6 +20,7 @@ FIELDS: list[tuple[str, str, str, tuple[str, ...], tuple[str, ...]]] = [
     ("dtype", "Dtype", "choice", DTYPES, ("inference", "full", "lora")),
     ("precision", "Precision", "choice", PRECISIONS, ("full", "lora")),
     ("attn_implementation", "Attention", "choice", ATTN_IMPLEMENTATIONS, ("inference", "full", "lora")),
+    ("padding", "Batches", "choice", PADDINGS, ("full", "lora")),
     ("batch_size", "Micro-batch / device", "int", (), ("inference", "full", "lora")),
     ("seq_len", "Sequence length", "int", (), ("inference", "full", "lora")),
     ("grad_accum", "Grad accumulation", "int", (), ("full", "lora")),
@@ -53,6 +54,8 @@ CHOICE_LABELS: dict[str, str] = {
     "sdpa": "sdpa · fused, no scores kept",
     "eager": "eager · keeps b·a·s·s scores",
     "flash_attention_2": "flash_attention_2 · CUDA",
+    "padded": "padded · some hold padding",
+    "packed": "packed · full blocks only",
 }
 
 
