@@ -117,7 +117,8 @@ def probe(cell: Cell, configs: dict, runs: Path) -> None:
     result = run.results["probe"]
     run.close()
     cell.probe_bytes = result.devices[0].peak_bytes
-    cell.probe_analytic_bytes = run.ctx.plan.devices[0].total_bytes
+    device = run.ctx.plan.devices[0]
+    cell.probe_analytic_bytes = device.total_bytes - device.lines["overhead"].bytes  # tensors: the runtime is not one
     cell.probe_traced_bytes = trace_plan(spec, configs[cell.shape], target="cpu").peak_bytes
 
 
