@@ -148,10 +148,18 @@ class ResumeSettings:
 
     def kill_step(self) -> int:
         """The optimizer step the kill is placed by (see :data:`KILL_POINTS`): step k, halfway between checkpoint c and
-        the next; for ``checkpoint-write`` the step whose checkpoint is being written (c + checkpoint_every)."""
+        the next; for ``checkpoint-write`` the step whose checkpoint is being written (c + checkpoint_every).
+
+        Valid by construction for every interval: the kill lands after checkpoint c is complete and before c +
+        checkpoint_every is. ``boundary`` (after step k's optimizer step, before its checkpoint is saved) and
+        ``boundary-1`` (inside step k) need c < k <= c + every; ``boundary+1`` is inside step k + 1, after any
+        checkpoint of step k was saved, so it needs c <= k < c + every: with a checkpoint every step, k = c."""
+        c, every = self.kill_checkpoint_step(), self.checkpoint_every
         if self.kill_at == "checkpoint-write":
-            return self.kill_checkpoint_step() + self.checkpoint_every
-        return self.kill_checkpoint_step() + max(1, self.checkpoint_every // 2)
+            return c + every
+        if self.kill_at == "boundary+1":
+            return c + min(max(1, every // 2), every - 1)
+        return c + max(1, every // 2)
 
     def last_step_needed(self) -> int:
         """The last optimizer step the interrupted run must reach (``boundary+1`` is inside step k+1)."""

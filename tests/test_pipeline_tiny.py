@@ -209,3 +209,15 @@ def test_r1_r2_accumulation_4_killed_in_a_later_epoch_resumes_on_the_same_sample
     assert record["resume"]["kill_step"] == 7 and record["resume"]["checkpoint_step"] == 6
     epochs = record["evaluation"]["epoch_per_step"]
     assert epochs[5] >= 2.0 and epochs[6] > 2.0, epochs  # killed at step 7, in the third epoch
+
+
+def test_a_checkpoint_every_step_resumes_with_the_default_kill_point(tiny_model_dir, tmp_path):
+    """Issue 16: --checkpoint-every 1 --kill-after-checkpoint 2 with the default boundary+1 failed every time (the kill
+    came after checkpoint-3 was written). Now the kill is inside step 3, after checkpoint-2 and before checkpoint-3."""
+    spec = RunSpec.build(model=str(tiny_model_dir), mode="lora", steps=4, seq_len=32, resume_checkpoint_every=1,
+                         resume_kill_after_checkpoint=2, eval_max_blocks=2)
+    record, _ = run(spec, tmp_path)
+    assert record["resume"]["status"] == "pass", record["resume"]["checks"]
+    checks = {c["name"]: c for c in record["resume"]["checks"]}
+    assert checks["checkpoint_selection"]["evidence"].startswith("resume from checkpoint-2")
+    assert "inside step 3" in checks["kill_point"]["evidence"]

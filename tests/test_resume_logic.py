@@ -353,6 +353,33 @@ def test_kill_points_are_validated_against_the_run_length():
         RunSpec.build(None, mode="lora", steps=25, resume_kill_at="boundary")
 
 
+def _complete_checkpoints_at_the_kill(kill_at: str, k: int, every: int) -> set[int]:
+    """Trainer's order, written out independently of core.spec: a step runs its micro-batches, its optimizer step,
+    on_step_end (where ``boundary`` holds), then saves its checkpoint when the step is a multiple of ``every`` (where
+    ``checkpoint-write`` holds, the save unfinished). ``boundary-1`` holds inside step k, ``boundary+1`` inside step
+    k + 1. Returns the checkpoints complete when the kill lands."""
+    done_steps = {"boundary": k - 1, "boundary-1": k - 1, "boundary+1": k, "checkpoint-write": k - 1}[kill_at]
+    return {s for s in range(1, done_steps + 1) if s % every == 0}
+
+
+def test_every_kill_point_lands_between_checkpoint_c_and_the_next_for_every_interval():
+    """Issue 16: with a checkpoint every step, boundary+1 (the default) used to land after the next checkpoint was
+    written, so the resume took checkpoint c + 1 and the check failed every time. Valid by construction now."""
+    for every in range(1, 7):
+        for after in range(1, 4):
+            for at in ("boundary", "boundary-1", "boundary+1", "checkpoint-write"):
+                for accum in (1, 2, 3):
+                    c = every * after
+                    spec = RunSpec.build(None, mode="lora", steps=c + 2 * every + 1, grad_accum=accum,
+                                         resume_checkpoint_every=every, resume_kill_after_checkpoint=after,
+                                         resume_kill_at=at)
+                    complete = _complete_checkpoints_at_the_kill(at, spec.resume.kill_step(), every)
+                    assert max(complete) == c, (every, after, at, accum, spec.resume.kill_step(), complete)
+    every_step = RunSpec.build(None, mode="lora", steps=6, resume_checkpoint_every=1, resume_kill_after_checkpoint=2)
+    assert every_step.resume.kill_step() == 2 and "inside step 3, after its first micro-batch" in \
+        every_step.resume.describe()
+
+
 def test_trainable_set_must_be_the_references():
     from core.resume import compare_trainable
 
