@@ -92,6 +92,9 @@ def resolve_model(name: str) -> ModelSource:
     path = Path(name).expanduser()
     if path.is_file() and path.name.endswith(".json"):
         return ModelSource(name, "config_only", path.parent if path.name == "config.json" else path, runnable=False)
+    if path.is_file():
+        raise ModelNotFoundError(f"{path} is a file ({path.suffix or 'no extension'}), not a model: give the model's "
+                                 f"folder (its config.json and weights), {path.parent} if that is it, or a config.json")
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ModelNotFoundError(f"{path} has no config.json; give a Hugging Face model directory")

@@ -33,7 +33,9 @@ class SignatureCheck:
     """Outcome of checking ``record.toml.sig``.
 
     ``status``: ``good`` (valid over the bytes on disk; with allowed signers, by an allowed identity), ``bad`` (changed
-    bytes, another namespace, a signer not allowed, an unreadable signature) or ``unsigned`` (no .sig file).
+    bytes, another namespace, an unreadable signature), ``signer_not_allowed`` (the signature is intact over the bytes
+    on disk, but the identity given may not sign with its key in the allowed-signers file: a mix-up of names or keys,
+    not a changed record) or ``unsigned`` (no .sig file).
     ``signer_checked`` says whether the signer was checked against an allowed-signers file or only the signature.
     """
 
@@ -74,6 +76,8 @@ def fingerprint(key: Path) -> str:
         SigningError: the file is not a key ssh-keygen can read.
     """
     key = Path(key).expanduser()
+    if key.is_dir():
+        raise SigningError(f"{key} is a folder; give a key file: a private key or the .pub of a key in the ssh-agent")
     if not key.is_file():
         raise SigningError(f"key file {key} not found; give a private key or the .pub of a key in the ssh-agent")
     done = _run([_ssh_keygen(), "-l", "-f", str(key)])
@@ -175,6 +179,15 @@ def check_signature(record: Path, allowed_signers: Path | None = None, identity:
         return SignatureCheck("good", f"good signature over {record.name} ({NAMESPACE}, key {fp}); {who}", fp,
                               allowed_signers is not None)
     last = out.splitlines()[-1] if out else f"ssh-keygen exit {done.returncode}"
+    if allowed_signers is not None:  # intact over these bytes? then the identity or the key is what does not match
+        intact = _run([_ssh_keygen(), "-Y", "check-novalidate", "-n", NAMESPACE, "-s", str(sig)], stdin_path=record)
+        if intact.returncode == 0:
+            found = re.search(r"(SHA256:[A-Za-z0-9+/=]+)", (intact.stdout + intact.stderr).decode("utf-8", "replace"))
+            fp = found.group(1) if found else fp
+            return SignatureCheck("signer_not_allowed",
+                                  f"the signature is intact over {record.name} (key {fp}), but {allowed_signers} does "
+                                  f"not allow identity {identity} to sign with that key: check the identity and the "
+                                  "allowed-signers file (the record's bytes are as signed)", fp, True)
     return SignatureCheck("bad", f"signature does not verify: {last}", fp, allowed_signers is not None)
 
 

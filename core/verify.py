@@ -10,10 +10,11 @@ Three independent checks, each reported with what it found:
    capacity, probe peak vs capacity, perplexity before vs after, every resume check) and the overall verdict from
    those. A hand-edited number that changes a verdict fails here even on an unsigned record.
 
-Exit codes (documented in docs/record.md): 0 verified, signed by an allowed signer; 7 verified and the signature good,
+Exit codes (documented in docs/record.md): 0 verified, signed by an allowed signer; 8 the signature intact but the
+identity given not allowed to sign with its key (a mix-up, not a changed record); 7 verified and the signature good,
 but the signer not checked (no allowed-signers file); 3 consistent but unsigned; 4 bad signature; 5 schema invalid;
-6 a verdict does not follow from the data; 2 usage (no such file). When several apply, the first of 4, 5, 6, 3, 7 is
-returned.
+6 a verdict does not follow from the data; 2 usage (no such file). When several apply, the first of 4, 8, 5, 6, 3, 7
+is returned.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from core.probe import wrapper_problem
 
 EXIT_VERIFIED, EXIT_USAGE, EXIT_UNSIGNED, EXIT_BAD_SIGNATURE, EXIT_SCHEMA, EXIT_VERDICT = 0, 2, 3, 4, 5, 6
 EXIT_SIGNER_NOT_CHECKED = 7
+#: The signature is intact over the record's bytes, but the identity given may not sign with its key.
+EXIT_SIGNER_NOT_ALLOWED = 8
 PASSING = ("pass", "not_applicable")
 
 
@@ -44,6 +47,8 @@ class Verification:
     def exit_code(self) -> int:
         if self.signature.status == "bad":
             return EXIT_BAD_SIGNATURE
+        if self.signature.status == "signer_not_allowed":
+            return EXIT_SIGNER_NOT_ALLOWED
         if self.schema:
             return EXIT_SCHEMA
         if self.verdicts:

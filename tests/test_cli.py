@@ -240,3 +240,38 @@ def test_monitor_once_json_on_a_machine_without_a_driver_is_cpu_mode(tmp_path):
 def test_monitor_json_without_once_is_a_usage_error(tmp_path):
     out = gpuaccept("monitor", "--json", cwd=tmp_path)
     assert out.returncode == 2 and "--json goes with --once" in out.stderr and out.stdout == ""
+
+
+def test_a_closed_pipe_ends_quietly(tmp_path):
+    """Issue 16: `gpuaccept plan --json | head` ended in "internal error: BrokenPipeError"."""
+    exe = shutil.which("gpuaccept", path=str(Path(sys.executable).parent))
+    cfg = write_config(tmp_path, "P1")
+    for extra in ([], ["--devices", "256x80GiB", "--strategy", "zero3"]):  # small output (flushed at the end), large
+        done = subprocess.run(f"{exe} plan --model {cfg} --mode inference --json {' '.join(extra)} | head -c 1; "
+                              "echo \" rc=${PIPESTATUS[0]}\"", shell=True, executable="/bin/bash", capture_output=True,
+                              text=True, timeout=300)
+        assert done.stderr == "", done.stderr
+        assert done.stdout.startswith("{") and done.stdout.strip().split("rc=")[1] in ("0", "3", "141")
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["plan", "--model", "{weights}"], "is a file (.safetensors), not a model: give the model's folder"),
+    (["sign", "{record}", "--key", "{folder}"], "is a folder; give a key file"),
+    (["sign", "{record}", "--key", "{folder}/k", "--operator", "", "--decision", "accept"],
+     "--operator is empty: give the name of who signs off"),
+])
+def test_small_mistakes_get_the_right_named_error(tmp_path, args, message):
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(b"\0")
+    record = tmp_path / "record.toml"
+    record.write_text("schema_version = 2\n")
+    filled = [a.format(weights=weights, record=record, folder=tmp_path) for a in args]
+    out = gpuaccept(*filled, cwd=tmp_path)
+    assert out.returncode == 2 and message in out.stderr and "internal error" not in out.stderr
+
+
+def test_the_sum_over_devices_of_unknown_capacity_says_so(tmp_path):
+    cfg = write_config(tmp_path, "P6")
+    out = gpuaccept("plan", "--model", str(cfg), "--mode", "inference", "--dtype", "bf16", "--devices", "60,61")
+    assert out.returncode == 4  # capacities unknown (no such CUDA devices here)
+    assert "of an unknown capacity) is not a placement" in out.stdout and "of 0.00 GiB" not in out.stdout

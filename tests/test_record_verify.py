@@ -18,6 +18,7 @@ from core.record import plain_values, schema_problems, write_record
 from core.verify import (
     EXIT_BAD_SIGNATURE,
     EXIT_SCHEMA,
+    EXIT_SIGNER_NOT_ALLOWED,
     EXIT_SIGNER_NOT_CHECKED,
     EXIT_UNSIGNED,
     EXIT_VERDICT,
@@ -87,8 +88,12 @@ def test_round_trip_sign_then_verify(record, key, capsys):
     allowed.write_text("grace@box " + key.with_suffix(".pub").read_text())
     code, out = verify(record, capsys, "--allowed-signers", str(allowed), "--identity", "grace@box")
     assert code == EXIT_VERIFIED and "signer grace@box allowed" in out
+    # issue 16: a name that is not the signer's is a mix-up, told apart from a changed record (which is exit 4)
     code, out = verify(record, capsys, "--allowed-signers", str(allowed), "--identity", "mallory@box")
-    assert code == EXIT_BAD_SIGNATURE
+    assert code == EXIT_SIGNER_NOT_ALLOWED and "SIGNER NOT ALLOWED" in out and "the signature is intact" in out
+    record.write_bytes(record.read_bytes().replace(b'decision = "accept"', b'decision = "reject"'))
+    code, out = verify(record, capsys, "--allowed-signers", str(allowed), "--identity", "mallory@box")
+    assert code == EXIT_BAD_SIGNATURE and "BAD SIGNATURE" in out
 
 
 def test_one_changed_byte_fails_the_signature(record, key, capsys):

@@ -30,6 +30,8 @@ from core.spec import ATTN_IMPLEMENTATIONS, DTYPES, KILL_POINTS, PADDINGS, PRECI
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 #: ``gpuaccept plan``: a device does not fit; no device fails, but one's capacity is unknown.
 EXIT_DOES_NOT_FIT, EXIT_FIT_UNKNOWN = 3, 4
+#: The reader of stdout closed the pipe: 128 + SIGPIPE, as a shell reports a tool that SIGPIPE ended.
+EXIT_BROKEN_PIPE = 141
 
 
 def _spec_flags(p: argparse.ArgumentParser) -> None:
@@ -155,38 +157,49 @@ def main(argv: list[str] | None = None) -> int:
     from core.errors import GpuAcceptError
 
     try:
-        if args.command == "plan":
-            return cmd_plan(args)
-        if args.command == "monitor":
-            if args.json and not args.once:
-                print("gpuaccept: error: --json goes with --once (the live view is the bars)", file=sys.stderr)
-                return EXIT_USAGE
-            if args.interval <= 0:
-                print("gpuaccept: error: --interval must be a positive number of seconds", file=sys.stderr)
-                return EXIT_USAGE
-            from tui.monitor import main as monitor_main
-
-            return monitor_main(args)
-        if args.command == "run":
-            return cmd_run(args) if args.headless else cmd_wizard(args)
-        if args.command == "sign":
-            return cmd_sign(args)
-        if args.command == "verify":
-            return cmd_verify(args)
-        if args.command == "quiz":
-            return cmd_quiz(args)
+        code = _command(args)
+        sys.stdout.flush()  # here, not at exit: a reader that went away is caught below
+        return code
     except GpuAcceptError as exc:
         print(f"gpuaccept: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("gpuaccept: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away (`gpuaccept plan --json | head`): end quietly, as Unix tools do
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
     except Exception as exc:  # noqa: BLE001 - one line for the user; the traceback on request
         if os.environ.get("GPUACCEPT_DEBUG"):
             raise
         print(f"gpuaccept: internal error: {type(exc).__name__}: {exc} (GPUACCEPT_DEBUG=1 shows the traceback)",
               file=sys.stderr)
         return EXIT_FAIL
+
+
+def _command(args: argparse.Namespace) -> int:
+    """Run the subcommand ``args`` names; its exit code (the parser's help, exit 2, without one)."""
+    if args.command == "plan":
+        return cmd_plan(args)
+    if args.command == "monitor":
+        if args.json and not args.once:
+            print("gpuaccept: error: --json goes with --once (the live view is the bars)", file=sys.stderr)
+            return EXIT_USAGE
+        if args.interval <= 0:
+            print("gpuaccept: error: --interval must be a positive number of seconds", file=sys.stderr)
+            return EXIT_USAGE
+        from tui.monitor import main as monitor_main
+
+        return monitor_main(args)
+    if args.command == "run":
+        return cmd_run(args) if args.headless else cmd_wizard(args)
+    if args.command == "sign":
+        return cmd_sign(args)
+    if args.command == "verify":
+        return cmd_verify(args)
+    if args.command == "quiz":
+        return cmd_quiz(args)
     build_parser().print_help()
     return EXIT_USAGE
 
@@ -373,9 +386,11 @@ def format_plan(plan: Any, spec: Any, fits: list[Any] | None = None) -> str:
                      f"({fit.untraced_note})")
     if len(plan.devices) > 1:
         total = sum(f.bytes for f in fits)
-        capacity = sum(d.device.capacity_bytes or 0 for d in plan.devices)
-        lines.append(f"\nnote: the sum over {len(plan.devices)} devices ({total / 2**30:.2f} GiB of {capacity / 2**30:.2f} "
-                     "GiB) is not a placement: CUDA does not pool GPU memory, so each device must fit on its own")
+        known = all(d.device.capacity_bytes for d in plan.devices)
+        capacity = f"{sum(d.device.capacity_bytes for d in plan.devices) / 2**30:.2f} GiB" if known else \
+            "an unknown capacity"
+        lines.append(f"\nnote: the sum over {len(plan.devices)} devices ({total / 2**30:.2f} GiB of {capacity}) is not a "
+                     "placement: CUDA does not pool GPU memory, so each device must fit on its own")
     return "\n".join(lines)
 
 
@@ -385,6 +400,9 @@ def cmd_sign(args: argparse.Namespace) -> int:
     from core.record import make_signoff
     from core.signing import fingerprint, sign_record
 
+    if args.operator is not None and not args.operator.strip():
+        print("gpuaccept: error: --operator is empty: give the name of who signs off", file=sys.stderr)
+        return EXIT_USAGE
     if bool(args.operator) != bool(args.decision):
         print("gpuaccept: error: --operator and --decision go together", file=sys.stderr)
         return EXIT_USAGE
@@ -402,8 +420,9 @@ def cmd_sign(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    """Exit codes: 0 verified and signed by an allowed signer, 7 the same with the signer not checked, 3 consistent but
-    unsigned, 4 bad signature, 5 schema, 6 verdict, 2 usage (docs/record.md)."""
+    """Exit codes: 0 verified and signed by an allowed signer, 7 the same with the signer not checked, 8 the signature
+    intact but the identity not allowed, 3 consistent but unsigned, 4 bad signature, 5 schema, 6 verdict, 2 usage
+    (docs/record.md)."""
     from core.verify import verify
 
     if bool(args.allowed_signers) != bool(args.identity):
@@ -418,7 +437,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
     code = result.exit_code
     print({0: "VERIFIED", 3: "UNSIGNED (consistent)", 4: "BAD SIGNATURE", 5: "SCHEMA INVALID",
            6: "VERDICT DOES NOT FOLLOW FROM THE DATA",
-           7: "SIGNATURE GOOD, SIGNER NOT CHECKED (give --allowed-signers and --identity)"}[code] + f" (exit {code})")
+           7: "SIGNATURE GOOD, SIGNER NOT CHECKED (give --allowed-signers and --identity)",
+           8: "SIGNATURE INTACT, SIGNER NOT ALLOWED (this identity may not sign with that key)"}[code]
+          + f" (exit {code})")
     return code
 
 

@@ -119,8 +119,9 @@ class PlanScreen(NavButtons, Screen):
                     f"[yellow]Note:[/] the {len(plan.devices)} CPU ranks are processes sharing one host's memory "
                     f"({gib(capacity)} available): each is planned against an equal share of it."))
             else:
+                of = gib(capacity) if all(d.device.capacity_bytes for d in plan.devices) else "an unknown capacity"
                 widgets.append(Static(
-                    f"[yellow]Note:[/] the sum over {len(plan.devices)} devices ({gib(total)} of {gib(capacity)}) is "
+                    f"[yellow]Note:[/] the sum over {len(plan.devices)} devices ({gib(total)} of {of}) is "
                     "not a placement: CUDA does not pool GPU memory, so each device above must fit on its own."))
         widgets.append(Static(f"[dim]convention: {plan.convention}[/]"))
         # no ids inside the body: its old children are still being removed when the new ones mount
