@@ -27,6 +27,10 @@ from core.errors import DataError, SpecError
 
 EMBEDDED = "embedded"
 
+#: The longest document gpuaccept takes: a tokenizer holds a document's whole encoding at once (one 32 MB line made a
+#: child process use 5.6 GB), so a longer one is refused before anything runs, naming it.
+MAX_DOCUMENT_CHARS = 4_000_000
+
 #: How :func:`split_documents` decides, in words (written to the record).
 SPLIT_METHOD = "held-out iff int(sha256('heldout:' + doc_id)[:16], 16) / 2**64 < heldout_fraction"
 
@@ -82,6 +86,8 @@ def load_documents(data: str) -> list[Document]:
             raise DataError(f"{path}: not UTF-8 text ({exc}); save the file as UTF-8") from None
         except OSError as exc:
             raise DataError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+        if "\x00" in content:
+            raise DataError(f"{path}: holds NUL bytes: a binary file, not text; give UTF-8 text")
         docs = _parse_txt(path.name, content) if path.suffix == ".txt" else _parse_jsonl(path, content)
         source = str(path)
     if not docs:
@@ -125,6 +131,26 @@ def _parse_jsonl(path: Path, content: str) -> list[Document]:
         first_line_of[doc_id] = number
         docs.append(Document(doc_id, text))
     return docs
+
+
+def check_data(data: str, heldout_fraction: float) -> Split:
+    """Read and check the spec's data before any run folder exists: the file's encoding and format, the documents,
+    the longest one (:data:`MAX_DOCUMENT_CHARS`), and the held-out split (both sides non-empty). Pure Python, no
+    tokenizer: a bad file is named in seconds, not inside a child process after the model loaded.
+
+    Returns:
+        the split (:func:`split_documents`).
+
+    Raises:
+        DataError: what is wrong with the data, naming the file, the line or the document.
+    """
+    docs = load_documents(data)
+    longest = max(docs, key=lambda d: len(d.text))
+    if len(longest.text) > MAX_DOCUMENT_CHARS:
+        raise DataError(f"document {longest.doc_id!r} has {len(longest.text):,} characters, above "
+                        f"{MAX_DOCUMENT_CHARS:,}: a tokenizer holds a document's whole encoding at once; split it into "
+                        "documents of at most that size")
+    return split_documents(docs, heldout_fraction)
 
 
 # ---------------------------------------------------------------------------------------------------------- split

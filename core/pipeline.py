@@ -76,7 +76,8 @@ class AcceptanceRun:
         ctx: a plan already made for this spec by :func:`make_plan` (the wizard's plan screen), else one is made.
 
     Raises (on construction):
-        SpecError, ModelNotFoundError: bad input, before any run directory is created.
+        SpecError, ModelNotFoundError, DataError: bad input (the data file is read and checked too), before any run
+            directory is created.
     """
 
     def __init__(self, spec: RunSpec, runs_root: Path = Path("runs"), devices_override: list[Any] | None = None,
@@ -87,9 +88,12 @@ class AcceptanceRun:
 
         self.spec = spec
         self.started = utc_now()
+        from core.data import check_data
+
         self.ctx = ctx if ctx is not None else make_plan(spec, devices_override)
         self.device = _run_device(spec, self.ctx.devices)
         check_runnable(spec, self.ctx, self.device)
+        check_data(spec.data, spec.heldout_fraction)  # a bad data file is named here, before any run folder
         #: the devices of this node's ranks, in local-rank order (one for a single process), and how children start
         self.rank_devices = rank_devices(spec, self.ctx.devices, self.device)
         self.launch = launch_options(spec, self.rank_devices)

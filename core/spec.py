@@ -55,6 +55,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -277,6 +278,13 @@ class RunSpec:
                 raw = tomllib.loads(path.read_text(encoding="utf-8"))
             except FileNotFoundError:
                 raise SpecError("spec", f"file {path} not found; give the path of a TOML spec") from None
+            except IsADirectoryError:
+                raise SpecError("spec", f"{path} is a folder; give the path of a TOML spec file") from None
+            except UnicodeDecodeError:
+                raise SpecError("spec", f"{path} is not UTF-8 text (binary, or UTF-16?); save the TOML spec as "
+                                        "UTF-8") from None
+            except OSError as exc:
+                raise SpecError("spec", f"{path} cannot be read ({exc.strerror or exc})") from None
             except tomllib.TOMLDecodeError as exc:
                 raise SpecError("spec", f"{path} is not valid TOML ({exc}); fix the file") from None
         for key, value in overrides.items():
@@ -306,17 +314,16 @@ class RunSpec:
         defaults = _MODE_DEFAULTS[mode]
         for key, value in defaults.items():
             raw.setdefault(key, value)
-        lora_raw = dict(raw.pop("lora", {}) or {})
-        resume_raw = dict(raw.pop("resume", {}) or {})
+        lora_raw = _table(raw, "lora")
+        resume_raw = _table(raw, "resume")
         every, kill_after = _RESUME_DEFAULTS[mode]
         resume_raw.setdefault("checkpoint_every", every)
         resume_raw.setdefault("kill_after_checkpoint", kill_after)
+        if "targets" in lora_raw:
+            lora_raw["targets"] = _targets(lora_raw["targets"])
         lora = _sub(LoraSettings, lora_raw, "lora")
-        if isinstance(lora.targets, (list, str)):
-            targets = lora.targets.split(",") if isinstance(lora.targets, str) else lora.targets
-            lora = dataclasses.replace(lora, targets=tuple(t.strip() for t in targets if t.strip()))
         resume = _sub(ResumeSettings, resume_raw, "resume")
-        torchrun = _sub(TorchrunSettings, dict(raw.pop("torchrun", {}) or {}), "torchrun")
+        torchrun = _sub(TorchrunSettings, _table(raw, "torchrun"), "torchrun")
         scalars = {k: v for k, v in raw.items()}
         if "devices" in scalars and not isinstance(scalars["devices"], str):
             value = scalars["devices"]
@@ -356,6 +363,11 @@ class RunSpec:
             raise SpecError("seq_len", "must be at least 2 tokens: a causal LM predicts token t+1 from tokens up to t")
         if self.warmup_steps < 0:
             raise SpecError("warmup_steps", f"must be 0 or more (got {self.warmup_steps})")
+        if not 0 <= self.seed <= MAX_SEED:
+            raise SpecError("seed", f"must be between 0 and 2**32 - 1 (numpy's seed range; got {self.seed})")
+        if self.steps > MAX_STEPS:
+            raise SpecError("steps", f"{self.steps:,} steps: an acceptance run takes at most {MAX_STEPS:,}; accept a "
+                                     "shorter run of the same setup")
         if not 0.0 < self.heldout_fraction < 1.0:
             raise SpecError("heldout_fraction", f"must be between 0 and 1, exclusive (got {self.heldout_fraction})")
         if self.mode == "inference":
@@ -692,9 +704,51 @@ def _sub(cls: type, raw: dict[str, Any], prefix: str) -> Any:
 
 
 _TYPES = {"int": int, "float": (int, float), "str": str, "bool": bool}
+#: The largest integer a spec may hold (int64, what torch and numpy take); steps and seeds have tighter limits below.
+MAX_INT = 2**63 - 1
+#: The most optimizer steps a spec may ask for: an acceptance run, not a pretraining job.
+MAX_STEPS = 1_000_000
+#: Seeds reach numpy's generator through transformers' set_seed, which takes 0 <= seed < 2**32.
+MAX_SEED = 2**32 - 1
+
+
+def _table(raw: dict[str, Any], name: str) -> dict[str, Any]:
+    """The sub-table ``[name]`` of a spec, popped from ``raw``; an empty one when absent.
+
+    Raises:
+        SpecError: ``name`` is not a table (``lora = "abc"``, ``resume = 5``, an array of tables ``[[lora]]``).
+    """
+    value = raw.pop(name, None)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        kind = "an array of tables ([[" + name + "]])" if isinstance(value, list) else repr(value)[:40]
+        raise SpecError(name, f"must be a table [{name}] with its keys, got {kind}")
+    return dict(value)
+
+
+def _targets(value: Any) -> tuple[str, ...]:
+    """LoRA targets as given: a list of module names or one comma-separated string.
+
+    Raises:
+        SpecError: anything else (``targets = [1, 2]``).
+    """
+    if isinstance(value, str):
+        items = value.split(",")
+    elif isinstance(value, (list, tuple)) and all(isinstance(t, str) for t in value):
+        items = list(value)
+    else:
+        raise SpecError("lora.targets", f"give module names as a list of strings, e.g. [\"q_proj\", \"v_proj\"] (got "
+                                        f"{value!r:.60})")
+    return tuple(t.strip() for t in items if t.strip())
 
 
 def _check_types(cls: type, raw: dict[str, Any], prefix: str = "") -> None:
+    """Each key of ``raw`` has its field's type; numbers are finite and within :data:`MAX_INT`.
+
+    Raises:
+        SpecError: naming the key, what was given and what is expected.
+    """
     for f in dataclasses.fields(cls):
         if f.name not in raw:
             continue
@@ -704,6 +758,10 @@ def _check_types(cls: type, raw: dict[str, Any], prefix: str = "") -> None:
             continue
         ok = isinstance(value, expected) and not (expected is not bool and isinstance(value, bool))
         if not ok:
-            raise SpecError(f"{prefix}{f.name}", f"expected {f.type}, got {value!r}")
+            raise SpecError(f"{prefix}{f.name}", f"expected {f.type}, got {value!r:.60}")
         if f.type == "float":
+            if not math.isfinite(value):
+                raise SpecError(f"{prefix}{f.name}", f"must be a finite number (got {value!r})")
             raw[f.name] = float(value)
+        if f.type == "int" and abs(value) > MAX_INT:
+            raise SpecError(f"{prefix}{f.name}", f"{value} is out of range; at most {MAX_INT:,}")

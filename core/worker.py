@@ -238,7 +238,8 @@ def build_data(spec: RunSpec, tokenizer: Any) -> tuple[list[dict], list[dict], d
 
             raise DataError(f"padding = packed: the training text gives no full block of {spec.seq_len} tokens; give "
                             "more text, a shorter seq_len, or padding = padded")
-    heldout_all = make_blocks(split.heldout, tokenizer, spec.seq_len)
+    # only what is evaluated is tokenised (and one block more, to tell whether the split holds more)
+    heldout_all = make_blocks(split.heldout, tokenizer, spec.seq_len, max_blocks=spec.eval_max_blocks + 1)
     heldout = heldout_all[: spec.eval_max_blocks]  # evaluation time is bounded by eval_max_blocks
     info = {
         "train_documents": len(split.train),
@@ -246,8 +247,10 @@ def build_data(spec: RunSpec, tokenizer: Any) -> tuple[list[dict], list[dict], d
         "train_blocks": len(train),
         "heldout_blocks": len(heldout_all),
         "heldout_blocks_evaluated": len(heldout),
-        "heldout_selection": f"the first {len(heldout)} of {len(heldout_all)} held-out blocks (eval_max_blocks = "
-                             f"{spec.eval_max_blocks}), in document order",
+        "heldout_selection": (f"the first {len(heldout)} held-out blocks (eval_max_blocks = {spec.eval_max_blocks}), "
+                              "in document order; the rest of the held-out split is not tokenised"
+                              if len(heldout_all) > len(heldout) else
+                              f"all {len(heldout)} held-out blocks, in document order"),
         "train_hash": split.train_hash,
         "heldout_hash": split.heldout_hash,
         "split_method": split.method,

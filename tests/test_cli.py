@@ -275,3 +275,22 @@ def test_the_sum_over_devices_of_unknown_capacity_says_so(tmp_path):
     out = gpuaccept("plan", "--model", str(cfg), "--mode", "inference", "--dtype", "bf16", "--devices", "60,61")
     assert out.returncode == 4  # capacities unknown (no such CUDA devices here)
     assert "of an unknown capacity) is not a placement" in out.stdout and "of 0.00 GiB" not in out.stdout
+
+
+@pytest.mark.parametrize(("name", "content", "says"), [
+    ("empty.txt", b"", "holds no documents"),
+    ("binary.txt", bytes(range(256)) * 4, "not UTF-8 text"),
+    ("nul.txt", b"\x00" * 1000, "holds NUL bytes"),
+    ("broken.jsonl", b'{"text": "a"}\n{"text": \n', "line 2: not valid JSON"),
+    ("textless.jsonl", b'{"text": "a"}\n{"body": "b"}\n', 'line 2: no "text" key'),
+    ("huge.txt", b"x" * 4_000_001, "above 4,000,000: a tokenizer holds a document's whole encoding"),
+], ids=["empty", "binary", "nul", "broken-jsonl", "textless-jsonl", "huge-document"])
+def test_bad_data_is_refused_before_any_run_folder(tmp_path, tiny_model_dir, name, content, says):
+    """Issue 16: these were found only inside the probe child after ~25 s, leaving a run whose record said the plan
+    passed (the 32 MB line made every child use 5.6 GB)."""
+    data = tmp_path / name
+    data.write_bytes(content)
+    out = gpuaccept("run", "--headless", "--model", str(tiny_model_dir), "--devices", "cpu", "--data", str(data),
+                    "--runs-dir", str(tmp_path / "runs"), cwd=tmp_path)
+    assert out.returncode == 2 and says in out.stderr, out.stderr
+    assert not (tmp_path / "runs").exists()

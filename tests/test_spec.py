@@ -149,3 +149,35 @@ def test_strategy_and_tp_from_toml(tmp_path):
     spec = RunSpec.build(path)
     assert spec.strategy == "zero3" and spec.devices == "24GiB,8GiB"
     assert RunSpec.build(path, strategy="tp", tp=2).tp == 2  # flags win
+
+
+@pytest.mark.parametrize(("toml", "field", "says"), [
+    ('lora = "abc"', "lora", "must be a table [lora]"),
+    ("resume = 5", "resume", "must be a table [resume]"),
+    ("[[lora]]\nr = 4", "lora", "an array of tables ([[lora]])"),
+    ("[lora]\ntargets = [1, 2]", "lora.targets", "a list of strings"),
+    ("learning_rate = nan", "learning_rate", "finite"),
+    ("learning_rate = inf", "learning_rate", "finite"),
+    ("heldout_fraction = -inf", "heldout_fraction", "finite"),
+    ("seed = -1", "seed", "between 0 and 2**32 - 1"),
+    ("seed = 4294967296", "seed", "between 0 and 2**32 - 1"),
+    ("seed = 18446744073709551616", "seed", "out of range"),
+    ("steps = 9223372036854775807", "steps", "at most 1,000,000"),
+    ("batch_size = 4.5", "batch_size", "expected int"),
+])
+def test_spec_types_and_ranges_are_named_errors(toml, field, says):
+    """Issue 16: these were an internal error, or accepted (nan, inf, a seed numpy refuses, 2**63 - 1 steps)."""
+    import tomllib
+
+    with pytest.raises(SpecError) as info:
+        RunSpec.from_dict(tomllib.loads(toml))
+    assert info.value.field == field and says in info.value.message
+
+
+@pytest.mark.parametrize("content", [b"\xff\xfe\x00m\x00o\x00d\x00e", "mode = 'lora'".encode("utf-16"), b"\x00\x01\x02"])
+def test_a_binary_or_utf16_spec_file_is_a_named_error(tmp_path, content):
+    path = tmp_path / "spec.toml"
+    path.write_bytes(content)
+    with pytest.raises(SpecError) as info:
+        RunSpec.build(path)
+    assert info.value.field == "spec" and ("UTF-8" in info.value.message or "not valid TOML" in info.value.message)
