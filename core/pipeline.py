@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, Generator
 
 from core.childproc import launch_options
-from core.errors import GpuAcceptError
+from core.errors import GpuAcceptError, StageError
 from core.events import Event, EventWriter, Message, RunFinished, StageFinished, StageStarted
 from core.spec import RunSpec, parse_devices
 
@@ -54,15 +54,35 @@ def make_plan(spec: RunSpec, devices_override: list[Any] | None = None) -> PlanC
 
 
 def new_run_dir(spec: RunSpec, runs_root: Path, now: Any) -> Path:
-    """``runs/<UTC time>-<mode>-<model>/``, unique (a suffix is added if it exists)."""
+    """``runs/<UTC time>-<mode>-<model>/``, unique (a suffix is added if it exists). Made with an exclusive ``mkdir``,
+    so two processes starting in the same second each get their own folder.
+
+    Raises:
+        GpuAcceptError: the runs folder cannot hold run folders (read-only, a file, no space), naming it.
+    """
     model = re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(spec.model.rstrip("/")).name or spec.model)[:40]
     base = runs_root / f"{now.strftime('%Y%m%dT%H%M%SZ')}-{spec.mode}-{model}"
-    path, n = base, 1
-    while path.exists():
-        n += 1
-        path = base.with_name(f"{base.name}-{n}")
-    path.mkdir(parents=True)
-    return path
+    try:
+        runs_root.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise GpuAcceptError(f"runs_dir: {runs_root} is a file, not a folder; give a folder with --runs-dir") from None
+    except NotADirectoryError:
+        raise GpuAcceptError(f"runs_dir: {runs_root} cannot be made: a folder above it is a file; give a folder with "
+                             "--runs-dir") from None
+    except OSError as exc:
+        raise GpuAcceptError(f"runs_dir: {runs_root} cannot be made ({exc.strerror or exc}); give a writable folder "
+                             "with --runs-dir") from None
+    for n in range(1, 10_000):
+        path = base if n == 1 else base.with_name(f"{base.name}-{n}")
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            continue  # taken, by an earlier run or another process this second: the next suffix
+        except OSError as exc:
+            raise GpuAcceptError(f"runs_dir: cannot make a run folder in {runs_root} ({exc.strerror or exc}); give "
+                                 "a writable folder with --runs-dir") from None
+    raise GpuAcceptError(f"runs_dir: {runs_root} holds 9,999 run folders named {base.name}; give another --runs-dir")
 
 
 class AcceptanceRun:
@@ -98,9 +118,14 @@ class AcceptanceRun:
         self.rank_devices = rank_devices(spec, self.ctx.devices, self.device)
         self.launch = launch_options(spec, self.rank_devices)
         self.run_dir = new_run_dir(spec, Path(runs_root), self.started)
-        (self.run_dir / "spec.toml").write_text(tomli_w.dumps(spec.to_dict()), encoding="utf-8")
-        (self.run_dir / "plan.json").write_text(json.dumps(self.ctx.plan.to_json(), indent=2), encoding="utf-8")
-        self._log = EventWriter(self.run_dir / "events.jsonl")
+        try:
+            (self.run_dir / "spec.toml").write_text(tomli_w.dumps(spec.to_dict()), encoding="utf-8")
+            (self.run_dir / "plan.json").write_text(json.dumps(self.ctx.plan.to_json(), indent=2), encoding="utf-8")
+            self._log = EventWriter(self.run_dir / "events.jsonl")
+        except OSError as exc:
+            raise GpuAcceptError(f"runs_dir: the run folder {self.run_dir} was made but {exc.filename or 'a file'} "
+                                 f"could not be written ({exc.strerror or exc}); free space or give another "
+                                 "--runs-dir") from None
         self.results: dict[str, Any] = {"plan": self.ctx.plan, "probe": None, "train_eval": None, "resume": None}
         #: the traced plan beside the analytic one (core.traced.traced_table), made by the plan stage or given
         self.traced: dict[str, Any] | None = traced
@@ -109,11 +134,19 @@ class AcceptanceRun:
         self.record_path: Path | None = None
         self.verdict: str | None = None
         self.signed = False
+        self.log_error: str | None = None  # why events.jsonl stopped being written, if it did
 
     # ------------------------------------------------------------------ helpers
     def emit(self, event: Event) -> Event:
-        """Append ``event`` to the run's events.jsonl and return it."""
-        self._log.emit(type(event).__name__, **{k: v for k, v in vars(event).items() if k not in ("result", "t")})
+        """Append ``event`` to the run's events.jsonl and return it. If the log cannot be written (no space left, the
+        folder gone read-only) the event still reaches the caller; the log's failure is kept in ``log_error`` and the
+        stage that needs the disk fails on its own, naming the file."""
+        if self.log_error is None:
+            try:
+                self._log.emit(type(event).__name__, **{k: v for k, v in vars(event).items()
+                                                        if k not in ("result", "t")})
+            except OSError as exc:
+                self.log_error = f"{self._log.path}: {exc.strerror or exc}"
         return event
 
     def _logged(self, gen: Generator[Event, None, Any]) -> Generator[Event, None, Any]:
@@ -125,12 +158,19 @@ class AcceptanceRun:
             return stop.value
 
     def _stage(self, name: str, gen: Generator[Event, None, Any]) -> Generator[Event, None, Any]:
-        """Run a stage's generator through the log; remember why it stopped if it raised."""
+        """Run a stage's generator through the log; remember why it stopped if it raised. A full disk or a folder that
+        cannot be written ends the stage as an error that names it (the record is still written where there is
+        room)."""
         try:
             return (yield from self._logged(gen))
         except GpuAcceptError as exc:
             self.stopped[name] = str(exc)
             raise
+        except OSError as exc:
+            why = f"{name}: {exc.strerror or exc} ({getattr(exc, 'filename', '') or 'a file of the run'}); the run " \
+                  f"folder {self.run_dir} keeps what was written"
+            self.stopped[name] = why
+            raise StageError(why) from None
         except GeneratorExit:
             self.stopped.setdefault(name, f"{name}: cancelled (the wizard or the process was closed)")
             raise
@@ -166,8 +206,12 @@ class AcceptanceRun:
                                                  "process, to compare with the analytic plan"))
             self.traced = traced_table(self.spec, self.ctx, cancelled)
         yield self.emit(Message("plan", text=traced_summary(self.traced)))
-        (self.run_dir / "plan.json").write_text(json.dumps({**self.ctx.plan.to_json(), "traced": self.traced},
-                                                           indent=2), encoding="utf-8")
+        try:
+            (self.run_dir / "plan.json").write_text(json.dumps({**self.ctx.plan.to_json(), "traced": self.traced},
+                                                               indent=2), encoding="utf-8")
+        except OSError as exc:
+            self.stopped["plan"] = f"plan: {self.run_dir / 'plan.json'} could not be written ({exc.strerror or exc})"
+            raise StageError(self.stopped["plan"]) from None
         yield self.emit(StageFinished("plan", status="pass" if self.plan_fits else "fail", result=self.ctx.plan,
                                       summary=_plan_summary(self.ctx.plan, self.traced)))
         return self.ctx.plan
@@ -262,7 +306,10 @@ class AcceptanceRun:
 
     def close(self) -> None:
         """Close the run's event log (the run directory stays)."""
-        self._log.close()
+        try:
+            self._log.close()
+        except OSError as exc:  # its last flush found no room
+            self.log_error = self.log_error or f"{self._log.path}: {exc.strerror or exc}"
 
 
 def run_pipeline(
@@ -290,8 +337,18 @@ def run_pipeline(
         yield run.emit(Message("pipeline", text=f"stopped: {exc}"))
     finally:
         run.close()
+    if run.log_error:
+        yield Message("pipeline", text=f"the event log stopped being written ({run.log_error}); the events shown here "
+                                       "are complete, the file is not")
     yield StageStarted("record", detail="record.toml, written atomically")
-    path = run.write_record()
+    try:
+        path = run.write_record()
+    except OSError as exc:  # no room, or the folder went read-only: say so; every artefact stays in the run folder
+        why = exc.strerror or str(exc)
+        yield StageFinished("record", status="not_written", summary=f"the record could not be written ({why}); the "
+                            f"run folder {run.run_dir} keeps every artefact")
+        yield RunFinished("record", status="fail", record_path="", run_dir=str(run.run_dir))
+        return None
     yield StageFinished("record", status="written", summary=str(path))
     yield RunFinished("record", status=run.verdict or "fail", record_path=str(path), run_dir=str(run.run_dir))
     return path

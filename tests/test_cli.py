@@ -294,3 +294,35 @@ def test_bad_data_is_refused_before_any_run_folder(tmp_path, tiny_model_dir, nam
                     "--runs-dir", str(tmp_path / "runs"), cwd=tmp_path)
     assert out.returncode == 2 and says in out.stderr, out.stderr
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM", "SIGHUP"])
+def test_a_headless_run_stopped_by_a_signal_keeps_what_it_measured(tmp_path, tiny_model_dir, signame):
+    """Issue 16: headless SIGINT, SIGTERM or SIGHUP (exit 130 / 143 / 129) wrote no record. Now the running stage is
+    cancelled (its child's group killed) and the record written, unsigned, with what was measured before."""
+    import signal
+    import time
+    import tomllib
+
+    exe = shutil.which("gpuaccept", path=str(Path(sys.executable).parent))
+    proc = subprocess.Popen([exe, "run", "--headless", "--model", str(tiny_model_dir), "--devices", "cpu",
+                             "--seq-len", "32", "--probe-steps", "2000", "--runs-dir", str(tmp_path / "runs")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                            env={**os.environ, "GPUACCEPT_DEBUG": ""})
+    lines = []
+    deadline = time.monotonic() + 240
+    for line in proc.stdout:  # wait until the probe child is stepping
+        lines.append(line)
+        if "probe step 3/" in line or time.monotonic() > deadline:
+            break
+    proc.send_signal(getattr(signal, signame))
+    out, err = proc.communicate(timeout=120)
+    lines.append(out)
+    signum = getattr(signal, signame).value
+    assert proc.returncode == 128 + signum, (proc.returncode, err)
+    assert f"stopped by {signame}" in err
+    (record_path,) = (tmp_path / "runs").glob("*/record.toml")
+    record = tomllib.loads(record_path.read_text())
+    assert record["verdict"]["stages"]["plan"]["status"] == "pass"
+    assert record["verdict"]["stages"]["probe"]["status"] == "cancelled"
+    assert record["signoff"]["status"] == "unsigned"

@@ -21,6 +21,7 @@ import argparse
 import dataclasses
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -453,7 +454,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"gpuaccept: {spec.mode} on {spec.model} ({spec.dtype}, micro-batch {spec.batch_size} x {spec.seq_len}, "
           f"{spec.steps} steps)", flush=True)
     final: RunFinished | None = None
-    for event in run_pipeline(spec, runs_root=Path(args.runs_dir)):
+    stop = _stop_on_signals()  # SIGINT, SIGTERM, SIGHUP: the running stage is cancelled and the record written
+    for event in run_pipeline(spec, runs_root=Path(args.runs_dir), cancelled=lambda: stop["signal"] is not None):
         if isinstance(event, StageStarted):
             print(f"[{event.stage}] {event.detail}", flush=True)
         elif isinstance(event, StageFinished):
@@ -466,5 +468,25 @@ def cmd_run(args: argparse.Namespace) -> int:
         elif isinstance(event, RunFinished):
             final = event
     assert final is not None
-    print(f"verdict: {final.status}\nrecord: {final.record_path}", flush=True)
+    print(f"verdict: {final.status}\nrecord: {final.record_path or '(not written: see above)'}", flush=True)
+    if stop["signal"] is not None:
+        print(f"gpuaccept: stopped by {signal.Signals(stop['signal']).name}; what was measured is in the record "
+              "(unsigned)", file=sys.stderr, flush=True)
+        return 128 + stop["signal"]
     return EXIT_OK if final.status == "pass" else EXIT_FAIL
+
+
+def _stop_on_signals() -> dict[str, int | None]:
+    """Turn SIGINT, SIGTERM and SIGHUP into a cancel of the running stage (its child's process group is killed, the
+    stage marked cancelled, the record written, unsigned), as the wizard's quit does; a second signal ends gpuaccept
+    at once (the children still end themselves when gpuaccept is gone)."""
+    stop: dict[str, int | None] = {"signal": None}
+
+    def handler(signum: int, frame: Any) -> None:
+        if stop["signal"] is not None:
+            raise KeyboardInterrupt
+        stop["signal"] = signum
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, handler)
+    return stop
