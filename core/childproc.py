@@ -237,4 +237,22 @@ def check_exit(child: ChildJob) -> None:
     if rc != 0:
         errors = [e["error"] for e in child.events if e.get("kind") == "error"]
         why = errors[-1] if errors else f"exit status {rc}"
-        raise StageError(f"{child.name} failed: {why} (see {child.log_path})")
+        raise StageError(f"{child.name} failed: {why}{disk_note(child.job_dir)} (see {child.log_path})")
+
+
+#: below this many free bytes on the run folder's disk, a child's failure says so (a full disk fails a checkpoint write
+#: with whatever the writer says: torch.save's "basic_ios::clear: iostream error", safetensors' "I/O error")
+LOW_DISK_BYTES = 64 * 2**20
+
+
+def disk_note(folder: Path) -> str:
+    """``"; the disk holding <folder> has N bytes free"`` when it has under LOW_DISK_BYTES free, else ``""``."""
+    import shutil
+
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        return ""
+    if free >= LOW_DISK_BYTES:
+        return ""
+    return f"; the disk holding {folder} has {free:,} bytes free (No space left on device?)"

@@ -7,6 +7,7 @@ A stage that fails stops the stages after it; the record is written in every cas
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -85,6 +86,20 @@ def new_run_dir(spec: RunSpec, runs_root: Path, now: Any) -> Path:
     raise GpuAcceptError(f"runs_dir: {runs_root} holds 9,999 run folders named {base.name}; give another --runs-dir")
 
 
+#: a file of RESERVE_BYTES written when the run folder is made and removed to make room for record.toml if the disk
+#: fills during the run (a record is ~20 KiB, written beside it before the rename); removed once the record is written
+RESERVE_NAME = ".record-reserve"
+RESERVE_BYTES = 64 * 1024
+
+
+def _reserve(path: Path) -> None:
+    """Write ``path`` with RESERVE_BYTES of zeros (written, not sparse, so the space is really taken)."""
+    with open(path, "wb") as fh:
+        fh.write(bytes(RESERVE_BYTES))
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
 class AcceptanceRun:
     """One acceptance of one spec: its run directory and the result of each stage, run in order.
 
@@ -122,6 +137,7 @@ class AcceptanceRun:
             (self.run_dir / "spec.toml").write_text(tomli_w.dumps(spec.to_dict()), encoding="utf-8")
             (self.run_dir / "plan.json").write_text(json.dumps(self.ctx.plan.to_json(), indent=2), encoding="utf-8")
             self._log = EventWriter(self.run_dir / "events.jsonl")
+            _reserve(self.run_dir / RESERVE_NAME)
         except OSError as exc:
             raise GpuAcceptError(f"runs_dir: the run folder {self.run_dir} was made but {exc.filename or 'a file'} "
                                  f"could not be written ({exc.strerror or exc}); free space or give another "
@@ -299,7 +315,15 @@ class AcceptanceRun:
             record["signoff"] = signoff
         else:
             record["signoff"] = {"status": "unsigned"}
-        self.record_path = write_record(record, self.run_dir / "record.toml")
+        reserve = self.run_dir / RESERVE_NAME
+        try:
+            self.record_path = write_record(record, self.run_dir / "record.toml")
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC or not reserve.exists():
+                raise
+            reserve.unlink()  # the room kept for this moment: the disk filled during the run
+            self.record_path = write_record(record, self.run_dir / "record.toml")
+        reserve.unlink(missing_ok=True)
         self.verdict = record["verdict"]["status"]
         self.signed = bool(signoff)
         return self.record_path

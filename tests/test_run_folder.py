@@ -133,3 +133,41 @@ def test_no_room_for_the_spec_in_a_new_run_folder_is_named(tmp_path, tiny_model_
     with pytest.raises(GpuAcceptError, match=r"spec.toml could not be written \(No space left on device\); free "
                                              r"space or give another --runs-dir"):
         AcceptanceRun(spec(tiny_model_dir), tmp_path / "runs")
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    """A 400 KiB tmpfs (the tiny LoRA run below writes ~600 KiB): a real full disk. Needs mount rights (root, or a
+    container allowed to mount); elsewhere the injected ENOSPC tests above stand for it."""
+    import shutil
+    import subprocess
+
+    where = tmp_path / "small"
+    where.mkdir()
+    mount = shutil.which("mount")
+    if mount is None or subprocess.run([mount, "-t", "tmpfs", "-o", "size=400k", "tmpfs", str(where)],
+                                       capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (not root, or the container forbids mounts)")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def test_a_lora_run_that_fills_the_disk_keeps_its_record(small_tmpfs, tiny_model_dir):
+    """Issue 16: a full disk during a LoRA resume check ended in ``internal error: OSError: [Errno 28]`` and no record.
+    Now the stage that hit it is an error naming the disk, and the record is written in the room kept for it."""
+    import tomllib
+
+    s = RunSpec.build(model=str(tiny_model_dir), mode="lora", steps=6, seq_len=32, probe_steps=2,
+                      resume_checkpoint_every=2, resume_kill_after_checkpoint=1)
+    events = list(run_pipeline(s, runs_root=small_tmpfs / "runs"))
+    final = events[-1]
+    assert isinstance(final, RunFinished) and final.status == "fail"
+    assert final.record_path, [getattr(e, "summary", getattr(e, "text", "")) for e in events[-4:]]
+    record = tomllib.loads(Path(final.record_path).read_text())
+    stages = record["verdict"]["stages"]
+    assert stages["probe"]["status"] == "pass"
+    failed = [name for name, stage in stages.items() if stage["status"] == "error"]
+    assert failed == ["resume"] and "bytes free (No space left on device?)" in stages["resume"]["evidence"], stages
+    assert not (Path(final.run_dir) / ".record-reserve").exists()
