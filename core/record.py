@@ -21,10 +21,11 @@ import tomli_w
 
 from core.spec import RunSpec
 
-SCHEMA_VERSION = 2
-#: Versions ``gpuaccept verify`` reads: 1 (a plan's total is the sum of its components) and 2 (the peak of the step's
-#: phases; the fit judged by the larger of the analytic and traced peaks; probe findings).
-READABLE_VERSIONS = (1, 2)
+SCHEMA_VERSION = 3
+#: Versions ``gpuaccept verify`` reads: 1 (a plan's total is the sum of its components), 2 (the peak of the step's
+#: phases; the fit judged by the larger of the analytic and traced peaks; probe findings) and 3 (the resumed process
+#: verifies the checkpoint's manifest itself: the resume check ``manifest_at_load``; every table checked recursively).
+READABLE_VERSIONS = (1, 2, 3)
 TOOL = "gpuaccept"
 
 

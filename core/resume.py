@@ -26,6 +26,7 @@ from typing import Any, Generator
 from core.childproc import check_exit, child_groups, group_alive, kill_group, start_child, watch
 from core.errors import StageError
 from core.events import ChildStarted, Event, Message, Progress, lead_events
+from core.manifest import verify_manifest, write_manifest
 from core.spec import RunSpec
 from core.train import StepMean, merge_rank_steps
 
@@ -96,12 +97,19 @@ RESUME_CHECKS: dict[str, str] = {
     "global_steps": "exact", "epoch": "exact", "learning_rate": "exact", "sample_ids": "exact", "loss": "tolerance",
     "trainable_set": "exact", "rng_restored": "exact", "rng_continues": "exact", "final_weights": "tolerance",
     "optimizer_progress": "exact", "optimizer_moments": "tolerance", "world_size": "exact",
+    "manifest_at_load": "exact",
 }  # every check a passing resume comparison holds, with its kind; fp16 adds "grad_scaler" (exact)
+#: checks a record of an older schema version did not have yet: name -> the first version that holds it
+CHECK_SINCE: dict[str, int] = {"manifest_at_load": 3}
 
 
-def expected_checks(dtype: str) -> dict[str, str]:
-    """The checks a passing resume comparison must hold for ``dtype``, name -> kind."""
-    return {**RESUME_CHECKS, **({"grad_scaler": "exact"} if dtype == "fp16" else {})}
+def expected_checks(dtype: str, schema_version: int | None = None) -> dict[str, str]:
+    """The checks a passing resume comparison must hold for ``dtype``, name -> kind; for a record of
+    ``schema_version`` (None: the current one) without the checks added after it (:data:`CHECK_SINCE`)."""
+    checks = {**RESUME_CHECKS, **({"grad_scaler": "exact"} if dtype == "fp16" else {})}
+    if schema_version is not None:
+        checks = {n: k for n, k in checks.items() if CHECK_SINCE.get(n, 1) <= schema_version}
+    return checks
 
 
 def required_files(spec: RunSpec, world_size: int = 1) -> dict[str, str]:
@@ -424,7 +432,8 @@ def run_resume_check(
     ckpt = interrupted.output_dir / f"checkpoint-{c}"
     complete = completeness(spec, ckpt, world)
     checks.append(complete)
-    manifest = write_manifest(ckpt, run_dir / "resume-interrupted" / f"manifest-checkpoint-{c}.json")
+    manifest_path = run_dir / "resume-interrupted" / f"manifest-checkpoint-{c}.json"
+    manifest = write_manifest(ckpt, manifest_path)
     if complete.status != "pass" or selection.checkpoint != ckpt:
         return _finish(spec, checks, c, k, pgid, tier, [], manifest, 0, started)
     bad = verify_manifest(ckpt, manifest)
@@ -445,13 +454,17 @@ def run_resume_check(
     # 3. the resumed run
     yield Message("resume", text=f"resumed run from checkpoint-{c} to step {spec.steps}")
     resumed = start_child("resumed", run_dir / "resume-resumed", {**base, "devices": resume_names, "role": "resumed",
-                                                                  "resume_from": str(ckpt)}, **resume_launch)
+                                                                  "resume_from": str(ckpt),
+                                                                  "manifest": str(manifest_path)}, **resume_launch)
     yield ChildStarted("resume", run="resumed", pid=resumed.proc.pid, log_path=str(resumed.log_path))
     mean = StepMean(resume_launch.get("nproc", 1))
     for event in watch(resumed, cancelled=cancelled):
         if event["kind"] == "step" and (event := mean.add(event)) is not None:
             yield Progress("resume", run="resumed", step=event["step"], total=spec.steps, loss=event["loss"])
     check_exit(resumed)
+    checks.append(loaded_manifest_check(resumed.events, resume_launch.get("nproc", 1), len(manifest)))
+    if checks[-1].status != "pass":
+        return _finish(spec, checks, c, k, pgid, tier, [], manifest, 0, started)
 
     # 4. compare
 
@@ -493,6 +506,25 @@ def _finish(spec, checks, c, k, pgid, tier, comparison, manifest, extra_steps, s
                         comparison=comparison, manifest=manifest, extra_steps=extra_steps,
                         kill_at=spec.resume.kill_at, kill_planned=spec.resume.describe(),
                         seconds=time.perf_counter() - started, summary=summary)
+
+
+def loaded_manifest_check(events: list[dict], ranks: int, files: int) -> Check:
+    """``manifest_at_load``: every rank of the resumed run verified the checkpoint's sha256 manifest in its own process
+    right before Trainer loaded it and again after its run (core.manifest); a change names the file and when it was
+    seen."""
+    seen = {(e.get("rank", 0), e["when"]): e for e in events if e.get("kind") == "manifest"}
+    changed = [f"{', '.join(e['bad'])} ({e['when'].replace('_', ' ')}{f', rank {r}' if ranks > 1 else ''})"
+               for (r, _), e in sorted(seen.items()) if e["bad"]]
+    if changed:
+        return Check("manifest_at_load", "fail", "the checkpoint changed after its manifest: " + "; ".join(changed))
+    started = sorted({e.get("rank", 0) for e in events if e.get("kind") == "started"}) or [0]
+    missing = [f"{when.replace('_', ' ')}{f' (rank {r})' if ranks > 1 else ''}" for r in started
+               for when in ("before_load", "after_load") if (r, when) not in seen]
+    if missing:
+        return Check("manifest_at_load", "fail", "the resumed process did not verify the checkpoint "
+                                                 + ", ".join(missing))
+    return Check("manifest_at_load", "pass", f"sha256 of {files} files verified in the resumed process"
+                 f"{'es' if ranks > 1 else ''} right before loading and after the run")
 
 
 def kill_position(event: dict) -> str:
@@ -684,30 +716,6 @@ def _close(a: float, b: float, rtol: float) -> bool:
     return a == b if rtol == 0.0 else abs(a - b) <= rtol * max(abs(b), 1e-12)
 
 
-def write_manifest(ckpt: Path, path: Path) -> dict[str, str]:
-    """sha256 of every file in a checkpoint directory, written as JSON to ``path``; returns ``{relative name: hex}``."""
-    manifest: dict[str, str] = {}
-    if ckpt.is_dir():
-        for f in sorted(p for p in ckpt.rglob("*") if p.is_file()):
-            manifest[str(f.relative_to(ckpt))] = _sha256(f)
-    path.write_text(json.dumps(manifest, indent=2), encoding="utf-8")
-    return manifest
-
-
-def verify_manifest(ckpt: Path, manifest: dict[str, str]) -> list[str]:
-    """Names of files whose sha256 differs from the manifest, or that appeared or vanished since it was written."""
-    now = {str(p.relative_to(ckpt)) for p in ckpt.rglob("*") if p.is_file()}
-    bad = sorted(now ^ set(manifest))
-    bad += [name for name in sorted(now & set(manifest)) if _sha256(ckpt / name) != manifest[name]]
-    return bad
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _step_of(p: Path) -> int:

@@ -443,7 +443,7 @@ def recompute_verdicts(rec: dict[str, Any]) -> list[str]:
                 problems.append(f"resume.tier is {known.name}, but {spec.get('dtype')} on {probed[0]} is {want}")
         all_pass = bool(checks) and all(ch.get("status") == "pass" for ch in checks)
         if all_pass:
-            for name, kind in expected_checks(spec.get("dtype", "fp32")).items():
+            for name, kind in expected_checks(spec.get("dtype", "fp32"), rec.get("schema_version", 1)).items():
                 if name not in names:
                     problems.append(f"resume passed without its {name} check")
                 elif names[name].get("kind") != kind:

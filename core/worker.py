@@ -132,14 +132,31 @@ def run_job(job: dict[str, Any], events: EventWriter) -> None:
     events.emit("trainable", names=[n for n, _ in trainable], parameters=sum(k for _, k in trainable))
     out_dir = Path(job["output_dir"])
     trainer = build_trainer(spec, model, tokenizer, train_blocks, out_dir, device, events, job)
+    if not _checkpoint_intact(job, events, "before_load"):
+        return  # the parent fails the check, naming the files; nothing changed is loaded
     started = time.perf_counter()
     trainer.train(resume_from_checkpoint=job.get("resume_from"))
     train_s = time.perf_counter() - started
+    _checkpoint_intact(job, events, "after_load")
     events.emit("trained", seconds=train_s, global_step=trainer.state.global_step, output_dir=str(out_dir))
     if role == "train":
         after = evaluate_perplexity(model, heldout_blocks, spec.batch_size, device=device,
                                     autocast=spec.dtype if spec.autocast else None)
         events.emit("evaluation", when="after", **_eval_dict(after))
+
+
+def _checkpoint_intact(job: dict[str, Any], events: EventWriter, when: str) -> bool:
+    """Verify the checkpoint resumed from (``job["resume_from"]``) against the parent's sha256 manifest
+    (``job["manifest"]``), in this process: ``before_load`` right before Trainer reads the files, ``after_load`` once
+    its run is over. Emits ``manifest`` {when, files, bad}; True when nothing changed (or there is nothing to check)."""
+    if not job.get("resume_from") or not job.get("manifest"):
+        return True
+    from core.manifest import read_manifest, verify_manifest
+
+    manifest = read_manifest(Path(job["manifest"]))
+    bad = verify_manifest(Path(job["resume_from"]), manifest)
+    events.emit("manifest", when=when, files=len(manifest), bad=bad)
+    return not bad
 
 
 def rank_info() -> dict[str, int]:

@@ -221,3 +221,42 @@ def test_a_checkpoint_every_step_resumes_with_the_default_kill_point(tiny_model_
     checks = {c["name"]: c for c in record["resume"]["checks"]}
     assert checks["checkpoint_selection"]["evidence"].startswith("resume from checkpoint-2")
     assert "inside step 3" in checks["kill_point"]["evidence"]
+
+
+def test_a_checkpoint_file_changed_after_the_manifest_fails_the_resume_naming_it(tiny_model_dir, tmp_path,
+                                                                                  monkeypatch):
+    """Issue 16: a byte flipped in adapter_model.safetensors after the parent verified the manifest was loaded by the
+    resumed run, the record still said "sha256 of 8 files verified", and the failure showed only as a loss difference.
+    Now the resumed process verifies the files itself right before Trainer loads them and refuses, naming the file."""
+    import core.resume
+
+    real_start = core.resume.start_child
+
+    def start_child(name, job_dir, job, **launch):
+        if job.get("role") == "resumed":  # after the parent's own manifest check, before the child loads anything
+            weights = Path(job["resume_from"]) / "adapter_model.safetensors"
+            data = bytearray(weights.read_bytes())
+            data[-1] ^= 0x01
+            weights.write_bytes(bytes(data))
+        return real_start(name, job_dir, job, **launch)
+
+    monkeypatch.setattr(core.resume, "start_child", start_child)
+    spec = RunSpec.build(model=str(tiny_model_dir), mode="lora", steps=4, seq_len=32, resume_checkpoint_every=2,
+                         resume_kill_after_checkpoint=1, eval_max_blocks=2)
+    record, _ = run(spec, tmp_path)
+    checks = {c["name"]: c for c in record["resume"]["checks"]}
+    assert checks["manifest"]["status"] == "pass"  # the parent's check came before the change
+    assert checks["manifest_at_load"]["status"] == "fail"
+    assert checks["manifest_at_load"]["evidence"] == ("the checkpoint changed after its manifest: "
+                                                      "adapter_model.safetensors (before load)")
+    assert record["resume"]["status"] == "fail" and "loss" not in checks  # nothing changed was loaded or compared
+    assert record["verdict"]["stages"]["resume"]["status"] == "fail"
+
+
+def test_the_resumed_process_verifies_the_checkpoint_before_and_after_loading(lora_run):
+    _, record, _ = lora_run
+    checks = {c["name"]: c for c in record["resume"]["checks"]}
+    files = len(record["resume"]["checkpoint_manifest"])
+    assert checks["manifest_at_load"] == {
+        "name": "manifest_at_load", "kind": "exact", "tier": "exact", "status": "pass",
+        "evidence": f"sha256 of {files} files verified in the resumed process right before loading and after the run"}

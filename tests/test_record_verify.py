@@ -333,6 +333,20 @@ def test_a_resume_that_lost_checks_or_loosened_its_tier_does_not_pass(record, ca
     assert code == EXIT_VERDICT and "resume passed without its rng_restored check" in out
 
 
+@pytest.mark.parametrize(("version", "expected"), [(3, EXIT_VERDICT), (2, EXIT_UNSIGNED)])
+def test_manifest_at_load_is_required_from_schema_3(record, capsys, version, expected):
+    """A version 3 record whose passing resume lacks the resumed process's own manifest check does not follow; a
+    version 2 record (written before the check existed) is read by its own rule."""
+    def drop(data):
+        data["schema_version"] = version
+        data["resume"]["checks"] = [c for c in data["resume"]["checks"] if c["name"] != "manifest_at_load"]
+
+    edit(record, drop)
+    code, out = verify(record, capsys)
+    assert code == expected, out
+    assert ("resume passed without its manifest_at_load check" in out) == (version == 3)
+
+
 def test_a_loosened_tier_with_a_diverged_loss_is_caught(record, capsys):
     def loosen(data):
         data["resume"]["tier"]["rtol"] = 1.0
