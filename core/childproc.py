@@ -34,7 +34,10 @@ class ChildJob:
     proc: subprocess.Popen | None = None
     events: list[dict[str, Any]] = field(default_factory=list)
     nproc: int = 1  # processes torchrun starts (1: no torchrun)
+    oom_kills_at_start: int | None = None  # the kernel's OOM-kill count when the child started (oom_kill_count)
+    peak_rss_bytes: int = 0  # the largest RSS of the child's process tree seen by sample_rss
     _offsets: dict[str, int] = field(default_factory=dict)
+    _sampled_at: float = 0.0
 
     @property
     def events_path(self) -> Path:
@@ -82,7 +85,7 @@ def start_child(name: str, job_dir: Path, job: dict[str, Any], nproc: int = 1,
     """
     job_dir.mkdir(parents=True, exist_ok=True)
     torchrun = nproc > 1 or bool(torchrun_args)
-    child = ChildJob(name=name, job_dir=job_dir, job=dict(job), nproc=nproc)
+    child = ChildJob(name=name, job_dir=job_dir, job=dict(job), nproc=nproc, oom_kills_at_start=oom_kill_count())
     child.job.setdefault("events", str(child.events_path))
     child.job.setdefault("output_dir", str(child.output_dir))
     (job_dir / "job.json").write_text(json.dumps(child.job, indent=2), encoding="utf-8")
@@ -175,6 +178,7 @@ def watch(
                     yield event
                 finished = True
                 return
+            sample_rss(child)
             time.sleep(interval_s)
     finally:
         # Cancelled, interrupted (Ctrl-C), or the consumer stopped reading: never leave the child running.
@@ -230,14 +234,104 @@ def group_alive(pgid: int) -> bool:
     return False
 
 
+#: how long a SIGKILLed group may take to be gone: the kernel tears a process down asynchronously (a rank holding
+#: gigabytes of mappings takes a while), and torchrun's ranks are reaped by init, not by us
+KILL_SETTLE_S = 10.0
+
+
+def groups_left_after_kill(groups: list[int], timeout_s: float = KILL_SETTLE_S, interval_s: float = 0.05) -> list[int]:
+    """The groups of ``groups`` with a live (non-zombie) process after polling until none is left or ``timeout_s``
+    has passed: a kill check that looked once, 50 ms after SIGKILL, could find a rank still being torn down."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = [g for g in groups if group_alive(g)]
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(interval_s)
+
+
 def check_exit(child: ChildJob) -> None:
-    """Raise :class:`StageError` naming the child's error and log if it exited non-zero."""
+    """Raise :class:`StageError` naming the child's error and log if it exited non-zero; a child the kernel's OOM
+    killer ended is said to be out of memory, with the peak RSS seen (:func:`killed_note`)."""
     assert child.proc is not None
     rc = child.proc.wait()
     if rc != 0:
         errors = [e["error"] for e in child.events if e.get("kind") == "error"]
         why = errors[-1] if errors else f"exit status {rc}"
+        why += killed_note(rc, child.oom_kills_at_start, child.peak_rss_bytes)
         raise StageError(f"{child.name} failed: {why}{disk_note(child.job_dir)} (see {child.log_path})")
+
+
+#: how often :func:`sample_rss` reads the child's process tree (psutil walks /proc; not every 0.1 s poll)
+RSS_SAMPLE_S = 0.25
+
+
+def sample_rss(child: ChildJob) -> None:
+    """Read the RSS of the child's whole process tree (torchrun and its ranks) into ``child.peak_rss_bytes`` when
+    :data:`RSS_SAMPLE_S` has passed since the last reading. A sampled peak: a spike shorter than the interval can be
+    missed, so it is a lower bound of the true peak."""
+    import psutil
+
+    now = time.monotonic()
+    if child.proc is None or now - child._sampled_at < RSS_SAMPLE_S:
+        return
+    child._sampled_at = now
+    try:
+        root = psutil.Process(child.proc.pid)
+        tree = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return
+    total = 0
+    for proc in tree:
+        try:
+            total += proc.memory_info().rss
+        except psutil.Error:
+            pass
+    child.peak_rss_bytes = max(child.peak_rss_bytes, total)
+
+
+def oom_kill_count(vmstat: Path = Path("/proc/vmstat")) -> int | None:
+    """How many processes the kernel's OOM killer has killed since boot (``oom_kill`` of ``/proc/vmstat``, Linux
+    4.13+: global and cgroup OOM kills alike), or None where it cannot be read."""
+    try:
+        for line in vmstat.read_text().splitlines():
+            name, _, value = line.partition(" ")
+            if name == "oom_kill":
+                return int(value)
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def killed_note(rc: int, oom_kills_before: int | None, peak_rss_bytes: int,
+                oom_kills_now: int | None = None) -> str:
+    """What to add to the failure of a child that exited with ``rc``: when the kernel's OOM kill count rose while it ran
+    (a rank killed under torchrun counts too), that it ran out of memory; for another SIGKILL gpuaccept did not send,
+    that the OOM killer is the usual sender. Both with the peak RSS seen and the host memory this process may use (a
+    cgroup's limit where one applies: :func:`core.hostmem.host_memory`); ``""`` for any other exit.
+
+    Args:
+        rc: ``Popen.returncode`` (``-9`` for SIGKILL).
+        oom_kills_before: :func:`oom_kill_count` when the child started.
+        oom_kills_now: the count now (read when None).
+    """
+    if rc == 0:
+        return ""
+    now = oom_kill_count() if oom_kills_now is None else oom_kills_now
+    oom = oom_kills_before is not None and now is not None and now > oom_kills_before
+    if rc != -signal.SIGKILL and not oom:
+        return ""
+    from core.hostmem import host_memory
+
+    peak = f"{peak_rss_bytes / 2**30:.2f} GiB" if peak_rss_bytes else "not sampled"
+    host = host_memory()
+    where = f"{host.available_bytes / 2**30:.2f} of {host.total_bytes / 2**30:.2f} GiB available now ({host.source})"
+    if oom:  # under torchrun the killed rank's torchrun exits 1: the count says what happened
+        signal_said = " (SIGKILL)" if rc == -signal.SIGKILL else ""
+        return (f"{signal_said}: out of memory: the kernel's OOM killer ended a process (/proc/vmstat oom_kill "
+                f"{oom_kills_before} -> {now}); peak RSS of its processes seen {peak}; host memory: {where}")
+    return (f" (SIGKILL, not sent by gpuaccept; the kernel's OOM killer is the usual sender, see `dmesg`); peak RSS "
+            f"of its processes seen {peak}; host memory: {where}")
 
 
 #: below this many free bytes on the run folder's disk, a child's failure says so (a full disk fails a checkpoint write

@@ -107,7 +107,9 @@ def _parse_jsonl(path: Path, content: str) -> list[Document]:
     """Documents of a JSON-lines file; every error names the 1-based line number."""
     docs: list[Document] = []
     first_line_of: dict[str, int] = {}
-    for number, line in enumerate(content.splitlines(), start=1):
+    # lines end at "\n" only: str.splitlines() would also break at U+2028, U+0085 or a form feed, which JSON
+    # writers leave unescaped inside strings (json.dumps with ensure_ascii=False)
+    for number, line in enumerate(content.split("\n"), start=1):
         if not line.strip():
             continue
         where = f"{path}, line {number}"

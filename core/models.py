@@ -233,6 +233,26 @@ def embedded_cache_ready() -> bool:
     return (target / "model.safetensors").is_file() and (target / "tokenizer.json").is_file()
 
 
+#: a conversion folder untouched this long was left by a process that was killed (a conversion takes ~16 s)
+STALE_CONVERSION_S = 600.0
+
+
+def remove_stale_conversions(folder: Path, older_than_s: float = STALE_CONVERSION_S) -> list[Path]:
+    """Remove ``.convert-*`` folders in ``folder`` not modified for ``older_than_s`` seconds: what a conversion killed
+    with ``kill -9`` left (up to the model's size in bytes). Returns the folders removed."""
+    import time
+
+    removed = []
+    for leftover in folder.glob(".convert-*"):
+        try:
+            if time.time() - leftover.stat().st_mtime > older_than_s:
+                shutil.rmtree(leftover, ignore_errors=True)
+                removed.append(leftover)
+        except OSError:
+            continue
+    return removed
+
+
 def ensure_embedded_cache() -> Path:
     """Convert the embedded GGUF model to a safetensors directory once and return its path.
 
@@ -251,6 +271,7 @@ def ensure_embedded_cache() -> Path:
 
     hf_logging.disable_progress_bar()
     target.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_conversions(target.parent)
     tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
     try:
         model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)

@@ -116,6 +116,7 @@ class HostBackend:
     """Host memory (one device, ``"cpu"``) from psutil.
 
     - total: ``virtual_memory().total``; free: ``available`` (what can be given to processes without swapping);
+      where a cgroup memory limit is tighter, the limit and its headroom (:func:`core.hostmem.host_memory`);
     - used: ``total - available``, so page cache and other reclaimable memory are not counted as used;
     - ours: the sum of RSS of each followed pid and all its descendants. RSS counts shared pages (libraries, forked
       copy-on-write pages) in every process that maps them, so a process tree can be over-counted.
@@ -148,11 +149,15 @@ class HostBackend:
         return Reading(sum(rss.values()))
 
     def sample(self, pids: set[int]) -> list[DeviceSample]:
-        vm = psutil.virtual_memory()
-        used, ours = Reading(vm.total - vm.available), self._ours(pids)
-        return [DeviceSample(t=time.time(), device="cpu", name="host memory", backend=self.name,
-                             total_bytes=Reading(vm.total), used_bytes=used, free_bytes=Reading(vm.available),
-                             ours_bytes=ours, others_bytes=others_reading(used, ours))]
+        from core.hostmem import host_memory
+
+        host = host_memory()
+        used, ours = Reading(host.total_bytes - host.available_bytes), self._ours(pids)
+        name = "host memory" if host.cgroup is None else f"host memory (cgroup v{host.cgroup.version} limit)"
+        return [DeviceSample(t=time.time(), device="cpu", name=name, backend=self.name,
+                             total_bytes=Reading(host.total_bytes), used_bytes=used,
+                             free_bytes=Reading(host.available_bytes), ours_bytes=ours,
+                             others_bytes=others_reading(used, ours))]
 
 
 def _process(pid: int) -> psutil.Process | None:

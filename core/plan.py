@@ -557,7 +557,9 @@ def detect_devices(devices: str, cpu_ranks: int = 1) -> list[DeviceInfo]:
     is planned as that many devices ``cpu:0`` ... ``cpu:N-1``, one per rank, each given an equal share of the host's
     available memory (the ranks are processes sharing one host memory; a share is a convention, not a partition).
 
-    - ``"cpu"``: the host, capacity = ``psutil.virtual_memory().available`` (bytes free for a new process now);
+    - ``"cpu"``: the host, capacity = ``psutil.virtual_memory().available`` (bytes free for a new process now), or
+      the headroom of a cgroup memory limit (v1 or v2) where that is smaller (:func:`core.hostmem.host_memory`;
+      ``capacity_source`` says which);
     - ``"auto"``: every visible CUDA device if ``torch.cuda.is_available()``, else the host CPU;
     - ``"0,1"`` / ``"cuda:0"``: those CUDA devices, capacity = ``torch.cuda.get_device_properties(i).total_memory``,
       or ``None`` (with ``capacity_source`` saying why) when CUDA is unavailable or the index is not visible;
@@ -602,13 +604,14 @@ def _host_devices(ranks: int) -> list[DeviceInfo]:
         return [host]
     share = host.capacity_bytes // ranks
     return [DeviceInfo(f"cpu:{r}", "cpu", f"host CPU, rank {r} of {ranks}", share,
-                       f"available host memory (psutil) / {ranks} ranks sharing it") for r in range(ranks)]
+                       f"{host.capacity_source} / {ranks} ranks sharing it") for r in range(ranks)]
 
 
 def _host_device() -> DeviceInfo:
-    import psutil
+    from core.hostmem import host_memory
 
-    return DeviceInfo("cpu", "cpu", "host CPU", int(psutil.virtual_memory().available), "available host memory (psutil)")
+    host = host_memory()  # the cgroup's headroom where a cgroup limit is tighter than the machine
+    return DeviceInfo("cpu", "cpu", "host CPU", host.available_bytes, host.source)
 
 
 # ------------------------------------------------------------------------------------------------------------- plan

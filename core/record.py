@@ -223,6 +223,9 @@ def _resume_table(r: Any) -> dict[str, Any]:
         "killed_process_group": r.killed_pgid,
         "tier": dataclasses.asdict(r.tier) if r.tier else {},
         "extra_steps": r.extra_steps,
+        # the interrupted run's first step (0: from the start; else from a copy of the reference's checkpoint)
+        "interrupted_start_step": r.interrupted_start,
+        "compared_steps": list(r.compared_steps) if r.compared_steps else None,
         "seconds": r.seconds,
         # every row names its tier: exact checks are equality, completeness checks presence of every component
         "checks": [{**dataclasses.asdict(c), "tier": c.tier or {"exact": "exact", "completeness": "all-present"}.get(
@@ -299,7 +302,10 @@ def _version_2_problems(rec: dict[str, Any]) -> list[str]:
     plan = rec["plan"]
     if plan.get("provenance") != "estimated":
         return out
-    for i, d in enumerate(plan.get("devices", [])):
+    devices = plan.get("devices", [])
+    if not isinstance(devices, list) or not all(isinstance(d, dict) for d in devices):
+        return out + ["plan.devices must be an array of tables, one per device"]
+    for i, d in enumerate(devices):
         where = f"plan.devices[{i}]"
         missing = [k for k in ("phases", "peak_phase", "fit_bytes", "fit_judged_by", "sum_of_components_bytes",
                                "untraced_bytes") if k not in d]
@@ -322,14 +328,16 @@ def spec_table_hash(spec_table: dict[str, Any]) -> str:
 
 
 def schema_problems(rec: dict[str, Any]) -> list[str]:
-    """What in a parsed record breaks schema version 1 (docs/record.md); empty when it conforms.
+    """What in a parsed record breaks its schema version (docs/record.md); empty when it conforms.
 
-    Checked: ``schema_version``, ``tool``, ``tool_version``; UTC-aware ``created_utc`` / ``started_utc``; every table
-    of :data:`TABLES`; the spec's sha256; a ``provenance`` of :data:`PROVENANCES` on every table of numbers (an
+    Checked: ``schema_version``, ``tool``, ``tool_version``; ``created_utc`` / ``started_utc``; every table of
+    :data:`TABLES`; the spec's sha256; a ``provenance`` of :data:`PROVENANCES` on every table of numbers (an
     ``estimated`` one with its ``method``); verdict statuses; the sign-off (``status = "unsigned"``, or operator, role,
-    decision accept / reject, comment, UTC-aware ``time_utc``).
+    decision accept / reject, comment, ``time_utc``); then every value of every table and array against the value rules
+    of :func:`core.record_schema.value_problems` (finite floats, UTC date-times only at ``*_utc`` keys, non-empty keys,
+    the kind of each key: counts, numbers, strings, digests, the spec's own field types).
     """
-    import datetime as _dt
+    from core.record_schema import value_problems
 
     out: list[str] = []
     version = rec.get("schema_version")
@@ -339,10 +347,7 @@ def schema_problems(rec: dict[str, Any]) -> list[str]:
         return out
     if rec.get("tool") != TOOL or not isinstance(rec.get("tool_version"), str):
         out.append("tool must be \"gpuaccept\" with a tool_version string")
-    for key in ("created_utc", "started_utc"):
-        value = rec.get(key)
-        if not isinstance(value, _dt.datetime) or value.utcoffset() != _dt.timedelta(0):
-            out.append(f"{key} must be a UTC date-time with its offset (got {value!r})")
+    out.extend(f"{key} is missing" for key in ("created_utc", "started_utc") if key not in rec)
     missing = [t for t in TABLES if not isinstance(rec.get(t), dict)]
     if missing:
         out.append("missing tables: " + ", ".join(missing))
@@ -361,8 +366,14 @@ def schema_problems(rec: dict[str, Any]) -> list[str]:
     unknown = sorted(set(rec) - set(TOP_LEVEL) - set(TABLES) - set(OPTIONAL_TABLES))
     if unknown:
         out.append("unknown top-level keys: " + ", ".join(unknown))
-    if rec["spec"].get("hash") != spec_table_hash(rec["spec"]):
-        out.append("spec.hash is not the sha256 of the spec table: the spec was edited (and the hash not recomputed)")
+    try:
+        recomputed = spec_table_hash(rec["spec"])
+    except (TypeError, ValueError) as exc:  # a value JSON cannot hold (a date, a NaN): also a value finding below
+        out.append(f"spec.hash cannot be recomputed: the spec table holds a value a spec cannot ({exc})")
+    else:
+        if rec["spec"].get("hash") != recomputed:
+            out.append("spec.hash is not the sha256 of the spec table: the spec was edited (and the hash not "
+                       "recomputed)")
     if version >= 2:
         out.extend(_version_2_problems(rec))
     allowed = {"environment": ("measured",), "model": ("measured",), "seeds": ("measured",),
@@ -392,17 +403,12 @@ def schema_problems(rec: dict[str, Any]) -> list[str]:
         if set(so) != {"status"}:
             out.append("signoff says unsigned but holds " + ", ".join(sorted(set(so) - {"status"})))
     else:
-        for key in ("operator", "role", "comment"):
-            if not isinstance(so.get(key), str):
-                out.append(f"signoff.{key} must be a string")
+        out.extend(f"signoff.{key} is missing" for key in ("operator", "role", "comment", "time_utc") if key not in so)
         if not so.get("operator"):
             out.append("signoff.operator is empty")
         if so.get("decision") not in ("accept", "reject"):
             out.append(f"signoff.decision is {so.get('decision')!r}; accept or reject")
-        t = so.get("time_utc")
-        if not isinstance(t, _dt.datetime) or t.utcoffset() != _dt.timedelta(0):
-            out.append(f"signoff.time_utc must be a UTC date-time with its offset (got {t!r})")
-    return out
+    return out + value_problems(rec)
 
 
 def _clean(value: Any) -> Any:

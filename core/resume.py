@@ -1,8 +1,12 @@
 """Kill-and-resume check: "a checkpoint exists" is not "it resumes" (DESIGN §4).
 
-The train stage's run is the reference. A second run with the same spec (``interrupted``) holds once step ``kill_step``
-is done (after checkpoint ``c``, before the next) and its process group gets SIGKILL. A third run (``resumed``) starts
-from ``checkpoint-c`` with Trainer's ``resume_from_checkpoint``. Then, step by step against the reference:
+The train stage's run is the reference. A second run with the same spec (``interrupted``) starts from a copy of the
+reference's checkpoint before ``c`` (itself a resume; from step 0 when ``c`` is the first checkpoint or
+``resume.interrupted_from = "start"``), holds once step ``kill_step`` is done (after checkpoint ``c``, before the next)
+and its process group gets SIGKILL. A third run (``resumed``) starts from ``checkpoint-c`` with Trainer's
+``resume_from_checkpoint`` and stops after ``resume.compare_steps`` steps (by default one checkpoint interval: where
+the reference keeps a checkpoint). So the check costs about 2.5 checkpoint intervals of training, not a second
+training run. Then, step by step against the reference:
 
 - exact: global steps, epoch, learning rate applied, sample ids consumed; optimizer step counts and param-group sizes;
 - within the stated tolerance tier: loss per step, final trainable weights, optimizer moments;
@@ -23,7 +27,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generator
 
-from core.childproc import check_exit, child_groups, group_alive, kill_group, start_child, watch
+from core.childproc import (
+    KILL_SETTLE_S,
+    check_exit,
+    child_groups,
+    groups_left_after_kill,
+    kill_group,
+    start_child,
+    watch,
+)
 from core.errors import StageError
 from core.events import ChildStarted, Event, Message, Progress, lead_events
 from core.manifest import verify_manifest, write_manifest
@@ -89,6 +101,8 @@ class ResumeResult:
     summary: str = ""
     kill_at: str | None = None  # resume.kill_at of the spec (KILL_POINTS)
     kill_planned: str = ""  # the kill point in words, with its step numbers
+    interrupted_start: int = 0  # the step the interrupted run started from (a copy of the reference's checkpoint)
+    compared_steps: tuple[int, int] | None = None  # first and last step the resumed run trains and compares
 
 
 RESUME_CHECKS: dict[str, str] = {
@@ -385,10 +399,18 @@ def run_resume_check(
     base = {"spec": spec.to_dict(), "model_path": str(model_path), "device": device, "devices": names,
             "save_total_limit": None}
 
-    # 1. the interrupted run, killed at the kill point (after checkpoint c, before the next is complete)
-    yield Message("resume", text=f"interrupted run: SIGKILL {spec.resume.describe()}")
+    # 1. the interrupted run, killed at the kill point (after checkpoint c, before the next is complete); it starts
+    # from a copy of the reference's checkpoint before c (itself a resume) unless c is the first checkpoint
+    start = spec.resume.interrupted_start()
+    end = spec.resume.compared_until(spec.steps)
+    first = {}
+    if start > 0:
+        first = {"resume_from": str(copy_reference_checkpoint(Path(reference.output_dir), start,
+                                                              run_dir / "resume-interrupted" / "output"))}
+    origin = f"checkpoint-{start} of the uninterrupted run" if start else "step 0"
+    yield Message("resume", text=f"interrupted run from {origin}: SIGKILL {spec.resume.describe()}")
     interrupted = start_child("interrupted", run_dir / "resume-interrupted", {
-        **base, "role": "interrupted", "kill_step": k, "kill_at": spec.resume.kill_at}, **launch)
+        **base, **first, "role": "interrupted", "kill_step": k, "kill_at": spec.resume.kill_at}, **launch)
     yield ChildStarted("resume", run="interrupted", pid=interrupted.proc.pid, log_path=str(interrupted.log_path))
     held: dict[int, dict] = {}  # rank -> its kill_point event: kill once every rank of this node holds there
 
@@ -408,13 +430,13 @@ def run_resume_check(
         raise StageError(f"the interrupted run ended before its kill point (see {interrupted.log_path})")
     groups = child_groups(interrupted)
     pgid = kill_group(interrupted)
-    time.sleep(0.05)
-    alive = any(group_alive(g) for g in groups)
+    alive = groups_left_after_kill(groups)
     what = (f"process group {pgid}" if len(groups) == 1 else
             f"process groups {pgid} (torchrun) and {', '.join(map(str, groups[1:]))} (its ranks)")
     checks.append(Check("kill", "fail" if alive else "pass",
                         f"SIGKILL to {what} {kill_position(kill_event)}; "
-                        + (f"a process of the group{'s' * (len(groups) > 1)} is still alive" if alive else
+                        + (f"a process of group{'s' * (len(alive) > 1)} {', '.join(map(str, alive))} is still alive "
+                           f"{KILL_SETTLE_S:.0f} s later" if alive else
                            f"no process of the group{'s' * (len(groups) > 1)} is left")))
     checks.append(kill_point_check(spec, kill_event))
     if local > 1:
@@ -452,15 +474,16 @@ def run_resume_check(
                                for r in range(world)})
 
     # 3. the resumed run
-    yield Message("resume", text=f"resumed run from checkpoint-{c} to step {spec.steps}")
+    yield Message("resume", text=f"resumed run from checkpoint-{c} to step {end}, compared with the uninterrupted "
+                                 f"run at steps {c + 1}-{end}")
     resumed = start_child("resumed", run_dir / "resume-resumed", {**base, "devices": resume_names, "role": "resumed",
-                                                                  "resume_from": str(ckpt),
+                                                                  "resume_from": str(ckpt), "stop_after_step": end,
                                                                   "manifest": str(manifest_path)}, **resume_launch)
     yield ChildStarted("resume", run="resumed", pid=resumed.proc.pid, log_path=str(resumed.log_path))
     mean = StepMean(resume_launch.get("nproc", 1))
     for event in watch(resumed, cancelled=cancelled):
         if event["kind"] == "step" and (event := mean.add(event)) is not None:
-            yield Progress("resume", run="resumed", step=event["step"], total=spec.steps, loss=event["loss"])
+            yield Progress("resume", run="resumed", step=event["step"], total=end, loss=event["loss"])
     check_exit(resumed)
     checks.append(loaded_manifest_check(resumed.events, resume_launch.get("nproc", 1), len(manifest)))
     if checks[-1].status != "pass":
@@ -471,7 +494,7 @@ def run_resume_check(
     ref = {s["step"]: s for s in reference.steps}
     intr = merge_rank_steps(interrupted.events)
     res = merge_rank_steps(resumed.events)
-    checks.extend(compare_steps(ref, intr, res, c, spec.steps, tier))
+    checks.extend(compare_steps(ref, intr, res, c, end, tier))
     checks.append(compare_trainable(getattr(reference, "trainable", {}),
                                     next((e for e in lead_events(resumed.events) if e["kind"] == "trainable"), {})))
     restored_by_rank = {e.get("rank", 0): e["digest"] for e in resumed.events if e["kind"] == "rng_restored"}
@@ -482,7 +505,7 @@ def run_resume_check(
          "loss_resumed": e["loss"], "difference": abs(e["loss"] - ref[e["step"]]["loss"])}
         for e in res if e["step"] in ref
     ]
-    final = f"checkpoint-{spec.steps}"
+    final = f"checkpoint-{end}"  # a checkpoint of the reference by construction (ResumeSettings.compare_steps)
     weights_file = required_files(spec).get("adapter weights") or required_files(spec)["model weights"]
     ref_final = Path(reference.output_dir) / final
     res_final = resumed.output_dir / final
@@ -499,13 +522,32 @@ def _finish(spec, checks, c, k, pgid, tier, comparison, manifest, extra_steps, s
 
     status = "pass" if checks and all(ch.status == "pass" for ch in checks) else "fail"
     failed = [ch.name for ch in checks if ch.status != "pass"]
-    summary = (f"killed {spec.resume.describe(short=True)}, resumed from checkpoint-{c}: {len(checks)} checks "
-               f"passed ({tier.name})"
+    end = spec.resume.compared_until(spec.steps)
+    summary = (f"killed {spec.resume.describe(short=True)}, resumed from checkpoint-{c}, compared at steps "
+               f"{c + 1}-{end}: {len(checks)} checks passed ({tier.name})"
                if status == "pass" else f"failed: {', '.join(failed)}")
     return ResumeResult(status=status, checks=checks, checkpoint_step=c, kill_step=k, killed_pgid=pgid, tier=tier,
                         comparison=comparison, manifest=manifest, extra_steps=extra_steps,
                         kill_at=spec.resume.kill_at, kill_planned=spec.resume.describe(),
-                        seconds=time.perf_counter() - started, summary=summary)
+                        seconds=time.perf_counter() - started, summary=summary,
+                        interrupted_start=spec.resume.interrupted_start(), compared_steps=(c + 1, end))
+
+
+def copy_reference_checkpoint(reference_output: Path, step: int, output: Path) -> Path:
+    """Copy the uninterrupted run's ``checkpoint-<step>`` into ``output`` (the interrupted run's output folder), where
+    the interrupted run resumes from it: the check then trains from the checkpoint before c, not from step 0.
+
+    Raises:
+        StageError: the uninterrupted run kept no such checkpoint.
+    """
+    import shutil
+
+    source = reference_output / f"checkpoint-{step}"
+    if not source.is_dir():
+        raise StageError(f"the uninterrupted run kept no checkpoint-{step} in {reference_output} to start the "
+                         "interrupted run from; set resume.interrupted_from = \"start\"")
+    output.mkdir(parents=True, exist_ok=True)
+    return Path(shutil.copytree(source, output / source.name))
 
 
 def loaded_manifest_check(events: list[dict], ranks: int, files: int) -> Check:
@@ -574,21 +616,23 @@ def compare_steps(ref: dict[int, dict], interrupted: list[dict], resumed: list[d
                   tier: Tier) -> list[Check]:
     """Exact and tolerance checks of per-step records (``step``, ``epoch``, ``learning_rate``, ``loss``, ``sample_ids``).
 
-    The interrupted run up to the kill must equal the reference (it is the same run); the resumed run must cover steps
-    c+1 .. ``steps`` exactly once and equal the reference step by step.
+    The interrupted run up to the kill must equal the reference (it is the same run, or its resume from the checkpoint
+    before c); the resumed run must cover steps c+1 .. ``steps`` (the last step compared) exactly once and equal the
+    reference step by step.
     """
     checks: list[Check] = []
     got = [e["step"] for e in resumed]
     want = list(range(c + 1, steps + 1))
     checks.append(Check("global_steps", "pass" if got == want else "fail",
                         f"resumed steps {_span(got)}; expected {_span(want)}"))
+    before = [e["step"] for e in interrupted]
     pairs = [(e, ref.get(e["step"])) for e in resumed] + [(e, ref.get(e["step"])) for e in interrupted]
     missing = [e["step"] for e, r in pairs if r is None]
     pairs = [(e, r) for e, r in pairs if r is not None]
     for key, label in (("epoch", "epoch"), ("learning_rate", "learning rate"), ("sample_ids", "sample ids")):
         diff = [e["step"] for e, r in pairs if e[key] != r[key]]
         checks.append(Check(key, "fail" if diff or missing else "pass",
-                            f"{label} equal at {len(pairs)} steps (interrupted 1-{len(interrupted)}, resumed "
+                            f"{label} equal at {len(pairs)} steps (interrupted {_span(before)}, resumed "
                             f"{_span(got)})" if not diff and not missing else
                             f"{label} differs at steps {_span(diff)}" + (f"; no reference for {missing}" if missing else "")))
     worst, worst_step = 0.0, None

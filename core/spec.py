@@ -115,6 +115,8 @@ class LoraSettings:
     targets: tuple[str, ...] = ("q_proj", "v_proj")
 
 
+#: Where the interrupted run of the resume check starts (:attr:`ResumeSettings.interrupted_from`).
+INTERRUPTED_FROM = ("checkpoint", "start")
 KILL_POINTS: dict[str, str] = {
     "boundary": "at the gradient-accumulation boundary: right after optimizer step k",
     "boundary-1": "one micro-step before the boundary: all but the last micro-batch of step k done, no optimizer step",
@@ -136,12 +138,21 @@ class ResumeSettings:
             has been written completely.
         kill_at: where the SIGKILL lands, one of :data:`KILL_POINTS` (default ``boundary+1``: mid-accumulation, where
             a crash usually falls, during a forward or backward).
+        compare_steps: optimizer steps after checkpoint c that the resumed run trains and compares with the
+            uninterrupted run; 0 (the default) is one checkpoint interval (or up to the last step, if nearer). Its
+            end must be a checkpoint of the uninterrupted run (a multiple of ``checkpoint_every``, or the last step),
+            where the final weights and optimizer states are compared.
+        interrupted_from: where the interrupted run starts, one of :data:`INTERRUPTED_FROM`: ``checkpoint`` (a copy
+            of the uninterrupted run's checkpoint before c: the run to the kill is itself a resume) or ``start``
+            (step 0: the check before issue 16, which costs about a whole training run).
     """
 
     check: bool = True
     checkpoint_every: int = 10
     kill_after_checkpoint: int = 2
     kill_at: str = "boundary+1"
+    compare_steps: int = 0
+    interrupted_from: str = "checkpoint"
 
     def kill_checkpoint_step(self) -> int:
         """Global step of the checkpoint the interrupted run resumes from."""
@@ -161,6 +172,20 @@ class ResumeSettings:
         if self.kill_at == "boundary+1":
             return c + min(max(1, every // 2), every - 1)
         return c + max(1, every // 2)
+
+    def interrupted_start(self) -> int:
+        """The step the interrupted run starts from: the checkpoint before c (c - checkpoint_every) of the
+        uninterrupted run, or 0 when c is the first checkpoint or ``interrupted_from = "start"``."""
+        if self.interrupted_from == "start":
+            return 0
+        return self.kill_checkpoint_step() - self.checkpoint_every
+
+    def compared_until(self, steps: int) -> int:
+        """The last step the resumed run trains and compares (:attr:`compare_steps` after c; ``steps``: the run's)."""
+        c = self.kill_checkpoint_step()
+        if self.compare_steps == 0:
+            return min(c + self.checkpoint_every, steps)
+        return c + self.compare_steps
 
     def last_step_needed(self) -> int:
         """The last optimizer step the interrupted run must reach (``boundary+1`` is inside step k+1)."""
@@ -404,6 +429,10 @@ class RunSpec:
             if r.kill_at not in KILL_POINTS:
                 raise SpecError("resume.kill_at", f"{r.kill_at!r} is not a kill point; choose one of "
                                                   f"{', '.join(KILL_POINTS)}")
+            if r.interrupted_from not in INTERRUPTED_FROM:
+                raise SpecError("resume.interrupted_from", f"{r.interrupted_from!r}: choose checkpoint (a copy of the "
+                                                           "checkpoint before the kill) or start (step 0)")
+            self._check_compare_steps()
             last = r.last_step_needed()
             limit_ok = last <= self.steps if r.kill_at in ("checkpoint-write", "boundary+1") else last < self.steps
             if not limit_ok:
@@ -425,6 +454,24 @@ class RunSpec:
                 raise SpecError("data", f"{self.data!r}: give 'embedded' or a .txt / .jsonl file")
             if not path.is_file():
                 raise SpecError("data", f"file {self.data} not found; give 'embedded' or an existing .txt / .jsonl file")
+
+    def _check_compare_steps(self) -> None:
+        """``resume.compare_steps`` is 0 or ends at a checkpoint of the uninterrupted run within the run."""
+        r = self.resume
+        if r.compare_steps < 0:
+            raise SpecError("resume.compare_steps", f"must be 0 (one checkpoint interval) or more (got "
+                                                    f"{r.compare_steps})")
+        if r.compare_steps == 0:
+            return
+        c, end = r.kill_checkpoint_step(), r.compared_until(self.steps)
+        if end > self.steps:
+            raise SpecError("resume.compare_steps", f"{r.compare_steps} steps after checkpoint-{c} end at step {end}, "
+                                                    f"past the last step {self.steps}; at most {self.steps - c}")
+        if end % r.checkpoint_every and end != self.steps:
+            raise SpecError("resume.compare_steps", f"the comparison would end at step {end}, where the uninterrupted "
+                                                    f"run keeps no checkpoint to compare weights with; give a multiple "
+                                                    f"of checkpoint_every ({r.checkpoint_every}) or "
+                                                    f"{self.steps - c} (to the last step)")
 
     def _check_precision(self) -> None:
         """``precision`` is one of :data:`PRECISIONS`; what cannot run is refused here, naming the fix.

@@ -628,6 +628,7 @@ def trace_in_child(spec: RunSpec, target: str, cancelled: Any = None, timeout_s:
     import tempfile
 
     from core.errors import GpuAcceptError
+    from core.lifeline import PARENT_PID_ENV
 
     with tempfile.TemporaryDirectory(prefix="gpuaccept-trace-") as tmp:
         spec_path = os.path.join(tmp, "spec.json")
@@ -635,9 +636,11 @@ def trace_in_child(spec: RunSpec, target: str, cancelled: Any = None, timeout_s:
             json.dump(spec.to_dict(), fh)
         out_path, err_path = os.path.join(tmp, "traced.json"), os.path.join(tmp, "stderr.log")
         with open(err_path, "w", encoding="utf-8") as err:
+            # gpuaccept's pid: the child ends itself and removes `tmp` if this process is killed (core.lifeline)
+            env = {**os.environ, "TRANSFORMERS_VERBOSITY": "error", PARENT_PID_ENV: str(os.getpid())}
             child = subprocess.Popen([sys.executable, "-P", "-m", "core.traced", spec_path, "--target", target,
-                                      "--out", out_path], stdout=subprocess.DEVNULL, stderr=err, start_new_session=True,
-                                     env={**os.environ, "TRANSFORMERS_VERBOSITY": "error"})
+                                      "--out", out_path, "--orphan-cleanup", tmp], stdout=subprocess.DEVNULL,
+                                     stderr=err, start_new_session=True, env=env)
             started = time.monotonic()
             try:
                 while child.poll() is None:
@@ -680,7 +683,8 @@ def traced_table(spec: RunSpec, ctx: Any, cancelled: Any = None) -> dict[str, An
 
 
 def main(argv: list[str]) -> int:
-    """``python -m core.traced SPEC.json --target cuda|cpu --out TRACED.json``: trace and write the JSON."""
+    """``python -m core.traced SPEC.json --target cuda|cpu --out TRACED.json [--orphan-cleanup DIR]``: trace and write
+    the JSON; the process ends itself (removing DIR) when gpuaccept is gone (:mod:`core.lifeline`)."""
     import argparse
     import json
     import os
@@ -689,7 +693,13 @@ def main(argv: list[str]) -> int:
     parser.add_argument("spec")
     parser.add_argument("--target", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--out", required=True)
+    parser.add_argument("--orphan-cleanup", help="a folder to remove if gpuaccept is gone before the trace ends")
     args = parser.parse_args(argv)
+    from pathlib import Path
+
+    from core.lifeline import exit_with_parent
+
+    exit_with_parent(Path(args.orphan_cleanup) if args.orphan_cleanup else None)  # before torch's slow import
     from core.models import load_config, resolve_model
 
     with open(args.spec, encoding="utf-8") as fh:

@@ -279,7 +279,8 @@ def recompute_verdicts(rec: dict[str, Any]) -> list[str]:
     - resume (measured; not_applicable exactly for inference or the check switched off): pass exactly when every
       check passed and every check of :data:`core.resume.RESUME_CHECKS` is there with its kind, with the checkpoint's
       sha256 manifest; the tier is one
-      gpuaccept applies, with its own tolerance; the comparison covers every resumed step, each difference =
+      gpuaccept applies, with its own tolerance; the comparison covers every step of the spec's window (c+1 to
+      c + ``resume.compare_steps``; to the last step for records without that key), each difference =
       |reference - resumed| within the tier;
     - overall: pass exactly when every stage is pass or not_applicable.
 
@@ -458,11 +459,19 @@ def recompute_verdicts(rec: dict[str, Any]) -> list[str]:
             problems.append("resume passed without the sha256 manifest of the checkpoint it resumed from")
         if all_pass:
             c = count(res.get("checkpoint_step"), "resume.checkpoint_step")
-            want_steps = list(range(c + 1, count(spec.get("steps"), "spec.steps") + 1))
+            planned_c, end = _resume_window(spec)
+            if planned_c is not None and planned_c != c:
+                problems.append(f"resume.checkpoint_step is {c}, the spec's resume settings resume from "
+                                f"checkpoint-{planned_c}")
+            want_steps = list(range(c + 1, end + 1))
             got_steps = [row.get("step") for row in rows]
             if got_steps != want_steps:
                 problems.append(f"resume comparison covers steps {got_steps[:3]}..., the resumed run is steps "
                                 f"{c + 1}-{want_steps[-1] if want_steps else c}")
+            window = res.get("compared_steps")
+            if window is not None and want_steps and window != [want_steps[0], want_steps[-1]]:
+                problems.append(f"resume.compared_steps says {window}, the spec compares steps "
+                                f"{want_steps[0]}-{want_steps[-1]}")
         for i, row in enumerate(rows):
             ref = num(row.get("loss_reference"), f"resume.comparison[{i}].loss_reference")
             got = num(row.get("loss_resumed"), f"resume.comparison[{i}].loss_resumed")
@@ -495,6 +504,23 @@ def recompute_verdicts(rec: dict[str, Any]) -> list[str]:
     if rec["verdict"].get("status") != overall:
         problems.append(f"verdict.status says {rec['verdict'].get('status')}, the stages say {overall}")
     return problems
+
+
+def _resume_window(spec: dict[str, Any]) -> tuple[int | None, int]:
+    """(checkpoint c, the last step compared) from a record's spec table (:class:`core.spec.ResumeSettings`):
+    ``resume.compare_steps`` after c; for a record written before that key existed, (None, the last step): its
+    resumed run always ran to the end."""
+    import dataclasses
+
+    from core.spec import ResumeSettings
+
+    steps = count(spec.get("steps"), "spec.steps")
+    table = spec.get("resume", {})
+    if "compare_steps" not in table:
+        return None, steps
+    known = {f.name for f in dataclasses.fields(ResumeSettings)}
+    settings = ResumeSettings(**{k: v for k, v in table.items() if k in known})
+    return settings.kill_checkpoint_step(), settings.compared_until(steps)
 
 
 def _same(problems: list[str], where: str, stated: Any, computed: str) -> None:

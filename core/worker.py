@@ -10,9 +10,10 @@ Roles (``job["role"]``):
 - ``evaluate``: held-out perplexity of the fixed weights (inference mode).
 - ``train``: held-out perplexity before, ``steps`` optimizer steps with Trainer checkpoints, perplexity after. This run is
   also the reference of the resume check.
-- ``interrupted``: the same training; once step ``kill_step`` is done it emits ``kill_point`` and holds there until the
-  parent SIGKILLs its process group (so the kill lands after checkpoint c and before the next on any machine speed).
-- ``resumed``: the same training resumed with ``resume_from_checkpoint``.
+- ``interrupted``: the same training (from ``resume_from`` when given: a copy of the reference's checkpoint before c);
+  once step ``kill_step`` is done it emits ``kill_point`` and holds there until the parent SIGKILLs its process group
+  (so the kill lands after checkpoint c and before the next on any machine speed).
+- ``resumed``: the same training resumed with ``resume_from_checkpoint``, stopped after ``stop_after_step``.
 
 Every training role emits one ``step`` event per optimizer step: global step, epoch, the learning rate applied, the loss
 (mean over the micro-batches of the step, unrounded) and the sample ids consumed.
@@ -30,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from core.events import EventWriter
+from core.lifeline import exit_with_parent
 from core.spec import TORCH_DTYPE_NAMES, RunSpec
 
 _TRAINER_OPTIM = {"adamw": "adamw_torch", "sgd": "sgd", "adafactor": "adafactor"}
@@ -37,7 +39,7 @@ _TRAINER_OPTIM = {"adamw": "adamw_torch", "sgd": "sgd", "adafactor": "adafactor"
 
 def main(argv: list[str]) -> int:
     job = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
-    _exit_with_parent()
+    exit_with_parent()
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1  # launched by torchrun (core.childproc, nproc > 1)
     events = EventWriter(job["events"], int(os.environ["RANK"]) if distributed else None,
                          int(os.environ["LOCAL_RANK"]) if distributed else None)
@@ -66,29 +68,6 @@ def _close_process_group() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
-
-
-def _exit_with_parent() -> None:
-    """End this process if the parent dies: a probe left running would hold memory on a shared box."""
-    import threading
-
-    parent = os.getppid()
-    owner = int(os.environ.get("GPUACCEPT_PARENT_PID", "0") or 0)  # gpuaccept itself (under torchrun: not the parent)
-
-    def watchdog() -> None:
-        while True:
-            time.sleep(1.0)
-            if os.getppid() != parent:
-                os._exit(3)
-            if owner:
-                try:
-                    os.kill(owner, 0)
-                except ProcessLookupError:
-                    os._exit(3)
-                except PermissionError:
-                    pass
-
-    threading.Thread(target=watchdog, name="parent-watchdog", daemon=True).start()
 
 
 def run_job(job: dict[str, Any], events: EventWriter) -> None:
@@ -297,6 +276,7 @@ def build_trainer(spec, model, tokenizer, blocks, out_dir: Path, device: str, ev
     from core.resume import live_rng_state, rng_digest
 
     kill = (job["kill_at"], job["kill_step"]) if job["role"] == "interrupted" else None
+    stop_after = job.get("stop_after_step")  # the resumed run of the resume check: the last step it compares
 
     def maybe_kill(trainer, where: str) -> None:
         """Hold at the kill point (``resume.kill_at``) so the parent SIGKILLs this process group there."""
@@ -364,6 +344,10 @@ def build_trainer(spec, model, tokenizer, blocks, out_dir: Path, device: str, ev
                 rng=self.rng,
             )
             maybe_kill(self.trainer, "step_end")
+            if stop_after is not None and state.global_step >= stop_after:
+                # the resume check's window ends here (a checkpoint step: Trainer still saves it, then stops);
+                # max_steps stays the spec's, so the learning-rate schedule is the uninterrupted run's
+                control.should_training_stop = True
 
         def on_save(self, args, state, control, **kw):
             path = Path(args.output_dir) / f"checkpoint-{state.global_step}"

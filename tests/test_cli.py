@@ -326,3 +326,34 @@ def test_a_headless_run_stopped_by_a_signal_keeps_what_it_measured(tmp_path, tin
     assert record["verdict"]["stages"]["plan"]["status"] == "pass"
     assert record["verdict"]["stages"]["probe"]["status"] == "cancelled"
     assert record["signoff"]["status"] == "unsigned"
+
+
+@pytest.mark.parametrize(("stage", "flags", "wait_for", "table"), [
+    ("train", ["--steps", "400", "--no-resume-check"], "train step 3/", "evaluation"),
+    ("resume", ["--steps", "8", "--checkpoint-every", "2", "--kill-after-checkpoint", "2"], "interrupted step ",
+     "resume"),
+], ids=["during-training", "during-the-resume-check"])
+def test_sigterm_at_a_later_stage_keeps_every_stage_before_it(tmp_path, tiny_model_dir, stage, flags, wait_for, table):
+    """Issue 16: a signal at each stage. The stages before it keep their pass in the record; the running one is
+    cancelled, its child's process group killed."""
+    import signal
+    import time
+    import tomllib
+
+    exe = shutil.which("gpuaccept", path=str(Path(sys.executable).parent))
+    proc = subprocess.Popen([exe, "run", "--headless", "--model", str(tiny_model_dir), "--devices", "cpu",
+                             "--seq-len", "32", "--probe-steps", "2", *flags, "--runs-dir", str(tmp_path / "runs")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    deadline = time.monotonic() + 300
+    for line in proc.stdout:
+        if wait_for in line or time.monotonic() > deadline:
+            break
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM.value, (proc.returncode, err)
+    (record_path,) = (tmp_path / "runs").glob("*/record.toml")
+    stages = tomllib.loads(record_path.read_text())["verdict"]["stages"]
+    order = ["plan", "probe", "evaluation", "resume"]
+    assert [stages[s]["status"] for s in order[:order.index(table)]] == ["pass"] * order.index(table), stages
+    assert stages[table]["status"] == "cancelled", stages
+    assert all(stages[s]["status"] == "not_run" for s in order[order.index(table) + 1:]), stages

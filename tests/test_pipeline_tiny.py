@@ -42,7 +42,14 @@ def test_lora_resume_compares_every_resumed_step_exactly(lora_run):
     resume = record["resume"]
     c, k = spec.resume.kill_checkpoint_step(), spec.resume.kill_step()
     assert (resume["checkpoint_step"], resume["kill_step"]) == (c, k) == (4, 5)
-    assert [row["step"] for row in resume["comparison"]] == list(range(c + 1, spec.steps + 1))
+    # issue 16: the interrupted run starts from a copy of the reference's checkpoint-2 (steps 3-5, killed inside 6)
+    # and the resumed run trains one checkpoint interval (steps 5-6), not to step 8: 5 steps instead of 9
+    every = spec.resume.checkpoint_every
+    assert resume["interrupted_start_step"] == c - every == 2
+    assert resume["compared_steps"] == [c + 1, c + every] == [5, 6] and c + every < spec.steps
+    assert [row["step"] for row in resume["comparison"]] == [5, 6]
+    assert resume["extra_steps"] == 3 + 2
+    assert "compared at steps 5-6" in resume["summary"]
     assert all(row["difference"] == 0.0 for row in resume["comparison"])  # CPU fp32: exact tier
     checks = {ch["name"]: ch for ch in resume["checks"]}
     assert checks["final_weights"]["tier"] == "cpu-fp32-exact"
@@ -156,7 +163,9 @@ def test_bf16_lora_on_a_16_bit_base_resumes_exactly_and_weighs_what_it_planned(t
     # case R5: the checkpoint of a tied model saved, resumed, and the tie holds in the resumed run's final checkpoint
     from transformers import AutoModelForCausalLM
 
-    final = Path(record["run_dir"]) / "resume-resumed" / "output" / "checkpoint-6"
+    last = record["resume"]["compared_steps"][1]  # the resumed run's last step: one interval after checkpoint-2
+    assert last == 4
+    final = Path(record["run_dir"]) / "resume-resumed" / "output" / f"checkpoint-{last}"
     model = AutoModelForCausalLM.from_pretrained(final)
     assert model.config.tie_word_embeddings
     assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()

@@ -265,7 +265,80 @@ def test_an_edited_spec_breaks_its_hash(record, capsys):
 def test_a_naive_time_is_a_schema_error(record, capsys):
     edit(record, lambda data: data.update(created_utc=data["created_utc"].replace(tzinfo=None)))
     code, out = verify(record, capsys)
-    assert code == EXIT_SCHEMA and "created_utc must be a UTC date-time" in out
+    assert code == EXIT_SCHEMA and "created_utc is datetime.datetime(" in out
+    assert "not a UTC date-time with its offset" in out
+
+
+# Issue 16: each of these passed "schema: ok" while the check looked only at the top level.
+AWARE = dt.datetime(2026, 12, 1, 6, 0, tzinfo=dt.timezone.utc)
+
+
+def _in_table(table, key, value):
+    return lambda data: data[table].update({key: value})
+
+
+@pytest.mark.parametrize("change, says", [
+    (lambda d: d["evaluation"]["before"].update(perplexity=float("nan")),
+     "evaluation.before.perplexity is nan as a TOML float"),
+    (lambda d: d["plan"]["devices"][0]["components"].update(weights=float("inf")),
+     "plan.devices[0].components.weights is inf as a TOML float"),
+    (lambda d: d["probe"]["devices"][0].update(finished_utc=dt.datetime(2026, 12, 1, 6, 0)),
+     "probe.devices[0].finished_utc is datetime.datetime(2026, 12, 1, 6, 0), not a UTC date-time"),
+    (lambda d: d["probe"].update(steps=AWARE), "probe.steps is a date or time (2026-12-01 06:00:00+00:00)"),
+    (lambda d: d["resume"]["tier"].update(rtol=dt.date(2026, 12, 1)), "resume.tier.rtol is a date or time"),
+    (lambda d: d["plan"]["devices"][0].update({"": 1}), "plan.devices[0] has an empty key"),
+    (lambda d: d["resume"]["comparison"][0].update(step=3.0), "resume.comparison[0].step is 3.0, not a count"),
+    (lambda d: d["resume"].update(checkpoint_step=True), "resume.checkpoint_step is True, not a count"),
+    (lambda d: d["probe"]["devices"][0].update(peak_rss_bytes=-5),
+     "probe.devices[0].peak_rss_bytes is -5, not a count"),
+    (lambda d: d["evaluation"].update(training_time_s=-1.0),
+     "evaluation.training_time_s is -1.0, not a finite number >= 0"),
+    (lambda d: d["evaluation"]["after"].update(mean_nll="huge"), "evaluation.after.mean_nll is 'huge', not a number"),
+    (lambda d: d["resume"]["checks"][0].update(status=1), "resume.checks[0].status is 1, not a string"),
+    (lambda d: d["resume"]["checkpoint_manifest"].update({"optimizer.pt": "abc"}),
+     "resume.checkpoint_manifest.optimizer.pt is 'abc', not a sha256"),
+    (lambda d: d["evaluation"].update(provenance="guessed"), "evaluation.provenance is 'guessed'"),
+])
+def test_every_value_below_the_top_level_is_checked(record, capsys, change, says):
+    edit(record, change)
+    code, out = verify(record, capsys)
+    assert code == EXIT_SCHEMA and says in out, out
+    assert "verdicts: not recomputed (the schema check failed)" in out
+
+
+@pytest.mark.parametrize("key, value, says", [
+    ("steps", 8.0, "spec.steps is 8.0, not int"),
+    ("gradient_checkpointing", 1, "spec.gradient_checkpointing is 1, not bool"),
+    ("learning_rate", "fast", "spec.learning_rate is 'fast', not float")])
+def test_the_spec_table_holds_the_types_the_spec_takes_even_with_its_hash_recomputed(record, capsys, key, value, says):
+    from core.record import spec_table_hash
+
+    def change(data):
+        data["spec"][key] = value
+        data["spec"]["hash"] = spec_table_hash(data["spec"])
+
+    edit(record, change)
+    code, out = verify(record, capsys)
+    assert code == EXIT_SCHEMA and says in out, out
+
+
+def test_every_number_and_time_the_pipeline_writes_has_a_value_rule(lora_run):
+    from core.record_schema import kind_of
+
+    _, rec, _ = lora_run
+
+    def leaves(value, path):
+        if isinstance(value, dict):
+            return [leaf for k, v in value.items() for leaf in leaves(v, f"{path}.{k}" if path else k)]
+        if isinstance(value, list):
+            return [leaf for v in value for leaf in leaves(v, path + "[]")]
+        return [(path, value)]
+
+    numbers = [(p, v) for p, v in leaves(rec, "")
+               if isinstance(v, (int, float, dt.datetime)) and not isinstance(v, bool)]
+    assert len(numbers) > 100
+    # the spec table is held to the spec's own field types instead (core.record_schema._spec_problems)
+    assert [p for p, _ in numbers if kind_of(p) is None and not p.startswith("spec.")] == []
 
 
 def test_nothing_but_plain_values_reaches_the_writer(tmp_path):

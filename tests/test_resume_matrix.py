@@ -13,8 +13,9 @@ from core.resume import run_resume_check
 from core.spec import RunSpec
 from core.train import run_train_eval
 
+# compared to the last step (compare_steps 4 after checkpoint-2): the whole run after the kill, for every kill point
 SETTINGS = dict(mode="lora", steps=6, seq_len=64, grad_accum=2, lora_dropout=0.1, resume_checkpoint_every=2,
-                resume_kill_after_checkpoint=1, eval_max_blocks=4)
+                resume_kill_after_checkpoint=1, resume_compare_steps=4, eval_max_blocks=4)
 
 
 def drain(gen):

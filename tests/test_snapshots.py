@@ -114,8 +114,8 @@ def finished_run(app: GpuAcceptApp) -> SimpleNamespace:
                     kind="completeness"),
               Check("checkpoint_complete", "pass", "present: adapter weights, optimizer, scheduler, RNG, trainer state",
                     kind="completeness"),
-              Check("learning_rate", "pass", "learning rate equal at 7 steps"),
-              Check("sample_ids", "pass", "sample ids equal at 7 steps"),
+              Check("learning_rate", "pass", "learning rate equal at 5 steps"),
+              Check("sample_ids", "pass", "sample ids equal at 5 steps"),
               Check("loss", "pass", "loss within cpu-fp32-exact at every step; identical", kind="tolerance",
                     tier=tier.name, largest_difference=0.0),
               Check("rng_restored", "pass", "right after restore, generators cpu, numpy, python equal rng_state.pth of "
@@ -123,12 +123,13 @@ def finished_run(app: GpuAcceptApp) -> SimpleNamespace:
               Check("final_weights", "pass", "8 tensors of adapter_model.safetensors: bit-identical",
                     kind="tolerance", tier=tier.name, largest_difference=0.0)]
     comparison_rows = [{"step": s["step"], "learning_rate": s["learning_rate"], "loss_reference": s["loss"],
-                        "loss_resumed": s["loss"], "difference": 0.0} for s in steps[2:]]
+                        "loss_resumed": s["loss"], "difference": 0.0} for s in steps[2:4]]
     resume = ResumeResult("pass", checks, checkpoint_step=2, kill_step=3, killed_pgid=4242, tier=tier,
-                          comparison=comparison_rows, manifest={}, extra_steps=7, seconds=12.0,
-                          summary=f"killed {spec.resume.describe(short=True)}, resumed from checkpoint-2: 9 checks passed "
-                                  "(cpu-fp32-exact)",
-                          kill_at="boundary+1", kill_planned=spec.resume.describe())
+                          comparison=comparison_rows, manifest={}, extra_steps=5, seconds=12.0,
+                          summary=f"killed {spec.resume.describe(short=True)}, resumed from checkpoint-2, compared at "
+                                  "steps 3-4: 9 checks passed (cpu-fp32-exact)",
+                          kill_at="boundary+1", kill_planned=spec.resume.describe(), interrupted_start=0,
+                          compared_steps=(3, 4))
     app.state.spec, app.state.ctx = spec, ctx
     run_dir = Path("runs/20261130T000000Z-lora-tiny-llama")
     return SimpleNamespace(spec=spec, run_dir=run_dir, verdict=None, stopped={}, launch={"nproc": 1},

@@ -90,13 +90,20 @@ def _spec_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--kill-at", dest="resume_kill_at", choices=tuple(KILL_POINTS),
                    help="where the interrupted run is SIGKILLed: at the accumulation boundary, one micro-step before or "
                         "after it (default boundary+1), or while the next checkpoint is written")
+    g.add_argument("--compare-steps", type=int, dest="resume_compare_steps",
+                   help="steps after the checkpoint resumed from that the resumed run trains and compares with the "
+                        "uninterrupted run (default 0: one checkpoint interval)")
+    g.add_argument("--interrupted-from", dest="resume_interrupted_from", choices=("checkpoint", "start"),
+                   help="the interrupted run starts from a copy of the uninterrupted run's checkpoint before the one "
+                        "resumed from (default), or from step 0")
 
 
 _SPEC_KEYS = ("mode", "model", "dtype", "precision", "attn_implementation", "padding", "batch_size", "seq_len", "grad_accum", "optimizer", "learning_rate",
               "lr_scheduler", "warmup_steps", "steps", "gradient_checkpointing", "lora_r", "lora_alpha",
               "lora_dropout", "lora_targets", "devices", "strategy", "tp", "torchrun_nproc_per_node", "torchrun_nnodes",
               "torchrun_rdzv_endpoint", "torchrun_rdzv_id", "torchrun_rdzv_backend", "data", "heldout_fraction", "eval_max_blocks", "seed",
-              "probe_steps", "resume_check", "resume_checkpoint_every", "resume_kill_after_checkpoint", "resume_kill_at")
+              "probe_steps", "resume_check", "resume_checkpoint_every", "resume_kill_after_checkpoint",
+              "resume_kill_at", "resume_compare_steps", "resume_interrupted_from")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -31,6 +31,7 @@ FIELDS: list[tuple[str, str, str, tuple[str, ...], tuple[str, ...]]] = [
     ("resume_checkpoint_every", "Checkpoint every", "int", (), ("full", "lora")),
     ("resume_kill_after_checkpoint", "Kill after ckpt #", "int", (), ("full", "lora")),
     ("resume_kill_at", "Kill point", "choice", tuple(KILL_POINTS), ("full", "lora")),
+    ("resume_compare_steps", "Compare steps, 0=auto", "int", (), ("full", "lora")),
     ("lora_r", "LoRA rank r", "int", (), ("lora",)),
     ("lora_alpha", "LoRA alpha", "int", (), ("lora",)),
     ("lora_targets", "LoRA targets", "str", (), ("lora",)),
@@ -64,6 +65,7 @@ def spec_field_to_input(field: str) -> str:
     return {"lora.r": "lora_r", "lora.alpha": "lora_alpha", "lora.targets": "lora_targets",
             "resume.kill_after_checkpoint": "resume_kill_after_checkpoint",
             "resume.checkpoint_every": "resume_checkpoint_every", "resume.kill_at": "resume_kill_at",
+            "resume.compare_steps": "resume_compare_steps",
             "torchrun.nproc_per_node": "torchrun_nproc_per_node"}.get(field, field)
 
 

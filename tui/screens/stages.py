@@ -333,10 +333,14 @@ class ResumeScreen(StageScreen):
             verdict.update(f"[b]NOT APPLICABLE[/b] · {result.summary}")
             return
         c, k, n = result.checkpoint_step, result.kill_step, spec.steps
+        start = result.interrupted_start
+        end = result.compared_steps[1] if result.compared_steps else n
+        origin = f"ckpt {start} (copy)" if start else "1"
         self.query_one("#timeline", Static).update(
             f"reference    1 {'━' * 20} {n}\n"
-            f"interrupted  1 {'━' * 10}● ckpt {c} ━ ✕ SIGKILL {_kill_label(result.kill_at, k)}\n"
-            f"resumed                  ckpt {c} → {c + 1} {'━' * 8} {n}")
+            f"interrupted  {origin} {'━' * 4}● ckpt {c} ━ ✕ SIGKILL {_kill_label(result.kill_at, k)}\n"
+            f"resumed                  ckpt {c} → {c + 1} {'━' * 8} {end}"
+            + (f" (compared {c + 1}-{end} of {n})" if end < n else ""))
         verdict.update(f"[b]{result.status.upper()}[/b] · {result.summary}")
         # evidence wraps: it is the point of each line
         self.query_one("#checks", Static).update(Content("\n").join(

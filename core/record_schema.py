@@ -1,0 +1,164 @@
+"""The value rules of an acceptance record, checked over every table and array (docs/record.md, "Values").
+
+:func:`core.record.schema_problems` checks the record's shape (its tables, provenances, verdict statuses, sign-off);
+:func:`value_problems` walks every key and element below it and holds each value to the rules here, so that a NaN, a
+naive time or a float step number deep in a table is a schema finding, not a verdict computed from it.
+
+Rules applied everywhere:
+
+- a key is a non-empty string;
+- a float is finite: the writer spells a non-finite measurement ``"nan"``, ``"inf"`` or ``"-inf"``
+  (:func:`core.record._clean`), so a TOML ``nan`` or ``inf`` was not written by gpuaccept;
+- a date-time sits only at a key ending ``_utc`` and carries the UTC offset; local dates and times are never written;
+- the first rule of :data:`RULES` whose pattern matches a value's path gives its kind (:data:`KINDS`).
+
+The ``spec`` table is held to :class:`core.spec.RunSpec` itself (each key present has its field's type) and to the
+rules applied everywhere; :data:`RULES` hold for the other tables.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import math
+import re
+from fnmatch import fnmatchcase
+from typing import Any, Callable
+
+#: A 64-digit lowercase hex digest: sha256 of a file, a split or the spec.
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+#: How the writer spells a measurement that is not finite (a diverged loss, its perplexity).
+NON_FINITE = ("nan", "inf", "-inf")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    return (_is_int(v) or isinstance(v, float)) and math.isfinite(v)
+
+
+#: kind -> (test, what the value must be, as the finding says it).
+KINDS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "count": (lambda v: _is_int(v) and v >= 0, "a count (an integer >= 0)"),
+    "number": (_is_number, "a finite number"),
+    "nonneg": (lambda v: _is_number(v) and v >= 0, "a finite number >= 0"),
+    "measured": (lambda v: _is_number(v) or v in NON_FINITE,
+                 "a number (a non-finite one spelled \"nan\", \"inf\" or \"-inf\")"),
+    "str": (lambda v: isinstance(v, str), "a string"),
+    "bool": (lambda v: isinstance(v, bool), "true or false"),
+    "utc": (lambda v: isinstance(v, dt.datetime) and v.utcoffset() == dt.timedelta(0),
+            "a UTC date-time with its offset"),
+    "sha256": (lambda v: isinstance(v, str) and bool(_SHA256.fullmatch(v)), "a sha256 (64 lowercase hex digits)"),
+    "provenance": (lambda v: v in ("measured", "estimated", "not_run"), "measured, estimated or not_run"),
+}
+
+_COUNT_NAMES = ("step", "steps", "*_step", "*_steps", "rank", "*_rank", "world_size", "seed", "*_seed", "parameters",
+                "parameters_*", "*_parameters", "total", "trainable", "blocks", "*_blocks", "*_blocks_evaluated", "*_documents", "tokens",
+                "threads", "*_threads", "cpu_count", "nnodes", "nproc_per_node", "batch_size", "seq_len", "grad_accum",
+                "r", "alpha", "tp", "*_every", "kill_after_checkpoint", "questions_asked", "score",
+                "killed_process_group", "lora_modules_adapted", "schema_version", "index")
+_STR_NAMES = ("status", "method", "evidence", "why", "summary", "name", "kind", "note", "label", "at", "device",
+              "host", "operator", "role", "comment", "decision", "log", "tool", "tool_version", "run_dir")
+_BOOL_NAMES = ("fits", "correct", "check", "cuda_available")
+
+#: (pattern, kind): the first whose pattern matches a value's path decides its kind. A path is written as the record's
+#: keys joined by dots with ``[]`` for an array element (``probe.devices[].peak_bytes``); a pattern is an fnmatch
+#: pattern over the whole path (``*`` also crosses dots), so the specific patterns come first.
+RULES: tuple[tuple[str, str], ...] = (
+    # measurements that may honestly be non-finite: a diverged loss, its perplexity, their differences
+    ("evaluation.*.mean_nll", "measured"), ("evaluation.*.perplexity", "measured"),
+    ("evaluation.loss_per_step[]", "measured"), ("resume.comparison[].loss_*", "measured"),
+    ("resume.comparison[].difference", "measured"), ("resume.checks[].largest_difference", "measured"),
+    # bytes keyed by component or category name
+    ("plan.devices[].components.*", "count"), ("plan.devices[].phases.*.components.*", "count"),
+    ("plan.traced.components.*", "count"), ("plan.traced.categories.*", "count"),
+    ("plan.traced.phases.*", "count"),
+    ("probe.placement.*.bytes", "count"), ("*.findings[]", "str"), ("*.problems[]", "str"),
+    ("*lora_targets_resolved[]", "str"), ("spec.lora.targets[]", "str"),
+    ("plan.devices[].methods.*", "str"), ("resume.checkpoint_manifest.*", "sha256"),
+    ("spec.hash", "sha256"), ("data.*_hash", "sha256"),
+    ("resume.compared_steps[]", "count"), ("*_per_step[]", "number"), ("*error_pct", "number"), ("*_pct", "nonneg"),
+    ("*.rtol", "nonneg"), ("*learning_rate", "number"), ("*.heldout_fraction", "number"),
+    ("*_utc", "utc"), ("*_bytes", "count"), ("*.seconds", "nonneg"), ("*_s", "nonneg"),
+    ("provenance", "provenance"), ("*.provenance", "provenance"),
+    *((("*." + n) if not n.startswith("*") else n, "count") for n in _COUNT_NAMES),
+    *(("*." + n, "str") for n in _STR_NAMES), *(("*." + n, "bool") for n in _BOOL_NAMES),
+    *((n, "count") for n in _COUNT_NAMES if not n.startswith("*")), *((n, "str") for n in _STR_NAMES),
+)
+
+
+def kind_of(path: str) -> str | None:
+    """The kind :data:`RULES` gives a value at ``path`` (``probe.devices[].peak_bytes``), or None: no rule."""
+    return next((kind for pattern, kind in RULES if fnmatchcase(path, pattern)), None)
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _walk(value: Any, path: str, where: str, out: list[str], rules: bool = True) -> None:
+    """Append to ``out`` what breaks a rule at or below ``value`` (``path``: pattern form; ``where``: with indices)."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str) or not key.strip():
+                out.append(f"{where or 'the record'} has an empty key")
+                continue
+            _walk(item, f"{path}.{key}" if path else key, f"{where}.{key}" if where else key, out, rules)
+        return
+    if isinstance(value, list):
+        for i, item in enumerate(value):
+            _walk(item, path + "[]", f"{where}[{i}]", out, rules)
+        return
+    if isinstance(value, float) and not math.isfinite(value):
+        out.append(f"{where} is {value!r} as a TOML float; gpuaccept writes a non-finite measurement as the string "
+                   f"\"{value!r}\", and only where a loss may diverge")
+        return
+    kind = kind_of(path) if rules else None
+    if isinstance(value, (dt.date, dt.time)) and kind != "utc":
+        out.append(f"{where} is a date or time ({value!s}); date-times belong only at keys ending _utc")
+        return
+    if kind is None:
+        return
+    test, what = KINDS[kind]
+    if not test(value):
+        out.append(f"{where} is {_show(value)}, not {what}")
+
+
+def _spec_problems(spec: dict[str, Any]) -> list[str]:
+    """Each key of the record's spec table that :class:`core.spec.RunSpec` (and its sub-tables) knows has that field's
+    type: ints are ints (not bools or floats), floats finite numbers, strings strings; ``lora.targets`` strings."""
+    from core.spec import LoraSettings, ResumeSettings, RunSpec, TorchrunSettings
+
+    kinds = {"int": lambda v: _is_int(v), "float": _is_number, "str": lambda v: isinstance(v, str),
+             "bool": lambda v: isinstance(v, bool)}
+    out: list[str] = []
+    for cls, table, prefix in ((RunSpec, spec, "spec"), (LoraSettings, spec.get("lora"), "spec.lora"),
+                               (ResumeSettings, spec.get("resume"), "spec.resume"),
+                               (TorchrunSettings, spec.get("torchrun"), "spec.torchrun")):
+        if table is None:
+            continue
+        if not isinstance(table, dict):
+            out.append(f"{prefix} is {_show(table)}, not a table")
+            continue
+        for f in dataclasses.fields(cls):
+            test = kinds.get(str(f.type))
+            if f.name in table and test is not None and not test(table[f.name]):
+                out.append(f"{prefix}.{f.name} is {_show(table[f.name])}, not {f.type} (as the spec takes it)")
+    targets = spec.get("lora", {}).get("targets") if isinstance(spec.get("lora"), dict) else None
+    if targets is not None and not (isinstance(targets, list) and all(isinstance(t, str) for t in targets)):
+        out.append(f"spec.lora.targets is {_show(targets)}, not a list of module names")
+    return out
+
+
+def value_problems(rec: dict[str, Any]) -> list[str]:
+    """What in ``rec`` (a parsed record) breaks a value rule, each naming its path (``probe.devices[0].peak_bytes``);
+    empty when every value conforms. Never raises on a parsed TOML document."""
+    out: list[str] = []
+    for key, value in rec.items():
+        # the spec table's kinds are the spec's own field types (_spec_problems); the generic rules hold there too
+        _walk({key: value}, "", "", out, rules=key != "spec")
+    if isinstance(rec.get("spec"), dict):
+        out.extend(_spec_problems(rec["spec"]))
+    return out
