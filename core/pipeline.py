@@ -54,6 +54,57 @@ def make_plan(spec: RunSpec, devices_override: list[Any] | None = None) -> PlanC
     return PlanContext(source=source, config=config, devices=devices, plan=plan)
 
 
+@dataclass(frozen=True)
+class InputsChecked:
+    """What :func:`check_inputs` read: the model found and the data's split, for a screen to confirm them.
+
+    Attributes:
+        model: the model as found (``"embedded SmolLM2-135M"``, a directory, a cached hub id), in words.
+        max_positions: the sequence length the model declares, or None.
+        documents: documents in the data; train / heldout: documents per side of the split.
+        data: the data as named in the spec (``"embedded"`` or a path).
+    """
+
+    model: str
+    max_positions: int | None
+    documents: int
+    train: int
+    heldout: int
+    data: str
+
+    def data_summary(self) -> str:
+        """``"483 documents: 386 train / 97 held-out"`` (the split by a hash of each document id)."""
+        return f"{self.documents:,} documents: {self.train:,} train / {self.heldout:,} held-out"
+
+
+def check_inputs(spec: RunSpec) -> InputsChecked:
+    """Everything a plan or a run would refuse about the spec's inputs, checked without weights or a run folder: the
+    model is found and its config read, the spec fits the config (sequence length, LoRA target names), the data file
+    is read and split (:func:`core.data.check_data`). Fast (a config and a text file), for a form to check as the
+    user types.
+
+    Raises:
+        ModelNotFoundError: the model. SpecError: a setting the model refuses (its ``field`` names it).
+        DataError: the data file.
+    """
+    from core.data import check_data
+    from core.models import declared_max_positions, load_config, resolve_model
+    from core.plan import linear_module_names
+    from core.spec import validate_against_config
+
+    source = resolve_model(spec.model)
+    config = load_config(source)
+    max_positions = declared_max_positions(source, config)
+    validate_against_config(spec, max_positions, linear_module_names(config) if spec.mode == "lora" else None)
+    split = check_data(spec.data, spec.heldout_fraction)
+    where = {"embedded": "the embedded SmolLM2-135M", "local_dir": f"the folder {source.path}",
+             "hf_cache": f"{source.name} from the Hugging Face cache",
+             "config_only": f"{source.name}: a config only (planned, not run)"}.get(source.kind, str(source.path))
+    return InputsChecked(model=where, max_positions=max_positions, documents=len(split.train) + len(split.heldout)
+                         + split.dropped_duplicates, train=len(split.train), heldout=len(split.heldout),
+                         data=spec.data)
+
+
 def new_run_dir(spec: RunSpec, runs_root: Path, now: Any) -> Path:
     """``runs/<UTC time>-<mode>-<model>/``, unique (a suffix is added if it exists). Made with an exclusive ``mkdir``,
     so two processes starting in the same second each get their own folder.
@@ -109,6 +160,8 @@ class AcceptanceRun:
 
     Args:
         ctx: a plan already made for this spec by :func:`make_plan` (the wizard's plan screen), else one is made.
+        probe_unfit: run even though the plan does not fit (the wizard's "Probe anyway"): the plan stage fails as
+            it would, and the probe measures what the step really needs.
 
     Raises (on construction):
         SpecError, ModelNotFoundError, DataError: bad input (the data file is read and checked too), before any run
@@ -116,7 +169,7 @@ class AcceptanceRun:
     """
 
     def __init__(self, spec: RunSpec, runs_root: Path = Path("runs"), devices_override: list[Any] | None = None,
-                 ctx: PlanContext | None = None, traced: dict[str, Any] | None = None):
+                 ctx: PlanContext | None = None, traced: dict[str, Any] | None = None, probe_unfit: bool = False):
         import tomli_w
 
         from core.record import utc_now
@@ -127,7 +180,10 @@ class AcceptanceRun:
 
         self.ctx = ctx if ctx is not None else make_plan(spec, devices_override)
         self.device = _run_device(spec, self.ctx.devices)
-        check_runnable(spec, self.ctx, self.device)
+        #: the user asked to probe a plan that does not fit (to learn whether the plan was too pessimistic); the plan
+        #: stage still fails, and the probe's measurement says what the step really needs
+        self.probe_unfit = probe_unfit
+        check_runnable(spec, self.ctx, self.device, allow_unfit=probe_unfit)
         check_data(spec.data, spec.heldout_fraction)  # a bad data file is named here, before any run folder
         #: the devices of this node's ranks, in local-rank order (one for a single process), and how children start
         self.rank_devices = rank_devices(spec, self.ctx.devices, self.device)
@@ -241,6 +297,9 @@ class AcceptanceRun:
         where = (f"{self.launch['nproc']} ranks under torchrun ({spec.strategy}, {', '.join(self.rank_devices)})"
                  if self.launch["nproc"] > 1 else f"a child process on {device}")
         yield self.emit(StageStarted("probe", detail=f"{spec.probe_steps} real steps in {where}"))
+        if self.probe_unfit and not self.plan_fits:
+            yield self.emit(Message("probe", text="probing a plan that does not fit, as asked: the plan stage stays "
+                                                  "failed; the measured peak says whether the plan was too pessimistic"))
         if len(self.ctx.devices) > 1 and self.launch["nproc"] == 1:
             yield self.emit(Message("probe", text=f"{len(self.ctx.devices)} devices planned; strategy "
                                                   f"{spec.strategy} probes and trains on {device} only"))
@@ -412,8 +471,9 @@ def convert_in_child(log_path: Path) -> None:
         raise StageError(f"converting the embedded model failed (see {log_path})")
 
 
-def check_runnable(spec: RunSpec, ctx: PlanContext, device: str) -> None:
-    """Refuse, before a run directory exists, a run that cannot start here.
+def check_runnable(spec: RunSpec, ctx: PlanContext, device: str, allow_unfit: bool = False) -> None:
+    """Refuse, before a run directory exists, a run that cannot start here (``allow_unfit``: all but a plan that does
+    not fit, which the user asked to probe anyway).
 
     Raises:
         GpuAcceptError: a config without weights, a plan that does not fit, a CUDA device torch cannot see, fp16
@@ -443,7 +503,7 @@ def check_runnable(spec: RunSpec, ctx: PlanContext, device: str) -> None:
     if not ctx.source.runnable:
         raise GpuAcceptError(f"{spec.model} has no weights: it can be planned (gpuaccept plan), not run; "
                              "give a model directory with weights")
-    if not all(d.fits is not False for d in ctx.plan.devices):
+    if not allow_unfit and not all(d.fits is not False for d in ctx.plan.devices):
         raise GpuAcceptError("the plan does not fit on the device; lower batch_size or seq_len (or use LoRA)")
     if device.startswith("cuda") and not _cuda_visible():
         raise GpuAcceptError(f"devices: {device} is not visible to torch here (no CUDA device or driver); "
@@ -470,10 +530,11 @@ def attention_unavailable(attention: str, device: str) -> str | None:
     return None
 
 
-def runnable_reason(spec: RunSpec, ctx: PlanContext) -> str | None:
-    """Why ``spec`` cannot run here (:func:`check_runnable`'s refusal), or None: for a screen to say it before Next."""
+def runnable_reason(spec: RunSpec, ctx: PlanContext, allow_unfit: bool = False) -> str | None:
+    """Why ``spec`` cannot run here (:func:`check_runnable`'s refusal), or None: for a screen to say it before Next
+    (``allow_unfit``: whatever else refuses it; a plan that does not fit can still be probed anyway)."""
     try:
-        check_runnable(spec, ctx, _run_device(spec, ctx.devices))
+        check_runnable(spec, ctx, _run_device(spec, ctx.devices), allow_unfit=allow_unfit)
     except GpuAcceptError as exc:
         return str(exc)
     return None

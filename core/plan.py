@@ -110,6 +110,22 @@ class DeviceInfo:
     capacity_bytes: int | None
     capacity_source: str
 
+    @property
+    def capacity_kind(self) -> str:
+        """Which capacity this is, in a word or two for a screen: ``total`` (a GPU's memory), ``available`` (host
+        memory free now), ``cgroup limit`` (the headroom under a cgroup memory limit), ``given`` (a box planned
+        for), ``per rank`` (a share of the host), or ``unknown``."""
+        source = self.capacity_source
+        if self.capacity_bytes is None:
+            return "unknown"
+        if "ranks sharing" in source:
+            return "per rank"
+        for marker, kind in (("cgroup", "cgroup limit"), ("given", "given"), ("available", "available"),
+                             ("total", "total")):
+            if marker in source:
+                return kind
+        return source
+
 
 @dataclass(frozen=True)
 class Line:

@@ -84,14 +84,16 @@ async def test_bad_input_disables_next_and_names_the_field(tiny_model_dir, tmp_p
         assert not screen.query_one("#err-batch_size").display
 
 
-async def test_a_sequence_longer_than_the_model_allows_is_named_on_the_plan(tiny_model_dir, tmp_path):
+async def test_a_sequence_longer_than_the_model_allows_is_named_on_the_setup(tiny_model_dir, tmp_path):
+    """Issue 17: found on the next screen before; now beside the field, and Next stays here."""
     app = make_app(tiny_model_dir, tmp_path, seq_len=4096)  # the tiny model declares 256 positions
     async with app.run_test(size=(80, 24)) as pilot:
-        await pilot.press("enter", "ctrl+n")
-        await wait_for(pilot, lambda: "cannot plan" in text_of(app.screen.query_one("#plan-error")), 60)
-        assert "max_position_embeddings (256)" in text_of(app.screen.query_one("#plan-error"))
-        assert app.screen.query_one("#next", Button).disabled
-        await pilot.press("escape")
+        await pilot.press("enter")
+        screen = app.screen
+        await wait_for(pilot, lambda: screen.query_one("#err-seq_len").display, 30)
+        assert "max_position_embeddings (256)" in text_of(screen.query_one("#err-seq_len"))
+        assert screen.query_one("#next", Button).disabled
+        await pilot.press("ctrl+n")
         assert isinstance(app.screen, SetupScreen)
 
 

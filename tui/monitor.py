@@ -60,7 +60,7 @@ class MonitorApp(App):
         yield Static(f"[dim]memory from: {self.note}. Used = every process on the device; peak since this view "
                      "opened.[/]", classes="intro")
         yield Vertical(id="bars", classes="body")
-        yield Footer()
+        yield Footer(show_command_palette=False)  # no ^p palette key: at 80 columns every key shows
 
     def on_mount(self) -> None:
         from tui.app import watch_terminal

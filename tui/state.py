@@ -21,6 +21,7 @@ class WizardState:
         run: the core.pipeline.AcceptanceRun created when the probe starts (it owns the run directory).
         running: the name of the stage whose worker runs now, or None.
         cancel: set to stop a running stage; the stage kills its child's process group.
+        probe_anyway: the user chose "Probe anyway" on a plan that does not fit (the plan stage still fails).
     """
 
     runs_root: Path = Path("runs")
@@ -36,3 +37,5 @@ class WizardState:
     children: set[int] = field(default_factory=set)  # pids of the stages' child processes (each leads its group)
     record_path: Path | None = None
     signature_path: Path | None = None  # record.toml.sig once the export screen signed the record
+    probe_anyway: bool = False
+    probe_bar_peaks: dict[str, int | None] | None = None  # the live bars' probe peaks when the probe ended

@@ -12,6 +12,12 @@ from textual.screen import Screen
 from textual.widgets import Button, Footer, Header, Input, Label, Select, Static
 
 
+#: said before anyone signs: a signed record is never rewritten (core.record), so what is not in it then never will be
+SIGNING_FREEZES = ("Signing freezes record.toml: nothing is added to a signed record, not even the quiz's score. To "
+                   "keep the score in it, leave the key empty, write, take the quiz (Quiz →), then sign with "
+                   "gpuaccept sign RECORD --key KEY.")
+
+
 class ExportScreen(Screen):
     """Every stage's status and evidence; operator, decision and comment; write record.toml."""
 
@@ -40,6 +46,7 @@ class ExportScreen(Screen):
                 yield Input(placeholder="key file, or an agent key's .pub; empty: unsigned", id="key",
                             compact=True)
             yield Static(self._key_hint(), id="key-info")
+            yield Static(SIGNING_FREEZES, id="sign-note", classes="dim")
             yield Static("", id="written")
         yield Static("", classes="error", id="export-error")
         with Horizontal(classes="nav"):
@@ -47,7 +54,7 @@ class ExportScreen(Screen):
             yield Button("Write record", id="write", variant="primary")
             yield Button("Quiz →", id="quiz", disabled=True)
             yield Button("Quit", id="quit")
-        yield Footer()
+        yield Footer(show_command_palette=False)  # no ^p palette key: at 80 columns every key shows
 
     def on_mount(self) -> None:
         from core.record import verdict

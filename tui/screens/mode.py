@@ -22,11 +22,46 @@ MODES = {
 }
 
 
+class ModeButton(RadioButton):
+    """A radio button whose state shows without colour too: ● chosen, ○ not (plain-text terminals, screen readers)."""
+
+    @property
+    def BUTTON_INNER(self) -> str:  # noqa: N802 - Textual's class attribute, made to follow the value
+        return "●" if self.value else "○"
+
+
+class ModeChoice(RadioSet):
+    """The mode list: the cursor *is* the choice. ↑/↓ choose (Textual's RadioSet only moves a highlight, which Enter
+    then ignored: ↓ to "Full fine-tuning" and Enter ran LoRA), and the highlight starts on the chosen mode."""
+
+    BINDINGS = [Binding("down,right", "choose(1)", "Next mode", show=False),
+                Binding("up,left", "choose(-1)", "Previous mode", show=False)]
+
+    def on_mount(self) -> None:
+        self.call_after_refresh(self._highlight_chosen)  # after RadioSet's own mount put it on the first button
+
+    def _highlight_chosen(self) -> None:
+        chosen = [i for i, b in enumerate(self.query(RadioButton)) if b.value]
+        if chosen:
+            self._selected = chosen[0]
+
+    def action_choose(self, direction: int) -> None:
+        if direction > 0:
+            self.action_next_button()
+        else:
+            self.action_previous_button()
+        if self._selected is not None:
+            button = self._nodes[self._selected]
+            if isinstance(button, RadioButton) and not button.value:
+                button.value = True
+
+
 class ModeScreen(Screen):
     """Choose inference, full fine-tuning or LoRA."""
 
-    BINDINGS = [Binding("enter", "next", "Next", priority=True), Binding("1", "pick('inference')", show=False),
-                Binding("2", "pick('full')", show=False), Binding("3", "pick('lora')", show=False)]
+    BINDINGS = [Binding("enter", "next", "Next", priority=True), Binding("ctrl+n", "next", "Next", show=False),
+                Binding("1", "pick('inference')", show=False), Binding("2", "pick('full')", show=False),
+                Binding("3", "pick('lora')", show=False)]
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -34,14 +69,14 @@ class ModeScreen(Screen):
         yield Static("What will this setup do on the GPU? The mode decides which memory exists at all: "
                      "gradients and optimizer states only when training, and what is trained.", classes="intro")
         with Vertical(classes="body"):
-            with RadioSet(id="mode"):
+            with ModeChoice(id="mode"):
                 for key, (label, _) in MODES.items():
-                    yield RadioButton(f"{list(MODES).index(key) + 1}  {label}", value=key == self.app.state.mode,
-                                      id=key)
+                    yield ModeButton(f"{list(MODES).index(key) + 1}  {label}", value=key == self.app.state.mode,
+                                     id=key)
             yield Static(MODES[self.app.state.mode][1], id="mode-help")
         with Horizontal(classes="nav"):
             yield Button("Next →", id="next", variant="primary")
-        yield Footer()
+        yield Footer(show_command_palette=False)  # no ^p palette key: at 80 columns every key shows
 
     def on_radio_set_changed(self, event: RadioSet.Changed) -> None:
         self.app.state.mode = event.pressed.id
@@ -49,6 +84,8 @@ class ModeScreen(Screen):
 
     def action_pick(self, mode: str) -> None:
         self.query_one(f"#{mode}", RadioButton).value = True
+        choice = self.query_one(ModeChoice)
+        choice._selected = list(MODES).index(mode)  # the highlight follows a choice made by number
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         if event.button.id == "next":

@@ -16,14 +16,36 @@ from tui.widgets.bars import SHORT, PlanBar, gib
 from tui.widgets.tables import ReadTable
 
 
+BATCH = Binding.Group("batch ÷2 ×2")
+SEQ = Binding.Group("seq ÷2 ×2")
+
+
 class PlanScreen(NavButtons, Screen):
     """Estimated bytes per component on each device, against that device's capacity. Nothing runs yet."""
 
     BINDINGS = [
-        Binding("b", "batch(0.5)", "batch ÷2"), Binding("B", "batch(2)", "batch ×2"),
-        Binding("s", "seq(0.5)", "seq ÷2"), Binding("S", "seq(2)", "seq ×2"),
+        # grouped: the footer shows "b B batch ÷2 ×2" in the room of one key, so ? Terms is not cut at 80 columns
+        Binding("b", "batch(0.5)", "batch ÷2", group=BATCH), Binding("B", "batch(2)", "batch ×2", group=BATCH),
+        Binding("s", "seq(0.5)", "seq ÷2", group=SEQ), Binding("S", "seq(2)", "seq ×2", group=SEQ),
         Binding("ctrl+n", "next", "Probe"),
+        Binding("f", "use_largest", "fits"),
     ]
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """Footer keys follow the plan: ^n Probe is dimmed while it cannot run or does not fit (the "Probe anyway"
+        button is the deliberate way on), f shows only when a smaller micro-batch would fit."""
+        if action == "next":
+            return True if self._probe_ready() else None
+        if action == "use_largest":
+            return True if getattr(self, "_largest_batch", None) else False
+        return True
+
+    def _probe_ready(self) -> bool:
+        try:
+            button = self.query_one("#next", Button)
+        except Exception:  # noqa: BLE001 - before compose
+            return False
+        return not button.disabled and not getattr(self, "_unfit", False)
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -35,11 +57,52 @@ class PlanScreen(NavButtons, Screen):
         yield Static("", classes="error", id="plan-error")
         with Horizontal(classes="nav"):
             yield Button("← Back", id="back")
+            yield Button("Use the largest that fits", id="use-largest", variant="success")
             yield Button("Run the probe →", id="next", variant="primary", disabled=True)
-        yield Footer()
+        yield Footer(show_command_palette=False)  # no ^p palette key: at 80 columns every key shows
 
     def on_mount(self) -> None:
+        self.query_one("#use-largest").display = False
         self.replan(self.app.state.spec)
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        if event.button.id == "use-largest":
+            self.action_use_largest()
+        elif event.button.id == "next" and getattr(self, "_unfit", False):
+            self.app.state.probe_anyway = True  # the deliberate click: probe to learn what the step really needs
+            self._start_probe()
+        else:
+            super().on_button_pressed(event)
+
+    def set_fit(self, unfit: bool, refusal: str | None, largest_batch: int | None) -> None:
+        """The nav buttons and footer keys for a plan that fits, does not fit, or cannot run here.
+
+        A plan that does not fit is not a dead end: "Probe anyway" runs the probe all the same (the plan stage stays
+        failed; the measurement says whether the plan was too pessimistic), and the largest micro-batch that fits is
+        offered (f)."""
+        spec = self.app.state.spec
+        self._unfit = unfit and refusal is None
+        self._largest_batch = largest_batch if unfit and largest_batch and largest_batch != spec.batch_size else None
+        nxt = self.query_one("#next", Button)
+        nxt.disabled = refusal is not None
+        nxt.label = "Probe anyway →" if self._unfit else "Run the probe →"
+        nxt.variant = "warning" if self._unfit else "primary"
+        use = self.query_one("#use-largest", Button)
+        use.display = self._largest_batch is not None
+        if self._largest_batch is not None:
+            use.label = f"f: micro-batch {self._largest_batch} fits"
+        if refusal is not None:  # planned, but it cannot run here: say why before Next (the probe would refuse it)
+            self.query_one("#plan-error", Static).update(f"planned, not runnable here: {refusal}")
+        elif self._unfit:
+            hint = (f"micro-batch {self._largest_batch} fits (f)" if self._largest_batch else
+                    "lower the micro-batch (b) or the sequence length (s)")
+            self.query_one("#plan-error", Static).update(
+                f"the plan does not fit: {hint}; or probe anyway to measure what the step really needs")
+        self.refresh_bindings()
+
+    def action_use_largest(self) -> None:
+        if getattr(self, "_largest_batch", None):
+            self._what_if(batch_size=self._largest_batch)
 
     @work(thread=True, exclusive=True, group="plan")
     def replan(self, spec: Any) -> None:
@@ -52,7 +115,7 @@ class PlanScreen(NavButtons, Screen):
         try:
             ctx = make_plan(spec, self.app.state.devices_override)
             largest = largest_fitting(spec, ctx.config, ctx.devices, "batch_size")
-            refusal = runnable_reason(spec, ctx)
+            refusal = runnable_reason(spec, ctx, allow_unfit=True)  # a plan that does not fit can be probed anyway
         except GpuAcceptError as exc:
             self.app.call_from_thread(self.show_error, str(exc))
             return
@@ -81,7 +144,9 @@ class PlanScreen(NavButtons, Screen):
         by_device = {x.device: x for x in largest or []}
         for d in plan.devices:
             verdict = {True: "fits", False: "DOES NOT FIT", None: "fit unknown"}[d.fits]
-            cap = gib(d.device.capacity_bytes) if d.device.capacity_bytes else "unknown capacity"
+            # which capacity, said once per device on every screen: total, available, a cgroup limit, given
+            cap = (f"{gib(d.device.capacity_bytes)} {d.device.capacity_kind}" if d.device.capacity_bytes
+                   else "unknown capacity")
             peak = d.peak_phase
             widgets.append(Static(f"[b]{d.device.name}[/b] {d.device.label}: peak {gib(d.total_bytes)} of {cap} → "
                                   f"[{'green' if d.fits is not False else 'red'}]{verdict}[/]"))
@@ -129,14 +194,14 @@ class PlanScreen(NavButtons, Screen):
                                    "process…[/]", classes="traced")
         widgets.append(self._traced_slot)
         body.mount_all(widgets)
+        body.scroll_home(animate=False)  # after b/B/s/S the new total is the first thing seen, not scrolled away
         if not getattr(self, "_focused_once", False):
             self._focused_once = True
             body.focus()  # ↑/↓/PgUp/PgDn scroll the plan (the traced plan and the convention are below the fold)
         self.app.state.traced = None
         self.trace(spec, ctx)
-        self.query_one("#next", Button).disabled = refusal is not None
-        if refusal is not None:  # planned, but it cannot run here: say why before Next (the probe would refuse it)
-            self.query_one("#plan-error", Static).update(f"planned, not runnable here: {refusal}")
+        values = [x.value for x in largest or [] if x.value is not None]
+        self.set_fit(any(d.fits is False for d in plan.devices), refusal, min(values) if values else None)
 
     @work(thread=True, exclusive=True, group="trace")
     def trace(self, spec: Any, ctx: Any) -> None:
@@ -167,8 +232,12 @@ class PlanScreen(NavButtons, Screen):
         if traced.get("status") != "estimated":
             slot.update(f"[dim]{traced_summary(traced)}[/]")
             return
+        most = traced["most_different"]
+        row = traced["lines"].get(most)
+        by = (f" ({(row['traced_bytes'] - row['analytic_bytes']) / 2**30:+.2f} GiB traced − analytic: the largest "
+              "difference in bytes, not in per cent)") if row else ""
         slot.update(f"[b]Traced plan, ESTIMATE[/b]: one step on fake tensors ({traced['seconds']:.1f} s) for "
-                    f"{traced['compared_with']}; differs most from the analytic plan: {traced['most_different']}")
+                    f"{traced['compared_with']}; differs most from the analytic plan: {most}{by}")
         table = ReadTable(classes="traced-table")
         table.add_columns("component", "analytic GiB", "traced GiB", "difference")
         for name, row in traced["lines"].items():
@@ -194,11 +263,10 @@ class PlanScreen(NavButtons, Screen):
         for f in fits:
             verdict = {True: "[green]fits[/]", False: "[red]DOES NOT FIT[/]", None: "fit unknown"}[f.fits]
             parts.append(f"{f.device} {gib(f.bytes)} → {verdict}")
-        if any(f.fits is False for f in fits):
-            self.query_one("#next", Button).disabled = True
-            self.query_one("#plan-error", Static).update("the plan does not fit (judged by the larger of the analytic "
-                                                         "and traced peaks): lower the micro-batch (b) or the "
-                                                         "sequence length (s)")
+        if any(f.fits is False for f in fits) and not getattr(self, "_unfit", False):
+            # the traced peak decides it; the analytic search's largest batch fits only by the analytic peak, so
+            # none is offered: lower it by hand (b), or probe anyway
+            self.set_fit(True, None, None)
         return "Fit, judged by the larger of the analytic and traced peaks: " + "; ".join(
             parts + [f.untraced_note for f in fits[:1]])
 
@@ -225,8 +293,12 @@ class PlanScreen(NavButtons, Screen):
         self._what_if(seq_len=max(2, int(spec.seq_len * factor)))
 
     def action_next(self) -> None:
-        if self.query_one("#next", Button).disabled:
-            return
+        if not self._probe_ready():
+            return  # a plan that does not fit is probed only by the "Probe anyway" button
+        self.app.state.probe_anyway = False
+        self._start_probe()
+
+    def _start_probe(self) -> None:
         from tui.screens.stages import ProbeScreen
 
         run = self.app.state.run

@@ -58,7 +58,7 @@ class QuizScreen(Screen):
             yield Button("Next →", id="next", variant="primary", disabled=True)
             yield Button("Add to record", id="add", disabled=True)
             yield Button("Close", id="close")
-        yield Footer()
+        yield Footer(show_command_palette=False)  # no ^p palette key: at 80 columns every key shows
 
     def on_mount(self) -> None:
         self.query_one("#operator-field").display = False

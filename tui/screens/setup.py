@@ -17,6 +17,7 @@ from tui.screens.nav import NavButtons
 # (flag name, label, kind, choices, modes it applies to)
 FIELDS: list[tuple[str, str, str, tuple[str, ...], tuple[str, ...]]] = [
     ("model", "Model", "str", (), ("inference", "full", "lora")),
+    ("data", "Data", "str", (), ("inference", "full", "lora")),
     ("dtype", "Dtype", "choice", DTYPES, ("inference", "full", "lora")),
     ("precision", "Precision", "choice", PRECISIONS, ("full", "lora")),
     ("attn_implementation", "Attention", "choice", ATTN_IMPLEMENTATIONS, ("inference", "full", "lora")),
@@ -100,14 +101,17 @@ class SetupScreen(NavButtons, Screen):
         state = self.app.state
         defaults = RunSpec.build(mode=state.mode)
         shown = {name for name, *_ in FIELDS}
-        self._extra = {k: v for k, v in state.fields.items() if k not in shown}  # e.g. --data: kept, not shown
+        self._extra = {k: v for k, v in state.fields.items() if k not in shown}  # e.g. --heldout-fraction: kept
+        self._checked_spec: Any = None
+        self._checked: Any = None
         yield Header()
         yield Static(f"Step 2/7 · Setup ({state.mode})", classes="title")
         training = state.mode != "inference"
         yield Static("What moves memory: batch × sequence drive activations" + ("" if training else " and the KV cache")
                      + "; the dtype sets the bytes per number" + (" (precision: what is kept in it)" if training else "")
                      + ("; the optimizer the states per trainable parameter" if training else "")
-                     + ". Defaults: the embedded SmolLM2-135M and the Python docs as text.", classes="intro")
+                     + ". Model and Data: \"embedded\" (SmolLM2-135M, the Python docs as text), a folder, a "
+                       ".txt or .jsonl file.", classes="intro")
         with VerticalScroll(classes="body", id="form"):
             for name, label, kind, choices, modes in FIELDS:
                 if state.mode not in modes:
@@ -122,12 +126,14 @@ class SetupScreen(NavButtons, Screen):
                     else:
                         yield Input(value=value, id=name, compact=True)
                 yield Static("", classes="field-error", id=f"err-{name}")
+                if name == "data":
+                    yield Static("", id="data-info", classes="dim")
             yield Static("devices detected: looking…", id="detected")
         yield Static("", classes="error", id="form-error")
         with Horizontal(classes="nav"):
             yield Button("← Back", id="back")
             yield Button("Plan →", id="next", variant="primary")
-        yield Footer()
+        yield Footer(show_command_palette=False)  # no ^p palette key: at 80 columns every key shows
 
     def on_mount(self) -> None:
         self.validate()
@@ -209,7 +215,60 @@ class SetupScreen(NavButtons, Screen):
         self.query_one("#next", Button).disabled = spec is None
         self.app.state.fields = {**self._extra, **values}
         self.app.state.spec = spec
+        if spec is not None and spec != getattr(self, "_checked_spec", None):
+            self.check_inputs(spec)  # the model, its limits and the data file: in a worker, as the user types
+        elif spec is not None:
+            self._show_inputs(spec, self._checked)
         return spec
+
+    # ------------------------------------------------------------------ what the plan would refuse, checked here
+    @work(thread=True, exclusive=True, group="inputs")
+    def check_inputs(self, spec: Any) -> None:
+        """Read the model's config and the data file for ``spec`` (core.pipeline.check_inputs), off the UI thread."""
+        from textual.worker import get_current_worker
+
+        result = self._inputs_result(spec)
+        if not get_current_worker().is_cancelled:
+            self.app.call_from_thread(self._inputs_checked, spec, result)
+
+    @staticmethod
+    def _inputs_result(spec: Any) -> Any:
+        """The :class:`core.pipeline.InputsChecked`, or ``(field, message)`` naming the input to fix."""
+        from core.errors import DataError, GpuAcceptError, ModelNotFoundError, SpecError
+        from core.pipeline import check_inputs
+
+        try:
+            return check_inputs(spec)
+        except SpecError as exc:
+            return spec_field_to_input(exc.field), exc.message
+        except ModelNotFoundError as exc:
+            return "model", str(exc)
+        except DataError as exc:
+            return "data", str(exc)
+        except GpuAcceptError as exc:
+            return "model", str(exc)
+        except Exception as exc:  # noqa: BLE001 - one line beside the field, never a traceback
+            return "model", f"{type(exc).__name__}: {exc}"
+
+    def _inputs_checked(self, spec: Any, result: Any) -> None:
+        if spec != self.app.state.spec:
+            return  # typed on meanwhile: the newer check decides
+        self._checked_spec, self._checked = spec, result
+        self._show_inputs(spec, result)
+
+    def _show_inputs(self, spec: Any, result: Any) -> None:
+        info = self.query_one("#data-info", Static)
+        if isinstance(result, tuple):
+            name, message = result
+            target = name if self.query(f"#err-{name}") else "model"
+            err = self.query_one(f"#err-{target}", Static)
+            err.update(f"↑ {message}")
+            err.display = True
+            info.update("")
+            self.query_one("#next", Button).disabled = True
+        else:
+            info.update(f"[dim]{result.data_summary()}; model: {result.model}"
+                        + (f", up to {result.max_positions:,} tokens[/]" if result.max_positions else "[/]"))
 
     def on_input_changed(self, event: Input.Changed) -> None:
         self.validate()
@@ -218,7 +277,13 @@ class SetupScreen(NavButtons, Screen):
         self.validate()
 
     def action_next(self) -> None:
-        if self.validate() is None:
+        spec = self.validate()
+        if spec is None:
+            self.app.bell()
+            return
+        if spec != getattr(self, "_checked_spec", None):  # Next before the worker answered: check now (fast)
+            self._inputs_checked(spec, self._inputs_result(spec))
+        if isinstance(self._checked, tuple):
             self.app.bell()
             return
         from tui.screens.plan import PlanScreen

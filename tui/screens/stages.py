@@ -59,7 +59,7 @@ class StageScreen(NavButtons, Screen):
         with Horizontal(classes="nav"):
             yield Button("← Back", id="back")
             yield Button("Next →", id="next", variant="primary", disabled=True)
-        yield Footer()
+        yield Footer(show_command_palette=False)  # no ^p palette key: at 80 columns every key shows
 
     def compose_body(self) -> ComposeResult:
         yield from ()
@@ -72,6 +72,7 @@ class StageScreen(NavButtons, Screen):
             self.query_one("#progress", ProgressBar).update(total=1, progress=1)
             self.show_result(result)
             self.query_one("#next", Button).disabled = False
+            self.refresh_bindings()
         else:
             self.run_stage()
 
@@ -111,7 +112,10 @@ class StageScreen(NavButtons, Screen):
         if isinstance(event, Progress):
             self.query_one("#progress", ProgressBar).update(total=event.total, progress=event.step)
             loss = f", loss {event.loss:.4f}" if event.loss is not None else ""
-            of = f"SIGKILL after step {event.total}" if event.run == "interrupted" else f"of {event.total}"
+            run = self.app.state.run
+            # the kill point in the words the check uses ("inside step 26, after its first micro-batch, ...")
+            of = (f"SIGKILL {run.spec.resume.describe(short=True)}" if event.run == "interrupted" and run is not None
+                  else f"of {event.total}")
             self.query_one("#status", Static).update(f"{event.run}: step {event.step} ({of}){loss}")
         elif isinstance(event, CoreMessage):
             self.query_one("#status", Static).update(event.text)
@@ -131,6 +135,7 @@ class StageScreen(NavButtons, Screen):
         if message.result is not None:
             self.show_result(message.result)
         self.query_one("#next", Button).disabled = False
+        self.refresh_bindings()
 
     def show_result(self, result: Any) -> None:
         raise NotImplementedError
@@ -141,6 +146,15 @@ class StageScreen(NavButtons, Screen):
     def action_next(self) -> None:
         if not self.query_one("#next", Button).disabled:
             self.app.push_screen(self.next_screen())
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """^n Next is dimmed in the footer while the stage runs (its Next button is disabled until it ends)."""
+        if action != "next":
+            return True
+        try:
+            return None if self.query_one("#next", Button).disabled else True
+        except Exception:  # noqa: BLE001 - before compose
+            return None
 
 
 def _export() -> Screen:
@@ -174,6 +188,8 @@ class ProbeScreen(StageScreen):
     def on_stage_done(self, message: StageDone) -> None:
         self.refresh_bars()
         self._timer.stop()  # keep the last reading and the probe's peak on screen
+        # the bars' peaks as the probe left them: a later stage follows other processes (and resets the sampler's)
+        self.app.state.probe_bar_peaks = {d: self.sampler.peak_ours(d) for d in self._bars}
         super().on_stage_done(message)
 
     def stage_generator(self, cancelled):
@@ -181,7 +197,8 @@ class ProbeScreen(StageScreen):
 
         state = self.app.state
         if state.run is None or state.run.spec != state.spec:
-            state.run = AcceptanceRun(state.spec, state.runs_root, ctx=state.ctx, traced=state.traced)
+            state.run = AcceptanceRun(state.spec, state.runs_root, ctx=state.ctx, traced=state.traced,
+                                      probe_unfit=state.probe_anyway)
         return state.run.probe_stage(cancelled)
 
     def on_core_event(self, event: Any) -> None:
@@ -200,10 +217,17 @@ class ProbeScreen(StageScreen):
             if bar is None:
                 bar = self._bars[sample.device] = LiveBar(f"{sample.device} {sample.name}")
                 live.mount(bar)
-            note = "; ".join([sample.note] if sample.note else [] +
-                             [r.reason for r in (sample.ours_bytes, sample.total_bytes) if r.reason])
-            bar.show(ours=sample.ours_bytes.value, others=sample.others_bytes.value, total=sample.total_bytes.value,
-                     peak=self.sampler.peak_ours(sample.device), note=note)
+            ended = self.app.state.running != "probe" and self.stage_result() is not None
+            kept = self.app.state.probe_bar_peaks or {}
+            peak = kept.get(sample.device) if ended and sample.device in kept else self.sampler.peak_ours(sample.device)
+            reasons = [r.reason for r in (sample.ours_bytes, sample.total_bytes) if r.reason and not ended]
+            note = "; ".join(([sample.note] if sample.note else []) + reasons)
+            bar.show(ours=None if ended else sample.ours_bytes.value, others=sample.others_bytes.value,
+                     total=sample.total_bytes.value, peak=peak, note=note, ended=ended)
+
+    def stage_result(self) -> Any:
+        run = self.app.state.run
+        return run.results.get(self.stage) if run is not None else None
 
     def show_result(self, result: Any) -> None:
         table = self.query_one("#measured", ReadTable)
@@ -224,8 +248,8 @@ class ProbeScreen(StageScreen):
         elif d.peak_reserved_bytes is not None:
             peak = f"peak allocated {gib(d.peak_bytes)}, reserved {gib(d.peak_reserved_bytes)}"
         else:
-            peak = (f"peak of live tensors {gib(d.peak_bytes)}; process peak RSS {gib(d.peak_rss_bytes)} "
-                    "(+ Python/torch runtime and allocator caches)")
+            peak = f"peak of live tensors {gib(d.peak_bytes)}; process peak RSS {gib(d.peak_rss_bytes)} " + rss_note(
+                d.peak_bytes, d.peak_rss_bytes)
         problems = "".join(f"\n[red]✗ {p}[/]" for p in getattr(result, "problems", []))
         problems += "".join(f"\n[yellow]! {f}[/]" for f in getattr(result, "findings", []))
         self.query_one("#measured-title", Static).update(
@@ -240,6 +264,16 @@ class ProbeScreen(StageScreen):
     def next_screen(self) -> Screen:
         probe = self.app.state.run.results.get("probe") if self.app.state.run else None
         return EvaluateScreen() if probe is not None and probe.status == "pass" else _export()
+
+
+def rss_note(tensors: int, rss: int | None) -> str:
+    """Why a CPU probe's peak RSS differs from its peak of live tensors, in words that hold for the two numbers."""
+    if not rss:
+        return ""
+    if rss >= tensors:
+        return f"(+{gib(rss - tensors)}: the Python/torch runtime, libraries and allocator caches)"
+    return (f"({gib(tensors - rss)} below the tensors: RSS counts only pages resident in RAM, and pages of a tensor "
+            "not yet written are not)")
 
 
 def _err(planned: int, measured: int | None) -> str:

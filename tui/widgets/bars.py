@@ -92,27 +92,36 @@ class LiveBar(Widget):
         self.total: int | None = None
         self.peak: int | None = None
         self.note = ""
+        self.ended = False
 
-    def show(self, *, ours: int | None, others: int | None, total: int | None, peak: int | None, note: str = "") -> None:
+    def show(self, *, ours: int | None, others: int | None, total: int | None, peak: int | None, note: str = "",
+             ended: bool = False) -> None:
+        """``ended``: the probe has finished; its share is no longer read, its peak is kept."""
         self.ours, self.others, self.total, self.peak, self.note = ours, others, total, peak, note
+        self.ended = ended
         self.refresh()
 
     def render(self) -> Text:
+        """Line 1: the device and its bar; line 2: the numbers, the peak before the note, so a narrow terminal cuts
+        the note, never the peak. ``total`` is the device's whole memory (the plan's capacity may be what was
+        available, or a cgroup's limit: the plan screen says which)."""
         width = max(10, self.size.width)
+        label = self.label if len(self.label) <= width // 3 else self.label[:max(1, width // 3 - 1)] + "…"
         segments = [(self.ours or 0, "#e15759"), (self.others or 0, "#7f7f7f")]
-        bar = stacked_bar(segments, self.total, width)
+        bar = stacked_bar(segments, self.total, max(4, width - len(label) - 1))
+
         def n(v: int | None) -> str:
             return "N/A" if v is None else f"{v / GiB:.2f}"
 
         if self.whole_device:
-            line = Text.assemble((f"{self.label}: ", "bold"), ("■ ", "#7f7f7f"),
-                                 f"used {n(self.others)} of {n(self.total)} GiB · peak {gib(self.peak)}",
-                                 (f" · {self.note}" if self.note else "", "italic"))
+            line = Text.assemble(("■ ", "#7f7f7f"), f"used {n(self.others)} of {n(self.total)} GiB total · peak "
+                                                    f"{gib(self.peak)}", (f" · {self.note}" if self.note else "", "italic"))
         else:
+            probe = "ended" if getattr(self, "ended", False) else n(self.ours)
             line = Text.assemble(
-                (f"{self.label}: ", "bold"), ("■ ", "#e15759"), f"probe {n(self.ours)} ", ("■ ", "#7f7f7f"),
-                f"others {n(self.others)} of {n(self.total)} GiB · probe peak {gib(self.peak)}",
+                ("■ ", "#e15759"), f"probe {probe} ", ("■ ", "#7f7f7f"),
+                f"others {n(self.others)} of {n(self.total)} GiB total · probe peak {gib(self.peak)}",
                 (f" · {self.note}" if self.note else "", "italic"),
             )
         line.truncate(width)
-        return Text.assemble(bar, "\n", line)
+        return Text.assemble((label, "bold"), " ", bar, "\n", line)

@@ -1,0 +1,198 @@
+"""Issue 17: the wizard as a newcomer meets it. Each test is one thing a new user found at 80x24."""
+
+from __future__ import annotations
+
+import pytest
+from textual.widgets import RadioButton
+
+from tests.wizard_helpers import make_app
+from tui.screens.mode import ModeChoice, ModeScreen
+from tui.screens.setup import SetupScreen
+
+
+@pytest.mark.parametrize(("keys", "mode"), [(["up"], "full"), (["up", "up"], "inference"), (["down"], "inference"),
+                                            (["2", "down"], "lora"), ([], "lora")])
+async def test_the_mode_under_the_cursor_is_the_mode_that_runs(tiny_model_dir, tmp_path, keys, mode):
+    """The cursor started on "1 Inference" while LoRA was chosen; ↓ to "Full fine-tuning" and Enter ran LoRA."""
+    app = make_app(tiny_model_dir, tmp_path, mode="lora")
+    async with app.run_test(size=(80, 24)) as pilot:
+        choice = app.screen.query_one(ModeChoice)
+        assert choice._selected == 2  # the highlight starts on the chosen mode
+        await pilot.press(*keys, "enter")
+        assert isinstance(app.screen, SetupScreen) and app.state.mode == mode
+        assert f"Setup ({mode})" in str(app.screen.query_one(".title").content)
+
+
+async def test_ctrl_n_is_next_on_the_mode_screen_too(tiny_model_dir, tmp_path):
+    app = make_app(tiny_model_dir, tmp_path, mode="full")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("ctrl+n")
+        assert isinstance(app.screen, SetupScreen) and app.state.mode == "full"
+
+
+async def test_the_chosen_mode_shows_without_colour(tiny_model_dir, tmp_path):
+    """In plain text all three radios rendered as ●."""
+    app = make_app(tiny_model_dir, tmp_path, mode="lora")
+    async with app.run_test(size=(80, 24)) as pilot:
+        assert isinstance(app.screen, ModeScreen)
+        marks = {b.id: str(b.render()).split()[0] for b in app.screen.query(RadioButton)}
+        assert marks == {"inference": "▐○▌", "full": "▐○▌", "lora": "▐●▌"}, marks
+        await pilot.press("up")
+        marks = {b.id: str(b.render()).split()[0] for b in app.screen.query(RadioButton)}
+        assert marks["full"] == "▐●▌" and marks["lora"] == "▐○▌"
+
+
+# ------------------------------------------------------------------------------- a plan that does not fit
+def _small_host_app(tiny_model_dir, tmp_path, batch: int):
+    """The wizard on a host whose capacity lies between the plans of micro-batch 2 and 3 (planned here, not
+    invented), with micro-batch ``batch``."""
+    from core.monitor import ReplayBackend, constructed_frames
+    from core.pipeline import make_plan
+    from core.plan import DeviceInfo
+    from core.spec import RunSpec
+    from tests.wizard_helpers import GiB, TEST_HOST
+    from tui.app import GpuAcceptApp
+
+    def total(b):
+        spec = RunSpec.build(model=str(tiny_model_dir), mode="lora", seq_len=64, batch_size=b)
+        return make_plan(spec, [TEST_HOST]).plan.devices[0].total_bytes
+
+    capacity = (total(2) + total(3)) // 2
+    host = DeviceInfo("cpu", "cpu", "small host", capacity, "constructed for tests")
+    frames = constructed_frames(device="cpu", name="small host", total=capacity, ours=[None, GiB // 8], others=0)
+    return GpuAcceptApp(runs_root=tmp_path, backend=ReplayBackend(frames), devices_override=[host], mode="lora",
+                        tracer=lambda spec, ctx, cancelled=None: {"status": "not_run", "reason": "not traced here"},
+                        fields={"model": str(tiny_model_dir), "seq_len": 64, "batch_size": batch, "steps": 6,
+                                "eval_max_blocks": 4, "resume_checkpoint_every": 2,
+                                "resume_kill_after_checkpoint": 1, "probe_steps": 2})
+
+
+async def test_a_plan_that_does_not_fit_offers_the_largest_batch_that_fits_and_a_probe_anyway(tiny_model_dir, tmp_path):
+    """It was a dead end: "Run the probe →" disabled, no way to probe anyway, no hint of what would fit, and the
+    footer still offered ^n Probe."""
+    from textual.widgets import Button
+
+    from tests.wizard_helpers import wait_for
+    from tui.screens.plan import PlanScreen
+    from tui.screens.stages import ProbeScreen
+
+    app = _small_host_app(tiny_model_dir, tmp_path, batch=8)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("enter", "ctrl+n")
+        assert isinstance(app.screen, PlanScreen)
+        nxt = app.screen.query_one("#next", Button)
+        await wait_for(pilot, lambda: str(nxt.label) != "Run the probe →" or not nxt.disabled, 60)
+        assert str(nxt.label) == "Probe anyway →" and not nxt.disabled
+        error = str(app.screen.query_one("#plan-error").content)
+        assert "the plan does not fit: micro-batch 2 fits (f); or probe anyway" in error, error
+        assert app.screen.check_action("next", ()) is None  # ^n dimmed: only the button probes an unfit plan
+        await pilot.press("ctrl+n")
+        assert isinstance(app.screen, PlanScreen)
+        await pilot.press("f")  # take the largest micro-batch that fits
+        await wait_for(pilot, lambda: app.state.spec.batch_size == 2 and str(nxt.label) == "Run the probe →", 60)
+        assert not nxt.disabled and app.screen.check_action("next", ()) is True
+        assert not app.screen.query_one("#use-largest").display
+
+
+async def test_probe_anyway_probes_and_the_plan_stage_still_fails(tiny_model_dir, tmp_path):
+    from textual.widgets import Button
+
+    from tests.wizard_helpers import wait_for
+    from tui.screens.plan import PlanScreen
+    from tui.screens.stages import ProbeScreen
+
+    app = _small_host_app(tiny_model_dir, tmp_path, batch=8)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("enter", "ctrl+n")
+        assert isinstance(app.screen, PlanScreen)
+        nxt = app.screen.query_one("#next", Button)
+        await wait_for(pilot, lambda: str(nxt.label) == "Probe anyway →", 60)
+        await pilot.click("#next")
+        assert isinstance(app.screen, ProbeScreen)
+        assert app.screen.check_action("next", ()) is None  # ^n dimmed while the probe runs
+        await wait_for(pilot, lambda: app.state.running is None and app.state.run is not None
+                       and "probe" in app.state.run.results)
+        assert app.state.run.probe_unfit and not app.state.run.plan_fits
+        assert app.screen.check_action("next", ()) is True
+
+
+# ------------------------------------------------------------------------- the setup checks what the plan would
+@pytest.mark.parametrize(("field", "value", "says"), [
+    ("model", "/no/such/model-dir", "model"),
+    ("lora_targets", "q_proj,qq_proj", "qq_proj"),
+    ("data", "missing.jsonl", "not found"),
+], ids=["mistyped-model", "unknown-lora-target", "missing-data"])
+async def test_setup_names_what_the_plan_would_refuse_before_next(tiny_model_dir, tmp_path, field, value, says):
+    from textual.widgets import Button, Input
+
+    from tests.wizard_helpers import text_of, wait_for
+
+    app = make_app(tiny_model_dir, tmp_path, mode="lora")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("enter")
+        screen = app.screen
+        screen.query_one(f"#{field}", Input).value = value
+        await wait_for(pilot, lambda: screen.query_one(f"#err-{field}").display, 30)
+        assert says in text_of(screen.query_one(f"#err-{field}")), text_of(screen.query_one(f"#err-{field}"))
+        assert screen.query_one("#next", Button).disabled
+        await pilot.press("ctrl+n")
+        assert isinstance(app.screen, SetupScreen)
+
+
+async def test_a_jsonl_line_without_text_is_named_on_the_setup_and_good_data_is_counted(tiny_model_dir, tmp_path):
+    """Found only inside the probe child before (exit 1 and a failed record); and your own data was invisible."""
+    from textual.widgets import Button, Input
+
+    from tests.wizard_helpers import text_of, wait_for
+
+    bad, good = tmp_path / "bad.jsonl", tmp_path / "good.jsonl"
+    bad.write_text('{"text": "one"}\n{"body": "two"}\n')
+    good.write_text("".join(f'{{"text": "document number {i} with some words"}}\n' for i in range(40)))
+    app = make_app(tiny_model_dir, tmp_path, mode="lora", data=str(bad))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("enter")
+        screen = app.screen
+        assert screen.query_one("#data", Input).value == str(bad)  # what you give is what you see
+        await wait_for(pilot, lambda: screen.query_one("#err-data").display, 30)
+        assert 'line 2: no "text" key' in text_of(screen.query_one("#err-data"))
+        assert screen.query_one("#next", Button).disabled
+        screen.query_one("#data", Input).value = str(good)
+        await wait_for(pilot, lambda: "documents:" in text_of(screen.query_one("#data-info")), 30)
+        from core.data import check_data
+
+        split = check_data(str(good), 0.2)
+        info = text_of(screen.query_one("#data-info"))
+        assert f"40 documents: {len(split.train)} train / {len(split.heldout)} held-out" in info, info
+        assert not screen.query_one("#next", Button).disabled
+
+
+async def test_every_footer_key_is_on_screen_at_80_columns(tiny_model_dir, tmp_path):
+    """The footer was cut ("? Ter") on the plan screen."""
+    from textual.widgets._footer import FooterKey, FooterLabel
+
+    from tests.wizard_helpers import wait_for
+    from tui.screens.plan import PlanScreen
+
+    app = make_app(tiny_model_dir, tmp_path, mode="lora")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("enter", "ctrl+n")
+        assert isinstance(app.screen, PlanScreen)
+        await wait_for(pilot, lambda: not app.screen.query_one("#next").disabled, 60)
+        await pilot.pause(0.2)
+        keys = list(app.screen.query(FooterKey)) + list(app.screen.query(FooterLabel))
+        assert keys and all(k.region.right <= 80 and k.region.width > 0 for k in keys), [
+            (str(k.render()), k.region) for k in keys]
+        assert any("Terms" in str(k.render()) for k in keys)
+
+
+async def test_the_export_screen_says_what_signing_freezes_before_you_sign(tiny_model_dir, tmp_path):
+    from tests.wizard_helpers import text_of
+    from tui.screens.export import ExportScreen
+
+    app = make_app(tiny_model_dir, tmp_path, mode="lora")
+    async with app.run_test(size=(80, 24)) as pilot:
+        app.push_screen(ExportScreen())
+        await pilot.pause()
+        note = text_of(app.screen.query_one("#sign-note"))
+        assert "Signing freezes record.toml" in note and "quiz" in note
+        assert app.screen.query_one("#sign-note").region.y < app.screen.query_one("#written").region.y + 1
