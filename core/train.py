@@ -132,10 +132,15 @@ def run_train_eval(
         if event["kind"] == "step":
             yield Progress("train_eval", run="train", step=event["step"], total=spec.steps, loss=event["loss"],
                            learning_rate=event["learning_rate"])
+        elif event["kind"] == "model_built":
+            built = event["t"] - next((e["t"] for e in child.events if e["kind"] == "started"), event["t"])
+            yield Message("train_eval", text=f"model built in {built:.1f} s (the weights loaded; not part of the "
+                                             "evaluation times)")
         elif event["kind"] == "evaluation":
             when = f" {event['when']} training" if spec.training else ""
+            # the seconds are the evaluation's own forward passes: the model was built before (said above)
             yield Message("train_eval", text=f"held-out perplexity{when}: {event['perplexity']:.3f} "
-                                             f"({event['tokens']} tokens, {event['seconds']:.1f} s)")
+                                             f"({event['tokens']} tokens, {event['seconds']:.1f} s of evaluation)")
     check_exit(child)
     events = lead_events(child.events)
     evals = {e["when"]: e for e in events if e["kind"] == "evaluation"}

@@ -74,7 +74,6 @@ async def test_a_plan_that_does_not_fit_offers_the_largest_batch_that_fits_and_a
 
     from tests.wizard_helpers import wait_for
     from tui.screens.plan import PlanScreen
-    from tui.screens.stages import ProbeScreen
 
     app = _small_host_app(tiny_model_dir, tmp_path, batch=8)
     async with app.run_test(size=(80, 24)) as pilot:
@@ -196,3 +195,91 @@ async def test_the_export_screen_says_what_signing_freezes_before_you_sign(tiny_
         note = text_of(app.screen.query_one("#sign-note"))
         assert "Signing freezes record.toml" in note and "quiz" in note
         assert app.screen.query_one("#sign-note").region.y < app.screen.query_one("#written").region.y + 1
+
+
+async def test_at_60_columns_the_probe_bar_keeps_its_peak():
+    """At 60x20 the probe's memory line lost its peak (it came last and was cut)."""
+    from textual.app import App
+
+    from tui.widgets.bars import LiveBar
+
+    class One(App):
+        def compose(self):
+            yield LiveBar("cuda:0 NVIDIA H200", id="bar")
+
+    app = One()
+    async with app.run_test(size=(60, 20)) as pilot:
+        bar = app.query_one(LiveBar)
+        bar.show(ours=3 * 2**30, others=10 * 2**30, total=140 * 2**30, peak=5 * 2**30, note="a long reason " * 4)
+        await pilot.pause()
+        line = str(bar.render()).splitlines()[1]
+        assert len(line) <= 60 and line.startswith("■ probe 3.00 (peak 5.00) ■ others 10.00"), line
+        assert line.rstrip().endswith("of 140.00 GiB total"), line  # the note is what is cut
+
+
+async def test_the_plan_says_how_each_line_is_estimated_in_full_at_80_columns(tiny_model_dir, tmp_path):
+    """The plan's method column was cut at 80 columns; now it wraps."""
+    from tests.wizard_helpers import wait_for
+    from tui.screens.plan import PlanScreen
+
+    app = make_app(tiny_model_dir, tmp_path, mode="lora")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("enter", "ctrl+n")
+        assert isinstance(app.screen, PlanScreen)
+        await wait_for(pilot, lambda: bool(app.screen.query(".methods")), 60)
+        await pilot.pause(0.2)
+        methods = app.screen.query_one(".methods")
+        shown = " ".join(line.text for line in methods.render_lines(methods.region.reset_offset)).split()
+        plan = app.state.ctx.plan.devices[0]
+        for line in plan.lines.values():  # every word of every method is on screen, none cut
+            assert " ".join(line.method.split()) in " ".join(shown), line.method
+        assert methods.region.right <= 80
+
+
+def test_the_evaluation_time_is_said_apart_from_the_model_load(lora_run):
+    """"perplexity before ... 56.2 s" read as if it held the model load. The load is said on its own line, before."""
+    from core.events import Message
+
+    _, record, events = lora_run
+    texts = [e.text for e in events if isinstance(e, Message) and e.stage == "train_eval"]
+    built = next(i for i, t in enumerate(texts) if t.startswith("model built in "))
+    before = next(i for i, t in enumerate(texts) if t.startswith("held-out perplexity before training"))
+    assert built < before and "s of evaluation)" in texts[before]
+    seconds = record["evaluation"]["before"]["seconds"]
+    assert f"{seconds:.1f} s of evaluation" in texts[before]
+
+
+def test_the_resume_progress_names_the_kill_point_as_the_check_does():
+    """It said "SIGKILL after step 26" where the check said "inside step 26 ... before its optimizer step"."""
+    from core.events import Progress
+    from core.spec import RunSpec
+    from tui.screens.stages import progress_text
+
+    spec = RunSpec.build(mode="lora", steps=30, resume_checkpoint_every=10, resume_kill_after_checkpoint=2)
+    line = progress_text(Progress("resume", run="interrupted", step=24, total=26, loss=1.5), spec)
+    assert line == ("interrupted: step 24 (SIGKILL inside step 26, after its first micro-batch, before its optimizer "
+                    "step), loss 1.5000")
+    assert spec.resume.describe(short=True) in line
+    assert progress_text(Progress("resume", run="resumed", step=22, total=30, loss=None), spec) == \
+        "resumed: step 22 (of 30)"
+
+
+async def test_what_if_keys_show_the_new_total_at_the_top(tiny_model_dir, tmp_path):
+    """After b/B/s/S the view jumped and the new total scrolled away."""
+    from tests.wizard_helpers import wait_for
+    from tui.screens.plan import PlanScreen
+
+    app = make_app(tiny_model_dir, tmp_path, mode="lora")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("enter", "ctrl+n")
+        assert isinstance(app.screen, PlanScreen)
+        await wait_for(pilot, lambda: not app.screen.query_one("#next").disabled, 60)
+        body = app.screen.query_one("#plan-body")
+        body.scroll_end(animate=False)
+        await pilot.pause(0.2)
+        assert body.scroll_y > 0
+        await pilot.press("b")
+        await wait_for(pilot, lambda: app.state.spec.batch_size == 2 and not app.screen.query_one("#next").disabled,
+                       60)
+        await pilot.pause(0.2)
+        assert body.scroll_y == 0

@@ -98,6 +98,8 @@ class ExportScreen(Screen):
             except SigningError as exc:
                 text = str(exc)
         self.app.call_from_thread(self.query_one("#key-info", Static).update, Content(text))
+        # at 80x24 the key's fingerprint sits below the fold: bring it into view as it appears
+        self.app.call_from_thread(self.query_one("#key-info", Static).scroll_visible)
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         if event.button.id == "write":

@@ -13,7 +13,7 @@ from textual.widgets import Button, Footer, Header, LoadingIndicator, Static
 
 from tui.screens.nav import NavButtons
 from tui.widgets.bars import SHORT, PlanBar, gib
-from tui.widgets.tables import ReadTable
+from tui.widgets.tables import ReadTable, wrapped_table
 
 
 BATCH = Binding.Group("batch ÷2 ×2")
@@ -161,11 +161,16 @@ class PlanScreen(NavButtons, Screen):
                 approximate = "" if plan.activation_model == "op-by-op" else (
                     " [yellow]· analytic, Korthikanti's approximation for this model: see the traced plan below[/]")
                 widgets.append(Static(largest_text(most) + approximate))
+            # the amounts first, one row each (above the fold at 80x24); then how each is estimated, wrapped, not cut
             table = ReadTable()
-            table.add_columns("component", "GiB", "how it is estimated (its largest value in the step)")
+            table.add_columns("component", "GiB", "share of the sum")
+            total = sum(line.bytes for line in d.lines.values()) or 1
             for name, line in d.lines.items():
-                table.add_row(f"{SHORT[name]} {name}", f"{line.bytes / 2**30:.3f}", line.method)
+                table.add_row(f"{SHORT[name]} {name}", f"{line.bytes / 2**30:.3f}", f"{100 * line.bytes / total:.0f} %")
             widgets.append(table)
+            widgets.append(Static(wrapped_table(
+                ["", "how each is estimated (its largest value in the step)"],
+                [[SHORT[name], line.method] for name, line in d.lines.items()]), classes="methods"))
             if len(d.phases) > 1:
                 phases = ReadTable()
                 phases.add_columns("phase of the step", "GiB", "alive at its peak")

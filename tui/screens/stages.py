@@ -111,12 +111,8 @@ class StageScreen(NavButtons, Screen):
         event = message.event
         if isinstance(event, Progress):
             self.query_one("#progress", ProgressBar).update(total=event.total, progress=event.step)
-            loss = f", loss {event.loss:.4f}" if event.loss is not None else ""
             run = self.app.state.run
-            # the kill point in the words the check uses ("inside step 26, after its first micro-batch, ...")
-            of = (f"SIGKILL {run.spec.resume.describe(short=True)}" if event.run == "interrupted" and run is not None
-                  else f"of {event.total}")
-            self.query_one("#status", Static).update(f"{event.run}: step {event.step} ({of}){loss}")
+            self.query_one("#status", Static).update(progress_text(event, run.spec if run is not None else None))
         elif isinstance(event, CoreMessage):
             self.query_one("#status", Static).update(event.text)
         elif isinstance(event, ChildStarted):
@@ -264,6 +260,15 @@ class ProbeScreen(StageScreen):
     def next_screen(self) -> Screen:
         probe = self.app.state.run.results.get("probe") if self.app.state.run else None
         return EvaluateScreen() if probe is not None and probe.status == "pass" else _export()
+
+
+def progress_text(event: Any, spec: Any) -> str:
+    """A stage's progress line; the interrupted run's kill point in the words the resume check uses ("SIGKILL inside
+    step 26, after its first micro-batch, before its optimizer step"), not a step count of its own."""
+    loss = f", loss {event.loss:.4f}" if event.loss is not None else ""
+    of = (f"SIGKILL {spec.resume.describe(short=True)}" if event.run == "interrupted" and spec is not None
+          else f"of {event.total}")
+    return f"{event.run}: step {event.step} ({of}){loss}"
 
 
 def rss_note(tensors: int, rss: int | None) -> str:

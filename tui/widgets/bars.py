@@ -102,8 +102,8 @@ class LiveBar(Widget):
         self.refresh()
 
     def render(self) -> Text:
-        """Line 1: the device and its bar; line 2: the numbers, the peak before the note, so a narrow terminal cuts
-        the note, never the peak. ``total`` is the device's whole memory (the plan's capacity may be what was
+        """Line 1: the device and its bar; line 2: the numbers, the peak first, so a narrow terminal cuts the others
+        and the note, never the peak. ``total`` is the device's whole memory (the plan's capacity may be what was
         available, or a cgroup's limit: the plan screen says which)."""
         width = max(10, self.size.width)
         label = self.label if len(self.label) <= width // 3 else self.label[:max(1, width // 3 - 1)] + "…"
@@ -114,13 +114,14 @@ class LiveBar(Widget):
             return "N/A" if v is None else f"{v / GiB:.2f}"
 
         if self.whole_device:
-            line = Text.assemble(("■ ", "#7f7f7f"), f"used {n(self.others)} of {n(self.total)} GiB total · peak "
-                                                    f"{gib(self.peak)}", (f" · {self.note}" if self.note else "", "italic"))
-        else:
+            line = Text.assemble(("■ ", "#7f7f7f"), f"used {n(self.others)} (peak {n(self.peak)}) of {n(self.total)} "
+                                                    "GiB total",
+                                 (f" · {self.note}" if self.note else "", "italic"))
+        else:  # the peak first: a narrow terminal cuts the end of the line, never the peak
             probe = "ended" if getattr(self, "ended", False) else n(self.ours)
             line = Text.assemble(
-                ("■ ", "#e15759"), f"probe {probe} ", ("■ ", "#7f7f7f"),
-                f"others {n(self.others)} of {n(self.total)} GiB total · probe peak {gib(self.peak)}",
+                ("■ ", "#e15759"), f"probe {probe} (peak {n(self.peak)}) ", ("■ ", "#7f7f7f"),
+                f"others {n(self.others)} of {n(self.total)} GiB total",
                 (f" · {self.note}" if self.note else "", "italic"),
             )
         line.truncate(width)
