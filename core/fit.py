@@ -15,6 +15,8 @@ from typing import Any, Callable
 
 #: A measured peak above the plan by more than this fraction is an under-estimate (named, not hidden).
 UNDER_ESTIMATE_TOLERANCE = 0.05
+#: below this share of a device's capacity left, a largest fit is said to be thin (screens and `plan --max-batch`)
+THIN_HEADROOM = 0.05
 #: Strategies whose every device holds the whole step, so the traced step (one device) applies to each of them.
 TRACED_FIT_STRATEGIES = ("single", "ddp")
 
@@ -127,6 +129,13 @@ class Largest:
         if self.capacity_bytes is None or not self.value:
             return None
         return self.capacity_bytes - self.plan_bytes
+
+    @property
+    def thin(self) -> bool:
+        """Under :data:`THIN_HEADROOM` of the capacity is left: a little less free memory (or the caching allocator's
+        rounding on CUDA) and it does not fit."""
+        headroom = self.headroom_bytes
+        return headroom is not None and headroom < THIN_HEADROOM * self.capacity_bytes
 
 
 def largest_fitting(spec: Any, config: Any, devices: list[Any], axis: str, max_positions: int | None = None,

@@ -311,7 +311,7 @@ def format_largest(rows: list[Any], spec: Any) -> str:
         else:
             lines.append(f"  {r.device}: {r.value} (plan {r.plan_bytes / 2**30:.2f} GiB of {r.capacity_bytes / 2**30:.2f}"
                          f" GiB, headroom {r.headroom_bytes / 2**30:.2f} GiB; {r.limit})")
-            if r.headroom_bytes < 0.05 * r.capacity_bytes:
+            if r.thin:
                 lines.append("    less than 5 % of the device is left: " + (
                     "the host's available memory moves as other processes run" if r.device.startswith("cpu") else
                     "CUDA's caching allocator reserves more than it allocates (fragmentation)") + "; keep a margin")

@@ -94,7 +94,9 @@ class PlanScreen(NavButtons, Screen):
         if refusal is not None:  # planned, but it cannot run here: say why before Next (the probe would refuse it)
             self.query_one("#plan-error", Static).update(f"planned, not runnable here: {refusal}")
         elif self._unfit:
-            hint = (f"micro-batch {self._largest_batch} fits (f)" if self._largest_batch else
+            thin = (" with under 5 % of the device left: a little less free memory and it does not"
+                    if getattr(self, "_thin", False) else "")
+            hint = (f"micro-batch {self._largest_batch} fits (f){thin}" if self._largest_batch else
                     "lower the micro-batch (b) or the sequence length (s)")
             self.query_one("#plan-error", Static).update(
                 f"the plan does not fit: {hint}; or probe anyway to measure what the step really needs")
@@ -172,13 +174,14 @@ class PlanScreen(NavButtons, Screen):
                 ["", "how each is estimated (its largest value in the step)"],
                 [[SHORT[name], line.method] for name, line in d.lines.items()]), classes="methods"))
             if len(d.phases) > 1:
-                phases = ReadTable()
-                phases.add_columns("phase of the step", "GiB", "alive at its peak")
+                rows = []
                 for p in d.phases.values():
                     parts = ", ".join(f"{SHORT[k]} {v / 2**30:.2f}" for k, v in p.components.items() if v)
-                    phases.add_row(p.name.replace("_", " ") + (" ◀ peak" if p is peak else ""),
-                                   f"{p.total_bytes / 2**30:.3f}", f"{parts} (at {p.at})")
-                widgets.append(phases)
+                    rows.append([p.name.replace("_", " ") + (" ◀ peak" if p is peak else ""),
+                                 f"{p.total_bytes / 2**30:.3f}", f"{parts} (at {p.at})"])
+                # wrapped: what is alive at each phase's peak was cut at 80 columns
+                widgets.append(Static(wrapped_table(["phase of the step", "GiB", "alive at its peak"], rows),
+                                      classes="phases"))
                 widgets.append(Static(f"[dim]The components' largest values sum to {gib(d.sum_of_lines)}; no moment "
                                       f"of the step holds them all: the plan is the peak phase, {gib(d.total_bytes)}.[/]"))
         if len(plan.devices) > 1:
@@ -206,6 +209,7 @@ class PlanScreen(NavButtons, Screen):
         self.app.state.traced = None
         self.trace(spec, ctx)
         values = [x.value for x in largest or [] if x.value is not None]
+        self._thin = any(x.thin for x in largest or [] if x.value == min(values or [0]))
         self.set_fit(any(d.fits is False for d in plan.devices), refusal, min(values) if values else None)
 
     @work(thread=True, exclusive=True, group="trace")

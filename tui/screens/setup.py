@@ -110,8 +110,8 @@ class SetupScreen(NavButtons, Screen):
         yield Static("What moves memory: batch × sequence drive activations" + ("" if training else " and the KV cache")
                      + "; the dtype sets the bytes per number" + (" (precision: what is kept in it)" if training else "")
                      + ("; the optimizer the states per trainable parameter" if training else "")
-                     + ". Model and Data: \"embedded\" (SmolLM2-135M, the Python docs as text), a folder, a "
-                       ".txt or .jsonl file.", classes="intro")
+                     + ". Model: smollm2-135m (embedded) or a model folder; Data: embedded (the Python docs as "
+                       "text) or a .txt / .jsonl file.", classes="intro")
         with VerticalScroll(classes="body", id="form"):
             for name, label, kind, choices, modes in FIELDS:
                 if state.mode not in modes:
