@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Callable, Generator
 
 from core.childproc import launch_options
-from core.errors import GpuAcceptError, StageError
+from core.errors import GpuAcceptError, SpecError, StageError
 from core.events import Event, EventWriter, Message, RunFinished, StageFinished, StageStarted
 from core.spec import RunSpec, parse_devices
 
@@ -56,53 +56,79 @@ def make_plan(spec: RunSpec, devices_override: list[Any] | None = None) -> PlanC
 
 @dataclass(frozen=True)
 class InputsChecked:
-    """What :func:`check_inputs` read: the model found and the data's split, for a screen to confirm them.
+    """What :func:`check_inputs` read: the model found and the data's split, for a screen to confirm them, and every
+    problem found on the way.
 
     Attributes:
-        model: the model as found (``"embedded SmolLM2-135M"``, a directory, a cached hub id), in words.
+        model: the model as found (``"the embedded SmolLM2-135M"``, a directory, a cached hub id), in words; None when
+            it was not found.
         max_positions: the sequence length the model declares, or None.
-        documents: documents in the data; train / heldout: documents per side of the split.
+        documents: documents in the data (None when the data could not be read); train / heldout: documents per side of
+            the split.
         data: the data as named in the spec (``"embedded"`` or a path).
+        problems: ``(field, message)`` for each input a plan or a run would refuse: ``"model"``, ``"data"``, or a spec
+            field the model refuses (``"seq_len"``, ``"lora.targets"``); empty when none.
     """
 
-    model: str
+    model: str | None
     max_positions: int | None
-    documents: int
+    documents: int | None
     train: int
     heldout: int
     data: str
+    problems: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        """True when nothing was refused."""
+        return not self.problems
 
     def data_summary(self) -> str:
-        """``"483 documents: 386 train / 97 held-out"`` (the split by a hash of each document id)."""
+        """``"483 documents: 386 train / 97 held-out"`` (the split by a hash of each document id); "" when unread."""
+        if self.documents is None:
+            return ""
         return f"{self.documents:,} documents: {self.train:,} train / {self.heldout:,} held-out"
 
 
 def check_inputs(spec: RunSpec) -> InputsChecked:
     """Everything a plan or a run would refuse about the spec's inputs, checked without weights or a run folder: the
     model is found and its config read, the spec fits the config (sequence length, LoRA target names), the data file
-    is read and split (:func:`core.data.check_data`). Fast (a config and a text file), for a form to check as the
-    user types.
+    is read and split (:func:`core.data.check_data`). The model and the data are checked apart, so a missing model does
+    not hide a bad data file. Fast (a config and a text file), for a form to check as the user types.
 
-    Raises:
-        ModelNotFoundError: the model. SpecError: a setting the model refuses (its ``field`` names it).
-        DataError: the data file.
+    Returns:
+        an :class:`InputsChecked`; its ``problems`` name each field to fix (never raised: a form shows them all).
     """
     from core.data import check_data
     from core.models import declared_max_positions, load_config, resolve_model
     from core.plan import linear_module_names
-    from core.spec import validate_against_config
+    from core.spec import config_problems
 
-    source = resolve_model(spec.model)
-    config = load_config(source)
-    max_positions = declared_max_positions(source, config)
-    validate_against_config(spec, max_positions, linear_module_names(config) if spec.mode == "lora" else None)
-    split = check_data(spec.data, spec.heldout_fraction)
-    where = {"embedded": "the embedded SmolLM2-135M", "local_dir": f"the folder {source.path}",
-             "hf_cache": f"{source.name} from the Hugging Face cache",
-             "config_only": f"{source.name}: a config only (planned, not run)"}.get(source.kind, str(source.path))
-    return InputsChecked(model=where, max_positions=max_positions, documents=len(split.train) + len(split.heldout)
+    problems: list[tuple[str, str]] = []
+    model: str | None = None
+    max_positions: int | None = None
+    try:
+        source = resolve_model(spec.model)
+        config = load_config(source)
+        max_positions = declared_max_positions(source, config)
+        problems += [(e.field, e.message) for e in config_problems(
+            spec, max_positions, linear_module_names(config) if spec.mode == "lora" else None)]
+        model = {"embedded": "the embedded SmolLM2-135M", "local_dir": f"the folder {source.path}",
+                 "hf_cache": f"{source.name} from the Hugging Face cache",
+                 "config_only": f"{source.name}: a config only (planned, not run)"}.get(source.kind, str(source.path))
+    except SpecError as exc:
+        problems.append((exc.field, exc.message))
+    except GpuAcceptError as exc:  # ModelNotFoundError, an unreadable config
+        problems.append(("model", str(exc)))
+    try:
+        split = check_data(spec.data, spec.heldout_fraction)
+    except GpuAcceptError as exc:  # DataError
+        problems.append(("data", str(exc)))
+        return InputsChecked(model=model, max_positions=max_positions, documents=None, train=0, heldout=0,
+                             data=spec.data, problems=tuple(problems))
+    return InputsChecked(model=model, max_positions=max_positions, documents=len(split.train) + len(split.heldout)
                          + split.dropped_duplicates, train=len(split.train), heldout=len(split.heldout),
-                         data=spec.data)
+                         data=spec.data, problems=tuple(problems))
 
 
 def new_run_dir(spec: RunSpec, runs_root: Path, now: Any) -> Path:

@@ -226,3 +226,18 @@ def test_make_blocks_without_eos_is_a_data_error():
     tokenizer.eos_token_id = None
     with pytest.raises(DataError, match="eos"):
         make_blocks(DOCS, tokenizer, seq_len=4)
+
+
+def test_check_inputs_names_a_missing_model_and_a_bad_data_file_together(tmp_path):
+    """A missing model no longer hides the data file's error (issue 17): both come back, each with its field."""
+    from core.pipeline import check_inputs
+    from core.spec import RunSpec
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "one"}\n{"body": "two"}\n')
+    checked = check_inputs(RunSpec.build(mode="lora", model=str(tmp_path / "no-model"), data=str(bad)))
+    fields = dict(checked.problems)
+    assert set(fields) == {"model", "data"}, checked.problems
+    assert 'line 2: no "text" key' in fields["data"]
+    assert checked.model is None and checked.documents is None and not checked.ok
+    assert checked.data_summary() == ""

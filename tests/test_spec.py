@@ -181,3 +181,41 @@ def test_a_binary_or_utf16_spec_file_is_a_named_error(tmp_path, content):
     with pytest.raises(SpecError) as info:
         RunSpec.build(path)
     assert info.value.field == "spec" and ("UTF-8" in info.value.message or "not valid TOML" in info.value.message)
+
+
+def test_a_draft_names_every_field_at_fault_and_keeps_the_rest():
+    """The form's view of validate: one error per field, each refused value at its default in the stand-in."""
+    from core.spec import draft_spec
+
+    draft = draft_spec({"mode": "lora", "batch_size": 0, "seq_len": 1, "lora_r": 0, "steps": 40},
+                       refused={"grad_accum": "a whole number"})
+    assert draft.spec is None
+    assert set(draft.errors) == {"batch_size", "seq_len", "lora.r", "grad_accum"}, draft.errors
+    assert "at least 2 tokens" in draft.errors["seq_len"]
+    defaults = RunSpec.build(mode="lora")
+    assert draft.stand_in is not None
+    assert (draft.stand_in.batch_size, draft.stand_in.seq_len, draft.stand_in.lora.r) == (
+        defaults.batch_size, defaults.seq_len, defaults.lora.r)
+    assert draft.stand_in.steps == 40  # what was not refused is kept
+    ok = draft_spec({"mode": "full", "batch_size": 3})
+    assert ok.errors == {} and ok.spec == ok.stand_in and ok.spec.batch_size == 3
+
+
+def test_a_draft_stops_at_a_rule_it_cannot_undo():
+    """An error on a field the caller did not give (here the mode's default steps against warmup) ends the search."""
+    from core.spec import draft_spec
+
+    draft = draft_spec({"mode": "lora", "warmup_steps": 10**6, "batch_size": 0})
+    assert draft.spec is None
+    assert "warmup_steps" in draft.errors or "batch_size" in draft.errors
+    assert all(field in ("warmup_steps", "batch_size") for field in draft.errors)
+
+
+def test_config_problems_names_both_the_sequence_and_the_targets():
+    from core.spec import config_problems
+
+    spec = RunSpec.build(mode="lora", seq_len=4096, lora_targets="q_proj,qq_proj")
+    problems = config_problems(spec, 256, {"q_proj", "v_proj"})
+    assert [p.field for p in problems] == ["seq_len", "lora.targets"]
+    with pytest.raises(SpecError, match="max_position_embeddings"):
+        validate_against_config(spec, 256, {"q_proj", "v_proj"})

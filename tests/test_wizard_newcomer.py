@@ -150,6 +150,51 @@ async def test_setup_names_what_the_plan_would_refuse_before_next(tiny_model_dir
         assert isinstance(app.screen, SetupScreen)
 
 
+async def test_setup_shows_every_field_at_fault_at_once(tiny_model_dir, tmp_path):
+    """A bad model hid the data and sequence errors before: one error at a time, found by fixing each in turn."""
+    from textual.widgets import Button, Input
+
+    from tests.wizard_helpers import text_of, wait_for
+
+    app = make_app(tiny_model_dir, tmp_path, mode="lora")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("enter")
+        screen = app.screen
+        for field, value in (("model", "/no/such/model-dir"), ("data", str(tmp_path / "missing.jsonl")),
+                             ("batch_size", "0"), ("lora_r", "zero"), ("seq_len", "1")):
+            screen.query_one(f"#{field}", Input).value = value
+        await wait_for(pilot, lambda: screen.query_one("#err-model").display, 30)
+        said = {f: text_of(screen.query_one(f"#err-{f}")) for f in ("model", "data", "batch_size", "lora_r", "seq_len")}
+        assert "/no/such/model-dir" in said["model"], said
+        assert "not found" in said["data"], said
+        assert "at least 1" in said["batch_size"], said
+        assert "whole number" in said["lora_r"], said
+        assert "at least 2 tokens" in said["seq_len"], said
+        assert screen.query_one("#next", Button).disabled
+        # fixed one by one, each error goes as its field is fixed, and the others stay
+        screen.query_one("#model", Input).value = str(tiny_model_dir)
+        screen.query_one("#batch_size", Input).value = "2"
+        await wait_for(pilot, lambda: not screen.query_one("#err-model").display, 30)
+        assert not screen.query_one("#err-batch_size").display
+        assert screen.query_one("#err-data").display and screen.query_one("#err-seq_len").display
+
+
+async def test_a_too_long_sequence_and_an_unknown_lora_target_are_both_named(tiny_model_dir, tmp_path):
+    """Both are refused by the model's config: the first hid the second."""
+    from textual.widgets import Input
+
+    from tests.wizard_helpers import text_of, wait_for
+
+    app = make_app(tiny_model_dir, tmp_path, mode="lora", seq_len=4096)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("enter")
+        screen = app.screen
+        screen.query_one("#lora_targets", Input).value = "q_proj,qq_proj"
+        await wait_for(pilot, lambda: screen.query_one("#err-lora_targets").display, 30)
+        assert "max_position_embeddings (256)" in text_of(screen.query_one("#err-seq_len"))
+        assert "qq_proj not found" in text_of(screen.query_one("#err-lora_targets"))
+
+
 async def test_a_jsonl_line_without_text_is_named_on_the_setup_and_good_data_is_counted(tiny_model_dir, tmp_path):
     """Found only inside the probe child before (exit 1 and a failed record); and your own data was invisible."""
     from textual.widgets import Button, Input
@@ -297,3 +342,24 @@ def test_a_largest_fit_with_under_5_percent_left_is_said_to_be_thin():
                    limit="batch_size = 112 does not fit")
     roomy = Largest("cpu", "batch_size", 50, plan_bytes=10 * 2**30, capacity_bytes=22_980_000_000, limit="x")
     assert thin.thin and not roomy.thin
+
+
+async def test_keys_typed_faster_than_the_screen_draws_land_in_order(tiny_model_dir, tmp_path):
+    """Pasted over SSH or sent by tmux, "Ctrl+U then a path" lost the path (the bound key ran after the characters,
+    Textual issue 6605) and characters typed after Tab landed in the field being left."""
+    from textual import events
+    from textual.widgets import Input
+
+    from tests.wizard_helpers import wait_for
+
+    app = make_app(tiny_model_dir, tmp_path, mode="lora")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("enter")
+        screen = app.screen
+        assert app.focused is screen.query_one("#model", Input)
+        # all queued before any is handled, as a burst from the terminal is
+        for key in ["ctrl+u", *"/x", "tab", "ctrl+u", *"bc", "backspace", "d", "left", "e"]:
+            app.post_message(events.Key(key, key if len(key) == 1 else None))
+        await wait_for(pilot, lambda: screen.query_one("#data", Input).value == "bed", 10)
+        assert screen.query_one("#model", Input).value == "/x"
+        assert app.focused is screen.query_one("#data", Input)

@@ -11,6 +11,8 @@ from textual.content import Content
 from textual.screen import Screen
 from textual.widgets import Button, Footer, Header, Input, Label, Select, Static
 
+from tui.widgets.inputs import OrderedInput
+
 
 #: said before anyone signs: a signed record is never rewritten (core.record), so what is not in it then never will be
 SIGNING_FREEZES = ("Signing freezes record.toml: nothing is added to a signed record, not even the quiz's score. To "
@@ -31,19 +33,19 @@ class ExportScreen(Screen):
             yield Static("", id="verdicts")
             with Horizontal(classes="field"):
                 yield Label("Operator")
-                yield Input(placeholder="your name", id="operator", compact=True)
+                yield OrderedInput(placeholder="your name", id="operator", compact=True)
             with Horizontal(classes="field"):
                 yield Label("Role")
-                yield Input(placeholder="e.g. ML infra on-call (optional)", id="role", compact=True)
+                yield OrderedInput(placeholder="e.g. ML infra on-call (optional)", id="role", compact=True)
             with Horizontal(classes="field"):
                 yield Label("Decision")
                 yield Select([("accept", "accept"), ("reject", "reject")], prompt="choose", id="decision", compact=True)
             with Horizontal(classes="field"):
                 yield Label("Comment")
-                yield Input(placeholder="why (optional)", id="comment", compact=True)
+                yield OrderedInput(placeholder="why (optional)", id="comment", compact=True)
             with Horizontal(classes="field"):
                 yield Label("Signing key")
-                yield Input(placeholder="key file, or an agent key's .pub; empty: unsigned", id="key",
+                yield OrderedInput(placeholder="key file, or an agent key's .pub; empty: unsigned", id="key",
                             compact=True)
             yield Static(self._key_hint(), id="key-info")
             yield Static(SIGNING_FREEZES, id="sign-note", classes="dim")

@@ -11,6 +11,8 @@ from textual.content import Content
 from textual.screen import Screen
 from textual.widgets import Button, Footer, Header, Input, Label, OptionList, Static
 
+from tui.widgets.inputs import OrderedInput
+
 LETTERS = "ABCD"
 
 
@@ -52,7 +54,7 @@ class QuizScreen(Screen):
             yield Static("", id="summary")
             with Horizontal(classes="field", id="operator-field"):
                 yield Label("Operator")
-                yield Input(value=self.operator, placeholder="who answered", id="operator", compact=True)
+                yield OrderedInput(value=self.operator, placeholder="who answered", id="operator", compact=True)
             yield Static("", id="added")
         with Horizontal(classes="nav"):
             yield Button("Next →", id="next", variant="primary", disabled=True)

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich.markup import escape
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Button, Footer, Header, Input, Label, Select, Static
+
+from tui.widgets.inputs import OrderedInput
 
 from core.spec import ATTN_IMPLEMENTATIONS, DTYPES, KILL_POINTS, PADDINGS, PRECISIONS
 from tui.screens.nav import NavButtons
@@ -102,8 +105,12 @@ class SetupScreen(NavButtons, Screen):
         defaults = RunSpec.build(mode=state.mode)
         shown = {name for name, *_ in FIELDS}
         self._extra = {k: v for k, v in state.fields.items() if k not in shown}  # e.g. --heldout-fraction: kept
-        self._checked_spec: Any = None
-        self._checked: Any = None
+        self._checked_spec: Any = None  # the spec the model and data were last checked with
+        self._checked: Any = None  # core.pipeline.InputsChecked of that check
+        self._draft: Any = None  # the spec with refused fields at their defaults (core.spec.SpecDraft.stand_in)
+        self._spec_errors: dict[str, str] = {}
+        self._check_timer: Any = None
+        self._shown: dict[str, str] = {}  # the error line shown under each field
         yield Header()
         yield Static(f"Step 2/7 · Setup ({state.mode})", classes="title")
         training = state.mode != "inference"
@@ -124,7 +131,7 @@ class SetupScreen(NavButtons, Screen):
                         yield Select([(CHOICE_LABELS.get(c, c), c) for c in options], value=value,
                                      allow_blank=False, id=name, compact=True)
                     else:
-                        yield Input(value=value, id=name, compact=True)
+                        yield OrderedInput(value=value, id=name, compact=True)
                 yield Static("", classes="field-error", id=f"err-{name}")
                 if name == "data":
                     yield Static("", id="data-info", classes="dim")
@@ -136,7 +143,10 @@ class SetupScreen(NavButtons, Screen):
         yield Footer(show_command_palette=False)  # no ^p palette key: at 80 columns every key shows
 
     def on_mount(self) -> None:
+        for err in self.query(".field-error"):
+            err.display = False
         self.validate()
+        self._start_check()  # the first check now, not after a pause
         self.detect()
         self.query_one("#model", Input).focus()
 
@@ -189,39 +199,90 @@ class SetupScreen(NavButtons, Screen):
         return out, errors
 
     def validate(self) -> Any:
-        """Validate every field; show errors beside them; enable Next only when the spec is valid."""
-        from core.errors import SpecError
-        from core.spec import RunSpec
+        """Validate every field; show each field's error beside it (all of them, not only the first); enable Next only
+        when the spec is valid and the model and data were found. The model's config and the data file are read in a
+        worker once typing pauses (:meth:`check_inputs`), with the refused fields at their defaults meanwhile."""
+        from core.spec import draft_spec
 
-        for err in self.query(".field-error"):
-            err.update("")
-            err.display = False
-        self.query_one("#form-error", Static).update("")
-        values, errors = self.values()
-        spec = None
-        if not errors:
-            try:
-                spec = RunSpec.build(mode=self.app.state.mode, **{**self._extra, **values})
-            except SpecError as exc:
-                target = spec_field_to_input(exc.field)
-                if self.query(f"#err-{target}"):
-                    errors[target] = exc.message
-                else:
-                    self.query_one("#form-error", Static).update(str(exc))
-        for name, message in errors.items():
-            err = self.query_one(f"#err-{name}", Static)
-            err.update(f"↑ {message}")
-            err.display = True
-        self.query_one("#next", Button).disabled = spec is None
+        values, refused = self.values()
+        draft = draft_spec({"mode": self.app.state.mode, **self._extra, **values}, refused)
+        self._spec_errors = {spec_field_to_input(f): m for f, m in draft.errors.items()}
         self.app.state.fields = {**self._extra, **values}
-        self.app.state.spec = spec
-        if spec is not None and spec != getattr(self, "_checked_spec", None):
-            self.check_inputs(spec)  # the model, its limits and the data file: in a worker, as the user types
-        elif spec is not None:
-            self._show_inputs(spec, self._checked)
-        return spec
+        self.app.state.spec = draft.spec
+        self._draft = draft.stand_in
+        if draft.stand_in is not None and draft.stand_in == self._checked_spec:
+            self._show_errors()
+        else:
+            self._show_errors(pending=True)
+            self._schedule_check()
+        return draft.spec
+
+    def _show_errors(self, pending: bool = False) -> None:
+        """The spec's errors and the last inputs check's problems beside their fields; Next enabled when none.
+
+        ``pending``: the model and data are being checked again; the last answer stays shown until the new one comes
+        (Next, pressed meanwhile, checks at once)."""
+        errors = dict(self._spec_errors)
+        form_errors: list[str] = []
+        info = ""
+        checked = self._checked
+        if checked is not None:
+            for field, message in checked.problems:
+                errors.setdefault(spec_field_to_input(field), message)
+            # what was read is said only for values not refused: a refused one was checked at its default
+            summary = checked.data_summary() if "data" not in self._spec_errors else ""
+            model = checked.model if "model" not in self._spec_errors else None
+            info = "; ".join(([summary] if summary else []) + ([f"model: {model}" + (
+                f", up to {checked.max_positions:,} tokens" if checked.max_positions else "")] if model else []))
+        if pending and self._draft is not None and not info:
+            info = "checking the model and the data…"  # else the last answer stays: a line that keeps its height
+        for name, message in list(errors.items()):
+            if not self.query(f"#err-{name}"):
+                form_errors.append(f"{name}: {message}")
+                del errors[name]
+        moved = False
+        for err in self.query(".field-error"):
+            name = err.id.removeprefix("err-")
+            text = f"↑ {errors[name]}" if name in errors else ""
+            if self._shown.get(name, "") != text:  # only what changed: no re-layout per keystroke
+                self._shown[name] = text
+                err.update(text)
+                err.display = bool(text)
+                moved = True
+        self.query_one("#form-error", Static).update("; ".join(form_errors))
+        self.query_one("#data-info", Static).update(f"[dim]{escape(info)}[/]" if info else "")
+        self.query_one("#data-info", Static).display = bool(info)
+        if moved:  # lines came or went above the field being typed in: keep it in view once laid out
+            self.call_after_refresh(self._focused_in_view)
+        self.query_one("#next", Button).disabled = bool(errors or form_errors)
+
+    def _focused_in_view(self) -> None:
+        """The field being typed in, and the error line under it, in view after lines above it came or went."""
+        focused = self.focused
+        if focused is None:
+            return
+        errs = self.query(f"#err-{focused.id}") if focused.id else []
+        if errs and errs.first().display and not self.can_view_entire(errs.first()):
+            errs.first().scroll_visible(animate=False, immediate=True)
+        if not self.can_view_entire(focused):
+            focused.scroll_visible(animate=False, immediate=True)
 
     # ------------------------------------------------------------------ what the plan would refuse, checked here
+    #: seconds of no typing before the model's config and the data file are read again
+    CHECK_AFTER_S = 0.3
+
+    def _schedule_check(self) -> None:
+        if self._check_timer is not None:
+            self._check_timer.stop()
+        self._check_timer = self.set_timer(self.CHECK_AFTER_S, self._start_check) if self._draft is not None else None
+
+    def _start_check(self) -> None:
+        if self._check_timer is not None:
+            self._check_timer.stop()
+        self._check_timer = None
+        if self._draft is not None:
+            self.check_inputs(self._draft)
+
     @work(thread=True, exclusive=True, group="inputs")
     def check_inputs(self, spec: Any) -> None:
         """Read the model's config and the data file for ``spec`` (core.pipeline.check_inputs), off the UI thread."""
@@ -233,42 +294,20 @@ class SetupScreen(NavButtons, Screen):
 
     @staticmethod
     def _inputs_result(spec: Any) -> Any:
-        """The :class:`core.pipeline.InputsChecked`, or ``(field, message)`` naming the input to fix."""
-        from core.errors import DataError, GpuAcceptError, ModelNotFoundError, SpecError
-        from core.pipeline import check_inputs
+        """The :class:`core.pipeline.InputsChecked`: every problem named by the field that fixes it."""
+        from core.pipeline import InputsChecked, check_inputs
 
         try:
             return check_inputs(spec)
-        except SpecError as exc:
-            return spec_field_to_input(exc.field), exc.message
-        except ModelNotFoundError as exc:
-            return "model", str(exc)
-        except DataError as exc:
-            return "data", str(exc)
-        except GpuAcceptError as exc:
-            return "model", str(exc)
         except Exception as exc:  # noqa: BLE001 - one line beside the field, never a traceback
-            return "model", f"{type(exc).__name__}: {exc}"
+            return InputsChecked(model=None, max_positions=None, documents=None, train=0, heldout=0, data=spec.data,
+                                 problems=(("model", f"{type(exc).__name__}: {exc}"),))
 
     def _inputs_checked(self, spec: Any, result: Any) -> None:
-        if spec != self.app.state.spec:
+        if spec != self._draft:
             return  # typed on meanwhile: the newer check decides
         self._checked_spec, self._checked = spec, result
-        self._show_inputs(spec, result)
-
-    def _show_inputs(self, spec: Any, result: Any) -> None:
-        info = self.query_one("#data-info", Static)
-        if isinstance(result, tuple):
-            name, message = result
-            target = name if self.query(f"#err-{name}") else "model"
-            err = self.query_one(f"#err-{target}", Static)
-            err.update(f"↑ {message}")
-            err.display = True
-            info.update("")
-            self.query_one("#next", Button).disabled = True
-        else:
-            info.update(f"[dim]{result.data_summary()}; model: {result.model}"
-                        + (f", up to {result.max_positions:,} tokens[/]" if result.max_positions else "[/]"))
+        self._show_errors()
 
     def on_input_changed(self, event: Input.Changed) -> None:
         self.validate()
@@ -281,9 +320,9 @@ class SetupScreen(NavButtons, Screen):
         if spec is None:
             self.app.bell()
             return
-        if spec != getattr(self, "_checked_spec", None):  # Next before the worker answered: check now (fast)
+        if spec != self._checked_spec:  # Next before the worker answered: check now (fast)
             self._inputs_checked(spec, self._inputs_result(spec))
-        if isinstance(self._checked, tuple):
+        if self._checked is None or not self._checked.ok:
             self.app.bell()
             return
         from tui.screens.plan import PlanScreen
