@@ -75,6 +75,15 @@ class Message(Event):
 
 
 @dataclass(frozen=True)
+class Evaluated(Message):
+    """A held-out evaluation finished: ``when`` is "before" / "after" (training) or "" (inference); ``perplexity``
+    is token-weighted; ``text`` says it for the log."""
+
+    when: str = ""
+    perplexity: float = float("nan")
+
+
+@dataclass(frozen=True)
 class RunFinished(Event):
     """The pipeline ended; ``record_path`` is where the record is; ``status`` is the overall verdict."""
 

@@ -47,9 +47,17 @@ class Reading:
         return cls(d.get("value"), d.get("reason"))
 
 
+#: why ``ours`` is None when no probe holds memory (nothing followed yet, or all of it exited): every used byte is then
+#: another process's
+NOTHING_FOLLOWED = ("no probe process running", "followed processes have exited")
+
+
 def others_reading(used: Reading, ours: Reading) -> Reading:
     """Memory of every process but ours: ``used - ours``, when both are known (never below 0, since ours by RSS can
-    count shared or reclaimable pages that "used" does not)."""
+    count shared or reclaimable pages that "used" does not); all of ``used`` when no probe process is running
+    (:data:`NOTHING_FOLLOWED`); unknown when ours could not be read."""
+    if used.value is not None and ours.value is None and ours.reason in NOTHING_FOLLOWED:
+        return Reading(used.value)
     if used.value is None or ours.value is None:
         return Reading(None, used.reason if used.value is None else ours.reason)
     return Reading(max(used.value - ours.value, 0))

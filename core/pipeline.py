@@ -77,6 +77,7 @@ class InputsChecked:
     heldout: int
     data: str
     problems: tuple[tuple[str, str], ...] = ()
+    heldout_fraction: float = 0.2
 
     @property
     def ok(self) -> bool:
@@ -84,10 +85,13 @@ class InputsChecked:
         return not self.problems
 
     def data_summary(self) -> str:
-        """``"483 documents: 386 train / 97 held-out"`` (the split by a hash of each document id); "" when unread."""
+        """``"483 documents: 386 train / 97 held-out (20 %; each document by a hash of its id, 20 % expected)"``;
+        "" when unread. The split is per document by a hash (core.data), so the share is near the fraction, not it."""
         if self.documents is None:
             return ""
-        return f"{self.documents:,} documents: {self.train:,} train / {self.heldout:,} held-out"
+        share = f"{100 * self.heldout / self.documents:.0f} %" if self.documents else "none"
+        return (f"{self.documents:,} documents: {self.train:,} train / {self.heldout:,} held-out ({share}; each "
+                f"document by a hash of its id, {100 * self.heldout_fraction:g} % expected)")
 
 
 def check_inputs(spec: RunSpec) -> InputsChecked:
@@ -125,10 +129,10 @@ def check_inputs(spec: RunSpec) -> InputsChecked:
     except GpuAcceptError as exc:  # DataError
         problems.append(("data", str(exc)))
         return InputsChecked(model=model, max_positions=max_positions, documents=None, train=0, heldout=0,
-                             data=spec.data, problems=tuple(problems))
+                             data=spec.data, problems=tuple(problems), heldout_fraction=spec.heldout_fraction)
     return InputsChecked(model=model, max_positions=max_positions, documents=len(split.train) + len(split.heldout)
                          + split.dropped_duplicates, train=len(split.train), heldout=len(split.heldout),
-                         data=spec.data, problems=tuple(problems))
+                         data=spec.data, problems=tuple(problems), heldout_fraction=spec.heldout_fraction)
 
 
 def new_run_dir(spec: RunSpec, runs_root: Path, now: Any) -> Path:
@@ -381,6 +385,14 @@ class AcceptanceRun:
         self.results["resume"] = resume
         yield self.emit(StageFinished("resume", status=resume.status, result=resume, summary=resume.summary))
         return resume
+
+    def current_verdict(self) -> dict[str, Any]:
+        """The verdict the record would hold if written now (:func:`core.record.verdict` over the same results, the
+        traced plan and why stages stopped), for a screen to show before writing."""
+        from core.record import verdict
+
+        r = self.results
+        return verdict(self.spec, r["plan"], r["probe"], r["train_eval"], r["resume"], self.stopped, self.traced)
 
     def write_record(self, signoff: dict[str, Any] | None = None) -> Path:
         """Build ``record.toml`` from the stage results (what did not run is marked so) and write it atomically.

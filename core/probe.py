@@ -58,6 +58,8 @@ class PlanComparison:
     components: dict[str, tuple[int, int | None]] = field(default_factory=dict)  # name -> (planned, measured or None)
     rank: int = 0
     under_estimate: float | None = None
+    #: how each component's measured value was obtained, or why there is none (name -> words; see :func:`how_measured`)
+    how: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -285,6 +287,7 @@ def compare_with_plan(plan_device: Any, m: DeviceMeasurement, fit_bytes: int | N
         "weights": (plan_device.lines["weights"].bytes, m.weights_bytes),
         "gradients": (plan_device.lines["gradients"].bytes, m.gradients_bytes),
         "optimizer_states": (plan_device.lines["optimizer_states"].bytes, m.optimizer_states_bytes),
+        "overhead": (overhead, runtime_bytes(m)),
     }
     for name, line in plan_device.lines.items():
         components.setdefault(name, (line.bytes, None))
@@ -298,7 +301,31 @@ def compare_with_plan(plan_device: Any, m: DeviceMeasurement, fit_bytes: int | N
         compared=f"the plan's peak of tensors (without the overhead line) vs {m.peak_method}",
         components=components,
         under_estimate=under_estimate(planned, m.peak_bytes),
+        how={name: how_measured(name, m) for name in components},
     )
+
+
+def runtime_bytes(m: DeviceMeasurement) -> int | None:
+    """What a CPU process held beyond its tensors at its peak: peak RSS minus the peak of live tensors, in bytes; the
+    measured counterpart of the plan's CPU overhead line. None on CUDA (the CUDA context is outside torch's allocator
+    and is not read per process here) and when RSS is below the tensors (pages of a tensor not yet written are not
+    resident, so the difference says nothing)."""
+    if m.peak_reserved_bytes is not None or m.peak_rss_bytes < m.peak_bytes:
+        return None
+    return m.peak_rss_bytes - m.peak_bytes
+
+
+def how_measured(name: str, m: DeviceMeasurement) -> str:
+    """Words for how the probe measured component ``name`` on this device, or why it did not."""
+    if name in ("weights", "gradients", "optimizer_states"):
+        return "summed over the tensors the model and the optimizer hold after a step"
+    if name == "overhead":
+        if m.peak_reserved_bytes is not None:
+            return "not measured: the CUDA context is outside torch's allocator, so outside peak allocated"
+        if runtime_bytes(m) is None:
+            return "not measured: peak RSS is below the peak of live tensors (unwritten pages are not resident)"
+        return "peak RSS minus the peak of live tensors (the runtime is not a tensor)"
+    return "not measured on its own: inside the peak"
 
 
 def _relation(c: PlanComparison) -> str:

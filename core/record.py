@@ -171,7 +171,8 @@ def _probe_table(probe: Any) -> dict[str, Any]:
             {"device": c.device, "rank": c.rank, "planned_bytes": c.planned_bytes, "measured_bytes": c.measured_bytes,
              "error_pct": c.error_pct, "compared": c.compared,
              **({"under_estimate_pct": 100 * c.under_estimate} if c.under_estimate is not None else {}),
-             "components": {k: {"planned_bytes": p, **({"measured_bytes": m} if m is not None else {"measured": "not measured on its own (inside the peak)"})}
+             "components": {k: {"planned_bytes": p, **({"measured_bytes": m} if m is not None else {}),
+                                **({"measured": c.how[k]} if k in c.how else {})}
                             for k, (p, m) in c.components.items()}}
             for c in probe.comparisons
         ],

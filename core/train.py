@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Generator
 
 from core.childproc import ChildJob, check_exit, start_child, watch
-from core.events import ChildStarted, Event, Message, Progress, lead_events, leads
+from core.events import ChildStarted, Evaluated, Event, Message, Progress, lead_events, leads
 from core.spec import RunSpec
 
 
@@ -139,8 +139,9 @@ def run_train_eval(
         elif event["kind"] == "evaluation":
             when = f" {event['when']} training" if spec.training else ""
             # the seconds are the evaluation's own forward passes: the model was built before (said above)
-            yield Message("train_eval", text=f"held-out perplexity{when}: {event['perplexity']:.3f} "
-                                             f"({event['tokens']} tokens, {event['seconds']:.1f} s of evaluation)")
+            yield Evaluated("train_eval", text=f"held-out perplexity{when}: {event['perplexity']:.3f} "
+                                               f"({event['tokens']} tokens, {event['seconds']:.1f} s of evaluation)",
+                            when=event["when"] if spec.training else "", perplexity=float(event["perplexity"]))
     check_exit(child)
     events = lead_events(child.events)
     evals = {e["when"]: e for e in events if e["kind"] == "evaluation"}

@@ -348,6 +348,8 @@ def recompute_verdicts(rec: dict[str, Any]) -> list[str]:
             problems.append("probe.status is pass, but probe.problems lists why it fails: "
                             + "; ".join(map(str, probe["problems"]))[:200])
         peaks = {(str(d.get("device")), d.get("rank", 0)): d.get("peak_bytes") for d in devices}
+        rss = {(str(d.get("device")), d.get("rank", 0)): d.get("peak_rss_bytes") for d in devices
+               if isinstance(d.get("peak_rss_bytes"), int)}
         findings = [str(f) for f in probe.get("findings", [])]
         v2 = rec.get("schema_version", 1) >= 2
         for row in probe.get("plan_comparison", []):
@@ -358,6 +360,10 @@ def recompute_verdicts(rec: dict[str, Any]) -> list[str]:
             if key in peaks and row.get("measured_bytes") != peaks[key]:
                 problems.append(f"probe.plan_comparison for {name}: measured {row.get('measured_bytes')} B, the "
                                 f"probe's peak is {peaks[key]}")
+            runtime = (row.get("components", {}).get("overhead") or {}).get("measured_bytes")
+            if runtime is not None and key in rss and isinstance(peaks.get(key), int) and runtime != rss[key] - peaks[key]:
+                problems.append(f"probe.plan_comparison for {name}: the overhead measured {runtime} B, but peak RSS "
+                                f"minus the peak of tensors is {rss[key] - peaks[key]} B")
             over = under_estimate(count(row.get("planned_bytes"), "probe.plan_comparison[].planned_bytes"),
                                   count(row.get("measured_bytes"), "probe.plan_comparison[].measured_bytes"))
             named = any("UNDER-ESTIMATE" in f and _names_device(f, name, row.get("rank", 0)) for f in findings)

@@ -56,8 +56,12 @@ def test_reading_ok_only_for_a_plain_value():
 
 def test_others_is_used_minus_ours_when_both_known():
     assert others_reading(Reading(10 * GiB), Reading(3 * GiB)) == Reading(7 * GiB)
-    assert others_reading(Reading(10 * GiB), Reading(None, "no probe process running")) == Reading(
-        None, "no probe process running")
+    # no probe running: every used byte is another process's (a finished probe revisited showed "others N/A")
+    assert others_reading(Reading(10 * GiB), Reading(None, "no probe process running")) == Reading(10 * GiB)
+    assert others_reading(Reading(10 * GiB), Reading(None, "followed processes have exited")) == Reading(10 * GiB)
+    # ours unreadable (NVML's per-process list refused): others is unknown too, with that reason
+    assert others_reading(Reading(10 * GiB), Reading(None, "per-process memory: no permission")) == Reading(
+        None, "per-process memory: no permission")
     assert others_reading(Reading(None, "Unknown Error"), Reading(3 * GiB)) == Reading(None, "Unknown Error")
 
 
@@ -67,7 +71,7 @@ def test_host_without_pids_reports_the_machine_and_no_ours():
     assert s.total_bytes.value == psutil.virtual_memory().total
     assert s.used_bytes.value + s.free_bytes.value == s.total_bytes.value  # used is total - available
     assert s.ours_bytes == Reading(None, "no probe process running")
-    assert s.others_bytes.value is None and not s.others_bytes.ok
+    assert s.others_bytes == s.used_bytes  # nothing of ours: all of it is others'
 
 
 def test_host_counts_a_child_process_and_drops_it_when_it_exits():

@@ -495,3 +495,37 @@ def test_a_passphrase_key_fails_at_once_instead_of_prompting(record, tmp_path, c
     assert done.returncode == 2, done.stdout
     assert time.monotonic() - started < 20  # it did not wait for a passphrase (ssh-keygen's own timeout is none)
     assert "ssh-add" in done.stdout and "Enter passphrase" not in done.stdout
+
+
+def test_the_cpu_runtime_measured_is_rss_minus_tensors_and_an_edit_is_caught(record, capsys):
+    """The overhead line on the CPU is compared with peak RSS minus the peak of live tensors (issue 17: it said "in
+    peak", though the tensor peak holds no runtime); the record says how, and verify recomputes it."""
+    data = tomllib.loads(Path(record).read_text())
+    device, row = data["probe"]["devices"][0], data["probe"]["plan_comparison"][0]
+    overhead = row["components"]["overhead"]
+    if device["peak_rss_bytes"] >= device["peak_bytes"]:
+        assert overhead["measured_bytes"] == device["peak_rss_bytes"] - device["peak_bytes"]
+        assert overhead["measured"].startswith("peak RSS minus the peak of live tensors")
+    assert row["components"]["activations"]["measured"] == "not measured on its own: inside the peak"
+
+    def runtime_edited(data):
+        data["probe"]["plan_comparison"][0]["components"]["overhead"]["measured_bytes"] = 12345
+
+    edit(record, runtime_edited)
+    code, out = verify(record, capsys)
+    assert code == EXIT_VERDICT and "the overhead measured 12345 B, but peak RSS minus the peak of tensors" in out
+
+
+def test_on_cuda_the_overhead_is_said_not_read():
+    from core.probe import DeviceMeasurement, how_measured, runtime_bytes
+
+    m = DeviceMeasurement(device="cuda:0", weights_bytes=1, gradients_bytes=0, optimizer_states_bytes=0,
+                          peak_bytes=10 * 2**30, peak_method="torch.cuda.max_memory_allocated",
+                          peak_reserved_bytes=11 * 2**30, peak_rss_bytes=12 * 2**30, rss_after_load_bytes=0,
+                          parameters=1, trainable_parameters=1)
+    assert runtime_bytes(m) is None  # RSS is host memory there: it says nothing of the CUDA context
+    assert how_measured("overhead", m).startswith("not measured: the CUDA context is outside torch's allocator")
+    from tui.screens.stages import measured_cell
+
+    assert measured_cell(how_measured("overhead", m)) == "not read"
+    assert measured_cell(how_measured("activations", m)) == "in peak"

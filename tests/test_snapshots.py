@@ -15,8 +15,9 @@ from pytest_textual_snapshot import SVGImageExtension
 from syrupy.location import PyTestLocation
 from textual._doc import take_svg_screenshot
 
+from core.pipeline import AcceptanceRun
 from core.monitor import ReplayBackend, constructed_frames
-from core.probe import DeviceMeasurement, PlanComparison, ProbeResult
+from core.probe import DeviceMeasurement, PlanComparison, ProbeResult, compare_with_plan
 from core.resume import Check, ResumeResult, tolerance_tier
 from core.spec import RunSpec
 from core.train import EvalPoint, TrainEvalResult
@@ -89,13 +90,7 @@ def finished_run(app: GpuAcceptApp) -> SimpleNamespace:
                           peak_bytes=150_000_000, peak_method="peak of live CPU tensor storages: ...",
                           peak_reserved_bytes=None, peak_rss_bytes=600_000_000, rss_after_load_bytes=400_000_000,
                           parameters=ctx.plan.parameters.total, trainable_parameters=ctx.plan.parameters.trainable)
-    comparison = PlanComparison("cpu", plan_dev.total_bytes, m.peak_bytes,
-                                100.0 * (plan_dev.total_bytes - m.peak_bytes) / m.peak_bytes, "plan total vs peak",
-                                {"weights": (plan_dev.lines["weights"].bytes, m.weights_bytes),
-                                 "gradients": (plan_dev.lines["gradients"].bytes, m.gradients_bytes),
-                                 "optimizer_states": (plan_dev.lines["optimizer_states"].bytes, m.optimizer_states_bytes),
-                                 **{k: (plan_dev.lines[k].bytes, None) for k in ("activations", "temporaries",
-                                                                                "overhead", "kv_cache")}})
+    comparison = compare_with_plan(plan_dev, m)  # as the probe stage compares
     probe = ProbeResult("pass", 3, 0.42, 610.0, [m], {"cpu": {"parameters": m.parameters, "bytes": m.weights_bytes,
                                                                "trainable": m.trainable_parameters}},
                         [comparison], "runs/x/probe/child.log", "3 steps on cpu, 0.42 s/step")
@@ -132,10 +127,12 @@ def finished_run(app: GpuAcceptApp) -> SimpleNamespace:
                           compared_steps=(3, 4))
     app.state.spec, app.state.ctx = spec, ctx
     run_dir = Path("runs/20261130T000000Z-lora-tiny-llama")
-    return SimpleNamespace(spec=spec, run_dir=run_dir, verdict=None, stopped={}, launch={"nproc": 1},
-                           record_path=run_dir / "record.toml",  # nothing is written when the app closes
-                           close=lambda: None,
-                           results={"plan": ctx.plan, "probe": probe, "train_eval": te, "resume": resume})
+    run = SimpleNamespace(spec=spec, run_dir=run_dir, verdict=None, stopped={}, launch={"nproc": 1}, traced=None,
+                          record_path=run_dir / "record.toml",  # nothing is written when the app closes
+                          close=lambda: None,
+                          results={"plan": ctx.plan, "probe": probe, "train_eval": te, "resume": resume})
+    run.current_verdict = lambda: AcceptanceRun.current_verdict(run)  # the run's own rule, over these results
+    return run
 
 
 def push(screen_name: str):

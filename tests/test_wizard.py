@@ -52,10 +52,19 @@ async def test_walk_the_whole_wizard(tiny_model_dir, tmp_path, mode, key):
         assert isinstance(app.screen, ExportScreen)
         await pilot.press(*"Ada")
         app.screen.query_one("#decision").value = "accept"
+        await pilot.press("escape", "ctrl+n")  # back and again: what was typed is kept (issue 17)
+        assert isinstance(app.screen, ExportScreen)
+        assert app.screen.query_one("#operator", Input).value == "Ada"
+        assert app.screen.query_one("#decision").value == "accept"
         app.screen.query_one("#comment", Input).value = "tiny model walk"
+        shown = text_of(app.screen.query_one("#verdicts"))
         await pilot.click("#write")
-        await wait_for(pilot, lambda: app.state.record_path is not None, 30)
+        await wait_for(pilot, lambda: app.state.record_path is not None
+                       and "record written" in text_of(app.screen.query_one("#written")), 30)
+        assert "record written, UNSIGNED:" in text_of(app.screen.query_one("#written"))
     record = tomllib.loads(Path(app.state.record_path).read_text())
+    for stage, item in record["verdict"]["stages"].items():  # the screen said what the record says
+        assert f"{stage} {item['status']}: {item['evidence']}" in shown, (stage, item, shown)
     assert record["spec"]["mode"] == mode
     assert record["signoff"]["operator"] == "Ada" and record["signoff"]["decision"] == "accept"
     assert record["verdict"]["status"] == "pass"

@@ -299,6 +299,31 @@ def test_the_evaluation_time_is_said_apart_from_the_model_load(lora_run):
     assert built < before and "s of evaluation)" in texts[before]
     seconds = record["evaluation"]["before"]["seconds"]
     assert f"{seconds:.1f} s of evaluation" in texts[before]
+    from core.events import Evaluated
+
+    evaluated = {e.when: e.perplexity for e in events if isinstance(e, Evaluated)}
+    assert evaluated == {"before": record["evaluation"]["before"]["perplexity"],
+                         "after": record["evaluation"]["after"]["perplexity"]}
+
+
+async def test_the_perplexity_before_stays_on_screen_while_the_training_runs(tiny_model_dir, tmp_path):
+    """It was a status line, replaced by the first training step."""
+    from core.events import Evaluated, Progress
+    from tests.wizard_helpers import text_of
+    from tui.screens.stages import EvaluateScreen, StageEvent
+
+    app = make_app(tiny_model_dir, tmp_path, mode="lora")
+    async with app.run_test(size=(80, 24)) as pilot:
+        screen = EvaluateScreen()
+        screen.run_stage = lambda: None  # drawn from events sent here, no child process
+        await app.push_screen(screen)
+        for event in (Evaluated("train_eval", text="held-out perplexity before training: 23.508 (4064 tokens, "
+                                "4.9 s of evaluation)", when="before", perplexity=23.508),
+                      Progress("train_eval", run="train", step=1, total=6, loss=3.4)):
+            screen.post_message(StageEvent(event))
+            await pilot.pause()
+        assert "train: step 1 (of 6)" in text_of(screen.query_one("#status"))
+        assert "held-out perplexity before training: 23.508" in text_of(screen.query_one("#eval-result"))
 
 
 def test_the_resume_progress_names_the_kill_point_as_the_check_does():
@@ -363,3 +388,76 @@ async def test_keys_typed_faster_than_the_screen_draws_land_in_order(tiny_model_
         await wait_for(pilot, lambda: screen.query_one("#data", Input).value == "bed", 10)
         assert screen.query_one("#model", Input).value == "/x"
         assert app.focused is screen.query_one("#data", Input)
+
+
+async def test_a_finished_probe_revisited_says_every_peak_with_its_name(tiny_model_dir, tmp_path):
+    """Revisited, the bar said "others N/A"; its peak, the tracked tensors' and the process's RSS were three unnamed
+    peaks; and the CPU's overhead line said "in peak" though the tensor peak holds no runtime."""
+    from core.monitor import HostBackend
+    from tests.wizard_helpers import TEST_HOST, text_of, wait_for
+    from tui.app import GpuAcceptApp
+    from tui.screens.plan import PlanScreen
+    from tui.screens.stages import ProbeScreen
+
+    app = GpuAcceptApp(runs_root=tmp_path, backend=HostBackend(), devices_override=[TEST_HOST], mode="lora",
+                       fields={"model": str(tiny_model_dir), "seq_len": 64, "steps": 6, "eval_max_blocks": 4,
+                               "resume_checkpoint_every": 2, "resume_kill_after_checkpoint": 1})
+    async with app.run_test(size=(80, 24)) as pilot:
+        await to_plan(pilot, app)
+        await pilot.press("ctrl+n")
+        await wait_for(pilot, lambda: app.state.running is None and app.state.run is not None
+                       and "probe" in app.state.run.results, 120)
+        await pilot.press("escape")
+        assert isinstance(app.screen, PlanScreen)
+        await pilot.press("ctrl+n")  # the plan is unchanged: a new probe screen shows the probe that ran
+        screen = app.screen
+        assert isinstance(screen, ProbeScreen)
+        await wait_for(pilot, lambda: screen._bars, 10)
+        await pilot.pause(0.5)
+        bar = next(iter(screen._bars.values()))
+        line = bar.render().plain.splitlines()[1]
+        assert "probe ended (peak " in line and "others N/A" not in line, line
+        assert bar.others is not None and bar.others > 0
+        title = text_of(screen.query_one("#measured-title"))
+        assert "peak of live tensors" in title and "(tracked in the step)" in title and "high-water mark" in title
+        table = screen.query_one("#measured")
+        rows = {str(table.get_row_at(i)[0]): [str(c) for c in table.get_row_at(i)] for i in range(table.row_count)}
+        probe = app.state.run.results["probe"]
+        d, c = probe.devices[0], probe.comparisons[0]
+        assert rows["cpu process vs peak RSS"][2] == f"{d.peak_rss_bytes / 2**30:.2f} GiB"
+        if d.peak_rss_bytes >= d.peak_bytes:  # the runtime measured as RSS minus tensors, beside its plan line
+            assert c.components["overhead"][1] == d.peak_rss_bytes - d.peak_bytes
+            assert rows["cpu overhead"][2] == f"{(d.peak_rss_bytes - d.peak_bytes) / 2**30:.2f} GiB"
+        assert rows["cpu activations"][2] == "in peak"
+        assert "cpu kv_cache" not in rows  # training keeps no KV cache
+
+
+async def test_where_q_types_into_a_field_ctrl_q_quits_and_the_footer_says_so(tiny_model_dir, tmp_path):
+    from textual.widgets import Input
+
+    app = make_app(tiny_model_dir, tmp_path, mode="lora")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("enter")
+        screen = app.screen
+        assert isinstance(screen, SetupScreen)
+        await pilot.press("end", "q")
+        assert screen.query_one("#model", Input).value.endswith("q")  # q is a letter in a field
+        assert app.is_running
+        shown = {k for k, b in screen.active_bindings.items() if b.binding.show}
+        assert "ctrl+q" in shown, shown
+        await pilot.press("ctrl+q")
+        await pilot.pause()
+        assert not app.is_running or app.return_value == 0
+
+
+def test_the_capacity_marker_of_a_plan_that_does_not_fit_is_said_in_the_legend():
+    """A red ▏ stood in the bar of a plan above its device's capacity, explained nowhere."""
+    from tests.wizard_helpers import GiB
+    from tui.widgets.bars import PlanBar, stacked_bar
+
+    bar = stacked_bar([(3 * GiB, "red"), (1 * GiB, "blue")], 2 * GiB, 40)
+    assert bar.plain.index("▏") == 20  # 2 of 4 GiB: half way
+    over = PlanBar({"weights": 3 * GiB, "activations": GiB}, capacity=2 * GiB)
+    fits = PlanBar({"weights": GiB}, capacity=2 * GiB)
+    assert "▏capacity 2.00 GiB" in over.render().plain.splitlines()[1]
+    assert "▏" not in fits.render().plain

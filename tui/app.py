@@ -30,6 +30,8 @@ class GpuAcceptApp(App[int]):
     SUB_TITLE = "accept a training setup"
     BINDINGS = [
         Binding("q", "quit_app", "Quit"),
+        # where q types into a field, Ctrl+Q (Textual's own quit key, here asking first while a stage runs)
+        Binding("ctrl+q", "quit_app", "Quit", show=False),
         Binding("question_mark", "help", "Terms"),
         Binding("escape", "back", "Back"),
     ]

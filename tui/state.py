@@ -22,6 +22,8 @@ class WizardState:
         running: the name of the stage whose worker runs now, or None.
         cancel: set to stop a running stage; the stage kills its child's process group.
         probe_anyway: the user chose "Probe anyway" on a plan that does not fit (the plan stage still fails).
+        signoff_draft: the export screen's fields as typed (operator, role, decision, comment, key), kept when the
+            user goes back and returns.
     """
 
     runs_root: Path = Path("runs")
@@ -39,3 +41,4 @@ class WizardState:
     signature_path: Path | None = None  # record.toml.sig once the export screen signed the record
     probe_anyway: bool = False
     probe_bar_peaks: dict[str, int | None] | None = None  # the live bars' probe peaks when the probe ended
+    signoff_draft: dict[str, str] = field(default_factory=dict)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from textual import work
 from textual.app import ComposeResult
+from textual.binding import Binding
 from textual.containers import Horizontal, VerticalScroll
 from textual.content import Content
 from textual.screen import Screen
@@ -20,10 +21,17 @@ SIGNING_FREEZES = ("Signing freezes record.toml: nothing is added to a signed re
                    "gpuaccept sign RECORD --key KEY.")
 
 
+#: the export form's fields, kept in WizardState.signoff_draft
+DRAFT_FIELDS = ("operator", "role", "decision", "comment", "key")
+
+
 class ExportScreen(Screen):
     """Every stage's status and evidence; operator, decision and comment; write record.toml."""
 
+    BINDINGS = [Binding("ctrl+q", "app.quit_app", "Quit")]  # q types into the fields here
+
     def compose(self) -> ComposeResult:
+        draft = self.app.state.signoff_draft
         yield Header()
         yield Static("Step 7/7 · Sign off and write the record", classes="title")
         yield Static("The record keeps every number with where it comes from: measured, estimated (how) or not run. "
@@ -33,20 +41,22 @@ class ExportScreen(Screen):
             yield Static("", id="verdicts")
             with Horizontal(classes="field"):
                 yield Label("Operator")
-                yield OrderedInput(placeholder="your name", id="operator", compact=True)
+                yield OrderedInput(draft.get("operator", ""), placeholder="your name", id="operator", compact=True)
             with Horizontal(classes="field"):
                 yield Label("Role")
-                yield OrderedInput(placeholder="e.g. ML infra on-call (optional)", id="role", compact=True)
+                yield OrderedInput(draft.get("role", ""), placeholder="e.g. ML infra on-call (optional)", id="role",
+                                   compact=True)
             with Horizontal(classes="field"):
                 yield Label("Decision")
-                yield Select([("accept", "accept"), ("reject", "reject")], prompt="choose", id="decision", compact=True)
+                yield Select([("accept", "accept"), ("reject", "reject")], prompt="choose", id="decision", compact=True,
+                             value=draft.get("decision", Select.NULL))
             with Horizontal(classes="field"):
                 yield Label("Comment")
-                yield OrderedInput(placeholder="why (optional)", id="comment", compact=True)
+                yield OrderedInput(draft.get("comment", ""), placeholder="why (optional)", id="comment", compact=True)
             with Horizontal(classes="field"):
                 yield Label("Signing key")
-                yield OrderedInput(placeholder="key file, or an agent key's .pub; empty: unsigned", id="key",
-                            compact=True)
+                yield OrderedInput(draft.get("key", ""), placeholder="key file, or an agent key's .pub; empty: unsigned",
+                                   id="key", compact=True)
             yield Static(self._key_hint(), id="key-info")
             yield Static(SIGNING_FREEZES, id="sign-note", classes="dim")
             yield Static("", id="written")
@@ -59,15 +69,12 @@ class ExportScreen(Screen):
         yield Footer(show_command_palette=False)  # no ^p palette key: at 80 columns every key shows
 
     def on_mount(self) -> None:
-        from core.record import verdict
-
         run = self.app.state.run
         if run is None:
             self.query_one("#overall", Static).update("nothing has run yet")
             self.query_one("#write", Button).disabled = True
             return
-        r = run.results
-        v = verdict(run.spec, r["plan"], r["probe"], r["train_eval"], r["resume"])
+        v = run.current_verdict()  # what the record will say: the traced plan and stopped stages included
         self.query_one("#overall", Static).update(
             f"overall: [b]{v['status'].upper()}[/b] · {run.spec.mode} on {run.spec.model} · run directory {run.run_dir}")
         marks = {"pass": "[$success]✓[/]", "not_applicable": "[$text-muted]–[/]"}
@@ -85,8 +92,17 @@ class ExportScreen(Screen):
         return f"signed with ssh-keygen -Y sign, namespace gpuaccept-record, into record.toml.sig ({agent})"
 
     def on_input_changed(self, event: Input.Changed) -> None:
+        if event.input.id in DRAFT_FIELDS:
+            self.app.state.signoff_draft[event.input.id] = event.value
         if event.input.id == "key":
             self.show_fingerprint(event.value.strip())
+
+    def on_select_changed(self, event: Select.Changed) -> None:
+        if event.select.id == "decision":
+            if event.value in ("accept", "reject"):
+                self.app.state.signoff_draft["decision"] = str(event.value)
+            else:
+                self.app.state.signoff_draft.pop("decision", None)
 
     @work(thread=True, exclusive=True, group="fingerprint")
     def show_fingerprint(self, key: str) -> None:
@@ -161,8 +177,9 @@ class ExportScreen(Screen):
         self.app.call_from_thread(setattr, self.query_one("#write", Button), "disabled", True)
         self.app.call_from_thread(setattr, self.query_one("#quiz", Button), "disabled", False)
         signed = self.sign(path)
+        how = "signed" if signed.startswith("signed into") else "UNSIGNED"
         self.app.call_from_thread(self.query_one("#written", Static).update,
-                                  f"[b]record written:[/b] {path}\n(verdict {self.app.state.run.verdict}; "
+                                  f"[b]record written, {how}:[/b] {path}\n(verdict {self.app.state.run.verdict}; "
                                   f"decision {signoff['decision']} by {signoff['operator']}; {signed})")
         # at 80x24 the confirmation sits below the form: bring it into view
         self.app.call_from_thread(self.query_one("#written", Static).scroll_visible)

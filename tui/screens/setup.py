@@ -96,7 +96,7 @@ def current_value(spec: Any, name: str) -> str:
 class SetupScreen(NavButtons, Screen):
     """Model, dtype, batch, sequence, accumulation, optimizer, steps, LoRA and devices; Next only when valid."""
 
-    BINDINGS = [Binding("ctrl+n", "next", "Next")]
+    BINDINGS = [Binding("ctrl+n", "next", "Next"), Binding("ctrl+q", "app.quit_app", "Quit")]  # q types here
 
     def compose(self) -> ComposeResult:
         from core.spec import RunSpec

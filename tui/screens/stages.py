@@ -230,12 +230,19 @@ class ProbeScreen(StageScreen):
         table.clear(columns=True)
         table.add_columns("device · component", "planned", "measured", "plan error")
         ranks = len(result.devices) > 1
+        rss = {(d.device, d.rank): d.peak_rss_bytes for d in result.devices if d.peak_reserved_bytes is None}
         for c in result.comparisons:  # the total first: it is what decides the fit
             where = f"r{c.rank} {c.device}" if ranks else c.device
             table.add_row(f"{where} tensors vs peak", gib(c.planned_bytes), gib(c.measured_bytes), f"{c.error_pct:+.1f} %")
+            whole = rss.get((c.device, c.rank))
+            if whole and "overhead" in c.components:  # the CPU: the process as the bar shows it, with the overhead line
+                planned_whole = c.planned_bytes + c.components.get("overhead", (0, None))[0]
+                table.add_row(f"{where} process vs peak RSS", gib(planned_whole), gib(whole), _err(planned_whole, whole))
             for name, (planned, measured) in c.components.items():
-                table.add_row(f"{where} {name}", gib(planned), gib(measured) if measured is not None else "in peak",
-                              _err(planned, measured))
+                if name == "kv_cache" and not planned and measured is None:
+                    continue  # training keeps no KV cache: a line of zeros says nothing
+                table.add_row(f"{where} {name}", gib(planned), gib(measured) if measured is not None
+                              else measured_cell(c.how.get(name, "")), _err(planned, measured))
         d = result.devices[0]
         if ranks:
             kind = "peak allocated" if d.peak_reserved_bytes is not None else "peak of live tensors"
@@ -244,8 +251,9 @@ class ProbeScreen(StageScreen):
         elif d.peak_reserved_bytes is not None:
             peak = f"peak allocated {gib(d.peak_bytes)}, reserved {gib(d.peak_reserved_bytes)}"
         else:
-            peak = f"peak of live tensors {gib(d.peak_bytes)}; process peak RSS {gib(d.peak_rss_bytes)} " + rss_note(
-                d.peak_bytes, d.peak_rss_bytes)
+            peak = (f"peak of live tensors {gib(d.peak_bytes)} (tracked in the step); process peak RSS "
+                    f"{gib(d.peak_rss_bytes)} (its own high-water mark; the bar samples every 0.1 s) "
+                    + rss_note(d.peak_bytes, d.peak_rss_bytes))
         problems = "".join(f"\n[red]✗ {p}[/]" for p in getattr(result, "problems", []))
         problems += "".join(f"\n[yellow]! {f}[/]" for f in getattr(result, "findings", []))
         self.query_one("#measured-title", Static).update(
@@ -281,6 +289,12 @@ def rss_note(tensors: int, rss: int | None) -> str:
             "not yet written are not)")
 
 
+def measured_cell(how: str) -> str:
+    """A component the probe did not measure apart, in a table cell: "in peak" (inside the measured peak) or "not
+    read" (outside it, e.g. the CUDA context outside peak allocated); the record keeps the full words."""
+    return "not read" if how.startswith("not measured:") else "in peak"
+
+
 def _err(planned: int, measured: int | None) -> str:
     if measured is None or measured == 0:
         return ""
@@ -310,11 +324,13 @@ class EvaluateScreen(StageScreen):
         return self.app.state.run.train_eval_stage(cancelled)
 
     def on_core_event(self, event: Any) -> None:
-        from core.events import Progress
+        from core.events import Evaluated, Progress
 
         if isinstance(event, Progress) and event.loss is not None:
             self._losses.append(event.loss)
             self.query_one("#loss", Sparkline).data = list(self._losses)
+        elif isinstance(event, Evaluated) and event.when == "before":  # kept on screen while the training runs
+            self.query_one("#eval-result", Static).update(f"{event.text}; training now…")
 
     def show_result(self, result: Any) -> None:
         losses = [s["loss"] for s in result.steps]

@@ -74,6 +74,9 @@ class PlanBar(Widget):
             if self.components.get(name, 0) > 0:
                 legend.append("■ ", style=style)
                 legend.append(f"{SHORT[name]} ")
+        if self.capacity and sum(b for b, _ in segments) > self.capacity:  # the red marker, said in the legend
+            legend.append("▏", style="bold red")
+            legend.append(f"capacity {self.capacity / GiB:.2f} GiB ")
         return Text.assemble(bar, "\n", legend)
 
 
