@@ -136,36 +136,44 @@ class HostBackend:
     def __init__(self) -> None:
         self._procs: dict[int, psutil.Process] = {}  # kept so is_running() detects a reused pid
 
-    def _ours(self, pids: set[int]) -> Reading:
+    def _ours(self, pids: set[int]) -> tuple[Reading, Reading]:
+        """RSS of the followed processes and their descendants, and the anonymous part of it (RSS minus file-backed
+        and shared pages: ``rss - shared`` of /proc/PID/statm), both in bytes."""
         if not pids:
-            return Reading(None, "no probe process running")
+            return (Reading(None, "no probe process running"),) * 2
         self._procs = {p: self._procs.get(p) or _process(p) for p in pids}
-        rss: dict[int, int] = {}
+        rss: dict[int, tuple[int, int]] = {}
         for proc in self._procs.values():
             try:
                 if proc is None or not proc.is_running():
                     continue
                 for member in [proc, *proc.children(recursive=True)]:
                     try:
-                        rss[member.pid] = member.memory_info().rss
+                        info = member.memory_info()
+                        rss[member.pid] = (info.rss, max(info.rss - getattr(info, "shared", 0), 0))
                     except psutil.Error:  # vanished, zombie, or not ours to read
                         pass
             except psutil.Error:
                 pass
         if not rss:
-            return Reading(None, "followed processes have exited")
-        return Reading(sum(rss.values()))
+            return (Reading(None, "followed processes have exited"),) * 2
+        return Reading(sum(r for r, _ in rss.values())), Reading(sum(a for _, a in rss.values()))
 
     def sample(self, pids: set[int]) -> list[DeviceSample]:
+        """The host's memory; ``ours`` is the followed processes' RSS (as their peak RSS is reported), and ``others``
+        is "used" (total - available) minus their anonymous pages only: the file pages in their RSS (libraries,
+        memory-mapped weights) are page cache, which "used" does not count, so ``used - RSS`` went to 0 while a
+        probe ran."""
         from core.hostmem import host_memory
 
         host = host_memory()
-        used, ours = Reading(host.total_bytes - host.available_bytes), self._ours(pids)
+        used = Reading(host.total_bytes - host.available_bytes)
+        ours, anon = self._ours(pids)
         name = "host memory" if host.cgroup is None else f"host memory (cgroup v{host.cgroup.version} limit)"
         return [DeviceSample(t=time.time(), device="cpu", name=name, backend=self.name,
                              total_bytes=Reading(host.total_bytes), used_bytes=used,
                              free_bytes=Reading(host.available_bytes), ours_bytes=ours,
-                             others_bytes=others_reading(used, ours))]
+                             others_bytes=others_reading(used, anon))]
 
 
 def _process(pid: int) -> psutil.Process | None:

@@ -360,10 +360,13 @@ def recompute_verdicts(rec: dict[str, Any]) -> list[str]:
             if key in peaks and row.get("measured_bytes") != peaks[key]:
                 problems.append(f"probe.plan_comparison for {name}: measured {row.get('measured_bytes')} B, the "
                                 f"probe's peak is {peaks[key]}")
-            runtime = (row.get("components", {}).get("overhead") or {}).get("measured_bytes")
-            if runtime is not None and key in rss and isinstance(peaks.get(key), int) and runtime != rss[key] - peaks[key]:
+            comps = row.get("components")
+            overhead = comps.get("overhead") if isinstance(comps, dict) else None
+            runtime = overhead.get("measured_bytes") if isinstance(overhead, dict) else None
+            peak = peaks.get(key)
+            if runtime is not None and key in rss and isinstance(peak, int) and runtime != rss[key] - peak:
                 problems.append(f"probe.plan_comparison for {name}: the overhead measured {runtime} B, but peak RSS "
-                                f"minus the peak of tensors is {rss[key] - peaks[key]} B")
+                                f"minus the peak of tensors is {rss[key] - peak} B")
             over = under_estimate(count(row.get("planned_bytes"), "probe.plan_comparison[].planned_bytes"),
                                   count(row.get("measured_bytes"), "probe.plan_comparison[].measured_bytes"))
             named = any("UNDER-ESTIMATE" in f and _names_device(f, name, row.get("rank", 0)) for f in findings)

@@ -55,8 +55,8 @@ class ExportScreen(Screen):
                 yield OrderedInput(draft.get("comment", ""), placeholder="why (optional)", id="comment", compact=True)
             with Horizontal(classes="field"):
                 yield Label("Signing key")
-                yield OrderedInput(draft.get("key", ""), placeholder="key file, or an agent key's .pub; empty: unsigned",
-                                   id="key", compact=True)
+                yield OrderedInput(draft.get("key", ""), id="key", compact=True,
+                                   placeholder="key file, or an agent key's .pub; empty: unsigned")
             yield Static(self._key_hint(), id="key-info")
             yield Static(SIGNING_FREEZES, id="sign-note", classes="dim")
             yield Static("", id="written")

@@ -237,7 +237,8 @@ class ProbeScreen(StageScreen):
             whole = rss.get((c.device, c.rank))
             if whole and "overhead" in c.components:  # the CPU: the process as the bar shows it, with the overhead line
                 planned_whole = c.planned_bytes + c.components.get("overhead", (0, None))[0]
-                table.add_row(f"{where} process vs peak RSS", gib(planned_whole), gib(whole), _err(planned_whole, whole))
+                table.add_row(f"{where} process vs peak RSS", gib(planned_whole), gib(whole),
+                              _err(planned_whole, whole))
             for name, (planned, measured) in c.components.items():
                 if name == "kv_cache" and not planned and measured is None:
                     continue  # training keeps no KV cache: a line of zeros says nothing
