@@ -214,6 +214,8 @@ def main() -> int:
     parser.add_argument("--out", help="folder for gpu_accuracy.json (default: benchmarks/results/ when a GPU measured; "
                                       "nothing is written without one unless --out is given)")
     parser.add_argument("--cells", type=int, default=0, help="only the first N cells (0: all)")
+    parser.add_argument("--deadline-s", type=float, default=0.0,
+                        help="start no cell once this many seconds have passed less the slowest cell so far (0: none)")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
@@ -223,7 +225,12 @@ def main() -> int:
 
     cuda = torch.cuda.is_available()
     rows = []
+    started, slowest = time.monotonic(), 0.0
     for cell in cells()[: args.cells or None]:
+        if args.deadline_s and time.monotonic() - started + slowest > args.deadline_s:
+            rows.append({**cell, "status": "not_run (out of time)"})
+            continue
+        cell_started = time.monotonic()
         row = {**cell, **plan_cell(cell, cuda)}
         if cuda:
             child = subprocess.run([sys.executable, __file__, "--one", json.dumps(cell)], capture_output=True, text=True,
@@ -239,6 +246,7 @@ def main() -> int:
         else:
             row["status"] = "not_measured (no CUDA device here: planned and traced only)"
         rows.append(row)
+        slowest = max(slowest, time.monotonic() - cell_started)
         _print_row(row)
     if not cuda and not args.out:
         print("no CUDA device: nothing measured, nothing written (the GPU path is unverified here)")

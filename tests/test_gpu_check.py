@@ -1,0 +1,138 @@
+"""The GPU check (benchmarks/gpu_check.sh) cannot rot unseen: its dry run here, and its parts on real records."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _module(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def llama_parameters(c: dict) -> int:
+    """Parameters of a Llama config, counted from its shapes (q, k, v, o, gate, up, down, two norms per layer)."""
+    h, i, layers, v = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"], c["vocab_size"]
+    head = c.get("head_dim") or h // c["num_attention_heads"]
+    kv = c["num_key_value_heads"] * head
+    per_layer = h * c["num_attention_heads"] * head * 2 + h * kv * 2 + 3 * h * i + 2 * h
+    return v * h * (1 if c.get("tie_word_embeddings", True) else 2) + layers * per_layer + h
+
+
+@pytest.fixture(scope="module")
+def carried(tmp_path_factory) -> Path:
+    dest = tmp_path_factory.mktemp("whl")
+    assert _module("gpu_wheels").main(["--dest", str(dest)]) == 0
+    return dest
+
+
+def test_the_carried_folder_is_pure_python_wheels_at_the_tested_versions_and_the_tokenizer(carried):
+    import importlib.metadata
+
+    wheels = sorted(p.name for p in carried.glob("*.whl"))
+    gpu_wheels = _module("gpu_wheels")
+    assert len(wheels) == len(gpu_wheels.WHEELS)
+    assert all(name.endswith("-py3-none-any.whl") for name in wheels), wheels  # any CPython 3, any platform
+    assert f"textual-{importlib.metadata.version('textual')}-py3-none-any.whl" in wheels
+    assert (carried / "smollm2" / "tokenizer.json").stat().st_size > 1_000_000
+    assert not list((carried / "smollm2").glob("*.safetensors"))  # the weights never travel
+    assert sum(p.stat().st_size for p in carried.rglob("*") if p.is_file()) < 16 * 2**20  # well under 64 MiB
+
+
+@pytest.mark.slow
+def test_the_dry_run_runs_every_step_that_needs_no_cuda_and_marks_every_gpu_cell_not_run(carried, tmp_path):
+    out = tmp_path / "out"
+    env = {**os.environ, "OUT": str(out), "PYTHON": sys.executable, "CARRIED": str(carried), "TMPDIR": str(tmp_path)}
+    done = subprocess.run(["bash", "benchmarks/gpu_check.sh", "--dry-run"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    files = sorted(p.name for p in out.iterdir())
+    # the device tool brings back at most 8 files, each at most 16 MiB, none nested here
+    assert len(files) <= 8 and all((out / f).is_file() and (out / f).stat().st_size < 16 * 2**20 for f in files)
+    assert {"summary.json", "summary.md", "gpu_check.tar.gz", "gpu_check.log", "wizard.txt"} <= set(files), files
+    summary = json.loads((out / "summary.json").read_text())
+    steps = summary["steps"]
+    assert summary["dry_run"] is True and summary["cuda"] is False
+    assert list(steps) == ["versions", "models", "nvml", "acceptance_lora", "wizard", "acceptance_full",
+                           "acceptance_inference", "accuracy"]
+    # the carried textual was the one imported, from the temporary target, not this venv's
+    assert steps["versions"]["textual_from"].endswith("/site") and str(tmp_path) in steps["versions"]["textual_from"]
+    # the model directories: the shapes of their configs, the 1.2B one with the tokenizer's vocabulary
+    small_config = json.loads((carried / "smollm2" / "config.json").read_text())
+    big_config = json.loads((ROOT / "benchmarks" / "configs" / "llama-1.1b.json").read_text())
+    big_config["vocab_size"] = small_config["vocab_size"]
+    models = steps["models"]["models"]
+    assert models["smollm2-135m"]["parameters"] == llama_parameters(small_config)
+    assert models["llama-1.2b"]["parameters"] == llama_parameters(big_config)
+    assert models["llama-1.2b"]["bytes_on_disk"] >= 2 * models["llama-1.2b"]["parameters"]  # bf16
+    for name in ("nvml", "acceptance_lora", "acceptance_full", "acceptance_inference", "wizard", "accuracy"):
+        assert steps[name]["status"] == "not_run" and steps[name]["why"], (name, steps[name])
+    for mode in ("lora", "full", "inference"):  # each acceptance's exact arguments were planned (flags parse, it fits)
+        step = steps[f"acceptance_{mode}"]
+        assert step["plan_fits"] is True and step["plan_total_bytes_estimated"] > 2 * 2**30, step
+        assert ["--mode", mode] == step["arguments"][:2]
+    assert all(c["status"].startswith("not_measured") and c["analytic_vs_allocated_pct"] is None
+               for c in steps["accuracy"]["cells"])
+    assert steps["wizard"]["saved"] == ["probe-live.svg", "probe-live.txt", "probe-done.svg", "probe-done.txt"]
+    assert steps["wizard"]["verdict"].startswith("PASS")
+    wizard = (out / "wizard.txt").read_text()
+    assert "Probe" in wizard and "peak of live tensors" in wizard and "host memory" in wizard
+    with tarfile.open(out / "gpu_check.tar.gz") as tar:
+        members = {m.name: m.size for m in tar.getmembers()}
+    assert "logs/wizard.log" in members and "accuracy/gpu_accuracy.json" in members
+    assert not any(name.startswith(("models/", "site/")) for name in members)
+    assert max(members.values()) <= 2 * 2**20
+    table = (out / "summary.md").read_text()
+    assert all(f"| {name} | {steps[name]['status']} |" in table for name in steps)
+
+
+def test_without_the_carried_files_it_stops_at_once_and_says_what_to_run(tmp_path):
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "PYTHON": sys.executable, "CARRIED": str(tmp_path / "none")}
+    done = subprocess.run(["bash", "benchmarks/gpu_check.sh", "--dry-run"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 2
+    assert "make gpu-wheels" in done.stdout
+
+
+def test_a_record_gives_the_summary_its_numbers(lora_run):
+    _, record, _ = lora_run
+    facts = _module("gpu_check").record_facts(record)
+    assert facts["verdict"] == record["verdict"]["status"] == "pass"
+    assert facts["stages"] == {k: v["status"] for k, v in record["verdict"]["stages"].items()}
+    rows = record["probe"]["plan_comparison"]
+    assert [r["measured_bytes"] for r in facts["plan_vs_probe"]] == [r["measured_bytes"] for r in rows]
+    assert facts["step_time_s"] == record["probe"]["step_time_s"] > 0
+    assert facts["perplexity"]["after"] == record["evaluation"]["after"]["perplexity"]
+    assert facts["resume"]["status"] == "pass"
+
+
+def test_weights_are_dropped_from_a_run_directory_and_the_record_kept(tmp_path):
+    ckpt = tmp_path / "train" / "checkpoint-4"
+    ckpt.mkdir(parents=True)
+    (ckpt / "model.safetensors").write_bytes(b"\0" * (2**20 + 1))
+    (ckpt / "optimizer.pt").write_bytes(b"\0" * (2**20 + 1))
+    (ckpt / "rng_state.pth").write_bytes(b"\0" * 100)  # small: kept in the archive as evidence
+    (tmp_path / "record.toml").write_text("x = 1\n")
+    _module("gpu_check").drop_weights(tmp_path)
+    assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == ["record.toml", "rng_state.pth"]
+
+
+def test_a_step_with_too_little_time_left_is_not_run_and_says_so(tmp_path):
+    gpu_check = _module("gpu_check")
+    check = gpu_check.Check(tmp_path / "out", tmp_path / "work", deadline_s=5, dry_run=True)
+    result = check.run_step("acceptance_full", lambda c: {"status": "measured"}, needs_s=120)
+    assert result["status"] == "not_run" and "out of time" in result["why"]
+    failing = check.run_step("nvml", lambda c: 1 / 0)
+    assert failing["status"] == "failed" and "ZeroDivisionError" in failing["why"]
