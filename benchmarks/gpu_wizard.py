@@ -78,11 +78,20 @@ async def drive(args) -> dict:
         result["backend"] = app.backend_note
         sampler = app.start_sampler()
         device = "cpu" if args.devices == "cpu" else f"cuda:{args.devices.split(',')[0]}"
-        await wait(pilot, lambda: (sampler.peak_ours(device) or 0) > 0 or app.state.running is None, args.timeout_s,
-                   "the probe child holding memory")
-        await pilot.pause(1.5)  # a few samples into the bars
-        if app.state.running:
-            result["saved"] += save(app, out, "probe-live")
+        # while the probe runs, keep the latest picture until one shows the child's memory in the bar mid-step (the
+        # probe's steps can take well under a second on a GPU, after seconds of start-up)
+        status = app.screen.query_one("#status", Static)
+        await wait(pilot, lambda: app.state.running or next_enabled(), 30, "the probe's start")
+        deadline, result["live"] = time.monotonic() + args.timeout_s, "none"
+        while app.state.running and time.monotonic() < deadline and result["live"] != "holding memory, mid-step":
+            ours = next((s.ours_bytes.value for s in sampler.latest() if s.device == device), None)
+            holding = bool(ours) and "step" in str(status.content)
+            saved = save(app, out, "probe-live")
+            result["live"] = "holding memory, mid-step" if holding else "the last picture while it ran (the bar had " \
+                "not shown the child's memory mid-step)"
+            await pilot.pause(0.3)
+        if result["live"] != "none":
+            result["saved"] += saved
         await wait(pilot, lambda: app.state.running is None and next_enabled(), args.timeout_s, "the probe's end")
         await pilot.pause(0.5)
         result["saved"] += save(app, out, "probe-done")

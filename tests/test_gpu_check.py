@@ -87,6 +87,7 @@ def test_the_dry_run_runs_every_step_that_needs_no_cuda_and_marks_every_gpu_cell
                for c in steps["accuracy"]["cells"])
     assert steps["wizard"]["saved"] == ["probe-live.svg", "probe-live.txt", "probe-done.svg", "probe-done.txt"]
     assert steps["wizard"]["verdict"].startswith("PASS")
+    assert steps["wizard"]["live"] == "holding memory, mid-step"  # the host backend reads the child: a real picture
     wizard = (out / "wizard.txt").read_text()
     assert "Probe" in wizard and "peak of live tensors" in wizard and "host memory" in wizard
     with tarfile.open(out / "gpu_check.tar.gz") as tar:
