@@ -197,6 +197,57 @@ def test_plan_screen_traced_beside_analytic(snap, size):
     snap(app_for(), size, run_before)
 
 
+def small_host_app(batch: int = 8) -> GpuAcceptApp:
+    """The wizard on a host whose capacity lies between the plans of micro-batch 2 and 3 of the tiny model (planned
+    here, not invented): micro-batch ``batch`` does not fit, 2 does."""
+    from core.pipeline import make_plan
+    from core.plan import DeviceInfo
+
+    def total(b: int) -> int:
+        spec = RunSpec.build(model="tiny-llama", mode="lora", seq_len=64, batch_size=b, steps=6,
+                             resume_checkpoint_every=2, resume_kill_after_checkpoint=1)
+        return make_plan(spec, [TEST_HOST]).plan.devices[0].total_bytes
+
+    capacity = (total(2) + total(3)) // 2
+    host = DeviceInfo("cpu", "cpu", "small host", capacity, "constructed for tests")
+    frames = constructed_frames(device="cpu", name="small host", total=capacity, ours=[None], others=0)
+    return GpuAcceptApp(runs_root=Path("runs"), backend=ReplayBackend(frames), devices_override=[host], mode="lora",
+                        tracer=constructed_tracer,
+                        fields={"model": "tiny-llama", "seq_len": 64, "batch_size": batch, "steps": 6,
+                                "resume_checkpoint_every": 2, "resume_kill_after_checkpoint": 1})
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_plan_screen_that_does_not_fit(snap, size):
+    """Issue 17: a plan that does not fit offers the largest micro-batch that fits (f) and Probe anyway, above the
+    fold at 80x24."""
+    async def run_before(pilot) -> None:
+        await pilot.press("enter", "ctrl+n")
+        await until(pilot, lambda: str(pilot.app.screen.query_one("#next").label) == "Probe anyway →")
+        await until(pilot, lambda: bool(pilot.app.screen.query(".traced-table")))
+        await pilot.pause()
+
+    snap(small_host_app(), size, run_before)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_setup_screen_with_a_data_file(snap, size):
+    """Issue 17: your own data is shown, with its documents and held-out split once read."""
+    Path("my.jsonl").write_text("".join(f'{{"text": "document number {i} with some words in it"}}\n'
+                                        for i in range(40)))
+
+    async def run_before(pilot) -> None:
+        await pilot.press("enter")
+        await until(pilot, lambda: "documents:" in str(pilot.app.screen.query_one("#data-info").content))
+        await until(pilot, lambda: "looking" not in str(pilot.app.screen.query_one("#detected").content))
+        pilot.app.screen.query_one("#data").focus()
+        await pilot.pause()
+
+    app = app_for()
+    app.state.fields["data"] = "my.jsonl"
+    snap(app, size, run_before)
+
+
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
 @pytest.mark.parametrize("screen", ["probe", "evaluate", "resume", "export"])
 def test_stage_screens(snap, size, screen):

@@ -461,3 +461,24 @@ def test_the_capacity_marker_of_a_plan_that_does_not_fit_is_said_in_the_legend()
     fits = PlanBar({"weights": GiB}, capacity=2 * GiB)
     assert "▏capacity 2.00 GiB" in over.render().plain.splitlines()[1]
     assert "▏" not in fits.render().plain
+
+
+async def test_differs_most_says_it_is_by_bytes_with_the_difference_in_gib(tiny_model_dir, tmp_path):
+    """"differs most: activations" was by GiB while the table beside it showed gradients −100 %: the line now says
+    which measure it is by and gives the difference in GiB, and it names the line whose bytes differ most."""
+    from tests.test_snapshots import constructed_tracer
+    from tests.wizard_helpers import text_of, wait_for
+
+    app = make_app(tiny_model_dir, tmp_path, mode="lora")
+    app.tracer = constructed_tracer
+    async with app.run_test(size=(80, 24)) as pilot:
+        await to_plan(pilot, app)
+        await wait_for(pilot, lambda: app.state.traced is not None and app.screen.query(".traced-table"), 60)
+        traced = app.state.traced
+        rows = traced["lines"]
+        by_bytes = max(rows, key=lambda k: abs(rows[k]["traced_bytes"] - rows[k]["analytic_bytes"]))
+        assert traced["most_different"] == by_bytes
+        diff = (rows[by_bytes]["traced_bytes"] - rows[by_bytes]["analytic_bytes"]) / 2**30
+        line = text_of(app.screen._traced_slot)
+        assert f"differs most from the analytic plan: {by_bytes} ({diff:+.2f} GiB traced − analytic: the largest " \
+               "difference in bytes, not in per cent)" in line, line
