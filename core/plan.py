@@ -227,6 +227,7 @@ class MemoryPlan:
                     "name": dp.device.name,
                     "label": dp.device.label,
                     "capacity_bytes": dp.device.capacity_bytes,
+                    "capacity_source": dp.device.capacity_source,
                     "components": {name: int(dp.lines[name].bytes) for name in COMPONENTS},
                     "methods": {name: dp.lines[name].method for name in COMPONENTS},
                     "phases": {p.name: {"at": p.at, "components": {k: int(v) for k, v in p.components.items()}}

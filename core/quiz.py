@@ -10,6 +10,7 @@ these questions).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import random
 from dataclasses import dataclass, field
@@ -98,7 +99,26 @@ def build_quiz(record: dict[str, Any]) -> list[Question]:
         raise GpuAcceptError(f"this record's numbers answer only {len(questions)} question(s) (the check asks at least "
                              f"{MIN_QUESTIONS}): its probe, evaluation or resume did not run or lack data; quiz a "
                              "record whose stages ran")
-    return questions[:MAX_QUESTIONS]
+    return _spread_answers(questions[:MAX_QUESTIONS], seed)
+
+
+def _spread_answers(questions: list[Question], seed: str) -> list[Question]:
+    """Move each right answer to a position drawn without replacement from shuffled rounds of A-D (fixed by the
+    record), so no letter is right more than ⌈n/4⌉ times in n questions (shuffling each question alone gave A as the
+    answer to 4 of 6); the wrong choices keep their shuffled order."""
+    rng = random.Random(hashlib.sha256(f"{seed}:answers".encode()).digest())
+    slots: list[int] = []
+    while len(slots) < len(questions):
+        block = list(range(4))
+        rng.shuffle(block)
+        slots += block
+    out = []
+    for q, slot in zip(questions, slots):
+        wrong = [c for i, c in enumerate(q.choices) if i != q.answer]
+        at = min(slot, len(wrong))
+        choices = (*wrong[:at], q.choices[q.answer], *wrong[at:])
+        out.append(dataclasses.replace(q, choices=choices, answer=at))
+    return out
 
 
 # ------------------------------------------------------------------------------------------------------------ kinds
@@ -120,8 +140,9 @@ def _fit_by_device(rec: dict[str, Any], seed: str) -> Question | None:
                   "Does the plan say this setup fits?")
     else:
         d = devices[0]
-        prompt = (f"The plan needs {_gib(d['total_bytes'])} on {d['name']}, which has {_gib(d['capacity_bytes'])}. "
-                  "Does the plan say this setup fits?")
+        which = f" ({d['capacity_source']})" if isinstance(d.get("capacity_source"), str) and d["capacity_source"] else ""
+        prompt = (f"The plan needs {_gib(d['total_bytes'])} on {d['name']}, which has {_gib(d['capacity_bytes'])}"
+                  f"{which}. Does the plan say this setup fits?")
     if over:
         d = over[0]
         right = f"No: {d['name']} needs {_gib(d['total_bytes'])}, above its own {_gib(d['capacity_bytes'])}"
@@ -133,6 +154,8 @@ def _fit_by_device(rec: dict[str, Any], seed: str) -> Question | None:
         (f"Yes: the {len(devices)} devices' {_gib(capacity)} in all hold the {_gib(total)}, as CUDA pools memory"
          if len(devices) > 1 and not host_ranks else
          f"No: {len(devices)} ranks cannot share the {_gib(capacity)} of one host's memory" if host_ranks else
+         f"Yes: what does not fit in the {_gib(capacity)} is swapped to disk, so any plan fits a CPU"
+         if str(devices[0]["name"]).startswith("cpu") else
          f"It depends on the host's RAM added to the {_gib(capacity)} of {devices[0]['name']}"),
         f"It cannot say: only the probe's measurement decides fit, not a plan's estimate of {_gib(total)}",
         f"Yes: only the weights ({_gib(weights)}) have to fit; the rest is allocated on demand",

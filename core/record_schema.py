@@ -59,7 +59,8 @@ _COUNT_NAMES = ("step", "steps", "*_step", "*_steps", "rank", "*_rank", "world_s
                 "r", "alpha", "tp", "*_every", "kill_after_checkpoint", "questions_asked", "score",
                 "killed_process_group", "lora_modules_adapted", "schema_version", "index")
 _STR_NAMES = ("status", "method", "evidence", "why", "summary", "name", "kind", "note", "label", "at", "device",
-              "host", "operator", "role", "comment", "decision", "log", "tool", "tool_version", "run_dir")
+              "host", "operator", "role", "comment", "decision", "log", "tool", "tool_version", "run_dir",
+              "capacity_source")
 _BOOL_NAMES = ("fits", "correct", "check", "cuda_available")
 
 #: (pattern, kind): the first whose pattern matches a value's path decides its kind. A path is written as the record's

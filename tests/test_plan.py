@@ -261,7 +261,7 @@ def test_to_json_has_exactly_the_documented_keys(tmp_path):
     assert out["strategy"] == "single"
     assert "precision pure" in out["convention"] and "peak of the step" in out["convention"]
     (device,) = out["devices"]
-    assert set(device) == {"name", "label", "capacity_bytes", "components", "methods", "phases", "peak_phase",
+    assert set(device) == {"name", "label", "capacity_bytes", "capacity_source", "components", "methods", "phases", "peak_phase",
                            "sum_of_components_bytes", "untraced_bytes", "total_bytes", "fits"}
     assert list(device["components"]) == list(COMPONENTS) == list(device["methods"])
     assert all(type(v) is int for v in device["components"].values())

@@ -246,7 +246,10 @@ async def test_the_export_screen_says_what_signing_freezes_before_you_sign(tiny_
         await pilot.pause()
         note = text_of(app.screen.query_one("#sign-note"))
         assert "Signing freezes record.toml" in note and "quiz" in note
-        assert app.screen.query_one("#sign-note").region.y < app.screen.query_one("#written").region.y + 1
+        # above the fold at 80x24, whatever the body scrolls to: it is not in the scrolled body
+        region = app.screen.query_one("#sign-note").region
+        assert region.height > 0 and region.y + region.height <= 24 - 4, region  # above the buttons and footer
+        assert app.screen.query_one("#sign-note").parent is app.screen
 
 
 async def test_at_60_columns_the_probe_bar_keeps_its_peak():
@@ -266,7 +269,14 @@ async def test_at_60_columns_the_probe_bar_keeps_its_peak():
         await pilot.pause()
         line = str(bar.render()).splitlines()[1]
         assert len(line) <= 60 and line.startswith("■ probe 3.00 (peak 5.00) ■ others 10.00"), line
-        assert line.rstrip().endswith("of 140.00 GiB total"), line  # the note is what is cut
+        # the note is what is cut, and it says so
+        assert "of 140.00 GiB total" in line and line.rstrip().endswith("…"), line
+        # narrower still (a finished probe beside a scrollbar): the compact words, never a word cut ("GiB tot")
+        bar.styles.width = 54
+        bar.show(ours=None, others=int(1.5 * 2**30), total=int(23.54 * 2**30), peak=int(3.03 * 2**30), ended=True)
+        await pilot.pause()
+        line = str(bar.render()).splitlines()[1]
+        assert line.rstrip() == "■ probe ended (peak 3.03) ■ others 1.50 / 23.54 GiB", line
 
 
 async def test_the_plan_says_how_each_line_is_estimated_in_full_at_80_columns(tiny_model_dir, tmp_path):
@@ -317,13 +327,20 @@ async def test_the_perplexity_before_stays_on_screen_while_the_training_runs(tin
         screen = EvaluateScreen()
         screen.run_stage = lambda: None  # drawn from events sent here, no child process
         await app.push_screen(screen)
-        for event in (Evaluated("train_eval", text="held-out perplexity before training: 23.508 (4064 tokens, "
-                                "4.9 s of evaluation)", when="before", perplexity=23.508),
-                      Progress("train_eval", run="train", step=1, total=6, loss=3.4)):
-            screen.post_message(StageEvent(event))
+        line = "held-out perplexity before training: 23.508 (4064 tokens, 4.9 s of evaluation)"
+        screen.post_message(StageEvent(Evaluated("train_eval", text=line, when="before", perplexity=23.508)))
+        await pilot.pause()
+        # said once: it was both the status line and the result line until the first step ended
+        shown = [text_of(w) for w in screen.query("Static")]
+        assert sum(line in t for t in shown) == 1, shown
+        assert text_of(screen.query_one("#status")) == "training: the first step is running…"
+        for step, loss in ((1, 3.4), (2, 3.1)):
+            screen.post_message(StageEvent(Progress("train_eval", run="train", step=step, total=6, loss=loss)))
             await pilot.pause()
-        assert "train: step 1 (of 6)" in text_of(screen.query_one("#status"))
-        assert "held-out perplexity before training: 23.508" in text_of(screen.query_one("#eval-result"))
+        assert "train: step 2 (of 6)" in text_of(screen.query_one("#status"))
+        assert line in text_of(screen.query_one("#eval-result"))
+        # the loss curve's scale while it grows, not only at the end
+        assert text_of(screen.query_one("#loss-title")) == "loss per step: 3.400 → 3.100 (min 3.100, max 3.400)"
 
 
 def test_the_resume_progress_names_the_kill_point_as_the_check_does():
@@ -334,11 +351,25 @@ def test_the_resume_progress_names_the_kill_point_as_the_check_does():
 
     spec = RunSpec.build(mode="lora", steps=30, resume_checkpoint_every=10, resume_kill_after_checkpoint=2)
     line = progress_text(Progress("resume", run="interrupted", step=24, total=26, loss=1.5), spec)
-    assert line == ("interrupted: step 24 (SIGKILL inside step 26, after its first micro-batch, before its optimizer "
+    assert line == ("interrupted run (1 of 2): step 24 (SIGKILL inside step 26, after its first micro-batch, before its optimizer "
                     "step), loss 1.5000")
     assert spec.resume.describe(short=True) in line
     assert progress_text(Progress("resume", run="resumed", step=22, total=30, loss=None), spec) == \
-        "resumed: step 22 (of 30)"
+        "resumed run (2 of 2): step 22 (of 30)"
+
+
+def test_the_resume_progress_bar_goes_through_both_runs_and_never_back():
+    """It went from 96 % to 90 %: the bar restarted for the resumed run without a word."""
+    from core.events import Progress
+    from tui.screens.stages import ResumeScreen
+
+    screen = ResumeScreen()
+    seen = [screen.bar_progress(Progress("resume", run=run, step=step, total=total))
+            for run, step, total in (("interrupted", 11, 26), ("interrupted", 25, 26), ("resumed", 21, 30),
+                                     ("resumed", 30, 30))]
+    fractions = [done / total for total, done in seen]
+    assert fractions == sorted(fractions) and fractions[-1] == 1.0, fractions
+    assert fractions[1] < 0.5 < fractions[2]  # the interrupted run fills the first half, the resumed the second
 
 
 async def test_what_if_keys_show_the_new_total_at_the_top(tiny_model_dir, tmp_path):
@@ -482,3 +513,174 @@ async def test_differs_most_says_it_is_by_bytes_with_the_difference_in_gib(tiny_
         line = text_of(app.screen._traced_slot)
         assert f"differs most from the analytic plan: {by_bytes} ({diff:+.2f} GiB traced − analytic: the largest " \
                "difference in bytes, not in per cent)" in line, line
+
+
+# ------------------------------------------------------------------------------- the second walk (issue 17 note)
+async def test_ctrl_n_on_an_invalid_setup_says_which_fields_are_at_fault(tiny_model_dir, tmp_path):
+    """^n did nothing and said nothing on an invalid Setup, its footer still offering ^n Next."""
+    from textual.widgets import Input
+
+    from tests.wizard_helpers import wait_for
+
+    app = make_app(tiny_model_dir, tmp_path, mode="lora")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("enter")
+        screen = app.screen
+        screen.query_one("#batch_size", Input).value = "0"
+        await wait_for(pilot, lambda: screen.query_one("#next").disabled, 30)
+        assert screen.check_action("next", ()) is None  # dimmed in the footer
+        await pilot.press("ctrl+n")
+        await pilot.pause()
+        assert isinstance(app.screen, SetupScreen)
+        said = [str(n.message) for n in app._notifications]
+        assert any(m.startswith("fix what is marked ↑ first: batch_size") for m in said), said
+
+
+async def test_ctrl_n_on_a_plan_that_does_not_fit_names_f_and_probe_anyway(tiny_model_dir, tmp_path):
+    from textual.widgets import Button
+
+    from tests.wizard_helpers import wait_for
+    from tui.screens.plan import PlanScreen
+
+    app = _small_host_app(tiny_model_dir, tmp_path, batch=8)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("enter", "ctrl+n")
+        nxt = app.screen.query_one("#next", Button)
+        await wait_for(pilot, lambda: str(nxt.label) == "Probe anyway →", 60)
+        await pilot.press("ctrl+n")
+        await pilot.pause()
+        assert isinstance(app.screen, PlanScreen)
+        said = [str(n.message) for n in app._notifications]
+        assert ("^n probes only a plan that fits: f takes micro-batch 2, which fits; the Probe anyway button measures "
+                "this one") in said, said
+
+
+async def test_while_a_stage_runs_esc_is_dimmed_and_says_why(tiny_model_dir, tmp_path):
+    """The footer showed "esc Back" undimmed while the probe ran."""
+    from tui.screens.stages import EvaluateScreen
+
+    app = make_app(tiny_model_dir, tmp_path, mode="lora")
+    async with app.run_test(size=(80, 24)) as pilot:
+        assert app.check_action("back", ()) is True
+        screen = EvaluateScreen()
+        screen.run_stage = lambda: None  # no child: the stage is marked running as the screen starts it
+        await app.push_screen(screen)
+        await pilot.pause()
+        assert app.state.running == "train_eval"
+        assert app.check_action("back", ()) is None and screen.check_action("next", ()) is None
+        await pilot.press("escape")
+        await pilot.pause()
+        assert app.screen is screen
+        said = [str(n.message) for n in app._notifications]
+        assert "the train + evaluate stage is running; q stops it and quits" in said, said
+
+
+async def test_setup_offers_quit_once_and_keeps_what_was_typed_across_back(tiny_model_dir, tmp_path):
+    """With a dropdown focused the footer said "^q Quit ... q Quit"; Back and return turned "abc" into 4."""
+    from textual.widgets import Input, Select
+
+    from tests.wizard_helpers import text_of, wait_for
+
+    app = make_app(tiny_model_dir, tmp_path, mode="lora")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("enter")
+        screen = app.screen
+        screen.query_one("#dtype", Select).focus()
+        await pilot.pause()
+        keys = [(b.binding.key, b.binding.description) for b in screen.active_bindings.values()
+                if b.binding.show and b.enabled and b.binding.action.endswith(("quit_app", "quit_typed"))]
+        assert keys == [("ctrl+q", "Quit")], keys
+        screen.query_one("#batch_size", Input).value = "abc"
+        await wait_for(pilot, lambda: "a whole number" in text_of(screen.query_one("#err-batch_size")), 30)
+        await pilot.press("escape")
+        await pilot.press("enter")
+        assert isinstance(app.screen, SetupScreen)
+        assert app.screen.query_one("#batch_size", Input).value == "abc"
+        await wait_for(pilot, lambda: "a whole number" in text_of(app.screen.query_one("#err-batch_size")), 30)
+
+
+async def test_setup_says_the_kill_step_and_what_waits_for_the_model(tiny_model_dir, tmp_path):
+    """"boundary+1 · inside the next step" read as the step after the checkpoint; a too-long sequence showed no error
+    while the model path was wrong, without saying it is checked once the model is found."""
+    from textual.widgets import Input
+
+    from core.spec import RunSpec
+    from tests.wizard_helpers import text_of, wait_for
+
+    app = make_app(tiny_model_dir, tmp_path, mode="lora", resume_checkpoint_every=10, resume_kill_after_checkpoint=2,
+                   steps=30)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("enter")
+        screen = app.screen
+        expected = RunSpec.build(mode="lora", steps=30, resume_checkpoint_every=10,
+                                 resume_kill_after_checkpoint=2).resume.describe()
+        assert "inside step 26" in expected
+        assert text_of(screen.query_one("#kill-info")) == f"[dim]SIGKILL {expected}[/]"
+        screen.query_one("#model", Input).value = str(tmp_path / "no-such-model")
+        screen.query_one("#seq_len", Input).value = "100000"
+        await wait_for(pilot, lambda: "not found" in text_of(screen.query_one("#err-model")), 30)
+        assert ("(the sequence length and the LoRA targets are checked against the model once it is found)"
+                in text_of(screen.query_one("#err-model")))
+
+
+async def test_path_fields_are_edited_not_replaced_by_the_first_key(tiny_model_dir, tmp_path):
+    """Typing q in the Model field turned "smollm2-135m" into "q"."""
+    from textual.widgets import Input
+
+    app = make_app(tiny_model_dir, tmp_path, mode="lora")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("enter")
+        model = app.screen.query_one("#model", Input)
+        assert app.screen.focused is model
+        await pilot.press("x")
+        assert model.value == f"{tiny_model_dir}x"
+        assert app.screen.query_one("#batch_size", Input).select_on_focus  # a number is replaced
+
+
+async def test_the_probe_screen_says_the_capacity_the_plan_was_judged_by(tiny_model_dir, tmp_path):
+    """Plan "of 22.20 GiB available", probe bar "of 23.54 GiB total": the probe screen now names both."""
+    from core.pipeline import make_plan
+    from core.spec import RunSpec
+    from tests.wizard_helpers import TEST_HOST
+    from tui.screens.stages import capacity_note
+
+    ctx = make_plan(RunSpec.build(mode="lora", model=str(tiny_model_dir), seq_len=64), [TEST_HOST])
+    d = ctx.plan.devices[0]
+    assert capacity_note(ctx) == (f"[dim]the bars are each device's total memory; the plan was judged by: cpu plan "
+                                  f"{d.total_bytes / 2**30:.2f} GiB of 64.00 GiB (constructed for tests)[/]")
+
+
+def test_the_quiz_labels_choices_by_their_keys_and_spreads_the_right_answers(lora_run):
+    """The header said "Keys 1-4" over choices labelled A-D; A was the answer to 4 of 6 questions."""
+    import collections
+    import copy
+
+    from core.quiz import build_quiz
+    from tui.screens.quiz import LETTERS
+
+    assert LETTERS == "1234"
+    record = copy.deepcopy(lora_run[1])  # the fixture's record is shared: never edited here
+    for salt in ("", "a", "b", "c"):
+        record["spec"]["hash"] = (record["spec"]["hash"][:-1] + salt) if salt else record["spec"]["hash"]
+        questions = build_quiz(record)
+        counts = collections.Counter(q.answer for q in questions)
+        assert max(counts.values()) <= -(-len(questions) // 4), counts  # no position right more than ⌈n/4⌉ times
+        for q in questions:
+            assert len(set(q.choices)) == len(q.choices) and 0 <= q.answer < len(q.choices)
+
+
+def test_the_quiz_has_no_host_ram_choice_for_a_cpu_device(lora_run):
+    from core.quiz import build_quiz
+
+    record = lora_run[1]
+    fit = next(q for q in build_quiz(record) if q.id == "fit_by_device")
+    assert record["plan"]["devices"][0]["name"] == "cpu"
+    assert not any("host's RAM added" in c for c in fit.choices), fit.choices
+    source = record["plan"]["devices"][0]["capacity_source"]
+    assert source and f"({source})" in fit.prompt, fit.prompt
+
+
+def test_the_terms_say_the_moments_are_in_the_parameters_dtype():
+    from tui.screens.dialogs import TERMS
+
+    assert "two fp32 moments" not in TERMS and "in that parameter's dtype" in TERMS

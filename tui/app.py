@@ -67,6 +67,19 @@ class GpuAcceptApp(App[int]):
             self.sampler.start()
         return self.sampler
 
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """Esc is dimmed while a stage runs (pressing it says why); q is not offered on screens where q is a letter
+        typed into a field (their own ^q Quit is: ``q_types``)."""
+        if action == "back" and self.state.running:
+            return None
+        if action == "quit_app" and getattr(self.screen, "q_types", False):
+            return False
+        return True
+
+    def action_quit_typed(self) -> None:
+        """^q on the screens where q types: the same quit as q elsewhere."""
+        self.action_quit_app()
+
     def action_help(self) -> None:
         from tui.screens.dialogs import HelpScreen
 
@@ -79,7 +92,10 @@ class GpuAcceptApp(App[int]):
         if isinstance(self.screen, HelpScreen):
             self.pop_screen()
         elif self.state.running:
-            self.notify(f"the {self.state.running} stage is running; q stops it and quits", severity="warning")
+            from tui.state import stage_words
+
+            self.notify(f"the {stage_words(self.state.running)} stage is running; q stops it and quits",
+                        severity="warning")
         elif len(self.screen_stack) > 2:
             self.pop_screen()
 

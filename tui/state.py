@@ -42,3 +42,12 @@ class WizardState:
     probe_anyway: bool = False
     probe_bar_peaks: dict[str, int | None] | None = None  # the live bars' probe peaks when the probe ended
     signoff_draft: dict[str, str] = field(default_factory=dict)
+
+
+#: a stage's name as the screens say it (the record's names are ``plan``, ``probe``, ``train_eval``, ``resume``)
+STAGE_WORDS = {"train_eval": "train + evaluate"}
+
+
+def stage_words(stage: str) -> str:
+    """``train_eval`` → ``train + evaluate``; other stage names as they are."""
+    return STAGE_WORDS.get(stage, stage)

@@ -10,8 +10,9 @@ from textual.widgets import Button, Markdown, Static
 TERMS = """\
 - **Weights**: the parameters, every one × bytes of its dtype.
 - **Gradients**: one per trainable parameter, made by the backward pass. Inference has none.
-- **Optimizer states**: kept per trainable parameter: AdamW two fp32 moments (8 B), SGD with momentum one buffer
-  (4 B), Adafactor factored row + column statistics.
+- **Optimizer states**: kept per trainable parameter, in that parameter's dtype (torch makes them
+  `zeros_like(param)`): AdamW two moments (8 B in fp32, 4 B for a bf16 weight under `pure`; LoRA adapters are fp32),
+  SGD with momentum one buffer, Adafactor factored row + column statistics.
 - **Activations**: tensors the forward pass saves for the backward pass; they grow with batch × sequence length.
   Gradient checkpointing keeps about one input per layer and recomputes the rest. LoRA does *not* shrink them in
   proportion to its trainable parameters: backward still runs through every frozen layer (only the inputs of frozen

@@ -16,9 +16,8 @@ from tui.widgets.inputs import OrderedInput
 
 
 #: said before anyone signs: a signed record is never rewritten (core.record), so what is not in it then never will be
-SIGNING_FREEZES = ("Signing freezes record.toml: nothing is added to a signed record, not even the quiz's score. To "
-                   "keep the score in it, leave the key empty, write, take the quiz (Quiz →), then sign with "
-                   "gpuaccept sign RECORD --key KEY.")
+SIGNING_FREEZES = ("Signing freezes record.toml: nothing is added after, not even the quiz's score (for that: "
+                   "write it unsigned, take the quiz, then gpuaccept sign).")
 
 
 #: the export form's fields, kept in WizardState.signoff_draft
@@ -28,7 +27,8 @@ DRAFT_FIELDS = ("operator", "role", "decision", "comment", "key")
 class ExportScreen(Screen):
     """Every stage's status and evidence; operator, decision and comment; write record.toml."""
 
-    BINDINGS = [Binding("ctrl+q", "app.quit_app", "Quit")]  # q types into the fields here
+    BINDINGS = [Binding("ctrl+q", "app.quit_typed", "Quit")]  # q types into the fields here
+    q_types = True  # the app's q Quit is not offered here (tui.app.GpuAcceptApp.check_action)
 
     def compose(self) -> ComposeResult:
         draft = self.app.state.signoff_draft
@@ -36,6 +36,7 @@ class ExportScreen(Screen):
         yield Static("Step 7/7 · Sign off and write the record", classes="title")
         yield Static("The record keeps every number with where it comes from: measured, estimated (how) or not run. "
                      "Your decision is yours: the verdict says what passed on this box, nothing more.", classes="intro")
+        yield Static(SIGNING_FREEZES, id="sign-note", classes="intro")  # above the fold at 80x24: before you sign
         with VerticalScroll(classes="body"):
             yield Static("", id="overall")
             yield Static("", id="verdicts")
@@ -58,7 +59,6 @@ class ExportScreen(Screen):
                 yield OrderedInput(draft.get("key", ""), id="key", compact=True,
                                    placeholder="key file, or an agent key's .pub; empty: unsigned")
             yield Static(self._key_hint(), id="key-info")
-            yield Static(SIGNING_FREEZES, id="sign-note", classes="dim")
             yield Static("", id="written")
         yield Static("", classes="error", id="export-error")
         with Horizontal(classes="nav"):

@@ -33,19 +33,28 @@ class PlanScreen(NavButtons, Screen):
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         """Footer keys follow the plan: ^n Probe is dimmed while it cannot run or does not fit (the "Probe anyway"
-        button is the deliberate way on), f shows only when a smaller micro-batch would fit."""
-        if action == "next":
-            return True if self._probe_ready() else None
+        button is the deliberate way on; ^n then says so), f shows only when a smaller micro-batch would fit."""
         if action == "use_largest":
             return True if getattr(self, "_largest_batch", None) else False
-        return True
+        return super().check_action(action, parameters)
 
-    def _probe_ready(self) -> bool:
+    def next_blocked(self) -> str | None:
+        """Why ^n does not probe: the plan is being made, cannot run here, or does not fit (then what does)."""
         try:
             button = self.query_one("#next", Button)
         except Exception:  # noqa: BLE001 - before compose
-            return False
-        return not button.disabled and not getattr(self, "_unfit", False)
+            return "the plan is being made"
+        if getattr(self, "_unfit", False):
+            largest = getattr(self, "_largest_batch", None)
+            fits = f"f takes micro-batch {largest}, which fits; " if largest else "b / s lower the micro-batch / sequence; "
+            return f"^n probes only a plan that fits: {fits}the Probe anyway button measures this one"
+        if button.disabled:
+            error = str(self.query_one("#plan-error", Static).content)
+            return error or "the plan is being made"
+        return None
+
+    def _probe_ready(self) -> bool:
+        return self.next_blocked() is None
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -258,8 +267,17 @@ class PlanScreen(NavButtons, Screen):
             table.add_row(f"phase {name.replace('_', ' ')}", f"{a / 2**30:.3f}", f"{t / 2**30:.3f}", relative_text(a, t))
         a, t = traced["analytic_tensor_bytes"], traced["peak_bytes"]
         table.add_row("peak of tensors", f"{a / 2**30:.3f}", f"{t / 2**30:.3f}", relative_text(a, t))
-        widgets = [table, Static(self.fit_text(traced)), Static(f"[dim]{traced['note']} Method: {traced['method']}.[/]")]
+        widgets = [table, Static(self.untraced_text()), Static(self.fit_text(traced)),
+                   Static(f"[dim]{traced['note']} Method: {traced['method']}.[/]")]
         self.query_one("#plan-body", VerticalScroll).mount(*widgets, after=slot)
+
+    def untraced_text(self) -> str:
+        """Why the table's phase rows are below the phases line above: they hold tensors only."""
+        plan = self.app.state.ctx.plan
+        untraced = plan.devices[0].untraced_bytes if plan.devices else 0
+        return (f"[dim]The rows are tensor bytes: the phases line above also holds the {gib(untraced)} a trace "
+                "cannot see (the overhead line, DDP's buckets).[/]" if untraced else
+                "[dim]The rows are tensor bytes, as the phases line above.[/]")
 
     def fit_text(self, traced: dict[str, Any]) -> str:
         """The fit verdict judged by the larger of the analytic and traced peaks (core/fit.py); a plan that fits only

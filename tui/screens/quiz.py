@@ -13,7 +13,8 @@ from textual.widgets import Button, Footer, Header, Input, Label, OptionList, St
 
 from tui.widgets.inputs import OrderedInput
 
-LETTERS = "ABCD"
+#: how a choice is labelled: by the key that answers it (keys 1-4; A-D answer too)
+LETTERS = "1234"
 
 
 class QuizScreen(Screen):
@@ -25,6 +26,8 @@ class QuizScreen(Screen):
         Binding("2", "answer(1)", "B", show=False),
         Binding("3", "answer(2)", "C", show=False),
         Binding("4", "answer(3)", "D", show=False),
+        Binding("a", "answer(0)", "A", show=False), Binding("b", "answer(1)", "B", show=False),
+        Binding("c", "answer(2)", "C", show=False), Binding("d", "answer(3)", "D", show=False),
         Binding("n", "next", "Next question"),
         Binding("ctrl+n", "next", "Next", show=False),
     ]
@@ -147,7 +150,7 @@ class QuizScreen(Screen):
         self.query_one("#summary", Static).update(Content.from_markup("\n".join(lines)))
         self.query_one("#next").display = False
         add = self.query_one("#add", Button)
-        add.display = True
+        add.display = not signed  # a signed record is never rewritten: no button that cannot act
         add.disabled = signed
         self.query_one("#operator-field").display = not signed
         (self.query_one("#operator", Input) if not signed else self.query_one("#close", Button)).focus()

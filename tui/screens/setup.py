@@ -47,7 +47,7 @@ FIELDS: list[tuple[str, str, str, tuple[str, ...], tuple[str, ...]]] = [
 
 # choices whose value alone says little to a newcomer: what the option does, in a few words
 CHOICE_LABELS: dict[str, str] = {
-    "boundary+1": "boundary+1 · inside the next step",
+    "boundary+1": "boundary+1 · mid-step, no update",
     "boundary": "boundary · right after a step",
     "boundary-1": "boundary-1 · before a step's last micro",
     "checkpoint-write": "checkpoint-write · mid checkpoint",
@@ -96,7 +96,8 @@ def current_value(spec: Any, name: str) -> str:
 class SetupScreen(NavButtons, Screen):
     """Model, dtype, batch, sequence, accumulation, optimizer, steps, LoRA and devices; Next only when valid."""
 
-    BINDINGS = [Binding("ctrl+n", "next", "Next"), Binding("ctrl+q", "app.quit_app", "Quit")]  # q types here
+    BINDINGS = [Binding("ctrl+n", "next", "Next"), Binding("ctrl+q", "app.quit_typed", "Quit")]  # q types here
+    q_types = True  # the app's q Quit is not offered here (tui.app.GpuAcceptApp.check_action)
 
     def compose(self) -> ComposeResult:
         from core.spec import RunSpec
@@ -131,10 +132,13 @@ class SetupScreen(NavButtons, Screen):
                         yield Select([(CHOICE_LABELS.get(c, c), c) for c in options], value=value,
                                      allow_blank=False, id=name, compact=True)
                     else:
-                        yield OrderedInput(value=value, id=name, compact=True)
+                        # paths and lists are edited, numbers replaced: the cursor goes to the end of a path
+                        yield OrderedInput(value=value, id=name, compact=True, select_on_focus=kind != "str")
                 yield Static("", classes="field-error", id=f"err-{name}")
                 if name == "data":
                     yield Static("", id="data-info", classes="dim")
+                if name == "resume_kill_at":
+                    yield Static("", id="kill-info", classes="dim")
             yield Static("devices detected: looking…", id="detected")
         yield Static("", classes="error", id="form-error")
         with Horizontal(classes="nav"):
@@ -207,15 +211,38 @@ class SetupScreen(NavButtons, Screen):
         values, refused = self.values()
         draft = draft_spec({"mode": self.app.state.mode, **self._extra, **values}, refused)
         self._spec_errors = {spec_field_to_input(f): m for f, m in draft.errors.items()}
-        self.app.state.fields = {**self._extra, **values}
+        typed = {name: str(self.query_one(f"#{name}").value) for name in refused}  # kept as typed across Back
+        self.app.state.fields = {**self._extra, **values, **typed}
         self.app.state.spec = draft.spec
         self._draft = draft.stand_in
+        self._show_kill_point(draft.spec)
         if draft.stand_in is not None and draft.stand_in == self._checked_spec:
             self._show_errors()
         else:
             self._show_errors(pending=True)
             self._schedule_check()
         return draft.spec
+
+    def _show_kill_point(self, spec: Any) -> None:
+        """Under the Kill point field: where the kill lands in steps for the values typed (core.spec's own words)."""
+        if not self.query("#kill-info"):
+            return  # inference: no resume check
+        text = (f"SIGKILL {spec.resume.describe()}" if spec is not None and spec.resume.check
+                else "(where the kill lands is said once the fields above are valid)")
+        self.query_one("#kill-info", Static).update(f"[dim]{escape(text)}[/]")
+
+    def next_blocked(self) -> str | None:
+        """Why ^n does not go on: the fields at fault, named."""
+        try:
+            disabled = self.query_one("#next", Button).disabled
+        except Exception:  # noqa: BLE001 - before compose
+            return "the setup is being read"
+        if not disabled:
+            return None
+        at_fault = [name for name, text in self._shown.items() if text]
+        form = str(self.query_one("#form-error", Static).content)
+        names = ", ".join(at_fault) + (f"; {form}" if form else "")
+        return f"fix what is marked ↑ first: {names}" if names else "the setup is being checked"
 
     def _show_errors(self, pending: bool = False) -> None:
         """The spec's errors and the last inputs check's problems beside their fields; Next enabled when none.
@@ -229,6 +256,9 @@ class SetupScreen(NavButtons, Screen):
         if checked is not None:
             for field, message in checked.problems:
                 errors.setdefault(spec_field_to_input(field), message)
+            if "model" in errors and checked.model is None:
+                waits = "the sequence length" + (" and the LoRA targets" if self.query("#lora_targets") else "")
+                errors["model"] += f" ({waits} are checked against the model once it is found)"
             # what was read is said only for values not refused: a refused one was checked at its default
             summary = checked.data_summary() if "data" not in self._spec_errors else ""
             model = checked.model if "model" not in self._spec_errors else None
@@ -255,6 +285,7 @@ class SetupScreen(NavButtons, Screen):
         if moved:  # lines came or went above the field being typed in: keep it in view once laid out
             self.call_after_refresh(self._focused_in_view)
         self.query_one("#next", Button).disabled = bool(errors or form_errors)
+        self.refresh_bindings()  # ^n dimmed while Next is: pressing it says what is at fault
 
     def _focused_in_view(self) -> None:
         """The field being typed in, and the error line under it, in view after lines above it came or went."""

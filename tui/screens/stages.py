@@ -74,7 +74,9 @@ class StageScreen(NavButtons, Screen):
             self.query_one("#next", Button).disabled = False
             self.refresh_bindings()
         else:
+            self.app.state.running = self.stage  # now, not when the worker starts: the footer dims ^n and Esc
             self.run_stage()
+            self.app.refresh_bindings()
 
     def stage_generator(self, cancelled: Callable[[], bool]) -> Generator[Any, None, Any]:
         raise NotImplementedError
@@ -110,7 +112,8 @@ class StageScreen(NavButtons, Screen):
 
         event = message.event
         if isinstance(event, Progress):
-            self.query_one("#progress", ProgressBar).update(total=event.total, progress=event.step)
+            total, done = self.bar_progress(event)
+            self.query_one("#progress", ProgressBar).update(total=total, progress=done)
             run = self.app.state.run
             self.query_one("#status", Static).update(progress_text(event, run.spec if run is not None else None))
         elif isinstance(event, CoreMessage):
@@ -122,6 +125,10 @@ class StageScreen(NavButtons, Screen):
     def on_core_event(self, event: Any) -> None:
         """Subclasses draw what they need from each event."""
 
+    def bar_progress(self, event: Any) -> tuple[float, float]:
+        """(total, done) of the progress bar for a Progress event: the event's steps, unless a stage runs several."""
+        return event.total, event.step
+
     def on_stage_done(self, message: StageDone) -> None:
         bar = self.query_one("#progress", ProgressBar)
         if bar.total is None:  # never got a step (inference, or stopped early): no spinner forever
@@ -131,7 +138,7 @@ class StageScreen(NavButtons, Screen):
         if message.result is not None:
             self.show_result(message.result)
         self.query_one("#next", Button).disabled = False
-        self.refresh_bindings()
+        self.app.refresh_bindings()  # Esc (the app's) and ^n (this screen's) come back
 
     def show_result(self, result: Any) -> None:
         raise NotImplementedError
@@ -143,14 +150,17 @@ class StageScreen(NavButtons, Screen):
         if not self.query_one("#next", Button).disabled:
             self.app.push_screen(self.next_screen())
 
-    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+    def next_blocked(self) -> str | None:
         """^n Next is dimmed in the footer while the stage runs (its Next button is disabled until it ends)."""
-        if action != "next":
-            return True
         try:
-            return None if self.query_one("#next", Button).disabled else True
+            disabled = self.query_one("#next", Button).disabled
         except Exception:  # noqa: BLE001 - before compose
+            disabled = True
+        if not disabled:
             return None
+        from tui.state import stage_words
+
+        return f"the {stage_words(self.stage)} stage is running: Next when it ends (q stops it and quits)"
 
 
 def _export() -> Screen:
@@ -170,6 +180,7 @@ class ProbeScreen(StageScreen):
     def compose_body(self) -> ComposeResult:
         yield Static("", id="backend-note", classes="dim")
         yield Vertical(id="live")
+        yield Static("", id="plan-capacity", classes="dim")
         yield Static("", id="measured-title")
         yield ReadTable(id="measured")
         yield Static("", id="placement")
@@ -179,6 +190,7 @@ class ProbeScreen(StageScreen):
         self.sampler = self.app.start_sampler()
         self.query_one("#backend-note", Static).update(f"[dim]memory from: {self.app.backend_note}[/]")
         self._timer = self.set_interval(0.25, self.refresh_bars)
+        self.query_one("#plan-capacity", Static).update(capacity_note(self.app.state.ctx))
         super().on_mount()
 
     def on_stage_done(self, message: StageDone) -> None:
@@ -277,7 +289,26 @@ def progress_text(event: Any, spec: Any) -> str:
     loss = f", loss {event.loss:.4f}" if event.loss is not None else ""
     of = (f"SIGKILL {spec.resume.describe(short=True)}" if event.run == "interrupted" and spec is not None
           else f"of {event.total}")
-    return f"{event.run}: step {event.step} ({of}){loss}"
+    which = {"interrupted": " run (1 of 2)", "resumed": " run (2 of 2)"}.get(event.run, "")
+    return f"{event.run}{which}: step {event.step} ({of}){loss}"
+
+
+def capacity_note(ctx: Any) -> str:
+    """Under the live bars: each device's planned peak against the capacity the plan judged it by, saying which that
+    is, since the bar's scale is the device's whole memory (the two differ on a host, or under a cgroup limit)."""
+    plan = getattr(ctx, "plan", None)
+    if plan is None:
+        return ""
+    parts = [f"{d.device.name} plan {gib(d.total_bytes)} of "
+             + (f"{gib(d.device.capacity_bytes)} ({d.device.capacity_source})" if d.device.capacity_bytes
+                else "unknown capacity") for d in plan.devices]
+    return "[dim]the bars are each device's total memory; the plan was judged by: " + "; ".join(parts) + "[/]"
+
+
+def loss_title(losses: list[float]) -> str:
+    """``loss per step: 3.473 → 3.182 (min 2.335, max 3.473)``: the sparkline's scale, first to latest."""
+    return (f"loss per step: {losses[0]:.3f} → {losses[-1]:.3f} (min {min(losses):.3f}, max {max(losses):.3f})"
+            if losses else "loss per step:")
 
 
 def rss_note(tensors: int, rss: int | None) -> str:
@@ -330,24 +361,26 @@ class EvaluateScreen(StageScreen):
         if isinstance(event, Progress) and event.loss is not None:
             self._losses.append(event.loss)
             self.query_one("#loss", Sparkline).data = list(self._losses)
+            self.query_one("#loss-title", Static).update(loss_title(self._losses))  # the scale as it grows
         elif isinstance(event, Evaluated) and event.when == "before":  # kept on screen while the training runs
-            self.query_one("#eval-result", Static).update(f"{event.text}; training now…")
+            self.query_one("#eval-result", Static).update(event.text)
+            self.query_one("#status", Static).update("training: the first step is running…")  # said once, above
 
     def show_result(self, result: Any) -> None:
         losses = [s["loss"] for s in result.steps]
         if losses:
             self.query_one("#loss", Sparkline).data = losses
-            self.query_one("#loss-title", Static).update(
-                f"loss per step: {losses[0]:.3f} → {losses[-1]:.3f} (min {min(losses):.3f}, max {max(losses):.3f})")
+            self.query_one("#loss-title", Static).update(loss_title(losses))
         else:
             self.query_one("#loss-title", Static).update("no training (inference)")
         label = "perplexity before:" if result.after is not None else "perplexity:"
         lines = [f"[b]{result.status.upper()}[/b] · criterion: {result.criterion}",
                  f"{label} {result.before.perplexity:.3f} ({result.before.tokens:,} tokens in "
-                 f"{result.before.blocks} held-out blocks)"]
+                 f"{result.before.blocks} held-out blocks, {result.before.seconds:.1f} s of evaluation)"]
         if result.after is not None:
-            lines.append(f"perplexity after:  {result.after.perplexity:.3f}  ({len(losses)} steps, "
-                         f"{result.training_time_s:.1f} s, {result.tokens_per_s:.0f} tokens/s)")
+            lines.append(f"perplexity after:  {result.after.perplexity:.3f} ({result.after.seconds:.1f} s of "
+                         f"evaluation) after {len(losses)} steps trained in {result.training_time_s:.1f} s, "
+                         f"{result.tokens_per_s:.0f} tokens/s")
         run = self.app.state.run
         spec = run.spec
         if spec.training:
@@ -380,6 +413,15 @@ class ResumeScreen(StageScreen):
 
     def stage_generator(self, cancelled):
         return self.app.state.run.resume_stage(cancelled)
+
+    #: the check's runs with progress, in order: the bar goes through both, never back
+    RUNS = ("interrupted", "resumed")
+
+    def bar_progress(self, event: Any) -> tuple[float, float]:
+        """The interrupted run fills the first half of the bar, the resumed run the second."""
+        index = self.RUNS.index(event.run) if event.run in self.RUNS else 0
+        fraction = min(1.0, event.step / event.total) if event.total else 0.0
+        return 2.0, index + fraction
 
     def show_result(self, result: Any) -> None:
         spec = self.app.state.run.spec

@@ -116,16 +116,20 @@ class LiveBar(Widget):
         def n(v: int | None) -> str:
             return "N/A" if v is None else f"{v / GiB:.2f}"
 
+        note = (f" · {self.note}" if self.note else "", "italic")
         if self.whole_device:
-            line = Text.assemble(("■ ", "#7f7f7f"), f"used {n(self.others)} (peak {n(self.peak)}) of {n(self.total)} "
-                                                    "GiB total",
-                                 (f" · {self.note}" if self.note else "", "italic"))
+            full = (("■ ", "#7f7f7f"), f"used {n(self.others)} (peak {n(self.peak)}) of {n(self.total)} GiB total")
+            lines = [Text.assemble(*full, note), Text.assemble(*full),
+                     Text.assemble(("■ ", "#7f7f7f"), f"used {n(self.others)} (peak {n(self.peak)}) / "
+                                                      f"{n(self.total)} GiB")]
         else:  # the peak first: a narrow terminal cuts the end of the line, never the peak
             probe = "ended" if getattr(self, "ended", False) else n(self.ours)
-            line = Text.assemble(
-                ("■ ", "#e15759"), f"probe {probe} (peak {n(self.peak)}) ", ("■ ", "#7f7f7f"),
-                f"others {n(self.others)} of {n(self.total)} GiB total",
-                (f" · {self.note}" if self.note else "", "italic"),
-            )
-        line.truncate(width)
+            head = (("■ ", "#e15759"), f"probe {probe} (peak {n(self.peak)}) ", ("■ ", "#7f7f7f"))
+            full = (*head, f"others {n(self.others)} of {n(self.total)} GiB total")
+            lines = [Text.assemble(*full, note), Text.assemble(*full),
+                     Text.assemble(*head, f"others {n(self.others)} / {n(self.total)} GiB")]
+        # the full words while they fit (a note too long is cut with an ellipsis), else the compact ones: a narrow
+        # terminal never shows "GiB tot"
+        line = lines[0] if lines[1].cell_len <= width else lines[2]
+        line.truncate(width, overflow="ellipsis")
         return Text.assemble((label, "bold"), " ", bar, "\n", line)
