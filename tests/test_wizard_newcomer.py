@@ -533,7 +533,7 @@ async def test_ctrl_n_on_an_invalid_setup_says_which_fields_are_at_fault(tiny_mo
         await pilot.pause()
         assert isinstance(app.screen, SetupScreen)
         said = [str(n.message) for n in app._notifications]
-        assert any(m.startswith("fix what is marked ↑ first: batch_size") for m in said), said
+        assert "fix what is marked ↑ first: Micro-batch / device" in said, said  # the field's label, as shown
 
 
 async def test_ctrl_n_on_a_plan_that_does_not_fit_names_f_and_probe_anyway(tiny_model_dir, tmp_path):

@@ -239,7 +239,8 @@ class SetupScreen(NavButtons, Screen):
             return "the setup is being read"
         if not disabled:
             return None
-        at_fault = [name for name, text in self._shown.items() if text]
+        labels = {name: label for name, label, *_ in FIELDS}
+        at_fault = [labels.get(name, name) for name, text in self._shown.items() if text]
         form = str(self.query_one("#form-error", Static).content)
         names = ", ".join(at_fault) + (f"; {form}" if form else "")
         return f"fix what is marked ↑ first: {names}" if names else "the setup is being checked"
