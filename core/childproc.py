@@ -3,7 +3,7 @@
 The child runs in its own process group (``start_new_session``) with stdin from /dev/null and stdout/stderr appended to
 ``child.log`` in its job directory, so nothing it prints reaches the terminal (which would corrupt a Textual screen).
 Events come back over ``events.jsonl``. Killing means SIGKILL to the whole process group: killing only a wrapper
-orphans the Python child (DESIGN §6). Under torchrun every rank runs in a session of its own (torch.distributed.run
+orphans the Python child (docs/architecture.md §6). Under torchrun every rank runs in a session of its own (torch.distributed.run
 starts its workers with ``start_new_session``), so each rank's group is killed too (:func:`child_groups`), and each
 worker also ends itself within a second when this process is gone (``GPUACCEPT_PARENT_PID``).
 """
@@ -16,9 +16,10 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from core.errors import StageError
 from core.events import read_events
@@ -54,7 +55,7 @@ class ChildJob:
 
 def child_env(base: dict[str, str] | None = None) -> dict[str, str]:
     """The environment of a worker child: offline, unbuffered, and every ``torch.load`` in it (Trainer's, peft's,
-    ours) forced to ``weights_only=True`` whatever its call site passes or ``base`` says (DESIGN §4: no pickle of
+    ours) forced to ``weights_only=True`` whatever its call site passes or ``base`` says (docs/architecture.md §4: no pickle of
     arbitrary objects is ever loaded from a checkpoint)."""
     env = dict(os.environ if base is None else base)
     # the worker ends itself when this process is gone, even under torchrun (whose ranks' parent is torchrun)

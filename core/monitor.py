@@ -1,4 +1,4 @@
-"""Device memory sampling behind the live per-device memory bars (DESIGN §1: the DeviceSampler in the parent).
+"""Device memory sampling behind the live per-device memory bars (docs/architecture.md §1: the DeviceSampler in the parent).
 
 A :class:`Backend` turns "which processes are ours" into one :class:`DeviceSample` per device; a :class:`Sampler` calls
 it on a background thread (default 10 Hz), keeps a bounded history and the peaks, and can record every sample as JSON
@@ -17,9 +17,10 @@ import collections
 import json
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Protocol
+from typing import Any, Protocol
 
 import psutil
 

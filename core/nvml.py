@@ -29,8 +29,9 @@ import os
 import re
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Mapping
+from typing import Any
 
 import psutil
 
@@ -99,8 +100,8 @@ def discover(nvml: Any) -> list[NvmlDevice]:
         except nvml.NVMLError as exc:
             devices.append(NvmlDevice(key, None, "unknown GPU", None, None, error=_reason(exc)))
             continue
-        name = _optional(lambda: _text(nvml.nvmlDeviceGetName(handle))) or "GPU"
-        bus = _optional(lambda: _text(nvml.nvmlDeviceGetPciInfo(handle).busId))
+        name = _optional(lambda: _text(nvml.nvmlDeviceGetName(handle))) or "GPU"  # noqa: B023 - called at once
+        bus = _optional(lambda: _text(nvml.nvmlDeviceGetPciInfo(handle).busId))  # noqa: B023 - called at once
         mig = False
         try:
             current, _pending = nvml.nvmlDeviceGetMigMode(handle)
@@ -109,18 +110,18 @@ def discover(nvml: Any) -> list[NvmlDevice]:
             mig = False  # NotSupported: not a MIG-capable GPU
         devices.append(NvmlDevice(key, uuid, name, bus, handle, mig_enabled=mig))
         if mig:
-            for n in range(_optional(lambda: nvml.nvmlDeviceGetMaxMigDeviceCount(handle)) or 0):
+            for n in range(_optional(lambda: nvml.nvmlDeviceGetMaxMigDeviceCount(handle)) or 0):  # noqa: B023 - called at once
                 try:
                     child = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, n)
                     child_uuid = _text(nvml.nvmlDeviceGetUUID(child))
                 except nvml.NVMLError:
                     continue  # an empty MIG slot
-                child_name = _optional(lambda: _text(nvml.nvmlDeviceGetName(child))) or f"{name} MIG"
+                child_name = _optional(lambda: _text(nvml.nvmlDeviceGetName(child))) or f"{name} MIG"  # noqa: B023 - called at once
                 # a MIG device sorts with its parent GPU (its own PCI id is the parent's)
                 devices.append(NvmlDevice(f"{key}/mig:{n}", child_uuid, child_name, bus, child, mig_parent=uuid,
-                                          gpu_instance=_optional(lambda: nvml.nvmlDeviceGetGpuInstanceId(child)),
+                                          gpu_instance=_optional(lambda: nvml.nvmlDeviceGetGpuInstanceId(child)),  # noqa: B023 - called at once
                                           compute_instance=_optional(
-                                              lambda: nvml.nvmlDeviceGetComputeInstanceId(child))))
+                                              lambda: nvml.nvmlDeviceGetComputeInstanceId(child))))  # noqa: B023 - called at once
     return devices
 
 
@@ -189,7 +190,10 @@ def cuda_devices(devices: list[NvmlDevice], visible: str | None, order: str | No
                            "reports torch's UUID"), False
 
     def usable(gpu: NvmlDevice) -> NvmlDevice | None:
-        return (migs.get(gpu.uuid) or [None])[0] if gpu.mig_enabled else gpu
+        if not gpu.mig_enabled:
+            return gpu
+        found = migs.get(gpu.uuid) or []
+        return found[0] if found else None
 
     if visible is None:
         chosen = [d for d in (usable(g) for g in gpus) if d is not None]
@@ -253,7 +257,9 @@ class NvmlBackend:
 
     def __init__(self, nvml: Any = None, env: Mapping[str, str] | None = None) -> None:
         if nvml is None:
-            import pynvml as nvml
+            import pynvml
+
+            nvml = pynvml
         self.nvml = nvml
         nvml.nvmlInit()
         env = os.environ if env is None else env
@@ -350,8 +356,7 @@ class NvmlBackend:
         try:
             mem = nvml.nvmlDeviceGetMemoryInfo(d.handle, version=nvml.nvmlMemory_v2)
             return int(mem.total), int(mem.used), Reading(int(mem.reserved)), int(mem.free), None
-        except (getattr(nvml, "NVMLError_FunctionNotFound", ()), getattr(nvml, "NVMLError_ArgumentVersionMismatch", ()),
-                getattr(nvml, "NVMLError_NotSupported", ())):
+        except _old_driver_errors(nvml):
             mem = nvml.nvmlDeviceGetMemoryInfo(d.handle)  # v1: old driver
             return (int(mem.total), int(mem.used), Reading(None, "v1 memory info: reserved not reported"),
                     int(mem.free), "v1 memory info: used includes driver-reserved memory")
@@ -370,9 +375,14 @@ class NvmlBackend:
         for extra in ("nvmlDeviceGetMPSComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
             fn = getattr(nvml, extra, None)
             if fn is not None:
-                procs += _optional(lambda: list(fn(d.handle))) or []
+                procs += _optional(lambda: list(fn(d.handle))) or []  # noqa: B023 - called at once
         seen: set[int] = set()
-        return [p for p in procs if not (int(p.pid) in seen or seen.add(int(p.pid)))]
+        unique = []
+        for p in procs:
+            if int(p.pid) not in seen:
+                seen.add(int(p.pid))
+                unique.append(p)
+        return unique
 
     def _since_baseline(self, d: NvmlDevice, used: int, why: str) -> Reading:
         with self._lock:
@@ -394,7 +404,7 @@ class NvmlBackend:
             sizes = [getattr(p, "usedGpuMemory", None) for p in mine]
             if any(s is None for s in sizes):  # WDDM, MIG devices: "value not available"
                 return self._since_baseline(d, used, "the driver does not report per-process memory")
-            return Reading(sum(int(s) for s in sizes))
+            return Reading(sum(int(s) for s in sizes if s is not None))
         if any(not psutil.pid_exists(int(p.pid)) for p in procs):  # host PIDs: we are in a container
             return self._since_baseline(d, used, "NVML lists PIDs of another PID namespace (container)")
         if any("mps-server" in _process_name(int(p.pid)) for p in procs):  # MPS clients run behind the server
@@ -438,3 +448,10 @@ def default_backend(nvml: Any = None, env: Mapping[str, str] | None = None) -> t
     if not backend.devices:
         return HostBackend(), "CPU mode: NVML lists no GPU; host memory shown"
     return backend, f"NVML: {len(backend.devices)} device(s); {backend.mapping_note}"
+
+
+def _old_driver_errors(nvml: Any) -> tuple[type[BaseException], ...]:
+    """The NVML errors a driver without the v2 memory query raises for it (those this pynvml defines)."""
+    names = ("NVMLError_FunctionNotFound", "NVMLError_ArgumentVersionMismatch", "NVMLError_NotSupported")
+    found = (getattr(nvml, name, None) for name in names)
+    return tuple(e for e in found if isinstance(e, type) and issubclass(e, BaseException))

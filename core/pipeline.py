@@ -11,9 +11,10 @@ import errno
 import json
 import os
 import re
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Generator
+from typing import Any
 
 from core.childproc import launch_options
 from core.errors import GpuAcceptError, SpecError, StageError

@@ -62,7 +62,7 @@ from core.spec import (
 
 COMPONENTS = ("weights", "gradients", "optimizer_states", "activations", "temporaries", "overhead", "kv_cache")
 
-#: Per-process, per-device CUDA context + cuBLAS workspace estimate (DESIGN §3: 300-700 MB; lazy module loading).
+#: Per-process, per-device CUDA context + cuBLAS workspace estimate (docs/architecture.md §3: 300-700 MB; lazy module loading).
 CUDA_OVERHEAD_BYTES = 500 * 2**20
 #: Per-process memory of a CPU run beyond its tensors: the Python, torch and transformers runtime and the allocator's free
 #: memory, an estimate (measured here: the probe's peak RSS 0.44-0.59 GiB above its peak of live tensors on the embedded
@@ -355,7 +355,7 @@ def lora_config(lora: LoraSettings) -> Any:
 
 #: Meta-model summaries already made in this process, by (config JSON, mode, LoRA settings, parameter dtype): the
 #: wizard re-plans on every batch or sequence change and the summary does not depend on either (benchmarks/plan_speed.py).
-_SUMMARIES: dict[tuple[Any, ...], "_Summary"] = {}
+_SUMMARIES: dict[tuple[Any, ...], _Summary] = {}
 _LINEAR_NAMES: dict[str, frozenset[str]] = {}
 _CACHE_SIZE = 16
 
@@ -364,7 +364,7 @@ def _config_key(config: Any) -> str:
     return config.to_json_string(use_diff=False)
 
 
-def meta_summary(config: Any, mode: str, lora: LoraSettings | None, dtype: str | None = None) -> "_Summary":
+def meta_summary(config: Any, mode: str, lora: LoraSettings | None, dtype: str | None = None) -> _Summary:
     """What the plan needs from the meta model (counts, dtypes, shapes, adapters), built once per process for each
     (config, mode, LoRA settings, parameter dtype); see :func:`build_meta_model` for the arguments."""
     from core.shapes import FastConfig, lora_supported
@@ -635,7 +635,7 @@ def _host_device() -> DeviceInfo:
 def plan_memory(
     spec: RunSpec, config: Any, devices: list[DeviceInfo], parameters: ParameterCount | None = None
 ) -> MemoryPlan:
-    """Plan the memory of ``spec`` on each device, by ``spec.strategy`` (DESIGN §3), phase by phase.
+    """Plan the memory of ``spec`` on each device, by ``spec.strategy`` (docs/architecture.md §3), phase by phase.
 
     Each device's plan holds the phases of the step (:mod:`core.phases`: forward, backward, optimizer step; inference:
     forward) with the bytes of every component alive at each phase's peak, a :class:`Line` per component (its largest
@@ -748,7 +748,7 @@ def _device_plan(device: DeviceInfo, step: _Step, tag: str, overhead: Line) -> D
     return DevicePlan(device, lines, phases, untraced)
 
 
-def _whole_step(spec: RunSpec, shape: "_Shape", summary: _Summary, kind: str) -> _Step:
+def _whole_step(spec: RunSpec, shape: _Shape, summary: _Summary, kind: str) -> _Step:
     """The whole run on one device of ``kind`` (cpu | cuda): every layer, the embedding and the loss."""
     return _part_step(spec, shape, summary, summary, kind, shape.layers, first=True, head=True)
 
@@ -763,7 +763,7 @@ def _temporaries_text(act: StepActivations, step_text: str, grads: dict[str, int
     return "; ".join(parts)
 
 
-def _gradient_terms(spec: RunSpec, shape: "_Shape", summary: _Summary) -> dict[str, int]:
+def _gradient_terms(spec: RunSpec, shape: _Shape, summary: _Summary) -> dict[str, int]:
     """The gradient terms of the backward's moments: the LM head's weight gradient (an untied head trained), its
     16-bit transient under amp, a tied embedding's buffer, and the first layer's and embedding's gradients."""
     head = tied = first = 0
@@ -939,7 +939,7 @@ def _layer_range(layers: list[int]) -> str:
     return f"layer {layers[0]}" if len(layers) == 1 else f"layers {layers[0]}-{layers[-1]} ({len(layers)})"
 
 
-def _device_map_steps(spec: RunSpec, shape: "_Shape", summary: _Summary,
+def _device_map_steps(spec: RunSpec, shape: _Shape, summary: _Summary,
                       devices: list[DeviceInfo]) -> list[tuple[_Step, str]]:
     """device_map: each device holds the units :func:`_device_map` places on it, and what they need in the run (its
     layers' activations; the loss on the last device)."""
@@ -964,7 +964,7 @@ def _device_map_steps(spec: RunSpec, shape: "_Shape", summary: _Summary,
     return out
 
 
-def _part_step(spec: RunSpec, shape: "_Shape", summary: _Summary, local: _Summary, kind: str, n_layers: int, *,
+def _part_step(spec: RunSpec, shape: _Shape, summary: _Summary, local: _Summary, kind: str, n_layers: int, *,
                first: bool, head: bool, scope: str | None = None, tp: int = 1) -> _Step:
     """The step of a device holding ``n_layers`` decoder layers of the model and the parameters in ``local``
     (device_map: its own layers; tp: every layer's shards; the whole model: ``local`` is ``summary``, no ``scope``),
@@ -1009,7 +1009,7 @@ def _part_step(spec: RunSpec, shape: "_Shape", summary: _Summary, local: _Summar
                           "kv_cache": "training: use_cache off, no KV cache"}, terms=terms)
 
 
-def _check_tp_heads(tp: int, shape: "_Shape") -> None:
+def _check_tp_heads(tp: int, shape: _Shape) -> None:
     """Megatron-LM splits attention by heads: ``tp`` must divide the attention heads and the KV heads.
 
     Raises:
@@ -1025,7 +1025,7 @@ def _check_tp_heads(tp: int, shape: "_Shape") -> None:
         )
 
 
-def _tp_step(spec: RunSpec, shape: "_Shape", summary: _Summary, tp: int, n: int, kind: str) -> tuple[_Step, str]:
+def _tp_step(spec: RunSpec, shape: _Shape, summary: _Summary, tp: int, n: int, kind: str) -> tuple[_Step, str]:
     """tp (Megatron-LM, Shoeybi et al. 2019, arXiv 1909.08053): every ``nn.Linear`` / ``Conv1D`` inside the decoder
     layers (attention q/k/v/o, MLP) is split ÷ tp (column- and row-parallel; biases with their weights, though Megatron
     replicates the row-parallel bias: hidden elements per layer), the token embedding and the LM head are
@@ -1072,7 +1072,7 @@ class _Shape:
     activation: str = ""  # the config's hidden_act / activation_function
 
     @classmethod
-    def of(cls, config: Any, attention: str = "sdpa") -> "_Shape":
+    def of(cls, config: Any, attention: str = "sdpa") -> _Shape:
         text = config.get_text_config() if hasattr(config, "get_text_config") else config
         hidden = int(text.hidden_size)
         heads = int(text.num_attention_heads)

@@ -6,14 +6,15 @@ comparison with the plan states which measured quantity it compares with.
 
 from __future__ import annotations
 
+from collections.abc import Generator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Generator
+from typing import Any
 
 from core.childproc import check_exit, start_child, watch
 from core.errors import StageError
-from core.fit import UNDER_ESTIMATE_TOLERANCE, under_estimate
 from core.events import ChildStarted, DeviceBound, Event, Message, Progress, leads
+from core.fit import UNDER_ESTIMATE_TOLERANCE, under_estimate
 from core.spec import RunSpec
 
 

@@ -1,7 +1,7 @@
 """The acceptance record: ``record.toml`` in the run directory, built from stage results, written atomically.
 
 Every table that holds numbers says where they come from with ``provenance``: ``measured`` (read from live tensors, the
-allocator, the OS or a clock), ``estimated`` (with ``method``), or ``not_run``. TOML has no null (DESIGN §5): a value that
+allocator, the OS or a clock), ``estimated`` (with ``method``), or ``not_run``. TOML has no null (docs/architecture.md §5): a value that
 does not exist is omitted and its table says why.
 """
 
@@ -472,7 +472,7 @@ def write_record(record: dict[str, Any], path: Path) -> Path:
 
 def utc_now() -> dt.datetime:
     """The current time, UTC-aware, to the second (naive datetimes read back as local time)."""
-    return dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
+    return dt.datetime.now(dt.UTC).replace(microsecond=0)
 
 
 def make_signoff(operator: str, decision: str, role: str = "", comment: str = "") -> dict[str, Any]:

@@ -21,8 +21,9 @@ import dataclasses
 import datetime as dt
 import math
 import re
+from collections.abc import Callable
 from fnmatch import fnmatchcase
-from typing import Any, Callable
+from typing import Any
 
 #: A 64-digit lowercase hex digest: sha256 of a file, a split or the spec.
 _SHA256 = re.compile(r"[0-9a-f]{64}")

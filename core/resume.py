@@ -1,4 +1,4 @@
-"""Kill-and-resume check: "a checkpoint exists" is not "it resumes" (DESIGN §4).
+"""Kill-and-resume check: "a checkpoint exists" is not "it resumes" (docs/architecture.md §4).
 
 The train stage's run is the reference. A second run with the same spec (``interrupted``) starts from a copy of the
 reference's checkpoint before ``c`` (itself a resume; from step 0 when ``c`` is the first checkpoint or
@@ -23,9 +23,10 @@ import json
 import math
 import os
 import re
+from collections.abc import Generator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Generator
+from typing import Any
 
 from core.childproc import (
     KILL_SETTLE_S,

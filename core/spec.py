@@ -58,9 +58,10 @@ import json
 import math
 import re
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from core.errors import SpecError
 
@@ -82,7 +83,7 @@ ALL_LINEAR = "all-linear"
 TORCH_DTYPE_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 OPTIMIZERS = ("adamw", "sgd", "adafactor")
 SCHEDULERS = ("linear", "cosine", "constant")
-#: How a run is spread over devices (DESIGN §3). ``fsdp`` is accepted and stored as ``zero3`` (FSDP full shard).
+#: How a run is spread over devices (docs/architecture.md §3). ``fsdp`` is accepted and stored as ``zero3`` (FSDP full shard).
 STRATEGIES = ("single", "ddp", "zero1", "zero2", "zero3", "device_map", "tp")
 STRATEGY_ALIASES = {"fsdp": "zero3"}
 #: Bytes per unit of a planned device capacity: GiB/MiB are binary (2^30, 2^20), GB/MB decimal (10^9, 10^6).
@@ -95,7 +96,7 @@ EMBEDDED_DATA = "embedded"
 #: bytes per element of each dtype name.
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
-# Per-mode defaults chosen so the embedded run finishes on a 2-core CPU in minutes (DESIGN §6: LoRA step ~1.6 s,
+# Per-mode defaults chosen so the embedded run finishes on a 2-core CPU in minutes (docs/architecture.md §6: LoRA step ~1.6 s,
 # full fine-tuning step ~4.2 s at 4 x 128 tokens, fp32).
 _MODE_DEFAULTS: dict[str, dict[str, Any]] = {
     "inference": {"steps": 0, "learning_rate": 0.0},
@@ -288,7 +289,7 @@ class RunSpec:
 
     # ------------------------------------------------------------------ construction
     @classmethod
-    def build(cls, toml_path: str | Path | None = None, **overrides: Any) -> "RunSpec":
+    def build(cls, toml_path: str | Path | None = None, **overrides: Any) -> RunSpec:
         """Build a spec from an optional TOML file and overrides (flags). ``None`` overrides are ignored.
 
         Mode-dependent defaults (steps, learning rate, checkpoint interval) apply to keys given in neither place.
@@ -326,7 +327,7 @@ class RunSpec:
         return cls.from_dict(raw)
 
     @classmethod
-    def from_dict(cls, raw: Mapping[str, Any]) -> "RunSpec":
+    def from_dict(cls, raw: Mapping[str, Any]) -> RunSpec:
         """Build and validate a spec from a plain mapping (the TOML layout in the module docstring)."""
         raw = dict(raw)
         known = {f.name for f in dataclasses.fields(cls)}
@@ -814,7 +815,7 @@ def _sub(cls: type, raw: dict[str, Any], prefix: str) -> Any:
     return cls(**raw)
 
 
-_TYPES = {"int": int, "float": (int, float), "str": str, "bool": bool}
+_TYPES: dict[str, type | tuple[type, ...]] = {"int": int, "float": (int, float), "str": str, "bool": bool}
 #: The largest integer a spec may hold (int64, what torch and numpy take); steps and seeds have tighter limits below.
 MAX_INT = 2**63 - 1
 #: The most optimizer steps a spec may ask for: an acceptance run, not a pretraining job.

@@ -4,7 +4,7 @@ The analytic plan (:mod:`core.plan`) is a sum of formulas; the traced plan runs 
 on the meta device exactly as the analytic plan builds it (LoRA wrapped there by peft), its parameters and buffers are
 swapped for fake CPU tensors (``torch._subclasses.fake_tensor.FakeTensorMode``: shapes, dtypes and storages, no data, no
 compute), and one step is run under ``torch.distributed._tools.mem_tracker.MemTracker``, which categorises every storage
-alive at each op (DESIGN §3, §6). A warm-up step first creates the optimizer states, so the traced step is the steady
+alive at each op (docs/architecture.md §3, §6). A warm-up step first creates the optimizer states, so the traced step is the steady
 state the run repeats: weights, optimizer states, the forward's activations, the backward's gradients and temporaries,
 then the optimizer step.
 
@@ -24,7 +24,7 @@ Limits, stated on screen and in the record: the trace runs the CPU kernels' shap
 save slightly different tensors, e.g. a log-sum-exp per row); it does not model the caching allocator's rounding, so it
 estimates peak *allocated*, not reserved.
 
-Two modes (DESIGN §6: MemTracker's per-module statistics cost ~10x on deep models): ``fast=True`` (default) keeps only
+Two modes (docs/architecture.md §6: MemTracker's per-module statistics cost ~10x on deep models): ``fast=True`` (default) keeps only
 the overall peak and its category breakdown; ``fast=False`` keeps MemTracker's per-module snapshots as well.
 ``real=True`` runs the same step on real CPU tensors (random values) instead of fake ones — used to check that the two
 give identical category totals (benchmarks/plan_speed.py and the tests).
@@ -234,7 +234,7 @@ def trace_plan(spec: RunSpec, config: Any, *, target: str = "cuda", fast: bool =
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             if spec.mode == "lora":
                 model.enable_input_require_grads()
-        vocab = int(getattr(config, "vocab_size"))
+        vocab = int(config.vocab_size)
         ids = torch.randint(0, vocab, (spec.batch_size, spec.seq_len), generator=None if fake_mode else generator)
         # padded: a batch with padding, whose attention mask reaches the kernel (fake tensors have no values, so any
         # mask is taken as one; on real tensors the last position of the first row is padding). packed: no mask, as
@@ -503,7 +503,7 @@ def _cache_bytes(cache: Any) -> int:
 
 
 def _tracker(fast: bool) -> Any:
-    """MemTracker with DESIGN §6's adjustments: gradient hooks only on trainable parameters; ``fast`` keeps only the
+    """MemTracker with docs/architecture.md §6's adjustments: gradient hooks only on trainable parameters; ``fast`` keeps only the
     overall peak (no per-module snapshots)."""
     from torch.distributed._tools import mem_tracker as mt
 

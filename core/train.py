@@ -7,9 +7,10 @@ Inference mode evaluates once (fixed weights: no backward, no update). The train
 from __future__ import annotations
 
 import math
+from collections.abc import Generator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Generator
+from typing import Any
 
 from core.childproc import ChildJob, check_exit, start_child, watch
 from core.events import ChildStarted, Evaluated, Event, Message, Progress, lead_events, leads

@@ -24,7 +24,7 @@ class FakeGpu:
     util: int = 0
     procs: list[tuple[int, int | None]] = field(default_factory=list)
     mps: list[tuple[int, int | None]] = field(default_factory=list)
-    mig: list["FakeGpu"] = field(default_factory=list)
+    mig: list[FakeGpu] = field(default_factory=list)
     gi: int | None = None
     ci: int | None = None
     errors: dict[str, type] = field(default_factory=dict)

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # ---------------------------------------------------------------------------------------------------------- loading
 def test_content_hash_is_sha256_of_utf8_text():
     doc = Document("a", "héllo")
-    assert doc.content_hash == hashlib.sha256("héllo".encode("utf-8")).hexdigest()
+    assert doc.content_hash == hashlib.sha256("héllo".encode()).hexdigest()
 
 
 def test_embedded_documents_are_the_pydoc_topics_sorted_by_name():

@@ -35,7 +35,7 @@ def _start(argv: list[str]) -> subprocess.Popen:
 
 def _kill_group(proc: subprocess.Popen) -> None:
     try:
-        os.killpg(proc.pid, signal.SIGKILL)  # the whole group: killing only a shell orphans its python (DESIGN §6)
+        os.killpg(proc.pid, signal.SIGKILL)  # the whole group: killing only a shell orphans its python (docs/architecture.md §6)
     except ProcessLookupError:
         pass
     proc.wait(timeout=10)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import copy
 import tomllib
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -143,7 +143,7 @@ def test_the_answers_go_into_an_unsigned_record_only(lora_run, tmp_path):
     path.write_bytes(src.read_bytes())
     qs = build_quiz(record)
     chosen = [q.answer for q in qs[:-1]] + [(qs[-1].answer + 1) % 4]
-    now = datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc)
+    now = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
     table = onboarding_table(qs, chosen, "Ada", now)
     assert table["score"] == len(qs) - 1 and table["questions_asked"] == len(qs)
     add_onboarding(path, table)

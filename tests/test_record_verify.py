@@ -270,7 +270,7 @@ def test_a_naive_time_is_a_schema_error(record, capsys):
 
 
 # Issue 16: each of these passed "schema: ok" while the check looked only at the top level.
-AWARE = dt.datetime(2026, 12, 1, 6, 0, tzinfo=dt.timezone.utc)
+AWARE = dt.datetime(2026, 12, 1, 6, 0, tzinfo=dt.UTC)
 
 
 def _in_table(table, key, value):
@@ -344,7 +344,7 @@ def test_every_number_and_time_the_pipeline_writes_has_a_value_rule(lora_run):
 def test_nothing_but_plain_values_reaches_the_writer(tmp_path):
     import numpy as np
 
-    ok = {"a": 1, "t": dt.datetime(2026, 11, 30, tzinfo=dt.timezone.utc), "l": [1.5, "x"]}
+    ok = {"a": 1, "t": dt.datetime(2026, 11, 30, tzinfo=dt.UTC), "l": [1.5, "x"]}
     write_record(ok, tmp_path / "ok.toml")
     for bad, where in (({"a": {"b": None}}, "record.a.b is None"),
                        ({"a": [1, np.float32(2.0)]}, "record.a[1] is a numpy.float32"),

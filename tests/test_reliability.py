@@ -38,7 +38,7 @@ FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCh
 toml_scalars = st.one_of(
     st.integers(min_value=-(2**63), max_value=2**63 - 1), st.floats(allow_nan=True, allow_infinity=True),
     st.text(max_size=20), st.booleans(),
-    st.datetimes(timezones=st.sampled_from([dt.timezone.utc, None, dt.timezone(dt.timedelta(hours=2))])),
+    st.datetimes(timezones=st.sampled_from([dt.UTC, None, dt.timezone(dt.timedelta(hours=2))])),
     st.dates(), st.times(),
 )
 toml_values = st.recursive(toml_scalars, lambda inner: st.one_of(

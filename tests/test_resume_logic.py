@@ -198,7 +198,7 @@ def test_r7_a_restarted_loss_scale_is_caught_and_an_equal_one_passes(tmp_path):
 
 
 def test_safe_load_is_the_only_torch_load_and_children_force_weights_only(tmp_path):
-    """DESIGN §4: checkpoints are read with weights_only=True only. In core/ the single torch.load call is
+    """docs/architecture.md §4: checkpoints are read with weights_only=True only. In core/ the single torch.load call is
     safe_load's (explicit weights_only=True); every child process also gets TORCH_FORCE_WEIGHTS_ONLY_LOAD=1, so the
     loads inside Trainer and peft cannot read arbitrary pickles either."""
     import re

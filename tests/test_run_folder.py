@@ -19,7 +19,7 @@ from core.events import Message, RunFinished, StageFinished
 from core.pipeline import AcceptanceRun, new_run_dir, run_pipeline
 from core.spec import RunSpec
 
-NOW = dt.datetime(2026, 12, 1, 5, 0, 0, tzinfo=dt.timezone.utc)
+NOW = dt.datetime(2026, 12, 1, 5, 0, 0, tzinfo=dt.UTC)
 ENOSPC = OSError(errno.ENOSPC, "No space left on device")
 
 

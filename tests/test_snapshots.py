@@ -15,8 +15,8 @@ from pytest_textual_snapshot import SVGImageExtension
 from syrupy.location import PyTestLocation
 from textual._doc import take_svg_screenshot
 
-from core.pipeline import AcceptanceRun
 from core.monitor import ReplayBackend, constructed_frames
+from core.pipeline import AcceptanceRun
 from core.probe import DeviceMeasurement, PlanComparison, ProbeResult, compare_with_plan
 from core.resume import Check, ResumeResult, tolerance_tier
 from core.spec import RunSpec

@@ -292,7 +292,7 @@ def test_a_kill_mid_run_ends_every_rank_at_once(tiny_model_dir, tmp_path):
                                                       "model_path": str(tiny_model_dir), "devices": names},
                         **launch_options(spec, names))
     seen: set[int] = set()
-    for event in watch(child, stop_when=lambda e: e["kind"] == "probe_step" and seen.add(e["rank"]) is None
+    for _event in watch(child, stop_when=lambda e: e["kind"] == "probe_step" and seen.add(e["rank"]) is None
                        and len(seen) == 2):
         pass
     pids = sorted(e["pid"] for e in child.events if e["kind"] == "started")

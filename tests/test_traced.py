@@ -44,7 +44,7 @@ SPECS = {
 
 @pytest.mark.parametrize("name", list(SPECS))
 def test_fake_and_real_tensors_give_identical_category_totals(name):
-    """DESIGN §6: the same step on fake and on real CPU tensors gives the same bytes in every MemTracker category."""
+    """docs/architecture.md §6: the same step on fake and on real CPU tensors gives the same bytes in every MemTracker category."""
     spec, config = SPECS[name], _config()
     fake = trace_plan(spec, config, target="cpu")
     real = trace_plan(spec, config, target="cpu", real=True)
@@ -114,7 +114,7 @@ def test_lora_trains_only_adapters_and_keeps_frozen_weights_without_gradients():
 
 
 def test_adamw_foreach_on_cuda_adds_step_temporaries():
-    """The target decides foreach as torch would; foreach AdamW's step makes whole-size temporaries (DESIGN §3)."""
+    """The target decides foreach as torch would; foreach AdamW's step makes whole-size temporaries (docs/architecture.md §3)."""
     config = _config()
     spec = _spec("full", batch_size=1, seq_len=2)  # tiny activations: the optimizer step is the peak
     cuda = trace_plan(spec, config, target="cuda")

@@ -60,7 +60,7 @@ def _small_host_app(tiny_model_dir, tmp_path, batch: int):
     from core.pipeline import make_plan
     from core.plan import DeviceInfo
     from core.spec import RunSpec
-    from tests.wizard_helpers import GiB, TEST_HOST
+    from tests.wizard_helpers import TEST_HOST, GiB
     from tui.app import GpuAcceptApp
 
     def total(b):

@@ -14,7 +14,6 @@ from textual.widgets import Button, Footer, Header, Input, Label, Select, Static
 
 from tui.widgets.inputs import OrderedInput
 
-
 #: said before anyone signs: a signed record is never rewritten (core.record), so what is not in it then never will be
 SIGNING_FREEZES = ("Signing freezes record.toml: nothing is added after, not even the quiz's score (for that: "
                    "write it unsigned, take the quiz, then gpuaccept sign).")

@@ -15,7 +15,6 @@ from tui.screens.nav import NavButtons
 from tui.widgets.bars import SHORT, PlanBar, gib
 from tui.widgets.tables import ReadTable, wrapped_table
 
-
 BATCH = Binding.Group("batch ÷2 ×2")
 SEQ = Binding.Group("seq ÷2 ×2")
 
@@ -118,10 +117,8 @@ class PlanScreen(NavButtons, Screen):
     @work(thread=True, exclusive=True, group="plan")
     def replan(self, spec: Any) -> None:
         from core.errors import GpuAcceptError
-        from core.pipeline import make_plan
-
         from core.fit import largest_fitting
-        from core.pipeline import runnable_reason
+        from core.pipeline import make_plan, runnable_reason
 
         try:
             ctx = make_plan(spec, self.app.state.devices_override)

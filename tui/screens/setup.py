@@ -12,10 +12,9 @@ from textual.containers import Horizontal, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Button, Footer, Header, Input, Label, Select, Static
 
-from tui.widgets.inputs import OrderedInput
-
 from core.spec import ATTN_IMPLEMENTATIONS, DTYPES, KILL_POINTS, PADDINGS, PRECISIONS
 from tui.screens.nav import NavButtons
+from tui.widgets.inputs import OrderedInput
 
 # (flag name, label, kind, choices, modes it applies to)
 FIELDS: list[tuple[str, str, str, tuple[str, ...], tuple[str, ...]]] = [

@@ -6,7 +6,8 @@ messages, and draws them. A stage already finished (its result is in the run) is
 
 from __future__ import annotations
 
-from typing import Any, Callable, Generator
+from collections.abc import Callable, Generator
+from typing import Any
 
 from textual import work
 from textual.app import ComposeResult

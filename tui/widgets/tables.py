@@ -19,7 +19,7 @@ class ReadTable(DataTable, can_focus=False):
         super().__init__(**kw)
 
 
-def wrapped_table(columns: list[str], rows: list[list[str]], wrap: int = -1) -> "Table":
+def wrapped_table(columns: list[str], rows: list[list[str]], wrap: int = -1) -> Table:
     """A rich Table whose column ``wrap`` (default: the last) wraps instead of being cut: for long text such as how
     each plan line is estimated, which an 80-column DataTable cut mid-word. Shown in a Static."""
     from rich.table import Table
