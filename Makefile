@@ -28,11 +28,12 @@ run: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
 
-# Static checks (CI runs them before the tests): ruff (lint, import order) and the import contracts
-# (core never imports the UI; pyproject.toml [tool.importlinter]).
+# Static checks (CI runs them before the tests): ruff (lint, import order), the import contracts
+# (core never imports the UI; pyproject.toml [tool.importlinter]) and mypy over core/.
 lint: $(STAMP)
 	$(VENV)/bin/ruff check core tui tests benchmarks
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/mypy
 
 bench: $(STAMP)
 	# the GPU check's parts run from benchmarks/gpu_check.sh (its --dry-run here), not on their own

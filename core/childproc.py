@@ -41,6 +41,16 @@ class ChildJob:
     _sampled_at: float = 0.0
 
     @property
+    def pid(self) -> int:
+        """The started process's pid (torchrun's under torchrun), which leads its process group.
+
+        Raises:
+            RuntimeError: the job was not started (:func:`start_child` sets ``proc``)."""
+        if self.proc is None:
+            raise RuntimeError(f"child {self.name} was not started")
+        return self.proc.pid
+
+    @property
     def events_path(self) -> Path:
         return self.job_dir / "events.jsonl"
 
@@ -194,14 +204,14 @@ def child_groups(child: ChildJob) -> list[int]:
     assert child.proc is not None
     poll_events(child)
     ranks = sorted({int(e["pgid"]) for e in child.events if e.get("kind") == "started" and e.get("pgid")})
-    return [child.proc.pid, *[g for g in ranks if g != child.proc.pid]]
+    return [child.pid, *[g for g in ranks if g != child.pid]]
 
 
 def kill_group(child: ChildJob, timeout_s: float = 10.0) -> int:
     """SIGKILL every process group of the child (:func:`child_groups`: torchrun's and each rank's) and reap it.
     Returns the child's own process group id."""
     assert child.proc is not None
-    pgid = child.proc.pid  # start_new_session: the child leads its own group
+    pgid = child.pid  # start_new_session: the child leads its own group
     for group in reversed(child_groups(child)):  # the ranks first, then torchrun (which would signal them)
         try:
             os.killpg(group, signal.SIGKILL)
@@ -278,7 +288,7 @@ def sample_rss(child: ChildJob) -> None:
         return
     child._sampled_at = now
     try:
-        root = psutil.Process(child.proc.pid)
+        root = psutil.Process(child.pid)
         tree = [root, *root.children(recursive=True)]
     except psutil.Error:
         return

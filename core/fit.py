@@ -67,7 +67,7 @@ def fit_of(name: str, capacity: int | None, analytic: int, untraced: int, traced
     """The fit of one device from plain numbers (what :func:`fit_verdicts` and ``gpuaccept verify`` both use)."""
     with_trace = traced + untraced if traced is not None and strategy in TRACED_FIT_STRATEGIES else None
     judged_by = "traced" if with_trace is not None and with_trace > analytic else "analytic"
-    used = with_trace if judged_by == "traced" else analytic
+    used = with_trace if judged_by == "traced" and with_trace is not None else analytic
     return Fit(name, capacity, analytic, with_trace, used, judged_by, None if capacity is None else used <= capacity)
 
 
@@ -136,7 +136,8 @@ class Largest:
         """Under :data:`THIN_HEADROOM` of the capacity is left: a little less free memory (or the caching allocator's
         rounding on CUDA) and it does not fit."""
         headroom = self.headroom_bytes
-        return headroom is not None and headroom < THIN_HEADROOM * self.capacity_bytes
+        return headroom is not None and self.capacity_bytes is not None and \
+            headroom < THIN_HEADROOM * self.capacity_bytes
 
 
 def largest_fitting(spec: Any, config: Any, devices: list[Any], axis: str, max_positions: int | None = None,

@@ -276,7 +276,7 @@ def ensure_embedded_cache() -> Path:
     try:
         model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
         _drop_quantization(model.config)
-        model.hf_quantizer = None
+        model.hf_quantizer = None  # type: ignore[assignment] # transformers types it, None removes it
         model.save_pretrained(tmp)
         AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name).save_pretrained(tmp)
         (tmp / "SOURCE.txt").write_text(f"converted from {EMBEDDED_GGUF} of {EMBEDDED_WHEEL} (dequantised to fp32)\n")

@@ -439,8 +439,8 @@ def run_pipeline(
     runs_root: Path = Path("runs"),
     cancelled: Callable[[], bool] | None = None,
     devices_override: list[Any] | None = None,
-) -> Generator[Event, None, Path]:
-    """Run every stage in order, yielding events; return the record's path.
+) -> Generator[Event, None, Path | None]:
+    """Run every stage in order, yielding events; return the record's path (None when it could not be written).
 
     The run directory keeps the spec, the pipeline's events (``events.jsonl``), each child's job, log, events and
     checkpoints, and ``record.toml``. Bad input raises a named :class:`~core.errors.GpuAcceptError` before the run

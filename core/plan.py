@@ -619,7 +619,7 @@ def _host_devices(ranks: int) -> list[DeviceInfo]:
     host = _host_device()
     if ranks < 2:
         return [host]
-    share = host.capacity_bytes // ranks
+    share = None if host.capacity_bytes is None else host.capacity_bytes // ranks
     return [DeviceInfo(f"cpu:{r}", "cpu", f"host CPU, rank {r} of {ranks}", share,
                        f"{host.capacity_source} / {ranks} ranks sharing it") for r in range(ranks)]
 
@@ -732,6 +732,7 @@ def _device_plan(device: DeviceInfo, step: _Step, tag: str, overhead: Line) -> D
         moments = training_moments(dataclasses.replace(step.terms, overhead=overhead.bytes))
         untraced = overhead.bytes + step.terms.every_phase
     else:
+        assert step.inference is not None  # a step has training terms or inference terms
         moments = inference_moments(overhead=overhead.bytes, **step.inference)
         untraced = overhead.bytes
     phases = phases_of(moments)
@@ -914,7 +915,7 @@ def _device_map(summary: _Summary, devices: list[DeviceInfo]) -> dict[str, int]:
         sizes[key] += p.numel * DTYPE_BYTES.get(p.dtype, 4)
     n = len(devices)
     caps = [d.capacity_bytes for d in devices]
-    weights = [float(c) for c in caps] if all(c for c in caps) else [1.0] * n
+    weights = [float(c or 0) for c in caps] if all(c for c in caps) else [1.0] * n
     total = sum(sizes.values())
     bounds, acc = [], 0.0
     for w in weights:

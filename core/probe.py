@@ -139,7 +139,7 @@ def run_probe(
                                     "for them to join")
     child = start_child("probe", job_dir, {"role": "probe", "spec": spec.to_dict(), "model_path": str(model_path),
                                            "device": device, "devices": names}, **launch)
-    yield ChildStarted("probe", run="probe", pid=child.proc.pid, log_path=str(child.log_path))
+    yield ChildStarted("probe", run="probe", pid=child.pid, log_path=str(child.log_path))
     for event in watch(child, cancelled=cancelled):
         if event["kind"] == "device_uuid":
             yield DeviceBound("probe", device=event["device"], uuid=event["uuid"])
@@ -161,8 +161,11 @@ def run_probe(
 
     plan_by_name = {d.device.name: d for d in plan.devices}
     fit_by_name = {f.device: f for f in fit_verdicts(plan, traced)}
-    measurements, comparisons, problems, findings = [], [], [], []
-    layers = next((e["layers"] for e in child.events if e["kind"] == "device_map"), {})
+    measurements: list[DeviceMeasurement] = []
+    comparisons: list[PlanComparison] = []
+    problems: list[str] = []
+    findings: list[str] = []
+    layers: dict[str, Any] = next((e["layers"] for e in child.events if e["kind"] == "device_map"), {})
     for ledger in _per_device(ledgers):
         m = _measurement(ledger, placement)
         measurements.append(m)

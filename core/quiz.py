@@ -78,7 +78,8 @@ def build_quiz(record: dict[str, Any]) -> list[Question]:
             or not plan["devices"]:
         raise GpuAcceptError("this record holds no plan, so there is nothing its numbers can answer; quiz a record "
                              "whose plan stage ran")
-    spec = record.get("spec") if isinstance(record.get("spec"), dict) else {}
+    found = record.get("spec")
+    spec: dict[str, Any] = found if isinstance(found, dict) else {}
     seed = str(spec.get("hash", ""))
     training = spec.get("mode") in ("full", "lora")
     makers = [_fit_by_device, _batch_doubles]

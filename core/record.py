@@ -286,7 +286,8 @@ OPTIONAL_TABLES = ("onboarding",)  # the onboarding quiz's answers, when the ope
 def _utc_aware(value: Any) -> bool:
     from datetime import datetime
 
-    return isinstance(value, datetime) and value.utcoffset() is not None and value.utcoffset().total_seconds() == 0
+    offset = value.utcoffset() if isinstance(value, datetime) else None
+    return offset is not None and offset.total_seconds() == 0
 
 
 def _version_2_problems(rec: dict[str, Any]) -> list[str]:

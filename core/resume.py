@@ -270,7 +270,8 @@ def compare_rng(restored: dict[str, str] | None, saved: dict[str, str], resumed:
                       f"right after restore, generators {', '.join(sorted(restored))} equal {files} of "
                       f"checkpoint-{c} (sha256)" if not diff else
                       f"after restore, {', '.join(diff)} differ from {files} of checkpoint-{c}")
-    pairs = [(e["step"], e.get("rng"), ref.get(e["step"], {}).get("rng")) for e in resumed]
+    pairs: list[tuple[int, Any, Any]] = [(e["step"], e.get("rng"), ref.get(e["step"], {}).get("rng"))
+                                         for e in resumed]
     missing = [step for step, a, b in pairs if a is None or b is None]
     differ = [step for step, a, b in pairs if a is not None and b is not None and a != b]
     steps = [step for step, _, _ in pairs]
@@ -412,7 +413,7 @@ def run_resume_check(
     yield Message("resume", text=f"interrupted run from {origin}: SIGKILL {spec.resume.describe()}")
     interrupted = start_child("interrupted", run_dir / "resume-interrupted", {
         **base, **first, "role": "interrupted", "kill_step": k, "kill_at": spec.resume.kill_at}, **launch)
-    yield ChildStarted("resume", run="interrupted", pid=interrupted.proc.pid, log_path=str(interrupted.log_path))
+    yield ChildStarted("resume", run="interrupted", pid=interrupted.pid, log_path=str(interrupted.log_path))
     held: dict[int, dict] = {}  # rank -> its kill_point event: kill once every rank of this node holds there
 
     def all_held(e: dict) -> bool:
@@ -422,9 +423,9 @@ def run_resume_check(
 
     mean = StepMean(local)
     for event in watch(interrupted, stop_when=all_held, cancelled=cancelled):
-        if event["kind"] == "step" and (event := mean.add(event)) is not None:
-            yield Progress("resume", run="interrupted", step=event["step"], total=spec.resume.last_step_needed(),
-                           loss=event["loss"])
+        if event["kind"] == "step" and (averaged := mean.add(event)) is not None:
+            yield Progress("resume", run="interrupted", step=averaged["step"], total=spec.resume.last_step_needed(),
+                           loss=averaged["loss"])
     kill_event = held.get(min(held)) if len(held) >= local else None
     if kill_event is None:
         check_exit(interrupted)
@@ -480,11 +481,11 @@ def run_resume_check(
     resumed = start_child("resumed", run_dir / "resume-resumed", {**base, "devices": resume_names, "role": "resumed",
                                                                   "resume_from": str(ckpt), "stop_after_step": end,
                                                                   "manifest": str(manifest_path)}, **resume_launch)
-    yield ChildStarted("resume", run="resumed", pid=resumed.proc.pid, log_path=str(resumed.log_path))
+    yield ChildStarted("resume", run="resumed", pid=resumed.pid, log_path=str(resumed.log_path))
     mean = StepMean(resume_launch.get("nproc", 1))
     for event in watch(resumed, cancelled=cancelled):
-        if event["kind"] == "step" and (event := mean.add(event)) is not None:
-            yield Progress("resume", run="resumed", step=event["step"], total=end, loss=event["loss"])
+        if event["kind"] == "step" and (averaged := mean.add(event)) is not None:
+            yield Progress("resume", run="resumed", step=averaged["step"], total=end, loss=averaged["loss"])
     check_exit(resumed)
     checks.append(loaded_manifest_check(resumed.events, resume_launch.get("nproc", 1), len(manifest)))
     if checks[-1].status != "pass":
@@ -589,7 +590,7 @@ def kill_point_check(spec: RunSpec, event: dict) -> Check:
     """The interrupted run was killed where the spec placed the kill (``resume.kill_at``, :data:`KILL_POINTS`)."""
     k, at = spec.resume.kill_step(), spec.resume.kill_at
     step, where = event["step"], event.get("where")
-    done, n = event.get("micro_done"), event.get("micro_in_step")
+    done, n = event.get("micro_done"), int(event.get("micro_in_step") or 0)
     expected = {
         "boundary": step == k and where == "step_end",
         "boundary-1": step == k - 1 and where in ("step_begin", "micro") and done == n - 1,
@@ -627,9 +628,9 @@ def compare_steps(ref: dict[int, dict], interrupted: list[dict], resumed: list[d
     checks.append(Check("global_steps", "pass" if got == want else "fail",
                         f"resumed steps {_span(got)}; expected {_span(want)}"))
     before = [e["step"] for e in interrupted]
-    pairs = [(e, ref.get(e["step"])) for e in resumed] + [(e, ref.get(e["step"])) for e in interrupted]
-    missing = [e["step"] for e, r in pairs if r is None]
-    pairs = [(e, r) for e, r in pairs if r is not None]
+    found = [(e, ref.get(e["step"])) for e in resumed] + [(e, ref.get(e["step"])) for e in interrupted]
+    missing = [e["step"] for e, r in found if r is None]
+    pairs = [(e, r) for e, r in found if r is not None]
     for key, label in (("epoch", "epoch"), ("learning_rate", "learning rate"), ("sample_ids", "sample ids")):
         diff = [e["step"] for e, r in pairs if e[key] != r[key]]
         checks.append(Check(key, "fail" if diff or missing else "pass",

@@ -120,7 +120,7 @@ def run_train_eval(
     yield Message("train_eval", text=f"starting the {role} child on {where}: {what}")
     child = start_child(role, job_dir, {"role": role, "spec": spec.to_dict(), "model_path": str(model_path),
                                         "device": device, "devices": names, "save_total_limit": None}, **launch)
-    yield ChildStarted("train_eval", run="train", pid=child.proc.pid, log_path=str(child.log_path))
+    yield ChildStarted("train_eval", run="train", pid=child.pid, log_path=str(child.log_path))
     mean = StepMean(launch.get("nproc", 1))
     for event in watch(child, cancelled=cancelled):
         if event["kind"] == "step":

@@ -205,7 +205,7 @@ def _names_device(finding: str, device: str, rank: Any) -> bool:
 def _ran_as_planned(spec: dict[str, Any], probe: dict[str, Any]) -> list[str]:
     """A passing probe ran what the plan was made for: the spec's attention implementation, and for LoRA the spec's
     targets (``all-linear``: every linear layer but the LM head)."""
-    out = []
+    out: list[str] = []
     if probe.get("status") != "pass":
         return out
     used = probe.get("attention_implementation")
@@ -348,8 +348,8 @@ def recompute_verdicts(rec: dict[str, Any]) -> list[str]:
             problems.append("probe.status is pass, but probe.problems lists why it fails: "
                             + "; ".join(map(str, probe["problems"]))[:200])
         peaks = {(str(d.get("device")), d.get("rank", 0)): d.get("peak_bytes") for d in devices}
-        rss = {(str(d.get("device")), d.get("rank", 0)): d.get("peak_rss_bytes") for d in devices
-               if isinstance(d.get("peak_rss_bytes"), int)}
+        peak_rss = {(str(d.get("device")), d.get("rank", 0)): d.get("peak_rss_bytes") for d in devices
+                    if isinstance(d.get("peak_rss_bytes"), int)}
         findings = [str(f) for f in probe.get("findings", [])]
         v2 = rec.get("schema_version", 1) >= 2
         for row in probe.get("plan_comparison", []):
@@ -363,10 +363,11 @@ def recompute_verdicts(rec: dict[str, Any]) -> list[str]:
             comps = row.get("components")
             overhead = comps.get("overhead") if isinstance(comps, dict) else None
             runtime = overhead.get("measured_bytes") if isinstance(overhead, dict) else None
-            peak = peaks.get(key)
-            if runtime is not None and key in rss and isinstance(peak, int) and runtime != rss[key] - peak:
+            tensors = peaks.get(key)
+            if runtime is not None and key in peak_rss and isinstance(tensors, int) \
+                    and runtime != peak_rss[key] - tensors:
                 problems.append(f"probe.plan_comparison for {name}: the overhead measured {runtime} B, but peak RSS "
-                                f"minus the peak of tensors is {rss[key] - peak} B")
+                                f"minus the peak of tensors is {peak_rss[key] - tensors} B")
             over = under_estimate(count(row.get("planned_bytes"), "probe.plan_comparison[].planned_bytes"),
                                   count(row.get("measured_bytes"), "probe.plan_comparison[].measured_bytes"))
             named = any("UNDER-ESTIMATE" in f and _names_device(f, name, row.get("rank", 0)) for f in findings)

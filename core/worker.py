@@ -185,7 +185,7 @@ def build_model(spec: RunSpec, model_path: str, device: str, device_map: Any = N
     if device_map is not None:
         model = AutoModelForCausalLM.from_pretrained(model_path, device_map=device_map, **kwargs)
     else:
-        model = AutoModelForCausalLM.from_pretrained(model_path, **kwargs).to(device)
+        model = AutoModelForCausalLM.from_pretrained(model_path, **kwargs).to(device)  # type: ignore[arg-type]
     model.config.use_cache = False if spec.training else model.config.use_cache
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     if spec.mode == "lora":
@@ -323,7 +323,7 @@ def build_trainer(spec, model, tokenizer, blocks, out_dir: Path, device: str, ev
         def __init__(self) -> None:
             self.lr: float | None = None
             self.rng: dict[str, str] | None = None
-            self.trainer = None
+            self.trainer: Any = None  # the Trainer it reports for (set once the Trainer is built)
 
         def on_step_begin(self, args, state, control, **kw):
             self.rng = rng_digest(live_rng_state())  # the generators as this optimizer step starts
@@ -354,6 +354,10 @@ def build_trainer(spec, model, tokenizer, blocks, out_dir: Path, device: str, ev
             events.emit("checkpoint", step=state.global_step, path=str(path))
 
     every = spec.resume.checkpoint_every if spec.resume.check else spec.steps
+    # zero3 = FSDP full shard (FSDP2, full state dict checkpoints). accelerate enables FSDP only on accelerators:
+    # on the CPU this runs as DDP, which the probe reports from the wrapper it finds (core.probe).
+    fsdp: dict[str, Any] = ({"fsdp": True, "fsdp_config": {"version": 2, "reshard_after_forward": True}}
+                            if spec.strategy == "zero3" else {})
     args = TrainingArguments(
         output_dir=str(out_dir),
         max_steps=max_steps or spec.steps,
@@ -382,10 +386,7 @@ def build_trainer(spec, model, tokenizer, blocks, out_dir: Path, device: str, ev
         bf16=spec.autocast and spec.dtype == "bf16",
         fp16=spec.autocast and spec.dtype == "fp16",
         gradient_checkpointing=False,  # enabled on the model in build_model, once
-        # zero3 = FSDP full shard (FSDP2, full state dict checkpoints). accelerate enables FSDP only on accelerators:
-        # on the CPU this runs as DDP, which the probe reports from the wrapper it finds (core.probe).
-        **({"fsdp": True, "fsdp_config": {"version": 2, "reshard_after_forward": True}}
-           if spec.strategy == "zero3" else {}),
+        **fsdp,
     )
     reporter = StepReporter()
     trainer = MeasuringTrainer(
@@ -543,6 +544,7 @@ def probe(spec: RunSpec, model, tokenizer, blocks: list[dict], out_dir: Path, de
              "peak_reserved_bytes": int(torch.cuda.max_memory_reserved(i))}
             for i, n in enumerate(names)]
     else:
+        assert tracker is not None  # no CUDA: the CPU tracker followed the step
         ledger["peak_tracked_tensor_bytes"] = tracker.peak_bytes
         ledger["tracked_method"] = tracker.method
     events.emit("ledger", **ledger)
@@ -603,6 +605,7 @@ def _fsdp2_cpu_steps(spec: RunSpec, model, blocks: list[dict], tracker, seen: di
     placed = parameter_placement(model)  # after sharding: this rank's shard of each parameter, on the CPU
     events.emit("placement", devices={name: placed["cpu"]})
     params = [p for p in model.parameters() if p.requires_grad]
+    opt: torch.optim.Optimizer
     if spec.optimizer == "adamw":
         opt = torch.optim.AdamW(params, lr=spec.learning_rate, weight_decay=0.0)
     else:
