@@ -157,11 +157,19 @@ def test_mode_screen(snap, size):
     snap(app_for(), size)
 
 
+def setup_settled(pilot) -> bool:
+    """The Setup screen as it stays: the devices detected and the model and data checked (a busy machine answers
+    later; a picture taken before shows "checking…")."""
+    screen = pilot.app.screen
+    return "looking" not in str(screen.query_one("#detected").content) and screen._checked is not None \
+        and screen._checked_spec == screen._draft
+
+
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
 def test_setup_screen(snap, size):
     async def run_before(pilot) -> None:
         await pilot.press("enter")
-        await until(pilot, lambda: "looking" not in str(pilot.app.screen.query_one("#detected").content))
+        await until(pilot, lambda: setup_settled(pilot))
 
     snap(app_for(), size, run_before)
 
@@ -171,7 +179,8 @@ def test_setup_screen_with_a_bad_value(snap, size):
     async def run_before(pilot) -> None:
         await pilot.press("enter")
         pilot.app.screen.query_one("#batch_size").value = "0"
-        await until(pilot, lambda: "looking" not in str(pilot.app.screen.query_one("#detected").content))
+        await until(pilot, lambda: setup_settled(pilot))
+        await pilot.pause()
 
     snap(app_for(), size, run_before)
 
@@ -238,8 +247,7 @@ def test_setup_screen_with_a_data_file(snap, size):
 
     async def run_before(pilot) -> None:
         await pilot.press("enter")
-        await until(pilot, lambda: "documents:" in str(pilot.app.screen.query_one("#data-info").content))
-        await until(pilot, lambda: "looking" not in str(pilot.app.screen.query_one("#detected").content))
+        await until(pilot, lambda: setup_settled(pilot))
         pilot.app.screen.query_one("#data").focus()
         await pilot.pause()
 
