@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from core.errors import StageError
+from core.errors import StageCancelled, StageError
 from core.events import read_events
 
 
@@ -183,7 +183,7 @@ def watch(
                     finished = True
                     return
             if cancelled is not None and cancelled():
-                raise StageError(f"{child.name}: cancelled; the child's process group was killed")
+                raise StageCancelled(f"{child.name}: cancelled; the child's process group was killed")
             if child.proc.poll() is not None:
                 for event in poll_events(child):  # what it wrote just before exiting
                     yield event

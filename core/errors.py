@@ -35,3 +35,8 @@ class DataError(GpuAcceptError):
 
 class StageError(GpuAcceptError):
     """A pipeline stage could not run (its child process failed); the message names the log to read."""
+
+
+class StageCancelled(StageError):
+    """A stage was stopped on purpose (the operator quit, a signal, a hang-up): its status is ``cancelled``, not
+    ``error``; the message says what was stopped."""

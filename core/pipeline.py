@@ -20,6 +20,7 @@ from core.childproc import launch_options
 from core.errors import GpuAcceptError, SpecError, StageError
 from core.events import Event, EventWriter, Message, RunFinished, StageFinished, StageStarted
 from core.spec import RunSpec, parse_devices
+from core.status import StageStatus, Stopped
 
 STAGES = ("plan", "probe", "train_eval", "resume", "record")
 
@@ -232,7 +233,7 @@ class AcceptanceRun:
         self.results: dict[str, Any] = {"plan": self.ctx.plan, "probe": None, "train_eval": None, "resume": None}
         #: the traced plan beside the analytic one (core.traced.traced_table), made by the plan stage or given
         self.traced: dict[str, Any] | None = traced
-        self.stopped: dict[str, str] = {}  # stage -> why it ended without a result (cancelled, child error)
+        self.stopped: dict[str, Stopped] = {}  # stage -> why it ended without a result, with its status
         self.model_path: Path | None = None
         self.record_path: Path | None = None
         self.verdict: str | None = None
@@ -267,20 +268,21 @@ class AcceptanceRun:
         try:
             return (yield from self._logged(gen))
         except GpuAcceptError as exc:
-            self.stopped[name] = str(exc)
+            self.stopped[name] = Stopped.of(exc)
             raise
         except OSError as exc:
             why = f"{name}: {exc.strerror or exc} ({getattr(exc, 'filename', '') or 'a file of the run'}); the run " \
                   f"folder {self.run_dir} keeps what was written"
-            self.stopped[name] = why
+            self.stopped[name] = Stopped(StageStatus.ERROR, why)
             raise StageError(why) from None
         except GeneratorExit:
-            self.stopped.setdefault(name, f"{name}: cancelled (the wizard or the process was closed)")
+            self.stopped.setdefault(name, Stopped(StageStatus.CANCELLED,
+                                                  f"{name}: cancelled (the wizard or the process was closed)"))
             raise
 
     def _refused(self, stage: str, why: str) -> GpuAcceptError:
         """The error that refuses ``stage`` before it starts, remembered so the record says why it did not run."""
-        self.stopped[stage] = f"not run: {why}"
+        self.stopped[stage] = Stopped(StageStatus.NOT_RUN, f"not run: {why}")
         return GpuAcceptError(why)
 
     @property
@@ -313,8 +315,9 @@ class AcceptanceRun:
             (self.run_dir / "plan.json").write_text(json.dumps({**self.ctx.plan.to_json(), "traced": self.traced},
                                                                indent=2), encoding="utf-8")
         except OSError as exc:
-            self.stopped["plan"] = f"plan: {self.run_dir / 'plan.json'} could not be written ({exc.strerror or exc})"
-            raise StageError(self.stopped["plan"]) from None
+            why = f"plan: {self.run_dir / 'plan.json'} could not be written ({exc.strerror or exc})"
+            self.stopped["plan"] = Stopped(StageStatus.ERROR, why)
+            raise StageError(why) from None
         yield self.emit(StageFinished("plan", status="pass" if self.plan_fits else "fail", result=self.ctx.plan,
                                       summary=_plan_summary(self.ctx.plan, self.traced)))
         return self.ctx.plan
@@ -352,7 +355,7 @@ class AcceptanceRun:
         if probe is None or probe.status != "pass" or self.model_path is None:
             raise GpuAcceptError("the probe did not pass; training and evaluation were not run")
         if self.spec.strategy == "zero3" and self.device == "cpu":
-            self.stopped["resume"] = "not run: training was not run (zero3 on the CPU)"
+            self.stopped["resume"] = Stopped(StageStatus.NOT_RUN, "not run: training was not run (zero3 on the CPU)")
             raise self._refused(
                 "train_eval",
                 "zero3 on the CPU: the probe measured FSDP2 sharding (torch fully_shard), but Trainer cannot train with "

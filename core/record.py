@@ -20,6 +20,7 @@ from typing import Any
 import tomli_w
 
 from core.spec import RunSpec
+from core.status import Stopped
 
 SCHEMA_VERSION = 3
 #: Versions ``gpuaccept verify`` reads: 1 (a plan's total is the sum of its components), 2 (the peak of the step's
@@ -101,7 +102,7 @@ def _nvidia_driver() -> dict[str, Any]:
 
 def build_record(spec: RunSpec, *, run_dir: Path, model: dict[str, Any], plan: Any, probe: Any, train_eval: Any,
                  resume: Any, started: dt.datetime, finished: dt.datetime, env: dict[str, Any] | None = None,
-                 stopped: dict[str, str] | None = None, traced: dict[str, Any] | None = None) -> dict:
+                 stopped: dict[str, Stopped] | None = None, traced: dict[str, Any] | None = None) -> dict:
     """Assemble the record mapping from stage results (``None`` for a stage that did not run).
 
     Tables: ``spec``, ``environment``, ``model``, ``data``, ``plan``, ``probe``, ``evaluation``, ``resume``, ``verdict``.
@@ -237,12 +238,13 @@ def _resume_table(r: Any) -> dict[str, Any]:
 
 
 def verdict(spec: RunSpec, plan: Any, probe: Any, te: Any, resume: Any,
-            stopped: dict[str, str] | None = None, traced: dict[str, Any] | None = None) -> dict[str, Any]:
+            stopped: dict[str, Stopped] | None = None, traced: dict[str, Any] | None = None) -> dict[str, Any]:
     """Overall verdict: pass only when every stage that applies passed; each stage's status and evidence are listed.
 
     Args:
-        stopped: why a stage ended without a result, by stage name (``probe``, ``train_eval``, ``resume``): the
-            operator cancelled it, or its child failed. Such a stage is ``cancelled`` or ``error``, with that reason.
+        stopped: why a stage ended without a result, by stage name (``probe``, ``train_eval``, ``resume``), with
+            the status it carries (:class:`core.status.Stopped`: ``cancelled``, ``error`` or ``not_run``); the stage
+            has that status, with that reason as its evidence.
     """
     stopped = stopped or {}
     stages: dict[str, dict[str, str]] = {}
@@ -259,9 +261,8 @@ def verdict(spec: RunSpec, plan: Any, probe: Any, te: Any, resume: Any,
         stages["plan"] = {"status": "not_run", "evidence": "the plan did not run"}
     for name, key, res in (("probe", "probe", probe), ("evaluation", "train_eval", te), ("resume", "resume", resume)):
         if res is None and key in stopped:
-            why = stopped[key]
-            status = "not_run" if why.startswith("not run") else "cancelled" if "cancelled" in why else "error"
-            stages[name] = {"status": status, "evidence": why}
+            stop = stopped[key]
+            stages[name] = {"status": str(stop.status), "evidence": stop.why}
         elif res is None:
             earlier = next((s for s in stages.values() if s["status"] not in ("pass", "not_applicable")), None)
             stages[name] = {"status": "not_run", "evidence": "not run: an earlier stage did not pass"

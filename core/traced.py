@@ -627,7 +627,7 @@ def trace_in_child(spec: RunSpec, target: str, cancelled: Any = None, timeout_s:
     import sys
     import tempfile
 
-    from core.errors import GpuAcceptError
+    from core.errors import GpuAcceptError, StageCancelled
     from core.lifeline import PARENT_PID_ENV
 
     with tempfile.TemporaryDirectory(prefix="gpuaccept-trace-") as tmp:
@@ -645,7 +645,7 @@ def trace_in_child(spec: RunSpec, target: str, cancelled: Any = None, timeout_s:
             try:
                 while child.poll() is None:
                     if cancelled is not None and cancelled():
-                        raise GpuAcceptError("the trace was cancelled")
+                        raise StageCancelled("the trace was cancelled")
                     if time.monotonic() - started > timeout_s:
                         raise GpuAcceptError(f"the trace took longer than {timeout_s:.0f} s and was stopped")
                     time.sleep(0.5)
@@ -668,6 +668,7 @@ def traced_table(spec: RunSpec, ctx: Any, cancelled: Any = None) -> dict[str, An
     """The traced plan of ``spec`` compared with ``ctx.plan`` (:class:`core.pipeline.PlanContext`), JSON-ready for the
     record and the screens; ``{"status": "not_run" | "cancelled" | "error", "reason": ...}`` when there is none."""
     from core.errors import GpuAcceptError
+    from core.status import Stopped
 
     plan = ctx.plan
     reason = untraceable_reason(plan)
@@ -677,8 +678,7 @@ def traced_table(spec: RunSpec, ctx: Any, cancelled: Any = None) -> dict[str, An
     try:
         traced = trace_in_child(spec, device.device.kind, cancelled)
     except GpuAcceptError as exc:
-        status = "cancelled" if "cancelled" in str(exc) else "error"
-        return {"status": status, "reason": str(exc)}
+        return {"status": str(Stopped.of(exc).status), "reason": str(exc)}
     return comparison_json(traced, compare(device, traced), device.device.name)
 
 

@@ -88,7 +88,7 @@ def test_a_stage_that_hits_a_full_disk_fails_naming_the_file(tmp_path, tiny_mode
         for event in run._stage("probe", stage()):
             events.append(event)
     assert [e.text for e in events] == ["stepping"]
-    assert "checkpoint-2" in run.stopped["probe"]
+    assert "checkpoint-2" in run.stopped["probe"].why and run.stopped["probe"].status == "error"
     run.close()
 
 

@@ -138,7 +138,10 @@ class GpuAcceptApp(App[int]):
         run = state.run
         if run is not None and run.record_path is None and not run.signed:
             if state.running:
-                run.stopped.setdefault(state.running, f"{state.running}: cancelled (the terminal went away)")
+                from core.status import StageStatus, Stopped
+
+                run.stopped.setdefault(state.running, Stopped(StageStatus.CANCELLED,
+                                                              f"{state.running}: cancelled (the terminal went away)"))
             try:
                 run.write_record()
             except Exception:  # noqa: BLE001 - the run directory still holds every artefact

@@ -85,6 +85,7 @@ class StageScreen(NavButtons, Screen):
     @work(thread=True, exclusive=True, group="stage")
     def run_stage(self) -> None:
         from core.errors import GpuAcceptError
+        from core.events import ChildStarted
 
         state = self.app.state
         state.cancel.clear()
@@ -94,7 +95,7 @@ class StageScreen(NavButtons, Screen):
             gen = self.stage_generator(state.cancel.is_set)
             while True:
                 event = next(gen)
-                if type(event).__name__ == "ChildStarted":
+                if isinstance(event, ChildStarted):
                     state.children.add(event.pid)  # so a hang-up can kill it without the event loop
                 self.post_message(StageEvent(event))
         except StopIteration as stop:

@@ -1,0 +1,39 @@
+"""A stage's status, carried by its result or by why it stopped: never read back from a message's words.
+
+The values are the record's (``verdict.stages.<stage>.status``, docs/record.md): ``pass``, ``fail``,
+``not_applicable``, ``cancelled`` (stopped on purpose: the operator quit, a signal, a hang-up), ``error`` (its child
+or its files failed) and ``not_run``.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class StageStatus(enum.StrEnum):
+    """How a stage ended; each value is the string the record holds."""
+
+    PASS = "pass"
+    FAIL = "fail"
+    NOT_APPLICABLE = "not_applicable"
+    CANCELLED = "cancelled"
+    ERROR = "error"
+    NOT_RUN = "not_run"
+
+
+@dataclass(frozen=True)
+class Stopped:
+    """Why a stage ended without a result: its status (``cancelled``, ``error`` or ``not_run``) and the reason, in
+    words for the record's evidence."""
+
+    status: StageStatus
+    why: str
+
+    @classmethod
+    def of(cls, exc: BaseException) -> Stopped:
+        """The stop an exception of a stage means: :class:`core.errors.StageCancelled` is ``cancelled``, any other an
+        ``error``."""
+        from core.errors import StageCancelled
+
+        return cls(StageStatus.CANCELLED if isinstance(exc, StageCancelled) else StageStatus.ERROR, str(exc))
