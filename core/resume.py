@@ -18,10 +18,8 @@ Tensors are read with safetensors or ``torch.load(weights_only=True)`` only.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
-import os
 import re
 from collections.abc import Generator
 from dataclasses import dataclass, field
@@ -40,6 +38,7 @@ from core.childproc import (
 from core.errors import StageError
 from core.events import ChildStarted, Event, Message, Progress, lead_events
 from core.manifest import verify_manifest, write_manifest
+from core.rng import rng_digest
 from core.spec import RunSpec
 from core.train import StepMean, merge_rank_steps
 
@@ -206,41 +205,6 @@ def safe_loading(spec: RunSpec, ckpt: Path, world_size: int = 1) -> Check:
     if refused:
         return Check("safe_loading", "fail", "; ".join(refused))
     return Check("safe_loading", "pass", f"{', '.join(names)} load with weights_only=True")
-
-
-def live_rng_state() -> dict[str, Any]:
-    """This process's random states in the layout of Trainer's ``rng_state.pth`` (python, numpy, torch CPU, CUDA)."""
-    import random
-
-    import numpy as np
-    import torch
-
-    state: dict[str, Any] = {"python": random.getstate(), "numpy": np.random.get_state(),
-                             "cpu": torch.random.get_rng_state()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        # as Trainer saves it: every device's state under torch.distributed, the current device's otherwise
-        distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
-        state["cuda"] = torch.cuda.random.get_rng_state_all() if distributed else torch.cuda.random.get_rng_state()
-    return state
-
-
-def rng_digest(state: dict[str, Any]) -> dict[str, str]:
-    """sha256 (first 16 hex digits) of each random generator's state, by Trainer's key (``python``, ``numpy``, ``cpu``,
-    ``cuda``). Two digests are equal exactly when the generators would draw the same numbers next."""
-    import numpy as np
-    import torch
-
-    def canon(value: Any) -> bytes:
-        if torch.is_tensor(value):
-            return b"T" + value.cpu().contiguous().numpy().tobytes()
-        if isinstance(value, np.ndarray):
-            return b"A" + str(value.dtype).encode() + value.tobytes()
-        if isinstance(value, (tuple, list)):
-            return b"(" + b",".join(canon(v) for v in value) + b")"
-        return repr(value).encode()
-
-    return {key: hashlib.sha256(canon(value)).hexdigest()[:16] for key, value in sorted(state.items())
-            if key in ("python", "numpy", "cpu", "cuda")}
 
 
 def compare_rng(restored: dict[str, str] | None, saved: dict[str, str], resumed: list[dict],

@@ -273,7 +273,7 @@ def build_trainer(spec, model, tokenizer, blocks, out_dir: Path, device: str, ev
     """
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
-    from core.resume import live_rng_state, rng_digest
+    from core.rng import live_rng_state, rng_digest
 
     kill = (job["kill_at"], job["kill_step"]) if job["role"] == "interrupted" else None
     stop_after = job.get("stop_after_step")  # the resumed run of the resume check: the last step it compares

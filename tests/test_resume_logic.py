@@ -269,7 +269,7 @@ def test_rng_digest_follows_every_generator():
 
     import numpy as np
 
-    from core.resume import live_rng_state, rng_digest
+    from core.rng import live_rng_state, rng_digest
 
     torch.manual_seed(0), random.seed(0), np.random.seed(0)
     first = rng_digest(live_rng_state())
@@ -284,7 +284,8 @@ def test_rng_digest_follows_every_generator():
 
 def test_rng_digest_of_a_saved_state_equals_the_live_one(tmp_path):
     """The parent digests rng_state.pth (loaded weights_only) and the child its live generators: same layout."""
-    from core.resume import live_rng_state, rng_digest, safe_load
+    from core.resume import safe_load
+    from core.rng import live_rng_state, rng_digest
 
     torch.save(live_rng_state(), tmp_path / "rng_state.pth")
     assert rng_digest(safe_load(tmp_path / "rng_state.pth")) == rng_digest(live_rng_state())
