@@ -79,8 +79,37 @@ def child_env(base: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def start_child(name: str, job_dir: Path, job: dict[str, Any], nproc: int = 1,
-                torchrun_args: list[str] | None = None, visible_devices: list[str] | None = None) -> ChildJob:
+@dataclass(frozen=True)
+class Launch:
+    """How a stage's children start (:func:`launch_options`): one process, or ``nproc`` ranks under torchrun.
+
+    Attributes:
+        nproc: processes on this node; above 1 they run under torchrun.
+        torchrun_args: torchrun's options (:meth:`core.spec.TorchrunSettings.args`); None: ``--standalone
+            --nproc-per-node nproc``. Given for several nodes even with one process each.
+        visible_devices: the device names the ranks use, in local-rank order (CUDA ones become
+            ``CUDA_VISIBLE_DEVICES``); None: the stage's one device.
+    """
+
+    nproc: int = 1
+    torchrun_args: list[str] | None = None
+    visible_devices: list[str] | None = None
+
+    @property
+    def torchrun(self) -> bool:
+        """The children run under torchrun (several ranks, or several nodes)."""
+        return self.nproc > 1 or bool(self.torchrun_args)
+
+    def names(self, device: str) -> list[str]:
+        """The devices the ranks use: :attr:`visible_devices`, or the stage's one ``device``."""
+        return list(self.visible_devices) if self.visible_devices else [device]
+
+
+#: one process on the stage's device: what every stage runs unless the strategy asks for ranks
+SINGLE = Launch()
+
+
+def start_child(name: str, job_dir: Path, job: dict[str, Any], launch: Launch = SINGLE) -> ChildJob:
     """Write ``job.json`` and start ``python -m core.worker`` on it in a new process group.
 
     With ``nproc`` > 1 (or ``torchrun_args``, for several nodes) it runs under torchrun (``torch.distributed.run``),
@@ -89,22 +118,21 @@ def start_child(name: str, job_dir: Path, job: dict[str, Any], nproc: int = 1,
     events file (:func:`core.events.rank_events_path`).
 
     Args:
-        torchrun_args: torchrun's options instead of the default (:meth:`core.spec.TorchrunSettings.args`).
-        visible_devices: CUDA device names (``cuda:2``) the ranks get, in local-rank order: ``CUDA_VISIBLE_DEVICES``
-            is set to them (composed with the parent's own ``CUDA_VISIBLE_DEVICES``), so local rank r uses
+        launch: how many ranks and with which torchrun options (:class:`Launch`). Its CUDA ``visible_devices``
+            (``cuda:2``) become ``CUDA_VISIBLE_DEVICES`` (composed with the parent's own), so local rank r uses
             ``cuda:r`` inside the child, which is the r-th device named.
     """
     job_dir.mkdir(parents=True, exist_ok=True)
-    torchrun = nproc > 1 or bool(torchrun_args)
+    nproc, torchrun = launch.nproc, launch.torchrun
     child = ChildJob(name=name, job_dir=job_dir, job=dict(job), nproc=nproc, oom_kills_at_start=oom_kill_count())
     child.job.setdefault("events", str(child.events_path))
     child.job.setdefault("output_dir", str(child.output_dir))
     (job_dir / "job.json").write_text(json.dumps(child.job, indent=2), encoding="utf-8")
     env = child_env()
-    cuda = [d for d in (visible_devices or []) if d.startswith("cuda")]
+    cuda = [d for d in (launch.visible_devices or []) if d.startswith("cuda")]
     if cuda:
         env["CUDA_VISIBLE_DEVICES"] = visible_for(cuda, os.environ.get("CUDA_VISIBLE_DEVICES"))
-    launcher = torchrun_args or ["--standalone", f"--nproc-per-node={nproc}"]
+    launcher = launch.torchrun_args or ["--standalone", f"--nproc-per-node={nproc}"]
     with open(child.log_path, "ab") as log, open(os.devnull, "rb") as devnull:
         child.proc = subprocess.Popen(
             # -P: never import from the current directory (a user's own `core/` must not shadow ours)
@@ -120,16 +148,15 @@ def start_child(name: str, job_dir: Path, job: dict[str, Any], nproc: int = 1,
     return child
 
 
-def launch_options(spec: Any, names: list[str]) -> dict[str, Any]:
-    """How to start the children of ``spec`` whose ranks use the devices ``names`` on this node: keyword arguments of
-    :func:`start_child` (``nproc``, ``torchrun_args``, ``visible_devices``). One process for strategies that do not
-    run under torchrun (:meth:`core.spec.RunSpec.local_world_size`)."""
+def launch_options(spec: Any, names: list[str]) -> Launch:
+    """How to start the children of ``spec`` whose ranks use the devices ``names`` on this node (:class:`Launch`). One
+    process for strategies that do not run under torchrun (:meth:`core.spec.RunSpec.local_world_size`)."""
     nproc = spec.local_world_size(len(names))
     if spec.strategy == "device_map":  # one process over every device named
-        return {"nproc": 1, "torchrun_args": None, "visible_devices": names}
+        return Launch(visible_devices=list(names))
     if nproc == 1 and spec.torchrun.nnodes == 1:
-        return {"nproc": 1, "torchrun_args": None, "visible_devices": None}
-    return {"nproc": nproc, "torchrun_args": spec.torchrun.args(nproc), "visible_devices": names}
+        return SINGLE
+    return Launch(nproc=nproc, torchrun_args=spec.torchrun.args(nproc), visible_devices=list(names))
 
 
 def visible_for(names: list[str], parent_visible: str | None) -> str:

@@ -328,13 +328,13 @@ class AcceptanceRun:
         from core.probe import run_probe
 
         spec, device = self.spec, self.device
-        where = (f"{self.launch['nproc']} ranks under torchrun ({spec.strategy}, {', '.join(self.rank_devices)})"
-                 if self.launch["nproc"] > 1 else f"a child process on {device}")
+        where = (f"{self.launch.nproc} ranks under torchrun ({spec.strategy}, {', '.join(self.rank_devices)})"
+                 if self.launch.nproc > 1 else f"a child process on {device}")
         yield self.emit(StageStarted("probe", detail=f"{spec.probe_steps} real steps in {where}"))
         if self.probe_unfit and not self.plan_fits:
             yield self.emit(Message("probe", text="probing a plan that does not fit, as asked: the plan stage stays "
                                                   "failed; the measured peak says whether the plan was too pessimistic"))
-        if len(self.ctx.devices) > 1 and self.launch["nproc"] == 1:
+        if len(self.ctx.devices) > 1 and self.launch.nproc == 1:
             yield self.emit(Message("probe", text=f"{len(self.ctx.devices)} devices planned; strategy "
                                                   f"{spec.strategy} probes and trains on {device} only"))
         if self.ctx.source.kind == "embedded" and not embedded_cache_ready():

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from core.childproc import check_exit, start_child, watch
+from core.childproc import SINGLE, Launch, check_exit, start_child, watch
 from core.errors import StageError
 from core.events import ChildStarted, DeviceBound, Event, Message, Progress, leads
 from core.fit import UNDER_ESTIMATE_TOLERANCE, under_estimate
@@ -116,7 +116,7 @@ def rank_ledgers(events: list[dict]) -> list[dict]:
 
 def run_probe(
     spec: RunSpec, model_path: Path, job_dir: Path, device: str, plan: Any, cancelled=None,
-    launch: dict[str, Any] | None = None, traced: dict[str, Any] | None = None,
+    launch: Launch = SINGLE, traced: dict[str, Any] | None = None,
 ) -> Generator[Event, None, ProbeResult]:
     """Run the probe child and yield its progress; return the :class:`ProbeResult`.
 
@@ -128,9 +128,8 @@ def run_probe(
     Raises:
         StageError: the child failed (its error and log are named), or fewer ranks reported than were started.
     """
-    launch = launch or {}
-    names = launch.get("visible_devices") or [device]
-    ranks = f"{launch['nproc']} ranks under torchrun on {', '.join(names)}" if launch.get("nproc", 1) > 1 else device
+    names = launch.names(device)
+    ranks = f"{launch.nproc} ranks under torchrun on {', '.join(names)}" if launch.nproc > 1 else device
     yield Message("probe", text=f"starting the probe child on {ranks} ({spec.probe_steps} real steps)")
     if spec.torchrun.nnodes > 1:
         t = spec.torchrun
@@ -138,7 +137,7 @@ def run_probe(
                                     f"{t.rdzv_id}): start the same spec on every node; torchrun waits up to 900 s "
                                     "for them to join")
     child = start_child("probe", job_dir, {"role": "probe", "spec": spec.to_dict(), "model_path": str(model_path),
-                                           "device": device, "devices": names}, **launch)
+                                           "device": device, "devices": names}, launch)
     yield ChildStarted("probe", run="probe", pid=child.pid, log_path=str(child.log_path))
     for event in watch(child, cancelled=cancelled):
         if event["kind"] == "device_uuid":
@@ -149,7 +148,7 @@ def run_probe(
     ledgers = rank_ledgers(child.events)
     gathered = any(e["kind"] == "ledgers" for e in child.events)
     # rank 0's node gathers every node's ledgers; another node has its own ranks' (node 0's record holds them all)
-    world = spec.world_size(len(names)) if gathered or spec.torchrun.nnodes == 1 else launch.get("nproc", 1)
+    world = spec.world_size(len(names)) if gathered or spec.torchrun.nnodes == 1 else launch.nproc
     if len(ledgers) != world:
         raise StageError(f"probe: {len(ledgers)} rank(s) reported a ledger, {world} were started (see {child.log_path})")
     placement: dict[str, dict[str, int]] = {}

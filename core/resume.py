@@ -28,6 +28,8 @@ from typing import Any
 
 from core.childproc import (
     KILL_SETTLE_S,
+    SINGLE,
+    Launch,
     check_exit,
     child_groups,
     groups_left_after_kill,
@@ -334,7 +336,7 @@ def not_applicable(spec: RunSpec) -> ResumeResult:
 
 def run_resume_check(
     spec: RunSpec, model_path: Path, run_dir: Path, device: str, reference: Any, cancelled=None,
-    launch: dict[str, Any] | None = None, resume_launch: dict[str, Any] | None = None,
+    launch: Launch = SINGLE, resume_launch: Launch | None = None,
 ) -> Generator[Event, None, ResumeResult]:
     """Run the interrupted and resumed children and compare with ``reference`` (a TrainEvalResult).
 
@@ -354,14 +356,13 @@ def run_resume_check(
     k = spec.resume.kill_step()
     tier = tolerance_tier(device, spec.dtype)
     checks: list[Check] = []
-    launch = launch or {"nproc": 1}
     resume_launch = resume_launch or launch
-    names = launch.get("visible_devices") or [device]
-    resume_names = resume_launch.get("visible_devices") or [device]
+    names = launch.names(device)
+    resume_names = resume_launch.names(device)
     # processes writing / resuming the checkpoint: this node's ranks x the nodes (1 x 1 for a single process)
-    world = launch.get("nproc", 1) * spec.torchrun.nnodes
-    resume_world = resume_launch.get("nproc", 1) * spec.torchrun.nnodes
-    local = launch.get("nproc", 1)
+    world = launch.nproc * spec.torchrun.nnodes
+    resume_world = resume_launch.nproc * spec.torchrun.nnodes
+    local = launch.nproc
     base = {"spec": spec.to_dict(), "model_path": str(model_path), "device": device, "devices": names,
             "save_total_limit": None}
 
@@ -376,7 +377,7 @@ def run_resume_check(
     origin = f"checkpoint-{start} of the uninterrupted run" if start else "step 0"
     yield Message("resume", text=f"interrupted run from {origin}: SIGKILL {spec.resume.describe()}")
     interrupted = start_child("interrupted", run_dir / "resume-interrupted", {
-        **base, **first, "role": "interrupted", "kill_step": k, "kill_at": spec.resume.kill_at}, **launch)
+        **base, **first, "role": "interrupted", "kill_step": k, "kill_at": spec.resume.kill_at}, launch)
     yield ChildStarted("resume", run="interrupted", pid=interrupted.pid, log_path=str(interrupted.log_path))
     held: dict[int, dict] = {}  # rank -> its kill_point event: kill once every rank of this node holds there
 
@@ -444,14 +445,14 @@ def run_resume_check(
                                  f"run at steps {c + 1}-{end}")
     resumed = start_child("resumed", run_dir / "resume-resumed", {**base, "devices": resume_names, "role": "resumed",
                                                                   "resume_from": str(ckpt), "stop_after_step": end,
-                                                                  "manifest": str(manifest_path)}, **resume_launch)
+                                                                  "manifest": str(manifest_path)}, resume_launch)
     yield ChildStarted("resume", run="resumed", pid=resumed.pid, log_path=str(resumed.log_path))
-    mean = StepMean(resume_launch.get("nproc", 1))
+    mean = StepMean(resume_launch.nproc)
     for event in watch(resumed, cancelled=cancelled):
         if event["kind"] == "step" and (averaged := mean.add(event)) is not None:
             yield Progress("resume", run="resumed", step=averaged["step"], total=end, loss=averaged["loss"])
     check_exit(resumed)
-    checks.append(loaded_manifest_check(resumed.events, resume_launch.get("nproc", 1), len(manifest)))
+    checks.append(loaded_manifest_check(resumed.events, resume_launch.nproc, len(manifest)))
     if checks[-1].status != "pass":
         return _finish(spec, checks, c, k, pgid, tier, [], manifest, 0, started)
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from core.childproc import ChildJob, check_exit, start_child, watch
+from core.childproc import SINGLE, ChildJob, Launch, check_exit, start_child, watch
 from core.events import ChildStarted, Evaluated, Event, Message, Progress, lead_events, leads
 from core.spec import RunSpec
 
@@ -100,7 +100,7 @@ def merge_rank_steps(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def run_train_eval(
-    spec: RunSpec, model_path: Path, job_dir: Path, device: str, cancelled=None, launch: dict[str, Any] | None = None
+    spec: RunSpec, model_path: Path, job_dir: Path, device: str, cancelled=None, launch: Launch = SINGLE
 ) -> Generator[Event, None, tuple[TrainEvalResult, ChildJob]]:
     """Run the train (or, for inference, evaluate-only) child; yield progress; return the result and the child job.
 
@@ -112,16 +112,15 @@ def run_train_eval(
     Raises:
         StageError: the child failed.
     """
-    launch = launch or {}
-    names = launch.get("visible_devices") or [device]
+    names = launch.names(device)
     role = "train" if spec.training else "evaluate"
     what = f"evaluate, train {spec.steps} steps, evaluate" if spec.training else "evaluate the fixed weights once"
-    where = f"{launch['nproc']} ranks under torchrun" if launch.get("nproc", 1) > 1 else device
+    where = f"{launch.nproc} ranks under torchrun" if launch.nproc > 1 else device
     yield Message("train_eval", text=f"starting the {role} child on {where}: {what}")
     child = start_child(role, job_dir, {"role": role, "spec": spec.to_dict(), "model_path": str(model_path),
-                                        "device": device, "devices": names, "save_total_limit": None}, **launch)
+                                        "device": device, "devices": names, "save_total_limit": None}, launch)
     yield ChildStarted("train_eval", run="train", pid=child.pid, log_path=str(child.log_path))
-    mean = StepMean(launch.get("nproc", 1))
+    mean = StepMean(launch.nproc)
     for event in watch(child, cancelled=cancelled):
         if event["kind"] == "step":
             step = mean.add(event)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from core.childproc import check_exit, launch_options, start_child, watch
+from core.childproc import Launch, check_exit, launch_options, start_child, watch
 from core.errors import GpuAcceptError
 from core.probe import _measurement, _per_device
 from core.spec import RunSpec
@@ -56,8 +56,7 @@ def test_the_worker_loads_with_a_device_map_and_reports_where_modules_went(tiny_
 
 def test_device_map_runs_inference_only_and_in_one_process(tiny_model_dir):
     spec = RunSpec.build(model=str(tiny_model_dir), mode="inference", devices="0,1", strategy="device_map")
-    assert launch_options(spec, ["cuda:0", "cuda:1"]) == {"nproc": 1, "torchrun_args": None,
-                                                         "visible_devices": ["cuda:0", "cuda:1"]}
+    assert launch_options(spec, ["cuda:0", "cuda:1"]) == Launch(nproc=1, visible_devices=["cuda:0", "cuda:1"])
     from core.pipeline import AcceptanceRun
 
     training = RunSpec.build(model=str(tiny_model_dir), mode="full", devices="0,1", strategy="device_map")

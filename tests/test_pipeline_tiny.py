@@ -241,13 +241,13 @@ def test_a_checkpoint_file_changed_after_the_manifest_fails_the_resume_naming_it
 
     real_start = core.resume.start_child
 
-    def start_child(name, job_dir, job, **launch):
+    def start_child(name, job_dir, job, launch=core.resume.SINGLE):
         if job.get("role") == "resumed":  # after the parent's own manifest check, before the child loads anything
             weights = Path(job["resume_from"]) / "adapter_model.safetensors"
             data = bytearray(weights.read_bytes())
             data[-1] ^= 0x01
             weights.write_bytes(bytes(data))
-        return real_start(name, job_dir, job, **launch)
+        return real_start(name, job_dir, job, launch)
 
     monkeypatch.setattr(core.resume, "start_child", start_child)
     spec = RunSpec.build(model=str(tiny_model_dir), mode="lora", steps=4, seq_len=32, resume_checkpoint_every=2,

@@ -15,6 +15,7 @@ from pytest_textual_snapshot import SVGImageExtension
 from syrupy.location import PyTestLocation
 from textual._doc import take_svg_screenshot
 
+from core.childproc import SINGLE, Launch
 from core.monitor import ReplayBackend, constructed_frames
 from core.pipeline import AcceptanceRun
 from core.probe import DeviceMeasurement, PlanComparison, ProbeResult, compare_with_plan
@@ -127,7 +128,7 @@ def finished_run(app: GpuAcceptApp) -> SimpleNamespace:
                           compared_steps=(3, 4))
     app.state.spec, app.state.ctx = spec, ctx
     run_dir = Path("runs/20261130T000000Z-lora-tiny-llama")
-    run = SimpleNamespace(spec=spec, run_dir=run_dir, verdict=None, stopped={}, launch={"nproc": 1}, traced=None,
+    run = SimpleNamespace(spec=spec, run_dir=run_dir, verdict=None, stopped={}, launch=SINGLE, traced=None,
                           record_path=run_dir / "record.toml",  # nothing is written when the app closes
                           close=lambda: None,
                           results={"plan": ctx.plan, "probe": probe, "train_eval": te, "resume": resume})
@@ -333,8 +334,8 @@ def two_rank_probe(app: GpuAcceptApp) -> SimpleNamespace:
         comparisons.append(PlanComparison(
             m.device, plan_dev.total_bytes, m.peak_bytes, 100.0 * (plan_dev.total_bytes - m.peak_bytes) / m.peak_bytes,
             "plan total vs peak", {"weights": (plan_dev.lines["weights"].bytes, m.weights_bytes)}, rank=r))
-    run.spec, run.launch = spec, {"nproc": 2, "torchrun_args": ["--standalone", "--nproc-per-node=2"],
-                                  "visible_devices": ["cpu:0", "cpu:1"]}
+    run.spec, run.launch = spec, Launch(nproc=2, torchrun_args=["--standalone", "--nproc-per-node=2"],
+                                        visible_devices=["cpu:0", "cpu:1"])
     app.state.spec, app.state.ctx = spec, ctx
     run.results = {**run.results, "plan": ctx.plan, "probe": ProbeResult(
         "pass", 3, 0.42, 1220.0, measurements,

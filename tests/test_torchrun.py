@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from core.childproc import check_exit, group_alive, launch_options, start_child, visible_for, watch
+from core.childproc import SINGLE, Launch, check_exit, group_alive, launch_options, start_child, visible_for, watch
 from core.errors import SpecError, StageError
 from core.spec import RunSpec
 
@@ -106,7 +106,7 @@ def test_a_different_world_size_at_resume_is_refused(ddp_run, tmp_path):
     run, _, _ = ddp_run
     te = run.results["train_eval"]
     gen = run_resume_check(run.spec, run.model_path, tmp_path, "cpu", te, launch=run.launch,
-                           resume_launch={"nproc": 1, "torchrun_args": None, "visible_devices": None})
+                           resume_launch=SINGLE)
     try:
         while True:
             next(gen)
@@ -181,10 +181,11 @@ def test_two_nodes_ledgers_are_merged_on_node_0(tiny_model_dir, tmp_path):
     spec = _spec(tiny_model_dir, mode="full", torchrun_nproc_per_node=1, torchrun_nnodes=2,
                  torchrun_rdzv_endpoint=f"127.0.0.1:{port}", torchrun_rdzv_id="test-nodes")
     launch = launch_options(spec, ["cpu:0"])
-    assert launch["torchrun_args"][:2] == ["--nnodes=2", "--nproc-per-node=1"]
+    assert launch.torchrun_args is not None and launch.torchrun_args[:2] == ["--nnodes=2", "--nproc-per-node=1"]
+    assert launch.torchrun  # one process per node, but several nodes: under torchrun
     job = {"role": "probe", "spec": spec.to_dict(), "model_path": str(tiny_model_dir), "device": "cpu",
            "devices": ["cpu:0"]}
-    nodes = [start_child("probe", tmp_path / f"node{i}", job, **launch) for i in (0, 1)]
+    nodes = [start_child("probe", tmp_path / f"node{i}", job, launch) for i in (0, 1)]
     events = []
     for child in nodes:
         events.append(list(watch(child)))
@@ -201,7 +202,7 @@ def test_the_probe_under_torchrun_leaves_no_process(tiny_model_dir, tmp_path):
     spec = _spec(tiny_model_dir, mode="full")
     child = start_child("probe", tmp_path / "probe", {"role": "probe", "spec": spec.to_dict(), "device": "cpu",
                                                       "model_path": str(tiny_model_dir), "devices": ["cpu:0", "cpu:1"]},
-                        **launch_options(spec, ["cpu:0", "cpu:1"]))
+                        launch_options(spec, ["cpu:0", "cpu:1"]))
     events = list(watch(child))
     check_exit(child)
     ledgers = {e["rank"]: e for e in events if e["kind"] == "ledger"}
@@ -234,17 +235,18 @@ def test_bad_torchrun_settings_are_named(kw, field, words):
 def test_world_size_and_launch_options():
     cpu = RunSpec.build(mode="lora", devices="cpu", strategy="ddp", torchrun_nproc_per_node=2)
     assert (cpu.local_world_size(2), cpu.world_size(2)) == (2, 2)
-    assert launch_options(cpu, ["cpu:0", "cpu:1"])["torchrun_args"] == ["--standalone", "--nproc-per-node=2"]
+    assert launch_options(cpu, ["cpu:0", "cpu:1"]).torchrun_args == ["--standalone", "--nproc-per-node=2"]
     gpus = RunSpec.build(mode="full", devices="2,3", strategy="zero3")
     assert gpus.world_size(2) == 2  # one per CUDA device
     nodes = RunSpec.build(mode="full", devices="0,1", strategy="ddp", torchrun_nnodes=4,
                           torchrun_rdzv_endpoint="node0.cluster:29500")
     assert nodes.world_size(2) == 8
-    assert launch_options(nodes, ["cuda:0", "cuda:1"])["torchrun_args"] == [
+    assert launch_options(nodes, ["cuda:0", "cuda:1"]).torchrun_args == [
         "--nnodes=4", "--nproc-per-node=2", "--rdzv-backend=c10d", "--rdzv-endpoint=node0.cluster:29500",
         "--rdzv-id=gpuaccept"]
     single = RunSpec.build(mode="lora", devices="cpu")
-    assert launch_options(single, ["cpu"]) == {"nproc": 1, "torchrun_args": None, "visible_devices": None}
+    assert launch_options(single, ["cpu"]) == Launch(nproc=1, torchrun_args=None, visible_devices=None) == SINGLE
+    assert not SINGLE.torchrun and SINGLE.names("cpu") == ["cpu"]
     assert visible_for(["cuda:2", "cuda:3"], None) == "2,3"
     assert visible_for(["cuda:0", "cuda:2"], "4,5,6") == "4,6"  # composed with the parent's own restriction
     with pytest.raises(StageError, match="cuda:3 not visible"):
@@ -290,7 +292,7 @@ def test_a_kill_mid_run_ends_every_rank_at_once(tiny_model_dir, tmp_path):
     names = ["cpu:0", "cpu:1"]
     child = start_child("probe", tmp_path / "probe", {"role": "probe", "spec": spec.to_dict(), "device": "cpu",
                                                       "model_path": str(tiny_model_dir), "devices": names},
-                        **launch_options(spec, names))
+                        launch_options(spec, names))
     seen: set[int] = set()
     for _event in watch(child, stop_when=lambda e: e["kind"] == "probe_step" and seen.add(e["rank"]) is None
                        and len(seen) == 2):

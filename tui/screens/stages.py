@@ -386,7 +386,7 @@ class EvaluateScreen(StageScreen):
         run = self.app.state.run
         spec = run.spec
         if spec.training:
-            ranks = run.launch["nproc"] * spec.torchrun.nnodes if run.launch["nproc"] > 1 else 1
+            ranks = run.launch.nproc * spec.torchrun.nnodes if run.launch.nproc > 1 else 1
             on = f" on each of {ranks} ranks ({spec.strategy})" if ranks > 1 else ""
             lines.append(f"settings: {spec.mode}, {spec.dtype}, micro-batch {spec.batch_size} × {spec.seq_len}{on}, "
                          f"accumulation {spec.grad_accum}, {spec.optimizer} lr {spec.learning_rate:g}, seed {spec.seed}")
