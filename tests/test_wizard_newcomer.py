@@ -684,3 +684,22 @@ def test_the_terms_say_the_moments_are_in_the_parameters_dtype():
     from tui.screens.dialogs import TERMS
 
     assert "two fp32 moments" not in TERMS and "in that parameter's dtype" in TERMS
+
+
+async def test_a_check_that_answers_after_setup_was_closed_draws_nothing(tiny_model_dir, tmp_path):
+    """Found in a fresh clone's CI run: Esc from Setup while the model and data check ran, then its answer arrived
+    and drew on the closed screen (NoMatches '#form-error' in the worker, a failed test)."""
+    from tests.wizard_helpers import wait_for
+    from tui.screens.mode import ModeScreen
+
+    app = make_app(tiny_model_dir, tmp_path, mode="lora")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("enter")
+        screen = app.screen
+        await wait_for(pilot, lambda: screen._checked is not None, 30)
+        answer = screen._checked
+        await pilot.press("escape")
+        await pilot.pause()
+        assert isinstance(app.screen, ModeScreen)
+        screen._inputs_checked(screen._draft, answer)  # the late answer: it raised NoMatches before
+        assert screen._checked is answer and not screen.query("#form-error")  # kept, with nothing to draw on

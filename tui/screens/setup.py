@@ -240,7 +240,8 @@ class SetupScreen(NavButtons, Screen):
             return None
         labels = {name: label for name, label, *_ in FIELDS}
         at_fault = [labels.get(name, name) for name, text in self._shown.items() if text]
-        form = str(self.query_one("#form-error", Static).content)
+        errors = self.query("#form-error")
+        form = str(errors.first(Static).content) if errors else ""
         names = ", ".join(at_fault) + (f"; {form}" if form else "")
         return f"fix what is marked ↑ first: {names}" if names else "the setup is being checked"
 
@@ -338,6 +339,8 @@ class SetupScreen(NavButtons, Screen):
         if spec != self._draft:
             return  # typed on meanwhile: the newer check decides
         self._checked_spec, self._checked = spec, result
+        if not self.query("#form-error"):
+            return  # the screen was closed (Esc) while the check ran: nothing left to draw on
         self._show_errors()
 
     def on_input_changed(self, event: Input.Changed) -> None:
