@@ -46,7 +46,17 @@ def snap(snapshot, monkeypatch, tiny_model_dir, tmp_path):
     snapshot = snapshot.use_extension(RepoSVG)
 
     def compare(app, size, run_before=None) -> None:
-        svg = take_svg_screenshot(app=app, terminal_size=size, run_before=run_before)
+        async def settled(pilot) -> None:
+            if run_before is not None:
+                await run_before(pilot)
+            # a text cursor blinks: a picture must not depend on the half second it was taken in
+            from textual.widgets import Input
+
+            for field in pilot.app.screen.query(Input):
+                field.cursor_blink = False
+            await pilot.pause()
+
+        svg = take_svg_screenshot(app=app, terminal_size=size, run_before=settled)
         assert snapshot == svg
 
     return compare
