@@ -118,18 +118,14 @@ class LiveBar(Widget):
 
         note = (f" · {self.note}" if self.note else "", "italic")
         if self.whole_device:
-            full = (("■ ", "#7f7f7f"), f"used {n(self.others)} (peak {n(self.peak)}) of {n(self.total)} GiB total")
-            lines = [Text.assemble(*full, note), Text.assemble(*full),
-                     Text.assemble(("■ ", "#7f7f7f"), f"used {n(self.others)} (peak {n(self.peak)}) / "
-                                                      f"{n(self.total)} GiB")]
+            head: tuple = (("■ ", "#7f7f7f"), f"used {n(self.others)} (peak {n(self.peak)}) ")
         else:  # the peak first: a narrow terminal cuts the end of the line, never the peak
             probe = "ended" if getattr(self, "ended", False) else n(self.ours)
-            head = (("■ ", "#e15759"), f"probe {probe} (peak {n(self.peak)}) ", ("■ ", "#7f7f7f"))
-            full = (*head, f"others {n(self.others)} of {n(self.total)} GiB total")
-            lines = [Text.assemble(*full, note), Text.assemble(*full),
-                     Text.assemble(*head, f"others {n(self.others)} / {n(self.total)} GiB")]
+            head = (("■ ", "#e15759"), f"probe {probe} (peak {n(self.peak)}) ", ("■ ", "#7f7f7f"),
+                    f"others {n(self.others)} ")
+        full = Text.assemble(*head, f"of {n(self.total)} GiB total")
         # the full words while they fit (a note too long is cut with an ellipsis), else the compact ones: a narrow
         # terminal never shows "GiB tot"
-        line = lines[0] if lines[1].cell_len <= width else lines[2]
+        line = Text.assemble(full, note) if full.cell_len <= width else Text.assemble(*head, f"/ {n(self.total)} GiB")
         line.truncate(width, overflow="ellipsis")
         return Text.assemble((label, "bold"), " ", bar, "\n", line)
