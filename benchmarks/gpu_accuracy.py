@@ -8,8 +8,8 @@ fp32; amp: fp32 weights), under bf16 autocast as Trainer runs it.
 Each cell runs in its own child process (a fresh CUDA context, so peaks do not leak between cells): build the model
 on the GPU, one warm-up step (creates the optimizer states), ``torch.cuda.reset_peak_memory_stats()``, two measured
 steps; it reports ``max_memory_allocated``, ``max_memory_reserved`` and the largest NVML "used" (v2 memory info,
-sampled at 50 Hz during the measured steps) of the device. The parent makes the analytic plan (core.plan) and the
-traced plan (core.traced, fake CPU tensors, target cuda) of the same cell and writes both errors in percent:
+sampled at 50 Hz during the measured steps) of the device. The parent makes the analytic plan (core.plan.memory) and the
+traced plan (core.plan.traced, fake CPU tensors, target cuda) of the same cell and writes both errors in percent:
 
 - analytic tensors (plan total without the overhead line) vs peak allocated;
 - traced peak vs peak allocated (target: within 3 %; analytic within 10 %);
@@ -68,7 +68,7 @@ def load_config(name: str):
 def measure(cell: dict) -> dict:
     import torch
 
-    from core.traced import (
+    from core.plan.traced import (
         _optimizer,  # the traced plan's own optimizer choice (AdamW, foreach as torch picks)
     )
 
@@ -78,7 +78,7 @@ def measure(cell: dict) -> dict:
     nvml = _Nvml(0)
     from transformers import AutoModelForCausalLM
 
-    from core.plan import lora_config
+    from core.plan.memory import lora_config
     from core.spec import TORCH_DTYPE_NAMES
 
     dtype = getattr(torch, TORCH_DTYPE_NAMES[spec.param_dtype])  # pure: bf16; amp: fp32 master weights
@@ -190,8 +190,8 @@ def _cuda_uuid(index: int) -> str | None:
 
 # ------------------------------------------------------------------------------------------------ parent: the matrix
 def plan_cell(cell: dict, cuda: bool) -> dict:
-    from core.plan import DeviceInfo, plan_memory
-    from core.traced import trace_plan
+    from core.plan.memory import DeviceInfo, plan_memory
+    from core.plan.traced import trace_plan
 
     spec = spec_of(cell)
     config = load_config(cell["config"])

@@ -4,11 +4,11 @@ Prints and writes (``--out DIR``: DIR/gpu_monitor_check.json and DIR/nvml_trace.
 
 1. per NVML device: v1 "used" vs v2 used + reserved (case M2: v1 counts driver-reserved memory), MIG mode (M6);
 2. NVML UUIDs against torch's ``get_device_properties(i).uuid`` for every CUDA device, and the mapping
-   ``core.nvml.cuda_devices`` made from CUDA_VISIBLE_DEVICES / CUDA_DEVICE_ORDER (M1);
+   ``core.monitor.nvml.cuda_devices`` made from CUDA_VISIBLE_DEVICES / CUDA_DEVICE_ORDER (M1);
 3. a child process that allocates 1 GiB on cuda:0 and holds it: NVML's per-process list (is the child's PID there,
    with how many bytes; in a container it is not: M3) and what the backend reports as ours;
 4. a 3-second trace of the sampler at 10 Hz following that child, recorded as JSON lines (replayable with
-   ``core.monitor.ReplayBackend.from_jsonl``).
+   ``core.monitor.sampler.ReplayBackend.from_jsonl``).
 
 Without an NVIDIA driver it says so and exits 0 (nothing measured, nothing written).
 Run on a GPU box: ``python benchmarks/gpu_monitor_check.py --out DIR`` (needs torch with CUDA, nvidia-ml-py, psutil).
@@ -47,8 +47,8 @@ def main() -> int:
     except pynvml.NVMLError as exc:
         print(f"no NVIDIA driver here ({exc}): nothing to check, nothing written")
         return 0
-    from core.monitor import Sampler
-    from core.nvml import NvmlBackend, discover
+    from core.monitor.nvml import NvmlBackend, discover
+    from core.monitor.sampler import Sampler
 
     result: dict = {"driver": _text(pynvml.nvmlSystemGetDriverVersion()), "devices": []}
     for d in discover(pynvml):

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 #: textual and its requirements (textual 8.2: markdown-it-py[linkify], mdit-py-plugins, platformdirs, pygments, rich,
-#: typing-extensions; the box's typing-extensions is new enough), tomli-w (core.record writes TOML with it). All pure
+#: typing-extensions; the box's typing-extensions is new enough), tomli-w (core.record.build writes TOML with it). All pure
 #: Python: one wheel serves any CPython 3.
 WHEELS = ("textual", "rich", "markdown-it-py", "mdurl", "mdit-py-plugins", "linkify-it-py", "platformdirs", "pygments",
           "tomli-w")

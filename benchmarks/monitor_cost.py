@@ -30,13 +30,13 @@ STEPS = 40
 SAMPLER_COST = """
 import json, resource, subprocess, sys, time
 sys.path.insert(0, sys.argv[1])
-from core.monitor import HostBackend, Sampler
+from core.monitor.sampler import HostBackend, Sampler
 kind, seconds = sys.argv[2], float(sys.argv[3])
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
 if kind == "host":
     backend = HostBackend()
 else:
-    from core.nvml import NvmlBackend
+    from core.monitor.nvml import NvmlBackend
     from tests.fake_nvml import FakeGpu, FakeNvml
     gpus = [FakeGpu(f"GPU-{i:08d}-0000-0000-0000-000000000000", bus=f"00000000:{i + 1:02x}:00.0", used=2**30,
                     procs=[(child.pid, 2**30)] if i == 0 else []) for i in range(8)]
@@ -88,7 +88,7 @@ def sampler_cost(kind: str) -> dict:
 
 
 def steps(with_sampler: bool) -> list[float]:
-    from core.monitor import HostBackend, Sampler
+    from core.monitor.sampler import HostBackend, Sampler
 
     child = subprocess.Popen([sys.executable, "-c", STEPPER, str(STEPS)], stdout=subprocess.PIPE, text=True)
     sampler = None

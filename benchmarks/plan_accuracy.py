@@ -93,8 +93,8 @@ def cells() -> list[Cell]:
 
 
 def plan_and_trace(cell: Cell, configs: dict) -> None:
-    from core.plan import detect_devices, plan_memory
-    from core.traced import trace_plan
+    from core.plan.memory import detect_devices, plan_memory
+    from core.plan.traced import trace_plan
 
     spec = cell.spec("80GiB")
     plan = plan_memory(spec, configs[cell.shape], detect_devices(spec.devices))
@@ -108,7 +108,7 @@ def plan_and_trace(cell: Cell, configs: dict) -> None:
 def probe(cell: Cell, configs: dict, runs: Path) -> None:
     """Real Trainer steps on this CPU (the probe stage), and both plans made for the CPU device."""
     from core.pipeline import AcceptanceRun
-    from core.traced import trace_plan
+    from core.plan.traced import trace_plan
 
     spec = cell.spec("cpu")
     run = AcceptanceRun(spec, runs, traced={"status": "not_run", "reason": "benchmark"})

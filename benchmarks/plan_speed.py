@@ -1,7 +1,7 @@
 """How fast the planner is, as ratios in one run (this machine's absolute speed varies).
 
 1. Cold analytic plan of case P1 (a 70B Llama config, inference fp16, offline from its config.json): a fresh process
-   running ``gpuaccept plan --json`` (the fast path of core/shapes.py; and with ``GPUACCEPT_META_PLAN=1``, the meta
+   running ``gpuaccept plan --json`` (the fast path of core/plan/shapes.py; and with ``GPUACCEPT_META_PLAN=1``, the meta
    build) against fresh processes running accelerate's own approach: (a) its
    ``estimate-memory`` command (parser, model build, table) with the Hub lookup answered locally, and (b) the bare core
    of it, ``AutoConfig.from_pretrained`` + ``init_empty_weights()`` + ``AutoModel.from_config(..., torch_dtype=float32)``
@@ -112,7 +112,7 @@ def cold_p1(tmp: Path) -> dict:
         "gpuaccept_weights_bytes_per_device_fp16": plan["devices"][0]["components"]["weights"],
         "accelerate_total_bytes_fp32_base_model": int(acc_out.strip()),
         "note": "accelerate builds AutoModel (no LM head) in fp32, as estimate-memory does. gpuaccept plans a "
-                "Llama-family config.json from its numbers (core/shapes.py, equal to the meta build in tests) without "
+                "Llama-family config.json from its numbers (core/plan/shapes.py, equal to the meta build in tests) without "
                 "importing torch or transformers; with GPUACCEPT_META_PLAN=1 it builds the causal LM with its head on "
                 "the meta device like accelerate, and is then bound by the same imports (the floor)",
     }
@@ -139,8 +139,8 @@ def replan() -> dict:
 def traced_1b() -> dict:
     from transformers import AutoConfig
 
+    from core.plan.traced import trace_plan
     from core.spec import RunSpec
-    from core.traced import trace_plan
 
     values = dict(TINYLLAMA)
     config = AutoConfig.for_model(values.pop("model_type"), **values)
@@ -153,7 +153,7 @@ def traced_1b() -> dict:
         cfg = Path(tmp) / "config.json"
         cfg.write_text(json.dumps(TINYLLAMA))
         child_spec = dataclasses.replace(spec, model=str(cfg))
-        from core.traced import trace_in_child
+        from core.plan.traced import trace_in_child
 
         t0 = time.perf_counter()
         child = trace_in_child(child_spec, "cuda")
@@ -168,8 +168,8 @@ def traced_1b() -> dict:
 def fake_vs_real() -> dict:
     from transformers import AutoConfig
 
+    from core.plan.traced import trace_plan
     from core.spec import RunSpec
-    from core.traced import trace_plan
 
     values = dict(TINY)
     config = AutoConfig.for_model(values.pop("model_type"), **values)

@@ -59,12 +59,12 @@ def step_times(events: list[dict]) -> list[float]:
 
 
 def main() -> None:
-    from core.childproc import ChildJob
     from core.events import ChildStarted
     from core.models import resolve_model, runnable_path
-    from core.resume import run_resume_check
     from core.spec import RunSpec
-    from core.train import run_train_eval
+    from core.stages.childproc import ChildJob
+    from core.stages.resume import run_resume_check
+    from core.stages.train import run_train_eval
 
     results: dict = {"settings": SETTINGS, "device": "cpu", "ways": {}}
     with tempfile.TemporaryDirectory() as tmp:

@@ -122,14 +122,14 @@ def _hub_snapshot(repo_id: str) -> Path | None:
 
 def load_config(source: ModelSource) -> Any:
     """The model's ``transformers.PretrainedConfig``, without loading weights; for a Llama-family config.json that
-    states every shape, a :class:`core.shapes.FastConfig` instead (same attributes, no torch or transformers import;
+    states every shape, a :class:`core.plan.shapes.FastConfig` instead (same attributes, no torch or transformers import;
     ``to_transformers()`` gives the library's config).
 
     For the embedded model before its cache exists, the config is read from the GGUF metadata.
     """
     fast = _fast_config(source.path if source.path.is_file() else source.path / "config.json")
     if fast is not None:
-        return fast  # a Llama-family config.json: planned without importing torch or transformers (core/shapes.py)
+        return fast  # a Llama-family config.json: planned without importing torch or transformers (core/plan/shapes.py)
     from transformers import AutoConfig
 
     if source.kind == "embedded":
@@ -149,8 +149,8 @@ def load_config(source: ModelSource) -> Any:
 
 
 def _fast_config(path: Path) -> Any:
-    """A :class:`core.shapes.FastConfig` of ``path`` when it is a config.json the fast path accepts, else None."""
-    from core.shapes import fast_config
+    """A :class:`core.plan.shapes.FastConfig` of ``path`` when it is a config.json the fast path accepts, else None."""
+    from core.plan.shapes import fast_config
 
     if os.environ.get("GPUACCEPT_META_PLAN") or not path.is_file():  # the meta build only, on request
         return None
@@ -203,7 +203,7 @@ def _check_shape_fields(path: Path) -> None:
     Raises:
         ModelNotFoundError: naming the missing fields.
     """
-    from core.shapes import FAMILIES
+    from core.plan.shapes import FAMILIES
 
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))

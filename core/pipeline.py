@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from core.childproc import launch_options
 from core.errors import GpuAcceptError, SpecError, StageError
 from core.events import Event, EventWriter, Message, RunFinished, StageFinished, StageStarted
 from core.spec import RunSpec, parse_devices
+from core.stages.childproc import launch_options
 from core.status import StageStatus, Stopped
 
 STAGES = ("plan", "probe", "train_eval", "resume", "record")
@@ -42,7 +42,7 @@ def make_plan(spec: RunSpec, devices_override: list[Any] | None = None) -> PlanC
         SpecError, ModelNotFoundError: named errors for bad input.
     """
     from core.models import declared_max_positions, load_config, resolve_model
-    from core.plan import detect_devices, linear_module_names, plan_memory
+    from core.plan.memory import detect_devices, linear_module_names, plan_memory
     from core.spec import validate_against_config
 
     source = resolve_model(spec.model)
@@ -107,7 +107,7 @@ def check_inputs(spec: RunSpec) -> InputsChecked:
     """
     from core.data import check_data
     from core.models import declared_max_positions, load_config, resolve_model
-    from core.plan import linear_module_names
+    from core.plan.memory import linear_module_names
     from core.spec import config_problems
 
     problems: list[tuple[str, str]] = []
@@ -204,7 +204,7 @@ class AcceptanceRun:
                  ctx: PlanContext | None = None, traced: dict[str, Any] | None = None, probe_unfit: bool = False):
         import tomli_w
 
-        from core.record import utc_now
+        from core.record.build import utc_now
 
         self.spec = spec
         self.started = utc_now()
@@ -231,7 +231,7 @@ class AcceptanceRun:
                                  f"could not be written ({exc.strerror or exc}); free space or give another "
                                  "--runs-dir") from None
         self.results: dict[str, Any] = {"plan": self.ctx.plan, "probe": None, "train_eval": None, "resume": None}
-        #: the traced plan beside the analytic one (core.traced.traced_table), made by the plan stage or given
+        #: the traced plan beside the analytic one (core.plan.traced.traced_table), made by the plan stage or given
         self.traced: dict[str, Any] | None = traced
         self.stopped: dict[str, Stopped] = {}  # stage -> why it ended without a result, with its status
         self.model_path: Path | None = None
@@ -287,9 +287,9 @@ class AcceptanceRun:
 
     @property
     def plan_fits(self) -> bool:
-        """The plan fits on every device, judged by the larger of the analytic and traced peaks (core/fit.py; a device
+        """The plan fits on every device, judged by the larger of the analytic and traced peaks (core/plan/fit.py; a device
         of unknown capacity does not count against it)."""
-        from core.fit import plan_fits
+        from core.plan.fit import plan_fits
 
         return plan_fits(self.ctx.plan, self.traced)
 
@@ -304,7 +304,7 @@ class AcceptanceRun:
     def plan_stage(self, cancelled: Callable[[], bool] | None = None) -> Generator[Event, None, Any]:
         """Report the plan made on construction (per device; fit judged per device), and trace one step on fake
         tensors in a child process beside it (unless a traced plan was given)."""
-        from core.traced import traced_table
+        from core.plan.traced import traced_table
 
         if self.traced is None:
             yield self.emit(Message("plan", text="tracing one step on fake tensors (torch MemTracker) in a child "
@@ -325,7 +325,7 @@ class AcceptanceRun:
     def probe_stage(self, cancelled: Callable[[], bool] | None = None) -> Generator[Event, None, Any]:
         """Real steps in a child process; the measured ledger compared with the plan."""
         from core.models import embedded_cache_ready, runnable_path
-        from core.probe import run_probe
+        from core.stages.probe import run_probe
 
         spec, device = self.spec, self.device
         where = (f"{self.launch.nproc} ranks under torchrun ({spec.strategy}, {', '.join(self.rank_devices)})"
@@ -349,7 +349,7 @@ class AcceptanceRun:
 
     def train_eval_stage(self, cancelled: Callable[[], bool] | None = None) -> Generator[Event, None, Any]:
         """Held-out perplexity before and after training (inference: once, on the fixed weights)."""
-        from core.train import run_train_eval
+        from core.stages.train import run_train_eval
 
         probe = self.results["probe"]
         if probe is None or probe.status != "pass" or self.model_path is None:
@@ -372,7 +372,7 @@ class AcceptanceRun:
 
     def resume_stage(self, cancelled: Callable[[], bool] | None = None) -> Generator[Event, None, Any]:
         """Kill the training process after a checkpoint, resume it, compare with the reference (training modes)."""
-        from core.resume import not_applicable, run_resume_check
+        from core.stages.resume import not_applicable, run_resume_check
 
         spec = self.spec
         if spec.training and spec.resume.check:
@@ -391,9 +391,9 @@ class AcceptanceRun:
         return resume
 
     def current_verdict(self) -> dict[str, Any]:
-        """The verdict the record would hold if written now (:func:`core.record.verdict` over the same results, the
+        """The verdict the record would hold if written now (:func:`core.record.build.verdict` over the same results, the
         traced plan and why stages stopped), for a screen to show before writing."""
-        from core.record import verdict
+        from core.record.build import verdict
 
         r = self.results
         return verdict(self.spec, r["plan"], r["probe"], r["train_eval"], r["resume"], self.stopped, self.traced)
@@ -404,7 +404,7 @@ class AcceptanceRun:
         Raises:
             GpuAcceptError: the record is already signed (a signed record is never overwritten).
         """
-        from core.record import build_record, environment, utc_now, write_record
+        from core.record.build import build_record, environment, utc_now, write_record
 
         if self.signed:
             raise GpuAcceptError(f"{self.record_path} is already signed; start a new run to sign again")
@@ -609,7 +609,7 @@ def _cuda_visible() -> bool:
 
 
 def _plan_summary(plan: Any, traced: dict[str, Any] | None = None) -> str:
-    from core.fit import fit_verdicts
+    from core.plan.fit import fit_verdicts
 
     parts = []
     for d, fit in zip(plan.devices, fit_verdicts(plan, traced)):

@@ -403,7 +403,7 @@ def add_onboarding(record_path: Path, table: dict[str, Any]) -> Path:
     """
     import tomllib
 
-    from core.record import write_record
+    from core.record.build import write_record
 
     path = Path(record_path)
     if path.with_name(path.name + ".sig").exists():

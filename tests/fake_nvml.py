@@ -31,7 +31,7 @@ class FakeGpu:
 
 
 class FakeNvml:
-    """The functions of ``pynvml`` that core.nvml calls; exception classes and constants are pynvml's own."""
+    """The functions of ``pynvml`` that core.monitor.nvml calls; exception classes and constants are pynvml's own."""
 
     nvmlMemory_v2 = pynvml.nvmlMemory_v2
     NVML_DEVICE_MIG_ENABLE = pynvml.NVML_DEVICE_MIG_ENABLE

@@ -1,4 +1,4 @@
-"""The op-by-op activation model (core/activations.py) and the phases of a step (core/phases.py), on small constructed
+"""The op-by-op activation model (core/plan/activations.py) and the phases of a step (core/plan/phases.py), on small constructed
 cases whose bytes are written out here by hand from transformers' Llama code and torch's rules for what each op saves,
 then checked against the traced step (torch MemTracker over the model's own code).
 
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from core.activations import Adapter, Dims, Numerics, decoder_layer
-from core.phases import StepTerms, peak, training_phases
+from core.plan.activations import Adapter, Dims, Numerics, decoder_layer
+from core.plan.phases import StepTerms, peak, training_phases
 from core.spec import RunSpec
 
 SBH, SBI = 2 * 16 * 64, 2 * 16 * 128
@@ -59,7 +59,7 @@ def _layer_difference(spec_kw: dict) -> int:
     """Traced: the forward phase's activations of the 2-layer model minus the 1-layer one's (one middle layer)."""
     from transformers import LlamaConfig
 
-    from core.traced import trace_plan
+    from core.plan.traced import trace_plan
 
     spec = RunSpec.build(batch_size=2, seq_len=16, devices="cpu", **{"padding": "packed", **spec_kw})
     acts = []

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from core.childproc import Launch, check_exit, launch_options, start_child, watch
+from core.child.worker import layer_placement
 from core.errors import GpuAcceptError
-from core.probe import _measurement, _per_device
 from core.spec import RunSpec
-from core.worker import layer_placement
+from core.stages.childproc import Launch, check_exit, launch_options, start_child, watch
+from core.stages.probe import _measurement, _per_device
 
 
 def test_layer_placement_joins_consecutive_layers_per_device():
@@ -65,6 +65,6 @@ def test_device_map_runs_inference_only_and_in_one_process(tiny_model_dir):
 
 
 def _two_cuda():
-    from core.plan import DeviceInfo
+    from core.plan.memory import DeviceInfo
 
     return [DeviceInfo(f"cuda:{i}", "cuda", "test GPU", 24 * 2**30, "constructed for tests") for i in (0, 1)]

@@ -78,7 +78,7 @@ async def test_the_wizard_writes_the_same_record_as_the_headless_run(headless, t
     wizard = tomllib.loads(Path(app.state.record_path).read_text())
     assert wizard["signoff"]["operator"] == "Grace" and wizard["signoff"]["role"] == "ML infra on-call"
     assert app.state.signature_path == Path(str(app.state.record_path) + ".sig")
-    from core.verify import verify
+    from core.record.verify import verify
 
     allowed = tmp_path / "allowed_signers"
     allowed.write_text("grace@box " + (tmp_path / "grace.pub").read_text())

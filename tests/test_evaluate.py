@@ -1,4 +1,4 @@
-"""core.evaluate: token-weighted perplexity (case E1), masking by position (case E4), a real tiny Llama."""
+"""core.child.evaluate: token-weighted perplexity (case E1), masking by position (case E4), a real tiny Llama."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from core.child.evaluate import METRIC, EvalResult, evaluate_perplexity, masked_token_nll, perplexity
 from core.data import Document, make_blocks
-from core.evaluate import METRIC, EvalResult, evaluate_perplexity, masked_token_nll, perplexity
 
 V = 32  # vocabulary of the constructed examples
 

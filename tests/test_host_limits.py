@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from core.childproc import killed_note, oom_kill_count
-from core.hostmem import UNLIMITED, cgroup_limit, host_memory
+from core.monitor.hostmem import UNLIMITED, cgroup_limit, host_memory
+from core.stages.childproc import killed_note, oom_kill_count
 
 GiB = 2**30
 
@@ -94,7 +94,7 @@ def test_v1_memory_controller_on_a_hybrid_host(tmp_path):
 def test_the_capacity_is_the_cgroups_when_smaller_and_says_so(tmp_path, monkeypatch):
     import psutil
 
-    from core import plan
+    from core.plan import memory as plan
 
     root = tmp_path / "fs"
     _write(root, cgroup__controllers="memory", memory__max=2 * GiB, memory__current=GiB // 2)
@@ -104,7 +104,7 @@ def test_the_capacity_is_the_cgroups_when_smaller_and_says_so(tmp_path, monkeypa
         pytest.skip("this machine has less than 1.5 GiB available: the cgroup would not be the smaller")
     assert (host.total_bytes, host.available_bytes) == (2 * GiB, 2 * GiB - GiB // 2)
     assert host.source.startswith("cgroup v2 memory limit 2.00 GiB")
-    monkeypatch.setattr("core.hostmem.host_memory", lambda *a, **k: host)
+    monkeypatch.setattr("core.monitor.hostmem.host_memory", lambda *a, **k: host)
     device = plan.detect_devices("cpu")[0]
     assert device.capacity_bytes == host.available_bytes and device.capacity_source == host.source
     shares = plan.detect_devices("cpu", cpu_ranks=2)
@@ -189,7 +189,7 @@ def _wrapper(tmp_path: Path, cgroup: Path) -> Path:
 
 def test_a_real_cgroup_limit_is_the_capacity_a_process_in_it_sees(memory_cgroup, tmp_path):
     cgroup = memory_cgroup(1 * GiB)
-    code = ("import json; from core.hostmem import host_memory; h = host_memory(); "
+    code = ("import json; from core.monitor.hostmem import host_memory; h = host_memory(); "
             "print(json.dumps([h.total_bytes, h.available_bytes, h.source]))")
     out = subprocess.run([str(_wrapper(tmp_path, cgroup)), "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).parent.parent)
@@ -244,14 +244,14 @@ def test_the_trace_child_ends_and_removes_its_folder_when_gpuaccept_is_killed(tm
     reach it) used to run on and leave ``gpuaccept-trace-*`` in the temp folder."""
     tmp = tmp_path / "tmp"
     tmp.mkdir()
-    code = ("import sys; from core.spec import RunSpec; from core.traced import trace_in_child; "
+    code = ("import sys; from core.spec import RunSpec; from core.plan.traced import trace_in_child; "
             f"trace_in_child(RunSpec.build(model={str(tiny_model_dir)!r}, mode='lora', seq_len=32), 'cpu')")
     parent = subprocess.Popen([sys.executable, "-c", code], cwd=Path(__file__).parent.parent,
                               env={**os.environ, "TMPDIR": str(tmp)})
     deadline = time.monotonic() + 60
     children: list[int] = []
     while time.monotonic() < deadline and not children:
-        children = [p for p in _pids_running("core.traced") if p != parent.pid and str(tmp) in _cmdline(p)]
+        children = [p for p in _pids_running("core.plan.traced") if p != parent.pid and str(tmp) in _cmdline(p)]
         time.sleep(0.05)
     assert children, "the trace child never started"
     assert len(list(tmp.glob("gpuaccept-trace-*"))) == 1
@@ -301,7 +301,7 @@ def test_a_conversion_left_by_a_killed_process_is_removed_and_a_fresh_one_kept(t
 def test_the_kill_check_waits_for_a_group_still_being_torn_down():
     """Issue 16, item 7: the DDP kill check looked once, 50 ms after SIGKILL; a rank still being torn down then
     counted as alive. A group whose last process ends 0.5 s later is now seen gone; one that lives on is named."""
-    from core.childproc import groups_left_after_kill
+    from core.stages.childproc import groups_left_after_kill
 
     slow = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.5)"], start_new_session=True)
     stuck = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], start_new_session=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from core.measure import LiveTensorTracker, optimizer_state_bytes, parameter_placement
+from core.child.measure import LiveTensorTracker, optimizer_state_bytes, parameter_placement
 
 MiB = 2**20
 

@@ -1,4 +1,4 @@
-"""core.monitor: host readings of a real process tree, replay, the sampling thread, peaks, recording."""
+"""core.monitor.sampler: host readings of a real process tree, replay, the sampling thread, peaks, recording."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import time
 import psutil
 import pytest
 
-from core.monitor import (
+from core.monitor.sampler import (
     DeviceSample,
     HostBackend,
     Reading,
@@ -221,6 +221,6 @@ def test_record_then_replay_round_trips_exactly(tmp_path, make_backend):
 
 
 def test_importing_monitor_loads_neither_torch_nor_textual():
-    code = "import sys, core.monitor; print('torch' in sys.modules, 'textual' in sys.modules, 'pynvml' in sys.modules)"
+    code = "import sys, core.monitor.sampler; print('torch' in sys.modules, 'textual' in sys.modules, 'pynvml' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False False False"

@@ -10,8 +10,8 @@ import sys
 import pynvml
 import pytest
 
-from core.monitor import HostBackend, ReplayBackend, Sampler
-from core.nvml import NvmlBackend, cuda_devices, default_backend, discover
+from core.monitor.nvml import NvmlBackend, cuda_devices, default_backend, discover
+from core.monitor.sampler import HostBackend, ReplayBackend, Sampler
 from tests.fake_nvml import FakeGpu, FakeNvml
 
 BIG, SMALL = 25_447_170_048, 8_513_978_368  # case M1's two cards
@@ -119,10 +119,10 @@ def test_m3_no_process_listed_or_no_per_process_memory_falls_back_to_the_baselin
 
 
 def test_m3_behind_an_mps_server_ours_is_the_change_since_the_baseline(monkeypatch):
-    import core.nvml
+    import core.monitor.nvml
 
     server = os.getppid()
-    monkeypatch.setattr(core.nvml, "_process_name", lambda pid: "nvidia-cuda-mps-server" if pid == server else "x")
+    monkeypatch.setattr(core.monitor.nvml, "_process_name", lambda pid: "nvidia-cuda-mps-server" if pid == server else "x")
     gpu = FakeGpu(UUID_BIG, used=2**30, procs=[(server, 2**30)])
     sampler = Sampler(NvmlBackend(FakeNvml([gpu]), env={}))
     sampler.follow({os.getpid()})

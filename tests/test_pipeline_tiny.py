@@ -5,10 +5,10 @@ from __future__ import annotations
 import tomllib
 from pathlib import Path
 
-from core.childproc import group_alive
 from core.events import Progress, RunFinished, StageFinished
 from core.pipeline import run_pipeline
 from core.spec import RunSpec
+from core.stages.childproc import group_alive
 from tests.wizard_helpers import worker_processes
 
 
@@ -237,11 +237,11 @@ def test_a_checkpoint_file_changed_after_the_manifest_fails_the_resume_naming_it
     """Issue 16: a byte flipped in adapter_model.safetensors after the parent verified the manifest was loaded by the
     resumed run, the record still said "sha256 of 8 files verified", and the failure showed only as a loss difference.
     Now the resumed process verifies the files itself right before Trainer loads them and refuses, naming the file."""
-    import core.resume
+    import core.stages.resume
 
-    real_start = core.resume.start_child
+    real_start = core.stages.resume.start_child
 
-    def start_child(name, job_dir, job, launch=core.resume.SINGLE):
+    def start_child(name, job_dir, job, launch=core.stages.resume.SINGLE):
         if job.get("role") == "resumed":  # after the parent's own manifest check, before the child loads anything
             weights = Path(job["resume_from"]) / "adapter_model.safetensors"
             data = bytearray(weights.read_bytes())
@@ -249,7 +249,7 @@ def test_a_checkpoint_file_changed_after_the_manifest_fails_the_resume_naming_it
             weights.write_bytes(bytes(data))
         return real_start(name, job_dir, job, launch)
 
-    monkeypatch.setattr(core.resume, "start_child", start_child)
+    monkeypatch.setattr(core.stages.resume, "start_child", start_child)
     spec = RunSpec.build(model=str(tiny_model_dir), mode="lora", steps=4, seq_len=32, resume_checkpoint_every=2,
                          resume_kill_after_checkpoint=1, eval_max_blocks=2)
     record, _ = run(spec, tmp_path)

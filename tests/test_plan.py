@@ -1,4 +1,4 @@
-"""The analytic memory plan (core/plan.py) against the planner cases in tests/cases/planner.toml and against
+"""The analytic memory plan (core/plan/memory.py) against the planner cases in tests/cases/planner.toml and against
 what torch/peft actually allocate on tiny CPU models."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from core.models import load_config, resolve_model
-from core.plan import (
+from core.plan.memory import (
     COMPONENTS,
     CPU_RUNTIME_BYTES,
     CUDA_OVERHEAD_BYTES,
@@ -141,7 +141,7 @@ def _real_model(config):
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
-    if hasattr(config, "to_transformers"):  # a Llama-family config.json loads as core.shapes.FastConfig
+    if hasattr(config, "to_transformers"):  # a Llama-family config.json loads as core.plan.shapes.FastConfig
         config = config.to_transformers()
     return AutoModelForCausalLM.from_config(config)
 
@@ -289,7 +289,7 @@ def test_detect_devices():
 
 
 def test_detect_devices_for_a_planned_box_asks_no_torch():
-    code = ("import sys; from core.plan import detect_devices; d = detect_devices('24GiB,8GiB'); "
+    code = ("import sys; from core.plan.memory import detect_devices; d = detect_devices('24GiB,8GiB'); "
             "print([x.capacity_bytes for x in d], 'torch' in sys.modules)")
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=Path(__file__).resolve().parents[1]
@@ -308,7 +308,7 @@ def test_strategies_on_cpu_devices_plan_no_cuda_or_nccl_overhead(tmp_path):
 
 
 def test_import_is_lazy():
-    code = "import sys, core.plan; print(any(m in sys.modules for m in ('torch', 'transformers', 'peft', 'textual')))"
+    code = "import sys, core.plan.memory; print(any(m in sys.modules for m in ('torch', 'transformers', 'peft', 'textual')))"
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=Path(__file__).resolve().parents[1]
     )

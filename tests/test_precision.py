@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from core.errors import SpecError
-from core.fit import fit_of, fit_verdicts, largest_fitting, plan_fits, under_estimate
 from core.models import load_config, resolve_model
-from core.plan import DeviceInfo, count_parameters, plan_memory
+from core.plan.fit import fit_of, fit_verdicts, largest_fitting, plan_fits, under_estimate
+from core.plan.memory import DeviceInfo, count_parameters, plan_memory
 from core.spec import LoraSettings, RunSpec
 
 GiB = 2**30
@@ -92,7 +92,7 @@ def test_all_linear_is_every_projection_but_the_head_as_peft_resolves_it(tmp_pat
     from peft import get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from core.plan import lora_config
+    from core.plan.memory import lora_config
 
     config = _config(tmp_path, TINY)
     lora = LoraSettings(r=4, targets=("all-linear",))
@@ -101,7 +101,7 @@ def test_all_linear_is_every_projection_but_the_head_as_peft_resolves_it(tmp_pat
     trainable, total = real.get_nb_trainable_parameters()
     assert count_parameters(config, "lora", lora).total == total
     assert count_parameters(config, "lora", lora).trainable == trainable
-    from core.worker import model_facts
+    from core.child.worker import model_facts
 
     facts = model_facts(RunSpec.build(mode="lora", lora_targets="all-linear"), real)
     assert facts["lora_targets"] == ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"]
@@ -146,7 +146,7 @@ def test_an_under_estimate_is_more_than_the_tolerance_above_the_plan():
 
 
 def test_the_probe_names_an_under_estimate_and_compares_tensors_without_the_context(tmp_path):
-    from core.probe import DeviceMeasurement, compare_with_plan
+    from core.stages.probe import DeviceMeasurement, compare_with_plan
 
     config = _config(tmp_path, TINY)
     device = plan_memory(RunSpec.build(mode="lora", dtype="bf16"), config, [_gpu()]).devices[0]

@@ -135,7 +135,7 @@ def test_a_record_without_a_plan_is_refused(lora_run):
 
 
 def test_the_answers_go_into_an_unsigned_record_only(lora_run, tmp_path):
-    from core.verify import verify
+    from core.record.verify import verify
 
     _, record, events = lora_run
     src = Path(events[-1].record_path)

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import tomli_w
 
-from core.record import plain_values, schema_problems, write_record
-from core.verify import (
+from core.record.build import plain_values, schema_problems, write_record
+from core.record.verify import (
     EXIT_BAD_SIGNATURE,
     EXIT_SCHEMA,
     EXIT_SIGNER_NOT_ALLOWED,
@@ -225,7 +225,7 @@ def test_a_probe_that_ran_other_than_planned_does_not_pass(record, capsys):
     (lambda spec: spec.pop("padding"), "spec.padding is None"),
 ])
 def test_schema_2_spec_keys_are_checked_even_with_the_hash_recomputed(record, capsys, change, says):
-    from core.record import spec_table_hash
+    from core.record.build import spec_table_hash
 
     def edited(data):
         change(data["spec"])
@@ -311,7 +311,7 @@ def test_every_value_below_the_top_level_is_checked(record, capsys, change, says
     ("gradient_checkpointing", 1, "spec.gradient_checkpointing is 1, not bool"),
     ("learning_rate", "fast", "spec.learning_rate is 'fast', not float")])
 def test_the_spec_table_holds_the_types_the_spec_takes_even_with_its_hash_recomputed(record, capsys, key, value, says):
-    from core.record import spec_table_hash
+    from core.record.build import spec_table_hash
 
     def change(data):
         data["spec"][key] = value
@@ -323,7 +323,7 @@ def test_the_spec_table_holds_the_types_the_spec_takes_even_with_its_hash_recomp
 
 
 def test_every_number_and_time_the_pipeline_writes_has_a_value_rule(lora_run):
-    from core.record_schema import kind_of
+    from core.record.schema import kind_of
 
     _, rec, _ = lora_run
 
@@ -337,7 +337,7 @@ def test_every_number_and_time_the_pipeline_writes_has_a_value_rule(lora_run):
     numbers = [(p, v) for p, v in leaves(rec, "")
                if isinstance(v, (int, float, dt.datetime)) and not isinstance(v, bool)]
     assert len(numbers) > 100
-    # the spec table is held to the spec's own field types instead (core.record_schema._spec_problems)
+    # the spec table is held to the spec's own field types instead (core.record.schema._spec_problems)
     assert [p for p, _ in numbers if kind_of(p) is None and not p.startswith("spec.")] == []
 
 
@@ -452,7 +452,7 @@ def test_a_value_of_the_wrong_type_is_a_schema_finding_not_a_crash(record, capsy
 
 
 def test_a_spec_edited_with_its_hash_recomputed_still_disagrees_with_the_evaluation(record, capsys):
-    from core.record import spec_table_hash
+    from core.record.build import spec_table_hash
 
     def rehash(data):
         data["spec"]["seq_len"] = 4096
@@ -517,7 +517,7 @@ def test_the_cpu_runtime_measured_is_rss_minus_tensors_and_an_edit_is_caught(rec
 
 
 def test_on_cuda_the_overhead_is_said_not_read():
-    from core.probe import DeviceMeasurement, how_measured, runtime_bytes
+    from core.stages.probe import DeviceMeasurement, how_measured, runtime_bytes
 
     m = DeviceMeasurement(device="cuda:0", weights_bytes=1, gradients_bytes=0, optimizer_states_bytes=0,
                           peak_bytes=10 * 2**30, peak_method="torch.cuda.max_memory_allocated",

@@ -147,9 +147,9 @@ def _set(record, path, value):
 
 
 def _checked(record) -> list[str]:
-    """What ``gpuaccept verify`` reports for a parsed record (core.verify.verify without the file and signature)."""
-    from core.record import schema_problems
-    from core.verify import recompute_verdicts
+    """What ``gpuaccept verify`` reports for a parsed record (core.record.verify.verify without the file and signature)."""
+    from core.record.build import schema_problems
+    from core.record.verify import recompute_verdicts
 
     problems = schema_problems(record)
     if problems:

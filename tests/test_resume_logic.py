@@ -7,7 +7,8 @@ import json
 import torch
 from safetensors.torch import save_file
 
-from core.resume import (
+from core.spec import RunSpec
+from core.stages.resume import (
     compare_optimizers,
     compare_scalers,
     compare_steps,
@@ -19,7 +20,6 @@ from core.resume import (
     verify_manifest,
     write_manifest,
 )
-from core.spec import RunSpec
 
 EXACT = tolerance_tier("cpu", "fp32")
 
@@ -204,7 +204,7 @@ def test_safe_load_is_the_only_torch_load_and_children_force_weights_only(tmp_pa
     import re
     from pathlib import Path
 
-    from core.childproc import child_env
+    from core.stages.childproc import child_env
 
     core = Path(__file__).resolve().parent.parent / "core"
     calls = {f.name: re.findall(r"torch\.load\(([^)]*)\)", f.read_text()) for f in core.glob("*.py")}
@@ -232,7 +232,7 @@ def test_select_checkpoint_skips_a_partial_newer_one_and_names_it(tmp_path):
     not the highest step transformers' get_last_checkpoint would take."""
     from transformers.trainer_utils import get_last_checkpoint
 
-    from core.resume import select_checkpoint, selection_check
+    from core.stages.resume import select_checkpoint, selection_check
 
     spec = RunSpec.build(None, mode="lora")
     lora_checkpoint(tmp_path / "checkpoint-20", spec)
@@ -249,7 +249,7 @@ def test_select_checkpoint_skips_a_partial_newer_one_and_names_it(tmp_path):
 
 
 def test_select_checkpoint_fails_naming_every_partial_one_when_none_is_complete(tmp_path):
-    from core.resume import select_checkpoint, selection_check
+    from core.stages.resume import select_checkpoint, selection_check
 
     spec = RunSpec.build(None, mode="lora")
     ckpt = lora_checkpoint(tmp_path / "checkpoint-20", spec)
@@ -269,7 +269,7 @@ def test_rng_digest_follows_every_generator():
 
     import numpy as np
 
-    from core.rng import live_rng_state, rng_digest
+    from core.child.rng import live_rng_state, rng_digest
 
     torch.manual_seed(0), random.seed(0), np.random.seed(0)
     first = rng_digest(live_rng_state())
@@ -284,8 +284,8 @@ def test_rng_digest_follows_every_generator():
 
 def test_rng_digest_of_a_saved_state_equals_the_live_one(tmp_path):
     """The parent digests rng_state.pth (loaded weights_only) and the child its live generators: same layout."""
-    from core.resume import safe_load
-    from core.rng import live_rng_state, rng_digest
+    from core.child.rng import live_rng_state, rng_digest
+    from core.stages.resume import safe_load
 
     torch.save(live_rng_state(), tmp_path / "rng_state.pth")
     assert rng_digest(safe_load(tmp_path / "rng_state.pth")) == rng_digest(live_rng_state())
@@ -296,7 +296,7 @@ def rng_steps(states: dict[int, dict]) -> list[dict]:
 
 
 def test_rng_not_restored_or_not_continuing_fails():
-    from core.resume import compare_rng
+    from core.stages.resume import compare_rng
 
     a, b, c = ({"cpu": x, "numpy": "n", "python": "p"} for x in ("a", "b", "c"))
     ref = {r["step"]: r for r in rng_steps({1: a, 2: b, 3: c})}
@@ -312,7 +312,7 @@ def test_rng_not_restored_or_not_continuing_fails():
 
 
 def test_rng_check_says_when_nothing_drew_random_numbers():
-    from core.resume import compare_rng
+    from core.stages.resume import compare_rng
 
     a = {"cpu": "a", "numpy": "n", "python": "p"}
     ref = {r["step"]: r for r in rng_steps({1: a, 2: a, 3: a})}
@@ -321,7 +321,7 @@ def test_rng_check_says_when_nothing_drew_random_numbers():
 
 
 def test_kill_point_check_compares_where_the_run_died_with_the_spec():
-    from core.resume import kill_point_check
+    from core.stages.resume import kill_point_check
 
     spec = RunSpec.build(None, mode="lora", steps=30, grad_accum=4, resume_checkpoint_every=10,
                          resume_kill_after_checkpoint=2, resume_kill_at="boundary+1")
@@ -382,7 +382,7 @@ def test_every_kill_point_lands_between_checkpoint_c_and_the_next_for_every_inte
 
 
 def test_trainable_set_must_be_the_references():
-    from core.resume import compare_trainable
+    from core.stages.resume import compare_trainable
 
     ref = {"names": ["a.lora_A", "a.lora_B"], "parameters": 64}
     assert compare_trainable(ref, dict(ref)).status == "pass"
@@ -392,7 +392,7 @@ def test_trainable_set_must_be_the_references():
 
 
 def test_kill_position_reads_right_without_accumulation():
-    from core.resume import kill_position
+    from core.stages.resume import kill_position
 
     assert kill_position({"step": 3, "where": "micro", "micro_done": 1, "micro_in_step": 1}) == (
         "inside step 4 after its only micro-batch's backward, before its optimizer step")

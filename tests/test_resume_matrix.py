@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from core.resume import run_resume_check
 from core.spec import RunSpec
-from core.train import run_train_eval
+from core.stages.resume import run_resume_check
+from core.stages.train import run_train_eval
 
 # compared to the last step (compare_steps 4 after checkpoint-2): the whole run after the kill, for every kill point
 SETTINGS = dict(mode="lora", steps=6, seq_len=64, grad_accum=2, lora_dropout=0.1, resume_checkpoint_every=2,

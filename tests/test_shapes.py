@@ -1,4 +1,4 @@
-"""The planner's fast path (core/shapes.py) against the reference it replaces: the model built on the meta device.
+"""The planner's fast path (core/plan/shapes.py) against the reference it replaces: the model built on the meta device.
 
 For every config, mode, dtype and LoRA target set here, the summary written from config.json alone must equal the one
 read from ``AutoModelForCausalLM.from_config`` (+ peft) on the meta device: counts, dtype groups, trainable shapes,
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from core.plan import _summarise, _summary_from_shapes, build_meta_model, linear_module_names, meta_summary
-from core.shapes import FastConfig, fast_config
+from core.plan.memory import _summarise, _summary_from_shapes, build_meta_model, linear_module_names, meta_summary
+from core.plan.shapes import FastConfig, fast_config
 from core.spec import LoraSettings
 
 CASES = {c["id"].split("-")[0]: c for c in

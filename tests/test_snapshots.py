@@ -15,13 +15,13 @@ from pytest_textual_snapshot import SVGImageExtension
 from syrupy.location import PyTestLocation
 from textual._doc import take_svg_screenshot
 
-from core.childproc import SINGLE, Launch
-from core.monitor import ReplayBackend, constructed_frames
+from core.monitor.sampler import ReplayBackend, constructed_frames
 from core.pipeline import AcceptanceRun
-from core.probe import DeviceMeasurement, PlanComparison, ProbeResult, compare_with_plan
-from core.resume import Check, ResumeResult, tolerance_tier
 from core.spec import RunSpec
-from core.train import EvalPoint, TrainEvalResult
+from core.stages.childproc import SINGLE, Launch
+from core.stages.probe import DeviceMeasurement, PlanComparison, ProbeResult, compare_with_plan
+from core.stages.resume import Check, ResumeResult, tolerance_tier
+from core.stages.train import EvalPoint, TrainEvalResult
 from tests.wizard_helpers import TEST_HOST, GiB
 from tui.app import GpuAcceptApp
 
@@ -64,7 +64,7 @@ def snap(snapshot, monkeypatch, tiny_model_dir, tmp_path):
 
 def constructed_tracer(spec, ctx, cancelled=None) -> dict:
     """A traced plan made from the analytic one (activations x 0.75, no gradients at the peak): the screen, not torch."""
-    from core.traced import TracedPlan, compare, comparison_json
+    from core.plan.traced import TracedPlan, compare, comparison_json
 
     device = ctx.plan.devices[0]
     parts = {k: device.lines[k].bytes for k in ("weights", "optimizer_states", "temporaries", "kv_cache")}
@@ -221,7 +221,7 @@ def small_host_app(batch: int = 8) -> GpuAcceptApp:
     """The wizard on a host whose capacity lies between the plans of micro-batch 2 and 3 of the tiny model (planned
     here, not invented): micro-batch ``batch`` does not fit, 2 does."""
     from core.pipeline import make_plan
-    from core.plan import DeviceInfo
+    from core.plan.memory import DeviceInfo
 
     def total(b: int) -> int:
         spec = RunSpec.build(model="tiny-llama", mode="lora", seq_len=64, batch_size=b, steps=6,
@@ -286,7 +286,7 @@ def nvml_box_frames():
     one MIG device (cases M4, M6)."""
     import pynvml
 
-    from core.nvml import NvmlBackend
+    from core.monitor.nvml import NvmlBackend
     from tests.fake_nvml import FakeGpu, FakeNvml
 
     busy = FakeGpu("GPU-11111111-2222-3333-4444-555555555555", name="NVIDIA H200", bus="00000000:01:00.0",
@@ -323,7 +323,7 @@ def two_rank_probe(app: GpuAcceptApp) -> SimpleNamespace:
     """The finished run with a probe at world size 2 (DDP on two CPU ranks): one measurement and one comparison per
     rank, with fixed numbers."""
     from core.pipeline import make_plan
-    from core.plan import DeviceInfo
+    from core.plan.memory import DeviceInfo
 
     run = finished_run(app)
     spec = RunSpec.build(mode="lora", model="tiny-llama", seq_len=64, steps=6, resume_checkpoint_every=2,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from core.errors import GpuAcceptError, StageCancelled, StageError
-from core.record import verdict
+from core.record.build import verdict
 from core.spec import RunSpec
 from core.status import StageStatus, Stopped
 

@@ -1,4 +1,4 @@
-"""Per-device plans by strategy (core/plan.py ``plan_memory``): cases P4 and P5 of tests/cases/planner.toml, ZeRO stage
+"""Per-device plans by strategy (core/plan/memory.py ``plan_memory``): cases P4 and P5 of tests/cases/planner.toml, ZeRO stage
 ordering, device_map placement, tensor parallelism, planned boxes (``8x80GiB``) and their spec errors.
 
 Expected values are computed here from the configs by hand (parameter shapes, ZeRO arXiv 1910.02054, Korthikanti et al.
@@ -15,7 +15,7 @@ import pytest
 
 from core.errors import SpecError
 from core.models import load_config, resolve_model
-from core.plan import (
+from core.plan.memory import (
     CUDA_OVERHEAD_BYTES,
     NCCL_BUFFER_BYTES,
     DeviceInfo,
@@ -290,7 +290,7 @@ def test_strategy_needing_devices_is_checked_when_auto_finds_one(smollm2):
 
 
 def test_every_strategy_keeps_every_component_and_the_json_keys(smollm2):
-    from core.plan import COMPONENTS
+    from core.plan.memory import COMPONENTS
 
     for strategy, devices, tp in [("ddp", "2x24GiB", 1), ("zero1", "2x24GiB", 1), ("zero2", "2x24GiB", 1),
                                   ("zero3", "2x24GiB", 1), ("device_map", "2x24GiB", 1), ("tp", "3x24GiB", 3)]:

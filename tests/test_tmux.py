@@ -67,7 +67,7 @@ def test_a_dropped_terminal_during_the_probe_ends_the_wizard_and_its_child_and_k
         for proc in psutil.process_iter(["cmdline", "cwd"]):
             try:
                 cmd = " ".join(proc.info["cmdline"] or [])
-                if ("core.worker" in cmd or cmd.endswith("gpuaccept run --model " + str(tiny_model_dir) + " --devices cpu "
+                if ("core.child.worker" in cmd or cmd.endswith("gpuaccept run --model " + str(tiny_model_dir) + " --devices cpu "
                                                            "--seq-len 64 --probe-steps 400")) and \
                         str(proc.info.get("cwd") or "").startswith(str(tmp_path)):
                     found.append(proc)

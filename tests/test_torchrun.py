@@ -10,9 +10,18 @@ from pathlib import Path
 
 import pytest
 
-from core.childproc import SINGLE, Launch, check_exit, group_alive, launch_options, start_child, visible_for, watch
 from core.errors import SpecError, StageError
 from core.spec import RunSpec
+from core.stages.childproc import (
+    SINGLE,
+    Launch,
+    check_exit,
+    group_alive,
+    launch_options,
+    start_child,
+    visible_for,
+    watch,
+)
 
 
 def _spec(tiny_model_dir, **kw) -> RunSpec:
@@ -95,13 +104,13 @@ def test_the_resume_check_passes_under_ddp(ddp_run):
     assert checks["loss"]["evidence"].endswith("identical")
     ckpt = Path(run.run_dir) / "resume-interrupted" / "output" / "checkpoint-2"
     assert sorted(p.name for p in ckpt.glob("rng_state*")) == ["rng_state_0.pth", "rng_state_1.pth"]
-    from core.verify import verify
+    from core.record.verify import verify
 
     assert verify(path).exit_code == 3  # unsigned but every verdict follows from the record, per rank
 
 
 def test_a_different_world_size_at_resume_is_refused(ddp_run, tmp_path):
-    from core.resume import run_resume_check
+    from core.stages.resume import run_resume_check
 
     run, _, _ = ddp_run
     te = run.results["train_eval"]
@@ -149,8 +158,8 @@ def test_fsdp_on_the_cpu_shards_as_planned_and_refuses_to_train(tiny_model_dir, 
 
 
 def test_fsdp_that_ran_as_ddp_fails_the_probe_and_verify(ddp_run, tmp_path):
-    from core.probe import wrapper_problem
-    from core.verify import verify
+    from core.record.verify import verify
+    from core.stages.probe import wrapper_problem
 
     assert wrapper_problem("ddp", "DistributedDataParallel") is None
     assert wrapper_problem("zero3", "FSDPPeftModelForCausalLM (torch FSDP2 ...)") is None
@@ -268,7 +277,7 @@ def test_zero3_across_nodes_divides_by_every_rank(tiny_model_dir):
 
 
 def test_merge_rank_steps():
-    from core.train import merge_rank_steps
+    from core.stages.train import merge_rank_steps
 
     single = [{"kind": "step", "step": 1, "loss": 2.0, "sample_ids": [1], "rng": {"cpu": "a"}}]
     assert merge_rank_steps(single) == single
@@ -286,7 +295,7 @@ def test_a_kill_mid_run_ends_every_rank_at_once(tiny_model_dir, tmp_path):
     """torchrun starts each rank in a session of its own: killing torchrun's group alone left the ranks running."""
     import time
 
-    from core.childproc import child_groups, kill_group
+    from core.stages.childproc import child_groups, kill_group
 
     spec = _spec(tiny_model_dir, mode="full", probe_steps=200)
     names = ["cpu:0", "cpu:1"]
@@ -315,7 +324,7 @@ def test_verify_wants_each_rank_once_at_the_spec_world_size(ddp_run, tmp_path):
 
     import tomli_w
 
-    from core.verify import verify
+    from core.record.verify import verify
 
     _, record, _ = ddp_run
     for edit, words in [

@@ -1,12 +1,12 @@
-"""The traced plan (core/traced.py): one step under torch's MemTracker on fake CPU tensors, beside the analytic plan."""
+"""The traced plan (core/plan/traced.py): one step under torch's MemTracker on fake CPU tensors, beside the analytic plan."""
 
 from __future__ import annotations
 
 import pytest
 
-from core.plan import DeviceInfo, DevicePlan, Line, plan_memory
+from core.plan.memory import DeviceInfo, DevicePlan, Line, plan_memory
+from core.plan.traced import TRACED_COMPONENTS, TracedPlan, compare, trace_plan
 from core.spec import RunSpec
-from core.traced import TRACED_COMPONENTS, TracedPlan, compare, trace_plan
 
 GiB = 2**30
 TINY = dict(
@@ -124,7 +124,7 @@ def test_adamw_foreach_on_cuda_adds_step_temporaries():
 
 
 def test_compare_names_the_line_that_differs_most():
-    from core.phases import Phase
+    from core.plan.phases import Phase
 
     device = CPU
     lines = {name: Line(name, b, "test") for name, b in

@@ -56,9 +56,9 @@ async def test_the_chosen_mode_shows_without_colour(tiny_model_dir, tmp_path):
 def _small_host_app(tiny_model_dir, tmp_path, batch: int):
     """The wizard on a host whose capacity lies between the plans of micro-batch 2 and 3 (planned here, not
     invented), with micro-batch ``batch``."""
-    from core.monitor import ReplayBackend, constructed_frames
+    from core.monitor.sampler import ReplayBackend, constructed_frames
     from core.pipeline import make_plan
-    from core.plan import DeviceInfo
+    from core.plan.memory import DeviceInfo
     from core.spec import RunSpec
     from tests.wizard_helpers import TEST_HOST, GiB
     from tui.app import GpuAcceptApp
@@ -392,7 +392,7 @@ async def test_what_if_keys_show_the_new_total_at_the_top(tiny_model_dir, tmp_pa
 
 def test_a_largest_fit_with_under_5_percent_left_is_said_to_be_thin():
     """f offered micro-batch 111 with 0.07 GiB of 23 GiB left, without a word of caution (the offer now says so)."""
-    from core.fit import Largest
+    from core.plan.fit import Largest
 
     thin = Largest("cpu", "batch_size", 111, plan_bytes=22_910_000_000, capacity_bytes=22_980_000_000,
                    limit="batch_size = 112 does not fit")
@@ -424,7 +424,7 @@ async def test_keys_typed_faster_than_the_screen_draws_land_in_order(tiny_model_
 async def test_a_finished_probe_revisited_says_every_peak_with_its_name(tiny_model_dir, tmp_path):
     """Revisited, the bar said "others N/A"; its peak, the tracked tensors' and the process's RSS were three unnamed
     peaks; and the CPU's overhead line said "in peak" though the tensor peak holds no runtime."""
-    from core.monitor import HostBackend
+    from core.monitor.sampler import HostBackend
     from tests.wizard_helpers import TEST_HOST, text_of, wait_for
     from tui.app import GpuAcceptApp
     from tui.screens.plan import PlanScreen

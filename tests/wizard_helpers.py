@@ -7,8 +7,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from core.monitor import ReplayBackend, constructed_frames
-from core.plan import DeviceInfo
+from core.monitor.sampler import ReplayBackend, constructed_frames
+from core.plan.memory import DeviceInfo
 from tui.app import GpuAcceptApp
 
 GiB = 2**30
@@ -26,13 +26,13 @@ def make_app(model_dir: Path, runs_root: Path, mode: str = "lora", **fields: Any
 
 
 def worker_processes(root: Path) -> list:
-    """Live gpuaccept child processes (``core.worker``) whose job lies under ``root``."""
+    """Live gpuaccept child processes (``core.child.worker``) whose job lies under ``root``."""
     import psutil
 
     found = []
     for proc in psutil.process_iter(["cmdline"]):
         cmd = " ".join(proc.info["cmdline"] or [])
-        if "core.worker" in cmd and str(root) in cmd:
+        if "core.child.worker" in cmd and str(root) in cmd:
             found.append(proc)
     return found
 

@@ -20,7 +20,7 @@ class GpuAcceptApp(App[int]):
 
     Args:
         runs_root: where run directories are created.
-        backend: the device-memory backend the live bars sample (``core.monitor``); the host backend by default.
+        backend: the device-memory backend the live bars sample (``core.monitor.sampler``); the host backend by default.
         devices_override: plan for these devices instead of detecting them (tests, planning another box).
         fields: initial setup values (flag names of ``RunSpec.build``), e.g. ``{"model": ...}``.
     """
@@ -40,7 +40,7 @@ class GpuAcceptApp(App[int]):
                  devices_override: list[Any] | None = None, fields: dict[str, Any] | None = None,
                  mode: str = "lora", tracer: Any = None) -> None:
         super().__init__()
-        #: makes the traced plan: (spec, ctx, cancelled) -> dict as core.traced.traced_table (tests pass a constructed one)
+        #: makes the traced plan: (spec, ctx, cancelled) -> dict as core.plan.traced.traced_table (tests pass a constructed one)
         self.tracer = tracer
         self.state = WizardState(runs_root=Path(runs_root), devices_override=devices_override,
                                  fields=dict(fields or {}), mode=mode)
@@ -59,7 +59,7 @@ class GpuAcceptApp(App[int]):
     def start_sampler(self) -> Any:
         """The device sampler (started on first use, stopped on exit)."""
         if self.sampler is None:
-            from core.monitor import Sampler
+            from core.monitor.sampler import Sampler
 
             backend, self.backend_note = (self._backend, f"{self._backend.name} backend") if self._backend else \
                 _default_backend()
@@ -173,7 +173,7 @@ class GpuAcceptApp(App[int]):
 
 
 def _default_backend() -> tuple[Any, str]:
-    from core.nvml import default_backend
+    from core.monitor.nvml import default_backend
 
     return default_backend()
 

@@ -7,7 +7,7 @@
 - ``gpuaccept plan [SPEC.toml] [flags] [--json] [--traced] [--max-batch] [--max-seq]``: the memory plan only (no
   weights loaded), per device and per phase of the step, by ``--strategy`` (and ``--tp``); ``--devices 8x80GiB`` or
   ``24GiB,8GiB`` plans for a box you do not have, offline; ``--traced`` adds one step traced on fake tensors
-  (core/traced.py) beside it, the most different line named; ``--max-batch`` / ``--max-seq`` search the largest
+  (core/plan/traced.py) beside it, the most different line named; ``--max-batch`` / ``--max-seq`` search the largest
   micro-batch / sequence length that fits each device. Exit 0 when every device fits, 3 when one does not, 4 when
   none fails but a capacity is unknown.
 
@@ -248,8 +248,8 @@ def cmd_wizard(args: argparse.Namespace) -> int:
 def cmd_plan(args: argparse.Namespace) -> int:
     """Exit codes: 0 every device fits, 3 a device does not fit, 4 none fails but a device's capacity is unknown, 2 bad
     input. Fit is judged by the larger of the analytic and traced peaks (with --traced)."""
-    from core.fit import fit_verdicts
     from core.pipeline import make_plan
+    from core.plan.fit import fit_verdicts
 
     spec = spec_from_args(args)
     ctx = make_plan(spec)
@@ -278,15 +278,15 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _largest(spec: Any, ctx: Any, args: argparse.Namespace) -> dict[str, list[Any]]:
-    """The fit search of ``--max-batch`` / ``--max-seq`` (core.fit.largest_fitting), by axis."""
-    from core.fit import largest_fitting
+    """The fit search of ``--max-batch`` / ``--max-seq`` (core.plan.fit.largest_fitting), by axis."""
     from core.models import declared_max_positions
+    from core.plan.fit import largest_fitting
 
     axes = [a for a, on in (("batch_size", args.max_batch), ("seq_len", args.max_seq)) if on]
     limit = declared_max_positions(ctx.source, ctx.config) if "seq_len" in axes else None
     trace = None
     if args.traced:  # check the value found as the fit is judged: by the larger of the analytic and traced peaks
-        from core.traced import trace_plan
+        from core.plan.traced import trace_plan
 
         kind = ctx.devices[0].kind
 
@@ -320,7 +320,7 @@ def format_largest(rows: list[Any], spec: Any) -> str:
 
 def _traced(spec: Any, ctx: Any) -> dict[str, Any]:
     """The traced plan as JSON, or ``{"status": "not_run", "reason": ...}`` when the strategy is not traceable."""
-    from core.traced import comparison_json, trace_against, untraceable_reason
+    from core.plan.traced import comparison_json, trace_against, untraceable_reason
 
     reason = untraceable_reason(ctx.plan)
     if reason is not None:
@@ -333,7 +333,7 @@ def format_traced(traced: dict[str, Any]) -> str:
     """The traced plan beside the analytic one, as text (GiB = 2^30 bytes), the most different line named."""
     if traced.get("status") != "estimated":
         return f"traced plan: not run ({traced.get('reason', '')})"
-    from core.traced import relative_text
+    from core.plan.traced import relative_text
 
     gib = 2**30
     lines = [f"traced plan (ESTIMATE, {traced['seconds']:.1f} s): {traced['method']}",
@@ -356,8 +356,8 @@ def format_traced(traced: dict[str, Any]) -> str:
 def format_plan(plan: Any, spec: Any, fits: list[Any] | None = None) -> str:
     """The plan as text: parameters, strategy, convention, then each device with one line per component (its largest
     value over the phases; GiB = 2^30 bytes), the phases with the bytes alive at each one's peak, and the device's
-    own fit verdict (``fits``: :func:`core.fit.fit_verdicts`, by default the analytic plan's)."""
-    from core.fit import fit_verdicts
+    own fit verdict (``fits``: :func:`core.plan.fit.fit_verdicts`, by default the analytic plan's)."""
+    from core.plan.fit import fit_verdicts
 
     fits = fits if fits is not None else fit_verdicts(plan)
     strategy = plan.strategy + (f" (tp={spec.tp})" if plan.strategy == "tp" else "")
@@ -405,8 +405,8 @@ def format_plan(plan: Any, spec: Any, fits: list[Any] | None = None) -> str:
 def cmd_sign(args: argparse.Namespace) -> int:
     """Add the sign-off (when the record has none) and sign the record's bytes; prints the key's fingerprint.
     Nothing is changed unless the key can sign and the record (with its sign-off) verifies."""
-    from core.record import make_signoff
-    from core.signing import fingerprint, sign_record
+    from core.record.build import make_signoff
+    from core.record.signing import fingerprint, sign_record
 
     if args.operator is not None and not args.operator.strip():
         print("gpuaccept: error: --operator is empty: give the name of who signs off", file=sys.stderr)
@@ -431,7 +431,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     """Exit codes: 0 verified and signed by an allowed signer, 7 the same with the signer not checked, 8 the signature
     intact but the identity not allowed, 3 consistent but unsigned, 4 bad signature, 5 schema, 6 verdict, 2 usage
     (docs/record.md)."""
-    from core.verify import verify
+    from core.record.verify import verify
 
     if bool(args.allowed_signers) != bool(args.identity):
         print("gpuaccept: error: --allowed-signers and --identity go together", file=sys.stderr)

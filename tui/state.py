@@ -17,7 +17,7 @@ class WizardState:
         fields: setup values as typed (flag names of RunSpec.build), applied over the mode's defaults.
         spec: the validated RunSpec, once the setup is valid.
         ctx: the plan context (core.pipeline.PlanContext) for ``spec``.
-        traced: the traced plan of ``spec`` (core.traced.traced_table) once the plan screen's trace has finished.
+        traced: the traced plan of ``spec`` (core.plan.traced.traced_table) once the plan screen's trace has finished.
         run: the core.pipeline.AcceptanceRun created when the probe starts (it owns the run directory).
         running: the name of the stage whose worker runs now, or None.
         cancel: set to stop a running stage; the stage kills its child's process group.

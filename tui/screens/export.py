@@ -14,7 +14,7 @@ from textual.widgets import Button, Footer, Header, Input, Label, Select, Static
 
 from tui.widgets.inputs import OrderedInput
 
-#: said before anyone signs: a signed record is never rewritten (core.record), so what is not in it then never will be
+#: said before anyone signs: a signed record is never rewritten (core.record.build), so what is not in it then never will be
 SIGNING_FREEZES = ("Signing freezes record.toml: nothing is added after, not even the quiz's score (for that: "
                    "write it unsigned, take the quiz, then gpuaccept sign).")
 
@@ -84,7 +84,7 @@ class ExportScreen(Screen):
 
     @staticmethod
     def _key_hint() -> str:
-        from core.signing import agent_keys
+        from core.record.signing import agent_keys
 
         held = agent_keys()
         agent = f"the ssh-agent holds {len(held)} key(s); give the .pub of one" if held else "no ssh-agent key"
@@ -105,7 +105,7 @@ class ExportScreen(Screen):
 
     @work(thread=True, exclusive=True, group="fingerprint")
     def show_fingerprint(self, key: str) -> None:
-        from core.signing import SigningError, fingerprint
+        from core.record.signing import SigningError, fingerprint
 
         if not key:
             text = self._key_hint()
@@ -137,7 +137,7 @@ class ExportScreen(Screen):
             self.app.push_screen(screen)
 
     def signoff(self) -> dict | None:
-        from core.record import make_signoff
+        from core.record.build import make_signoff
 
         operator = self.query_one("#operator", Input).value.strip()
         decision = self.query_one("#decision", Select).value
@@ -154,7 +154,7 @@ class ExportScreen(Screen):
 
     @work(thread=True, exclusive=True, group="record")
     def write(self) -> None:
-        from core.signing import SigningError, can_sign
+        from core.record.signing import SigningError, can_sign
 
         signoff = self.app.call_from_thread(self.signoff)
         if signoff is None:
@@ -185,7 +185,7 @@ class ExportScreen(Screen):
 
     def sign(self, path: Path) -> str:
         """Sign the written record with the key given, if any; what happened, in words (never raises)."""
-        from core.signing import SigningError, fingerprint, sign
+        from core.record.signing import SigningError, fingerprint, sign
 
         key = self.app.call_from_thread(lambda: self.query_one("#key", Input).value.strip())
         if not key:

@@ -117,8 +117,8 @@ class PlanScreen(NavButtons, Screen):
     @work(thread=True, exclusive=True, group="plan")
     def replan(self, spec: Any) -> None:
         from core.errors import GpuAcceptError
-        from core.fit import largest_fitting
         from core.pipeline import make_plan, runnable_reason
+        from core.plan.fit import largest_fitting
 
         try:
             ctx = make_plan(spec, self.app.state.devices_override)
@@ -220,10 +220,10 @@ class PlanScreen(NavButtons, Screen):
 
     @work(thread=True, exclusive=True, group="trace")
     def trace(self, spec: Any, ctx: Any) -> None:
-        """The traced plan in a child process (core.traced), shown beside the analytic one when it arrives."""
+        """The traced plan in a child process (core.plan.traced), shown beside the analytic one when it arrives."""
         from textual.worker import get_current_worker
 
-        from core.traced import traced_table
+        from core.plan.traced import traced_table
 
         worker = get_current_worker()
         tracer = self.app.tracer or traced_table
@@ -242,7 +242,7 @@ class PlanScreen(NavButtons, Screen):
         if slot is None or not slot.is_attached:
             return  # the plan was redrawn meanwhile
         from core.pipeline import traced_summary
-        from core.traced import relative_text
+        from core.plan.traced import relative_text
 
         if traced.get("status") != "estimated":
             slot.update(f"[dim]{traced_summary(traced)}[/]")
@@ -277,9 +277,9 @@ class PlanScreen(NavButtons, Screen):
                 "[dim]The rows are tensor bytes, as the phases line above.[/]")
 
     def fit_text(self, traced: dict[str, Any]) -> str:
-        """The fit verdict judged by the larger of the analytic and traced peaks (core/fit.py); a plan that fits only
+        """The fit verdict judged by the larger of the analytic and traced peaks (core/plan/fit.py); a plan that fits only
         by the smaller one is not a fit: Next is disabled and the reason shown."""
-        from core.fit import fit_verdicts
+        from core.plan.fit import fit_verdicts
 
         ctx = self.app.state.ctx
         fits = fit_verdicts(ctx.plan, traced)

@@ -169,7 +169,7 @@ class QuizScreen(Screen):
     def add_to_record(self) -> None:
         from core.errors import GpuAcceptError
         from core.quiz import add_onboarding, onboarding_table
-        from core.record import utc_now
+        from core.record.build import utc_now
 
         try:
             table = onboarding_table(self.questions, self.chosen, self.query_one("#operator", Input).value, utc_now())

@@ -164,7 +164,7 @@ class SetupScreen(NavButtons, Screen):
 
     @work(thread=True, exclusive=True, group="detect")
     def detect(self) -> None:
-        from core.plan import detect_devices
+        from core.plan.memory import detect_devices
 
         try:
             devices = self.app.state.devices_override or detect_devices("auto")

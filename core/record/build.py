@@ -132,8 +132,8 @@ def build_record(spec: RunSpec, *, run_dir: Path, model: dict[str, Any], plan: A
 
 def _plan_table(plan: Any, traced: dict[str, Any] | None) -> dict[str, Any]:
     """The analytic plan per device (its phases, lines and peak), the traced plan beside it, and each device's fit
-    judged by the larger of the two (``fit_bytes``, ``fit_judged_by``, ``fits``; core/fit.py)."""
-    from core.fit import fit_verdicts
+    judged by the larger of the two (``fit_bytes``, ``fit_judged_by``, ``fits``; core/plan/fit.py)."""
+    from core.plan.fit import fit_verdicts
 
     if plan is None:
         return {"provenance": "not_run"}
@@ -249,7 +249,7 @@ def verdict(spec: RunSpec, plan: Any, probe: Any, te: Any, resume: Any,
     stopped = stopped or {}
     stages: dict[str, dict[str, str]] = {}
     if plan is not None:
-        from core.fit import fit_verdicts
+        from core.plan.fit import fit_verdicts
 
         fits = fit_verdicts(plan, traced)
         st = "pass" if all(f.fits is not False for f in fits) else "fail"
@@ -293,8 +293,8 @@ def _utc_aware(value: Any) -> bool:
 
 def _version_2_problems(rec: dict[str, Any]) -> list[str]:
     """What schema 2 adds: the spec's precision, attention implementation and padding, each one of its values; a plan's
-    devices with their phases (names among :data:`core.phases.PHASES`), peak phase and fit."""
-    from core.phases import PHASES
+    devices with their phases (names among :data:`core.plan.phases.PHASES`), peak phase and fit."""
+    from core.plan.phases import PHASES
     from core.spec import ATTN_IMPLEMENTATIONS, PADDINGS, PRECISIONS
 
     out = []
@@ -337,10 +337,10 @@ def schema_problems(rec: dict[str, Any]) -> list[str]:
     :data:`TABLES`; the spec's sha256; a ``provenance`` of :data:`PROVENANCES` on every table of numbers (an
     ``estimated`` one with its ``method``); verdict statuses; the sign-off (``status = "unsigned"``, or operator, role,
     decision accept / reject, comment, ``time_utc``); then every value of every table and array against the value rules
-    of :func:`core.record_schema.value_problems` (finite floats, UTC date-times only at ``*_utc`` keys, non-empty keys,
+    of :func:`core.record.schema.value_problems` (finite floats, UTC date-times only at ``*_utc`` keys, non-empty keys,
     the kind of each key: counts, numbers, strings, digests, the spec's own field types).
     """
-    from core.record_schema import value_problems
+    from core.record.schema import value_problems
 
     out: list[str] = []
     version = rec.get("schema_version")

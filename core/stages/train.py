@@ -1,7 +1,7 @@
 """Train + evaluate stage: held-out perplexity before and after ``steps`` Trainer steps, in a child process.
 
 Inference mode evaluates once (fixed weights: no backward, no update). The training run writes Trainer checkpoints every
-``resume.checkpoint_every`` steps and is the reference of the resume check (:mod:`core.resume`).
+``resume.checkpoint_every`` steps and is the reference of the resume check (:mod:`core.stages.resume`).
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from core.childproc import SINGLE, ChildJob, Launch, check_exit, start_child, watch
 from core.events import ChildStarted, Evaluated, Event, Message, Progress, lead_events, leads
 from core.spec import RunSpec
+from core.stages.childproc import SINGLE, ChildJob, Launch, check_exit, start_child, watch
 
 
 @dataclass(frozen=True)
@@ -105,7 +105,7 @@ def run_train_eval(
     """Run the train (or, for inference, evaluate-only) child; yield progress; return the result and the child job.
 
     Args:
-        launch: :func:`core.childproc.launch_options` for several ranks (torchrun); one process by default. Held-out
+        launch: :func:`core.stages.childproc.launch_options` for several ranks (torchrun); one process by default. Held-out
             evaluation, data and training time come from rank 0; each step's loss is the mean over the ranks
             (:func:`merge_rank_steps`).
 

@@ -195,7 +195,7 @@ def sign_record(record: Path, key: Path, signoff: dict | None = None) -> Path:
     """Sign off and sign a record: nothing is changed unless all of it can be done.
 
     Order: the key must sign a scratch file (:func:`can_sign`); the record must parse, and with ``signoff`` put in
-    (when given) conform to the schema and have every verdict follow from its data (:mod:`core.verify`); then the
+    (when given) conform to the schema and have every verdict follow from its data (:mod:`core.record.verify`); then the
     sign-off is written into the record (atomically) and its bytes signed. A symlink is followed.
 
     Raises:
@@ -203,8 +203,8 @@ def sign_record(record: Path, key: Path, signoff: dict | None = None) -> Path:
     """
     import tomllib
 
-    from core.record import add_signoff, schema_problems
-    from core.verify import recompute_verdicts
+    from core.record.build import add_signoff, schema_problems
+    from core.record.verify import recompute_verdicts
 
     record = Path(record).resolve()
     if not record.is_file():

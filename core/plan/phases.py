@@ -7,7 +7,7 @@ buffers appear. Summing each component's maximum (what the plan did before) over
 activations or the gradients, whichever is smaller; the traced plan showed it (27 % on the embedded full
 fine-tuning default).
 
-The phases (as torch runs them, and as :mod:`core.traced` measures them):
+The phases (as torch runs them, and as :mod:`core.plan.traced` measures them):
 
 - ``forward``: weights, optimizer states (steady state: created by the first step), gradients of earlier
   micro-batches (gradient accumulation), every layer's saved activations, autocast's weight cache, and the loss at
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 #: The phases of a training step, in order (inference has only ``forward``).
 PHASES = ("forward", "backward", "optimizer_step")
-#: The components a phase lists (:data:`core.plan.COMPONENTS`, in the same order).
+#: The components a phase lists (:data:`core.plan.memory.COMPONENTS`, in the same order).
 PHASE_COMPONENTS = ("weights", "gradients", "optimizer_states", "activations", "temporaries", "overhead", "kv_cache")
 
 
@@ -71,7 +71,7 @@ class StepTerms:
             and its recomputed activations).
         head: the final norm's and the LM head's saved tensors (and RoPE's shared cos and sin); 0 without the head.
         logits_forward, logits_saved, logits_backward, logits_grad: the loss's terms (see
-            :class:`core.activations.StepActivations`); 0 on a device without the head.
+            :class:`core.plan.activations.StepActivations`); 0 on a device without the head.
         hidden_grad: the gradient of the hidden states flowing back.
         recompute: with checkpointing, one layer recomputed in backward; else 0.
         forward_cache: autocast's cached weight copies nothing saves (alive to the end of the forward).

@@ -26,7 +26,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from core.childproc import (
+from core.child.manifest import verify_manifest, write_manifest
+from core.child.rng import rng_digest
+from core.errors import StageError
+from core.events import ChildStarted, Event, Message, Progress, lead_events
+from core.spec import RunSpec
+from core.stages.childproc import (
     KILL_SETTLE_S,
     SINGLE,
     Launch,
@@ -37,12 +42,7 @@ from core.childproc import (
     start_child,
     watch,
 )
-from core.errors import StageError
-from core.events import ChildStarted, Event, Message, Progress, lead_events
-from core.manifest import verify_manifest, write_manifest
-from core.rng import rng_digest
-from core.spec import RunSpec
-from core.train import StepMean, merge_rank_steps
+from core.stages.train import StepMean, merge_rank_steps
 
 
 @dataclass(frozen=True)
@@ -341,7 +341,7 @@ def run_resume_check(
     """Run the interrupted and resumed children and compare with ``reference`` (a TrainEvalResult).
 
     Args:
-        launch: :func:`core.childproc.launch_options` of the run (torchrun ranks), for both children; one process by
+        launch: :func:`core.stages.childproc.launch_options` of the run (torchrun ranks), for both children; one process by
             default. Under torchrun the kill lands once every rank of this node holds at its kill point.
         resume_launch: the resumed child's launch when it differs (a different world size is refused by the
             ``world_size`` check before the resumed child starts).
@@ -519,7 +519,7 @@ def copy_reference_checkpoint(reference_output: Path, step: int, output: Path) -
 
 def loaded_manifest_check(events: list[dict], ranks: int, files: int) -> Check:
     """``manifest_at_load``: every rank of the resumed run verified the checkpoint's sha256 manifest in its own process
-    right before Trainer loaded it and again after its run (core.manifest); a change names the file and when it was
+    right before Trainer loaded it and again after its run (core.child.manifest); a change names the file and when it was
     seen."""
     seen = {(e.get("rank", 0), e["when"]): e for e in events if e.get("kind") == "manifest"}
     changed = [f"{', '.join(e['bad'])} ({e['when'].replace('_', ' ')}{f', rank {r}' if ranks > 1 else ''})"

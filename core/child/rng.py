@@ -1,7 +1,7 @@
 """The random generators of a training process: their state as Trainer saves it, and a digest to compare them.
 
-Both sides use it: the child (:mod:`core.worker`) reports the digest right after Trainer restored a checkpoint and at
-the start of every step; the resume check (:mod:`core.resume`) compares those digests with the checkpoint's
+Both sides use it: the child (:mod:`core.child.worker`) reports the digest right after Trainer restored a checkpoint and at
+the start of every step; the resume check (:mod:`core.stages.resume`) compares those digests with the checkpoint's
 ``rng_state.pth`` and with the uninterrupted run's (docs/architecture.md §4). Imports torch and numpy when called.
 """
 

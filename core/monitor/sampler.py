@@ -7,8 +7,8 @@ lines that :meth:`ReplayBackend.from_jsonl` plays back. All memory values are by
 Any reading may be unavailable: it is then a :class:`Reading` with ``value=None`` and a reason, never an exception
 (nvitop's ``NA``). A backend reports a failing device or an unsupported field that way and keeps the other devices
 (monitor cases M4, M5). Backends here: ``host`` (psutil) and ``replay`` (recorded or constructed frames); the NVML
-backend is :class:`core.nvml.NvmlBackend` (CUDA devices mapped to NVML devices by UUID, v2 memory info, the device's
-change from a baseline when our PIDs are not visible), chosen by :func:`core.nvml.default_backend`.
+backend is :class:`core.monitor.nvml.NvmlBackend` (CUDA devices mapped to NVML devices by UUID, v2 memory info, the device's
+change from a baseline when our PIDs are not visible), chosen by :func:`core.monitor.nvml.default_backend`.
 """
 
 from __future__ import annotations
@@ -125,7 +125,7 @@ class HostBackend:
     """Host memory (one device, ``"cpu"``) from psutil.
 
     - total: ``virtual_memory().total``; free: ``available`` (what can be given to processes without swapping);
-      where a cgroup memory limit is tighter, the limit and its headroom (:func:`core.hostmem.host_memory`);
+      where a cgroup memory limit is tighter, the limit and its headroom (:func:`core.monitor.hostmem.host_memory`);
     - used: ``total - available``, so page cache and other reclaimable memory are not counted as used;
     - ours: the sum of RSS of each followed pid and all its descendants. RSS counts shared pages (libraries, forked
       copy-on-write pages) in every process that maps them, so a process tree can be over-counted.
@@ -165,7 +165,7 @@ class HostBackend:
         is "used" (total - available) minus their anonymous pages only: the file pages in their RSS (libraries,
         memory-mapped weights) are page cache, which "used" does not count, so ``used - RSS`` went to 0 while a
         probe ran."""
-        from core.hostmem import host_memory
+        from core.monitor.hostmem import host_memory
 
         host = host_memory()
         used = Reading(host.total_bytes - host.available_bytes)

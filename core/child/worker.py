@@ -1,6 +1,6 @@
 """The child process: one readable recipe that builds the model, runs real steps and reports what it measured.
 
-Run as ``python -m core.worker JOB.json``; started by :mod:`core.childproc` in its own process group with stdin from
+Run as ``python -m core.child.worker JOB.json``; started by :mod:`core.stages.childproc` in its own process group with stdin from
 /dev/null and stdout/stderr to a log file. It talks to the parent only through the JSON-lines events file named in the job.
 
 Roles (``job["role"]``):
@@ -30,8 +30,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from core.child.lifeline import exit_with_parent
 from core.events import EventWriter
-from core.lifeline import exit_with_parent
 from core.spec import TORCH_DTYPE_NAMES, RunSpec
 
 _TRAINER_OPTIM = {"adamw": "adamw_torch", "sgd": "sgd", "adafactor": "adafactor"}
@@ -40,7 +40,7 @@ _TRAINER_OPTIM = {"adamw": "adamw_torch", "sgd": "sgd", "adafactor": "adafactor"
 def main(argv: list[str]) -> int:
     job = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
     exit_with_parent()
-    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1  # launched by torchrun (core.childproc, nproc > 1)
+    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1  # launched by torchrun (core.stages.childproc, nproc > 1)
     events = EventWriter(job["events"], int(os.environ["RANK"]) if distributed else None,
                          int(os.environ["LOCAL_RANK"]) if distributed else None)
     try:
@@ -99,7 +99,7 @@ def run_job(job: dict[str, Any], events: EventWriter) -> None:
         probe(spec, model, tokenizer, train_blocks, Path(job["output_dir"]), device, events, job, rss_start, name)
         return
 
-    from core.evaluate import evaluate_perplexity
+    from core.child.evaluate import evaluate_perplexity
 
     if role in ("train", "evaluate"):
         before = evaluate_perplexity(model, heldout_blocks, spec.batch_size, device=device,
@@ -130,7 +130,7 @@ def _checkpoint_intact(job: dict[str, Any], events: EventWriter, when: str) -> b
     its run is over. Emits ``manifest`` {when, files, bad}; True when nothing changed (or there is nothing to check)."""
     if not job.get("resume_from") or not job.get("manifest"):
         return True
-    from core.manifest import read_manifest, verify_manifest
+    from core.child.manifest import read_manifest, verify_manifest
 
     manifest = read_manifest(Path(job["manifest"]))
     bad = verify_manifest(Path(job["resume_from"]), manifest)
@@ -178,7 +178,7 @@ def build_model(spec: RunSpec, model_path: str, device: str, device_map: Any = N
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from core.plan import lora_config
+    from core.plan.memory import lora_config
 
     kwargs = {"dtype": getattr(torch, TORCH_DTYPE_NAMES[spec.param_dtype]),
               "attn_implementation": spec.attn_implementation}
@@ -207,7 +207,7 @@ def model_facts(spec: RunSpec, model: Any) -> dict[str, Any]:
     many modules that is."""
     from collections import Counter
 
-    from core.measure import local_tensor
+    from core.child.measure import local_tensor
 
     dtypes: Counter[str] = Counter()
     for p in model.parameters():
@@ -273,7 +273,7 @@ def build_trainer(spec, model, tokenizer, blocks, out_dir: Path, device: str, ev
     """
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
-    from core.rng import live_rng_state, rng_digest
+    from core.child.rng import live_rng_state, rng_digest
 
     kill = (job["kill_at"], job["kill_step"]) if job["role"] == "interrupted" else None
     stop_after = job.get("stop_after_step")  # the resumed run of the resume check: the last step it compares
@@ -355,7 +355,7 @@ def build_trainer(spec, model, tokenizer, blocks, out_dir: Path, device: str, ev
 
     every = spec.resume.checkpoint_every if spec.resume.check else spec.steps
     # zero3 = FSDP full shard (FSDP2, full state dict checkpoints). accelerate enables FSDP only on accelerators:
-    # on the CPU this runs as DDP, which the probe reports from the wrapper it finds (core.probe).
+    # on the CPU this runs as DDP, which the probe reports from the wrapper it finds (core.stages.probe).
     fsdp: dict[str, Any] = ({"fsdp": True, "fsdp_config": {"version": 2, "reshard_after_forward": True}}
                             if spec.strategy == "zero3" else {})
     args = TrainingArguments(
@@ -423,13 +423,13 @@ def probe(spec: RunSpec, model, tokenizer, blocks: list[dict], out_dir: Path, de
     ``torch.no_grad`` (not ``inference_mode``: under it a composite op such as ``cross_entropy_loss`` reaches the CPU
     tracker whole, and the ``log_softmax`` it allocates inside is not seen; the bytes are the same). On CUDA the
     allocator's peak allocated and reserved are read; on CPU a
-    :class:`~core.measure.LiveTensorTracker` follows the step's tensors. With ``padding = padded`` every block's last
+    :class:`~core.child.measure.LiveTensorTracker` follows the step's tensors. With ``padding = padded`` every block's last
     position is padding (:func:`padded_blocks`): each step is one of a batch holding padding, as the plan counts.
     """
     import torch
     from transformers import TrainerCallback
 
-    from core.measure import LiveTensorTracker, optimizer_state_bytes, parameter_placement
+    from core.child.measure import LiveTensorTracker, optimizer_state_bytes, parameter_placement
 
     if spec.padding == "padded":
         blocks = padded_blocks(blocks)
@@ -586,8 +586,8 @@ def _fsdp2_cpu_steps(spec: RunSpec, model, blocks: list[dict], tracker, seen: di
     import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
 
+    from core.child.measure import optimizer_state_bytes, tensor_bytes
     from core.errors import SpecError
-    from core.measure import optimizer_state_bytes, tensor_bytes
 
     if spec.optimizer not in ("adamw", "sgd"):
         raise SpecError("optimizer", "the CPU zero3 probe (FSDP2 outside Trainer) runs adamw or sgd; choose one, or "
@@ -600,7 +600,7 @@ def _fsdp2_cpu_steps(spec: RunSpec, model, blocks: list[dict], tracker, seen: di
     for module in [m for m in model.modules() if type(m).__name__ in unit_names]:
         fully_shard(module)
     fully_shard(model)
-    from core.measure import parameter_placement
+    from core.child.measure import parameter_placement
 
     placed = parameter_placement(model)  # after sharding: this rank's shard of each parameter, on the CPU
     events.emit("placement", devices={name: placed["cpu"]})
@@ -679,7 +679,7 @@ def _gather_ledgers(ledger: dict[str, Any], events: EventWriter) -> None:
 
 def _gradient_bytes(model: Any) -> int:
     """Bytes of the gradients ``model``'s parameters hold now (this rank's shards under FSDP2)."""
-    from core.measure import tensor_bytes
+    from core.child.measure import tensor_bytes
 
     return sum(tensor_bytes(p.grad) for p in model.parameters() if p.grad is not None)
 

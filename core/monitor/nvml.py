@@ -35,7 +35,7 @@ from typing import Any
 
 import psutil
 
-from core.monitor import DeviceSample, HostBackend, Reading, others_reading
+from core.monitor.sampler import DeviceSample, HostBackend, Reading, others_reading
 
 
 @dataclass(frozen=True)
@@ -242,7 +242,7 @@ def _by_uuid(token: str, gpus: list[NvmlDevice], migs: dict[str | None, list[Nvm
 class NvmlBackend:
     """GPU memory per device from NVML (see the module docstring for cases M1-M6).
 
-    :meth:`sample` returns one :class:`~core.monitor.DeviceSample` per NVML device: ``cuda:N`` for the devices this
+    :meth:`sample` returns one :class:`~core.monitor.sampler.DeviceSample` per NVML device: ``cuda:N`` for the devices this
     process's CUDA can use (in CUDA order), ``nvml:N`` for the others (not visible to CUDA here, or a MIG parent).
 
     Args:

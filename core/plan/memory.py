@@ -2,7 +2,7 @@
 
 The model is built on the meta device from its config (no weights are read or allocated), so a 70B model plans in well
 under a second on a laptop once torch and transformers are imported; a Llama-family config.json is summarised from its
-numbers instead (core/shapes.py, equal to the meta build in tests), with no import of either. Parameter counts and
+numbers instead (core/plan/shapes.py, equal to the meta build in tests), with no import of either. Parameter counts and
 shapes come from that meta model; everything else is a formula of the spec (batch ``b``, sequence ``s``, dtypes) and
 the config (hidden ``h``, layers ``L``, heads ``a``, vocabulary ``V``). Every :class:`Line` carries the formula it
 used, so a reader can check each number.
@@ -16,14 +16,14 @@ Accounting convention (also in :attr:`MemoryPlan.convention`, shown on screen an
 - weights: every parameter (LM head included, tied weights once) in its dtype;
 - gradients: trainable parameters x bytes of their own dtype; inference has none;
 - optimizer states: in the dtype each optimizer creates them (:func:`_optimizer_states`);
-- activations (saved for backward): op by op for the Llama family (:mod:`core.activations`), Korthikanti et al. 2022
+- activations (saved for backward): op by op for the Llama family (:mod:`core.plan.activations`), Korthikanti et al. 2022
   (arXiv 2205.05198) otherwise; the loss's logits; under amp the 16-bit weight copies autocast keeps;
 - temporaries: the loss's gradients at the start of backward, the optimizer step's buffers (:func:`_step_temporaries`);
   one layer's working set for inference;
 - overhead: the CUDA context and cuBLAS workspace, a line of its own (never hidden in another);
 - kv_cache: inference only.
 
-The total of a device is the peak of the step: the largest of its phases (:mod:`core.phases`: forward, backward,
+The total of a device is the peak of the step: the largest of its phases (:mod:`core.plan.phases`: forward, backward,
 optimizer step), each holding the components alive at its own peak; a line is its component's largest value over the
 phases.
 
@@ -45,9 +45,9 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.activations import LLAMA_FAMILY, Adapter, Dims, Numerics, StepActivations, step_activations
 from core.errors import SpecError
-from core.phases import Phase, StepTerms, inference_moments, peak, phases_of, training_moments
+from core.plan.activations import LLAMA_FAMILY, Adapter, Dims, Numerics, StepActivations, step_activations
+from core.plan.phases import Phase, StepTerms, inference_moments, peak, phases_of, training_moments
 from core.spec import (
     ALL_LINEAR,
     DTYPE_BYTES,
@@ -158,7 +158,7 @@ class ParameterCount:
 @dataclass(frozen=True)
 class DevicePlan:
     """What one device must hold: a :class:`Line` for every name in :data:`COMPONENTS` (each component's largest value
-    over the phases) and the phases of the step (:mod:`core.phases`)."""
+    over the phases) and the phases of the step (:mod:`core.plan.phases`)."""
 
     device: DeviceInfo
     lines: dict[str, Line]
@@ -188,7 +188,7 @@ class DevicePlan:
         """``total_bytes <= capacity_bytes`` on this device alone; ``None`` when the capacity is unknown.
 
         Fit is judged per device: memory of other devices never counts (case P5). The traced plan can raise the bytes
-        the fit is judged by (:func:`core.fit.fit_verdicts`).
+        the fit is judged by (:func:`core.plan.fit.fit_verdicts`).
         """
         if self.device.capacity_bytes is None:
             return None
@@ -205,7 +205,7 @@ class MemoryPlan:
         strategy: how the run is spread over devices (:data:`core.spec.STRATEGIES`); ``"single"``: each device holds
             the whole run; ``ddp``, ``zero1``/``zero2``/``zero3``, ``device_map``, ``tp``: see :func:`plan_memory`.
         convention: one paragraph stating the accounting convention (with the strategy's rule appended).
-        activation_model: ``"op-by-op"`` (the Llama family, :mod:`core.activations`) or ``"korthikanti"`` (an
+        activation_model: ``"op-by-op"`` (the Llama family, :mod:`core.plan.activations`) or ``"korthikanti"`` (an
             approximation for other layers; the traced plan checks it).
     """
 
@@ -316,7 +316,7 @@ def build_meta_model(config: Any, mode: str, lora: LoraSettings | None, dtype: s
     import torch
     from transformers import AutoModelForCausalLM
 
-    from core.shapes import FastConfig
+    from core.plan.shapes import FastConfig
 
     if isinstance(config, FastConfig):
         config = config.to_transformers()
@@ -367,13 +367,13 @@ def _config_key(config: Any) -> str:
 def meta_summary(config: Any, mode: str, lora: LoraSettings | None, dtype: str | None = None) -> _Summary:
     """What the plan needs from the meta model (counts, dtypes, shapes, adapters), built once per process for each
     (config, mode, LoRA settings, parameter dtype); see :func:`build_meta_model` for the arguments."""
-    from core.shapes import FastConfig, lora_supported
+    from core.plan.shapes import FastConfig, lora_supported
 
     key = (_config_key(config), mode, lora if mode == "lora" else None, dtype)
     summary = _SUMMARIES.get(key)
     if summary is None:
         if isinstance(config, FastConfig) and (mode != "lora" or (lora is not None and lora_supported(lora.targets))):
-            summary = _summary_from_shapes(config, mode, lora, dtype)  # no torch, no transformers (core/shapes.py)
+            summary = _summary_from_shapes(config, mode, lora, dtype)  # no torch, no transformers (core/plan/shapes.py)
         else:
             summary = _summarise(build_meta_model(config, mode, lora, dtype), mode)
         if len(_SUMMARIES) >= _CACHE_SIZE:
@@ -396,7 +396,7 @@ def linear_module_names(config: Any) -> set[str]:
 
     These are ``torch.nn.Linear`` modules and transformers' GPT-2-style ``Conv1D`` (peft adapts both).
     """
-    from core.shapes import PROJECTIONS, FastConfig
+    from core.plan.shapes import PROJECTIONS, FastConfig
 
     if isinstance(config, FastConfig):
         return {*PROJECTIONS, "lm_head"}  # the LM head is a Linear even when tied
@@ -508,9 +508,9 @@ def _summarise(model: Any, mode: str) -> _Summary:
 
 
 def _summary_from_shapes(config: Any, mode: str, lora: LoraSettings | None, dtype: str | None) -> _Summary:
-    """The :class:`_Summary` :func:`_summarise` makes from the meta model, written from :func:`core.shapes.parameters`
+    """The :class:`_Summary` :func:`_summarise` makes from the meta model, written from :func:`core.plan.shapes.parameters`
     (Llama family; equal to the meta build's, tests/test_shapes.py)."""
-    from core.shapes import dtype_bytes, parameters
+    from core.plan.shapes import dtype_bytes, parameters
 
     weight_groups: dict[str, int] = {}
     grad_groups: dict[str, int] = {}
@@ -575,7 +575,7 @@ def detect_devices(devices: str, cpu_ranks: int = 1) -> list[DeviceInfo]:
     available memory (the ranks are processes sharing one host memory; a share is a convention, not a partition).
 
     - ``"cpu"``: the host, capacity = ``psutil.virtual_memory().available`` (bytes free for a new process now), or
-      the headroom of a cgroup memory limit (v1 or v2) where that is smaller (:func:`core.hostmem.host_memory`;
+      the headroom of a cgroup memory limit (v1 or v2) where that is smaller (:func:`core.monitor.hostmem.host_memory`;
       ``capacity_source`` says which);
     - ``"auto"``: every visible CUDA device if ``torch.cuda.is_available()``, else the host CPU;
     - ``"0,1"`` / ``"cuda:0"``: those CUDA devices, capacity = ``torch.cuda.get_device_properties(i).total_memory``,
@@ -625,7 +625,7 @@ def _host_devices(ranks: int) -> list[DeviceInfo]:
 
 
 def _host_device() -> DeviceInfo:
-    from core.hostmem import host_memory
+    from core.monitor.hostmem import host_memory
 
     host = host_memory()  # the cgroup's headroom where a cgroup limit is tighter than the machine
     return DeviceInfo("cpu", "cpu", "host CPU", host.available_bytes, host.source)
@@ -637,7 +637,7 @@ def plan_memory(
 ) -> MemoryPlan:
     """Plan the memory of ``spec`` on each device, by ``spec.strategy`` (docs/architecture.md §3), phase by phase.
 
-    Each device's plan holds the phases of the step (:mod:`core.phases`: forward, backward, optimizer step; inference:
+    Each device's plan holds the phases of the step (:mod:`core.plan.phases`: forward, backward, optimizer step; inference:
     forward) with the bytes of every component alive at each phase's peak, a :class:`Line` per component (its largest
     value over the phases, with its formula) and its total: the peak of the step, the largest phase (never the sum of
     each component's maximum, which no moment holds). Bytes per device (N = number of devices):
@@ -656,8 +656,8 @@ def plan_memory(
     - ``tp`` (Megatron-LM, arXiv 1909.08053): linear layers of attention and MLP ÷ tp, embeddings and LM head
       vocab-parallel ÷ tp, the rest replicated; activations per Korthikanti et al. 2022 eq. 2; logits and KV cache ÷ tp.
 
-    Activations: for the Llama family (:data:`core.activations.LLAMA_FAMILY`) op by op from the model's own code
-    (:mod:`core.activations`, equal to the traced plan on its layers); for other models Korthikanti et al. 2022 eq. 1,
+    Activations: for the Llama family (:data:`core.plan.activations.LLAMA_FAMILY`) op by op from the model's own code
+    (:mod:`core.plan.activations`, equal to the traced plan on its layers); for other models Korthikanti et al. 2022 eq. 1,
     an approximation for GPT-style layers, said so in the method.
 
     Overhead: the CUDA context line on every CUDA device; strategies that run collectives on N >= 2 devices (ddp,
@@ -1227,9 +1227,9 @@ def _numerics(spec: RunSpec) -> Numerics:
 
 def _activation_terms(spec: RunSpec, shape: _Shape, summary: _Summary, kind: str,
                       tp: int = 1) -> tuple[StepActivations, str]:
-    """The activation terms of one micro-batch (see :class:`core.activations.StepActivations`) and their formula.
+    """The activation terms of one micro-batch (see :class:`core.plan.activations.StepActivations`) and their formula.
 
-    The Llama family, without tensor parallelism: op by op (:func:`core.activations.step_activations`). Others:
+    The Llama family, without tensor parallelism: op by op (:func:`core.plan.activations.step_activations`). Others:
     Korthikanti et al. 2022 (eq. 1; eq. 2 under tp) for the layers, an approximation stated in the method."""
     num = _numerics(spec)
     c = num.compute_bytes
@@ -1243,7 +1243,7 @@ def _activation_terms(spec: RunSpec, shape: _Shape, summary: _Summary, kind: str
                                masked=spec.padding == "padded")
         top = sorted(act.breakdown.items(), key=lambda kv: -kv[1])
         parts = ", ".join(f"{why} {n:,}" for why, n in top)
-        text = (f"op by op from the {shape.family} decoder's code (core/activations.py): one layer saves "
+        text = (f"op by op from the {shape.family} decoder's code (core/plan/activations.py): one layer saves "
                 f"{act.layer:,} B ({parts})")
         if spec.gradient_checkpointing:
             text += (f"; checkpointing: each of L={shape.layers} layers keeps its input {act.layer_input:,} B, one "

@@ -11,11 +11,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from core.childproc import SINGLE, Launch, check_exit, start_child, watch
 from core.errors import StageError
 from core.events import ChildStarted, DeviceBound, Event, Message, Progress, leads
-from core.fit import UNDER_ESTIMATE_TOLERANCE, under_estimate
+from core.plan.fit import UNDER_ESTIMATE_TOLERANCE, under_estimate
 from core.spec import RunSpec
+from core.stages.childproc import SINGLE, Launch, check_exit, start_child, watch
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ class DeviceMeasurement:
 @dataclass(frozen=True)
 class PlanComparison:
     """Plan vs measurement on one device. ``planned_bytes``: the plan's peak of tensors (the bytes its fit is judged
-    by, core/fit.py, without the overhead line: peak allocated holds no CUDA context); ``error_pct`` = 100 x (planned -
+    by, core/plan/fit.py, without the overhead line: peak allocated holds no CUDA context); ``error_pct`` = 100 x (planned -
     measured) / measured; ``under_estimate``: (measured - planned) / planned when above the tolerance, else None."""
 
     device: str
@@ -121,9 +121,9 @@ def run_probe(
     """Run the probe child and yield its progress; return the :class:`ProbeResult`.
 
     Args:
-        launch: :func:`core.childproc.launch_options` for several ranks (torchrun); one process by default.
-        traced: the traced plan's table (:func:`core.traced.traced_table`): each device is compared with the plan its
-            fit was judged by (the larger of the analytic and traced peaks, core/fit.py).
+        launch: :func:`core.stages.childproc.launch_options` for several ranks (torchrun); one process by default.
+        traced: the traced plan's table (:func:`core.plan.traced.traced_table`): each device is compared with the plan its
+            fit was judged by (the larger of the analytic and traced peaks, core/plan/fit.py).
 
     Raises:
         StageError: the child failed (its error and log are named), or fewer ranks reported than were started.
@@ -156,7 +156,7 @@ def run_probe(
         if e["kind"] == "placement":
             placement.update(e["devices"])
     placement = dict(sorted(placement.items()))  # ranks' events arrive in any order: list devices in order
-    from core.fit import fit_verdicts
+    from core.plan.fit import fit_verdicts
 
     plan_by_name = {d.device.name: d for d in plan.devices}
     fit_by_name = {f.device: f for f in fit_verdicts(plan, traced)}

@@ -2,9 +2,9 @@
 
 Three independent checks, each reported with what it found:
 
-1. **signature** (:mod:`core.signing`): ``record.toml.sig`` over the exact bytes on disk, namespace
+1. **signature** (:mod:`core.record.signing`): ``record.toml.sig`` over the exact bytes on disk, namespace
    ``gpuaccept-record``; with an allowed-signers file and identity, the signer too;
-2. **schema** (:func:`core.record.schema_problems`): version, tables, types, provenance tags, UTC-aware times, the
+2. **schema** (:func:`core.record.build.schema_problems`): version, tables, types, provenance tags, UTC-aware times, the
    spec's sha256;
 3. **verdicts** (:func:`recompute_verdicts`): each stage's status recomputed from the record's data (plan totals vs
    capacity, probe peak vs capacity, perplexity before vs after, every resume check) and the overall verdict from
@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from core.fit import fit_of, traced_peak, under_estimate
-from core.probe import wrapper_problem
+from core.plan.fit import fit_of, traced_peak, under_estimate
+from core.stages.probe import wrapper_problem
 
 EXIT_VERIFIED, EXIT_USAGE, EXIT_UNSIGNED, EXIT_BAD_SIGNATURE, EXIT_SCHEMA, EXIT_VERDICT = 0, 2, 3, 4, 5, 6
 EXIT_SIGNER_NOT_CHECKED = 7
@@ -76,10 +76,10 @@ def verify(record_path: Path, allowed_signers: Path | None = None, identity: str
 
     Raises:
         FileNotFoundError: no such record.
-        core.signing.SigningError: ssh-keygen is missing, or ``allowed_signers`` without ``identity``.
+        core.record.signing.SigningError: ssh-keygen is missing, or ``allowed_signers`` without ``identity``.
     """
-    from core.record import schema_problems
-    from core.signing import check_signature
+    from core.record.build import schema_problems
+    from core.record.signing import check_signature
 
     record_path = Path(record_path)
     if not record_path.is_file():
@@ -120,7 +120,7 @@ def count(value: Any, where: str) -> int:
     Raises:
         TypeError: anything else, naming ``where``.
     """
-    from core.record_schema import KINDS
+    from core.record.schema import KINDS
 
     test, what = KINDS["count"]  # one rule for a count, shared with the schema check
     if not test(value):
@@ -138,12 +138,12 @@ def _plan_verdict(rec: dict[str, Any], problems: list[str], computed: dict[str, 
     Schema 2: every device's phases list every component; its total is the largest phase (the peak of the step), no
     phase holds more of a component than its line, ``sum_of_components_bytes`` is the sum of the lines; its fit is
     judged by the larger of that peak and the traced one (with what a trace cannot see, ``untraced_bytes``;
-    core/fit.py), ``fits`` = that <= the device's capacity. Schema 1: the total is the sum of the components.
+    core/plan/fit.py), ``fits`` = that <= the device's capacity. Schema 1: the total is the sum of the components.
 
     Returns:
         (capacity by device name, the plan's tensor bytes by device name: what a probe's peak is compared with).
     """
-    from core.plan import COMPONENTS
+    from core.plan.memory import COMPONENTS
 
     plan = rec["plan"]
     capacity: dict[str, int | None] = {}
@@ -269,8 +269,8 @@ def expected_world_size(spec: dict[str, Any], planned_devices: int) -> int | Non
 def recompute_verdicts(rec: dict[str, Any]) -> list[str]:
     """Each stage's status from the record's own data, compared with the statuses it states; the problems found.
 
-    Rules (the ones the pipeline applies, :mod:`core.record`, :mod:`core.probe`, :mod:`core.train`,
-    :mod:`core.resume`), and no stage passes without its evidence:
+    Rules (the ones the pipeline applies, :mod:`core.record.build`, :mod:`core.stages.probe`, :mod:`core.stages.train`,
+    :mod:`core.stages.resume`), and no stage passes without its evidence:
 
     - plan (estimated): every device's components sum to its total; ``fits`` = total <= capacity on that device alone;
       a device that does not fit fails the stage;
@@ -280,7 +280,7 @@ def recompute_verdicts(rec: dict[str, Any]) -> list[str]:
     - evaluation (measured, on a measured data split): perplexity = exp(mean NLL) >= 1 over tokens > 0; training:
       both finite and after < before; inference: measured once and finite, nothing after; its settings are the spec's;
     - resume (measured; not_applicable exactly for inference or the check switched off): pass exactly when every
-      check passed and every check of :data:`core.resume.RESUME_CHECKS` is there with its kind, with the checkpoint's
+      check passed and every check of :data:`core.stages.resume.RESUME_CHECKS` is there with its kind, with the checkpoint's
       sha256 manifest; the tier is one
       gpuaccept applies, with its own tolerance; the comparison covers every step of the spec's window (c+1 to
       c + ``resume.compare_steps``; to the last step for records without that key), each difference =
@@ -290,7 +290,7 @@ def recompute_verdicts(rec: dict[str, Any]) -> list[str]:
     Raises:
         TypeError: a value a verdict depends on is not a number or count (the caller reports it).
     """
-    from core.resume import expected_checks, known_tiers
+    from core.stages.resume import expected_checks, known_tiers
 
     problems: list[str] = []
     spec = rec["spec"]
@@ -450,7 +450,7 @@ def recompute_verdicts(rec: dict[str, Any]) -> list[str]:
         probed = [str(d.get("device")) for d in rec["probe"].get("devices", [])] if probe.get(
             "provenance") == "measured" else []
         if known is not None and probed:
-            from core.resume import tolerance_tier
+            from core.stages.resume import tolerance_tier
 
             want = tolerance_tier(probed[0], spec.get("dtype", "fp32")).name
             if want != known.name:

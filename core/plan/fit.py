@@ -55,7 +55,7 @@ class Fit:
 
 
 def traced_peak(traced: dict[str, Any] | None) -> int | None:
-    """The traced peak of tensor bytes of a traced table (:func:`core.traced.comparison_json`), or None when the table
+    """The traced peak of tensor bytes of a traced table (:func:`core.plan.traced.comparison_json`), or None when the table
     holds no trace (not run, cancelled, error)."""
     if not traced or traced.get("status") != "estimated":
         return None
@@ -72,7 +72,7 @@ def fit_of(name: str, capacity: int | None, analytic: int, untraced: int, traced
 
 
 def fit_verdicts(plan: Any, traced: dict[str, Any] | None = None) -> list[Fit]:
-    """One :class:`Fit` per device of ``plan`` (:class:`core.plan.MemoryPlan`), with the traced table when there is
+    """One :class:`Fit` per device of ``plan`` (:class:`core.plan.memory.MemoryPlan`), with the traced table when there is
     one (it covers one device holding the whole step: strategies single and ddp)."""
     peak = traced_peak(traced)
     return [fit_of(d.device.name, d.device.capacity_bytes, d.total_bytes, d.untraced_bytes, peak, plan.strategy)
@@ -154,7 +154,7 @@ def largest_fitting(spec: Any, config: Any, devices: list[Any], axis: str, max_p
     Args:
         spec: the run (:class:`core.spec.RunSpec`); every other setting is kept.
         config: the model's config.
-        devices: the devices planned (:func:`core.plan.detect_devices`).
+        devices: the devices planned (:func:`core.plan.memory.detect_devices`).
         axis: ``batch_size`` or ``seq_len``.
         max_positions: the model's declared ``max_position_embeddings`` (the ceiling of ``seq_len``), or None.
 
@@ -163,7 +163,7 @@ def largest_fitting(spec: Any, config: Any, devices: list[Any], axis: str, max_p
     """
     import dataclasses
 
-    from core.plan import plan_memory
+    from core.plan.memory import plan_memory
 
     if axis not in SEARCH_AXES:
         raise ValueError(f"axis must be one of {SEARCH_AXES}, got {axis!r}")
@@ -220,7 +220,7 @@ def _refined(row: Largest, index: int, spec: Any, config: Any, devices: list[Any
     traces, at most log2(value) of them)."""
     import dataclasses
 
-    from core.plan import plan_memory
+    from core.plan.memory import plan_memory
 
     if not row.value:
         return row

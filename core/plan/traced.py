@@ -1,6 +1,6 @@
 """The traced plan: one steady-state step of the run on fake CPU tensors, measured by torch's ``MemTracker``.
 
-The analytic plan (:mod:`core.plan`) is a sum of formulas; the traced plan runs the model's own code. The model is built
+The analytic plan (:mod:`core.plan.memory`) is a sum of formulas; the traced plan runs the model's own code. The model is built
 on the meta device exactly as the analytic plan builds it (LoRA wrapped there by peft), its parameters and buffers are
 swapped for fake CPU tensors (``torch._subclasses.fake_tensor.FakeTensorMode``: shapes, dtypes and storages, no data, no
 compute), and one step is run under ``torch.distributed._tools.mem_tracker.MemTracker``, which categorises every storage
@@ -38,7 +38,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.phases import PHASES
+from core.plan.phases import PHASES
 from core.spec import TORCH_DTYPE_NAMES, RunSpec
 
 #: The tensor components the trace measures (the plan's COMPONENTS without ``overhead``).
@@ -68,7 +68,7 @@ class TracedPlan:
         seconds: wall time of the trace (build, warm-up step, traced step), seconds.
         tensors: ``"fake"`` or ``"real"``.
         modules: per-module peaks (module name -> bytes) when traced with ``fast=False``; empty otherwise.
-        phases: the peak of each phase of the step (:data:`core.phases.PHASES`: every micro-batch's forward with its
+        phases: the peak of each phase of the step (:data:`core.plan.phases.PHASES`: every micro-batch's forward with its
             loss, every micro-batch's backward, the optimizer step with ``zero_grad``; inference: ``forward`` only),
             each as bytes per component at that phase's own peak; the overall peak is the largest of them. The
             optimizer step's buffers, which MemTracker files as optimizer states, are counted as temporaries.
@@ -168,7 +168,7 @@ def relative_text(analytic: int, traced: int) -> str:
 
 
 def compare(device_plan: Any, traced: TracedPlan) -> PlanDifference:
-    """The analytic ``device_plan`` (:class:`core.plan.DevicePlan`) against ``traced``: each component's largest value
+    """The analytic ``device_plan`` (:class:`core.plan.memory.DevicePlan`) against ``traced``: each component's largest value
     over the phases, each phase's bytes, and the peaks. The analytic side leaves out what a trace cannot see
     (``untraced_bytes``: the overhead line, and under DDP the gradient buckets, which sit in its temporaries).
 
@@ -208,12 +208,12 @@ def trace_plan(spec: RunSpec, config: Any, *, target: str = "cuda", fast: bool =
         a :class:`TracedPlan`.
 
     Raises:
-        SpecError: the config is not a causal LM (from :func:`core.plan.build_meta_model`).
+        SpecError: the config is not a causal LM (from :func:`core.plan.memory.build_meta_model`).
     """
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from core.plan import build_meta_model
+    from core.plan.memory import build_meta_model
 
     started = time.perf_counter()
     model = build_meta_model(config, spec.mode, spec.lora if spec.mode == "lora" else None, spec.param_dtype,
@@ -561,7 +561,7 @@ TRACEABLE_STRATEGIES = ("single", "ddp")
 
 
 def untraceable_reason(plan: Any) -> str | None:
-    """Why ``plan`` (:class:`core.plan.MemoryPlan`) has no traced plan, or None when it can have one."""
+    """Why ``plan`` (:class:`core.plan.memory.MemoryPlan`) has no traced plan, or None when it can have one."""
     if plan.strategy in TRACEABLE_STRATEGIES:
         return None
     return (f"the traced plan covers one device holding the whole step (strategy single or ddp); strategy "
@@ -569,7 +569,7 @@ def untraceable_reason(plan: Any) -> str | None:
 
 
 def trace_against(spec: RunSpec, config: Any, plan: Any, *, fast: bool = True) -> tuple[TracedPlan, PlanDifference]:
-    """Trace ``spec`` and compare it with the first device of the analytic ``plan`` (:class:`core.plan.MemoryPlan`).
+    """Trace ``spec`` and compare it with the first device of the analytic ``plan`` (:class:`core.plan.memory.MemoryPlan`).
 
     The target device (``foreach`` of the optimizer) is the plan's first device kind.
 
@@ -611,7 +611,7 @@ def traced_from_json(data: dict[str, Any]) -> TracedPlan:
 
 
 def trace_in_child(spec: RunSpec, target: str, cancelled: Any = None, timeout_s: float = 600.0) -> TracedPlan:
-    """Run :func:`trace_plan` in a child process (``python -P -m core.traced``), so the wizard stays responsive and a
+    """Run :func:`trace_plan` in a child process (``python -P -m core.plan.traced``), so the wizard stays responsive and a
     crash in a model's code cannot take the caller down; the child resolves the model from ``spec.model`` itself.
 
     Args:
@@ -627,8 +627,8 @@ def trace_in_child(spec: RunSpec, target: str, cancelled: Any = None, timeout_s:
     import sys
     import tempfile
 
+    from core.child.lifeline import PARENT_PID_ENV
     from core.errors import GpuAcceptError, StageCancelled
-    from core.lifeline import PARENT_PID_ENV
 
     with tempfile.TemporaryDirectory(prefix="gpuaccept-trace-") as tmp:
         spec_path = os.path.join(tmp, "spec.json")
@@ -636,9 +636,9 @@ def trace_in_child(spec: RunSpec, target: str, cancelled: Any = None, timeout_s:
             json.dump(spec.to_dict(), fh)
         out_path, err_path = os.path.join(tmp, "traced.json"), os.path.join(tmp, "stderr.log")
         with open(err_path, "w", encoding="utf-8") as err:
-            # gpuaccept's pid: the child ends itself and removes `tmp` if this process is killed (core.lifeline)
+            # gpuaccept's pid: the child ends itself and removes `tmp` if this process is killed (core.child.lifeline)
             env = {**os.environ, "TRANSFORMERS_VERBOSITY": "error", PARENT_PID_ENV: str(os.getpid())}
-            child = subprocess.Popen([sys.executable, "-P", "-m", "core.traced", spec_path, "--target", target,
+            child = subprocess.Popen([sys.executable, "-P", "-m", "core.plan.traced", spec_path, "--target", target,
                                       "--out", out_path, "--orphan-cleanup", tmp], stdout=subprocess.DEVNULL,
                                      stderr=err, start_new_session=True, env=env)
             started = time.monotonic()
@@ -683,13 +683,13 @@ def traced_table(spec: RunSpec, ctx: Any, cancelled: Any = None) -> dict[str, An
 
 
 def main(argv: list[str]) -> int:
-    """``python -m core.traced SPEC.json --target cuda|cpu --out TRACED.json [--orphan-cleanup DIR]``: trace and write
-    the JSON; the process ends itself (removing DIR) when gpuaccept is gone (:mod:`core.lifeline`)."""
+    """``python -m core.plan.traced SPEC.json --target cuda|cpu --out TRACED.json [--orphan-cleanup DIR]``: trace and write
+    the JSON; the process ends itself (removing DIR) when gpuaccept is gone (:mod:`core.child.lifeline`)."""
     import argparse
     import json
     import os
 
-    parser = argparse.ArgumentParser(prog="python -m core.traced")
+    parser = argparse.ArgumentParser(prog="python -m core.plan.traced")
     parser.add_argument("spec")
     parser.add_argument("--target", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--out", required=True)
@@ -697,7 +697,7 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     from pathlib import Path
 
-    from core.lifeline import exit_with_parent
+    from core.child.lifeline import exit_with_parent
 
     exit_with_parent(Path(args.orphan_cleanup) if args.orphan_cleanup else None)  # before torch's slow import
     from core.models import load_config, resolve_model

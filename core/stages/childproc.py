@@ -1,4 +1,4 @@
-"""Starting, watching and killing the worker child process (:mod:`core.worker`).
+"""Starting, watching and killing the worker child process (:mod:`core.child.worker`).
 
 The child runs in its own process group (``start_new_session``) with stdin from /dev/null and stdout/stderr appended to
 ``child.log`` in its job directory, so nothing it prints reaches the terminal (which would corrupt a Textual screen).
@@ -110,7 +110,7 @@ SINGLE = Launch()
 
 
 def start_child(name: str, job_dir: Path, job: dict[str, Any], launch: Launch = SINGLE) -> ChildJob:
-    """Write ``job.json`` and start ``python -m core.worker`` on it in a new process group.
+    """Write ``job.json`` and start ``python -m core.child.worker`` on it in a new process group.
 
     With ``nproc`` > 1 (or ``torchrun_args``, for several nodes) it runs under torchrun (``torch.distributed.run``),
     by default ``--standalone --nproc-per-node nproc``; torchrun starts each rank in a session of its own, so
@@ -136,9 +136,9 @@ def start_child(name: str, job_dir: Path, job: dict[str, Any], launch: Launch = 
     with open(child.log_path, "ab") as log, open(os.devnull, "rb") as devnull:
         child.proc = subprocess.Popen(
             # -P: never import from the current directory (a user's own `core/` must not shadow ours)
-            [sys.executable, "-P", "-m", "core.worker", str(job_dir / "job.json")] if not torchrun else
+            [sys.executable, "-P", "-m", "core.child.worker", str(job_dir / "job.json")] if not torchrun else
             [sys.executable, "-P", "-m", "torch.distributed.run", *launcher,
-             "-m", "core.worker", str(job_dir / "job.json")],
+             "-m", "core.child.worker", str(job_dir / "job.json")],
             stdin=devnull,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -346,7 +346,7 @@ def killed_note(rc: int, oom_kills_before: int | None, peak_rss_bytes: int,
     """What to add to the failure of a child that exited with ``rc``: when the kernel's OOM kill count rose while it ran
     (a rank killed under torchrun counts too), that it ran out of memory; for another SIGKILL gpuaccept did not send,
     that the OOM killer is the usual sender. Both with the peak RSS seen and the host memory this process may use (a
-    cgroup's limit where one applies: :func:`core.hostmem.host_memory`); ``""`` for any other exit.
+    cgroup's limit where one applies: :func:`core.monitor.hostmem.host_memory`); ``""`` for any other exit.
 
     Args:
         rc: ``Popen.returncode`` (``-9`` for SIGKILL).
@@ -359,7 +359,7 @@ def killed_note(rc: int, oom_kills_before: int | None, peak_rss_bytes: int,
     oom = oom_kills_before is not None and now is not None and now > oom_kills_before
     if rc != -signal.SIGKILL and not oom:
         return ""
-    from core.hostmem import host_memory
+    from core.monitor.hostmem import host_memory
 
     peak = f"{peak_rss_bytes / 2**30:.2f} GiB" if peak_rss_bytes else "not sampled"
     host = host_memory()
