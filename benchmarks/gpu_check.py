@@ -24,7 +24,7 @@ Results under ``--out`` (the device tool brings back at most 8 files): ``summary
 table), ``gpu_check.tar.gz`` (every step's log, records, JSON and traces; no weights or checkpoints), and the wizard's
 ``probe-live.svg`` / ``probe-done.svg`` / ``wizard.txt``. ``gpu_check.sh`` adds ``gpu_check.log`` (this output).
 
-``--dry-run`` (here, and in CI by tests/test_gpu_check.py): everything that needs no CUDA runs for real (the wheel
+``--dry-run`` (here, and in CI by tests/integration/test_gpu_check.py): everything that needs no CUDA runs for real (the wheel
 install, both model directories, NVML's absence, the plan of each acceptance's exact arguments, the wizard on the CPU
 with the host backend, the accuracy matrix's plans and traces for two cells, the packaging); every GPU measurement is
 ``not_run`` with the reason. Without ``--dry-run`` and without CUDA the GPU steps are ``not_run`` too: nothing is

@@ -479,7 +479,7 @@ class RunSpec:
 
         - pure fp16 full fine-tuning: every gradient would be fp16, and the GradScaler that fp16 training needs
           refuses them (``torch.amp.GradScaler.unscale_``: "Attempting to unscale FP16 gradients."; checked in
-          tests/test_precision.py). LoRA on an fp16 base is fine: its adapters and their gradients are fp32.
+          tests/unit/test_precision.py). LoRA on an fp16 base is fine: its adapters and their gradients are fp32.
         - amp for inference: there is no master copy to keep; inference loads the weights in ``dtype``.
         """
         if self.precision not in PRECISIONS:

@@ -50,11 +50,66 @@ def lora_run(tiny_model_dir, tmp_path_factory):
     from core.events import RunFinished
     from core.pipeline import run_pipeline
     from core.spec import RunSpec
+    from tests.records import LORA
 
-    spec = RunSpec.build(model=str(tiny_model_dir), mode="lora", steps=8, seq_len=64, grad_accum=2,
-                         resume_checkpoint_every=2, resume_kill_after_checkpoint=2, lr_scheduler="cosine",
-                         warmup_steps=2, eval_max_blocks=8)
+    spec = RunSpec.build(model=str(tiny_model_dir), **LORA)
     events = list(run_pipeline(spec, runs_root=tmp_path_factory.mktemp("runs")))
     assert isinstance(events[-1], RunFinished)
     record = tomllib.loads(Path(events[-1].record_path).read_text())
     return spec, record, events
+
+
+@pytest.fixture
+def lora_record() -> dict:
+    """The committed record of ``lora_run``'s spec (tests/records.py): for the tests that read a record, no run."""
+    from tests.records import committed
+
+    return committed("lora")
+
+
+# ------------------------------------------------------------------------------------------ unit vs integration
+#: the processes that make a test an integration test: gpuaccept's child (the worker, the traced plan), torchrun's
+#: ranks, the console script, a terminal. A short helper process (``python -c`` for an import check, ``ssh-keygen``)
+#: keeps a test a unit test.
+INTEGRATION_PROCESSES = ("core.child.worker", "core.plan.traced", "torch.distributed.run")  # run with python -m
+_started: dict[str, list[str]] = {}
+_current: list[str | None] = [None]
+
+
+def _integration_process(argv: list[str]) -> bool:
+    """``python -m core.child.worker ...``, ``torchrun ...``, ``gpuaccept ...``, ``tmux ...`` (a module's name inside a
+    ``python -c`` import check does not count)."""
+    modules = {argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "-m"}
+    programs = {Path(a).name for a in argv[:1]}
+    return bool(modules & set(INTEGRATION_PROCESSES) or programs & {"torchrun", "tmux", "gpuaccept"})
+
+
+def _watch_processes() -> None:
+    """Note, per test, every integration process it starts (tests/unit/conftest.py fails a unit test that does)."""
+    import subprocess
+
+    original = subprocess.Popen.__init__
+    if getattr(original, "_gpuaccept_watch", False):
+        return
+
+    def init(self, args, *rest, **kwargs):
+        argv = [str(a) for a in args] if isinstance(args, (list, tuple)) else [str(args)]
+        if _current[0] is not None and _integration_process(argv):
+            _started.setdefault(_current[0], []).append(" ".join(argv[:6]))
+        return original(self, args, *rest, **kwargs)
+
+    init._gpuaccept_watch = True  # type: ignore[attr-defined]
+    subprocess.Popen.__init__ = init  # type: ignore[method-assign]
+
+
+_watch_processes()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    _current[0] = item.nodeid  # session fixtures set up for this test count as this test's
+
+
+def started_integration_processes(nodeid: str) -> list[str]:
+    """The integration processes the test ``nodeid`` started (its fixtures' set-up included)."""
+    return _started.get(nodeid, [])

@@ -1,6 +1,6 @@
 """The NVML backend of the device monitor: GPU memory per device from nvidia-ml-py, mapped to CUDA devices by UUID.
 
-What it does about each public monitor failure (../shared/cases/monitor.md, tests/test_nvml.py):
+What it does about each public monitor failure (../shared/cases/monitor.md, tests/unit/test_nvml.py):
 
 - M1, index mapping: NVML numbers GPUs in its own (PCI) order; CUDA numbers them FASTEST_FIRST by default, or in PCI
   order with ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, and ``CUDA_VISIBLE_DEVICES`` renumbers them (indices, ``GPU-`` UUIDs or

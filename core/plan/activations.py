@@ -27,7 +27,7 @@ The loss (transformers' ``ForCausalLMLoss``): logits in the compute dtype, an fp
 saved); at the start of backward its gradient and the logits' gradient (fp32 each).
 
 Checked against the traced plan (torch MemTracker over the model's own code) to the byte on the layers
-(tests/test_activations.py) and over the plan-accuracy matrix (benchmarks/plan_accuracy.py). Other architectures use
+(tests/unit/test_activations.py) and over the plan-accuracy matrix (benchmarks/plan_accuracy.py). Other architectures use
 Korthikanti's formula (:func:`core.plan.memory`), said so in the plan.
 """
 

@@ -509,7 +509,7 @@ def _summarise(model: Any, mode: str) -> _Summary:
 
 def _summary_from_shapes(config: Any, mode: str, lora: LoraSettings | None, dtype: str | None) -> _Summary:
     """The :class:`_Summary` :func:`_summarise` makes from the meta model, written from :func:`core.plan.shapes.parameters`
-    (Llama family; equal to the meta build's, tests/test_shapes.py)."""
+    (Llama family; equal to the meta build's, tests/unit/test_shapes.py)."""
     from core.plan.shapes import dtype_bytes, parameters
 
     weight_groups: dict[str, int] = {}

@@ -10,7 +10,7 @@ either, and :func:`core.plan.memory.meta_summary` uses it when :func:`fast_confi
 It accepts only configs that state every number that decides a shape (no library default is guessed), carry no
 quantization, and LoRA targets among those seven projections; anything else goes to the meta build. Equality with
 the meta build (every count, dtype group, shape, adapter and parameter placement) is a test over the planner cases,
-the embedded model and variants (tests/test_shapes.py).
+the embedded model and variants (tests/unit/test_shapes.py).
 """
 
 from __future__ import annotations

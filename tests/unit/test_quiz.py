@@ -1,5 +1,5 @@
-"""Issue 9: the onboarding quiz. Questions are built from records of each mode (real runs on the tiny model, and
-constructed variants: several devices where the total fits and one device does not, a CUDA probe, a failed resume);
+"""Issue 9: the onboarding quiz. Questions are built from records of each mode (real runs on the tiny model, committed
+under tests/data/records by tests/records.py, and constructed variants: several devices where the total fits and one device does not, a CUDA probe, a failed resume);
 every right answer is checked against the record's own data here, independently of how core.quiz words it."""
 
 from __future__ import annotations
@@ -7,26 +7,24 @@ from __future__ import annotations
 import copy
 import tomllib
 from datetime import UTC, datetime
-from pathlib import Path
 
 import pytest
 
 from core.errors import GpuAcceptError
 from core.quiz import MAX_QUESTIONS, add_onboarding, build_quiz, onboarding_table
+from tests import records
 
 GiB = 2**30
 
 
-@pytest.fixture(scope="module")
-def inference_record(tiny_model_dir, tmp_path_factory):
-    from core.events import RunFinished
-    from core.pipeline import run_pipeline
-    from core.spec import RunSpec
+@pytest.fixture
+def inference_record():
+    return records.committed("inference")
 
-    spec = RunSpec.build(model=str(tiny_model_dir), mode="inference", seq_len=32, batch_size=2, eval_max_blocks=4)
-    events = list(run_pipeline(spec, runs_root=tmp_path_factory.mktemp("runs")))
-    assert isinstance(events[-1], RunFinished)
-    return tomllib.loads(Path(events[-1].record_path).read_text())
+
+@pytest.fixture
+def full_record():
+    return records.committed("full")
 
 
 def right(q) -> str:
@@ -37,8 +35,8 @@ def by_id(questions) -> dict:
     return {q.id: q for q in questions}
 
 
-def test_a_training_record_gets_six_questions_each_answered_by_its_data(lora_run):
-    _, record, _ = lora_run
+def test_a_training_record_gets_six_questions_each_answered_by_its_data(lora_record, tiny_model_dir):
+    record = lora_record
     qs = by_id(build_quiz(record))
     assert list(qs) == ["fit_by_device", "batch_doubles", "lora_vs_full", "memory_readings", "finished_vs_quality",
                         "checkpoint_vs_resume"]
@@ -54,8 +52,9 @@ def test_a_training_record_gets_six_questions_each_answered_by_its_data(lora_run
         qs["batch_doubles"])
     # ... which the planner itself says: the same spec at twice the micro-batch, activations x 2
     from core.pipeline import make_plan
+    from core.spec import RunSpec
 
-    spec, _, _ = lora_run
+    spec = RunSpec.build(model=str(tiny_model_dir), **records.LORA)  # the spec of the committed record
     doubled = make_plan(spec.__class__.from_dict({**spec.to_dict(), "batch_size": 2 * spec.batch_size}),
                         [make_plan(spec).devices[0]]).plan.devices[0].lines
     assert doubled["activations"].bytes == 2 * act
@@ -80,8 +79,8 @@ def test_a_training_record_gets_six_questions_each_answered_by_its_data(lora_run
         qs["checkpoint_vs_resume"]))
 
 
-def test_several_devices_where_the_total_fits_and_one_device_does_not(lora_run):
-    _, record, _ = lora_run
+def test_several_devices_where_the_total_fits_and_one_device_does_not(lora_record):
+    record = lora_record
     rec = copy.deepcopy(record)
     dev = rec["plan"]["devices"][0]
     big = dict(dev, name="cuda:0", capacity_bytes=80 * GiB, total_bytes=10 * GiB, fits=True)
@@ -95,8 +94,8 @@ def test_several_devices_where_the_total_fits_and_one_device_does_not(lora_run):
     assert "cuda:1 10.0 GiB of 8.00 GiB (does not fit)" in q.explanation
 
 
-def test_a_cuda_probe_asks_about_allocated_and_reserved(lora_run):
-    _, record, _ = lora_run
+def test_a_cuda_probe_asks_about_allocated_and_reserved(lora_record):
+    record = lora_record
     rec = copy.deepcopy(record)
     rec["probe"]["devices"][0].update(device="cuda:0", peak_bytes=30 * GiB, peak_reserved_bytes=34 * GiB)
     q = by_id(build_quiz(rec))["memory_readings"]
@@ -105,8 +104,8 @@ def test_a_cuda_probe_asks_about_allocated_and_reserved(lora_run):
     assert "does not hold" in q.explanation  # NVML's used figure is not in the record: not claimed
 
 
-def test_a_failed_resume_is_not_called_a_resume(lora_run):
-    _, record, _ = lora_run
+def test_a_failed_resume_is_not_called_a_resume(lora_record):
+    record = lora_record
     rec = copy.deepcopy(record)
     rec["resume"]["status"] = "fail"
     rec["resume"]["checks"][0]["status"] = "fail"
@@ -126,19 +125,19 @@ def test_an_inference_record_asks_no_training_or_resume_question(inference_recor
     assert "training" not in " ".join(q.prompt for q in qs.values())
 
 
-def test_a_record_without_a_plan_is_refused(lora_run):
-    _, record, _ = lora_run
+def test_a_record_without_a_plan_is_refused(lora_record):
+    record = lora_record
     rec = copy.deepcopy(record)
     rec["plan"] = {"provenance": "not_run"}
     with pytest.raises(GpuAcceptError, match="no plan"):
         build_quiz(rec)
 
 
-def test_the_answers_go_into_an_unsigned_record_only(lora_run, tmp_path):
+def test_the_answers_go_into_an_unsigned_record_only(lora_record, tmp_path):
     from core.record.verify import verify
 
-    _, record, events = lora_run
-    src = Path(events[-1].record_path)
+    record = lora_record
+    src = records.path_of("lora")
     path = tmp_path / "record.toml"
     path.write_bytes(src.read_bytes())
     qs = build_quiz(record)
@@ -168,12 +167,12 @@ def test_the_answers_go_into_an_unsigned_record_only(lora_run, tmp_path):
     assert path.read_bytes() == before
 
 
-async def test_pilot_answers_a_whole_quiz_and_adds_it(lora_run, tmp_path):
+async def test_pilot_answers_a_whole_quiz_and_adds_it(lora_record, tmp_path):
     from tui.screens.quiz import QuizApp
 
-    _, record, events = lora_run
+    record = lora_record
     path = tmp_path / "record.toml"
-    path.write_bytes(Path(events[-1].record_path).read_bytes())
+    path.write_bytes(records.path_of("lora").read_bytes())
     qs = build_quiz(record)
     app = QuizApp(path, operator="Grace")
     async with app.run_test(size=(80, 24)) as pilot:
@@ -196,8 +195,8 @@ async def test_pilot_answers_a_whole_quiz_and_adds_it(lora_run, tmp_path):
     assert written["onboarding"][0]["operator"] == "Grace" and written["onboarding"][0]["score"] == expected
 
 
-def test_a_record_that_answers_too_few_questions_is_refused_and_odd_ones_never_crash(lora_run):
-    _, record, _ = lora_run
+def test_a_record_that_answers_too_few_questions_is_refused_and_odd_ones_never_crash(lora_record):
+    record = lora_record
     rec = copy.deepcopy(record)
     for table in ("probe", "evaluation", "resume"):
         rec[table] = {"provenance": "not_run"}
@@ -216,24 +215,11 @@ def test_a_record_that_answers_too_few_questions_is_refused_and_odd_ones_never_c
             pass  # refused in words; anything else would be a traceback in the UI
 
 
-def test_the_right_answer_is_not_simply_the_longest(lora_run, inference_record):
-    for record in (lora_run[1], inference_record):
+def test_the_right_answer_is_not_simply_the_longest(lora_record, inference_record):
+    for record in (lora_record, inference_record):
         qs = build_quiz(record)
         longest = [q.id for q in qs if max(q.choices, key=len) == q.choices[q.answer]]
         assert len(longest) <= len(qs) // 2, longest
-
-
-@pytest.fixture(scope="module")
-def full_record(tiny_model_dir, tmp_path_factory):
-    from core.events import RunFinished
-    from core.pipeline import run_pipeline
-    from core.spec import RunSpec
-
-    spec = RunSpec.build(model=str(tiny_model_dir), mode="full", seq_len=32, batch_size=2, steps=4,
-                         resume_checkpoint_every=2, resume_kill_after_checkpoint=1, eval_max_blocks=8)
-    events = list(run_pipeline(spec, runs_root=tmp_path_factory.mktemp("runs")))
-    assert isinstance(events[-1], RunFinished)
-    return tomllib.loads(Path(events[-1].record_path).read_text())
 
 
 def test_a_full_fine_tuning_record(full_record):
@@ -258,12 +244,12 @@ def test_a_full_fine_tuning_record(full_record):
     ({"dtype": "bf16", "precision": None}, 4 + 2 * 4, "4 B gradient + 2 AdamW moments x 4 B in fp32"),  # schema 1: amp
     ({"dtype": "bf16", "precision": "pure", "optimizer": "sgd"}, 2 + 2, "2 B gradient + 1 momentum buffer x 2 B"),
 ])
-def test_the_lora_question_counts_the_bases_real_bytes_per_parameter(lora_run, changes, per_parameter, words):
+def test_the_lora_question_counts_the_bases_real_bytes_per_parameter(lora_record, changes, per_parameter, words):
     """LoRA -> full fine-tuning: every parameter would get a gradient and optimizer states in the dtype the base is
     held in (a 16-bit base under pure: 2 B each), not an assumed fp32."""
     import copy
 
-    record = copy.deepcopy(lora_run[1])
+    record = copy.deepcopy(lora_record)
     for key, value in changes.items():
         if value is None:
             record["spec"].pop(key, None)

@@ -5,17 +5,17 @@ wizard or the CLI any other exception is an "internal error" and a lost run.
 
 Where each bullet of issue 16's "Why" is kept (fault injection included):
 
-- a verified claim that does not hold: tests/test_pipeline_tiny.py (a byte flipped before the resumed child starts
+- a verified claim that does not hold: tests/integration/test_pipeline_tiny.py (a byte flipped before the resumed child starts
   fails ``manifest_at_load``, naming the file);
-- the default kill point with a checkpoint every step: tests/test_resume_logic.py and test_spec.py (kill points valid
+- the default kill point with a checkpoint every step: tests/unit/test_resume_logic.py and test_spec.py (kill points valid
   by construction);
-- measured results lost: tests/test_cli.py (SIGINT / SIGTERM / SIGHUP during the probe, and SIGTERM during training
-  and during the resume check, below), tests/test_run_folder.py (a real 400 KiB tmpfs, a read-only or file runs
+- measured results lost: tests/integration/test_cli.py (SIGINT / SIGTERM / SIGHUP during the probe, and SIGTERM during training
+  and during the resume check, below), tests/integration/test_run_folder.py (a real 400 KiB tmpfs, a read-only or file runs
   folder, injected ENOSPC per stage, runs started in the same second);
-- bad input found late: tests/test_cli.py (malformed data files before any run folder), tests/test_spec.py, and the
+- bad input found late: tests/integration/test_cli.py (malformed data files before any run folder), tests/unit/test_spec.py, and the
   fuzz below;
-- verify's schema check only at the top level: tests/test_record_verify.py, and the fuzz below;
-- children left behind, cgroup limits, OOM kills: tests/test_host_limits.py.
+- verify's schema check only at the top level: tests/unit/test_record_verify.py, and the fuzz below;
+- children left behind, cgroup limits, OOM kills: tests/integration/test_host_limits.py.
 """
 
 from __future__ import annotations
@@ -161,11 +161,13 @@ def _checked(record) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def parsed_record(lora_run):
+def parsed_record():
     import copy
 
-    _, rec, _ = lora_run
-    assert _checked(copy.deepcopy(rec)) == []  # the pipeline's own record is clean
+    from tests.records import committed
+
+    rec = committed("lora")
+    assert _checked(copy.deepcopy(rec)) == []  # the pipeline's own record (committed) is clean
     return rec
 
 

@@ -1,7 +1,7 @@
 """SVG snapshots of every wizard screen at 80x24 and 120x40, stored in snapshots/ at the top of the repository.
 
 Stage screens show constructed, fixed results (no child runs), so the pictures depend only on the code. Update them
-after a deliberate change with ``pytest tests/test_snapshots.py --snapshot-update`` and look at the diffs.
+after a deliberate change with ``pytest tests/unit/test_snapshots.py --snapshot-update`` and look at the diffs.
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from core.stages.childproc import SINGLE, Launch
 from core.stages.probe import DeviceMeasurement, PlanComparison, ProbeResult, compare_with_plan
 from core.stages.resume import Check, ResumeResult, tolerance_tier
 from core.stages.train import EvalPoint, TrainEvalResult
+from tests.paths import REPO
 from tests.wizard_helpers import TEST_HOST, GiB
 from tui.app import GpuAcceptApp
 
-REPO = Path(__file__).resolve().parents[1]
 SIZES = [(80, 24), (120, 40)]
 
 

@@ -14,9 +14,10 @@ from core.models import load_config, resolve_model
 from core.plan.fit import fit_of, fit_verdicts, largest_fitting, plan_fits, under_estimate
 from core.plan.memory import DeviceInfo, count_parameters, plan_memory
 from core.spec import LoraSettings, RunSpec
+from tests.paths import CASES
 
 GiB = 2**30
-_CASES = {c["id"].split("-")[0]: c for c in tomllib.loads((Path(__file__).parent / "cases" / "planner.toml").read_text())["case"]}
+_CASES = {c["id"].split("-")[0]: c for c in tomllib.loads((CASES / "planner.toml").read_text())["case"]}
 P6 = _CASES["P6"]
 TINY = dict(model_type="llama", vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False, max_position_embeddings=512)

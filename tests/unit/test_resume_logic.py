@@ -20,6 +20,7 @@ from core.stages.resume import (
     verify_manifest,
     write_manifest,
 )
+from tests.paths import REPO
 
 EXACT = tolerance_tier("cpu", "fp32")
 
@@ -206,7 +207,7 @@ def test_safe_load_is_the_only_torch_load_and_children_force_weights_only(tmp_pa
 
     from core.stages.childproc import child_env
 
-    core = Path(__file__).resolve().parent.parent / "core"
+    core = REPO / "core"
     files = sorted(core.rglob("*.py"))  # every package by stage
     assert core / "stages" / "resume.py" in files and core / "child" / "worker.py" in files
     calls = {str(f.relative_to(core)): re.findall(r"torch\.load\(([^)]*)\)", f.read_text()) for f in files}
@@ -224,7 +225,7 @@ def test_safe_load_is_the_only_torch_load_and_children_force_weights_only(tmp_pa
             "except Exception as e:\n    print('refused')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          env=child_env({"PATH": "/usr/bin:/bin", "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"}),
-                         cwd=Path(__file__).resolve().parent.parent)
+                         cwd=REPO)
     assert out.stdout.strip() == "refused", out.stdout + out.stderr
 
 

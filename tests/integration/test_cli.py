@@ -12,8 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from tests import paths
+
 # tests/cases/ is a copy of the project's shared cases (public bug reports with their right values)
-CASES = tomllib.loads((Path(__file__).parent / "cases" / "planner.toml").read_text())
+CASES = tomllib.loads((paths.CASES / "planner.toml").read_text())
 CASE = {c["id"].split("-")[0]: c for c in CASES["case"]}
 DTYPE = {"fp16": "fp16", "bf16": "bf16", "fp32": "fp32"}
 

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.paths import REPO
+
+ROOT = REPO  # the repository's top
 
 
 def _module(name: str):
@@ -107,8 +109,8 @@ def test_without_the_carried_files_it_stops_at_once_and_says_what_to_run(tmp_pat
     assert "make gpu-wheels" in done.stdout
 
 
-def test_a_record_gives_the_summary_its_numbers(lora_run):
-    _, record, _ = lora_run
+def test_a_record_gives_the_summary_its_numbers(lora_record):
+    record = lora_record
     facts = _module("gpu_check").record_facts(record)
     assert facts["verdict"] == record["verdict"]["status"] == "pass"
     assert facts["stages"] == {k: v["status"] for k, v in record["verdict"]["stages"].items()}

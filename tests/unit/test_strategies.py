@@ -23,9 +23,10 @@ from core.plan.memory import (
     plan_memory,
 )
 from core.spec import RunSpec, parse_device_capacities, parse_devices
+from tests.paths import CASES
 
 GiB = 2**30
-_CASES = {c["id"].split("-")[0]: c for c in tomllib.loads((Path(__file__).parent / "cases" / "planner.toml").read_text())["case"]}
+_CASES = {c["id"].split("-")[0]: c for c in tomllib.loads((CASES / "planner.toml").read_text())["case"]}
 P4 = _CASES["P4"]
 P6 = _CASES["P6"]
 # The embedded model's config (SmolLM2-135M): llama, tied embeddings, 134,515,008 parameters.

@@ -11,16 +11,16 @@ import json
 import subprocess
 import sys
 import tomllib
-from pathlib import Path
 
 import pytest
 
 from core.plan.memory import _summarise, _summary_from_shapes, build_meta_model, linear_module_names, meta_summary
 from core.plan.shapes import FastConfig, fast_config
 from core.spec import LoraSettings
+from tests import paths
 
 CASES = {c["id"].split("-")[0]: c for c in
-         tomllib.loads((Path(__file__).parent / "cases" / "planner.toml").read_text())["case"]}
+         tomllib.loads((paths.CASES / "planner.toml").read_text())["case"]}
 SMALL = dict(model_type="llama", vocab_size=512, hidden_size=64, intermediate_size=160, num_hidden_layers=3,
              num_attention_heads=8, num_key_value_heads=2, tie_word_embeddings=False)
 CONFIGS = {

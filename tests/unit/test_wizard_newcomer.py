@@ -105,28 +105,6 @@ async def test_a_plan_that_does_not_fit_offers_the_largest_batch_that_fits_and_a
         assert not app.screen.query_one("#use-largest").display
 
 
-async def test_probe_anyway_probes_and_the_plan_stage_still_fails(tiny_model_dir, tmp_path):
-    from textual.widgets import Button
-
-    from tests.wizard_helpers import wait_for
-    from tui.screens.plan import PlanScreen
-    from tui.screens.stages import ProbeScreen
-
-    app = _small_host_app(tiny_model_dir, tmp_path, batch=8)
-    async with app.run_test(size=(80, 24)) as pilot:
-        await pilot.press("enter", "ctrl+n")
-        assert isinstance(app.screen, PlanScreen)
-        nxt = app.screen.query_one("#next", Button)
-        await wait_for(pilot, lambda: str(nxt.label) == "Probe anyway →", 60)
-        await pilot.click("#next")
-        assert isinstance(app.screen, ProbeScreen)
-        assert app.screen.check_action("next", ()) is None  # ^n dimmed while the probe runs
-        await wait_for(pilot, lambda: app.state.running is None and app.state.run is not None
-                       and "probe" in app.state.run.results)
-        assert app.state.run.probe_unfit and not app.state.run.plan_fits
-        assert app.screen.check_action("next", ()) is True
-
-
 # ------------------------------------------------------------------------- the setup checks what the plan would
 @pytest.mark.parametrize(("field", "value", "says"), [
     ("model", "/no/such/model-dir", "model"),
@@ -222,20 +200,6 @@ async def test_a_jsonl_line_without_text_is_named_on_the_setup_and_good_data_is_
         assert not screen.query_one("#next", Button).disabled
 
 
-async def test_every_footer_key_is_on_screen_at_80_columns(tiny_model_dir, tmp_path):
-    """The footer was cut ("? Ter") on the plan screen."""
-    from textual.widgets._footer import FooterKey, FooterLabel
-
-    app = make_app(tiny_model_dir, tmp_path, mode="lora")
-    async with app.run_test(size=(80, 24)) as pilot:
-        await to_plan(pilot, app)
-        await pilot.pause(0.2)
-        keys = list(app.screen.query(FooterKey)) + list(app.screen.query(FooterLabel))
-        assert keys and all(k.region.right <= 80 and k.region.width > 0 for k in keys), [
-            (str(k.render()), k.region) for k in keys]
-        assert any("Terms" in str(k.render()) for k in keys)
-
-
 async def test_the_export_screen_says_what_signing_freezes_before_you_sign(tiny_model_dir, tmp_path):
     from tests.wizard_helpers import text_of
     from tui.screens.export import ExportScreen
@@ -277,43 +241,6 @@ async def test_at_60_columns_the_probe_bar_keeps_its_peak():
         await pilot.pause()
         line = str(bar.render()).splitlines()[1]
         assert line.rstrip() == "■ probe ended (peak 3.03) ■ others 1.50 / 23.54 GiB", line
-
-
-async def test_the_plan_says_how_each_line_is_estimated_in_full_at_80_columns(tiny_model_dir, tmp_path):
-    """The plan's method column was cut at 80 columns; now it wraps."""
-    from tests.wizard_helpers import wait_for
-    from tui.screens.plan import PlanScreen
-
-    app = make_app(tiny_model_dir, tmp_path, mode="lora")
-    async with app.run_test(size=(80, 24)) as pilot:
-        await pilot.press("enter", "ctrl+n")
-        assert isinstance(app.screen, PlanScreen)
-        await wait_for(pilot, lambda: bool(app.screen.query(".methods")), 60)
-        await pilot.pause(0.2)
-        methods = app.screen.query_one(".methods")
-        shown = " ".join(line.text for line in methods.render_lines(methods.region.reset_offset)).split()
-        plan = app.state.ctx.plan.devices[0]
-        for line in plan.lines.values():  # every word of every method is on screen, none cut
-            assert " ".join(line.method.split()) in " ".join(shown), line.method
-        assert methods.region.right <= 80
-
-
-def test_the_evaluation_time_is_said_apart_from_the_model_load(lora_run):
-    """"perplexity before ... 56.2 s" read as if it held the model load. The load is said on its own line, before."""
-    from core.events import Message
-
-    _, record, events = lora_run
-    texts = [e.text for e in events if isinstance(e, Message) and e.stage == "train_eval"]
-    built = next(i for i, t in enumerate(texts) if t.startswith("model built in "))
-    before = next(i for i, t in enumerate(texts) if t.startswith("held-out perplexity before training"))
-    assert built < before and "s of evaluation)" in texts[before]
-    seconds = record["evaluation"]["before"]["seconds"]
-    assert f"{seconds:.1f} s of evaluation" in texts[before]
-    from core.events import Evaluated
-
-    evaluated = {e.when: e.perplexity for e in events if isinstance(e, Evaluated)}
-    assert evaluated == {"before": record["evaluation"]["before"]["perplexity"],
-                         "after": record["evaluation"]["after"]["perplexity"]}
 
 
 async def test_the_perplexity_before_stays_on_screen_while_the_training_runs(tiny_model_dir, tmp_path):
@@ -372,24 +299,6 @@ def test_the_resume_progress_bar_goes_through_both_runs_and_never_back():
     assert fractions[1] < 0.5 < fractions[2]  # the interrupted run fills the first half, the resumed the second
 
 
-async def test_what_if_keys_show_the_new_total_at_the_top(tiny_model_dir, tmp_path):
-    """After b/B/s/S the view jumped and the new total scrolled away."""
-    from tests.wizard_helpers import wait_for
-
-    app = make_app(tiny_model_dir, tmp_path, mode="lora")
-    async with app.run_test(size=(80, 24)) as pilot:
-        await to_plan(pilot, app)
-        body = app.screen.query_one("#plan-body")
-        body.scroll_end(animate=False)
-        await pilot.pause(0.2)
-        assert body.scroll_y > 0
-        await pilot.press("b")
-        await wait_for(pilot, lambda: app.state.spec.batch_size == 2 and not app.screen.query_one("#next").disabled,
-                       60)
-        await pilot.pause(0.2)
-        assert body.scroll_y == 0
-
-
 def test_a_largest_fit_with_under_5_percent_left_is_said_to_be_thin():
     """f offered micro-batch 111 with 0.07 GiB of 23 GiB left, without a word of caution (the offer now says so)."""
     from core.plan.fit import Largest
@@ -419,48 +328,6 @@ async def test_keys_typed_faster_than_the_screen_draws_land_in_order(tiny_model_
         await wait_for(pilot, lambda: screen.query_one("#data", Input).value == "bed", 10)
         assert screen.query_one("#model", Input).value == "/x"
         assert app.focused is screen.query_one("#data", Input)
-
-
-async def test_a_finished_probe_revisited_says_every_peak_with_its_name(tiny_model_dir, tmp_path):
-    """Revisited, the bar said "others N/A"; its peak, the tracked tensors' and the process's RSS were three unnamed
-    peaks; and the CPU's overhead line said "in peak" though the tensor peak holds no runtime."""
-    from core.monitor.sampler import HostBackend
-    from tests.wizard_helpers import TEST_HOST, text_of, wait_for
-    from tui.app import GpuAcceptApp
-    from tui.screens.plan import PlanScreen
-    from tui.screens.stages import ProbeScreen
-
-    app = GpuAcceptApp(runs_root=tmp_path, backend=HostBackend(), devices_override=[TEST_HOST], mode="lora",
-                       fields={"model": str(tiny_model_dir), "seq_len": 64, "steps": 6, "eval_max_blocks": 4,
-                               "resume_checkpoint_every": 2, "resume_kill_after_checkpoint": 1})
-    async with app.run_test(size=(80, 24)) as pilot:
-        await to_plan(pilot, app)
-        await pilot.press("ctrl+n")
-        await wait_for(pilot, lambda: app.state.running is None and app.state.run is not None
-                       and "probe" in app.state.run.results, 120)
-        await pilot.press("escape")
-        assert isinstance(app.screen, PlanScreen)
-        await pilot.press("ctrl+n")  # the plan is unchanged: a new probe screen shows the probe that ran
-        screen = app.screen
-        assert isinstance(screen, ProbeScreen)
-        await wait_for(pilot, lambda: screen._bars, 10)
-        await pilot.pause(0.5)
-        bar = next(iter(screen._bars.values()))
-        line = bar.render().plain.splitlines()[1]
-        assert "probe ended (peak " in line and "others N/A" not in line, line
-        assert bar.others is not None and bar.others > 0
-        title = text_of(screen.query_one("#measured-title"))
-        assert "peak of live tensors" in title and "(tracked in the step)" in title and "high-water mark" in title
-        table = screen.query_one("#measured")
-        rows = {str(table.get_row_at(i)[0]): [str(c) for c in table.get_row_at(i)] for i in range(table.row_count)}
-        probe = app.state.run.results["probe"]
-        d, c = probe.devices[0], probe.comparisons[0]
-        assert rows["cpu process vs peak RSS"][2] == f"{d.peak_rss_bytes / 2**30:.2f} GiB"
-        if d.peak_rss_bytes >= d.peak_bytes:  # the runtime measured as RSS minus tensors, beside its plan line
-            assert c.components["overhead"][1] == d.peak_rss_bytes - d.peak_bytes
-            assert rows["cpu overhead"][2] == f"{(d.peak_rss_bytes - d.peak_bytes) / 2**30:.2f} GiB"
-        assert rows["cpu activations"][2] == "in peak"
-        assert "cpu kv_cache" not in rows  # training keeps no KV cache
 
 
 async def test_where_q_types_into_a_field_ctrl_q_quits_and_the_footer_says_so(tiny_model_dir, tmp_path):
@@ -497,7 +364,7 @@ def test_the_capacity_marker_of_a_plan_that_does_not_fit_is_said_in_the_legend()
 async def test_differs_most_says_it_is_by_bytes_with_the_difference_in_gib(tiny_model_dir, tmp_path):
     """"differs most: activations" was by GiB while the table beside it showed gradients −100 %: the line now says
     which measure it is by and gives the difference in GiB, and it names the line whose bytes differ most."""
-    from tests.test_snapshots import constructed_tracer
+    from tests.unit.test_snapshots import constructed_tracer
     from tests.wizard_helpers import text_of, wait_for
 
     app = make_app(tiny_model_dir, tmp_path, mode="lora")
@@ -650,7 +517,7 @@ async def test_the_probe_screen_says_the_capacity_the_plan_was_judged_by(tiny_mo
                                   f"{d.total_bytes / 2**30:.2f} GiB of 64.00 GiB (constructed for tests)[/]")
 
 
-def test_the_quiz_labels_choices_by_their_keys_and_spreads_the_right_answers(lora_run):
+def test_the_quiz_labels_choices_by_their_keys_and_spreads_the_right_answers(lora_record):
     """The header said "Keys 1-4" over choices labelled A-D; A was the answer to 4 of 6 questions."""
     import collections
     import copy
@@ -659,7 +526,7 @@ def test_the_quiz_labels_choices_by_their_keys_and_spreads_the_right_answers(lor
     from tui.screens.quiz import LETTERS
 
     assert LETTERS == "1234"
-    record = copy.deepcopy(lora_run[1])  # the fixture's record is shared: never edited here
+    record = copy.deepcopy(lora_record)
     for salt in ("", "a", "b", "c"):
         record["spec"]["hash"] = (record["spec"]["hash"][:-1] + salt) if salt else record["spec"]["hash"]
         questions = build_quiz(record)
@@ -669,10 +536,10 @@ def test_the_quiz_labels_choices_by_their_keys_and_spreads_the_right_answers(lor
             assert len(set(q.choices)) == len(q.choices) and 0 <= q.answer < len(q.choices)
 
 
-def test_the_quiz_has_no_host_ram_choice_for_a_cpu_device(lora_run):
+def test_the_quiz_has_no_host_ram_choice_for_a_cpu_device(lora_record):
     from core.quiz import build_quiz
 
-    record = lora_run[1]
+    record = lora_record
     fit = next(q for q in build_quiz(record) if q.id == "fit_by_device")
     assert record["plan"]["devices"][0]["name"] == "cpu"
     assert not any("host's RAM added" in c for c in fit.choices), fit.choices

@@ -25,12 +25,13 @@ from core.plan.memory import (
     plan_memory,
 )
 from core.spec import LoraSettings, RunSpec
+from tests.paths import CASES, REPO
 
 GiB = 2**30
 DEVICE_80G = DeviceInfo("cuda:0", "cuda", "test GPU", 80 * GiB, "test")
 
 # Configs exactly as given in the planner cases (tests/cases/planner.toml, a copy of the shared cases).
-_CASES = {c["id"].split("-")[0]: c for c in tomllib.loads((Path(__file__).parent / "cases" / "planner.toml").read_text())["case"]}
+_CASES = {c["id"].split("-")[0]: c for c in tomllib.loads((CASES / "planner.toml").read_text())["case"]}
 P1 = _CASES["P1"]["config"]
 P2 = _CASES["P2"]["config"]
 P6 = _CASES["P6"]["config"]
@@ -123,7 +124,7 @@ def test_p7_lora_activations_stay_the_order_of_full_fine_tuning(tmp_path):
     """Case P7, analytic: LoRA's activations are not cut in proportion to its trainable parameters. On q/v a frozen
     linear keeps no input, so LoRA keeps somewhat less than full fine-tuning; on every linear layer (all-linear) each
     adapter keeps its input and LoRA keeps more than full fine-tuning: the case's "not below" (measured on the layer in
-    tests/test_activations.py, traced and hand-written)."""
+    tests/unit/test_activations.py, traced and hand-written)."""
     config = _config(tmp_path, TINY)
     kw = dict(dtype="bf16", batch_size=4, seq_len=128)
     full = plan_memory(_spec(mode="full", **kw), config, [DEVICE_80G]).devices[0].lines
@@ -200,7 +201,7 @@ def test_optimizer_states_match_a_real_step(tmp_path, optimizer, dtype):
 
 
 def test_gradient_checkpointing_and_eager_attention_change_activations(tmp_path):
-    """Pure bf16 full fine-tuning of TINY (2 layers; the layer accounting of tests/test_activations.py): with
+    """Pure bf16 full fine-tuning of TINY (2 layers; the layer accounting of tests/unit/test_activations.py): with
     checkpointing each layer keeps only its input (b·s·h x 2 B); eager attention adds the fp32 softmax and its bf16
     copy (b·a·s·s x 6 B) and the k, v repeated to every head, per layer; the attention choice is the spec's."""
     config = _config(tmp_path, TINY)
@@ -292,7 +293,7 @@ def test_detect_devices_for_a_planned_box_asks_no_torch():
     code = ("import sys; from core.plan.memory import detect_devices; d = detect_devices('24GiB,8GiB'); "
             "print([x.capacity_bytes for x in d], 'torch' in sys.modules)")
     out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=Path(__file__).resolve().parents[1]
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO
     )
     assert out.stdout.strip() == f"[{24 * GiB}, {8 * GiB}] False"
 
@@ -310,6 +311,6 @@ def test_strategies_on_cpu_devices_plan_no_cuda_or_nccl_overhead(tmp_path):
 def test_import_is_lazy():
     code = "import sys, core.plan.memory; print(any(m in sys.modules for m in ('torch', 'transformers', 'peft', 'textual')))"
     out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=Path(__file__).resolve().parents[1]
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO
     )
     assert out.stdout.strip() == "False"

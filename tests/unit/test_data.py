@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -21,8 +20,9 @@ from core.data import (
     split_documents,
 )
 from core.errors import DataError
+from tests.paths import REPO
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO  # the repository's top
 
 
 # ---------------------------------------------------------------------------------------------------------- loading

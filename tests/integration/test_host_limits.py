@@ -20,6 +20,7 @@ import pytest
 
 from core.monitor.hostmem import UNLIMITED, cgroup_limit, host_memory
 from core.stages.childproc import killed_note, oom_kill_count
+from tests.paths import REPO
 
 GiB = 2**30
 
@@ -192,7 +193,7 @@ def test_a_real_cgroup_limit_is_the_capacity_a_process_in_it_sees(memory_cgroup,
     code = ("import json; from core.monitor.hostmem import host_memory; h = host_memory(); "
             "print(json.dumps([h.total_bytes, h.available_bytes, h.source]))")
     out = subprocess.run([str(_wrapper(tmp_path, cgroup)), "-c", code], capture_output=True, text=True, check=True,
-                         cwd=Path(__file__).parent.parent)
+                         cwd=REPO)
     total, available, source = json.loads(out.stdout)
     assert total == 1 * GiB and 0 < available <= 1 * GiB
     assert source.startswith("cgroup v") and "memory limit 1.00 GiB" in source and str(cgroup) in source
@@ -246,7 +247,7 @@ def test_the_trace_child_ends_and_removes_its_folder_when_gpuaccept_is_killed(tm
     tmp.mkdir()
     code = ("import sys; from core.spec import RunSpec; from core.plan.traced import trace_in_child; "
             f"trace_in_child(RunSpec.build(model={str(tiny_model_dir)!r}, mode='lora', seq_len=32), 'cpu')")
-    parent = subprocess.Popen([sys.executable, "-c", code], cwd=Path(__file__).parent.parent,
+    parent = subprocess.Popen([sys.executable, "-c", code], cwd=REPO,
                               env={**os.environ, "TMPDIR": str(tmp)})
     deadline = time.monotonic() + 60
     children: list[int] = []
