@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from core.child.worker import layer_placement
+from core.child.events import DeviceMap, Ledger
+from core.child.probe import layer_placement
 from core.errors import GpuAcceptError
 from core.spec import RunSpec
 from core.stages.childproc import Launch, check_exit, launch_options, start_child, watch
@@ -25,13 +26,18 @@ def test_layer_placement_joins_consecutive_layers_per_device():
 
 
 def test_one_process_over_two_devices_gives_a_measurement_per_device():
-    ledger = {"device": "cuda:0", "global_rank": 0, "world_size": 1, "host": "h", "wrapper": "none", "steps": 3,
-              "weights_bytes": 300, "gradients_bytes": 0, "optimizer_states_bytes": 0, "peak_rss_bytes": 10,
-              "rss_after_load_bytes": 5, "peak_allocated_bytes": 999, "peak_reserved_bytes": 1999,
-              "per_device": [{"device": "cuda:0", "weights_bytes": 100, "peak_allocated_bytes": 150,
-                              "peak_reserved_bytes": 200},
-                             {"device": "cuda:1", "weights_bytes": 200, "peak_allocated_bytes": 260,
-                              "peak_reserved_bytes": 300}]}
+    from core.child.events import parse_event
+
+    ledger = parse_event({
+        "kind": "ledger", "t": 1.0, "device": "cuda:0", "global_rank": 0, "local_rank": 0, "world_size": 1,
+        "node_rank": 0, "host": "h", "wrapper": "none", "steps": 3, "weights_bytes": 300, "weights_loaded_bytes": 300,
+        "gradients_bytes": 0, "optimizer_states_bytes": 0, "step_time_s": 0.5, "tokens_per_s": 10.0,
+        "rss_start_bytes": 4, "peak_rss_bytes": 10, "rss_after_load_bytes": 5, "torch_threads": 1,
+        "peak_allocated_bytes": 999, "peak_reserved_bytes": 1999,
+        "per_device": [{"device": "cuda:0", "weights_bytes": 100, "peak_allocated_bytes": 150,
+                        "peak_reserved_bytes": 200},
+                       {"device": "cuda:1", "weights_bytes": 200, "peak_allocated_bytes": 260,
+                        "peak_reserved_bytes": 300}]})
     placement = {"cuda:0": {"parameters": 25, "bytes": 100, "trainable": 0},
                  "cuda:1": {"parameters": 50, "bytes": 200, "trainable": 0}}
     ms = [_measurement(x, placement) for x in _per_device([ledger])]
@@ -48,10 +54,10 @@ def test_the_worker_loads_with_a_device_map_and_reports_where_modules_went(tiny_
         "devices": ["cpu"], "device_map": {"": "cpu"}})
     events = list(watch(child))
     check_exit(child)
-    (placed,) = [e for e in events if e["kind"] == "device_map"]
-    assert placed["layers"] == {"cpu": ["(the whole model)"]}  # accelerate's hf_device_map, as loaded
-    (ledger,) = [e for e in events if e["kind"] == "ledger"]
-    assert ledger["weights_bytes"] > 0 and ledger["gradients_bytes"] == 0
+    (placed,) = [e for e in events if isinstance(e, DeviceMap)]
+    assert placed.layers == {"cpu": ["(the whole model)"]}  # accelerate's hf_device_map, as loaded
+    (ledger,) = [e for e in events if isinstance(e, Ledger)]
+    assert ledger.weights_bytes > 0 and ledger.gradients_bytes == 0
 
 
 def test_device_map_runs_inference_only_and_in_one_process(tiny_model_dir):
