@@ -218,8 +218,8 @@ class Trainable(ChildEvent):
 class Step(ChildEvent):
     """One optimizer step: global step, Trainer's fractional epoch, the learning rate applied (None without an
     optimizer), the loss (the micro-batches' losses as Trainer's ``training_step`` returns them, summed over the
-    step; unrounded), the sample ids
-    consumed, and the random generators' sha256 digests as the step started (generator -> digest)."""
+    step; unrounded), the sample ids consumed, and the random generators' sha256 digests as the step started
+    (generator -> digest)."""
 
     KIND: ClassVar[str] = "step"
     step: int
