@@ -102,15 +102,11 @@ def rank_events_path(path: Path, rank: int | None) -> Path:
     return path.with_name(f"{path.stem}.rank{rank}{path.suffix}")
 
 
-def leads(event: ChildEvent) -> bool:
-    """The event comes from this node's first rank (local rank 0; a single process leads itself). On the node of
-    global rank 0 that is rank 0; on another node of a several-node run it is that node's first rank."""
-    return event.leads
-
-
 def lead_events(events: list[ChildEvent]) -> list[ChildEvent]:
-    """The events of this node's first rank (:func:`leads`; every event of a single process): the rank that reports
-    progress, evaluation, data and training time for its node (every rank holds the same weights under DDP)."""
+    """The events of this node's first rank (:attr:`ChildEvent.leads`: local rank 0; every event of a single process;
+    on the node of global rank 0 that is rank 0, on another node of a several-node run that node's first rank): the
+    rank that reports progress, evaluation, data and training time for its node (every rank holds the same weights
+    under DDP)."""
     return [e for e in events if e.leads]
 
 
