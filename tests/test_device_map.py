@@ -74,3 +74,22 @@ def _two_cuda():
     from core.plan.memory import DeviceInfo
 
     return [DeviceInfo(f"cuda:{i}", "cuda", "test GPU", 24 * 2**30, "constructed for tests") for i in (0, 1)]
+
+
+def test_a_cuda_ledger_of_one_device_reads_the_allocator_not_a_tracker(monkeypatch):
+    """One CUDA device without a device map: the peak is the allocator's. (Before the probe's split the ledger took
+    the CPU tracker's branch for every ledger without a device map, and a CUDA probe, which has no tracker, failed.)"""
+    import torch
+
+    from core.child.probe import Seen, measured_ledger
+
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 1500)
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda device=None: 2048)
+    spec = RunSpec.build(mode="lora", devices="cpu", seq_len=32, batch_size=2, grad_accum=3, probe_steps=3)
+    seen = Seen(tracker=None, gradients=10, optimizer_states=20, step_times=[9.0, 0.5, 1.5])
+    ledger = Ledger(**measured_ledger(spec, seen, "cuda:0", "cuda:3", 300, 200, "none", 1, 2))
+    assert (ledger.device, ledger.peak_allocated_bytes, ledger.peak_reserved_bytes) == ("cuda:3", 1500, 2048)
+    assert ledger.peak_tracked_tensor_bytes is None and ledger.tracked_method is None and ledger.per_device is None
+    assert ledger.step_time_s == 1.0  # the first step (one-off allocations) is left out of the mean
+    assert ledger.tokens_per_s == 2 * 32 * 3 / 1.0
+    assert (ledger.weights_bytes, ledger.weights_loaded_bytes) == (200, 300)
