@@ -53,13 +53,16 @@ def drain(gen, stamps: list | None = None):
         return stop.value
 
 
-def step_times(events: list[dict]) -> list[float]:
-    ts = [e["t"] for e in events if e["kind"] == "step"]
+def step_times(events: list) -> list[float]:
+    from core.child.events import Step
+
+    ts = [e.t for e in events if isinstance(e, Step)]
     return [b - a for a, b in zip(ts, ts[1:])]
 
 
 def main() -> None:
-    from core.events import ChildStarted
+    from core.child.events import KillPoint, Step
+    from core.events import ChildStarted, read_events
     from core.models import resolve_model, runnable_path
     from core.spec import RunSpec
     from core.stages.childproc import ChildJob
@@ -84,13 +87,13 @@ def main() -> None:
             wall = time.time() - t0
             jobs = {run: ChildJob(run, folder / f"resume-{run}", {}) for run in ("interrupted", "resumed")}
             for job in jobs.values():
-                job.events = [json.loads(line) for line in job.events_path.read_text().splitlines()]
+                job.events = read_events(job.events_path)[0]
             started = {e.run: t for t, e in stamps if isinstance(e, ChildStarted)}
-            first_step = {run: next(e["t"] for e in job.events if e["kind"] == "step") for run, job in jobs.items()}
-            kill = next(e for e in jobs["interrupted"].events if e["kind"] == "kill_point")
-            whole = sum(1 for e in jobs["interrupted"].events if e["kind"] == "step")
-            partial = kill["micro_done"] / kill["micro_in_step"] if kill["where"] == "micro" else 0.0
-            resumed = sum(1 for e in jobs["resumed"].events if e["kind"] == "step")
+            first_step = {run: next(e.t for e in job.events if isinstance(e, Step)) for run, job in jobs.items()}
+            kill = next(e for e in jobs["interrupted"].events if isinstance(e, KillPoint))
+            whole = sum(1 for e in jobs["interrupted"].events if isinstance(e, Step))
+            partial = kill.micro_done / kill.micro_in_step if kill.where == "micro" else 0.0
+            resumed = sum(1 for e in jobs["resumed"].events if isinstance(e, Step))
             trained = whole + partial + resumed
             row = {
                 "status": result.status,

@@ -2,7 +2,7 @@
 
 A child process writes one JSON object a line to ``events.jsonl`` in its job directory and flushes after each, so library
 prints (which go to the child's log file) can never corrupt the channel. :class:`EventWriter` writes, :func:`read_events`
-tails.
+tails and parses each line once into its typed child event (:mod:`core.child.events`).
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from core.child.events import ChildEvent, EventFormatError, parse_line, payload
 
 
 @dataclass(frozen=True)
@@ -100,16 +102,12 @@ def rank_events_path(path: Path, rank: int | None) -> Path:
     return path.with_name(f"{path.stem}.rank{rank}{path.suffix}")
 
 
-def leads(event: dict[str, Any]) -> bool:
-    """The event comes from this node's first rank (local rank 0; a single process leads itself). On the node of
-    global rank 0 that is rank 0; on another node of a several-node run it is that node's first rank."""
-    return event.get("local_rank", event.get("rank", 0)) == 0
-
-
-def lead_events(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The events of this node's first rank (:func:`leads`; every event of a single process): the rank that reports
-    progress, evaluation, data and training time for its node (every rank holds the same weights under DDP)."""
-    return [e for e in events if leads(e)]
+def lead_events(events: list[ChildEvent]) -> list[ChildEvent]:
+    """The events of this node's first rank (:attr:`ChildEvent.leads`: local rank 0; every event of a single process;
+    on the node of global rank 0 that is rank 0, on another node of a several-node run that node's first rank): the
+    rank that reports progress, evaluation, data and training time for its node (every rank holds the same weights
+    under DDP)."""
+    return [e for e in events if e.leads]
 
 
 class EventWriter:
@@ -126,8 +124,14 @@ class EventWriter:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - lives as long as the writer
 
+    def write(self, event: ChildEvent) -> None:
+        """Append one typed child event as ``{"kind": KIND, "t": time, **payload}`` (:func:`core.child.events.payload`;
+        with ``rank`` / ``local_rank`` under torchrun) and flush it."""
+        self.emit(event.KIND, **payload(event))
+
     def emit(self, kind: str, **data: Any) -> None:
-        """Append one event ``{"kind": kind, "t": time, **data}`` (with ``rank`` under torchrun) and flush it."""
+        """Append one event ``{"kind": kind, "t": time, **data}`` (with ``rank`` under torchrun) and flush it: the
+        pipeline's own log of its events; a child writes typed events with :meth:`write`."""
         record = {"kind": kind, "t": time.time(), **data}
         if self.rank is not None:
             record["rank"] = self.rank
@@ -149,11 +153,16 @@ def _jsonable(value: Any) -> Any:
     raise TypeError(f"not JSON serialisable: {type(value).__name__}")
 
 
-def read_events(path: str | Path, offset: int = 0) -> tuple[list[dict[str, Any]], int]:
-    """Read the complete lines of an events file from byte ``offset``.
+def read_events(path: str | Path, offset: int = 0) -> tuple[list[ChildEvent], int]:
+    """Read the complete lines of a child's events file from byte ``offset``, each parsed once into its typed event
+    (:func:`core.child.events.parse_line`).
 
     Returns:
         (events, new_offset): a trailing partial line is left for the next call.
+
+    Raises:
+        EventFormatError: a line that is no child event (not JSON, an unknown kind, keys or types that do not
+            match); the message names the file and the line's byte offset.
     """
     p = Path(path)
     if not p.exists():
@@ -164,5 +173,14 @@ def read_events(path: str | Path, offset: int = 0) -> tuple[list[dict[str, Any]]
     end = data.rfind(b"\n")
     if end < 0:
         return [], offset
-    lines = data[: end + 1].decode("utf-8").splitlines()
-    return [json.loads(line) for line in lines if line.strip()], offset + end + 1
+    events: list[ChildEvent] = []
+    at = offset
+    for raw in data[: end + 1].splitlines(keepends=True):
+        line = raw.decode("utf-8")
+        if line.strip():
+            try:
+                events.append(parse_line(line))
+            except EventFormatError as exc:
+                raise EventFormatError(f"{p} at byte {at}: {exc}") from None
+        at += len(raw)
+    return events, offset + end + 1

@@ -63,6 +63,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from core import killpoints
 from core.errors import SpecError
 
 MODES = ("inference", "full", "lora")
@@ -118,14 +119,8 @@ class LoraSettings:
 
 #: Where the interrupted run of the resume check starts (:attr:`ResumeSettings.interrupted_from`).
 INTERRUPTED_FROM = ("checkpoint", "start")
-KILL_POINTS: dict[str, str] = {
-    "boundary": "at the gradient-accumulation boundary: right after optimizer step k",
-    "boundary-1": "one micro-step before the boundary: all but the last micro-batch of step k done, no optimizer step",
-    "boundary+1": "one micro-step after the boundary: the first micro-batch of step k+1 done (gradients partly "
-                  "accumulated), no optimizer step",
-    "checkpoint-write": "during the write of the next checkpoint after the one resumed from: its weights written, "
-                        "optimizer, scheduler, RNG and trainer state not",
-}
+#: the kill points of the resume check, with what each means: :data:`core.killpoints.KILL_POINTS` (their one home)
+KILL_POINTS = killpoints.KILL_POINTS
 
 
 @dataclass(frozen=True)
@@ -151,7 +146,7 @@ class ResumeSettings:
     check: bool = True
     checkpoint_every: int = 10
     kill_after_checkpoint: int = 2
-    kill_at: str = "boundary+1"
+    kill_at: str = killpoints.DEFAULT_KILL_AT
     compare_steps: int = 0
     interrupted_from: str = "checkpoint"
 
@@ -160,19 +155,9 @@ class ResumeSettings:
         return self.checkpoint_every * self.kill_after_checkpoint
 
     def kill_step(self) -> int:
-        """The optimizer step the kill is placed by (see :data:`KILL_POINTS`): step k, halfway between checkpoint c and
-        the next; for ``checkpoint-write`` the step whose checkpoint is being written (c + checkpoint_every).
-
-        Valid by construction for every interval: the kill lands after checkpoint c is complete and before c +
-        checkpoint_every is. ``boundary`` (after step k's optimizer step, before its checkpoint is saved) and
-        ``boundary-1`` (inside step k) need c < k <= c + every; ``boundary+1`` is inside step k + 1, after any
-        checkpoint of step k was saved, so it needs c <= k < c + every: with a checkpoint every step, k = c."""
-        c, every = self.kill_checkpoint_step(), self.checkpoint_every
-        if self.kill_at == "checkpoint-write":
-            return c + every
-        if self.kill_at == "boundary+1":
-            return c + min(max(1, every // 2), every - 1)
-        return c + max(1, every // 2)
+        """The optimizer step k the kill is placed by (:func:`core.killpoints.kill_step`, which says why every kill
+        point lands after checkpoint c is complete and before the next is)."""
+        return killpoints.kill_step(self.kill_at, self.kill_checkpoint_step(), self.checkpoint_every)
 
     def interrupted_start(self) -> int:
         """The step the interrupted run starts from: the checkpoint before c (c - checkpoint_every) of the
@@ -190,21 +175,11 @@ class ResumeSettings:
 
     def last_step_needed(self) -> int:
         """The last optimizer step the interrupted run must reach (``boundary+1`` is inside step k+1)."""
-        return self.kill_step() + (1 if self.kill_at == "boundary+1" else 0)
+        return killpoints.last_step_needed(self.kill_at, self.kill_step())
 
     def describe(self, short: bool = False) -> str:
         """The kill point in words, with its step numbers (``short``: without what is on disk at that moment)."""
-        k, c = self.kill_step(), self.kill_checkpoint_step()
-        where, disk = {
-            "boundary": (f"right after optimizer step {k}", f"checkpoint-{c} written, the next not yet"),
-            "boundary-1": (f"inside step {k}, before its last micro-batch", f"the others done, no optimizer step; "
-                                                                           f"checkpoint-{c} written"),
-            "boundary+1": (f"inside step {k + 1}, after its first micro-batch, before its optimizer step",
-                           f"checkpoint-{c} written"),
-            "checkpoint-write": (f"while checkpoint-{k} is written", f"weights saved, optimizer not: resume must take "
-                                                                     f"checkpoint-{c}"),
-        }[self.kill_at]
-        return where if short else f"{where} ({disk})"
+        return killpoints.describe(self.kill_at, self.kill_step(), self.kill_checkpoint_step(), short)
 
 
 #: torchrun's rendezvous backends gpuaccept passes through (torch.distributed.elastic; c10d needs no etcd).
@@ -435,8 +410,7 @@ class RunSpec:
                                                            "checkpoint before the kill) or start (step 0)")
             self._check_compare_steps()
             last = r.last_step_needed()
-            limit_ok = last <= self.steps if r.kill_at in ("checkpoint-write", "boundary+1") else last < self.steps
-            if not limit_ok:
+            if not killpoints.fits_in_run(r.kill_at, last, self.steps):
                 raise SpecError(
                     "resume.kill_after_checkpoint",
                     f"the kill ({r.kill_at}) would come at step {last}, not before the end of the run at step "

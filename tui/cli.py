@@ -26,6 +26,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from core import killpoints
 from core.spec import ATTN_IMPLEMENTATIONS, DTYPES, KILL_POINTS, PADDINGS, PRECISIONS
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
@@ -87,9 +88,7 @@ def _spec_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--resume-check", action=argparse.BooleanOptionalAction, default=None, dest="resume_check")
     g.add_argument("--checkpoint-every", type=int, dest="resume_checkpoint_every")
     g.add_argument("--kill-after-checkpoint", type=int, dest="resume_kill_after_checkpoint")
-    g.add_argument("--kill-at", dest="resume_kill_at", choices=tuple(KILL_POINTS),
-                   help="where the interrupted run is SIGKILLed: at the accumulation boundary, one micro-step before or "
-                        "after it (default boundary+1), or while the next checkpoint is written")
+    g.add_argument("--kill-at", dest="resume_kill_at", choices=tuple(KILL_POINTS), help=killpoints.CLI_HELP)
     g.add_argument("--compare-steps", type=int, dest="resume_compare_steps",
                    help="steps after the checkpoint resumed from that the resumed run trains and compares with the "
                         "uninterrupted run (default 0: one checkpoint interval)")

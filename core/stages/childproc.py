@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from core.child.events import ChildError, ChildEvent, Started
 from core.errors import StageCancelled, StageError
 from core.events import read_events
 
@@ -33,7 +34,7 @@ class ChildJob:
     job_dir: Path
     job: dict[str, Any]
     proc: subprocess.Popen | None = None
-    events: list[dict[str, Any]] = field(default_factory=list)
+    events: list[ChildEvent] = field(default_factory=list)  # every event read so far, typed (core.child.events)
     nproc: int = 1  # processes torchrun starts (1: no torchrun)
     oom_kills_at_start: int | None = None  # the kernel's OOM-kill count when the child started (oom_kill_count)
     peak_rss_bytes: int = 0  # the largest RSS of the child's process tree seen by sample_rss
@@ -177,10 +178,13 @@ def visible_for(names: list[str], parent_visible: str | None) -> str:
     return ",".join(outer[i] for i in indices)
 
 
-def poll_events(child: ChildJob) -> list[dict[str, Any]]:
+def poll_events(child: ChildJob) -> list[ChildEvent]:
     """New complete events since the last call (also kept in ``child.events``), from every rank's events file in the
-    job directory (rank numbers are global: on a second node they do not start at 0)."""
-    new: list[dict[str, Any]] = []
+    job directory (rank numbers are global: on a second node they do not start at 0), each parsed once.
+
+    Raises:
+        EventFormatError: a line that is no child event (:func:`core.events.read_events`)."""
+    new: list[ChildEvent] = []
     ranks = child.job_dir.glob(f"{child.events_path.stem}.rank*{child.events_path.suffix}")
     paths = [child.events_path, *sorted(ranks)]
     for path in paths:
@@ -193,12 +197,14 @@ def poll_events(child: ChildJob) -> list[dict[str, Any]]:
 def watch(
     child: ChildJob,
     interval_s: float = 0.1,
-    stop_when: Callable[[dict[str, Any]], bool] | None = None,
+    stop_when: Callable[[ChildEvent], bool] | None = None,
     cancelled: Callable[[], bool] | None = None,
-) -> Iterator[dict[str, Any]]:
-    """Yield the child's events as they arrive, until it exits (or ``stop_when(event)`` is true).
+) -> Iterator[ChildEvent]:
+    """Yield the child's typed events (:mod:`core.child.events`) as they arrive, until it exits (or
+    ``stop_when(event)`` is true).
 
-    When ``cancelled()`` becomes true the child's process group is killed and :class:`StageError` is raised.
+    When ``cancelled()`` becomes true the child's process group is killed and :class:`StageError` is raised; a line
+    that is no event raises :class:`~core.child.events.EventFormatError` (the child is killed too).
     """
     assert child.proc is not None
     finished = False
@@ -230,7 +236,7 @@ def child_groups(child: ChildJob) -> list[int]:
     killing torchrun's group does not reach the ranks."""
     assert child.proc is not None
     poll_events(child)
-    ranks = sorted({int(e["pgid"]) for e in child.events if e.get("kind") == "started" and e.get("pgid")})
+    ranks = sorted({e.pgid for e in child.events if isinstance(e, Started) and e.pgid})
     return [child.pid, *[g for g in ranks if g != child.pid]]
 
 
@@ -294,7 +300,7 @@ def check_exit(child: ChildJob) -> None:
     assert child.proc is not None
     rc = child.proc.wait()
     if rc != 0:
-        errors = [e["error"] for e in child.events if e.get("kind") == "error"]
+        errors = [e.error for e in child.events if isinstance(e, ChildError)]
         why = errors[-1] if errors else f"exit status {rc}"
         why += killed_note(rc, child.oom_kills_at_start, child.peak_rss_bytes)
         raise StageError(f"{child.name} failed: {why}{disk_note(child.job_dir)} (see {child.log_path})")

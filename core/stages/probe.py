@@ -7,12 +7,22 @@ comparison with the plan states which measured quantity it compares with.
 from __future__ import annotations
 
 from collections.abc import Generator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from core.child.events import (
+    ChildEvent,
+    DeviceMap,
+    DeviceUuid,
+    Ledger,
+    Ledgers,
+    ModelBuilt,
+    Placement,
+    ProbeStep,
+)
 from core.errors import StageError
-from core.events import ChildStarted, DeviceBound, Event, Message, Progress, leads
+from core.events import ChildStarted, DeviceBound, Event, Message, Progress
 from core.plan.fit import UNDER_ESTIMATE_TOLERANCE, under_estimate
 from core.spec import RunSpec
 from core.stages.childproc import SINGLE, Launch, check_exit, start_child, watch
@@ -106,12 +116,12 @@ def wrapper_problem(strategy: str, wrapper: str) -> str | None:
     return f"strategy {asked} was asked for, but the model ran wrapped in {wrapper or 'nothing'}{why}"
 
 
-def rank_ledgers(events: list[dict]) -> list[dict]:
+def rank_ledgers(events: list[ChildEvent]) -> list[Ledger]:
     """Every rank's ledger, in global rank order: rank 0's ``ledgers`` event (every rank's, gathered over the process
     group, so several nodes' ledgers arrive on node 0) when there is one, else each ``ledger`` event read here."""
-    gathered = next((e["ledgers"] for e in events if e["kind"] == "ledgers"), None)
-    ledgers = gathered if gathered is not None else [e for e in events if e["kind"] == "ledger"]
-    return sorted(ledgers, key=lambda e: e.get("global_rank", 0))
+    gathered = next((e.ledgers for e in events if isinstance(e, Ledgers)), None)
+    ledgers = gathered if gathered is not None else [e for e in events if isinstance(e, Ledger)]
+    return sorted(ledgers, key=lambda e: e.global_rank)
 
 
 def run_probe(
@@ -140,34 +150,70 @@ def run_probe(
                                            "device": device, "devices": names}, launch)
     yield ChildStarted("probe", run="probe", pid=child.pid, log_path=str(child.log_path))
     for event in watch(child, cancelled=cancelled):
-        if event["kind"] == "device_uuid":
-            yield DeviceBound("probe", device=event["device"], uuid=event["uuid"])
-        if event["kind"] == "probe_step" and leads(event):
-            yield Progress("probe", run="probe", step=event["step"], total=event["total"])
+        if isinstance(event, DeviceUuid):
+            yield DeviceBound("probe", device=event.device, uuid=event.uuid)
+        if isinstance(event, ProbeStep) and event.leads:
+            yield Progress("probe", run="probe", step=event.step, total=event.total)
     check_exit(child)
     ledgers = rank_ledgers(child.events)
-    gathered = any(e["kind"] == "ledgers" for e in child.events)
+    gathered = any(isinstance(e, Ledgers) for e in child.events)
     # rank 0's node gathers every node's ledgers; another node has its own ranks' (node 0's record holds them all)
     world = spec.world_size(len(names)) if gathered or spec.torchrun.nnodes == 1 else launch.nproc
     if len(ledgers) != world:
         raise StageError(f"probe: {len(ledgers)} rank(s) reported a ledger, {world} were started (see {child.log_path})")
+    return probe_result(spec, child.events, ledgers, plan, traced, device, str(child.log_path))
+
+
+def probe_result(spec: RunSpec, events: list[ChildEvent], ledgers: list[Ledger], plan: Any,
+                 traced: dict[str, Any] | None, device: str, log_path: str) -> ProbeResult:
+    """The stage's result from the child's events and every rank's ledger: a measurement per device compared with
+    its plan; fail when a device is above its capacity, ran in another wrapper than the strategy asks for, or the
+    model ran with another attention implementation than planned. An under-estimating plan is a finding."""
     placement: dict[str, dict[str, int]] = {}
-    for e in child.events:
-        if e["kind"] == "placement":
-            placement.update(e["devices"])
+    for e in events:
+        if isinstance(e, Placement):
+            placement.update(e.devices)
     placement = dict(sorted(placement.items()))  # ranks' events arrive in any order: list devices in order
+    measurements = [_measurement(ledger, placement) for ledger in _per_device(ledgers)]
+    comparisons, problems, findings = judge_devices(spec, plan, traced, measurements)
+    used = next((e for e in events if isinstance(e, ModelBuilt)), None)
+    attention = used.attention if used is not None else ""
+    if attention and attention != spec.attn_implementation:
+        problems.append(f"{_where(measurements[0]) if measurements else device}: the model ran with {attention} "
+                        f"attention, not the {spec.attn_implementation} the plan is for (transformers fell back): plan "
+                        f"it with --attn-implementation {attention}")
+    first = ledgers[0]
+    return ProbeResult(
+        status="fail" if problems else "pass",
+        steps=first.steps,
+        step_time_s=max(e.step_time_s for e in ledgers),  # the slowest rank sets the pace of a synchronous step
+        tokens_per_s=sum(e.tokens_per_s for e in ledgers),
+        devices=measurements,
+        placement=placement,
+        comparisons=comparisons,
+        log_path=log_path,
+        summary=_summary(first, measurements, comparisons, problems, findings),
+        problems=problems,
+        layers=next((e.layers for e in events if isinstance(e, DeviceMap)), {}),
+        findings=findings,
+        attention=str(attention),
+        lora_targets=list((used.lora_targets if used is not None else None) or []),
+        lora_modules=int((used.lora_modules if used is not None else None) or 0),
+    )
+
+
+def judge_devices(spec: RunSpec, plan: Any, traced: dict[str, Any] | None, measurements: list[DeviceMeasurement],
+                  ) -> tuple[list[PlanComparison], list[str], list[str]]:
+    """Each measured device against its plan (the bytes its fit was judged by) and its capacity, and its wrapper
+    against the strategy. Returns (comparisons, problems, findings)."""
     from core.plan.fit import fit_verdicts
 
     plan_by_name = {d.device.name: d for d in plan.devices}
     fit_by_name = {f.device: f for f in fit_verdicts(plan, traced)}
-    measurements: list[DeviceMeasurement] = []
     comparisons: list[PlanComparison] = []
     problems: list[str] = []
     findings: list[str] = []
-    layers: dict[str, Any] = next((e["layers"] for e in child.events if e["kind"] == "device_map"), {})
-    for ledger in _per_device(ledgers):
-        m = _measurement(ledger, placement)
-        measurements.append(m)
+    for m in measurements:
         plan_device = plan_by_name.get(m.device)
         if plan_device is not None:
             comparison = compare_with_plan(plan_device, m, fit_by_name[m.device].bytes)
@@ -183,14 +229,12 @@ def run_probe(
         wrong = wrapper_problem(spec.strategy, m.wrapper)
         if wrong:
             problems.append(f"{_where(m)}: {wrong}")
-    used = next((e for e in child.events if e["kind"] == "model_built"), {})
-    if used.get("attention") and used["attention"] != spec.attn_implementation:
-        problems.append(f"{_where(measurements[0]) if measurements else device}: the model ran with {used['attention']} "
-                        f"attention, not the {spec.attn_implementation} the plan is for (transformers fell back): plan "
-                        f"it with --attn-implementation {used['attention']}")
-    status = "fail" if problems else "pass"
-    first = ledgers[0]
-    summary = (f"{first['steps']} steps on {_span_names(measurements)}, {first['step_time_s']:.2f} s/step, "
+    return comparisons, problems, findings
+
+
+def _summary(first: Ledger, measurements: list[DeviceMeasurement], comparisons: list[PlanComparison],
+             problems: list[str], findings: list[str]) -> str:
+    summary = (f"{first.steps} steps on {_span_names(measurements)}, {first.step_time_s:.2f} s/step, "
                + "; ".join(f"{_where(m)} measured peak {_gib(m.peak_bytes)}"
                            + (f", plan {_gib(c.planned_bytes)} ({_relation(c)})" if c else "")
                            for m, c in ((m, next((c for c in comparisons if c.rank == m.rank), None))
@@ -199,37 +243,21 @@ def run_probe(
         summary += "; FAIL: " + "; ".join(dict.fromkeys(p.split(": ", 1)[1] for p in problems))
     if findings:
         summary += "; " + "; ".join(findings)
-    return ProbeResult(
-        status=status,
-        steps=first["steps"],
-        step_time_s=max(e["step_time_s"] for e in ledgers),  # the slowest rank sets the pace of a synchronous step
-        tokens_per_s=sum(e["tokens_per_s"] for e in ledgers),
-        devices=measurements,
-        placement=placement,
-        comparisons=comparisons,
-        log_path=str(child.log_path),
-        summary=summary,
-        problems=problems,
-        layers=layers,
-        findings=findings,
-        attention=str(used.get("attention", "")),
-        lora_targets=list(used.get("lora_targets", [])),
-        lora_modules=int(used.get("lora_modules", 0)),
-    )
+    return summary
 
 
-def _per_device(ledgers: list[dict]) -> list[dict]:
+def _per_device(ledgers: list[Ledger]) -> list[Ledger]:
     """One ledger per device: a rank's ledger as it is, or, for one process over several devices (device_map), its
     ledger once per device with that device's weights and peaks (gradients and optimizer states: inference has none)."""
     out = []
     for ledger in ledgers:
-        if "per_device" not in ledger:
+        if ledger.per_device is None:
             out.append(ledger)
             continue
-        for d in ledger["per_device"]:
-            out.append({**ledger, "device": d["device"], "weights_bytes": d["weights_bytes"],
-                        "peak_allocated_bytes": d["peak_allocated_bytes"],
-                        "peak_reserved_bytes": d["peak_reserved_bytes"], "wrapper": "device_map (accelerate)"})
+        for d in ledger.per_device:
+            out.append(replace(ledger, device=d["device"], weights_bytes=d["weights_bytes"],
+                               peak_allocated_bytes=d["peak_allocated_bytes"],
+                               peak_reserved_bytes=d["peak_reserved_bytes"], wrapper="device_map (accelerate)"))
     return out
 
 
@@ -239,31 +267,32 @@ def measured_use(m: DeviceMeasurement) -> int:
     return m.peak_bytes if m.device.startswith("cuda") else max(m.peak_bytes, m.peak_rss_bytes)
 
 
-def _measurement(ledger: dict[str, Any], placement: dict[str, dict[str, int]]) -> DeviceMeasurement:
-    name = ledger["device"]
+def _measurement(ledger: Ledger, placement: dict[str, dict[str, int]]) -> DeviceMeasurement:
+    name = ledger.device
     place = placement.get(name, {"parameters": 0, "trainable": 0})
+    reserved: int | None
     if name.startswith("cuda"):
-        peak, method = ledger["peak_allocated_bytes"], "peak allocated (torch.cuda.max_memory_allocated)"
-        reserved = ledger["peak_reserved_bytes"]
+        peak, method = ledger.peak_allocated_bytes, "peak allocated (torch.cuda.max_memory_allocated)"
+        reserved = ledger.peak_reserved_bytes
     else:
-        peak, method, reserved = ledger["peak_tracked_tensor_bytes"], ledger["tracked_method"], None
+        peak, method, reserved = ledger.peak_tracked_tensor_bytes, str(ledger.tracked_method), None
     return DeviceMeasurement(
         device=name,
-        weights_bytes=ledger["weights_bytes"],
-        gradients_bytes=ledger["gradients_bytes"],
-        optimizer_states_bytes=ledger["optimizer_states_bytes"],
-        peak_bytes=int(peak),
+        weights_bytes=ledger.weights_bytes,
+        gradients_bytes=ledger.gradients_bytes,
+        optimizer_states_bytes=ledger.optimizer_states_bytes,
+        peak_bytes=int(peak or 0),
         peak_method=method,
         peak_reserved_bytes=reserved,
-        peak_rss_bytes=ledger["peak_rss_bytes"],
-        rss_after_load_bytes=ledger["rss_after_load_bytes"],
+        peak_rss_bytes=ledger.peak_rss_bytes,
+        rss_after_load_bytes=ledger.rss_after_load_bytes,
         parameters=place["parameters"],
         trainable_parameters=place["trainable"],
-        rank=ledger.get("global_rank", 0),
-        world_size=ledger.get("world_size", 1),
-        host=ledger.get("host", ""),
-        wrapper=ledger.get("wrapper", ""),
-        threads=ledger.get("torch_threads", 0),
+        rank=ledger.global_rank,
+        world_size=ledger.world_size,
+        host=ledger.host,
+        wrapper=ledger.wrapper,
+        threads=ledger.torch_threads,
     )
 
 

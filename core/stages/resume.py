@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from core import killpoints
+from core.child.events import ChildEvent, KillPoint, ManifestChecked, RngRestored, Started, Step, Trainable
 from core.child.manifest import verify_manifest, write_manifest
 from core.child.rng import rng_digest
 from core.errors import StageError
@@ -34,6 +36,7 @@ from core.spec import RunSpec
 from core.stages.childproc import (
     KILL_SETTLE_S,
     SINGLE,
+    ChildJob,
     Launch,
     check_exit,
     child_groups,
@@ -340,6 +343,10 @@ def run_resume_check(
 ) -> Generator[Event, None, ResumeResult]:
     """Run the interrupted and resumed children and compare with ``reference`` (a TrainEvalResult).
 
+    In order: the interrupted run, killed at its kill point (:func:`run_interrupted`, :func:`kill_checks`); the
+    checkpoint it leaves, checked before anything loads it (:func:`checkpoint_checks`); the resumed run
+    (:func:`run_resumed`); the comparison with the reference (:func:`compare_runs`).
+
     Args:
         launch: :func:`core.stages.childproc.launch_options` of the run (torchrun ranks), for both children; one process by
             default. Under torchrun the kill lands once every rank of this node holds at its kill point.
@@ -352,24 +359,56 @@ def run_resume_check(
     import time
 
     started = time.perf_counter()
-    c = spec.resume.kill_checkpoint_step()
-    k = spec.resume.kill_step()
+    c, k = spec.resume.kill_checkpoint_step(), spec.resume.kill_step()
     tier = tolerance_tier(device, spec.dtype)
-    checks: list[Check] = []
     resume_launch = resume_launch or launch
-    names = launch.names(device)
-    resume_names = resume_launch.names(device)
     # processes writing / resuming the checkpoint: this node's ranks x the nodes (1 x 1 for a single process)
     world = launch.nproc * spec.torchrun.nnodes
-    resume_world = resume_launch.nproc * spec.torchrun.nnodes
-    local = launch.nproc
-    base = {"spec": spec.to_dict(), "model_path": str(model_path), "device": device, "devices": names,
+    base = {"spec": spec.to_dict(), "model_path": str(model_path), "device": device, "devices": launch.names(device),
             "save_total_limit": None}
 
-    # 1. the interrupted run, killed at the kill point (after checkpoint c, before the next is complete); it starts
-    # from a copy of the reference's checkpoint before c (itself a resume) unless c is the first checkpoint
+    # 1. the interrupted run, killed at the kill point (after checkpoint c, before the next is complete)
+    interrupted, held = yield from run_interrupted(spec, run_dir, reference, base, launch, cancelled)
+    pgid, checks = kill_checks(spec, interrupted, held, launch.nproc)
+
+    # 2. which checkpoint to resume from; completeness, manifest and safe loading, before anything loads it
+    ckpt = interrupted.output_dir / f"checkpoint-{c}"
+    manifest_path = run_dir / "resume-interrupted" / f"manifest-checkpoint-{c}.json"
+    manifest = write_manifest(ckpt, manifest_path)
+    gate, resumable = checkpoint_checks(spec, interrupted.output_dir, ckpt, manifest, world,
+                                        resume_launch.nproc * spec.torchrun.nnodes)
+    checks.extend(gate)
+    if not resumable:
+        return _finish(spec, checks, c, k, pgid, tier, [], manifest, 0, started)
+    saved_rng = _rank_digests({r: rng_digest(safe_load(ckpt / (f"rng_state_{r}.pth" if world > 1 else "rng_state.pth")))
+                               for r in range(world)})
+
+    # 3. the resumed run
+    job = {**base, "devices": resume_launch.names(device), "resume_from": str(ckpt), "manifest": str(manifest_path)}
+    resumed = yield from run_resumed(spec, run_dir, job, resume_launch, cancelled)
+    checks.append(loaded_manifest_check(resumed.events, resume_launch.nproc, len(manifest)))
+    if checks[-1].status != "pass":
+        return _finish(spec, checks, c, k, pgid, tier, [], manifest, 0, started)
+
+    # 4. compare
+    compared, comparison, extra = compare_runs(spec, reference, interrupted, resumed, saved_rng, world, tier)
+    checks.extend(compared)
+    return _finish(spec, checks, c, k, pgid, tier, comparison, manifest, extra, started)
+
+
+def run_interrupted(spec: RunSpec, run_dir: Path, reference: Any, base: dict[str, Any], launch: Launch,
+                    cancelled=None) -> Generator[Event, None, tuple[ChildJob, dict[int, KillPoint]]]:
+    """Start the interrupted run and follow it until every rank of this node holds at its kill point (it is not
+    killed here). It starts from a copy of the reference's checkpoint before c (itself a resume) unless c is the
+    first checkpoint or ``resume.interrupted_from = "start"``.
+
+    Returns:
+        (the child, rank -> its :class:`~core.child.events.KillPoint`).
+
+    Raises:
+        StageError: the run ended (or failed) before its kill point.
+    """
     start = spec.resume.interrupted_start()
-    end = spec.resume.compared_until(spec.steps)
     first = {}
     if start > 0:
         first = {"resume_from": str(copy_reference_checkpoint(Path(reference.output_dir), start,
@@ -377,54 +416,73 @@ def run_resume_check(
     origin = f"checkpoint-{start} of the uninterrupted run" if start else "step 0"
     yield Message("resume", text=f"interrupted run from {origin}: SIGKILL {spec.resume.describe()}")
     interrupted = start_child("interrupted", run_dir / "resume-interrupted", {
-        **base, **first, "role": "interrupted", "kill_step": k, "kill_at": spec.resume.kill_at}, launch)
+        **base, **first, "role": "interrupted", "kill_step": spec.resume.kill_step(),
+        "kill_at": spec.resume.kill_at}, launch)
     yield ChildStarted("resume", run="interrupted", pid=interrupted.pid, log_path=str(interrupted.log_path))
-    held: dict[int, dict] = {}  # rank -> its kill_point event: kill once every rank of this node holds there
+    held: dict[int, KillPoint] = {}  # rank -> its kill_point event: kill once every rank of this node holds there
 
-    def all_held(e: dict) -> bool:
-        if e["kind"] == "kill_point":
-            held[e.get("rank", 0)] = e
-        return len(held) >= local
+    def all_held(e: ChildEvent) -> bool:
+        if isinstance(e, KillPoint):
+            held[e.rank or 0] = e
+        return len(held) >= launch.nproc
 
-    mean = StepMean(local)
+    mean = StepMean(launch.nproc)
     for event in watch(interrupted, stop_when=all_held, cancelled=cancelled):
-        if event["kind"] == "step" and (averaged := mean.add(event)) is not None:
-            yield Progress("resume", run="interrupted", step=averaged["step"], total=spec.resume.last_step_needed(),
-                           loss=averaged["loss"])
-    kill_event = held.get(min(held)) if len(held) >= local else None
-    if kill_event is None:
+        if isinstance(event, Step) and (averaged := mean.add(event)) is not None:
+            yield Progress("resume", run="interrupted", step=averaged.step, total=spec.resume.last_step_needed(),
+                           loss=averaged.loss)
+    if len(held) < launch.nproc:
         check_exit(interrupted)
         raise StageError(f"the interrupted run ended before its kill point (see {interrupted.log_path})")
+    return interrupted, held
+
+
+def kill_checks(spec: RunSpec, interrupted: ChildJob, held: dict[int, KillPoint], local: int) -> tuple[int, list[Check]]:
+    """SIGKILL every process group of the held interrupted run (:func:`core.stages.childproc.kill_group`) and check
+    the kill: ``kill`` (no process of its groups is left, polled up to :data:`KILL_SETTLE_S` s) and ``kill_point``
+    (where it held is where the spec placed the kill, on every one of the ``local`` ranks of this node).
+
+    Returns:
+        (the process group id killed, [kill, kill_point])."""
+    kill_event = held[min(held)]
     groups = child_groups(interrupted)
     pgid = kill_group(interrupted)
     alive = groups_left_after_kill(groups)
     what = (f"process group {pgid}" if len(groups) == 1 else
             f"process groups {pgid} (torchrun) and {', '.join(map(str, groups[1:]))} (its ranks)")
-    checks.append(Check("kill", "fail" if alive else "pass",
-                        f"SIGKILL to {what} {kill_position(kill_event)}; "
-                        + (f"a process of group{'s' * (len(alive) > 1)} {', '.join(map(str, alive))} is still alive "
-                           f"{KILL_SETTLE_S:.0f} s later" if alive else
-                           f"no process of the group{'s' * (len(groups) > 1)} is left")))
-    checks.append(kill_point_check(spec, kill_event))
+    killed = Check("kill", "fail" if alive else "pass",
+                   f"SIGKILL to {what} {kill_position(kill_event)}; "
+                   + (f"a process of group{'s' * (len(alive) > 1)} {', '.join(map(str, alive))} is still alive "
+                      f"{KILL_SETTLE_S:.0f} s later" if alive else
+                      f"no process of the group{'s' * (len(groups) > 1)} is left"))
+    point = kill_point_check(spec, kill_event)
     if local > 1:
-        apart = [r for r, e in held.items() if (e["step"], e.get("where"), e.get("micro_done")) !=
-                 (kill_event["step"], kill_event.get("where"), kill_event.get("micro_done"))]
+        apart = [r for r, e in held.items() if (e.step, e.where, e.micro_done) !=
+                 (kill_event.step, kill_event.where, kill_event.micro_done)]
         if apart:
-            checks[-1] = Check("kill_point", "fail", f"ranks {apart} held at another point than rank 0: "
-                                                     + "; ".join(f"rank {r} {kill_position(held[r])}" for r in apart))
+            point = Check("kill_point", "fail", f"ranks {apart} held at another point than rank 0: "
+                                                + "; ".join(f"rank {r} {kill_position(held[r])}" for r in apart))
         else:
-            checks[-1] = Check("kill_point", checks[-1].status, f"all {local} ranks: {checks[-1].evidence}")
+            point = Check("kill_point", point.status, f"all {local} ranks: {point.evidence}")
+    return pgid, [killed, point]
 
-    # 2. which checkpoint to resume from; completeness, manifest and safe loading, before anything loads it
-    selection = select_checkpoint(spec, interrupted.output_dir, world)
-    checks.append(selection_check(selection, c))
-    ckpt = interrupted.output_dir / f"checkpoint-{c}"
+
+def checkpoint_checks(spec: RunSpec, output_dir: Path, ckpt: Path, manifest: dict[str, str], world: int,
+                      resume_world: int) -> tuple[list[Check], bool]:
+    """The checks of the interrupted run's checkpoint ``ckpt`` (checkpoint-c) before anything loads it: the newest
+    complete one is c (``checkpoint_selection``), it holds every component (``checkpoint_complete``), its files match
+    the ``manifest`` taken after the kill, every pickle loads with ``weights_only=True``, its trainer state says step
+    c, and it was written at the resume's world size.
+
+    Returns:
+        (the checks, True when the resumed run may start: every check that guards loading passed)."""
+    c = spec.resume.kill_checkpoint_step()
+    selection = select_checkpoint(spec, output_dir, world)
+    checks = [selection_check(selection, c)]
     complete = completeness(spec, ckpt, world)
     checks.append(complete)
-    manifest_path = run_dir / "resume-interrupted" / f"manifest-checkpoint-{c}.json"
-    manifest = write_manifest(ckpt, manifest_path)
     if complete.status != "pass" or selection.checkpoint != ckpt:
-        return _finish(spec, checks, c, k, pgid, tier, [], manifest, 0, started)
+        return checks, False
     bad = verify_manifest(ckpt, manifest)
     checks.append(Check("manifest", "fail" if bad else "pass",
                         ("sha256 mismatch: " + ", ".join(bad)) if bad else f"sha256 of {len(manifest)} files verified"))
@@ -435,36 +493,48 @@ def run_resume_check(
                         f"trainer_state.json global_step = {state.get('global_step')} (expected {c})"))
     sized = world_size_check(ckpt, resume_world)
     checks.append(sized)
-    if bad or safe.status != "pass" or sized.status != "pass":
-        return _finish(spec, checks, c, k, pgid, tier, [], manifest, 0, started)
-    saved_rng = _rank_digests({r: rng_digest(safe_load(ckpt / (f"rng_state_{r}.pth" if world > 1 else "rng_state.pth")))
-                               for r in range(world)})
+    return checks, not bad and safe.status == "pass" and sized.status == "pass"
 
-    # 3. the resumed run
+
+def run_resumed(spec: RunSpec, run_dir: Path, job: dict[str, Any], launch: Launch,
+                cancelled=None) -> Generator[Event, None, ChildJob]:
+    """Start the resumed run (``job``: from checkpoint-c, with its manifest), follow it to its last compared step.
+
+    Raises:
+        StageError: the child failed."""
+    c, end = spec.resume.kill_checkpoint_step(), spec.resume.compared_until(spec.steps)
     yield Message("resume", text=f"resumed run from checkpoint-{c} to step {end}, compared with the uninterrupted "
                                  f"run at steps {c + 1}-{end}")
-    resumed = start_child("resumed", run_dir / "resume-resumed", {**base, "devices": resume_names, "role": "resumed",
-                                                                  "resume_from": str(ckpt), "stop_after_step": end,
-                                                                  "manifest": str(manifest_path)}, resume_launch)
+    resumed = start_child("resumed", run_dir / "resume-resumed", {**job, "role": "resumed", "stop_after_step": end},
+                          launch)
     yield ChildStarted("resume", run="resumed", pid=resumed.pid, log_path=str(resumed.log_path))
-    mean = StepMean(resume_launch.nproc)
+    mean = StepMean(launch.nproc)
     for event in watch(resumed, cancelled=cancelled):
-        if event["kind"] == "step" and (averaged := mean.add(event)) is not None:
-            yield Progress("resume", run="resumed", step=averaged["step"], total=end, loss=averaged["loss"])
+        if isinstance(event, Step) and (averaged := mean.add(event)) is not None:
+            yield Progress("resume", run="resumed", step=averaged.step, total=end, loss=averaged.loss)
     check_exit(resumed)
-    checks.append(loaded_manifest_check(resumed.events, resume_launch.nproc, len(manifest)))
-    if checks[-1].status != "pass":
-        return _finish(spec, checks, c, k, pgid, tier, [], manifest, 0, started)
+    return resumed
 
-    # 4. compare
 
+def compare_runs(spec: RunSpec, reference: Any, interrupted: ChildJob, resumed: ChildJob, saved_rng: dict[str, str],
+                 world: int, tier: Tier) -> tuple[list[Check], list[dict[str, Any]], int]:
+    """Compare the interrupted and resumed runs with the reference: the steps (:func:`compare_steps`), the trainable
+    set, the random generators (``saved_rng``: the digests of checkpoint-c's RNG files), the final weights and
+    optimizer states (and the GradScaler with fp16) at the last compared step.
+
+    Returns:
+        (the checks, one row per resumed step: step, learning_rate, loss_reference, loss_resumed, difference; the
+        steps the check ran beyond the reference)."""
+    c, end = spec.resume.kill_checkpoint_step(), spec.resume.compared_until(spec.steps)
     ref = {s["step"]: s for s in reference.steps}
     intr = merge_rank_steps(interrupted.events)
     res = merge_rank_steps(resumed.events)
-    checks.extend(compare_steps(ref, intr, res, c, end, tier))
+    checks = compare_steps(ref, intr, res, c, end, tier)
+    trainable = next((e for e in lead_events(resumed.events) if isinstance(e, Trainable)), None)
     checks.append(compare_trainable(getattr(reference, "trainable", {}),
-                                    next((e for e in lead_events(resumed.events) if e["kind"] == "trainable"), {})))
-    restored_by_rank = {e.get("rank", 0): e["digest"] for e in resumed.events if e["kind"] == "rng_restored"}
+                                    {"names": trainable.names, "parameters": trainable.parameters}
+                                    if trainable is not None else {}))
+    restored_by_rank = {e.rank or 0: e.digest for e in resumed.events if isinstance(e, RngRestored)}
     restored = _rank_digests(restored_by_rank) if len(restored_by_rank) == world else None
     checks.extend(compare_rng(restored, saved_rng, res, ref, c))
     comparison = [
@@ -480,7 +550,7 @@ def run_resume_check(
     checks.extend(compare_optimizers(ref_final / "optimizer.pt", res_final / "optimizer.pt", tier))
     if spec.dtype == "fp16":  # case R7: the loss scale must continue, not restart at 2^16
         checks.append(compare_scalers(ref_final / "scaler.pt", res_final / "scaler.pt"))
-    return _finish(spec, checks, c, k, pgid, tier, comparison, manifest, len(intr) + len(res), started)
+    return checks, comparison, len(intr) + len(res)
 
 
 def _finish(spec, checks, c, k, pgid, tier, comparison, manifest, extra_steps, started) -> ResumeResult:
@@ -517,16 +587,16 @@ def copy_reference_checkpoint(reference_output: Path, step: int, output: Path) -
     return Path(shutil.copytree(source, output / source.name))
 
 
-def loaded_manifest_check(events: list[dict], ranks: int, files: int) -> Check:
+def loaded_manifest_check(events: list[ChildEvent], ranks: int, files: int) -> Check:
     """``manifest_at_load``: every rank of the resumed run verified the checkpoint's sha256 manifest in its own process
     right before Trainer loaded it and again after its run (core.child.manifest); a change names the file and when it was
     seen."""
-    seen = {(e.get("rank", 0), e["when"]): e for e in events if e.get("kind") == "manifest"}
-    changed = [f"{', '.join(e['bad'])} ({e['when'].replace('_', ' ')}{f', rank {r}' if ranks > 1 else ''})"
-               for (r, _), e in sorted(seen.items()) if e["bad"]]
+    seen = {(e.rank or 0, e.when): e for e in events if isinstance(e, ManifestChecked)}
+    changed = [f"{', '.join(e.bad)} ({e.when.replace('_', ' ')}{f', rank {r}' if ranks > 1 else ''})"
+               for (r, _), e in sorted(seen.items()) if e.bad]
     if changed:
         return Check("manifest_at_load", "fail", "the checkpoint changed after its manifest: " + "; ".join(changed))
-    started = sorted({e.get("rank", 0) for e in events if e.get("kind") == "started"}) or [0]
+    started = sorted({e.rank or 0 for e in events if isinstance(e, Started)}) or [0]
     missing = [f"{when.replace('_', ' ')}{f' (rank {r})' if ranks > 1 else ''}" for r in started
                for when in ("before_load", "after_load") if (r, when) not in seen]
     if missing:
@@ -536,32 +606,18 @@ def loaded_manifest_check(events: list[dict], ranks: int, files: int) -> Check:
                  f"{'es' if ranks > 1 else ''} right before loading and after the run")
 
 
-def kill_position(event: dict) -> str:
-    """Where the interrupted run was when it was killed, in words, from its ``kill_point`` event."""
-    where, step = event.get("where"), event["step"]
-    if where == "save":
-        return f"while checkpoint-{step} was being written (weights saved, optimizer not)"
-    if where == "step_end":
-        return f"right after optimizer step {step}"
-    done, n = event.get("micro_done", 0), event.get("micro_in_step", 1)
-    if where == "step_begin":
-        return f"at the start of step {step + 1}, before its micro-batch (no accumulation: one per step)"
-    if n == 1:
-        return f"inside step {step + 1} after its only micro-batch's backward, before its optimizer step"
-    return f"inside step {step + 1} after {done} of its {n} micro-batches, before its optimizer step"
+def kill_position(event: KillPoint) -> str:
+    """Where the interrupted run was when it was killed, in words, from its ``kill_point`` event
+    (:func:`core.killpoints.position`)."""
+    return killpoints.position(event.step, event.where, event.micro_done, event.micro_in_step)
 
 
-def kill_point_check(spec: RunSpec, event: dict) -> Check:
-    """The interrupted run was killed where the spec placed the kill (``resume.kill_at``, :data:`KILL_POINTS`)."""
-    k, at = spec.resume.kill_step(), spec.resume.kill_at
-    step, where = event["step"], event.get("where")
-    done, n = event.get("micro_done"), int(event.get("micro_in_step") or 0)
-    expected = {
-        "boundary": step == k and where == "step_end",
-        "boundary-1": step == k - 1 and where in ("step_begin", "micro") and done == n - 1,
-        "boundary+1": step == k and where == "micro" and done == 1,
-        "checkpoint-write": step == k and where == "save",
-    }[at]
+def kill_point_check(spec: RunSpec, event: KillPoint) -> Check:
+    """The interrupted run was killed where the spec placed the kill (``resume.kill_at``, by the rule the child
+    holds by: :func:`core.killpoints.holds`)."""
+    at = spec.resume.kill_at
+    expected = killpoints.holds(at, spec.resume.kill_step(), event.step, event.where, event.micro_done,
+                                event.micro_in_step)
     return Check("kill_point", "pass" if expected else "fail",
                  f"{at}: killed {kill_position(event)}" + ("" if expected else f"; planned {spec.resume.describe()}"))
 

@@ -8,11 +8,22 @@ from __future__ import annotations
 
 import math
 from collections.abc import Generator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from core.events import ChildStarted, Evaluated, Event, Message, Progress, lead_events, leads
+from core.child.events import (
+    ChildEvent,
+    DataInfo,
+    Evaluation,
+    ModelBuilt,
+    Started,
+    Step,
+    Trainable,
+    Trained,
+    as_dict,
+)
+from core.events import ChildStarted, Evaluated, Event, Message, Progress, lead_events
 from core.spec import RunSpec
 from core.stages.childproc import SINGLE, ChildJob, Launch, check_exit, start_child, watch
 
@@ -52,49 +63,56 @@ class TrainEvalResult:
 
 
 class StepMean:
-    """Progress of a several-rank run: one step record once every local rank has reported that step, its loss the
-    mean over the ranks (what the record keeps; :func:`merge_rank_steps`)."""
+    """Progress of a several-rank run: one step once every local rank has reported that step, its loss the mean over
+    the ranks (what the record keeps; :func:`merge_rank_steps`)."""
 
     def __init__(self, ranks: int) -> None:
         self.ranks = max(1, ranks)
-        self.pending: dict[int, list[dict[str, Any]]] = {}
+        self.pending: dict[int, list[Step]] = {}
 
-    def add(self, event: dict[str, Any]) -> dict[str, Any] | None:
-        """The merged step when ``event`` (a ``step`` event) completes it, else None."""
-        got = self.pending.setdefault(event["step"], [])
+    def add(self, event: Step) -> Step | None:
+        """The merged step (the first rank's, with the mean loss) when ``event`` completes it, else None."""
+        got = self.pending.setdefault(event.step, [])
         got.append(event)
         if len(got) < self.ranks:
             return None
-        del self.pending[event["step"]]
-        return {**got[0], "loss": sum(e["loss"] for e in got) / len(got)}
+        del self.pending[event.step]
+        return replace(got[0], loss=sum(e.loss for e in got) / len(got))
 
 
-def merge_rank_steps(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One record per optimizer step from every rank's ``step`` events, in step order.
+def step_record(event: Step) -> dict[str, Any]:
+    """One step as the record and the resume comparison keep it: ``step``, ``epoch``, ``learning_rate``, ``loss``,
+    ``sample_ids``, ``rng`` (generator -> sha256 digest as the step started)."""
+    return {"step": event.step, "epoch": event.epoch, "learning_rate": event.learning_rate, "loss": event.loss,
+            "sample_ids": list(event.sample_ids), "rng": event.rng}
 
-    A single process's steps are returned as they are. Under torchrun (events with ``rank``) each step's record is
-    rank 0's with ``loss`` = the mean of the ranks' losses (each rank's own micro-batches; equal sizes, so the mean
-    is the global batch's), ``rank_losses`` = each rank's loss, ``sample_ids`` = every rank's ids in rank order, and
-    ``rng`` = every rank's generator digests, keyed ``<generator>@rank<r>``.
+
+def merge_rank_steps(events: list[ChildEvent]) -> list[dict[str, Any]]:
+    """One record per optimizer step (:func:`step_record`) from every rank's ``step`` events, in step order.
+
+    A single process's steps are returned in the order they came. Under torchrun (events with ``rank``) each step's
+    record is rank 0's with ``loss`` = the mean of the ranks' losses (each rank's own micro-batches; equal sizes, so
+    the mean is the global batch's), ``rank_losses`` = each rank's loss, ``ranks`` = the ranks in order,
+    ``sample_ids`` = every rank's ids in rank order, and ``rng`` = every rank's generator digests, keyed
+    ``<generator>@rank<r>``.
     """
-    steps = [e for e in events if e["kind"] == "step"]
-    if not any("rank" in e for e in steps):
-        return steps
-    by_step: dict[int, dict[int, dict[str, Any]]] = {}
+    steps = [e for e in events if isinstance(e, Step)]
+    if not any(e.rank is not None for e in steps):
+        return [step_record(e) for e in steps]
+    by_step: dict[int, dict[int, Step]] = {}
     for e in steps:
-        by_step.setdefault(e["step"], {})[e["rank"]] = e
+        by_step.setdefault(e.step, {})[e.rank or 0] = e
     out = []
     for step in sorted(by_step):
         ranks = by_step[step]
         order = sorted(ranks)
-        first = ranks[order[0]]
         out.append({
-            **first,
-            "loss": sum(ranks[r]["loss"] for r in order) / len(order),
-            "rank_losses": [ranks[r]["loss"] for r in order],
+            **step_record(ranks[order[0]]),
+            "loss": sum(ranks[r].loss for r in order) / len(order),
+            "rank_losses": [ranks[r].loss for r in order],
             "ranks": order,
-            "sample_ids": [i for r in order for i in ranks[r]["sample_ids"]],
-            "rng": {f"{k}@rank{r}": v for r in order for k, v in (ranks[r].get("rng") or {}).items()},
+            "sample_ids": [i for r in order for i in ranks[r].sample_ids],
+            "rng": {f"{k}@rank{r}": v for r in order for k, v in (ranks[r].rng or {}).items()},
         })
     return out
 
@@ -122,44 +140,55 @@ def run_train_eval(
     yield ChildStarted("train_eval", run="train", pid=child.pid, log_path=str(child.log_path))
     mean = StepMean(launch.nproc)
     for event in watch(child, cancelled=cancelled):
-        if event["kind"] == "step":
+        if isinstance(event, Step):
             step = mean.add(event)
-            if step is None:
-                continue
-            event = step
-        elif not leads(event):
-            continue  # this node's first rank reports for the run
-        if event["kind"] == "step":
-            yield Progress("train_eval", run="train", step=event["step"], total=spec.steps, loss=event["loss"],
-                           learning_rate=event["learning_rate"])
-        elif event["kind"] == "model_built":
-            built = event["t"] - next((e["t"] for e in child.events if e["kind"] == "started"), event["t"])
-            yield Message("train_eval", text=f"model built in {built:.1f} s (the weights loaded; not part of the "
-                                             "evaluation times)")
-        elif event["kind"] == "evaluation":
-            when = f" {event['when']} training" if spec.training else ""
-            # the seconds are the evaluation's own forward passes: the model was built before (said above)
-            yield Evaluated("train_eval", text=f"held-out perplexity{when}: {event['perplexity']:.3f} "
-                                               f"({event['tokens']} tokens, {event['seconds']:.1f} s of evaluation)",
-                            when=event["when"] if spec.training else "", perplexity=float(event["perplexity"]))
+            if step is not None:
+                yield Progress("train_eval", run="train", step=step.step, total=spec.steps, loss=step.loss,
+                               learning_rate=step.learning_rate)
+        elif event.leads:  # this node's first rank reports for the run
+            said = _said(spec, child, event)
+            if said is not None:
+                yield said
     check_exit(child)
+    return train_eval_result(spec, child, world=spec.world_size(len(names)) if spec.training else 1), child
+
+
+def _said(spec: RunSpec, child: ChildJob, event: ChildEvent) -> Event | None:
+    """What the log says of one of the lead rank's events: the model's build time, an evaluation; None otherwise."""
+    if isinstance(event, ModelBuilt):
+        built = event.t - next((e.t for e in child.events if isinstance(e, Started)), event.t)
+        return Message("train_eval", text=f"model built in {built:.1f} s (the weights loaded; not part of the "
+                                          "evaluation times)")
+    if isinstance(event, Evaluation):
+        when = f" {event.when} training" if spec.training else ""
+        # the seconds are the evaluation's own forward passes: the model was built before (said above)
+        return Evaluated("train_eval", text=f"held-out perplexity{when}: {event.perplexity:.3f} "
+                                            f"({event.tokens} tokens, {event.seconds:.1f} s of evaluation)",
+                         when=event.when if spec.training else "", perplexity=float(event.perplexity))
+    return None
+
+
+def train_eval_result(spec: RunSpec, child: ChildJob, world: int) -> TrainEvalResult:
+    """The stage's result from the child's events (``world``: the ranks training, for the tokens per second).
+
+    Training passes when the held-out perplexity after is below the one before, both finite; inference when its
+    one evaluation is finite."""
     events = lead_events(child.events)
-    evals = {e["when"]: e for e in events if e["kind"] == "evaluation"}
-    steps = merge_rank_steps(child.events)
-    trained = next((e for e in events if e["kind"] == "trained"), None)
-    data = next((e for e in events if e["kind"] == "data"), {})
-    world = spec.world_size(len(names)) if spec.training else 1
+    evals = {e.when: e for e in events if isinstance(e, Evaluation)}
+    trained = next((e for e in events if isinstance(e, Trained)), None)
+    data = next((e for e in events if isinstance(e, DataInfo)), None)
+    trainable = next((e for e in events if isinstance(e, Trainable)), None)
     before = _point(evals["before"])
     after = _point(evals["after"]) if "after" in evals else None
-    metric = evals["before"]["metric"]
-    if data.get("heldout_selection"):
-        metric = f"{metric}; evaluated on {data['heldout_selection']}"
+    metric = evals["before"].metric
+    if data is not None and data.heldout_selection:
+        metric = f"{metric}; evaluated on {data.heldout_selection}"
     if spec.training:
         assert after is not None and trained is not None
         finite = math.isfinite(before.perplexity) and math.isfinite(after.perplexity)
         status = "pass" if finite and after.perplexity < before.perplexity else "fail"
         criterion = "held-out perplexity after training < before training, both finite"
-        train_s = float(trained["seconds"])
+        train_s = float(trained.seconds)
         tokens = spec.batch_size * spec.grad_accum * spec.seq_len * spec.steps * world
         summary = f"perplexity {before.perplexity:.3f} -> {after.perplexity:.3f} in {spec.steps} steps, {train_s:.1f} s"
         tps: float | None = tokens / train_s if train_s > 0 else None
@@ -169,7 +198,7 @@ def run_train_eval(
                      "non-finite perplexity means the model's outputs are broken)")
         train_s, tps = None, None
         summary = f"perplexity {before.perplexity:.3f} on the fixed weights"
-    result = TrainEvalResult(
+    return TrainEvalResult(
         status=status,
         criterion=criterion,
         metric=metric,
@@ -178,17 +207,15 @@ def run_train_eval(
         training_time_s=train_s,
         tokens_per_s=tps,
         steps=[{k: e.get(k) for k in ("step", "epoch", "learning_rate", "loss", "sample_ids", "rng", "rank_losses")
-                if k in e} for e in steps],
-        data={k: v for k, v in data.items() if k not in ("kind", "t")},
+                if k in e} for e in merge_rank_steps(child.events)],
+        data=as_dict(data) if data is not None else {},
         output_dir=str(child.output_dir),
         log_path=str(child.log_path),
         summary=summary,
-        trainable=next(({k: e[k] for k in ("names", "parameters")} for e in events
-                        if e["kind"] == "trainable"), {}),
+        trainable={"names": trainable.names, "parameters": trainable.parameters} if trainable is not None else {},
     )
-    return result, child
 
 
-def _point(e: dict[str, Any]) -> EvalPoint:
-    return EvalPoint(perplexity=e["perplexity"], mean_nll=e["mean_nll"], tokens=e["tokens"], blocks=e["blocks"],
-                     seconds=e["seconds"])
+def _point(e: Evaluation) -> EvalPoint:
+    return EvalPoint(perplexity=e.perplexity, mean_nll=e.mean_nll, tokens=e.tokens, blocks=e.blocks,
+                     seconds=e.seconds)

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from core.child.worker import layer_placement
+from core.child.events import DeviceMap, Ledger
+from core.child.probe import layer_placement
 from core.errors import GpuAcceptError
 from core.spec import RunSpec
 from core.stages.childproc import Launch, check_exit, launch_options, start_child, watch
@@ -25,13 +26,18 @@ def test_layer_placement_joins_consecutive_layers_per_device():
 
 
 def test_one_process_over_two_devices_gives_a_measurement_per_device():
-    ledger = {"device": "cuda:0", "global_rank": 0, "world_size": 1, "host": "h", "wrapper": "none", "steps": 3,
-              "weights_bytes": 300, "gradients_bytes": 0, "optimizer_states_bytes": 0, "peak_rss_bytes": 10,
-              "rss_after_load_bytes": 5, "peak_allocated_bytes": 999, "peak_reserved_bytes": 1999,
-              "per_device": [{"device": "cuda:0", "weights_bytes": 100, "peak_allocated_bytes": 150,
-                              "peak_reserved_bytes": 200},
-                             {"device": "cuda:1", "weights_bytes": 200, "peak_allocated_bytes": 260,
-                              "peak_reserved_bytes": 300}]}
+    from core.child.events import parse_event
+
+    ledger = parse_event({
+        "kind": "ledger", "t": 1.0, "device": "cuda:0", "global_rank": 0, "local_rank": 0, "world_size": 1,
+        "node_rank": 0, "host": "h", "wrapper": "none", "steps": 3, "weights_bytes": 300, "weights_loaded_bytes": 300,
+        "gradients_bytes": 0, "optimizer_states_bytes": 0, "step_time_s": 0.5, "tokens_per_s": 10.0,
+        "rss_start_bytes": 4, "peak_rss_bytes": 10, "rss_after_load_bytes": 5, "torch_threads": 1,
+        "peak_allocated_bytes": 999, "peak_reserved_bytes": 1999,
+        "per_device": [{"device": "cuda:0", "weights_bytes": 100, "peak_allocated_bytes": 150,
+                        "peak_reserved_bytes": 200},
+                       {"device": "cuda:1", "weights_bytes": 200, "peak_allocated_bytes": 260,
+                        "peak_reserved_bytes": 300}]})
     placement = {"cuda:0": {"parameters": 25, "bytes": 100, "trainable": 0},
                  "cuda:1": {"parameters": 50, "bytes": 200, "trainable": 0}}
     ms = [_measurement(x, placement) for x in _per_device([ledger])]
@@ -48,10 +54,10 @@ def test_the_worker_loads_with_a_device_map_and_reports_where_modules_went(tiny_
         "devices": ["cpu"], "device_map": {"": "cpu"}})
     events = list(watch(child))
     check_exit(child)
-    (placed,) = [e for e in events if e["kind"] == "device_map"]
-    assert placed["layers"] == {"cpu": ["(the whole model)"]}  # accelerate's hf_device_map, as loaded
-    (ledger,) = [e for e in events if e["kind"] == "ledger"]
-    assert ledger["weights_bytes"] > 0 and ledger["gradients_bytes"] == 0
+    (placed,) = [e for e in events if isinstance(e, DeviceMap)]
+    assert placed.layers == {"cpu": ["(the whole model)"]}  # accelerate's hf_device_map, as loaded
+    (ledger,) = [e for e in events if isinstance(e, Ledger)]
+    assert ledger.weights_bytes > 0 and ledger.gradients_bytes == 0
 
 
 def test_device_map_runs_inference_only_and_in_one_process(tiny_model_dir):
@@ -68,3 +74,22 @@ def _two_cuda():
     from core.plan.memory import DeviceInfo
 
     return [DeviceInfo(f"cuda:{i}", "cuda", "test GPU", 24 * 2**30, "constructed for tests") for i in (0, 1)]
+
+
+def test_a_cuda_ledger_of_one_device_reads_the_allocator_not_a_tracker(monkeypatch):
+    """One CUDA device without a device map: the peak is the allocator's. (Before the probe's split the ledger took
+    the CPU tracker's branch for every ledger without a device map, and a CUDA probe, which has no tracker, failed.)"""
+    import torch
+
+    from core.child.probe import Seen, measured_ledger
+
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 1500)
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda device=None: 2048)
+    spec = RunSpec.build(mode="lora", devices="cpu", seq_len=32, batch_size=2, grad_accum=3, probe_steps=3)
+    seen = Seen(tracker=None, gradients=10, optimizer_states=20, step_times=[9.0, 0.5, 1.5])
+    ledger = Ledger(**measured_ledger(spec, seen, "cuda:0", "cuda:3", 300, 200, "none", 1, 2))
+    assert (ledger.device, ledger.peak_allocated_bytes, ledger.peak_reserved_bytes) == ("cuda:3", 1500, 2048)
+    assert ledger.peak_tracked_tensor_bytes is None and ledger.tracked_method is None and ledger.per_device is None
+    assert ledger.step_time_s == 1.0  # the first step (one-off allocations) is left out of the mean
+    assert ledger.tokens_per_s == 2 * 32 * 3 / 1.0
+    assert (ledger.weights_bytes, ledger.weights_loaded_bytes) == (200, 300)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from core.child.events import Ledger, Ledgers, ProbeStep, Started
 from core.errors import SpecError, StageError
 from core.spec import RunSpec
 from core.stages.childproc import (
@@ -199,12 +200,12 @@ def test_two_nodes_ledgers_are_merged_on_node_0(tiny_model_dir, tmp_path):
     for child in nodes:
         events.append(list(watch(child)))
         check_exit(child)
-    gathered = [e for node in events for e in node if e["kind"] == "ledgers"]
+    gathered = [e for node in events for e in node if isinstance(e, Ledgers)]
     assert len(gathered) == 1  # rank 0 gathers; it is on one of the two nodes
-    ledgers = gathered[0]["ledgers"]
-    assert [(x["global_rank"], x["world_size"]) for x in ledgers] == [(0, 2), (1, 2)]
-    assert sorted(x["node_rank"] for x in ledgers) == [0, 1]
-    assert all(x["wrapper"] == "DistributedDataParallel" for x in ledgers)
+    ledgers = gathered[0].ledgers
+    assert [(x.global_rank, x.world_size) for x in ledgers] == [(0, 2), (1, 2)]
+    assert sorted(x.node_rank for x in ledgers) == [0, 1]
+    assert all(x.wrapper == "DistributedDataParallel" for x in ledgers)
 
 
 def test_the_probe_under_torchrun_leaves_no_process(tiny_model_dir, tmp_path):
@@ -214,11 +215,11 @@ def test_the_probe_under_torchrun_leaves_no_process(tiny_model_dir, tmp_path):
                         launch_options(spec, ["cpu:0", "cpu:1"]))
     events = list(watch(child))
     check_exit(child)
-    ledgers = {e["rank"]: e for e in events if e["kind"] == "ledger"}
+    ledgers = {e.rank: e for e in events if isinstance(e, Ledger)}
     assert sorted(ledgers) == [0, 1]
     assert (tmp_path / "probe" / "events.rank1.jsonl").is_file()  # rank 1 never writes into rank 0's file
     for ledger in ledgers.values():
-        assert ledger["optimizer_states_bytes"] >= 2 * ledger["weights_bytes"]  # AdamW: 2 moments, not sharded
+        assert ledger.optimizer_states_bytes >= 2 * ledger.weights_bytes  # AdamW: 2 moments, not sharded
     assert not group_alive(child.proc.pid)  # torchrun and both ranks are gone
 
 
@@ -277,16 +278,23 @@ def test_zero3_across_nodes_divides_by_every_rank(tiny_model_dir):
 
 
 def test_merge_rank_steps():
+    from core.child.events import parse_event
     from core.stages.train import merge_rank_steps
 
-    single = [{"kind": "step", "step": 1, "loss": 2.0, "sample_ids": [1], "rng": {"cpu": "a"}}]
-    assert merge_rank_steps(single) == single
+    single = [{"kind": "step", "t": 1.0, "step": 1, "epoch": 0.5, "learning_rate": 1e-3, "loss": 2.0,
+               "sample_ids": [1], "rng": {"cpu": "a"}}]
+    # a single process's step is recorded as it came (without the line's kind and time)
+    assert merge_rank_steps([parse_event(e) for e in single]) == [
+        {k: v for k, v in single[0].items() if k not in ("kind", "t")}]
     events = [
-        {"kind": "step", "step": 1, "rank": 1, "loss": 4.0, "sample_ids": [2], "rng": {"cpu": "b"}, "epoch": 0.5},
-        {"kind": "step", "step": 1, "rank": 0, "loss": 2.0, "sample_ids": [1], "rng": {"cpu": "a"}, "epoch": 0.5},
-        {"kind": "evaluation", "rank": 0},
+        {"kind": "step", "step": 1, "rank": 1, "loss": 4.0, "sample_ids": [2], "rng": {"cpu": "b"}, "epoch": 0.5,
+         "learning_rate": 1e-3},
+        {"kind": "step", "step": 1, "rank": 0, "loss": 2.0, "sample_ids": [1], "rng": {"cpu": "a"}, "epoch": 0.5,
+         "learning_rate": 1e-3},
+        {"kind": "evaluation", "rank": 0, "when": "before", "perplexity": 9.0, "mean_nll": 2.2, "nll_sum": 22.0,
+         "tokens": 10, "blocks": 1, "seconds": 0.1, "metric": "m"},
     ]
-    (merged,) = merge_rank_steps(events)
+    (merged,) = merge_rank_steps([parse_event(e) for e in events])
     assert merged["loss"] == 3.0 and merged["rank_losses"] == [2.0, 4.0]
     assert merged["sample_ids"] == [1, 2] and merged["rng"] == {"cpu@rank0": "a", "cpu@rank1": "b"}
 
@@ -303,10 +311,10 @@ def test_a_kill_mid_run_ends_every_rank_at_once(tiny_model_dir, tmp_path):
                                                       "model_path": str(tiny_model_dir), "devices": names},
                         launch_options(spec, names))
     seen: set[int] = set()
-    for _event in watch(child, stop_when=lambda e: e["kind"] == "probe_step" and seen.add(e["rank"]) is None
+    for _event in watch(child, stop_when=lambda e: isinstance(e, ProbeStep) and seen.add(e.rank) is None
                        and len(seen) == 2):
         pass
-    pids = sorted(e["pid"] for e in child.events if e["kind"] == "started")
+    pids = sorted(e.pid for e in child.events if isinstance(e, Started))
     assert len(pids) == 2 and len(child_groups(child)) == 3  # torchrun's group and one per rank
     kill_group(child)
     time.sleep(0.2)

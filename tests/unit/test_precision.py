@@ -102,7 +102,7 @@ def test_all_linear_is_every_projection_but_the_head_as_peft_resolves_it(tmp_pat
     trainable, total = real.get_nb_trainable_parameters()
     assert count_parameters(config, "lora", lora).total == total
     assert count_parameters(config, "lora", lora).trainable == trainable
-    from core.child.worker import model_facts
+    from core.child.recipe import model_facts
 
     facts = model_facts(RunSpec.build(mode="lora", lora_targets="all-linear"), real)
     assert facts["lora_targets"] == ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"]

@@ -324,21 +324,24 @@ def test_rng_check_says_when_nothing_drew_random_numbers():
 
 
 def test_kill_point_check_compares_where_the_run_died_with_the_spec():
+    from dataclasses import replace
+
+    from core.child.events import KillPoint
     from core.stages.resume import kill_point_check
 
     spec = RunSpec.build(None, mode="lora", steps=30, grad_accum=4, resume_checkpoint_every=10,
                          resume_kill_after_checkpoint=2, resume_kill_at="boundary+1")
     assert spec.resume.kill_step() == 25
-    inside = {"step": 25, "where": "micro", "micro_done": 1, "micro_in_step": 4}
+    inside = KillPoint(step=25, where="micro", micro_done=1, micro_in_step=4)
     assert kill_point_check(spec, inside).status == "pass"
     assert "inside step 26 after 1 of its 4 micro-batches" in kill_point_check(spec, inside).evidence
-    assert kill_point_check(spec, {**inside, "micro_done": 2}).status == "fail"
-    assert kill_point_check(spec, {"step": 25, "where": "step_end"}).status == "fail"
+    assert kill_point_check(spec, replace(inside, micro_done=2)).status == "fail"
+    assert kill_point_check(spec, KillPoint(step=25, where="step_end")).status == "fail"
     minus = RunSpec.build(None, mode="lora", steps=30, grad_accum=4, resume_kill_at="boundary-1")
-    assert kill_point_check(minus, {"step": 24, "where": "micro", "micro_done": 3, "micro_in_step": 4}).status == "pass"
+    assert kill_point_check(minus, KillPoint(step=24, where="micro", micro_done=3, micro_in_step=4)).status == "pass"
     write = RunSpec.build(None, mode="lora", steps=30, resume_kill_at="checkpoint-write")
     assert write.resume.kill_step() == 30 and write.resume.kill_checkpoint_step() == 20
-    assert kill_point_check(write, {"step": 30, "where": "save"}).status == "pass"
+    assert kill_point_check(write, KillPoint(step=30, where="save")).status == "pass"
 
 
 def test_kill_points_are_validated_against_the_run_length():
@@ -395,11 +398,12 @@ def test_trainable_set_must_be_the_references():
 
 
 def test_kill_position_reads_right_without_accumulation():
+    from core.child.events import KillPoint
     from core.stages.resume import kill_position
 
-    assert kill_position({"step": 3, "where": "micro", "micro_done": 1, "micro_in_step": 1}) == (
+    assert kill_position(KillPoint(step=3, where="micro", micro_done=1, micro_in_step=1)) == (
         "inside step 4 after its only micro-batch's backward, before its optimizer step")
-    assert kill_position({"step": 2, "where": "step_begin", "micro_done": 0, "micro_in_step": 1}).startswith(
+    assert kill_position(KillPoint(step=2, where="step_begin", micro_done=0, micro_in_step=1)).startswith(
         "at the start of step 3")
-    assert kill_position({"step": 3, "where": "micro", "micro_done": 1, "micro_in_step": 4}) == (
+    assert kill_position(KillPoint(step=3, where="micro", micro_done=1, micro_in_step=4)) == (
         "inside step 4 after 1 of its 4 micro-batches, before its optimizer step")

@@ -12,6 +12,7 @@ from textual.containers import Horizontal, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Button, Footer, Header, Input, Label, Select, Static
 
+from core import killpoints
 from core.spec import ATTN_IMPLEMENTATIONS, DTYPES, KILL_POINTS, PADDINGS, PRECISIONS
 from tui.screens.nav import NavButtons
 from tui.widgets.inputs import OrderedInput
@@ -46,10 +47,7 @@ FIELDS: list[tuple[str, str, str, tuple[str, ...], tuple[str, ...]]] = [
 
 # choices whose value alone says little to a newcomer: what the option does, in a few words
 CHOICE_LABELS: dict[str, str] = {
-    "boundary+1": "boundary+1 · mid-step, no update",
-    "boundary": "boundary · right after a step",
-    "boundary-1": "boundary-1 · before a step's last micro",
-    "checkpoint-write": "checkpoint-write · mid checkpoint",
+    **killpoints.CHOICE_LABELS,
     "single": "single · one process",
     "ddp": "ddp · a replica per rank",
     "zero3": "zero3 · FSDP full shard",

@@ -459,6 +459,6 @@ class ResumeScreen(StageScreen):
 
 def _kill_label(kill_at: str | None, k: int) -> str:
     """Where the interrupted run was killed, short enough for the 80-column timeline."""
-    return {"boundary": f"after step {k}", "boundary-1": f"in step {k}, before last micro",
-            "boundary+1": f"in step {k + 1}, micro 1",
-            "checkpoint-write": f"writing ckpt {k}"}.get(kill_at or "", f"at step {k}")
+    from core.killpoints import timeline_label
+
+    return timeline_label(kill_at, k)

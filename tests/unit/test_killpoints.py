@@ -1,0 +1,85 @@
+"""core.killpoints is the one home of the kill-point rule: the child holds by it, the resume stage checks by it."""
+
+from __future__ import annotations
+
+import pytest
+
+from core import killpoints
+from core.child.events import KillPoint
+from core.spec import KILL_POINTS, RunSpec
+
+
+def _trainer_order(steps: int, accum: int, every: int):
+    """Where the child asks the kill switch, in Trainer's order: (global steps done, where, micro-batches done)."""
+    for k in range(steps):
+        yield k, "step_begin", 0
+        for done in range(1, accum + 1):
+            yield k, "micro", done
+        yield k + 1, "step_end", accum
+        if (k + 1) % every == 0:
+            yield k + 1, "save", 0
+
+
+@pytest.mark.parametrize("at", list(KILL_POINTS))
+@pytest.mark.parametrize(("every", "accum"), [(1, 1), (4, 1), (4, 3), (10, 4)])
+def test_the_first_place_the_child_holds_is_where_the_stage_expects_it(at, every, accum):
+    from core.stages.resume import kill_point_check
+
+    spec = RunSpec.build(None, mode="lora", steps=4 * every + 2, grad_accum=accum, resume_checkpoint_every=every,
+                         resume_kill_after_checkpoint=2, resume_kill_at=at)
+    k = spec.resume.kill_step()
+    held = next((step, where, done) for step, where, done in _trainer_order(spec.steps, accum, every)
+                if killpoints.holds(at, k, step, where, done, accum))
+    event = KillPoint(step=held[0], where=held[1], micro_done=held[2], micro_in_step=accum)
+    check = kill_point_check(spec, event)
+    assert check.status == "pass", (held, check.evidence)
+    assert check.evidence.startswith(f"{at}: killed ")
+    # one step off is another place, and the stage says so with the plan in words
+    off = kill_point_check(spec, KillPoint(step=held[0] + 1, where=held[1], micro_done=held[2], micro_in_step=accum))
+    assert off.status == "fail" and f"; planned {spec.resume.describe()}" in off.evidence
+
+
+def test_the_kill_switch_writes_where_it_holds_and_holds(monkeypatch):
+    from core.child import callbacks
+
+    class Held(Exception):
+        pass
+
+    def sleep(_s):
+        raise Held
+
+    written = []
+    monkeypatch.setattr(callbacks.time, "sleep", sleep)
+
+    class Events:
+        def write(self, event):
+            written.append(event)
+
+    class State:
+        global_step = 25
+
+    class FakeTrainer:
+        state = State()
+        micro = [([1], 1.0)]
+        current_gradient_accumulation_steps = 4
+
+    switch = callbacks.KillSwitch({"role": "interrupted", "kill_at": "boundary+1", "kill_step": 25}, Events(), 4)
+    switch.check(FakeTrainer(), "step_end")  # not here: returns
+    assert written == []
+    with pytest.raises(Held):
+        switch.check(FakeTrainer(), "micro")
+    assert written == [KillPoint(step=25, where="micro", micro_done=1, micro_in_step=4)]
+    # every other role never holds
+    callbacks.KillSwitch({"role": "resumed"}, Events(), 4).check(FakeTrainer(), "micro")
+    assert len(written) == 1
+
+
+def test_an_unknown_kill_point_never_holds_and_the_words_are_kept():
+    assert not any(killpoints.holds("halfway", 5, s, w, 1, 1) for s in range(8) for w in ("micro", "step_end", "save"))
+    assert killpoints.timeline_label("halfway", 7) == "at step 7"
+    assert killpoints.timeline_label("boundary+1", 7) == "in step 8, micro 1"
+    assert killpoints.describe("checkpoint-write", 30, 20) == (
+        "while checkpoint-30 is written (weights saved, optimizer not: resume must take checkpoint-20)")
+    assert killpoints.position(3, "save") == "while checkpoint-3 was being written (weights saved, optimizer not)"
+    assert list(KILL_POINTS) == ["boundary", "boundary-1", "boundary+1", "checkpoint-write"]
+    assert set(killpoints.CHOICE_LABELS) == set(KILL_POINTS)
