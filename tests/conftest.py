@@ -113,3 +113,20 @@ def pytest_runtest_setup(item):
 def started_integration_processes(nodeid: str) -> list[str]:
     """The integration processes the test ``nodeid`` started (its fixtures' set-up included)."""
     return _started.get(nodeid, [])
+
+
+# ---------------------------------------------------------------------------------------- two workers (make test)
+#: the files whose tests share the ``lora_run`` fixture (one pipeline run): kept on one worker so it runs once
+LORA_RUN_FILES = ("test_pipeline_tiny.py", "test_record_of_a_run.py", "test_wizard_newcomer_runs.py")
+#: the longest file, started first so that nothing waits for it at the end
+FIRST = "test_e2e_embedded.py"
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks
+def pytest_collection_modifyitems(config, items):
+    """Under ``pytest -n 2 --dist loadgroup`` (``make test``): each file is one group (its module fixtures run once),
+    the files of ``LORA_RUN_FILES`` one group together, and the end-to-end pair first."""
+    items.sort(key=lambda item: item.path.name != FIRST)  # stable: the rest keep their order
+    for item in items:
+        name = item.path.name
+        item.add_marker(pytest.mark.xdist_group("lora_run" if name in LORA_RUN_FILES else name))
