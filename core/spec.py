@@ -63,10 +63,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from core.dtypes import DTYPES, dtype_bytes
+
+# core/child (the child process) reads the torch names here; their home is core.dtypes
+from core.dtypes import TORCH_DTYPE_NAMES as TORCH_DTYPE_NAMES
 from core.errors import SpecError
 
 MODES = ("inference", "full", "lora")
-DTYPES = ("fp32", "bf16", "fp16")
 #: How the dtype is used (README "Precision"): ``pure`` loads the model in ``dtype`` (parameters, gradients and
 #: optimizer states in it; LoRA adapters fp32, as peft keeps them); ``amp`` keeps fp32 parameters, gradients and
 #: optimizer states and runs forward and backward under autocast in ``dtype`` (Trainer's bf16=True on an fp32 model).
@@ -79,8 +82,6 @@ ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2")
 PADDINGS = ("padded", "packed")
 #: peft's keyword for "every linear layer but the output layer" (``LoraConfig(target_modules="all-linear")``).
 ALL_LINEAR = "all-linear"
-#: torch dtype attribute of each dtype name.
-TORCH_DTYPE_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 OPTIMIZERS = ("adamw", "sgd", "adafactor")
 SCHEDULERS = ("linear", "cosine", "constant")
 #: How a run is spread over devices (docs/architecture.md §3). ``fsdp`` is accepted and stored as ``zero3`` (FSDP full shard).
@@ -92,9 +93,6 @@ CAPACITY_UNITS = {"gib": 2**30, "gb": 10**9, "mib": 2**20, "mb": 10**6}
 MAX_PLANNED_DEVICES = 1024
 EMBEDDED_MODEL = "smollm2-135m"
 EMBEDDED_DATA = "embedded"
-
-#: bytes per element of each dtype name.
-DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 # Per-mode defaults chosen so the embedded run finishes on a 2-core CPU in minutes (docs/architecture.md §6: LoRA step ~1.6 s,
 # full fine-tuning step ~4.2 s at 4 x 128 tokens, fp32).
@@ -544,7 +542,7 @@ class RunSpec:
     @property
     def dtype_bytes(self) -> int:
         """Bytes per element of :attr:`dtype` (the compute dtype: activations, logits before the loss)."""
-        return DTYPE_BYTES[self.dtype]
+        return dtype_bytes(self.dtype)
 
     @property
     def param_dtype(self) -> str:

@@ -45,13 +45,13 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
+from core.dtypes import dtype_bytes, dtype_name, torch_dtype_name
 from core.errors import SpecError
 from core.plan.activations import LLAMA_FAMILY, Adapter, Dims, Numerics, StepActivations, step_activations
+from core.plan.fit import fits_in
 from core.plan.phases import Phase, StepTerms, inference_moments, peak, phases_of, training_moments
 from core.spec import (
     ALL_LINEAR,
-    DTYPE_BYTES,
-    TORCH_DTYPE_NAMES,
     TORCHRUN_STRATEGIES,
     LoraSettings,
     RunSpec,
@@ -87,7 +87,6 @@ KORTHIKANTI_SBH_BYTES_16BIT = 34
 #: 8, the dropout mask 1; the rest is attention (11) and the two layer norms (4).
 KORTHIKANTI_MLP_UNITS = 19
 
-_DTYPE_NAMES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 _LAYER_INDEX = re.compile(r"\.(\d+)\.")
 
 
@@ -185,14 +184,13 @@ class DevicePlan:
 
     @property
     def fits(self) -> bool | None:
-        """``total_bytes <= capacity_bytes`` on this device alone; ``None`` when the capacity is unknown.
+        """``total_bytes <= capacity_bytes`` on this device alone (:func:`core.plan.fit.fits_in`); ``None`` when the
+        capacity is unknown.
 
         Fit is judged per device: memory of other devices never counts (case P5). The traced plan can raise the bytes
         the fit is judged by (:func:`core.plan.fit.fit_verdicts`).
         """
-        if self.device.capacity_bytes is None:
-            return None
-        return self.total_bytes <= self.device.capacity_bytes
+        return fits_in(self.total_bytes, self.device.capacity_bytes)
 
 
 @dataclass(frozen=True)
@@ -323,7 +321,7 @@ def build_meta_model(config: Any, mode: str, lora: LoraSettings | None, dtype: s
     config = copy.deepcopy(config)  # from_config writes _attn_implementation into the config
     kwargs: dict[str, Any] = {}
     if dtype is not None:
-        kwargs["dtype"] = getattr(torch, TORCH_DTYPE_NAMES[dtype])
+        kwargs["dtype"] = getattr(torch, torch_dtype_name(dtype))
     if attn_implementation is not None:
         kwargs["attn_implementation"] = attn_implementation
     with warnings.catch_warnings():
@@ -465,11 +463,6 @@ class _Summary:
     params: tuple[_Param, ...] = ()
 
 
-def _dtype_name(dtype: Any) -> str:
-    text = str(dtype).removeprefix("torch.")
-    return _DTYPE_NAMES.get(text, text)
-
-
 def _summarise(model: Any, mode: str) -> _Summary:
     weight_groups: dict[str, int] = {}
     grad_groups: dict[str, int] = {}
@@ -478,7 +471,7 @@ def _summarise(model: Any, mode: str) -> _Summary:
     for param in model.parameters():  # tied parameters appear once
         n = param.numel()
         total += n
-        name = _dtype_name(param.dtype)
+        name = dtype_name(param.dtype)
         weight_groups[name] = weight_groups.get(name, 0) + n
         if mode != "inference" and param.requires_grad:
             grad_groups[name] = grad_groups.get(name, 0) + n
@@ -510,7 +503,7 @@ def _summarise(model: Any, mode: str) -> _Summary:
 def _summary_from_shapes(config: Any, mode: str, lora: LoraSettings | None, dtype: str | None) -> _Summary:
     """The :class:`_Summary` :func:`_summarise` makes from the meta model, written from :func:`core.plan.shapes.parameters`
     (Llama family; equal to the meta build's, tests/test_shapes.py)."""
-    from core.plan.shapes import dtype_bytes, parameters
+    from core.plan.shapes import parameters
 
     weight_groups: dict[str, int] = {}
     grad_groups: dict[str, int] = {}
@@ -561,7 +554,7 @@ def _params(model: Any, mode: str) -> tuple[_Param, ...]:
                 unit, layer = "layer", int(match.group(1))
             else:
                 unit, layer = ("embeddings" if kind == "embedding" else "head"), None
-            out.append(_Param(unit, layer, param.numel(), _dtype_name(param.dtype),
+            out.append(_Param(unit, layer, param.numel(), dtype_name(param.dtype),
                               mode != "inference" and bool(param.requires_grad), tuple(param.shape), kind))
     return tuple(out)
 
@@ -772,7 +765,7 @@ def _gradient_terms(spec: RunSpec, shape: _Shape, summary: _Summary) -> dict[str
     for p in summary.params:
         if not p.trainable:
             continue
-        nbytes = p.numel * DTYPE_BYTES.get(p.dtype, 4)
+        nbytes = p.numel * dtype_bytes(p.dtype)
         if p.unit == "embeddings":
             first += nbytes
             if shape.tied and p.numel == vocab_matrix:
@@ -871,7 +864,7 @@ def _layer_weight_bytes(summary: _Summary) -> dict[int, int]:
     out: dict[int, int] = {}
     for p in summary.params:
         if p.layer is not None:
-            out[p.layer] = out.get(p.layer, 0) + p.numel * DTYPE_BYTES.get(p.dtype, 4)
+            out[p.layer] = out.get(p.layer, 0) + p.numel * dtype_bytes(p.dtype)
     return out
 
 
@@ -912,7 +905,7 @@ def _device_map(summary: _Summary, devices: list[DeviceInfo]) -> dict[str, int]:
     sizes["head"] = 0
     for p in summary.params:
         key = f"layer {p.layer}" if p.layer is not None else p.unit
-        sizes[key] += p.numel * DTYPE_BYTES.get(p.dtype, 4)
+        sizes[key] += p.numel * dtype_bytes(p.dtype)
     n = len(devices)
     caps = [d.capacity_bytes for d in devices]
     weights = [float(c or 0) for c in caps] if all(c for c in caps) else [1.0] * n
@@ -1103,11 +1096,11 @@ def _groups(groups: dict[str, int]) -> str:
     """``"70,553,706,496 x 2 B (bf16)"``, or a sum of such terms when dtypes are mixed (LoRA adapters in fp32)."""
     if not groups:
         return "0 parameters"
-    return " + ".join(f"{n:,} x {DTYPE_BYTES.get(d, 4)} B ({d})" for d, n in sorted(groups.items(), key=lambda kv: -kv[1]))
+    return " + ".join(f"{n:,} x {dtype_bytes(d)} B ({d})" for d, n in sorted(groups.items(), key=lambda kv: -kv[1]))
 
 
 def _group_bytes(groups: dict[str, int]) -> int:
-    return sum(n * DTYPE_BYTES.get(d, 4) for d, n in groups.items())
+    return sum(n * dtype_bytes(d) for d, n in groups.items())
 
 
 def _weights(summary: _Summary, scope: str | None = None) -> Line:
@@ -1190,18 +1183,18 @@ def _step_temporaries(spec: RunSpec, summary: _Summary, kind: str) -> tuple[int,
       parameter its fp32 gradient and fp32 weight as well (4 copies).
     """
     trainable = _trainable(summary)
-    largest = max(trainable, key=lambda p: p.numel * DTYPE_BYTES.get(p.dtype, 4), default=None)
+    largest = max(trainable, key=lambda p: p.numel * dtype_bytes(p.dtype), default=None)
     if spec.optimizer == "sgd" or largest is None:
         return 0, "SGD step: in-place updates, no temporaries"
     if spec.optimizer == "adafactor":
-        copies = 2 if DTYPE_BYTES.get(largest.dtype, 4) == 4 else 4
+        copies = 2 if dtype_bytes(largest.dtype) == 4 else 4
         return copies * largest.numel * 4, (f"Adafactor step: {copies} fp32 copies of the largest trainable tensor = "
                                             f"{copies} x {largest.numel:,} x 4 B")
     if kind == "cuda":
         return (_group_bytes(summary.grad_groups),
                 f"foreach AdamW (torch's default on CUDA): _foreach_sqrt makes one more state, T x bytes = "
                 f"{_groups(summary.grad_groups)}")
-    nbytes = DTYPE_BYTES.get(largest.dtype, 4)
+    nbytes = dtype_bytes(largest.dtype)
     return (2 * largest.numel * nbytes,
             f"per-tensor AdamW (torch's default on the CPU): sqrt and the division of the largest trainable tensor, "
             f"2 x {largest.numel:,} x {nbytes} B")
@@ -1220,7 +1213,7 @@ _MLP_OUT_NAMES = frozenset({"down_proj", "c_proj", "fc_out", "fc2", "w2", "dense
 
 
 def _numerics(spec: RunSpec) -> Numerics:
-    param = DTYPE_BYTES[spec.param_dtype]
+    param = dtype_bytes(spec.param_dtype)
     return Numerics(param_bytes=param, compute_bytes=spec.dtype_bytes if spec.autocast else param,
                     autocast=spec.autocast)
 

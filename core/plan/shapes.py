@@ -26,7 +26,6 @@ FAMILIES = ("llama", "mistral", "qwen2")
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 _REQUIRED = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size",
              "tie_word_embeddings")
-_DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 
 @dataclass(frozen=True)
@@ -125,6 +124,3 @@ def parameters(config: FastConfig, mode: str, lora: Any, dtype: str | None) -> l
         param("lm_head", None, (V, h), "linear", train_base)
     return out
 
-
-def dtype_bytes(name: str) -> int:
-    return _DTYPE_BYTES.get(name, 4)

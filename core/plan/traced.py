@@ -38,8 +38,9 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
+from core.dtypes import torch_dtype_name
 from core.plan.phases import PHASES
-from core.spec import TORCH_DTYPE_NAMES, RunSpec
+from core.spec import RunSpec
 
 #: The tensor components the trace measures (the plan's COMPONENTS without ``overhead``).
 TRACED_COMPONENTS = ("weights", "gradients", "optimizer_states", "activations", "temporaries", "kv_cache")
@@ -443,7 +444,7 @@ def _step_fn(spec: RunSpec, model: Any, batch: dict[str, Any], optimizer: Any) -
     import torch
 
     autocast = spec.autocast
-    dtype = getattr(torch, TORCH_DTYPE_NAMES[spec.dtype])
+    dtype = getattr(torch, torch_dtype_name(spec.dtype))
     micro_batches = 2 if spec.grad_accum > 1 else 1
 
     def step(between: Any = None, mark: Any = None) -> int:

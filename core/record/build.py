@@ -249,10 +249,10 @@ def verdict(spec: RunSpec, plan: Any, probe: Any, te: Any, resume: Any,
     stopped = stopped or {}
     stages: dict[str, dict[str, str]] = {}
     if plan is not None:
-        from core.plan.fit import fit_verdicts
+        from core.plan.fit import all_fit, fit_verdicts
 
         fits = fit_verdicts(plan, traced)
-        st = "pass" if all(f.fits is not False for f in fits) else "fail"
+        st = "pass" if all_fit(fits) else "fail"
         stages["plan"] = {"status": st, "evidence": "; ".join(
             f"{f.device}: planned {f.bytes / 2**30:.2f} GiB ({f.untraced_note}) of "
             + (f"{d.device.capacity_bytes / 2**30:.2f} GiB ({d.device.capacity_source})" if d.device.capacity_bytes
@@ -475,38 +475,3 @@ def write_record(record: dict[str, Any], path: Path) -> Path:
 def utc_now() -> dt.datetime:
     """The current time, UTC-aware, to the second (naive datetimes read back as local time)."""
     return dt.datetime.now(dt.UTC).replace(microsecond=0)
-
-
-def make_signoff(operator: str, decision: str, role: str = "", comment: str = "") -> dict[str, Any]:
-    """A ``signoff`` table: who decided what, in which role, why, when (UTC).
-
-    Raises:
-        ValueError: an empty operator or a decision other than accept / reject.
-    """
-    if not operator.strip():
-        raise ValueError("name the operator who signs off")
-    if decision not in ("accept", "reject"):
-        raise ValueError(f"the decision is accept or reject (got {decision!r})")
-    return {"operator": operator.strip(), "role": role.strip(), "decision": decision, "comment": comment.strip(),
-            "time_utc": utc_now()}
-
-
-def add_signoff(path: Path, signoff: dict[str, Any]) -> dict[str, Any]:
-    """Put ``signoff`` into the unsigned record at ``path`` and rewrite it atomically; returns the record.
-
-    Raises:
-        ValueError: the record already holds a sign-off, or is already signed (``record.toml.sig`` exists).
-    """
-    import tomllib
-
-    path = Path(path)
-    if path.with_name(path.name + ".sig").exists():
-        raise ValueError(f"{path} is already signed; a signed record is never rewritten")
-    record = tomllib.loads(path.read_text(encoding="utf-8"))
-    current = record.get("signoff", {})
-    if current.get("status") != "unsigned":
-        raise ValueError(f"{path} already holds a sign-off by {current.get('operator')!r} "
-                         f"({current.get('decision')}); sign it as it is, without --operator")
-    record["signoff"] = signoff
-    write_record(record, path)
-    return record

@@ -25,7 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from core.plan.fit import fit_of, traced_peak, under_estimate
+from core.plan.fit import fit_of, fits_in, traced_peak, under_estimate
+from core.record.build import schema_problems
+from core.record.signing import check_signature
 from core.stages.probe import wrapper_problem
 
 EXIT_VERIFIED, EXIT_USAGE, EXIT_UNSIGNED, EXIT_BAD_SIGNATURE, EXIT_SCHEMA, EXIT_VERDICT = 0, 2, 3, 4, 5, 6
@@ -78,9 +80,6 @@ def verify(record_path: Path, allowed_signers: Path | None = None, identity: str
         FileNotFoundError: no such record.
         core.record.signing.SigningError: ssh-keygen is missing, or ``allowed_signers`` without ``identity``.
     """
-    from core.record.build import schema_problems
-    from core.record.signing import check_signature
-
     record_path = Path(record_path)
     if not record_path.is_file():
         raise FileNotFoundError(f"record {record_path} not found")
@@ -89,14 +88,29 @@ def verify(record_path: Path, allowed_signers: Path | None = None, identity: str
         record = tomllib.loads(record_path.read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         return Verification(signature, [f"not a TOML file: {exc}"], [])
-    problems = schema_problems(record)
-    verdicts: list[str] = []
-    if not problems:
-        try:
-            verdicts = recompute_verdicts(record)
-        except (TypeError, KeyError, ValueError, AttributeError) as exc:
-            problems.append(f"a value the verdicts depend on is missing or of the wrong type: {exc}")
-    return Verification(signature, problems, verdicts)
+    schema, verdicts = record_problems(record)
+    return Verification(signature, schema, verdicts)
+
+
+def record_problems(rec: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """The schema check, then (only when the schema holds) every verdict recomputed: the one order ``gpuaccept
+    verify`` and the sign-off (:func:`core.record.signoff.sign_record`) both apply.
+
+    Args:
+        rec: a parsed record (``tomllib.loads`` of ``record.toml``).
+
+    Returns:
+        (schema problems, verdict problems), each a list of sentences; both empty when the record verifies. The
+        verdicts are not recomputed when the schema fails (the second list is then empty); a value a verdict depends
+        on that is missing or of the wrong type is a schema problem.
+    """
+    problems = schema_problems(rec)
+    if problems:
+        return problems, []
+    try:
+        return [], recompute_verdicts(rec)
+    except (TypeError, KeyError, ValueError, AttributeError) as exc:
+        return [f"a value the verdicts depend on is missing or of the wrong type: {exc}"], []
 
 
 def num(value: Any, where: str) -> float:
@@ -328,7 +342,7 @@ def recompute_verdicts(rec: dict[str, Any]) -> list[str]:
                 problems.append(f"probe device {name}: no planned device of that name with a capacity, so its fit "
                                 f"cannot be judged")
                 ok = False
-            elif used > cap:
+            elif not fits_in(used, cap):
                 ok = False
         world = expected_world_size(spec, len(plan.get("devices", [])))
         if devices and world is not None and len(devices) != world:

@@ -156,7 +156,7 @@ def run_probe(
         if e["kind"] == "placement":
             placement.update(e["devices"])
     placement = dict(sorted(placement.items()))  # ranks' events arrive in any order: list devices in order
-    from core.plan.fit import fit_verdicts
+    from core.plan.fit import fit_verdicts, fits_in
 
     plan_by_name = {d.device.name: d for d in plan.devices}
     fit_by_name = {f.device: f for f in fit_verdicts(plan, traced)}
@@ -178,7 +178,7 @@ def run_probe(
                                 f"of tensors (the tolerance is {100 * UNDER_ESTIMATE_TOLERANCE:.0f} %): a device sized "
                                 "to the plan would run out of memory")
         capacity = plan_device.device.capacity_bytes if plan_device is not None else None
-        if capacity is not None and measured_use(m) > capacity:
+        if capacity is not None and not fits_in(measured_use(m), capacity):
             problems.append(f"{_where(m)}: measured {_gib(measured_use(m))} is above its capacity {_gib(capacity)}")
         wrong = wrapper_problem(spec.strategy, m.wrapper)
         if wrong:
