@@ -61,19 +61,22 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args, get_origin
 
-from core.dtypes import DTYPES, dtype_bytes
+from core.dtypes import DTYPES, Dtype, dtype_bytes
 
 # core/child (the child process) reads the torch names here; their home is core.dtypes
 from core.dtypes import TORCH_DTYPE_NAMES as TORCH_DTYPE_NAMES
 from core.errors import SpecError
 
-MODES = ("inference", "full", "lora")
+#: What a run does: ``inference`` (forward only), ``full`` fine-tuning, ``lora`` adapters.
+Mode = Literal["inference", "full", "lora"]
+MODES: tuple[Mode, ...] = get_args(Mode)
 #: How the dtype is used (README "Precision"): ``pure`` loads the model in ``dtype`` (parameters, gradients and
 #: optimizer states in it; LoRA adapters fp32, as peft keeps them); ``amp`` keeps fp32 parameters, gradients and
 #: optimizer states and runs forward and backward under autocast in ``dtype`` (Trainer's bf16=True on an fp32 model).
-PRECISIONS = ("pure", "amp")
+Precision = Literal["pure", "amp"]
+PRECISIONS: tuple[Precision, ...] = get_args(Precision)
 #: Attention implementations passed to ``from_pretrained(attn_implementation=...)``.
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2")
 #: What the batches hold: ``padded`` (some batches hold padding, so an attention mask reaches the attention kernel: SDPA
@@ -82,10 +85,12 @@ ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2")
 PADDINGS = ("padded", "packed")
 #: peft's keyword for "every linear layer but the output layer" (``LoraConfig(target_modules="all-linear")``).
 ALL_LINEAR = "all-linear"
-OPTIMIZERS = ("adamw", "sgd", "adafactor")
+Optimizer = Literal["adamw", "sgd", "adafactor"]
+OPTIMIZERS: tuple[Optimizer, ...] = get_args(Optimizer)
 SCHEDULERS = ("linear", "cosine", "constant")
 #: How a run is spread over devices (docs/architecture.md §3). ``fsdp`` is accepted and stored as ``zero3`` (FSDP full shard).
-STRATEGIES = ("single", "ddp", "zero1", "zero2", "zero3", "device_map", "tp")
+Strategy = Literal["single", "ddp", "zero1", "zero2", "zero3", "device_map", "tp"]
+STRATEGIES: tuple[Strategy, ...] = get_args(Strategy)
 STRATEGY_ALIASES = {"fsdp": "zero3"}
 #: Bytes per unit of a planned device capacity: GiB/MiB are binary (2^30, 2^20), GB/MB decimal (10^9, 10^6).
 CAPACITY_UNITS = {"gib": 2**30, "gb": 10**9, "mib": 2**20, "mb": 10**6}
@@ -116,7 +121,9 @@ class LoraSettings:
 
 #: Where the interrupted run of the resume check starts (:attr:`ResumeSettings.interrupted_from`).
 INTERRUPTED_FROM = ("checkpoint", "start")
-KILL_POINTS: dict[str, str] = {
+#: Where the SIGKILL of the resume check lands (:data:`KILL_POINTS` says each in words).
+KillAt = Literal["boundary", "boundary-1", "boundary+1", "checkpoint-write"]
+KILL_POINTS: dict[KillAt, str] = {
     "boundary": "at the gradient-accumulation boundary: right after optimizer step k",
     "boundary-1": "one micro-step before the boundary: all but the last micro-batch of step k done, no optimizer step",
     "boundary+1": "one micro-step after the boundary: the first micro-batch of step k+1 done (gradients partly "
@@ -149,7 +156,7 @@ class ResumeSettings:
     check: bool = True
     checkpoint_every: int = 10
     kill_after_checkpoint: int = 2
-    kill_at: str = "boundary+1"
+    kill_at: KillAt = "boundary+1"
     compare_steps: int = 0
     interrupted_from: str = "checkpoint"
 
@@ -253,23 +260,23 @@ class RunSpec:
     ``"zero3"``. ``tp`` is the tensor-parallel degree (strategy ``tp`` only; 1 otherwise).
     """
 
-    mode: str = "lora"
+    mode: Mode = "lora"
     model: str = EMBEDDED_MODEL
-    dtype: str = "fp32"
-    precision: str = "pure"
+    dtype: Dtype = "fp32"
+    precision: Precision = "pure"
     attn_implementation: str = "sdpa"
     padding: str = "padded"
     batch_size: int = 4
     seq_len: int = 128
     grad_accum: int = 1
-    optimizer: str = "adamw"
+    optimizer: Optimizer = "adamw"
     learning_rate: float = 1e-3
     lr_scheduler: str = "linear"
     warmup_steps: int = 0
     steps: int = 40
     gradient_checkpointing: bool = False
     devices: str = "auto"
-    strategy: str = "single"
+    strategy: Strategy = "single"
     tp: int = 1
     data: str = EMBEDDED_DATA
     heldout_fraction: float = 0.2
@@ -545,7 +552,7 @@ class RunSpec:
         return dtype_bytes(self.dtype)
 
     @property
-    def param_dtype(self) -> str:
+    def param_dtype(self) -> Dtype:
         """The dtype the model's parameters are loaded and kept in: :attr:`dtype` under ``pure``, fp32 under ``amp``
         (master weights; forward and backward autocast to :attr:`dtype`). LoRA adapters are fp32 either way."""
         return "fp32" if self.precision == "amp" else self.dtype
@@ -814,6 +821,17 @@ def _sub(cls: type, raw: dict[str, Any], prefix: str) -> Any:
 
 
 _TYPES: dict[str, type | tuple[type, ...]] = {"int": int, "float": (int, float), "str": str, "bool": bool}
+
+
+def field_type(f: dataclasses.Field) -> str:
+    """The plain type a spec field is written in (TOML, flags, the record's spec table): ``int``, ``float``, ``str`` or
+    ``bool``; a field typed by one of this module's ``Literal`` aliases (:data:`Mode`, :data:`Strategy` ...) is the
+    type of its values, ``str``. Any other annotation is returned as written (a sub-table's class name)."""
+    name = str(f.type)
+    alias = globals().get(name)
+    if get_origin(alias) is Literal:
+        return type(get_args(alias)[0]).__name__
+    return name
 #: The largest integer a spec may hold (int64, what torch and numpy take); steps and seeds have tighter limits below.
 MAX_INT = 2**63 - 1
 #: The most optimizer steps a spec may ask for: an acceptance run, not a pretraining job.
@@ -863,15 +881,16 @@ def _check_types(cls: type, raw: dict[str, Any], prefix: str = "") -> None:
         if f.name not in raw:
             continue
         value = raw[f.name]
-        expected = _TYPES.get(str(f.type))
+        kind = field_type(f)
+        expected = _TYPES.get(kind)
         if expected is None:
             continue
         ok = isinstance(value, expected) and not (expected is not bool and isinstance(value, bool))
         if not ok:
-            raise SpecError(f"{prefix}{f.name}", f"expected {f.type}, got {value!r:.60}")
-        if f.type == "float":
+            raise SpecError(f"{prefix}{f.name}", f"expected {kind}, got {value!r:.60}")
+        if kind == "float":
             if not math.isfinite(value):
                 raise SpecError(f"{prefix}{f.name}", f"must be a finite number (got {value!r})")
             raw[f.name] = float(value)
-        if f.type == "int" and abs(value) > MAX_INT:
+        if kind == "int" and abs(value) > MAX_INT:
             raise SpecError(f"{prefix}{f.name}", f"{value} is out of range; at most {MAX_INT:,}")

@@ -106,3 +106,36 @@ def test_the_import_contract_fails_on_a_cycle_in_the_record_package(tmp_path):
     assert broken.returncode != 0
     assert "core.record.signing -> core.record.verify" in broken.stdout
     assert "Contracts: 0 kept, 2 broken." in broken.stdout
+
+
+# ---------------------------------------------------------------------------------------------------------- spec types
+def test_the_spec_fields_are_literals_written_as_strings():
+    import dataclasses
+    from typing import get_args
+
+    from core.errors import SpecError
+    from core.spec import KILL_POINTS, MODES, OPTIMIZERS, PRECISIONS, STRATEGIES, KillAt, RunSpec, field_type
+
+    assert MODES == ("inference", "full", "lora") and PRECISIONS == ("pure", "amp")
+    assert OPTIMIZERS == ("adamw", "sgd", "adafactor")
+    assert STRATEGIES == ("single", "ddp", "zero1", "zero2", "zero3", "device_map", "tp")
+    assert tuple(KILL_POINTS) == get_args(KillAt) == ("boundary", "boundary-1", "boundary+1", "checkpoint-write")
+    kinds = {f.name: field_type(f) for f in dataclasses.fields(RunSpec)}
+    assert {kinds[k] for k in ("mode", "dtype", "precision", "optimizer", "strategy")} == {"str"}
+    assert kinds["batch_size"] == "int" and kinds["lora"] == "LoraSettings"
+    with pytest.raises(SpecError, match="^dtype: expected str, got 5$"):  # the message of a str field, as before
+        RunSpec.from_dict({"dtype": 5})
+    with pytest.raises(SpecError, match="^resume.kill_at: expected str, got 1$"):
+        RunSpec.from_dict({"resume": {"kill_at": 1}})
+
+
+def test_mypy_catches_a_misspelt_mode(tmp_path):
+    mypy = Path(sys.executable).parent / "mypy"
+    if not mypy.exists():
+        pytest.skip("mypy is not installed (pip install -e .[lint])")
+    snippet = tmp_path / "misspelt.py"
+    snippet.write_text("from core.spec import RunSpec\n\nRunSpec(mode=\"lorra\")\nRunSpec(mode=\"lora\")\n")
+    out = subprocess.run([str(mypy), "--no-incremental", "--follow-imports=silent", str(snippet)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 1
+    assert "misspelt.py:3: error" in out.stdout and "misspelt.py:4" not in out.stdout

@@ -45,7 +45,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.dtypes import dtype_bytes, dtype_name, torch_dtype_name
+from core.dtypes import Dtype, dtype_bytes, dtype_name, torch_dtype_name
 from core.errors import SpecError
 from core.plan.activations import LLAMA_FAMILY, Adapter, Dims, Numerics, StepActivations, step_activations
 from core.plan.fit import fits_in
@@ -54,7 +54,9 @@ from core.spec import (
     ALL_LINEAR,
     TORCHRUN_STRATEGIES,
     LoraSettings,
+    Mode,
     RunSpec,
+    Strategy,
     check_strategy,
     parse_device_capacities,
     parse_devices,
@@ -209,7 +211,7 @@ class MemoryPlan:
 
     parameters: ParameterCount
     devices: list[DevicePlan]
-    strategy: str
+    strategy: Strategy
     convention: str
     activation_model: str = "op-by-op"
 
@@ -292,7 +294,7 @@ STRATEGY_CONVENTIONS = {
 
 
 # ------------------------------------------------------------------------------------------------------- meta model
-def build_meta_model(config: Any, mode: str, lora: LoraSettings | None, dtype: str | None = None,
+def build_meta_model(config: Any, mode: Mode, lora: LoraSettings | None, dtype: Dtype | None = None,
                      attn_implementation: str | None = None) -> Any:
     """Build the model on the meta device: shapes and dtypes only, no memory, no weights read.
 
@@ -362,7 +364,7 @@ def _config_key(config: Any) -> str:
     return config.to_json_string(use_diff=False)
 
 
-def meta_summary(config: Any, mode: str, lora: LoraSettings | None, dtype: str | None = None) -> _Summary:
+def meta_summary(config: Any, mode: Mode, lora: LoraSettings | None, dtype: Dtype | None = None) -> _Summary:
     """What the plan needs from the meta model (counts, dtypes, shapes, adapters), built once per process for each
     (config, mode, LoRA settings, parameter dtype); see :func:`build_meta_model` for the arguments."""
     from core.plan.shapes import FastConfig, lora_supported
@@ -380,7 +382,7 @@ def meta_summary(config: Any, mode: str, lora: LoraSettings | None, dtype: str |
     return summary
 
 
-def count_parameters(config: Any, mode: str, lora: LoraSettings | None) -> ParameterCount:
+def count_parameters(config: Any, mode: Mode, lora: LoraSettings | None) -> ParameterCount:
     """Parameter counts from the meta model (see :class:`ParameterCount`).
 
     ``total`` counts each parameter once (``Module.parameters()`` skips tied duplicates), LM head included; for LoRA it
@@ -463,7 +465,7 @@ class _Summary:
     params: tuple[_Param, ...] = ()
 
 
-def _summarise(model: Any, mode: str) -> _Summary:
+def _summarise(model: Any, mode: Mode) -> _Summary:
     weight_groups: dict[str, int] = {}
     grad_groups: dict[str, int] = {}
     shapes: list[tuple[int, ...]] = []
@@ -500,7 +502,7 @@ def _summarise(model: Any, mode: str) -> _Summary:
                     _params(model, mode))
 
 
-def _summary_from_shapes(config: Any, mode: str, lora: LoraSettings | None, dtype: str | None) -> _Summary:
+def _summary_from_shapes(config: Any, mode: Mode, lora: LoraSettings | None, dtype: Dtype | None) -> _Summary:
     """The :class:`_Summary` :func:`_summarise` makes from the meta model, written from :func:`core.plan.shapes.parameters`
     (Llama family; equal to the meta build's, tests/test_shapes.py)."""
     from core.plan.shapes import parameters
@@ -529,7 +531,7 @@ def _summary_from_shapes(config: Any, mode: str, lora: LoraSettings | None, dtyp
                     tuple(adapters), tuple(params))
 
 
-def _params(model: Any, mode: str) -> tuple[_Param, ...]:
+def _params(model: Any, mode: Mode) -> tuple[_Param, ...]:
     """Every parameter once (the first module that registers a tied one owns it), in module order, with its place."""
     import torch
 
@@ -815,7 +817,7 @@ def _ddp_step(spec: RunSpec, whole: _Step, n: int) -> _Step:
     return _Step(methods, dataclasses.replace(whole.terms, every_phase=buckets))
 
 
-def _zero_step(spec: RunSpec, summary: _Summary, whole: _Step, strategy: str, n: int) -> tuple[_Step, str]:
+def _zero_step(spec: RunSpec, summary: _Summary, whole: _Step, strategy: Strategy, n: int) -> tuple[_Step, str]:
     """ZeRO stage 1/2/3 (Rajbhandari et al. 2020, arXiv 1910.02054, Fig. 1: P_os, P_os+g, P_os+g+p; ``zero3`` is
     PyTorch FSDP's FULL_SHARD). Stage 1: optimizer states ÷ N; stage 2: + gradients ÷ N; stage 3: + weights ÷ N and,
     in forward and backward, the largest gathered unit x :data:`ZERO3_GATHERED_UNITS` and the root unit. The optimizer
@@ -1403,7 +1405,7 @@ def _kv_cache(spec: RunSpec, shape: _Shape, layers: int | None = None, tp: int =
         f"2 (K,V) x {where} x {heads} x head_dim x b x s x {nbytes} B = 2 x {layers} x {kv_heads} x "
         f"{shape.head_dim} x {spec.batch_size} x {spec.seq_len} x {nbytes} B",
     )
-def _overhead(device: DeviceInfo, strategy: str = "single", n: int = 1, first: bool = True) -> Line:
+def _overhead(device: DeviceInfo, strategy: Strategy = "single", n: int = 1, first: bool = True) -> Line:
     """CUDA: CUDA context + cuBLAS workspace, 500 MiB per process per device (estimate), plus NCCL communicator
     buffers (:data:`NCCL_BUFFER_BYTES`, estimate) for strategies that run collectives on N >= 2 devices (ddp, zero*,
     tp; not device_map, which is one process). CPU: the process's runtime, :data:`CPU_RUNTIME_BYTES` (estimate): on the

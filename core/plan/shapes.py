@@ -19,7 +19,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from core.spec import ALL_LINEAR
+from core.dtypes import Dtype
+from core.spec import ALL_LINEAR, Mode
 
 #: Families and their bias rules: (q/k/v bias, o bias, MLP bias) from the config, or fixed.
 FAMILIES = ("llama", "mistral", "qwen2")
@@ -79,7 +80,7 @@ def lora_supported(targets: tuple[str, ...]) -> bool:
     return targets == (ALL_LINEAR,) or (bool(targets) and all(t in PROJECTIONS for t in targets))
 
 
-def parameters(config: FastConfig, mode: str, lora: Any, dtype: str | None) -> list[dict[str, Any]]:
+def parameters(config: FastConfig, mode: Mode, lora: Any, dtype: Dtype | None) -> list[dict[str, Any]]:
     """Every parameter of the model as it runs, in ``Module.named_modules()`` order (tied once), each as a dict:
     ``module`` (its module's short name), ``layer`` (index or None), ``shape``, ``dtype``, ``trainable``, ``kind``
     (``embedding`` | ``linear`` | ``lora`` | ``other``), and for a LoRA A matrix ``adapter_in`` (the adapted layer's
