@@ -101,12 +101,12 @@ EMBEDDED_DATA = "embedded"
 
 # Per-mode defaults chosen so the embedded run finishes on a 2-core CPU in minutes (docs/architecture.md §6: LoRA step ~1.6 s,
 # full fine-tuning step ~4.2 s at 4 x 128 tokens, fp32).
-_MODE_DEFAULTS: dict[str, dict[str, Any]] = {
+_MODE_DEFAULTS: dict[Mode, dict[str, Any]] = {
     "inference": {"steps": 0, "learning_rate": 0.0},
     "lora": {"steps": 30, "learning_rate": 1e-3},
     "full": {"steps": 12, "learning_rate": 5e-5},
 }
-_RESUME_DEFAULTS = {"lora": (10, 2), "full": (4, 2), "inference": (10, 1)}
+_RESUME_DEFAULTS: dict[Mode, tuple[int, int]] = {"lora": (10, 2), "full": (4, 2), "inference": (10, 1)}
 
 
 @dataclass(frozen=True)
@@ -368,9 +368,26 @@ class RunSpec:
     def validate(self) -> None:
         """Check every value that can be checked without the model.
 
+        The checks run in a fixed order (the first error is the one reported): the values on their own, what the mode
+        asks (training steps, LoRA settings), the resume check, then the devices, strategy and data file.
+
         Raises:
             SpecError: naming the first invalid field and what to change.
         """
+        self._check_values()
+        self._check_mode()
+        if self.mode != "inference" and self.resume.check:
+            self._check_resume()
+        self._check_devices()
+        if self.data != EMBEDDED_DATA:
+            path = Path(self.data)
+            if path.suffix not in (".txt", ".jsonl"):
+                raise SpecError("data", f"{self.data!r}: give 'embedded' or a .txt / .jsonl file")
+            if not path.is_file():
+                raise SpecError("data", f"file {self.data} not found; give 'embedded' or an existing .txt / .jsonl file")
+
+    def _check_values(self) -> None:
+        """Each value on its own (and the dtype with the precision and attention implementation)."""
         if self.dtype not in DTYPES:
             raise SpecError("dtype", f"{self.dtype!r} is not supported; choose one of {', '.join(DTYPES)}")
         self._check_precision()
@@ -401,6 +418,10 @@ class RunSpec:
                                      "shorter run of the same setup")
         if not 0.0 < self.heldout_fraction < 1.0:
             raise SpecError("heldout_fraction", f"must be between 0 and 1, exclusive (got {self.heldout_fraction})")
+
+    def _check_mode(self) -> None:
+        """What the mode asks: no steps for inference; steps, a learning rate and warmup within the steps for training;
+        LoRA's rank, alpha, dropout and targets."""
         if self.mode == "inference":
             if self.steps != 0:
                 raise SpecError("steps", "inference runs no training steps; set steps = 0 or choose mode full or lora")
@@ -426,27 +447,34 @@ class RunSpec:
             if ALL_LINEAR in self.lora.targets and len(self.lora.targets) > 1:
                 raise SpecError("lora.targets", f"{ALL_LINEAR} already names every linear layer but the LM head; give "
                                                 f"it alone, or list module names without it")
-        if self.mode != "inference" and self.resume.check:
-            r = self.resume
-            if r.checkpoint_every < 1:
-                raise SpecError("resume.checkpoint_every", f"must be at least 1 (got {r.checkpoint_every})")
-            if r.kill_after_checkpoint < 1:
-                raise SpecError("resume.kill_after_checkpoint", f"must be at least 1 (got {r.kill_after_checkpoint})")
-            if r.kill_at not in KILL_POINTS:
-                raise SpecError("resume.kill_at", f"{r.kill_at!r} is not a kill point; choose one of "
-                                                  f"{', '.join(KILL_POINTS)}")
-            if r.interrupted_from not in INTERRUPTED_FROM:
-                raise SpecError("resume.interrupted_from", f"{r.interrupted_from!r}: choose checkpoint (a copy of the "
-                                                           "checkpoint before the kill) or start (step 0)")
-            self._check_compare_steps()
-            last = r.last_step_needed()
-            limit_ok = last <= self.steps if r.kill_at in ("checkpoint-write", "boundary+1") else last < self.steps
-            if not limit_ok:
-                raise SpecError(
-                    "resume.kill_after_checkpoint",
-                    f"the kill ({r.kill_at}) would come at step {last}, not before the end of the run at step "
-                    f"{self.steps}: raise steps above {last} or lower checkpoint_every / kill_after_checkpoint",
-                )
+
+    def _check_resume(self) -> None:
+        """The resume check's settings (training with the check on): intervals, the kill point, where the
+        interrupted run starts, the compared steps, and a kill that lands before the end of the run."""
+        r = self.resume
+        if r.checkpoint_every < 1:
+            raise SpecError("resume.checkpoint_every", f"must be at least 1 (got {r.checkpoint_every})")
+        if r.kill_after_checkpoint < 1:
+            raise SpecError("resume.kill_after_checkpoint", f"must be at least 1 (got {r.kill_after_checkpoint})")
+        if r.kill_at not in KILL_POINTS:
+            raise SpecError("resume.kill_at", f"{r.kill_at!r} is not a kill point; choose one of "
+                                              f"{', '.join(KILL_POINTS)}")
+        if r.interrupted_from not in INTERRUPTED_FROM:
+            raise SpecError("resume.interrupted_from", f"{r.interrupted_from!r}: choose checkpoint (a copy of the "
+                                                       "checkpoint before the kill) or start (step 0)")
+        self._check_compare_steps()
+        last = r.last_step_needed()
+        limit_ok = last <= self.steps if r.kill_at in ("checkpoint-write", "boundary+1") else last < self.steps
+        if not limit_ok:
+            raise SpecError(
+                "resume.kill_after_checkpoint",
+                f"the kill ({r.kill_at}) would come at step {last}, not before the end of the run at step "
+                f"{self.steps}: raise steps above {last} or lower checkpoint_every / kill_after_checkpoint",
+            )
+
+    def _check_devices(self) -> None:
+        """The devices, torchrun's settings and the strategy against the number of devices (CPU ranks and nodes
+        counted)."""
         count = device_count(self.devices)
         self._check_torchrun(count)
         if _is_cpu(self.devices):
@@ -454,12 +482,6 @@ class RunSpec:
         if count is not None and self.strategy in TORCHRUN_STRATEGIES:
             count *= self.torchrun.nnodes  # the ranks of every node share the work
         check_strategy(self.strategy, self.tp, count, self.devices)
-        if self.data != EMBEDDED_DATA:
-            path = Path(self.data)
-            if path.suffix not in (".txt", ".jsonl"):
-                raise SpecError("data", f"{self.data!r}: give 'embedded' or a .txt / .jsonl file")
-            if not path.is_file():
-                raise SpecError("data", f"file {self.data} not found; give 'embedded' or an existing .txt / .jsonl file")
 
     def _check_compare_steps(self) -> None:
         """``resume.compare_steps`` is 0 or ends at a checkpoint of the uninterrupted run within the run."""

@@ -139,3 +139,11 @@ def test_mypy_catches_a_misspelt_mode(tmp_path):
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 1
     assert "misspelt.py:3: error" in out.stdout and "misspelt.py:4" not in out.stdout
+
+
+def test_a_probed_device_is_judged_by_its_peak_on_cuda_and_by_rss_too_on_the_cpu():
+    from core.plan.fit import measured_use_bytes
+
+    assert measured_use_bytes("cuda:0", peak_bytes=100, peak_rss_bytes=900) == 100  # RSS is host memory, not the GPU's
+    assert measured_use_bytes("cpu", peak_bytes=100, peak_rss_bytes=900) == 900
+    assert measured_use_bytes("cpu", peak_bytes=1000, peak_rss_bytes=900) == 1000

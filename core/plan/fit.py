@@ -67,6 +67,13 @@ def fits_in(needed_bytes: int, capacity_bytes: int | None) -> bool | None:
     return None if capacity_bytes is None else needed_bytes <= capacity_bytes
 
 
+def measured_use_bytes(device: str, peak_bytes: int, peak_rss_bytes: int) -> int:
+    """What a probed device's fit is judged by, in bytes: the peak allocated on CUDA (``device`` ``cuda:N``); on the
+    CPU the larger of the tensor peak and the process's peak RSS (the whole process competes for host memory, runtime
+    included). The probe (:func:`core.stages.probe.measured_use`) and ``gpuaccept verify`` both use it."""
+    return peak_bytes if device.startswith("cuda") else max(peak_bytes, peak_rss_bytes)
+
+
 def all_fit(verdicts: Iterable[Fit | bool | None]) -> bool:
     """Every device fits: no verdict is False (a device of unknown capacity, None, does not count against it).
 

@@ -684,6 +684,21 @@ def plan_memory(
     # precision: pure keeps the parameters in the dtype (LoRA adapters fp32), amp keeps fp32 master weights
     summary = meta_summary(config, spec.mode, spec.lora if spec.mode == "lora" else None, spec.param_dtype)
     counts = parameters if parameters is not None else summary.count
+    steps = _strategy_steps(spec, shape, summary, devices, n)
+    plans = [_device_plan(device, step, tag, _overhead(device, strategy, n, first=i == 0))
+             for i, (device, (step, tag)) in enumerate(zip(devices, steps))]
+    model = "op-by-op" if shape.family in LLAMA_FAMILY and strategy != "tp" else "korthikanti"
+    if strategy == "single":
+        return MemoryPlan(counts, plans, "single", _convention(spec), model)
+    convention = _convention(spec).replace(_SINGLE_RULE, f"(strategy {strategy}: see its rule at the end)")
+    return MemoryPlan(counts, plans, strategy, f"{convention} {STRATEGY_CONVENTIONS[strategy]}", model)
+
+
+def _strategy_steps(spec: RunSpec, shape: _Shape, summary: _Summary, devices: list[DeviceInfo],
+                    n: int) -> list[tuple[_Step, str]]:
+    """Each device's step by ``spec.strategy`` (see :func:`plan_memory`) with its tag for the device's methods; ``n``:
+    the ranks sharing the work."""
+    strategy = spec.strategy
     wholes: dict[str, _Step] = {}  # the whole run per device kind: CPU and CUDA differ (optimizer foreach, dropout)
 
     def whole(kind: str) -> _Step:
@@ -692,22 +707,14 @@ def plan_memory(
         return wholes[kind]
 
     if strategy == "single":
-        steps = [(whole(d.kind), "") for d in devices]
-    elif strategy == "ddp":
-        steps = [(_ddp_step(spec, whole(d.kind), n), f"ddp (full replica per device, N={n})") for d in devices]
-    elif strategy in ("zero1", "zero2", "zero3"):
-        steps = [_zero_step(spec, summary, whole(d.kind), strategy, n) for d in devices]
-    elif strategy == "device_map":
-        steps = _device_map_steps(spec, shape, summary, devices)
-    else:
-        steps = [_tp_step(spec, shape, summary, spec.tp, len(devices), d.kind) for d in devices]
-    plans = [_device_plan(device, step, tag, _overhead(device, strategy, n, first=i == 0))
-             for i, (device, (step, tag)) in enumerate(zip(devices, steps))]
-    model = "op-by-op" if shape.family in LLAMA_FAMILY and strategy != "tp" else "korthikanti"
-    if strategy == "single":
-        return MemoryPlan(counts, plans, "single", _convention(spec), model)
-    convention = _convention(spec).replace(_SINGLE_RULE, f"(strategy {strategy}: see its rule at the end)")
-    return MemoryPlan(counts, plans, strategy, f"{convention} {STRATEGY_CONVENTIONS[strategy]}", model)
+        return [(whole(d.kind), "") for d in devices]
+    if strategy == "ddp":
+        return [(_ddp_step(spec, whole(d.kind), n), f"ddp (full replica per device, N={n})") for d in devices]
+    if strategy in ("zero1", "zero2", "zero3"):
+        return [_zero_step(spec, summary, whole(d.kind), strategy, n) for d in devices]
+    if strategy == "device_map":
+        return _device_map_steps(spec, shape, summary, devices)
+    return [_tp_step(spec, shape, summary, spec.tp, len(devices), d.kind) for d in devices]
 
 
 @dataclass(frozen=True)

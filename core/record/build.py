@@ -355,17 +355,7 @@ def schema_problems(rec: dict[str, Any]) -> list[str]:
     if missing:
         out.append("missing tables: " + ", ".join(missing))
         return out
-    attempts = rec.get("onboarding")
-    if attempts is not None:
-        for i, a in enumerate(attempts if isinstance(attempts, list) else [attempts]):
-            rows = a.get("questions") if isinstance(a, dict) else None
-            ok = (isinstance(a, dict) and str(a.get("operator", "")).strip() and isinstance(rows, list)
-                  and all(isinstance(r, dict) and r.get("correct") == (r.get("chosen") == r.get("right")) for r in rows)
-                  and a.get("questions_asked") == len(rows) and a.get("score") == sum(r["correct"] for r in rows)
-                  and _utc_aware(a.get("time_utc")))
-            if not ok:
-                out.append(f"onboarding[{i}]: needs operator, UTC time_utc, questions whose correct = (chosen == "
-                           "right), questions_asked = their number and score = the correct ones")
+    out.extend(_onboarding_problems(rec.get("onboarding")))
     unknown = sorted(set(rec) - set(TOP_LEVEL) - set(TABLES) - set(OPTIONAL_TABLES))
     if unknown:
         out.append("unknown top-level keys: " + ", ".join(unknown))
@@ -391,6 +381,32 @@ def schema_problems(rec: dict[str, Any]) -> list[str]:
     res = rec["resume"]
     if res.get("status") != "not_applicable" and res.get("provenance") not in ("measured", "not_run"):
         out.append(f"resume.provenance is {res.get('provenance')!r}; measured or not_run (or status not_applicable)")
+    out.extend(_verdict_and_signoff_problems(rec))
+    return out + value_problems(rec)
+
+
+def _onboarding_problems(attempts: Any) -> list[str]:
+    """Each onboarding attempt (the quiz's answers, when added) has an operator, a UTC ``time_utc``, questions whose
+    ``correct`` is ``chosen == right``, ``questions_asked`` their number and ``score`` the correct ones."""
+    out: list[str] = []
+    if attempts is None:
+        return out
+    for i, a in enumerate(attempts if isinstance(attempts, list) else [attempts]):
+        rows = a.get("questions") if isinstance(a, dict) else None
+        ok = (isinstance(a, dict) and str(a.get("operator", "")).strip() and isinstance(rows, list)
+              and all(isinstance(r, dict) and r.get("correct") == (r.get("chosen") == r.get("right")) for r in rows)
+              and a.get("questions_asked") == len(rows) and a.get("score") == sum(r["correct"] for r in rows)
+              and _utc_aware(a.get("time_utc")))
+        if not ok:
+            out.append(f"onboarding[{i}]: needs operator, UTC time_utc, questions whose correct = (chosen == "
+                       "right), questions_asked = their number and score = the correct ones")
+    return out
+
+
+def _verdict_and_signoff_problems(rec: dict[str, Any]) -> list[str]:
+    """The verdict (pass or fail, exactly the stages of :data:`VERDICT_STAGES`, each with a status and its evidence)
+    and the sign-off (``status = "unsigned"`` alone, or operator, role, decision accept / reject, comment, time)."""
+    out: list[str] = []
     if rec["verdict"].get("status") not in ("pass", "fail"):
         out.append(f"verdict.status is {rec['verdict'].get('status')!r}; pass or fail")
     stages = rec["verdict"].get("stages")
@@ -411,7 +427,7 @@ def schema_problems(rec: dict[str, Any]) -> list[str]:
             out.append("signoff.operator is empty")
         if so.get("decision") not in ("accept", "reject"):
             out.append(f"signoff.decision is {so.get('decision')!r}; accept or reject")
-    return out + value_problems(rec)
+    return out
 
 
 def _clean(value: Any) -> Any:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from core.plan.fit import fit_of, fits_in, traced_peak, under_estimate
+from core.plan.fit import fit_of, fits_in, measured_use_bytes, traced_peak, under_estimate
 from core.record.build import schema_problems
 from core.record.signing import check_signature
 from core.stages.probe import wrapper_problem
@@ -358,7 +358,7 @@ def _probe_devices_ok(spec: dict[str, Any], plan: dict[str, Any], probe: dict[st
                 problems.append(f"probe device {name} passes, but {wrong}")
         peak = count(d.get("peak_bytes"), f"probe.devices[{i}].peak_bytes")
         rss = count(d.get("peak_rss_bytes", 0), f"probe.devices[{i}].peak_rss_bytes")
-        used = peak if name.startswith("cuda") else max(peak, rss)
+        used = measured_use_bytes(name, peak, rss)
         cap = capacity.get(name)
         if cap is None:
             problems.append(f"probe device {name}: no planned device of that name with a capacity, so its fit "

@@ -236,7 +236,9 @@ def _per_device(ledgers: list[dict]) -> list[dict]:
 def measured_use(m: DeviceMeasurement) -> int:
     """What a device's fit is judged by: peak allocated on CUDA; on the CPU the larger of the tensor peak and the
     process's peak RSS (the whole process competes for host memory, runtime included)."""
-    return m.peak_bytes if m.device.startswith("cuda") else max(m.peak_bytes, m.peak_rss_bytes)
+    from core.plan.fit import measured_use_bytes
+
+    return measured_use_bytes(m.device, m.peak_bytes, m.peak_rss_bytes)
 
 
 def _measurement(ledger: dict[str, Any], placement: dict[str, dict[str, int]]) -> DeviceMeasurement:
