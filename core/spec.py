@@ -78,16 +78,19 @@ MODES: tuple[Mode, ...] = get_args(Mode)
 Precision = Literal["pure", "amp"]
 PRECISIONS: tuple[Precision, ...] = get_args(Precision)
 #: Attention implementations passed to ``from_pretrained(attn_implementation=...)``.
-ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2")
+AttnImplementation = Literal["sdpa", "eager", "flash_attention_2"]
+ATTN_IMPLEMENTATIONS: tuple[AttnImplementation, ...] = get_args(AttnImplementation)
 #: What the batches hold: ``padded`` (some batches hold padding, so an attention mask reaches the attention kernel: SDPA
 #: then repeats k and v to every head and keeps the mask, per layer) or ``packed`` (every block full: causal attention
 #: without a mask). gpuaccept's own data is packed but for its last, padded block (dropped from training when packed).
-PADDINGS = ("padded", "packed")
+Padding = Literal["padded", "packed"]
+PADDINGS: tuple[Padding, ...] = get_args(Padding)
 #: peft's keyword for "every linear layer but the output layer" (``LoraConfig(target_modules="all-linear")``).
 ALL_LINEAR = "all-linear"
 Optimizer = Literal["adamw", "sgd", "adafactor"]
 OPTIMIZERS: tuple[Optimizer, ...] = get_args(Optimizer)
-SCHEDULERS = ("linear", "cosine", "constant")
+Scheduler = Literal["linear", "cosine", "constant"]
+SCHEDULERS: tuple[Scheduler, ...] = get_args(Scheduler)
 #: How a run is spread over devices (docs/architecture.md §3). ``fsdp`` is accepted and stored as ``zero3`` (FSDP full shard).
 Strategy = Literal["single", "ddp", "zero1", "zero2", "zero3", "device_map", "tp"]
 STRATEGIES: tuple[Strategy, ...] = get_args(Strategy)
@@ -120,7 +123,8 @@ class LoraSettings:
 
 
 #: Where the interrupted run of the resume check starts (:attr:`ResumeSettings.interrupted_from`).
-INTERRUPTED_FROM = ("checkpoint", "start")
+InterruptedFrom = Literal["checkpoint", "start"]
+INTERRUPTED_FROM: tuple[InterruptedFrom, ...] = get_args(InterruptedFrom)
 #: Where the SIGKILL of the resume check lands (:data:`KILL_POINTS` says each in words).
 KillAt = Literal["boundary", "boundary-1", "boundary+1", "checkpoint-write"]
 KILL_POINTS: dict[KillAt, str] = {
@@ -158,7 +162,7 @@ class ResumeSettings:
     kill_after_checkpoint: int = 2
     kill_at: KillAt = "boundary+1"
     compare_steps: int = 0
-    interrupted_from: str = "checkpoint"
+    interrupted_from: InterruptedFrom = "checkpoint"
 
     def kill_checkpoint_step(self) -> int:
         """Global step of the checkpoint the interrupted run resumes from."""
@@ -264,14 +268,14 @@ class RunSpec:
     model: str = EMBEDDED_MODEL
     dtype: Dtype = "fp32"
     precision: Precision = "pure"
-    attn_implementation: str = "sdpa"
-    padding: str = "padded"
+    attn_implementation: AttnImplementation = "sdpa"
+    padding: Padding = "padded"
     batch_size: int = 4
     seq_len: int = 128
     grad_accum: int = 1
     optimizer: Optimizer = "adamw"
     learning_rate: float = 1e-3
-    lr_scheduler: str = "linear"
+    lr_scheduler: Scheduler = "linear"
     warmup_steps: int = 0
     steps: int = 40
     gradient_checkpointing: bool = False

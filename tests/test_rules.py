@@ -121,12 +121,15 @@ def test_the_spec_fields_are_literals_written_as_strings():
     assert STRATEGIES == ("single", "ddp", "zero1", "zero2", "zero3", "device_map", "tp")
     assert tuple(KILL_POINTS) == get_args(KillAt) == ("boundary", "boundary-1", "boundary+1", "checkpoint-write")
     kinds = {f.name: field_type(f) for f in dataclasses.fields(RunSpec)}
-    assert {kinds[k] for k in ("mode", "dtype", "precision", "optimizer", "strategy")} == {"str"}
+    assert {kinds[k] for k in ("mode", "dtype", "precision", "optimizer", "strategy", "attn_implementation",
+                               "padding", "lr_scheduler")} == {"str"}
     assert kinds["batch_size"] == "int" and kinds["lora"] == "LoraSettings"
     with pytest.raises(SpecError, match="^dtype: expected str, got 5$"):  # the message of a str field, as before
         RunSpec.from_dict({"dtype": 5})
     with pytest.raises(SpecError, match="^resume.kill_at: expected str, got 1$"):
         RunSpec.from_dict({"resume": {"kill_at": 1}})
+    with pytest.raises(SpecError, match="^padding: 'pad': choose padded"):  # a misspelt value: its own message
+        RunSpec.from_dict({"padding": "pad"})
 
 
 def test_mypy_catches_a_misspelt_mode(tmp_path):
