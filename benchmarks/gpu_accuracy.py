@@ -78,10 +78,10 @@ def measure(cell: dict) -> dict:
     nvml = _Nvml(0)
     from transformers import AutoModelForCausalLM
 
+    from core.dtypes import torch_dtype_name
     from core.plan.memory import lora_config
-    from core.spec import TORCH_DTYPE_NAMES
 
-    dtype = getattr(torch, TORCH_DTYPE_NAMES[spec.param_dtype])  # pure: bf16; amp: fp32 master weights
+    dtype = getattr(torch, torch_dtype_name(spec.param_dtype))  # pure: bf16; amp: fp32 master weights
     torch.manual_seed(0)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=spec.attn_implementation)

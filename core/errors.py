@@ -40,3 +40,17 @@ class StageError(GpuAcceptError):
 class StageCancelled(StageError):
     """A stage was stopped on purpose (the operator quit, a signal, a hang-up): its status is ``cancelled``, not
     ``error``; the message says what was stopped."""
+
+
+class UnknownDtypeError(GpuAcceptError, ValueError):
+    """A dtype name gpuaccept has no size for (:mod:`core.dtypes`): never counted as 4 bytes by default.
+
+    A ``ValueError`` too, so code that skips malformed record data (the quiz) skips it as such.
+
+    Attributes:
+        dtype: the name given.
+    """
+
+    def __init__(self, dtype: object, known: tuple[str, ...]) -> None:
+        self.dtype = dtype
+        super().__init__(f"dtype {dtype!r} is not one gpuaccept plans or runs; known: {', '.join(known)}")

@@ -12,8 +12,13 @@ and the parent both use it.
 
 from __future__ import annotations
 
+from typing import Literal
+
+#: Where the SIGKILL of the resume check lands (the spec's ``resume.kill_at``).
+KillAt = Literal["boundary", "boundary-1", "boundary+1", "checkpoint-write"]
+
 #: every kill point, with what it means (the spec's documentation and its validation error list these names)
-KILL_POINTS: dict[str, str] = {
+KILL_POINTS: dict[KillAt, str] = {
     "boundary": "at the gradient-accumulation boundary: right after optimizer step k",
     "boundary-1": "one micro-step before the boundary: all but the last micro-batch of step k done, no optimizer step",
     "boundary+1": "one micro-step after the boundary: the first micro-batch of step k+1 done (gradients partly "
@@ -23,7 +28,7 @@ KILL_POINTS: dict[str, str] = {
 }
 
 #: the default: mid-accumulation, where a crash usually falls, during a forward or backward
-DEFAULT_KILL_AT = "boundary+1"
+DEFAULT_KILL_AT: KillAt = "boundary+1"
 
 #: the setup screen's choice labels (what each option does, in a few words)
 CHOICE_LABELS: dict[str, str] = {

@@ -521,6 +521,8 @@ def check_runnable(spec: RunSpec, ctx: PlanContext, device: str, allow_unfit: bo
         GpuAcceptError: a config without weights, a plan that does not fit, a CUDA device torch cannot see, fp16
             training on the CPU; each says what to change.
     """
+    from core.plan.fit import plan_fits
+
     if spec.strategy not in RUNNABLE_STRATEGIES:
         why = {"zero1": "Trainer runs ZeRO stages 1 and 2 through DeepSpeed, which is not installed here",
                "zero2": "Trainer runs ZeRO stages 1 and 2 through DeepSpeed, which is not installed here",
@@ -545,7 +547,7 @@ def check_runnable(spec: RunSpec, ctx: PlanContext, device: str, allow_unfit: bo
     if not ctx.source.runnable:
         raise GpuAcceptError(f"{spec.model} has no weights: it can be planned (gpuaccept plan), not run; "
                              "give a model directory with weights")
-    if not allow_unfit and not all(d.fits is not False for d in ctx.plan.devices):
+    if not allow_unfit and not plan_fits(ctx.plan):
         raise GpuAcceptError("the plan does not fit on the device; lower batch_size or seq_len (or use LoRA)")
     if device.startswith("cuda") and not _cuda_visible():
         raise GpuAcceptError(f"devices: {device} is not visible to torch here (no CUDA device or driver); "

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import GpuAcceptError
+from core.plan.fit import fits_in
 
 GiB = 2**30
 #: the most questions a quiz asks; fewer when the record lacks the data of a kind
@@ -129,7 +130,7 @@ def _fit_by_device(rec: dict[str, Any], seed: str) -> Question | None:
         return None
     total = sum(int(d["total_bytes"]) for d in devices)
     capacity = sum(d["capacity_bytes"] for d in devices)
-    over = [d for d in devices if d["total_bytes"] > d["capacity_bytes"]]
+    over = [d for d in devices if not fits_in(d["total_bytes"], d["capacity_bytes"])]
     tightest = max(devices, key=lambda d: d["total_bytes"] / d["capacity_bytes"])
     host_ranks = len(devices) > 1 and all(str(d["name"]).startswith("cpu") for d in devices)
     if host_ranks:  # CPU ranks: processes sharing one host's memory, each planned against an equal share of it
@@ -162,7 +163,7 @@ def _fit_by_device(rec: dict[str, Any], seed: str) -> Question | None:
         f"Yes: only the weights ({_gib(weights)}) have to fit; the rest is allocated on demand",
     ]
     shares = "; ".join(f"{d['name']} {_gib(d['total_bytes'])} of {_gib(d['capacity_bytes'])} "
-                       f"({'fits' if d['total_bytes'] <= d['capacity_bytes'] else 'does not fit'})" for d in devices)
+                       f"({'fits' if fits_in(d['total_bytes'], d['capacity_bytes']) else 'does not fit'})" for d in devices)
     if host_ranks:
         explanation = ("Each rank is a process with its own weights, gradients, optimizer states and activations; "
                        "the plan judges each against its share of the host's available memory. From the record: "
@@ -249,10 +250,10 @@ def _state_bytes_per_parameter(spec: dict[str, Any]) -> tuple[int, str]:
     """Bytes of gradient + optimizer states per trained parameter of the record's base, in the dtype its parameters
     were held in (precision pure: the spec's dtype; amp, and records of schema 1, which had no precision: fp32), and
     the formula; (0, "") for Adafactor (factored states: not per parameter)."""
-    from core.spec import DTYPE_BYTES
+    from core.dtypes import dtype_bytes
 
     dtype = spec.get("dtype", "fp32") if spec.get("precision", "amp") == "pure" else "fp32"
-    b = DTYPE_BYTES.get(dtype, 4)
+    b = dtype_bytes(dtype)  # an unknown dtype (a hand-edited record) raises: this question is then not asked
     states = {"adamw": (2, "2 AdamW moments"), "sgd": (1, "1 momentum buffer")}.get(spec.get("optimizer", "adamw"))
     if states is None:
         return 0, ""
@@ -404,9 +405,10 @@ def add_onboarding(record_path: Path, table: dict[str, Any]) -> Path:
     import tomllib
 
     from core.record.build import write_record
+    from core.record.signing import signature_path
 
     path = Path(record_path)
-    if path.with_name(path.name + ".sig").exists():
+    if signature_path(path).exists():
         raise GpuAcceptError(f"{path} is signed; a signed record is never rewritten (its signature covers every "
                              "byte): the quiz result was not added")
     try:

@@ -61,31 +61,37 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args, get_origin
 
 from core import killpoints
+from core.dtypes import DTYPES, Dtype, dtype_bytes
 from core.errors import SpecError
 
-MODES = ("inference", "full", "lora")
-DTYPES = ("fp32", "bf16", "fp16")
+#: What a run does: ``inference`` (forward only), ``full`` fine-tuning, ``lora`` adapters.
+Mode = Literal["inference", "full", "lora"]
+MODES: tuple[Mode, ...] = get_args(Mode)
 #: How the dtype is used (README "Precision"): ``pure`` loads the model in ``dtype`` (parameters, gradients and
 #: optimizer states in it; LoRA adapters fp32, as peft keeps them); ``amp`` keeps fp32 parameters, gradients and
 #: optimizer states and runs forward and backward under autocast in ``dtype`` (Trainer's bf16=True on an fp32 model).
-PRECISIONS = ("pure", "amp")
+Precision = Literal["pure", "amp"]
+PRECISIONS: tuple[Precision, ...] = get_args(Precision)
 #: Attention implementations passed to ``from_pretrained(attn_implementation=...)``.
-ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2")
+AttnImplementation = Literal["sdpa", "eager", "flash_attention_2"]
+ATTN_IMPLEMENTATIONS: tuple[AttnImplementation, ...] = get_args(AttnImplementation)
 #: What the batches hold: ``padded`` (some batches hold padding, so an attention mask reaches the attention kernel: SDPA
 #: then repeats k and v to every head and keeps the mask, per layer) or ``packed`` (every block full: causal attention
 #: without a mask). gpuaccept's own data is packed but for its last, padded block (dropped from training when packed).
-PADDINGS = ("padded", "packed")
+Padding = Literal["padded", "packed"]
+PADDINGS: tuple[Padding, ...] = get_args(Padding)
 #: peft's keyword for "every linear layer but the output layer" (``LoraConfig(target_modules="all-linear")``).
 ALL_LINEAR = "all-linear"
-#: torch dtype attribute of each dtype name.
-TORCH_DTYPE_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
-OPTIMIZERS = ("adamw", "sgd", "adafactor")
-SCHEDULERS = ("linear", "cosine", "constant")
+Optimizer = Literal["adamw", "sgd", "adafactor"]
+OPTIMIZERS: tuple[Optimizer, ...] = get_args(Optimizer)
+Scheduler = Literal["linear", "cosine", "constant"]
+SCHEDULERS: tuple[Scheduler, ...] = get_args(Scheduler)
 #: How a run is spread over devices (docs/architecture.md §3). ``fsdp`` is accepted and stored as ``zero3`` (FSDP full shard).
-STRATEGIES = ("single", "ddp", "zero1", "zero2", "zero3", "device_map", "tp")
+Strategy = Literal["single", "ddp", "zero1", "zero2", "zero3", "device_map", "tp"]
+STRATEGIES: tuple[Strategy, ...] = get_args(Strategy)
 STRATEGY_ALIASES = {"fsdp": "zero3"}
 #: Bytes per unit of a planned device capacity: GiB/MiB are binary (2^30, 2^20), GB/MB decimal (10^9, 10^6).
 CAPACITY_UNITS = {"gib": 2**30, "gb": 10**9, "mib": 2**20, "mb": 10**6}
@@ -94,17 +100,14 @@ MAX_PLANNED_DEVICES = 1024
 EMBEDDED_MODEL = "smollm2-135m"
 EMBEDDED_DATA = "embedded"
 
-#: bytes per element of each dtype name.
-DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
-
 # Per-mode defaults chosen so the embedded run finishes on a 2-core CPU in minutes (docs/architecture.md §6: LoRA step ~1.6 s,
 # full fine-tuning step ~4.2 s at 4 x 128 tokens, fp32).
-_MODE_DEFAULTS: dict[str, dict[str, Any]] = {
+_MODE_DEFAULTS: dict[Mode, dict[str, Any]] = {
     "inference": {"steps": 0, "learning_rate": 0.0},
     "lora": {"steps": 30, "learning_rate": 1e-3},
     "full": {"steps": 12, "learning_rate": 5e-5},
 }
-_RESUME_DEFAULTS = {"lora": (10, 2), "full": (4, 2), "inference": (10, 1)}
+_RESUME_DEFAULTS: dict[Mode, tuple[int, int]] = {"lora": (10, 2), "full": (4, 2), "inference": (10, 1)}
 
 
 @dataclass(frozen=True)
@@ -118,8 +121,11 @@ class LoraSettings:
 
 
 #: Where the interrupted run of the resume check starts (:attr:`ResumeSettings.interrupted_from`).
-INTERRUPTED_FROM = ("checkpoint", "start")
-#: the kill points of the resume check, with what each means: :data:`core.killpoints.KILL_POINTS` (their one home)
+InterruptedFrom = Literal["checkpoint", "start"]
+INTERRUPTED_FROM: tuple[InterruptedFrom, ...] = get_args(InterruptedFrom)
+#: Where the SIGKILL of the resume check lands: the kill points, with what each means, are
+#: :data:`core.killpoints.KILL_POINTS` (their one home)
+KillAt = killpoints.KillAt
 KILL_POINTS = killpoints.KILL_POINTS
 
 
@@ -146,9 +152,9 @@ class ResumeSettings:
     check: bool = True
     checkpoint_every: int = 10
     kill_after_checkpoint: int = 2
-    kill_at: str = killpoints.DEFAULT_KILL_AT
+    kill_at: KillAt = killpoints.DEFAULT_KILL_AT
     compare_steps: int = 0
-    interrupted_from: str = "checkpoint"
+    interrupted_from: InterruptedFrom = "checkpoint"
 
     def kill_checkpoint_step(self) -> int:
         """Global step of the checkpoint the interrupted run resumes from."""
@@ -230,23 +236,23 @@ class RunSpec:
     ``"zero3"``. ``tp`` is the tensor-parallel degree (strategy ``tp`` only; 1 otherwise).
     """
 
-    mode: str = "lora"
+    mode: Mode = "lora"
     model: str = EMBEDDED_MODEL
-    dtype: str = "fp32"
-    precision: str = "pure"
-    attn_implementation: str = "sdpa"
-    padding: str = "padded"
+    dtype: Dtype = "fp32"
+    precision: Precision = "pure"
+    attn_implementation: AttnImplementation = "sdpa"
+    padding: Padding = "padded"
     batch_size: int = 4
     seq_len: int = 128
     grad_accum: int = 1
-    optimizer: str = "adamw"
+    optimizer: Optimizer = "adamw"
     learning_rate: float = 1e-3
-    lr_scheduler: str = "linear"
+    lr_scheduler: Scheduler = "linear"
     warmup_steps: int = 0
     steps: int = 40
     gradient_checkpointing: bool = False
     devices: str = "auto"
-    strategy: str = "single"
+    strategy: Strategy = "single"
     tp: int = 1
     data: str = EMBEDDED_DATA
     heldout_fraction: float = 0.2
@@ -338,9 +344,26 @@ class RunSpec:
     def validate(self) -> None:
         """Check every value that can be checked without the model.
 
+        The checks run in a fixed order (the first error is the one reported): the values on their own, what the mode
+        asks (training steps, LoRA settings), the resume check, then the devices, strategy and data file.
+
         Raises:
             SpecError: naming the first invalid field and what to change.
         """
+        self._check_values()
+        self._check_mode()
+        if self.mode != "inference" and self.resume.check:
+            self._check_resume()
+        self._check_devices()
+        if self.data != EMBEDDED_DATA:
+            path = Path(self.data)
+            if path.suffix not in (".txt", ".jsonl"):
+                raise SpecError("data", f"{self.data!r}: give 'embedded' or a .txt / .jsonl file")
+            if not path.is_file():
+                raise SpecError("data", f"file {self.data} not found; give 'embedded' or an existing .txt / .jsonl file")
+
+    def _check_values(self) -> None:
+        """Each value on its own (and the dtype with the precision and attention implementation)."""
         if self.dtype not in DTYPES:
             raise SpecError("dtype", f"{self.dtype!r} is not supported; choose one of {', '.join(DTYPES)}")
         self._check_precision()
@@ -371,6 +394,10 @@ class RunSpec:
                                      "shorter run of the same setup")
         if not 0.0 < self.heldout_fraction < 1.0:
             raise SpecError("heldout_fraction", f"must be between 0 and 1, exclusive (got {self.heldout_fraction})")
+
+    def _check_mode(self) -> None:
+        """What the mode asks: no steps for inference; steps, a learning rate and warmup within the steps for training;
+        LoRA's rank, alpha, dropout and targets."""
         if self.mode == "inference":
             if self.steps != 0:
                 raise SpecError("steps", "inference runs no training steps; set steps = 0 or choose mode full or lora")
@@ -396,26 +423,33 @@ class RunSpec:
             if ALL_LINEAR in self.lora.targets and len(self.lora.targets) > 1:
                 raise SpecError("lora.targets", f"{ALL_LINEAR} already names every linear layer but the LM head; give "
                                                 f"it alone, or list module names without it")
-        if self.mode != "inference" and self.resume.check:
-            r = self.resume
-            if r.checkpoint_every < 1:
-                raise SpecError("resume.checkpoint_every", f"must be at least 1 (got {r.checkpoint_every})")
-            if r.kill_after_checkpoint < 1:
-                raise SpecError("resume.kill_after_checkpoint", f"must be at least 1 (got {r.kill_after_checkpoint})")
-            if r.kill_at not in KILL_POINTS:
-                raise SpecError("resume.kill_at", f"{r.kill_at!r} is not a kill point; choose one of "
-                                                  f"{', '.join(KILL_POINTS)}")
-            if r.interrupted_from not in INTERRUPTED_FROM:
-                raise SpecError("resume.interrupted_from", f"{r.interrupted_from!r}: choose checkpoint (a copy of the "
-                                                           "checkpoint before the kill) or start (step 0)")
-            self._check_compare_steps()
-            last = r.last_step_needed()
-            if not killpoints.fits_in_run(r.kill_at, last, self.steps):
-                raise SpecError(
-                    "resume.kill_after_checkpoint",
-                    f"the kill ({r.kill_at}) would come at step {last}, not before the end of the run at step "
-                    f"{self.steps}: raise steps above {last} or lower checkpoint_every / kill_after_checkpoint",
-                )
+
+    def _check_resume(self) -> None:
+        """The resume check's settings (training with the check on): intervals, the kill point, where the
+        interrupted run starts, the compared steps, and a kill that lands before the end of the run."""
+        r = self.resume
+        if r.checkpoint_every < 1:
+            raise SpecError("resume.checkpoint_every", f"must be at least 1 (got {r.checkpoint_every})")
+        if r.kill_after_checkpoint < 1:
+            raise SpecError("resume.kill_after_checkpoint", f"must be at least 1 (got {r.kill_after_checkpoint})")
+        if r.kill_at not in KILL_POINTS:
+            raise SpecError("resume.kill_at", f"{r.kill_at!r} is not a kill point; choose one of "
+                                              f"{', '.join(KILL_POINTS)}")
+        if r.interrupted_from not in INTERRUPTED_FROM:
+            raise SpecError("resume.interrupted_from", f"{r.interrupted_from!r}: choose checkpoint (a copy of the "
+                                                       "checkpoint before the kill) or start (step 0)")
+        self._check_compare_steps()
+        last = r.last_step_needed()
+        if not killpoints.fits_in_run(r.kill_at, last, self.steps):
+            raise SpecError(
+                "resume.kill_after_checkpoint",
+                f"the kill ({r.kill_at}) would come at step {last}, not before the end of the run at step "
+                f"{self.steps}: raise steps above {last} or lower checkpoint_every / kill_after_checkpoint",
+            )
+
+    def _check_devices(self) -> None:
+        """The devices, torchrun's settings and the strategy against the number of devices (CPU ranks and nodes
+        counted)."""
         count = device_count(self.devices)
         self._check_torchrun(count)
         if _is_cpu(self.devices):
@@ -423,12 +457,6 @@ class RunSpec:
         if count is not None and self.strategy in TORCHRUN_STRATEGIES:
             count *= self.torchrun.nnodes  # the ranks of every node share the work
         check_strategy(self.strategy, self.tp, count, self.devices)
-        if self.data != EMBEDDED_DATA:
-            path = Path(self.data)
-            if path.suffix not in (".txt", ".jsonl"):
-                raise SpecError("data", f"{self.data!r}: give 'embedded' or a .txt / .jsonl file")
-            if not path.is_file():
-                raise SpecError("data", f"file {self.data} not found; give 'embedded' or an existing .txt / .jsonl file")
 
     def _check_compare_steps(self) -> None:
         """``resume.compare_steps`` is 0 or ends at a checkpoint of the uninterrupted run within the run."""
@@ -518,10 +546,10 @@ class RunSpec:
     @property
     def dtype_bytes(self) -> int:
         """Bytes per element of :attr:`dtype` (the compute dtype: activations, logits before the loss)."""
-        return DTYPE_BYTES[self.dtype]
+        return dtype_bytes(self.dtype)
 
     @property
-    def param_dtype(self) -> str:
+    def param_dtype(self) -> Dtype:
         """The dtype the model's parameters are loaded and kept in: :attr:`dtype` under ``pure``, fp32 under ``amp``
         (master weights; forward and backward autocast to :attr:`dtype`). LoRA adapters are fp32 either way."""
         return "fp32" if self.precision == "amp" else self.dtype
@@ -790,6 +818,17 @@ def _sub(cls: type, raw: dict[str, Any], prefix: str) -> Any:
 
 
 _TYPES: dict[str, type | tuple[type, ...]] = {"int": int, "float": (int, float), "str": str, "bool": bool}
+
+
+def field_type(f: dataclasses.Field) -> str:
+    """The plain type a spec field is written in (TOML, flags, the record's spec table): ``int``, ``float``, ``str`` or
+    ``bool``; a field typed by one of this module's ``Literal`` aliases (:data:`Mode`, :data:`Strategy` ...) is the
+    type of its values, ``str``. Any other annotation is returned as written (a sub-table's class name)."""
+    name = str(f.type)
+    alias = globals().get(name)
+    if get_origin(alias) is Literal:
+        return type(get_args(alias)[0]).__name__
+    return name
 #: The largest integer a spec may hold (int64, what torch and numpy take); steps and seeds have tighter limits below.
 MAX_INT = 2**63 - 1
 #: The most optimizer steps a spec may ask for: an acceptance run, not a pretraining job.
@@ -839,15 +878,16 @@ def _check_types(cls: type, raw: dict[str, Any], prefix: str = "") -> None:
         if f.name not in raw:
             continue
         value = raw[f.name]
-        expected = _TYPES.get(str(f.type))
+        kind = field_type(f)
+        expected = _TYPES.get(kind)
         if expected is None:
             continue
         ok = isinstance(value, expected) and not (expected is not bool and isinstance(value, bool))
         if not ok:
-            raise SpecError(f"{prefix}{f.name}", f"expected {f.type}, got {value!r:.60}")
-        if f.type == "float":
+            raise SpecError(f"{prefix}{f.name}", f"expected {kind}, got {value!r:.60}")
+        if kind == "float":
             if not math.isfinite(value):
                 raise SpecError(f"{prefix}{f.name}", f"must be a finite number (got {value!r})")
             raw[f.name] = float(value)
-        if f.type == "int" and abs(value) > MAX_INT:
+        if kind == "int" and abs(value) > MAX_INT:
             raise SpecError(f"{prefix}{f.name}", f"{value} is out of range; at most {MAX_INT:,}")

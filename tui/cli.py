@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from core import killpoints
-from core.spec import ATTN_IMPLEMENTATIONS, DTYPES, KILL_POINTS, PADDINGS, PRECISIONS
+from core.dtypes import DTYPES
+from core.spec import ATTN_IMPLEMENTATIONS, KILL_POINTS, PADDINGS, PRECISIONS
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 #: ``gpuaccept plan``: a device does not fit; no device fails, but one's capacity is unknown.
@@ -248,7 +249,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     """Exit codes: 0 every device fits, 3 a device does not fit, 4 none fails but a device's capacity is unknown, 2 bad
     input. Fit is judged by the larger of the analytic and traced peaks (with --traced)."""
     from core.pipeline import make_plan
-    from core.plan.fit import fit_verdicts
+    from core.plan.fit import all_fit, fit_verdicts
 
     spec = spec_from_args(args)
     ctx = make_plan(spec)
@@ -271,15 +272,15 @@ def cmd_plan(args: argparse.Namespace) -> int:
             print("\n" + format_traced(traced))
         for rows in largest.values():
             print("\n" + format_largest(rows, spec))
-    if any(f.fits is False for f in fits):
+    if not all_fit(fits):
         return EXIT_DOES_NOT_FIT
     return EXIT_FIT_UNKNOWN if any(f.fits is None for f in fits) else EXIT_OK
 
 
 def _largest(spec: Any, ctx: Any, args: argparse.Namespace) -> dict[str, list[Any]]:
-    """The fit search of ``--max-batch`` / ``--max-seq`` (core.plan.fit.largest_fitting), by axis."""
+    """The fit search of ``--max-batch`` / ``--max-seq`` (core.plan.search.largest_fitting), by axis."""
     from core.models import declared_max_positions
-    from core.plan.fit import largest_fitting
+    from core.plan.search import largest_fitting
 
     axes = [a for a, on in (("batch_size", args.max_batch), ("seq_len", args.max_seq)) if on]
     limit = declared_max_positions(ctx.source, ctx.config) if "seq_len" in axes else None
@@ -404,8 +405,8 @@ def format_plan(plan: Any, spec: Any, fits: list[Any] | None = None) -> str:
 def cmd_sign(args: argparse.Namespace) -> int:
     """Add the sign-off (when the record has none) and sign the record's bytes; prints the key's fingerprint.
     Nothing is changed unless the key can sign and the record (with its sign-off) verifies."""
-    from core.record.build import make_signoff
-    from core.record.signing import fingerprint, sign_record
+    from core.record.signing import fingerprint
+    from core.record.signoff import make_signoff, sign_record
 
     if args.operator is not None and not args.operator.strip():
         print("gpuaccept: error: --operator is empty: give the name of who signs off", file=sys.stderr)

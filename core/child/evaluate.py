@@ -135,7 +135,7 @@ def evaluate_perplexity(model: Any, blocks: Sequence[dict], batch_size: int, dev
     if len(lengths) != 1:
         raise DataError(f"held-out blocks have different lengths {sorted(lengths)}; cut them with make_blocks")
 
-    from core.spec import TORCH_DTYPE_NAMES
+    from core.dtypes import TORCH_DTYPE_NAMES
 
     was_training = model.training
     nll_sum, tokens = 0.0, 0

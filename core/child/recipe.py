@@ -14,8 +14,9 @@ import os
 from pathlib import Path
 from typing import Any
 
+from core.dtypes import TORCH_DTYPE_NAMES
 from core.events import EventWriter
-from core.spec import TORCH_DTYPE_NAMES, RunSpec
+from core.spec import RunSpec
 
 _TRAINER_OPTIM = {"adamw": "adamw_torch", "sgd": "sgd", "adafactor": "adafactor"}
 

@@ -45,16 +45,18 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
+from core.dtypes import Dtype, dtype_bytes, dtype_name, torch_dtype_name
 from core.errors import SpecError
 from core.plan.activations import LLAMA_FAMILY, Adapter, Dims, Numerics, StepActivations, step_activations
+from core.plan.fit import fits_in
 from core.plan.phases import Phase, StepTerms, inference_moments, peak, phases_of, training_moments
 from core.spec import (
     ALL_LINEAR,
-    DTYPE_BYTES,
-    TORCH_DTYPE_NAMES,
     TORCHRUN_STRATEGIES,
     LoraSettings,
+    Mode,
     RunSpec,
+    Strategy,
     check_strategy,
     parse_device_capacities,
     parse_devices,
@@ -87,7 +89,6 @@ KORTHIKANTI_SBH_BYTES_16BIT = 34
 #: 8, the dropout mask 1; the rest is attention (11) and the two layer norms (4).
 KORTHIKANTI_MLP_UNITS = 19
 
-_DTYPE_NAMES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 _LAYER_INDEX = re.compile(r"\.(\d+)\.")
 
 
@@ -185,14 +186,13 @@ class DevicePlan:
 
     @property
     def fits(self) -> bool | None:
-        """``total_bytes <= capacity_bytes`` on this device alone; ``None`` when the capacity is unknown.
+        """``total_bytes <= capacity_bytes`` on this device alone (:func:`core.plan.fit.fits_in`); ``None`` when the
+        capacity is unknown.
 
         Fit is judged per device: memory of other devices never counts (case P5). The traced plan can raise the bytes
         the fit is judged by (:func:`core.plan.fit.fit_verdicts`).
         """
-        if self.device.capacity_bytes is None:
-            return None
-        return self.total_bytes <= self.device.capacity_bytes
+        return fits_in(self.total_bytes, self.device.capacity_bytes)
 
 
 @dataclass(frozen=True)
@@ -211,7 +211,7 @@ class MemoryPlan:
 
     parameters: ParameterCount
     devices: list[DevicePlan]
-    strategy: str
+    strategy: Strategy
     convention: str
     activation_model: str = "op-by-op"
 
@@ -294,7 +294,7 @@ STRATEGY_CONVENTIONS = {
 
 
 # ------------------------------------------------------------------------------------------------------- meta model
-def build_meta_model(config: Any, mode: str, lora: LoraSettings | None, dtype: str | None = None,
+def build_meta_model(config: Any, mode: Mode, lora: LoraSettings | None, dtype: Dtype | None = None,
                      attn_implementation: str | None = None) -> Any:
     """Build the model on the meta device: shapes and dtypes only, no memory, no weights read.
 
@@ -323,7 +323,7 @@ def build_meta_model(config: Any, mode: str, lora: LoraSettings | None, dtype: s
     config = copy.deepcopy(config)  # from_config writes _attn_implementation into the config
     kwargs: dict[str, Any] = {}
     if dtype is not None:
-        kwargs["dtype"] = getattr(torch, TORCH_DTYPE_NAMES[dtype])
+        kwargs["dtype"] = getattr(torch, torch_dtype_name(dtype))
     if attn_implementation is not None:
         kwargs["attn_implementation"] = attn_implementation
     with warnings.catch_warnings():
@@ -364,7 +364,7 @@ def _config_key(config: Any) -> str:
     return config.to_json_string(use_diff=False)
 
 
-def meta_summary(config: Any, mode: str, lora: LoraSettings | None, dtype: str | None = None) -> _Summary:
+def meta_summary(config: Any, mode: Mode, lora: LoraSettings | None, dtype: Dtype | None = None) -> _Summary:
     """What the plan needs from the meta model (counts, dtypes, shapes, adapters), built once per process for each
     (config, mode, LoRA settings, parameter dtype); see :func:`build_meta_model` for the arguments."""
     from core.plan.shapes import FastConfig, lora_supported
@@ -382,7 +382,7 @@ def meta_summary(config: Any, mode: str, lora: LoraSettings | None, dtype: str |
     return summary
 
 
-def count_parameters(config: Any, mode: str, lora: LoraSettings | None) -> ParameterCount:
+def count_parameters(config: Any, mode: Mode, lora: LoraSettings | None) -> ParameterCount:
     """Parameter counts from the meta model (see :class:`ParameterCount`).
 
     ``total`` counts each parameter once (``Module.parameters()`` skips tied duplicates), LM head included; for LoRA it
@@ -465,12 +465,7 @@ class _Summary:
     params: tuple[_Param, ...] = ()
 
 
-def _dtype_name(dtype: Any) -> str:
-    text = str(dtype).removeprefix("torch.")
-    return _DTYPE_NAMES.get(text, text)
-
-
-def _summarise(model: Any, mode: str) -> _Summary:
+def _summarise(model: Any, mode: Mode) -> _Summary:
     weight_groups: dict[str, int] = {}
     grad_groups: dict[str, int] = {}
     shapes: list[tuple[int, ...]] = []
@@ -478,7 +473,7 @@ def _summarise(model: Any, mode: str) -> _Summary:
     for param in model.parameters():  # tied parameters appear once
         n = param.numel()
         total += n
-        name = _dtype_name(param.dtype)
+        name = dtype_name(param.dtype)
         weight_groups[name] = weight_groups.get(name, 0) + n
         if mode != "inference" and param.requires_grad:
             grad_groups[name] = grad_groups.get(name, 0) + n
@@ -507,10 +502,10 @@ def _summarise(model: Any, mode: str) -> _Summary:
                     _params(model, mode))
 
 
-def _summary_from_shapes(config: Any, mode: str, lora: LoraSettings | None, dtype: str | None) -> _Summary:
+def _summary_from_shapes(config: Any, mode: Mode, lora: LoraSettings | None, dtype: Dtype | None) -> _Summary:
     """The :class:`_Summary` :func:`_summarise` makes from the meta model, written from :func:`core.plan.shapes.parameters`
     (Llama family; equal to the meta build's, tests/unit/test_shapes.py)."""
-    from core.plan.shapes import dtype_bytes, parameters
+    from core.plan.shapes import parameters
 
     weight_groups: dict[str, int] = {}
     grad_groups: dict[str, int] = {}
@@ -536,7 +531,7 @@ def _summary_from_shapes(config: Any, mode: str, lora: LoraSettings | None, dtyp
                     tuple(adapters), tuple(params))
 
 
-def _params(model: Any, mode: str) -> tuple[_Param, ...]:
+def _params(model: Any, mode: Mode) -> tuple[_Param, ...]:
     """Every parameter once (the first module that registers a tied one owns it), in module order, with its place."""
     import torch
 
@@ -561,7 +556,7 @@ def _params(model: Any, mode: str) -> tuple[_Param, ...]:
                 unit, layer = "layer", int(match.group(1))
             else:
                 unit, layer = ("embeddings" if kind == "embedding" else "head"), None
-            out.append(_Param(unit, layer, param.numel(), _dtype_name(param.dtype),
+            out.append(_Param(unit, layer, param.numel(), dtype_name(param.dtype),
                               mode != "inference" and bool(param.requires_grad), tuple(param.shape), kind))
     return tuple(out)
 
@@ -689,6 +684,21 @@ def plan_memory(
     # precision: pure keeps the parameters in the dtype (LoRA adapters fp32), amp keeps fp32 master weights
     summary = meta_summary(config, spec.mode, spec.lora if spec.mode == "lora" else None, spec.param_dtype)
     counts = parameters if parameters is not None else summary.count
+    steps = _strategy_steps(spec, shape, summary, devices, n)
+    plans = [_device_plan(device, step, tag, _overhead(device, strategy, n, first=i == 0))
+             for i, (device, (step, tag)) in enumerate(zip(devices, steps))]
+    model = "op-by-op" if shape.family in LLAMA_FAMILY and strategy != "tp" else "korthikanti"
+    if strategy == "single":
+        return MemoryPlan(counts, plans, "single", _convention(spec), model)
+    convention = _convention(spec).replace(_SINGLE_RULE, f"(strategy {strategy}: see its rule at the end)")
+    return MemoryPlan(counts, plans, strategy, f"{convention} {STRATEGY_CONVENTIONS[strategy]}", model)
+
+
+def _strategy_steps(spec: RunSpec, shape: _Shape, summary: _Summary, devices: list[DeviceInfo],
+                    n: int) -> list[tuple[_Step, str]]:
+    """Each device's step by ``spec.strategy`` (see :func:`plan_memory`) with its tag for the device's methods; ``n``:
+    the ranks sharing the work."""
+    strategy = spec.strategy
     wholes: dict[str, _Step] = {}  # the whole run per device kind: CPU and CUDA differ (optimizer foreach, dropout)
 
     def whole(kind: str) -> _Step:
@@ -697,22 +707,14 @@ def plan_memory(
         return wholes[kind]
 
     if strategy == "single":
-        steps = [(whole(d.kind), "") for d in devices]
-    elif strategy == "ddp":
-        steps = [(_ddp_step(spec, whole(d.kind), n), f"ddp (full replica per device, N={n})") for d in devices]
-    elif strategy in ("zero1", "zero2", "zero3"):
-        steps = [_zero_step(spec, summary, whole(d.kind), strategy, n) for d in devices]
-    elif strategy == "device_map":
-        steps = _device_map_steps(spec, shape, summary, devices)
-    else:
-        steps = [_tp_step(spec, shape, summary, spec.tp, len(devices), d.kind) for d in devices]
-    plans = [_device_plan(device, step, tag, _overhead(device, strategy, n, first=i == 0))
-             for i, (device, (step, tag)) in enumerate(zip(devices, steps))]
-    model = "op-by-op" if shape.family in LLAMA_FAMILY and strategy != "tp" else "korthikanti"
-    if strategy == "single":
-        return MemoryPlan(counts, plans, "single", _convention(spec), model)
-    convention = _convention(spec).replace(_SINGLE_RULE, f"(strategy {strategy}: see its rule at the end)")
-    return MemoryPlan(counts, plans, strategy, f"{convention} {STRATEGY_CONVENTIONS[strategy]}", model)
+        return [(whole(d.kind), "") for d in devices]
+    if strategy == "ddp":
+        return [(_ddp_step(spec, whole(d.kind), n), f"ddp (full replica per device, N={n})") for d in devices]
+    if strategy in ("zero1", "zero2", "zero3"):
+        return [_zero_step(spec, summary, whole(d.kind), strategy, n) for d in devices]
+    if strategy == "device_map":
+        return _device_map_steps(spec, shape, summary, devices)
+    return [_tp_step(spec, shape, summary, spec.tp, len(devices), d.kind) for d in devices]
 
 
 @dataclass(frozen=True)
@@ -772,7 +774,7 @@ def _gradient_terms(spec: RunSpec, shape: _Shape, summary: _Summary) -> dict[str
     for p in summary.params:
         if not p.trainable:
             continue
-        nbytes = p.numel * DTYPE_BYTES.get(p.dtype, 4)
+        nbytes = p.numel * dtype_bytes(p.dtype)
         if p.unit == "embeddings":
             first += nbytes
             if shape.tied and p.numel == vocab_matrix:
@@ -822,7 +824,7 @@ def _ddp_step(spec: RunSpec, whole: _Step, n: int) -> _Step:
     return _Step(methods, dataclasses.replace(whole.terms, every_phase=buckets))
 
 
-def _zero_step(spec: RunSpec, summary: _Summary, whole: _Step, strategy: str, n: int) -> tuple[_Step, str]:
+def _zero_step(spec: RunSpec, summary: _Summary, whole: _Step, strategy: Strategy, n: int) -> tuple[_Step, str]:
     """ZeRO stage 1/2/3 (Rajbhandari et al. 2020, arXiv 1910.02054, Fig. 1: P_os, P_os+g, P_os+g+p; ``zero3`` is
     PyTorch FSDP's FULL_SHARD). Stage 1: optimizer states ÷ N; stage 2: + gradients ÷ N; stage 3: + weights ÷ N and,
     in forward and backward, the largest gathered unit x :data:`ZERO3_GATHERED_UNITS` and the root unit. The optimizer
@@ -871,7 +873,7 @@ def _layer_weight_bytes(summary: _Summary) -> dict[int, int]:
     out: dict[int, int] = {}
     for p in summary.params:
         if p.layer is not None:
-            out[p.layer] = out.get(p.layer, 0) + p.numel * DTYPE_BYTES.get(p.dtype, 4)
+            out[p.layer] = out.get(p.layer, 0) + p.numel * dtype_bytes(p.dtype)
     return out
 
 
@@ -912,7 +914,7 @@ def _device_map(summary: _Summary, devices: list[DeviceInfo]) -> dict[str, int]:
     sizes["head"] = 0
     for p in summary.params:
         key = f"layer {p.layer}" if p.layer is not None else p.unit
-        sizes[key] += p.numel * DTYPE_BYTES.get(p.dtype, 4)
+        sizes[key] += p.numel * dtype_bytes(p.dtype)
     n = len(devices)
     caps = [d.capacity_bytes for d in devices]
     weights = [float(c or 0) for c in caps] if all(c for c in caps) else [1.0] * n
@@ -1103,11 +1105,11 @@ def _groups(groups: dict[str, int]) -> str:
     """``"70,553,706,496 x 2 B (bf16)"``, or a sum of such terms when dtypes are mixed (LoRA adapters in fp32)."""
     if not groups:
         return "0 parameters"
-    return " + ".join(f"{n:,} x {DTYPE_BYTES.get(d, 4)} B ({d})" for d, n in sorted(groups.items(), key=lambda kv: -kv[1]))
+    return " + ".join(f"{n:,} x {dtype_bytes(d)} B ({d})" for d, n in sorted(groups.items(), key=lambda kv: -kv[1]))
 
 
 def _group_bytes(groups: dict[str, int]) -> int:
-    return sum(n * DTYPE_BYTES.get(d, 4) for d, n in groups.items())
+    return sum(n * dtype_bytes(d) for d, n in groups.items())
 
 
 def _weights(summary: _Summary, scope: str | None = None) -> Line:
@@ -1190,18 +1192,18 @@ def _step_temporaries(spec: RunSpec, summary: _Summary, kind: str) -> tuple[int,
       parameter its fp32 gradient and fp32 weight as well (4 copies).
     """
     trainable = _trainable(summary)
-    largest = max(trainable, key=lambda p: p.numel * DTYPE_BYTES.get(p.dtype, 4), default=None)
+    largest = max(trainable, key=lambda p: p.numel * dtype_bytes(p.dtype), default=None)
     if spec.optimizer == "sgd" or largest is None:
         return 0, "SGD step: in-place updates, no temporaries"
     if spec.optimizer == "adafactor":
-        copies = 2 if DTYPE_BYTES.get(largest.dtype, 4) == 4 else 4
+        copies = 2 if dtype_bytes(largest.dtype) == 4 else 4
         return copies * largest.numel * 4, (f"Adafactor step: {copies} fp32 copies of the largest trainable tensor = "
                                             f"{copies} x {largest.numel:,} x 4 B")
     if kind == "cuda":
         return (_group_bytes(summary.grad_groups),
                 f"foreach AdamW (torch's default on CUDA): _foreach_sqrt makes one more state, T x bytes = "
                 f"{_groups(summary.grad_groups)}")
-    nbytes = DTYPE_BYTES.get(largest.dtype, 4)
+    nbytes = dtype_bytes(largest.dtype)
     return (2 * largest.numel * nbytes,
             f"per-tensor AdamW (torch's default on the CPU): sqrt and the division of the largest trainable tensor, "
             f"2 x {largest.numel:,} x {nbytes} B")
@@ -1220,7 +1222,7 @@ _MLP_OUT_NAMES = frozenset({"down_proj", "c_proj", "fc_out", "fc2", "w2", "dense
 
 
 def _numerics(spec: RunSpec) -> Numerics:
-    param = DTYPE_BYTES[spec.param_dtype]
+    param = dtype_bytes(spec.param_dtype)
     return Numerics(param_bytes=param, compute_bytes=spec.dtype_bytes if spec.autocast else param,
                     autocast=spec.autocast)
 
@@ -1410,7 +1412,7 @@ def _kv_cache(spec: RunSpec, shape: _Shape, layers: int | None = None, tp: int =
         f"2 (K,V) x {where} x {heads} x head_dim x b x s x {nbytes} B = 2 x {layers} x {kv_heads} x "
         f"{shape.head_dim} x {spec.batch_size} x {spec.seq_len} x {nbytes} B",
     )
-def _overhead(device: DeviceInfo, strategy: str = "single", n: int = 1, first: bool = True) -> Line:
+def _overhead(device: DeviceInfo, strategy: Strategy = "single", n: int = 1, first: bool = True) -> Line:
     """CUDA: CUDA context + cuBLAS workspace, 500 MiB per process per device (estimate), plus NCCL communicator
     buffers (:data:`NCCL_BUFFER_BYTES`, estimate) for strategies that run collectives on N >= 2 devices (ddp, zero*,
     tp; not device_map, which is one process). CPU: the process's runtime, :data:`CPU_RUNTIME_BYTES` (estimate): on the

@@ -19,14 +19,14 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from core.spec import ALL_LINEAR
+from core.dtypes import Dtype
+from core.spec import ALL_LINEAR, Mode
 
 #: Families and their bias rules: (q/k/v bias, o bias, MLP bias) from the config, or fixed.
 FAMILIES = ("llama", "mistral", "qwen2")
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 _REQUIRED = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size",
              "tie_word_embeddings")
-_DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,7 @@ def lora_supported(targets: tuple[str, ...]) -> bool:
     return targets == (ALL_LINEAR,) or (bool(targets) and all(t in PROJECTIONS for t in targets))
 
 
-def parameters(config: FastConfig, mode: str, lora: Any, dtype: str | None) -> list[dict[str, Any]]:
+def parameters(config: FastConfig, mode: Mode, lora: Any, dtype: Dtype | None) -> list[dict[str, Any]]:
     """Every parameter of the model as it runs, in ``Module.named_modules()`` order (tied once), each as a dict:
     ``module`` (its module's short name), ``layer`` (index or None), ``shape``, ``dtype``, ``trainable``, ``kind``
     (``embedding`` | ``linear`` | ``lora`` | ``other``), and for a LoRA A matrix ``adapter_in`` (the adapted layer's
@@ -125,6 +125,3 @@ def parameters(config: FastConfig, mode: str, lora: Any, dtype: str | None) -> l
         param("lm_head", None, (V, h), "linear", train_base)
     return out
 
-
-def dtype_bytes(name: str) -> int:
-    return _DTYPE_BYTES.get(name, 4)

@@ -38,8 +38,9 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
+from core.dtypes import torch_dtype_name
 from core.plan.phases import PHASES
-from core.spec import TORCH_DTYPE_NAMES, RunSpec
+from core.spec import RunSpec
 
 #: The tensor components the trace measures (the plan's COMPONENTS without ``overhead``).
 TRACED_COMPONENTS = ("weights", "gradients", "optimizer_states", "activations", "temporaries", "kv_cache")
@@ -224,27 +225,8 @@ def trace_plan(spec: RunSpec, config: Any, *, target: str = "cuda", fast: bool =
     with context, warnings.catch_warnings(), _unpacked_blocks(), _dropout_as_on(target):
         warnings.simplefilter("ignore")
         _materialise(model, real, generator)
-        if spec.mode == "inference":
-            model.requires_grad_(False)
-            model.eval()
-        else:
-            model.train()
-            getattr(model, "config", config).use_cache = False  # as the worker: training runs without a KV cache
-        if spec.training and spec.gradient_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-            if spec.mode == "lora":
-                model.enable_input_require_grads()
-        vocab = int(config.vocab_size)
-        ids = torch.randint(0, vocab, (spec.batch_size, spec.seq_len), generator=None if fake_mode else generator)
-        # padded: a batch with padding, whose attention mask reaches the kernel (fake tensors have no values, so any
-        # mask is taken as one; on real tensors the last position of the first row is padding). packed: no mask, as
-        # transformers drops an all-ones one and runs causal attention.
-        batch = {"input_ids": ids, "labels": ids}
-        if spec.padding == "padded":
-            mask = torch.ones_like(ids)
-            if fake_mode is None:
-                mask[0, -1] = 0
-            batch["attention_mask"] = mask
+        _as_trained(spec, model, config)
+        batch = _batch(spec, config, None if fake_mode else generator)
         optimizer = _optimizer(spec, model, foreach=target == "cuda") if spec.training else None
         step = _step_fn(spec, model, batch, optimizer)
         if optimizer is not None:
@@ -265,12 +247,7 @@ def trace_plan(spec: RunSpec, config: Any, *, target: str = "cuda", fast: bool =
         with tracker:
             # reset_mod_stats between micro-batches: MemTracker refuses a second forward otherwise
             kv_bytes = step(between=tracker.reset_mod_stats, mark=mark)
-    by_phase = {p: _components(spec, categories, kv_bytes) for p, categories in phases.items()}
-    if "optimizer_step" in by_phase:  # MemTracker files the step's buffers under OPT: they are not states
-        step = by_phase["optimizer_step"]
-        extra = max(0, step["optimizer_states"] - by_phase["forward"]["optimizer_states"])
-        step["optimizer_states"] -= extra
-        step["temporaries"] += extra
+    by_phase = _by_phase(spec, phases, kv_bytes)
     peak_phase = max(by_phase, key=lambda p: (sum(by_phase[p].values()), -PHASES.index(p)))
     components = by_phase[peak_phase]
     modules: dict[str, int] = {}
@@ -288,6 +265,52 @@ def trace_plan(spec: RunSpec, config: Any, *, target: str = "cuda", fast: bool =
         modules=modules,
         phases=by_phase,
     )
+
+
+def _as_trained(spec: RunSpec, model: Any, config: Any) -> None:
+    """Put ``model`` in the state the worker runs it in: eval without gradients for inference; train without a KV
+    cache for training, with gradient checkpointing (non-reentrant) when the spec asks for it."""
+    if spec.mode == "inference":
+        model.requires_grad_(False)
+        model.eval()
+    else:
+        model.train()
+        getattr(model, "config", config).use_cache = False  # as the worker: training runs without a KV cache
+    if spec.training and spec.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if spec.mode == "lora":
+            model.enable_input_require_grads()
+
+
+def _batch(spec: RunSpec, config: Any, generator: Any) -> dict[str, Any]:
+    """One micro-batch of ``batch_size`` x ``seq_len`` token ids (labels the same ids), made under the caller's fake
+    mode; ``generator``: None for fake tensors (no values), else the seeded generator of real ones.
+
+    padded: a batch with padding, whose attention mask reaches the kernel (fake tensors have no values, so any mask is
+    taken as one; on real tensors the last position of the first row is padding). packed: no mask, as transformers
+    drops an all-ones one and runs causal attention."""
+    import torch
+
+    ids = torch.randint(0, int(config.vocab_size), (spec.batch_size, spec.seq_len), generator=generator)
+    batch = {"input_ids": ids, "labels": ids}
+    if spec.padding == "padded":
+        mask = torch.ones_like(ids)
+        if generator is not None:
+            mask[0, -1] = 0
+        batch["attention_mask"] = mask
+    return batch
+
+
+def _by_phase(spec: RunSpec, phases: dict[str, dict[str, int]], kv_bytes: int) -> dict[str, dict[str, int]]:
+    """The plan's components at each traced phase's peak; the optimizer step's buffers that MemTracker files under OPT
+    above the states alive in forward are temporaries, not states."""
+    by_phase = {p: _components(spec, categories, kv_bytes) for p, categories in phases.items()}
+    if "optimizer_step" in by_phase:  # MemTracker files the step's buffers under OPT: they are not states
+        step = by_phase["optimizer_step"]
+        extra = max(0, step["optimizer_states"] - by_phase["forward"]["optimizer_states"])
+        step["optimizer_states"] -= extra
+        step["temporaries"] += extra
+    return by_phase
 
 
 def _categories(snapshot: dict[Any, int]) -> dict[str, int]:
@@ -443,7 +466,7 @@ def _step_fn(spec: RunSpec, model: Any, batch: dict[str, Any], optimizer: Any) -
     import torch
 
     autocast = spec.autocast
-    dtype = getattr(torch, TORCH_DTYPE_NAMES[spec.dtype])
+    dtype = getattr(torch, torch_dtype_name(spec.dtype))
     micro_batches = 2 if spec.grad_accum > 1 else 1
 
     def step(between: Any = None, mark: Any = None) -> int:

@@ -2,6 +2,11 @@
 
 - :mod:`core.record.build`: the record's tables from what the stages returned, each verdict, the atomic write.
 - :mod:`core.record.schema`: the record's keys and value types, per schema version.
-- :mod:`core.record.signing`: ``ssh-keygen -Y sign`` / ``verify`` of a record file.
-- :mod:`core.record.verify`: ``gpuaccept verify``: signature, schema, every verdict recomputed from the numbers.
+- :mod:`core.record.signing`: ``ssh-keygen -Y sign`` / ``verify`` of a record file (nothing else of the package).
+- :mod:`core.record.verify`: ``gpuaccept verify``: signature, schema, every verdict recomputed from the numbers
+  (:func:`core.record.verify.record_problems`: the schema first, then the verdicts).
+- :mod:`core.record.signoff`: the sign-off added, the record checked, then signed (``gpuaccept sign``).
+
+Layers, top to bottom (an import contract in pyproject.toml): signoff, verify, build, schema and signing; a module
+imports only those below it, so the package has no import cycle.
 """

@@ -249,10 +249,10 @@ def verdict(spec: RunSpec, plan: Any, probe: Any, te: Any, resume: Any,
     stopped = stopped or {}
     stages: dict[str, dict[str, str]] = {}
     if plan is not None:
-        from core.plan.fit import fit_verdicts
+        from core.plan.fit import all_fit, fit_verdicts
 
         fits = fit_verdicts(plan, traced)
-        st = "pass" if all(f.fits is not False for f in fits) else "fail"
+        st = "pass" if all_fit(fits) else "fail"
         stages["plan"] = {"status": st, "evidence": "; ".join(
             f"{f.device}: planned {f.bytes / 2**30:.2f} GiB ({f.untraced_note}) of "
             + (f"{d.device.capacity_bytes / 2**30:.2f} GiB ({d.device.capacity_source})" if d.device.capacity_bytes
@@ -355,17 +355,7 @@ def schema_problems(rec: dict[str, Any]) -> list[str]:
     if missing:
         out.append("missing tables: " + ", ".join(missing))
         return out
-    attempts = rec.get("onboarding")
-    if attempts is not None:
-        for i, a in enumerate(attempts if isinstance(attempts, list) else [attempts]):
-            rows = a.get("questions") if isinstance(a, dict) else None
-            ok = (isinstance(a, dict) and str(a.get("operator", "")).strip() and isinstance(rows, list)
-                  and all(isinstance(r, dict) and r.get("correct") == (r.get("chosen") == r.get("right")) for r in rows)
-                  and a.get("questions_asked") == len(rows) and a.get("score") == sum(r["correct"] for r in rows)
-                  and _utc_aware(a.get("time_utc")))
-            if not ok:
-                out.append(f"onboarding[{i}]: needs operator, UTC time_utc, questions whose correct = (chosen == "
-                           "right), questions_asked = their number and score = the correct ones")
+    out.extend(_onboarding_problems(rec.get("onboarding")))
     unknown = sorted(set(rec) - set(TOP_LEVEL) - set(TABLES) - set(OPTIONAL_TABLES))
     if unknown:
         out.append("unknown top-level keys: " + ", ".join(unknown))
@@ -391,6 +381,32 @@ def schema_problems(rec: dict[str, Any]) -> list[str]:
     res = rec["resume"]
     if res.get("status") != "not_applicable" and res.get("provenance") not in ("measured", "not_run"):
         out.append(f"resume.provenance is {res.get('provenance')!r}; measured or not_run (or status not_applicable)")
+    out.extend(_verdict_and_signoff_problems(rec))
+    return out + value_problems(rec)
+
+
+def _onboarding_problems(attempts: Any) -> list[str]:
+    """Each onboarding attempt (the quiz's answers, when added) has an operator, a UTC ``time_utc``, questions whose
+    ``correct`` is ``chosen == right``, ``questions_asked`` their number and ``score`` the correct ones."""
+    out: list[str] = []
+    if attempts is None:
+        return out
+    for i, a in enumerate(attempts if isinstance(attempts, list) else [attempts]):
+        rows = a.get("questions") if isinstance(a, dict) else None
+        ok = (isinstance(a, dict) and str(a.get("operator", "")).strip() and isinstance(rows, list)
+              and all(isinstance(r, dict) and r.get("correct") == (r.get("chosen") == r.get("right")) for r in rows)
+              and a.get("questions_asked") == len(rows) and a.get("score") == sum(r["correct"] for r in rows)
+              and _utc_aware(a.get("time_utc")))
+        if not ok:
+            out.append(f"onboarding[{i}]: needs operator, UTC time_utc, questions whose correct = (chosen == "
+                       "right), questions_asked = their number and score = the correct ones")
+    return out
+
+
+def _verdict_and_signoff_problems(rec: dict[str, Any]) -> list[str]:
+    """The verdict (pass or fail, exactly the stages of :data:`VERDICT_STAGES`, each with a status and its evidence)
+    and the sign-off (``status = "unsigned"`` alone, or operator, role, decision accept / reject, comment, time)."""
+    out: list[str] = []
     if rec["verdict"].get("status") not in ("pass", "fail"):
         out.append(f"verdict.status is {rec['verdict'].get('status')!r}; pass or fail")
     stages = rec["verdict"].get("stages")
@@ -411,7 +427,7 @@ def schema_problems(rec: dict[str, Any]) -> list[str]:
             out.append("signoff.operator is empty")
         if so.get("decision") not in ("accept", "reject"):
             out.append(f"signoff.decision is {so.get('decision')!r}; accept or reject")
-    return out + value_problems(rec)
+    return out
 
 
 def _clean(value: Any) -> Any:
@@ -475,38 +491,3 @@ def write_record(record: dict[str, Any], path: Path) -> Path:
 def utc_now() -> dt.datetime:
     """The current time, UTC-aware, to the second (naive datetimes read back as local time)."""
     return dt.datetime.now(dt.UTC).replace(microsecond=0)
-
-
-def make_signoff(operator: str, decision: str, role: str = "", comment: str = "") -> dict[str, Any]:
-    """A ``signoff`` table: who decided what, in which role, why, when (UTC).
-
-    Raises:
-        ValueError: an empty operator or a decision other than accept / reject.
-    """
-    if not operator.strip():
-        raise ValueError("name the operator who signs off")
-    if decision not in ("accept", "reject"):
-        raise ValueError(f"the decision is accept or reject (got {decision!r})")
-    return {"operator": operator.strip(), "role": role.strip(), "decision": decision, "comment": comment.strip(),
-            "time_utc": utc_now()}
-
-
-def add_signoff(path: Path, signoff: dict[str, Any]) -> dict[str, Any]:
-    """Put ``signoff`` into the unsigned record at ``path`` and rewrite it atomically; returns the record.
-
-    Raises:
-        ValueError: the record already holds a sign-off, or is already signed (``record.toml.sig`` exists).
-    """
-    import tomllib
-
-    path = Path(path)
-    if path.with_name(path.name + ".sig").exists():
-        raise ValueError(f"{path} is already signed; a signed record is never rewritten")
-    record = tomllib.loads(path.read_text(encoding="utf-8"))
-    current = record.get("signoff", {})
-    if current.get("status") != "unsigned":
-        raise ValueError(f"{path} already holds a sign-off by {current.get('operator')!r} "
-                         f"({current.get('decision')}); sign it as it is, without --operator")
-    record["signoff"] = signoff
-    write_record(record, path)
-    return record

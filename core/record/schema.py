@@ -131,7 +131,7 @@ def _walk(value: Any, path: str, where: str, out: list[str], rules: bool = True)
 def _spec_problems(spec: dict[str, Any]) -> list[str]:
     """Each key of the record's spec table that :class:`core.spec.RunSpec` (and its sub-tables) knows has that field's
     type: ints are ints (not bools or floats), floats finite numbers, strings strings; ``lora.targets`` strings."""
-    from core.spec import LoraSettings, ResumeSettings, RunSpec, TorchrunSettings
+    from core.spec import LoraSettings, ResumeSettings, RunSpec, TorchrunSettings, field_type
 
     kinds = {"int": lambda v: _is_int(v), "float": _is_number, "str": lambda v: isinstance(v, str),
              "bool": lambda v: isinstance(v, bool)}
@@ -145,9 +145,9 @@ def _spec_problems(spec: dict[str, Any]) -> list[str]:
             out.append(f"{prefix} is {_show(table)}, not a table")
             continue
         for f in dataclasses.fields(cls):
-            test = kinds.get(str(f.type))
+            test = kinds.get(field_type(f))
             if f.name in table and test is not None and not test(table[f.name]):
-                out.append(f"{prefix}.{f.name} is {_show(table[f.name])}, not {f.type} (as the spec takes it)")
+                out.append(f"{prefix}.{f.name} is {_show(table[f.name])}, not {field_type(f)} (as the spec takes it)")
     targets = spec.get("lora", {}).get("targets") if isinstance(spec.get("lora"), dict) else None
     if targets is not None and not (isinstance(targets, list) and all(isinstance(t, str) for t in targets)):
         out.append(f"spec.lora.targets is {_show(targets)}, not a list of module names")

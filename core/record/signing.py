@@ -1,5 +1,9 @@
 """Signatures of acceptance records with OpenSSH's ``ssh-keygen -Y`` (namespace ``gpuaccept-record``).
 
+This module signs and checks a file and nothing else: it imports no other module of :mod:`core.record` (the sign-off,
+which checks the record before signing it, is :mod:`core.record.signoff`; an import contract in pyproject.toml keeps
+the record package's modules in layers, so no cycle comes back).
+
 The signature covers the exact bytes of ``record.toml`` on disk and is written beside it as ``record.toml.sig`` (what
 ``ssh-keygen -Y sign`` writes). A key is a private key file, or a public key file whose private half is in the
 ssh-agent (``ssh-keygen`` then asks the agent). Nothing here prompts: ssh-keygen runs in a new session without a
@@ -189,53 +193,3 @@ def check_signature(record: Path, allowed_signers: Path | None = None, identity:
                                   f"not allow identity {identity} to sign with that key: check the identity and the "
                                   "allowed-signers file (the record's bytes are as signed)", fp, True)
     return SignatureCheck("bad", f"signature does not verify: {last}", fp, allowed_signers is not None)
-
-
-def sign_record(record: Path, key: Path, signoff: dict | None = None) -> Path:
-    """Sign off and sign a record: nothing is changed unless all of it can be done.
-
-    Order: the key must sign a scratch file (:func:`can_sign`); the record must parse, and with ``signoff`` put in
-    (when given) conform to the schema and have every verdict follow from its data (:mod:`core.record.verify`); then the
-    sign-off is written into the record (atomically) and its bytes signed. A symlink is followed.
-
-    Raises:
-        SigningError: what stopped it, with what to do; the record is untouched.
-    """
-    import tomllib
-
-    from core.record.build import add_signoff, schema_problems
-    from core.record.verify import recompute_verdicts
-
-    record = Path(record).resolve()
-    if not record.is_file():
-        raise SigningError(f"record {record} not found")
-    if signature_path(record).exists():
-        raise SigningError(f"{signature_path(record)} already exists: a signed record is not signed again")
-    try:
-        data = tomllib.loads(record.read_text(encoding="utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise SigningError(f"{record} is not a gpuaccept record (not TOML: {exc})") from None
-    current = data.get("signoff", {})
-    if signoff is None and current.get("status") == "unsigned":
-        raise SigningError("the record has no sign-off: give --operator NAME --decision accept|reject")
-    if signoff is not None:
-        if current.get("status") != "unsigned":
-            raise SigningError(f"the record already holds a sign-off by {current.get('operator')!r} "
-                               f"({current.get('decision')}); sign it as it is, without --operator")
-        data["signoff"] = signoff
-    problems = schema_problems(data)
-    if not problems:
-        try:
-            problems = recompute_verdicts(data)
-        except (TypeError, KeyError, ValueError, AttributeError) as exc:
-            problems = [f"a value the verdicts depend on is missing or of the wrong type: {exc}"]
-    if problems:
-        raise SigningError("not signed: the record does not verify (" + "; ".join(problems[:3])
-                           + (" ..." if len(problems) > 3 else "") + "); gpuaccept verify shows every finding")
-    can_sign(key)
-    if signoff is not None:
-        try:
-            add_signoff(record, signoff)
-        except ValueError as exc:
-            raise SigningError(str(exc)) from None
-    return sign(record, key)

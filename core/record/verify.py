@@ -25,7 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from core.plan.fit import fit_of, traced_peak, under_estimate
+from core.plan.fit import fit_of, fits_in, measured_use_bytes, traced_peak, under_estimate
+from core.record.build import schema_problems
+from core.record.signing import check_signature
 from core.stages.probe import wrapper_problem
 
 EXIT_VERIFIED, EXIT_USAGE, EXIT_UNSIGNED, EXIT_BAD_SIGNATURE, EXIT_SCHEMA, EXIT_VERDICT = 0, 2, 3, 4, 5, 6
@@ -78,9 +80,6 @@ def verify(record_path: Path, allowed_signers: Path | None = None, identity: str
         FileNotFoundError: no such record.
         core.record.signing.SigningError: ssh-keygen is missing, or ``allowed_signers`` without ``identity``.
     """
-    from core.record.build import schema_problems
-    from core.record.signing import check_signature
-
     record_path = Path(record_path)
     if not record_path.is_file():
         raise FileNotFoundError(f"record {record_path} not found")
@@ -89,14 +88,29 @@ def verify(record_path: Path, allowed_signers: Path | None = None, identity: str
         record = tomllib.loads(record_path.read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         return Verification(signature, [f"not a TOML file: {exc}"], [])
-    problems = schema_problems(record)
-    verdicts: list[str] = []
-    if not problems:
-        try:
-            verdicts = recompute_verdicts(record)
-        except (TypeError, KeyError, ValueError, AttributeError) as exc:
-            problems.append(f"a value the verdicts depend on is missing or of the wrong type: {exc}")
-    return Verification(signature, problems, verdicts)
+    schema, verdicts = record_problems(record)
+    return Verification(signature, schema, verdicts)
+
+
+def record_problems(rec: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """The schema check, then (only when the schema holds) every verdict recomputed: the one order ``gpuaccept
+    verify`` and the sign-off (:func:`core.record.signoff.sign_record`) both apply.
+
+    Args:
+        rec: a parsed record (``tomllib.loads`` of ``record.toml``).
+
+    Returns:
+        (schema problems, verdict problems), each a list of sentences; both empty when the record verifies. The
+        verdicts are not recomputed when the schema fails (the second list is then empty); a value a verdict depends
+        on that is missing or of the wrong type is a schema problem.
+    """
+    problems = schema_problems(rec)
+    if problems:
+        return problems, []
+    try:
+        return [], recompute_verdicts(rec)
+    except (TypeError, KeyError, ValueError, AttributeError) as exc:
+        return [f"a value the verdicts depend on is missing or of the wrong type: {exc}"], []
 
 
 def num(value: Any, where: str) -> float:
@@ -290,102 +304,127 @@ def recompute_verdicts(rec: dict[str, Any]) -> list[str]:
     Raises:
         TypeError: a value a verdict depends on is not a number or count (the caller reports it).
     """
-    from core.stages.resume import expected_checks, known_tiers
-
     problems: list[str] = []
     spec = rec["spec"]
     training = spec.get("mode") != "inference"
     stages = rec["verdict"].get("stages", {})
     stated = {name: stages.get(name, {}).get("status") for name in STAGES}
     computed: dict[str, str] = {}
-    evidence_of = {"plan": rec["plan"], "probe": rec["probe"], "evaluation": rec["evaluation"]}
-
-    # plan ---------------------------------------------------------------------------------------------------------
-    plan = rec["plan"]
+    evidence_of = {"plan": rec["plan"], "probe": rec["probe"], "evaluation": rec["evaluation"], "resume": rec["resume"]}
     capacity, planned_tensors = _plan_verdict(rec, problems, computed)
+    _probe_verdict(rec, capacity, planned_tensors, problems, computed)
+    _evaluation_verdict(rec, training, problems, computed)
+    _resume_verdict(rec, training, problems, computed)
+    _stage_verdicts(rec, stated, computed, evidence_of, problems)
+    return problems
 
-    # probe --------------------------------------------------------------------------------------------------------
-    probe = rec["probe"]
+
+def _probe_verdict(rec: dict[str, Any], capacity: dict[str, int | None], planned_tensors: dict[str, int],
+                   problems: list[str], computed: dict[str, str]) -> None:
+    """The probe stage recomputed (appends to ``problems``, sets ``computed["probe"]`` when the probe was measured):
+    each device's measured use within its planned device's capacity, one device per rank, the plan comparison."""
+    spec, plan, probe = rec["spec"], rec["plan"], rec["probe"]
     if probe.get("provenance") == "measured":
-        ok = True
-        devices = probe.get("devices", [])
-        if not devices:
-            problems.append("probe is measured but lists no device")
-            ok = False
-        strategy = str(spec.get("strategy", "single"))
-        for i, d in enumerate(devices):
-            name = str(d.get("device"))
-            wrong = wrapper_problem(strategy, str(d.get("wrapper", "")))
-            if wrong:
-                ok = False
-                if probe.get("status") == "pass":
-                    problems.append(f"probe device {name} passes, but {wrong}")
-            peak = count(d.get("peak_bytes"), f"probe.devices[{i}].peak_bytes")
-            rss = count(d.get("peak_rss_bytes", 0), f"probe.devices[{i}].peak_rss_bytes")
-            used = peak if name.startswith("cuda") else max(peak, rss)
-            cap = capacity.get(name)
-            if cap is None:
-                problems.append(f"probe device {name}: no planned device of that name with a capacity, so its fit "
-                                f"cannot be judged")
-                ok = False
-            elif used > cap:
-                ok = False
-        world = expected_world_size(spec, len(plan.get("devices", [])))
-        if devices and world is not None and len(devices) != world:
-            problems.append(f"probe lists {len(devices)} device(s) (one per rank), but the spec runs {world} rank(s)")
-            ok = False
-        if world is not None and world > 1 and strategy != "device_map":
-            ranks = sorted(d.get("rank", 0) for d in devices)
-            if ranks != list(range(len(devices))):
-                problems.append(f"probe.devices ranks are {ranks}: each rank 0..{len(devices) - 1} must appear once")
-            sizes = {d.get("world_size", 1) for d in devices}
-            if sizes != {world}:
-                problems.append(f"probe.devices say world size {sorted(sizes)}, the spec runs {world} ranks")
-            per_host = [(d.get("host"), d.get("device")) for d in devices]
-            if len(set(per_host)) != len(per_host):
-                problems.append("probe.devices name one device of one host for two ranks")
+        ok = _probe_devices_ok(spec, plan, probe, capacity, problems)
         if probe.get("status") == "pass" and probe.get("problems"):
             problems.append("probe.status is pass, but probe.problems lists why it fails: "
                             + "; ".join(map(str, probe["problems"]))[:200])
-        peaks = {(str(d.get("device")), d.get("rank", 0)): d.get("peak_bytes") for d in devices}
-        peak_rss = {(str(d.get("device")), d.get("rank", 0)): d.get("peak_rss_bytes") for d in devices
-                    if isinstance(d.get("peak_rss_bytes"), int)}
-        findings = [str(f) for f in probe.get("findings", [])]
-        v2 = rec.get("schema_version", 1) >= 2
-        for row in probe.get("plan_comparison", []):
-            name, key = str(row.get("device")), (str(row.get("device")), row.get("rank", 0))
-            if name in planned_tensors and row.get("planned_bytes") != planned_tensors[name]:
-                problems.append(f"probe.plan_comparison for {name}: planned {row.get('planned_bytes')} B, the plan "
-                                f"says {planned_tensors[name]}")
-            if key in peaks and row.get("measured_bytes") != peaks[key]:
-                problems.append(f"probe.plan_comparison for {name}: measured {row.get('measured_bytes')} B, the "
-                                f"probe's peak is {peaks[key]}")
-            comps = row.get("components")
-            overhead = comps.get("overhead") if isinstance(comps, dict) else None
-            runtime = overhead.get("measured_bytes") if isinstance(overhead, dict) else None
-            tensors = peaks.get(key)
-            if runtime is not None and key in peak_rss and isinstance(tensors, int) \
-                    and runtime != peak_rss[key] - tensors:
-                problems.append(f"probe.plan_comparison for {name}: the overhead measured {runtime} B, but peak RSS "
-                                f"minus the peak of tensors is {peak_rss[key] - tensors} B")
-            over = under_estimate(count(row.get("planned_bytes"), "probe.plan_comparison[].planned_bytes"),
-                                  count(row.get("measured_bytes"), "probe.plan_comparison[].measured_bytes"))
-            named = any("UNDER-ESTIMATE" in f and _names_device(f, name, row.get("rank", 0)) for f in findings)
-            if v2 and over is not None and not named:
-                problems.append(f"probe on {name} measured {100 * over:.1f} % above the plan, and probe.findings does "
-                                "not name the under-estimate")
-            elif v2 and over is None and named:
-                problems.append(f"probe.findings names an under-estimate on {name}, but it measured within the "
-                                f"tolerance of its plan")
-        if v2:
+        _plan_comparison_problems(rec, probe, planned_tensors, problems)
+        if rec.get("schema_version", 1) >= 2:
             problems.extend(_ran_as_planned(spec, probe))
         computed["probe"] = "pass" if ok else "fail"
         _same(problems, "probe table", probe.get("status"), computed["probe"])
     elif probe.get("provenance") != "not_run":
         problems.append(f"probe.provenance is {probe.get('provenance')!r}: a probe is measured or not_run")
 
-    # evaluation ---------------------------------------------------------------------------------------------------
-    ev = rec["evaluation"]
+
+def _probe_devices_ok(spec: dict[str, Any], plan: dict[str, Any], probe: dict[str, Any],
+                      capacity: dict[str, int | None], problems: list[str]) -> bool:
+    """Whether every probed device passes: its wrapper is the strategy's, its measured use (on the CPU the larger of
+    peak tensor bytes and peak RSS) fits its planned device's capacity (:func:`core.plan.fit.fits_in`), and the
+    devices are the spec's ranks, each once (appends what is wrong to ``problems``)."""
+    ok = True
+    devices = probe.get("devices", [])
+    if not devices:
+        problems.append("probe is measured but lists no device")
+        ok = False
+    strategy = str(spec.get("strategy", "single"))
+    for i, d in enumerate(devices):
+        name = str(d.get("device"))
+        wrong = wrapper_problem(strategy, str(d.get("wrapper", "")))
+        if wrong:
+            ok = False
+            if probe.get("status") == "pass":
+                problems.append(f"probe device {name} passes, but {wrong}")
+        peak = count(d.get("peak_bytes"), f"probe.devices[{i}].peak_bytes")
+        rss = count(d.get("peak_rss_bytes", 0), f"probe.devices[{i}].peak_rss_bytes")
+        used = measured_use_bytes(name, peak, rss)
+        cap = capacity.get(name)
+        if cap is None:
+            problems.append(f"probe device {name}: no planned device of that name with a capacity, so its fit "
+                            f"cannot be judged")
+            ok = False
+        elif not fits_in(used, cap):
+            ok = False
+    world = expected_world_size(spec, len(plan.get("devices", [])))
+    if devices and world is not None and len(devices) != world:
+        problems.append(f"probe lists {len(devices)} device(s) (one per rank), but the spec runs {world} rank(s)")
+        ok = False
+    if world is not None and world > 1 and strategy != "device_map":
+        ranks = sorted(d.get("rank", 0) for d in devices)
+        if ranks != list(range(len(devices))):
+            problems.append(f"probe.devices ranks are {ranks}: each rank 0..{len(devices) - 1} must appear once")
+        sizes = {d.get("world_size", 1) for d in devices}
+        if sizes != {world}:
+            problems.append(f"probe.devices say world size {sorted(sizes)}, the spec runs {world} ranks")
+        per_host = [(d.get("host"), d.get("device")) for d in devices]
+        if len(set(per_host)) != len(per_host):
+            problems.append("probe.devices name one device of one host for two ranks")
+    return ok
+
+
+def _plan_comparison_problems(rec: dict[str, Any], probe: dict[str, Any], planned_tensors: dict[str, int],
+                              problems: list[str]) -> None:
+    """Each row of ``probe.plan_comparison`` repeats the plan's tensor bytes and the probe's peak, its overhead is peak
+    RSS minus the peak of tensors, and an under-estimate is named in ``probe.findings`` exactly when there is one."""
+    devices = probe.get("devices", [])
+    peaks = {(str(d.get("device")), d.get("rank", 0)): d.get("peak_bytes") for d in devices}
+    peak_rss = {(str(d.get("device")), d.get("rank", 0)): d.get("peak_rss_bytes") for d in devices
+                if isinstance(d.get("peak_rss_bytes"), int)}
+    findings = [str(f) for f in probe.get("findings", [])]
+    v2 = rec.get("schema_version", 1) >= 2
+    for row in probe.get("plan_comparison", []):
+        name, key = str(row.get("device")), (str(row.get("device")), row.get("rank", 0))
+        if name in planned_tensors and row.get("planned_bytes") != planned_tensors[name]:
+            problems.append(f"probe.plan_comparison for {name}: planned {row.get('planned_bytes')} B, the plan "
+                            f"says {planned_tensors[name]}")
+        if key in peaks and row.get("measured_bytes") != peaks[key]:
+            problems.append(f"probe.plan_comparison for {name}: measured {row.get('measured_bytes')} B, the "
+                            f"probe's peak is {peaks[key]}")
+        comps = row.get("components")
+        overhead = comps.get("overhead") if isinstance(comps, dict) else None
+        runtime = overhead.get("measured_bytes") if isinstance(overhead, dict) else None
+        tensors = peaks.get(key)
+        if runtime is not None and key in peak_rss and isinstance(tensors, int) \
+                and runtime != peak_rss[key] - tensors:
+            problems.append(f"probe.plan_comparison for {name}: the overhead measured {runtime} B, but peak RSS "
+                            f"minus the peak of tensors is {peak_rss[key] - tensors} B")
+        over = under_estimate(count(row.get("planned_bytes"), "probe.plan_comparison[].planned_bytes"),
+                              count(row.get("measured_bytes"), "probe.plan_comparison[].measured_bytes"))
+        named = any("UNDER-ESTIMATE" in f and _names_device(f, name, row.get("rank", 0)) for f in findings)
+        if v2 and over is not None and not named:
+            problems.append(f"probe on {name} measured {100 * over:.1f} % above the plan, and probe.findings does "
+                            "not name the under-estimate")
+        elif v2 and over is None and named:
+            problems.append(f"probe.findings names an under-estimate on {name}, but it measured within the "
+                            f"tolerance of its plan")
+
+
+def _evaluation_verdict(rec: dict[str, Any], training: bool, problems: list[str], computed: dict[str, str]) -> None:
+    """The evaluation stage recomputed (appends to ``problems``, sets ``computed["evaluation"]`` when measured):
+    perplexity = exp(mean NLL) >= 1 over tokens > 0; training: both finite and after < before; inference: measured
+    once and finite; its settings are the spec's, on a measured data split."""
+    spec, ev = rec["spec"], rec["evaluation"]
     if ev.get("provenance") == "measured":
         points = {}
         for when in ("before", "after") if training else ("before",):
@@ -422,10 +461,15 @@ def recompute_verdicts(rec: dict[str, Any]) -> list[str]:
     elif ev.get("provenance") != "not_run":
         problems.append(f"evaluation.provenance is {ev.get('provenance')!r}: an evaluation is measured or not_run")
 
-    # resume -------------------------------------------------------------------------------------------------------
-    res = rec["resume"]
+
+def _resume_verdict(rec: dict[str, Any], training: bool, problems: list[str], computed: dict[str, str]) -> None:
+    """The resume stage recomputed (appends to ``problems``, sets ``computed["resume"]``): not_applicable exactly for
+    inference or the check switched off; measured: pass exactly when every check passed, every expected check is there
+    with its kind, with the checkpoint's manifest, the comparison covering the spec's window within the tier."""
+    from core.stages.resume import expected_checks
+
+    spec, res = rec["spec"], rec["resume"]
     applies = training and spec.get("resume", {}).get("check", True)
-    evidence_of["resume"] = res
     if res.get("status") == "not_applicable":
         computed["resume"] = "not_applicable"
         if applies:
@@ -437,24 +481,7 @@ def recompute_verdicts(rec: dict[str, Any]) -> list[str]:
         if not isinstance(checks, list) or not all(isinstance(ch, dict) for ch in checks):
             raise TypeError("resume.checks is not a list of tables")
         names = {ch.get("name"): ch for ch in checks}
-        tier = res.get("tier", {})
-        known = known_tiers().get(tier.get("name"))
-        if known is None:
-            problems.append(f"resume.tier {tier.get('name')!r} is not a tier gpuaccept applies "
-                            f"({', '.join(known_tiers())})")
-            rtol = 0.0
-        else:
-            rtol = known.rtol
-            if num(tier.get("rtol"), "resume.tier.rtol") != known.rtol:
-                problems.append(f"resume.tier {known.name} has rtol {known.rtol}, the record says {tier.get('rtol')}")
-        probed = [str(d.get("device")) for d in rec["probe"].get("devices", [])] if probe.get(
-            "provenance") == "measured" else []
-        if known is not None and probed:
-            from core.stages.resume import tolerance_tier
-
-            want = tolerance_tier(probed[0], spec.get("dtype", "fp32")).name
-            if want != known.name:
-                problems.append(f"resume.tier is {known.name}, but {spec.get('dtype')} on {probed[0]} is {want}")
+        rtol = _resume_tier(rec, problems)
         all_pass = bool(checks) and all(ch.get("status") == "pass" for ch in checks)
         if all_pass:
             for name, kind in expected_checks(spec.get("dtype", "fp32"), rec.get("schema_version", 1)).items():
@@ -471,20 +498,7 @@ def recompute_verdicts(rec: dict[str, Any]) -> list[str]:
         if all_pass and not res.get("checkpoint_manifest"):
             problems.append("resume passed without the sha256 manifest of the checkpoint it resumed from")
         if all_pass:
-            c = count(res.get("checkpoint_step"), "resume.checkpoint_step")
-            planned_c, end = _resume_window(spec)
-            if planned_c is not None and planned_c != c:
-                problems.append(f"resume.checkpoint_step is {c}, the spec's resume settings resume from "
-                                f"checkpoint-{planned_c}")
-            want_steps = list(range(c + 1, end + 1))
-            got_steps = [row.get("step") for row in rows]
-            if got_steps != want_steps:
-                problems.append(f"resume comparison covers steps {got_steps[:3]}..., the resumed run is steps "
-                                f"{c + 1}-{want_steps[-1] if want_steps else c}")
-            window = res.get("compared_steps")
-            if window is not None and want_steps and window != [want_steps[0], want_steps[-1]]:
-                problems.append(f"resume.compared_steps says {window}, the spec compares steps "
-                                f"{want_steps[0]}-{want_steps[-1]}")
+            _resume_window_problems(spec, res, rows, problems)
         for i, row in enumerate(rows):
             ref = num(row.get("loss_reference"), f"resume.comparison[{i}].loss_reference")
             got = num(row.get("loss_resumed"), f"resume.comparison[{i}].loss_resumed")
@@ -502,7 +516,56 @@ def recompute_verdicts(rec: dict[str, Any]) -> list[str]:
         problems.append(f"resume.provenance is {res.get('provenance')!r}: measured, not_run, or status "
                         f"not_applicable")
 
-    # stages and the overall verdict ----------------------------------------------------------------------------------
+
+def _resume_tier(rec: dict[str, Any], problems: list[str]) -> float:
+    """The relative tolerance of the record's resume tier: one gpuaccept applies, with its own rtol, the tier of the
+    spec's dtype on the probed device (appends what is wrong to ``problems``; 0.0 for an unknown tier)."""
+    from core.stages.resume import known_tiers
+
+    spec, probe, res = rec["spec"], rec["probe"], rec["resume"]
+    tier = res.get("tier", {})
+    known = known_tiers().get(tier.get("name"))
+    if known is None:
+        problems.append(f"resume.tier {tier.get('name')!r} is not a tier gpuaccept applies "
+                        f"({', '.join(known_tiers())})")
+        rtol = 0.0
+    else:
+        rtol = known.rtol
+        if num(tier.get("rtol"), "resume.tier.rtol") != known.rtol:
+            problems.append(f"resume.tier {known.name} has rtol {known.rtol}, the record says {tier.get('rtol')}")
+    probed = [str(d.get("device")) for d in probe.get("devices", [])] if probe.get("provenance") == "measured" else []
+    if known is not None and probed:
+        from core.stages.resume import tolerance_tier
+
+        want = tolerance_tier(probed[0], spec.get("dtype", "fp32")).name
+        if want != known.name:
+            problems.append(f"resume.tier is {known.name}, but {spec.get('dtype')} on {probed[0]} is {want}")
+    return rtol
+
+
+def _resume_window_problems(spec: dict[str, Any], res: dict[str, Any], rows: list[Any], problems: list[str]) -> None:
+    """A passing resume resumed from the spec's checkpoint and compared every step of the spec's window (c+1 to c +
+    ``resume.compare_steps``; to the last step for records without that key)."""
+    c = count(res.get("checkpoint_step"), "resume.checkpoint_step")
+    planned_c, end = _resume_window(spec)
+    if planned_c is not None and planned_c != c:
+        problems.append(f"resume.checkpoint_step is {c}, the spec's resume settings resume from "
+                        f"checkpoint-{planned_c}")
+    want_steps = list(range(c + 1, end + 1))
+    got_steps = [row.get("step") for row in rows]
+    if got_steps != want_steps:
+        problems.append(f"resume comparison covers steps {got_steps[:3]}..., the resumed run is steps "
+                        f"{c + 1}-{want_steps[-1] if want_steps else c}")
+    window = res.get("compared_steps")
+    if window is not None and want_steps and window != [want_steps[0], want_steps[-1]]:
+        problems.append(f"resume.compared_steps says {window}, the spec compares steps "
+                        f"{want_steps[0]}-{want_steps[-1]}")
+
+
+def _stage_verdicts(rec: dict[str, Any], stated: dict[str, Any], computed: dict[str, str],
+                    evidence_of: dict[str, Any], problems: list[str]) -> None:
+    """Each stage's stated verdict against the one recomputed (a stage whose table holds no measurement cannot have
+    passed), and the overall verdict: pass exactly when every stage is pass or not_applicable."""
     for name in STAGES:
         status = computed.get(name)
         said = stated[name]
@@ -516,7 +579,6 @@ def recompute_verdicts(rec: dict[str, Any]) -> list[str]:
     overall = "pass" if all(s in PASSING for s in final.values()) else "fail"
     if rec["verdict"].get("status") != overall:
         problems.append(f"verdict.status says {rec['verdict'].get('status')}, the stages say {overall}")
-    return problems
 
 
 def _resume_window(spec: dict[str, Any]) -> tuple[int | None, int]:

@@ -206,7 +206,7 @@ def judge_devices(spec: RunSpec, plan: Any, traced: dict[str, Any] | None, measu
                   ) -> tuple[list[PlanComparison], list[str], list[str]]:
     """Each measured device against its plan (the bytes its fit was judged by) and its capacity, and its wrapper
     against the strategy. Returns (comparisons, problems, findings)."""
-    from core.plan.fit import fit_verdicts
+    from core.plan.fit import fit_verdicts, fits_in
 
     plan_by_name = {d.device.name: d for d in plan.devices}
     fit_by_name = {f.device: f for f in fit_verdicts(plan, traced)}
@@ -224,7 +224,7 @@ def judge_devices(spec: RunSpec, plan: Any, traced: dict[str, Any] | None, measu
                                 f"of tensors (the tolerance is {100 * UNDER_ESTIMATE_TOLERANCE:.0f} %): a device sized "
                                 "to the plan would run out of memory")
         capacity = plan_device.device.capacity_bytes if plan_device is not None else None
-        if capacity is not None and measured_use(m) > capacity:
+        if capacity is not None and not fits_in(measured_use(m), capacity):
             problems.append(f"{_where(m)}: measured {_gib(measured_use(m))} is above its capacity {_gib(capacity)}")
         wrong = wrapper_problem(spec.strategy, m.wrapper)
         if wrong:
@@ -264,7 +264,9 @@ def _per_device(ledgers: list[Ledger]) -> list[Ledger]:
 def measured_use(m: DeviceMeasurement) -> int:
     """What a device's fit is judged by: peak allocated on CUDA; on the CPU the larger of the tensor peak and the
     process's peak RSS (the whole process competes for host memory, runtime included)."""
-    return m.peak_bytes if m.device.startswith("cuda") else max(m.peak_bytes, m.peak_rss_bytes)
+    from core.plan.fit import measured_use_bytes
+
+    return measured_use_bytes(m.device, m.peak_bytes, m.peak_rss_bytes)
 
 
 def _measurement(ledger: Ledger, placement: dict[str, dict[str, int]]) -> DeviceMeasurement:

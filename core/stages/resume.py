@@ -30,6 +30,7 @@ from core import killpoints
 from core.child.events import ChildEvent, KillPoint, ManifestChecked, RngRestored, Started, Step, Trainable
 from core.child.manifest import verify_manifest, write_manifest
 from core.child.rng import rng_digest
+from core.dtypes import DTYPES
 from core.errors import StageError
 from core.events import ChildStarted, Event, Message, Progress, lead_events
 from core.spec import RunSpec
@@ -73,7 +74,7 @@ def tolerance_tier(device: str, dtype: str) -> Tier:
 
 def known_tiers() -> dict[str, Tier]:
     """Every tier :func:`tolerance_tier` can give, by name (what ``gpuaccept verify`` holds a record's tier to)."""
-    tiers = [tolerance_tier(d, t) for d in ("cpu", "cuda") for t in ("fp32", "bf16", "fp16")]
+    tiers = [tolerance_tier(d, t) for d in ("cpu", "cuda") for t in DTYPES]
     return {t.name: t for t in tiers}
 
 

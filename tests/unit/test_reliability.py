@@ -147,17 +147,12 @@ def _set(record, path, value):
 
 
 def _checked(record) -> list[str]:
-    """What ``gpuaccept verify`` reports for a parsed record (core.record.verify.verify without the file and signature)."""
-    from core.record.build import schema_problems
-    from core.record.verify import recompute_verdicts
+    """What ``gpuaccept verify`` reports for a parsed record (core.record.verify.verify without the file and signature:
+    its :func:`core.record.verify.record_problems`, the schema first, then the verdicts)."""
+    from core.record.verify import record_problems
 
-    problems = schema_problems(record)
-    if problems:
-        return problems
-    try:
-        return recompute_verdicts(record)
-    except (TypeError, KeyError, ValueError, AttributeError) as exc:  # what verify turns into a schema finding
-        return [f"a value the verdicts depend on is missing or of the wrong type: {exc}"]
+    schema, verdicts = record_problems(record)
+    return schema + verdicts
 
 
 @pytest.fixture(scope="module")

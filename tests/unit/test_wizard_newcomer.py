@@ -301,7 +301,7 @@ def test_the_resume_progress_bar_goes_through_both_runs_and_never_back():
 
 def test_a_largest_fit_with_under_5_percent_left_is_said_to_be_thin():
     """f offered micro-batch 111 with 0.07 GiB of 23 GiB left, without a word of caution (the offer now says so)."""
-    from core.plan.fit import Largest
+    from core.plan.search import Largest
 
     thin = Largest("cpu", "batch_size", 111, plan_bytes=22_910_000_000, capacity_bytes=22_980_000_000,
                    limit="batch_size = 112 does not fit")

@@ -137,7 +137,7 @@ class ExportScreen(Screen):
             self.app.push_screen(screen)
 
     def signoff(self) -> dict | None:
-        from core.record.build import make_signoff
+        from core.record.signoff import make_signoff
 
         operator = self.query_one("#operator", Input).value.strip()
         decision = self.query_one("#decision", Select).value

@@ -118,7 +118,7 @@ class PlanScreen(NavButtons, Screen):
     def replan(self, spec: Any) -> None:
         from core.errors import GpuAcceptError
         from core.pipeline import make_plan, runnable_reason
-        from core.plan.fit import largest_fitting
+        from core.plan.search import largest_fitting
 
         try:
             ctx = make_plan(spec, self.app.state.devices_override)
@@ -216,7 +216,9 @@ class PlanScreen(NavButtons, Screen):
         self.trace(spec, ctx)
         values = [x.value for x in largest or [] if x.value is not None]
         self._thin = any(x.thin for x in largest or [] if x.value == min(values or [0]))
-        self.set_fit(any(d.fits is False for d in plan.devices), refusal, min(values) if values else None)
+        from core.plan.fit import plan_fits
+
+        self.set_fit(not plan_fits(plan), refusal, min(values) if values else None)
 
     @work(thread=True, exclusive=True, group="trace")
     def trace(self, spec: Any, ctx: Any) -> None:
@@ -279,7 +281,7 @@ class PlanScreen(NavButtons, Screen):
     def fit_text(self, traced: dict[str, Any]) -> str:
         """The fit verdict judged by the larger of the analytic and traced peaks (core/plan/fit.py); a plan that fits only
         by the smaller one is not a fit: Next is disabled and the reason shown."""
-        from core.plan.fit import fit_verdicts
+        from core.plan.fit import all_fit, fit_verdicts
 
         ctx = self.app.state.ctx
         fits = fit_verdicts(ctx.plan, traced)
@@ -287,7 +289,7 @@ class PlanScreen(NavButtons, Screen):
         for f in fits:
             verdict = {True: "[green]fits[/]", False: "[red]DOES NOT FIT[/]", None: "fit unknown"}[f.fits]
             parts.append(f"{f.device} {gib(f.bytes)} → {verdict}")
-        if any(f.fits is False for f in fits) and not getattr(self, "_unfit", False):
+        if not all_fit(fits) and not getattr(self, "_unfit", False):
             # the traced peak decides it; the analytic search's largest batch fits only by the analytic peak, so
             # none is offered: lower it by hand (b), or probe anyway
             self.set_fit(True, None, None)

@@ -144,7 +144,9 @@ class QuizScreen(Screen):
         for q, c in zip(self.questions, self.chosen):
             mark = "[green]✓[/]" if c == q.answer else f"[red]✗[/] (answer {LETTERS[q.answer]})"
             lines.append(f"{mark} {q.id.replace('_', ' ')}")
-        signed = self.record_path.with_name(self.record_path.name + ".sig").exists()
+        from core.record.signing import signature_path
+
+        signed = signature_path(self.record_path).exists()
         lines.append("The record is signed, so it is never rewritten: the score stays here." if signed else
                      "Add the answers to the record as its onboarding table (optional), with who answered:")
         self.query_one("#summary", Static).update(Content.from_markup("\n".join(lines)))

@@ -13,7 +13,8 @@ from textual.screen import Screen
 from textual.widgets import Button, Footer, Header, Input, Label, Select, Static
 
 from core import killpoints
-from core.spec import ATTN_IMPLEMENTATIONS, DTYPES, KILL_POINTS, PADDINGS, PRECISIONS
+from core.dtypes import DTYPES
+from core.spec import ATTN_IMPLEMENTATIONS, KILL_POINTS, PADDINGS, PRECISIONS
 from tui.screens.nav import NavButtons
 from tui.widgets.inputs import OrderedInput
 

@@ -9,6 +9,8 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widget import Widget
 
+from core.plan.fit import fits_in
+
 GiB = 2**30
 
 #: One colour per plan component, in stacking order.
@@ -46,7 +48,7 @@ def stacked_bar(segments: list[tuple[int, str]], capacity: int | None, width: in
         used_cells += cells
     if used_cells < width:
         text.append("░" * (width - used_cells), style="#555555")
-    if capacity and total > capacity:
+    if capacity and not fits_in(total, capacity):
         cut = min(width - 1, round(capacity / scale_to * width))
         text = text[:cut] + Text("▏", style="bold red") + text[cut + 1:]
     return text
@@ -74,7 +76,7 @@ class PlanBar(Widget):
             if self.components.get(name, 0) > 0:
                 legend.append("■ ", style=style)
                 legend.append(f"{SHORT[name]} ")
-        if self.capacity and sum(b for b, _ in segments) > self.capacity:  # the red marker, said in the legend
+        if self.capacity and not fits_in(sum(b for b, _ in segments), self.capacity):  # the red marker, said in the legend
             legend.append("▏", style="bold red")
             legend.append(f"capacity {self.capacity / GiB:.2f} GiB ")
         return Text.assemble(bar, "\n", legend)
