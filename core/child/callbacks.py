@@ -16,14 +16,17 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
-from transformers import Trainer, TrainerCallback
+from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from core.child.events import CheckpointSaved, KillPoint, RngRestored, Step
 from core.child.rng import live_rng_state, rng_digest
 from core.events import EventWriter
 from core.killpoints import holds
+
+if TYPE_CHECKING:
+    import torch
 
 
 class KillSwitch:
@@ -66,19 +69,20 @@ class MeasuringTrainer(Trainer):
         self.kill_switch = kill_switch
         self.micro: list[tuple[list[int], float]] = []  # (sample ids, loss) per micro-batch of the current step
 
-    def training_step(self, model, inputs, num_items_in_batch=None):
+    def training_step(self, model: torch.nn.Module, inputs: dict[str, Any],
+                      num_items_in_batch: torch.Tensor | int | None = None) -> torch.Tensor:
         ids = inputs.pop("sample_ids").tolist()
         loss = super().training_step(model, inputs, num_items_in_batch)
         self.micro.append((ids, float(loss)))
         self.kill_switch.check(self, "micro")
         return loss
 
-    def _load_rng_state(self, checkpoint):
+    def _load_rng_state(self, checkpoint: str | None) -> None:
         super()._load_rng_state(checkpoint)
         if checkpoint is not None:
             self.events.write(RngRestored(digest=rng_digest(live_rng_state()), checkpoint=str(checkpoint)))
 
-    def _save_optimizer_and_scheduler(self, output_dir):
+    def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
         self.kill_switch.check(self, "save")  # weights are written, optimizer and the rest not: a partial checkpoint
         super()._save_optimizer_and_scheduler(output_dir)
 
@@ -101,14 +105,15 @@ class StepReporter(TrainerCallback):
         self.rng: dict[str, str] | None = None
         self.trainer: Any = None  # the MeasuringTrainer it reports for (set once the Trainer is built)
 
-    def on_step_begin(self, args, state, control, **kw):
+    def on_step_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
         self.rng = rng_digest(live_rng_state())  # the generators as this optimizer step starts
         self.kill_switch.check(self.trainer, "step_begin")
 
-    def on_pre_optimizer_step(self, args, state, control, optimizer=None, **kw):
+    def on_pre_optimizer_step(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                              optimizer: Any = None, **kw: Any) -> None:  # a torch optimizer
         self.lr = float(optimizer.param_groups[0]["lr"]) if optimizer is not None else None
 
-    def on_step_end(self, args, state, control, **kw):
+    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
         micro, self.trainer.micro = self.trainer.micro, []
         self.events.write(Step(
             step=state.global_step,
@@ -123,6 +128,7 @@ class StepReporter(TrainerCallback):
             # the resume check's window ends here (a checkpoint step: Trainer still saves it, then stops)
             control.should_training_stop = True
 
-    def on_save(self, args, state, control, **kw):
-        path = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+    def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any) -> None:
+        # TrainingArguments.__post_init__ sets output_dir ("trainer_output" when not given): never None here
+        path = Path(cast(str, args.output_dir)) / f"checkpoint-{state.global_step}"
         self.events.write(CheckpointSaved(step=state.global_step, path=str(path)))

@@ -105,7 +105,7 @@ class EvalResult:
     metric: str = METRIC
 
 
-def evaluate_perplexity(model: Any, blocks: Sequence[dict], batch_size: int, device: Any = "cpu",
+def evaluate_perplexity(model: Any, blocks: Sequence[dict[str, Any]], batch_size: int, device: Any = "cpu",
                         autocast: str | None = None) -> EvalResult:
     """Token-weighted perplexity of ``model`` over ``blocks``.
 

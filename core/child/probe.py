@@ -39,7 +39,7 @@ class Seen:
         events.write(ProbeStep(step=step, total=total, seconds=seconds))
 
 
-def probe(spec: RunSpec, model: Any, blocks: list[dict], out_dir: Path, device: str, events: EventWriter,
+def probe(spec: RunSpec, model: Any, blocks: list[dict[str, Any]], out_dir: Path, device: str, events: EventWriter,
           job: dict[str, Any], rss_start: int, name: str | None = None) -> None:
     """Run ``probe_steps`` real steps and emit the placement and the measured ledger (``ledger`` event).
 
@@ -108,8 +108,8 @@ def report_placement(spec: RunSpec, model: Any, device: str, name: str | None, n
     return placement, hf_map
 
 
-def trainer_steps(spec: RunSpec, model: Any, blocks: list[dict], out_dir: Path, device: str, events: EventWriter,
-                  job: dict[str, Any], seen: Seen, weights: int) -> tuple[str, int]:
+def trainer_steps(spec: RunSpec, model: Any, blocks: list[dict[str, Any]], out_dir: Path, device: str,
+                  events: EventWriter, job: dict[str, Any], seen: Seen, weights: int) -> tuple[str, int]:
     """``probe_steps`` Trainer steps (no checkpoints) with a callback that measures each: the tracker restarted from
     the live tensors as the step starts, gradients at the optimizer step, optimizer states after it.
 
@@ -117,7 +117,7 @@ def trainer_steps(spec: RunSpec, model: Any, blocks: list[dict], out_dir: Path, 
         (wrapper, local weight bytes): the class Trainer actually wrapped the model in (it may fall back: FSDP asked
         for on the CPU runs as DDP) and this rank's share of the weights after wrapping (FSDP keeps a shard)."""
     import torch
-    from transformers import TrainerCallback
+    from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
     from core.child.measure import optimizer_state_bytes
 
@@ -125,16 +125,19 @@ def trainer_steps(spec: RunSpec, model: Any, blocks: list[dict], out_dir: Path, 
     tracker, n = seen.tracker, spec.probe_steps
 
     class ProbeCallback(TrainerCallback):
-        def on_step_begin(self, args, state, control, model=None, optimizer=None, **kw):
+        def on_step_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                          model: Any = None, optimizer: Any = None, **kw: Any) -> None:  # a torch module, optimizer
             self.started = time.perf_counter()
             if tracker is not None:  # what is alive as the step starts, counted once from the live tensors
                 tracker.restart(weights + optimizer_state_bytes(optimizer) + gradient_bytes(model))
                 tracker.__enter__()
 
-        def on_pre_optimizer_step(self, args, state, control, model=None, **kw):
+        def on_pre_optimizer_step(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                                  model: Any = None, **kw: Any) -> None:
             seen.gradients = max(seen.gradients, gradient_bytes(model))
 
-        def on_step_end(self, args, state, control, optimizer=None, **kw):
+        def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                        optimizer: Any = None, **kw: Any) -> None:
             if tracker is not None:
                 tracker.__exit__(None, None, None)
             if is_cuda:
@@ -149,7 +152,7 @@ def trainer_steps(spec: RunSpec, model: Any, blocks: list[dict], out_dir: Path, 
     return type(trainer.model_wrapped).__name__, sum(local_bytes(p) for p in trainer.model_wrapped.parameters())
 
 
-def inference_steps(spec: RunSpec, model: Any, blocks: list[dict], device: str, events: EventWriter,
+def inference_steps(spec: RunSpec, model: Any, blocks: list[dict[str, Any]], device: str, events: EventWriter,
                     seen: Seen) -> None:
     """``probe_steps`` forward passes of one batch under ``torch.no_grad`` (see :func:`probe` for why not
     ``inference_mode``), each followed by the tracker on the CPU."""
@@ -213,7 +216,7 @@ def measured_ledger(spec: RunSpec, seen: Seen, device: str, name: str | None, we
     return ledger
 
 
-def padded_blocks(blocks: list[dict]) -> list[dict]:
+def padded_blocks(blocks: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The probe's blocks with padding = padded: each block's last position made padding (attention mask 0, no target),
     so every probe step takes the path a batch holding padding takes (the attention kernel gets a mask), the largest
     step of the run, which the plan counts; the training run itself meets it in the batches that hold the data's
@@ -226,7 +229,7 @@ def padded_blocks(blocks: list[dict]) -> list[dict]:
     return out
 
 
-def fsdp2_cpu_steps(spec: RunSpec, model: Any, blocks: list[dict], seen: Seen, events: EventWriter,
+def fsdp2_cpu_steps(spec: RunSpec, model: Any, blocks: list[dict[str, Any]], seen: Seen, events: EventWriter,
                     name: str) -> tuple[str, int]:
     """zero3 (FSDP full shard) on the CPU: ``probe_steps`` steps under torch's FSDP2 over gloo, outside Trainer.
 
@@ -364,7 +367,7 @@ def gradient_bytes(model: Any) -> int:
 def local_bytes(t: Any) -> int:
     """Bytes of ``t`` held by this process: a DTensor's local shard (FSDP2), else the whole tensor."""
     local = t.to_local() if hasattr(t, "to_local") else t
-    return local.numel() * local.element_size()
+    return int(local.numel() * local.element_size())  # a torch tensor's (Any here): already an int
 
 
 def rss_bytes() -> int:

@@ -12,11 +12,16 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from core.dtypes import TORCH_DTYPE_NAMES
 from core.events import EventWriter
 from core.spec import RunSpec
+
+if TYPE_CHECKING:
+    from transformers import TrainerCallback
+
+    from core.child.callbacks import MeasuringTrainer
 
 _TRAINER_OPTIM = {"adamw": "adamw_torch", "sgd": "sgd", "adafactor": "adafactor"}
 
@@ -81,7 +86,7 @@ def model_facts(spec: RunSpec, model: Any) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------------------------- the data
-def build_data(spec: RunSpec, tokenizer: Any) -> tuple[list[dict], list[dict], dict[str, Any]]:
+def build_data(spec: RunSpec, tokenizer: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any]]:
     """Train blocks (all) and held-out blocks (at most ``eval_max_blocks``) of ``seq_len`` tokens, with split facts."""
     from core.data import load_documents, make_blocks, split_documents
 
@@ -115,7 +120,7 @@ def build_data(spec: RunSpec, tokenizer: Any) -> tuple[list[dict], list[dict], d
     return train, heldout, info
 
 
-def collate(features: list[dict]) -> dict[str, Any]:
+def collate(features: list[dict[str, Any]]) -> dict[str, Any]:
     import torch
 
     input_ids = torch.tensor([f["input_ids"] for f in features], dtype=torch.long)
@@ -128,21 +133,21 @@ def collate(features: list[dict]) -> dict[str, Any]:
 class ListDataset:
     """A map-style dataset over a list of blocks (Trainer needs ``__len__`` and ``__getitem__``)."""
 
-    def __init__(self, items: list[dict]) -> None:
+    def __init__(self, items: list[dict[str, Any]]) -> None:
         self.items = items
 
     def __len__(self) -> int:
         return len(self.items)
 
-    def __getitem__(self, i: int) -> dict:
+    def __getitem__(self, i: int) -> dict[str, Any]:
         return self.items[i]
 
 
 
 # ---------------------------------------------------------------------------------------------------- the trainer
-def build_trainer(spec: RunSpec, model: Any, blocks: list[dict], out_dir: Path, device: str, events: EventWriter,
-                  job: dict[str, Any], max_steps: int | None = None, save: bool = True,
-                  extra_callbacks: list | None = None) -> Any:
+def build_trainer(spec: RunSpec, model: Any, blocks: list[dict[str, Any]], out_dir: Path, device: str,
+                  events: EventWriter, job: dict[str, Any], max_steps: int | None = None, save: bool = True,
+                  extra_callbacks: list[TrainerCallback] | None = None) -> MeasuringTrainer:
     """A :class:`~core.child.callbacks.MeasuringTrainer` over ``blocks`` that reports every optimizer step through
     ``events`` (:class:`~core.child.callbacks.StepReporter`) and holds at the interrupted run's kill point
     (:class:`~core.child.callbacks.KillSwitch`).

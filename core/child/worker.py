@@ -126,8 +126,8 @@ def run_job(job: dict[str, Any], events: EventWriter) -> None:
         train(spec, model, train_blocks, heldout_blocks, device, events, job)
 
 
-def train(spec: RunSpec, model: Any, train_blocks: list[dict], heldout_blocks: list[dict], device: str,
-          events: EventWriter, job: dict[str, Any]) -> None:
+def train(spec: RunSpec, model: Any, train_blocks: list[dict[str, Any]], heldout_blocks: list[dict[str, Any]],
+          device: str, events: EventWriter, job: dict[str, Any]) -> None:
     """The training roles: ``train`` evaluates before and after; ``interrupted`` and ``resumed`` only train (from
     ``job["resume_from"]`` when given, verified against ``job["manifest"]`` before and after Trainer loads it)."""
     from core.child.recipe import build_trainer
@@ -150,7 +150,7 @@ def train(spec: RunSpec, model: Any, train_blocks: list[dict], heldout_blocks: l
         evaluate(spec, model, heldout_blocks, device, events, "after")
 
 
-def evaluate(spec: RunSpec, model: Any, heldout_blocks: list[dict], device: str, events: EventWriter,
+def evaluate(spec: RunSpec, model: Any, heldout_blocks: list[dict[str, Any]], device: str, events: EventWriter,
              when: str) -> None:
     """Held-out perplexity of the model as it is now (:func:`core.child.evaluate.evaluate_perplexity`), emitted as
     an ``evaluation`` event ``when`` ("before" / "after" training)."""

@@ -31,7 +31,7 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, cast
 
 import psutil
 
@@ -414,7 +414,7 @@ class NvmlBackend:
 
 def _process_name(pid: int) -> str:
     try:
-        return psutil.Process(pid).name()
+        return cast(str, psutil.Process(pid).name())  # psutil is untyped here (ignore_missing_imports)
     except psutil.Error:
         return ""
 

@@ -43,7 +43,7 @@ import dataclasses
 import re
 import warnings
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from core.dtypes import Dtype, dtype_bytes, dtype_name, torch_dtype_name
 from core.errors import SpecError
@@ -361,7 +361,7 @@ _CACHE_SIZE = 16
 
 
 def _config_key(config: Any) -> str:
-    return config.to_json_string(use_diff=False)
+    return cast(str, config.to_json_string(use_diff=False))  # a transformers PretrainedConfig
 
 
 def meta_summary(config: Any, mode: Mode, lora: LoraSettings | None, dtype: Dtype | None = None) -> _Summary:

@@ -15,7 +15,7 @@ import socket
 import tempfile
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import tomli_w
 
@@ -102,7 +102,7 @@ def _nvidia_driver() -> dict[str, Any]:
 
 def build_record(spec: RunSpec, *, run_dir: Path, model: dict[str, Any], plan: Any, probe: Any, train_eval: Any,
                  resume: Any, started: dt.datetime, finished: dt.datetime, env: dict[str, Any] | None = None,
-                 stopped: dict[str, Stopped] | None = None, traced: dict[str, Any] | None = None) -> dict:
+                 stopped: dict[str, Stopped] | None = None, traced: dict[str, Any] | None = None) -> dict[str, Any]:
     """Assemble the record mapping from stage results (``None`` for a stage that did not run).
 
     Tables: ``spec``, ``environment``, ``model``, ``data``, ``plan``, ``probe``, ``evaluation``, ``resume``, ``verdict``.
@@ -127,7 +127,7 @@ def build_record(spec: RunSpec, *, run_dir: Path, model: dict[str, Any], plan: A
     rec["data"], rec["evaluation"] = _evaluation_tables(spec, train_eval)
     rec["resume"] = _resume_table(resume)
     rec["verdict"] = verdict(spec, plan, probe, train_eval, resume, stopped, traced)
-    return _clean(rec)
+    return cast(dict[str, Any], _clean(rec))  # _clean keeps a dict a dict
 
 
 def _plan_table(plan: Any, traced: dict[str, Any] | None) -> dict[str, Any]:
@@ -180,7 +180,7 @@ def _probe_table(probe: Any) -> dict[str, Any]:
     }
 
 
-def _evaluation_tables(spec: RunSpec, te: Any) -> tuple[dict, dict]:
+def _evaluation_tables(spec: RunSpec, te: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     if te is None:
         return {"provenance": "not_run"}, {"provenance": "not_run"}
     data = {"provenance": "measured", "source": spec.data, "heldout_fraction": spec.heldout_fraction, "seq_len": spec.seq_len, **te.data}

@@ -133,8 +133,9 @@ def _spec_problems(spec: dict[str, Any]) -> list[str]:
     type: ints are ints (not bools or floats), floats finite numbers, strings strings; ``lora.targets`` strings."""
     from core.spec import LoraSettings, ResumeSettings, RunSpec, TorchrunSettings, field_type
 
-    kinds = {"int": lambda v: _is_int(v), "float": _is_number, "str": lambda v: isinstance(v, str),
-             "bool": lambda v: isinstance(v, bool)}
+    kinds: dict[str, Callable[[Any], bool]] = {
+        "int": lambda v: _is_int(v), "float": _is_number, "str": lambda v: isinstance(v, str),
+        "bool": lambda v: isinstance(v, bool)}
     out: list[str] = []
     for cls, table, prefix in ((RunSpec, spec, "spec"), (LoraSettings, spec.get("lora"), "spec.lora"),
                                (ResumeSettings, spec.get("resume"), "spec.resume"),

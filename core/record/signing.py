@@ -22,6 +22,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, cast
 
 from core.errors import GpuAcceptError
 
@@ -56,7 +57,8 @@ def _ssh_keygen() -> str:
     return exe
 
 
-def _run(args: list[str], stdin_path: Path | None = None) -> subprocess.CompletedProcess:
+def _run(args: list[str], stdin_path: Path | None = None) -> subprocess.CompletedProcess[Any]:
+    # CompletedProcess[Any]: its output is text (str) without stdin_path and bytes with it
     env = dict(os.environ)
     env.pop("SSH_ASKPASS", None)  # never a pop-up; a key that needs a passphrase fails
     # a new session has no controlling terminal: ssh-keygen cannot open /dev/tty to ask for a passphrase, so a key
@@ -87,7 +89,7 @@ def fingerprint(key: Path) -> str:
     done = _run([_ssh_keygen(), "-l", "-f", str(key)])
     if done.returncode != 0:
         raise SigningError(f"{key} is not an SSH key ssh-keygen can read: {(done.stderr or done.stdout).strip()}")
-    return done.stdout.strip()
+    return cast(str, done.stdout).strip()  # text: _run without stdin_path
 
 
 def agent_keys() -> list[str]:

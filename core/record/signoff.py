@@ -53,7 +53,7 @@ def add_signoff(path: Path, signoff: dict[str, Any]) -> dict[str, Any]:
     return record
 
 
-def sign_record(record: Path, key: Path, signoff: dict | None = None) -> Path:
+def sign_record(record: Path, key: Path, signoff: dict[str, Any] | None = None) -> Path:
     """Sign off and sign a record: nothing is changed unless all of it can be done.
 
     Order: the record must parse, and with ``signoff`` put in (when given) conform to the schema and have every

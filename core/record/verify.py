@@ -23,7 +23,7 @@ import math
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from core.plan.fit import fit_of, fits_in, measured_use_bytes, traced_peak, under_estimate
 from core.record.build import schema_problems
@@ -139,7 +139,7 @@ def count(value: Any, where: str) -> int:
     test, what = KINDS["count"]  # one rule for a count, shared with the schema check
     if not test(value):
         raise TypeError(f"{where} is {value!r}, not {what}")
-    return value
+    return cast(int, value)  # the KINDS["count"] test passed: an int >= 0
 
 
 STAGES = ("plan", "probe", "evaluation", "resume")

@@ -33,7 +33,7 @@ class ChildJob:
     name: str
     job_dir: Path
     job: dict[str, Any]
-    proc: subprocess.Popen | None = None
+    proc: subprocess.Popen[bytes] | None = None
     events: list[ChildEvent] = field(default_factory=list)  # every event read so far, typed (core.child.events)
     nproc: int = 1  # processes torchrun starts (1: no torchrun)
     oom_kills_at_start: int | None = None  # the kernel's OOM-kill count when the child started (oom_kill_count)

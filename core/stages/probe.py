@@ -6,7 +6,7 @@ comparison with the plan states which measured quantity it compares with.
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -125,7 +125,8 @@ def rank_ledgers(events: list[ChildEvent]) -> list[Ledger]:
 
 
 def run_probe(
-    spec: RunSpec, model_path: Path, job_dir: Path, device: str, plan: Any, cancelled=None,
+    spec: RunSpec, model_path: Path, job_dir: Path, device: str, plan: Any,
+    cancelled: Callable[[], bool] | None = None,
     launch: Launch = SINGLE, traced: dict[str, Any] | None = None,
 ) -> Generator[Event, None, ProbeResult]:
     """Run the probe child and yield its progress; return the :class:`ProbeResult`.

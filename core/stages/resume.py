@@ -21,10 +21,10 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from core import killpoints
 from core.child.events import ChildEvent, KillPoint, ManifestChecked, RngRestored, Started, Step, Trainable
@@ -47,6 +47,9 @@ from core.stages.childproc import (
     watch,
 )
 from core.stages.train import StepMean, merge_rank_steps
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -213,8 +216,8 @@ def safe_loading(spec: RunSpec, ckpt: Path, world_size: int = 1) -> Check:
     return Check("safe_loading", "pass", f"{', '.join(names)} load with weights_only=True")
 
 
-def compare_rng(restored: dict[str, str] | None, saved: dict[str, str], resumed: list[dict],
-                ref: dict[int, dict], c: int) -> list[Check]:
+def compare_rng(restored: dict[str, str] | None, saved: dict[str, str], resumed: list[dict[str, Any]],
+                ref: dict[int, dict[str, Any]], c: int) -> list[Check]:
     """Exact checks of the random generators (python, numpy, torch CPU, CUDA), by sha256 digest:
 
     - ``rng_restored``: right after Trainer restored them, they equal ``rng_state.pth`` of checkpoint-c;
@@ -339,7 +342,8 @@ def not_applicable(spec: RunSpec) -> ResumeResult:
 
 
 def run_resume_check(
-    spec: RunSpec, model_path: Path, run_dir: Path, device: str, reference: Any, cancelled=None,
+    spec: RunSpec, model_path: Path, run_dir: Path, device: str, reference: Any,
+    cancelled: Callable[[], bool] | None = None,
     launch: Launch = SINGLE, resume_launch: Launch | None = None,
 ) -> Generator[Event, None, ResumeResult]:
     """Run the interrupted and resumed children and compare with ``reference`` (a TrainEvalResult).
@@ -398,7 +402,8 @@ def run_resume_check(
 
 
 def run_interrupted(spec: RunSpec, run_dir: Path, reference: Any, base: dict[str, Any], launch: Launch,
-                    cancelled=None) -> Generator[Event, None, tuple[ChildJob, dict[int, KillPoint]]]:
+                    cancelled: Callable[[], bool] | None = None,
+                    ) -> Generator[Event, None, tuple[ChildJob, dict[int, KillPoint]]]:
     """Start the interrupted run and follow it until every rank of this node holds at its kill point (it is not
     killed here). It starts from a copy of the reference's checkpoint before c (itself a resume) unless c is the
     first checkpoint or ``resume.interrupted_from = "start"``.
@@ -498,7 +503,7 @@ def checkpoint_checks(spec: RunSpec, output_dir: Path, ckpt: Path, manifest: dic
 
 
 def run_resumed(spec: RunSpec, run_dir: Path, job: dict[str, Any], launch: Launch,
-                cancelled=None) -> Generator[Event, None, ChildJob]:
+                cancelled: Callable[[], bool] | None = None) -> Generator[Event, None, ChildJob]:
     """Start the resumed run (``job``: from checkpoint-c, with its manifest), follow it to its last compared step.
 
     Raises:
@@ -554,7 +559,9 @@ def compare_runs(spec: RunSpec, reference: Any, interrupted: ChildJob, resumed: 
     return checks, comparison, len(intr) + len(res)
 
 
-def _finish(spec, checks, c, k, pgid, tier, comparison, manifest, extra_steps, started) -> ResumeResult:
+def _finish(spec: RunSpec, checks: list[Check], c: int, k: int, pgid: int, tier: Tier,
+            comparison: list[dict[str, Any]], manifest: dict[str, str], extra_steps: int,
+            started: float) -> ResumeResult:
     """The result from the checks so far (a check that stops the comparison early returns here too)."""
     import time
 
@@ -636,8 +643,8 @@ def selection_check(selection: Selection, c: int) -> Check:
                  + skipped, kind="completeness")
 
 
-def compare_steps(ref: dict[int, dict], interrupted: list[dict], resumed: list[dict], c: int, steps: int,
-                  tier: Tier) -> list[Check]:
+def compare_steps(ref: dict[int, dict[str, Any]], interrupted: list[dict[str, Any]], resumed: list[dict[str, Any]],
+                  c: int, steps: int, tier: Tier) -> list[Check]:
     """Exact and tolerance checks of per-step records (``step``, ``epoch``, ``learning_rate``, ``loss``, ``sample_ids``).
 
     The interrupted run up to the kill must equal the reference (it is the same run, or its resume from the checkpoint
@@ -680,7 +687,7 @@ def compare_steps(ref: dict[int, dict], interrupted: list[dict], resumed: list[d
     return checks
 
 
-def compare_trainable(reference: dict, resumed: dict) -> Check:
+def compare_trainable(reference: dict[str, Any], resumed: dict[str, Any]) -> Check:
     """The resumed run trains exactly the reference's parameters (names and count; exact). A resume that rebuilt the
     model differently (other LoRA targets, a frozen layer unfrozen) trains another set from the same checkpoint."""
     if not reference.get("names") or not resumed.get("names"):
@@ -761,7 +768,7 @@ def compare_scalers(ref_file: Path, res_file: Path) -> Check:
                  f"{want['scale']:g}, {want['growth_tracker']:g}")
 
 
-def _max_diff(a: dict, b: dict, rtol: float) -> tuple[float, str | None, bool]:
+def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], rtol: float) -> tuple[float, str | None, bool]:
     import torch
 
     worst, where, ok = 0.0, None, True

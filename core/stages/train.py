@@ -7,7 +7,7 @@ Inference mode evaluates once (fixed weights: no backward, no update). The train
 from __future__ import annotations
 
 import math
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -118,7 +118,8 @@ def merge_rank_steps(events: list[ChildEvent]) -> list[dict[str, Any]]:
 
 
 def run_train_eval(
-    spec: RunSpec, model_path: Path, job_dir: Path, device: str, cancelled=None, launch: Launch = SINGLE
+    spec: RunSpec, model_path: Path, job_dir: Path, device: str, cancelled: Callable[[], bool] | None = None,
+    launch: Launch = SINGLE,
 ) -> Generator[Event, None, tuple[TrainEvalResult, ChildJob]]:
     """Run the train (or, for inference, evaluate-only) child; yield progress; return the result and the child job.
 
