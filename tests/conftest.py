@@ -7,6 +7,13 @@ from pathlib import Path
 
 import pytest
 
+# Under ``make test`` (two pytest-xdist workers on a 2-core machine) every torch process runs one thread: two workers,
+# each starting child processes, on two cores; torch's default (a thread per core in each process) oversubscribes the
+# cores and OpenMP's waiting threads slow every run. Set before torch is imported; child processes inherit it. The
+# processes of one run (the resume check's bit-exact tier) all get the same count.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 # Snapshots and colours must not depend on the developer's terminal.
 os.environ.pop("NO_COLOR", None)
 os.environ.pop("TEXTUAL_THEME", None)

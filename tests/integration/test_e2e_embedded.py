@@ -1,11 +1,13 @@
 """End to end on the embedded SmolLM2-135M and the embedded text, as a user runs it (minutes on a 2-core CPU):
 the headless run, and beside it the wizard, which must write the same record.
 
-The two runs go side by side: the headless one is started in the background before the wizard is driven, and the
-records are compared once both are written. On two cores each run's child processes get one core, so the pair takes
-about the time of the longer one under contention instead of the sum (``--durations`` in the note of issue 19). Both
-runs use the same number of torch threads (torch's default for this machine), so CPU fp32 with the same seed gives
-the same numbers in both.
+Both run the default LoRA spec but for a shorter schedule (``SCHEDULE``: 12 steps, a checkpoint every 4, the resume
+check killing after the 2nd): every stage and every code path of the 30-step default (the kill inside step 11, after
+checkpoint 8, resumed from it over one interval), at 2.8 min per run here instead of 4.5; the defaults' own values
+(kill step, checkpoint step) are checked by tests/unit/test_spec.py. The two runs go side by side: the headless one
+is started in the background before the wizard is driven, and the records are compared once both are written. Both
+get the same number of torch threads (the environment's), so CPU fp32 with the same seed gives the same numbers in
+both.
 """
 
 from __future__ import annotations
@@ -25,14 +27,17 @@ from tui.app import GpuAcceptApp
 pytestmark = pytest.mark.slow
 
 EXE = shutil.which("gpuaccept", path=str(Path(sys.executable).parent))
+#: the default spec's schedule, shortened: (flag, Setup field, value)
+SCHEDULE = (("--steps", "steps", 12), ("--checkpoint-every", "resume_checkpoint_every", 4))
 
 
 @pytest.fixture(scope="module")
 def headless_started(tmp_path_factory):
-    """``gpuaccept run --headless --mode lora`` started in the background in a fresh folder: (process, folder,
+    """``gpuaccept run --headless --mode lora`` (on ``SCHEDULE``) started in the background in a fresh folder: (process, folder,
     start time). The process is killed if a test ends the module before it finished."""
     cwd = tmp_path_factory.mktemp("headless")
-    proc = subprocess.Popen([EXE, "run", "--headless", "--mode", "lora"], cwd=cwd, stdout=subprocess.PIPE,
+    flags = [str(part) for flag, _, value in SCHEDULE for part in (flag, value)]
+    proc = subprocess.Popen([EXE, "run", "--headless", "--mode", "lora", *flags], cwd=cwd, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
     yield proc, cwd, time.monotonic()
     if proc.poll() is None:
@@ -66,7 +71,9 @@ def keys(tree, prefix=""):
 
 
 async def test_the_wizard_writes_the_same_record_as_the_headless_run(headless_started, request, tmp_path):
-    app = GpuAcceptApp(runs_root=tmp_path / "runs")  # the defaults: embedded model and text, host memory bars
+    # the defaults (embedded model and text, host memory bars) but for the schedule, prefilled as `gpuaccept run
+    # --steps 12 --checkpoint-every 4` prefills the wizard
+    app = GpuAcceptApp(runs_root=tmp_path / "runs", fields={field: value for _, field, value in SCHEDULE})
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.press("3", "enter", "ctrl+n")
         await wait_for(pilot, lambda: not app.screen.query_one("#next").disabled, 120)
@@ -85,7 +92,9 @@ async def test_the_wizard_writes_the_same_record_as_the_headless_run(headless_st
         await wait_for(pilot, lambda: app.state.signature_path is not None, 60)
     wizard = tomllib.loads(Path(app.state.record_path).read_text())
     assert wizard["signoff"]["operator"] == "Grace" and wizard["signoff"]["role"] == "ML infra on-call"
-    assert app.state.signature_path == Path(str(app.state.record_path) + ".sig")
+    from core.record.signing import signature_path
+
+    assert app.state.signature_path == signature_path(Path(app.state.record_path))
     from core.record.verify import verify
 
     allowed = tmp_path / "allowed_signers"
@@ -113,6 +122,7 @@ def test_headless_lora_acceptance_on_the_embedded_model(headless):
     assert record["model"]["kind"] == "embedded" and record["model"]["parameters_total"] > 130_000_000
     assert record["evaluation"]["after"]["perplexity"] < record["evaluation"]["before"]["perplexity"]
     assert record["resume"]["status"] == "pass"
+    assert (record["spec"]["steps"], record["resume"]["checkpoint_step"]) == (12, 8)  # the schedule asked for
     assert record["verdict"]["status"] == "pass"
     assert record["data"]["heldout_documents"] > 0 and len(record["data"]["heldout_hash"]) == 64
     traced = record["plan"]["traced"]  # the traced plan beside the analytic one, weights equal to the byte
