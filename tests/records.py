@@ -45,6 +45,15 @@ def committed(name: str) -> dict[str, Any]:
     return tomllib.loads(path_of(name).read_text(encoding="utf-8"))
 
 
+def key_paths(tree: Any, prefix: str = "") -> set[str]:
+    """Every key path of a record (``plan.devices[].components.weights``; a list of tables by its first element)."""
+    if isinstance(tree, dict):
+        return {k2 for k, v in tree.items() for k2 in key_paths(v, f"{prefix}.{k}") | {f"{prefix}.{k}"}}
+    if isinstance(tree, list) and tree and isinstance(tree[0], dict):
+        return key_paths(tree[0], prefix + "[]")
+    return set()
+
+
 def write_all(model_dir: Path, runs_root: Path) -> dict[str, Path]:
     """Run the pipeline for each spec on ``model_dir`` and copy each record to tests/data/records/."""
     from core.events import RunFinished

@@ -9,15 +9,7 @@ import datetime as dt
 from core.record.build import plain_values, schema_problems
 from core.record.verify import recompute_verdicts
 from tests import records
-
-
-def keys(tree, prefix=""):
-    """Every key path of a record (a list of tables by its first element)."""
-    if isinstance(tree, dict):
-        return {k2 for k, v in tree.items() for k2 in keys(v, f"{prefix}.{k}") | {f"{prefix}.{k}"}}
-    if isinstance(tree, list) and tree and isinstance(tree[0], dict):
-        return keys(tree[0], prefix + "[]")
-    return set()
+from tests.records import key_paths as keys
 
 
 def test_the_pipelines_record_conforms_and_its_verdicts_follow(lora_run):

@@ -151,57 +151,8 @@ class PlanScreen(NavButtons, Screen):
             f"{spec.seq_len} tokens · parameters {plan.parameters.total:,} ({plan.parameters.trainable:,} trainable)")]
         by_device = {x.device: x for x in largest or []}
         for d in plan.devices:
-            verdict = {True: "fits", False: "DOES NOT FIT", None: "fit unknown"}[d.fits]
-            # which capacity, said once per device on every screen: total, available, a cgroup limit, given
-            cap = (f"{gib(d.device.capacity_bytes)} {d.device.capacity_kind}" if d.device.capacity_bytes
-                   else "unknown capacity")
-            peak = d.peak_phase
-            widgets.append(Static(f"[b]{d.device.name}[/b] {d.device.label}: peak {gib(d.total_bytes)} of {cap} → "
-                                  f"[{'green' if d.fits is not False else 'red'}]{verdict}[/]"))
-            alive = peak.components if peak else {k: line.bytes for k, line in d.lines.items()}
-            widgets.append(PlanBar(alive, d.device.capacity_bytes))
-            if len(d.phases) > 1:
-                widgets.append(Static("phases: " + " · ".join(
-                    f"{p.name.replace('_', ' ')} {p.total_bytes / 2**30:.2f}"
-                    + (f" [b]◀ peak[/b] ({p.at})" if p is peak else "") for p in d.phases.values()) + " GiB"))
-            most = by_device.get(d.device.name)
-            if most is not None and most.value is not None:
-                approximate = "" if plan.activation_model == "op-by-op" else (
-                    " [yellow]· analytic, Korthikanti's approximation for this model: see the traced plan below[/]")
-                widgets.append(Static(largest_text(most) + approximate))
-            # the amounts first, one row each (above the fold at 80x24); then how each is estimated, wrapped, not cut
-            table = ReadTable()
-            table.add_columns("component", "GiB", "share of the sum")
-            total = sum(line.bytes for line in d.lines.values()) or 1
-            for name, line in d.lines.items():
-                table.add_row(f"{SHORT[name]} {name}", f"{line.bytes / 2**30:.3f}", f"{100 * line.bytes / total:.0f} %")
-            widgets.append(table)
-            widgets.append(Static(wrapped_table(
-                ["", "how each is estimated (its largest value in the step)"],
-                [[SHORT[name], line.method] for name, line in d.lines.items()]), classes="methods"))
-            if len(d.phases) > 1:
-                rows = []
-                for p in d.phases.values():
-                    parts = ", ".join(f"{SHORT[k]} {v / 2**30:.2f}" for k, v in p.components.items() if v)
-                    rows.append([p.name.replace("_", " ") + (" ◀ peak" if p is peak else ""),
-                                 f"{p.total_bytes / 2**30:.3f}", f"{parts} (at {p.at})"])
-                # wrapped: what is alive at each phase's peak was cut at 80 columns
-                widgets.append(Static(wrapped_table(["phase of the step", "GiB", "alive at its peak"], rows),
-                                      classes="phases"))
-                widgets.append(Static(f"[dim]The components' largest values sum to {gib(d.sum_of_lines)}; no moment "
-                                      f"of the step holds them all: the plan is the peak phase, {gib(d.total_bytes)}.[/]"))
-        if len(plan.devices) > 1:
-            total = sum(d.total_bytes for d in plan.devices)
-            capacity = sum(d.device.capacity_bytes or 0 for d in plan.devices)
-            if all(d.device.kind == "cpu" for d in plan.devices):  # torchrun's ranks on the CPU: one host's memory
-                widgets.append(Static(
-                    f"[yellow]Note:[/] the {len(plan.devices)} CPU ranks are processes sharing one host's memory "
-                    f"({gib(capacity)} available): each is planned against an equal share of it."))
-            else:
-                of = gib(capacity) if all(d.device.capacity_bytes for d in plan.devices) else "an unknown capacity"
-                widgets.append(Static(
-                    f"[yellow]Note:[/] the sum over {len(plan.devices)} devices ({gib(total)} of {of}) is "
-                    "not a placement: CUDA does not pool GPU memory, so each device above must fit on its own."))
+            widgets.extend(self._device_widgets(d, plan, by_device.get(d.device.name)))
+        widgets.extend(_several_devices_note(plan))
         widgets.append(Static(f"[dim]convention: {plan.convention}[/]"))
         # no ids inside the body: its old children are still being removed when the new ones mount
         self._traced_slot = Static("[dim]traced plan: tracing one step on fake tensors (torch MemTracker) in a child "
@@ -219,6 +170,52 @@ class PlanScreen(NavButtons, Screen):
         from core.plan.fit import plan_fits
 
         self.set_fit(not plan_fits(plan), refusal, min(values) if values else None)
+
+
+    def _device_widgets(self, d: Any, plan: Any, most: Any) -> list[Any]:
+        """One device's part of the plan: its verdict against its capacity, the bar of what is alive at the peak, the
+        phases, the largest micro-batch that fits (``most``), the components with how each is estimated, and what is
+        alive at each phase's peak."""
+        widgets: list[Any] = []
+        verdict = {True: "fits", False: "DOES NOT FIT", None: "fit unknown"}[d.fits]
+        # which capacity, said once per device on every screen: total, available, a cgroup limit, given
+        cap = (f"{gib(d.device.capacity_bytes)} {d.device.capacity_kind}" if d.device.capacity_bytes
+               else "unknown capacity")
+        peak = d.peak_phase
+        widgets.append(Static(f"[b]{d.device.name}[/b] {d.device.label}: peak {gib(d.total_bytes)} of {cap} → "
+                              f"[{'green' if d.fits is not False else 'red'}]{verdict}[/]"))
+        alive = peak.components if peak else {k: line.bytes for k, line in d.lines.items()}
+        widgets.append(PlanBar(alive, d.device.capacity_bytes))
+        if len(d.phases) > 1:
+            widgets.append(Static("phases: " + " · ".join(
+                f"{p.name.replace('_', ' ')} {p.total_bytes / 2**30:.2f}"
+                + (f" [b]◀ peak[/b] ({p.at})" if p is peak else "") for p in d.phases.values()) + " GiB"))
+        if most is not None and most.value is not None:
+            approximate = "" if plan.activation_model == "op-by-op" else (
+                " [yellow]· analytic, Korthikanti's approximation for this model: see the traced plan below[/]")
+            widgets.append(Static(largest_text(most) + approximate))
+        # the amounts first, one row each (above the fold at 80x24); then how each is estimated, wrapped, not cut
+        table = ReadTable()
+        table.add_columns("component", "GiB", "share of the sum")
+        total = sum(line.bytes for line in d.lines.values()) or 1
+        for name, line in d.lines.items():
+            table.add_row(f"{SHORT[name]} {name}", f"{line.bytes / 2**30:.3f}", f"{100 * line.bytes / total:.0f} %")
+        widgets.append(table)
+        widgets.append(Static(wrapped_table(
+            ["", "how each is estimated (its largest value in the step)"],
+            [[SHORT[name], line.method] for name, line in d.lines.items()]), classes="methods"))
+        if len(d.phases) > 1:
+            rows = []
+            for p in d.phases.values():
+                parts = ", ".join(f"{SHORT[k]} {v / 2**30:.2f}" for k, v in p.components.items() if v)
+                rows.append([p.name.replace("_", " ") + (" ◀ peak" if p is peak else ""),
+                             f"{p.total_bytes / 2**30:.3f}", f"{parts} (at {p.at})"])
+            # wrapped: what is alive at each phase's peak was cut at 80 columns
+            widgets.append(Static(wrapped_table(["phase of the step", "GiB", "alive at its peak"], rows),
+                                  classes="phases"))
+            widgets.append(Static(f"[dim]The components' largest values sum to {gib(d.sum_of_lines)}; no moment "
+                                  f"of the step holds them all: the plan is the peak phase, {gib(d.total_bytes)}.[/]"))
+        return widgets
 
     @work(thread=True, exclusive=True, group="trace")
     def trace(self, spec: Any, ctx: Any) -> None:
@@ -340,3 +337,18 @@ def largest_text(largest: Any) -> str:
         return "[red]not even a micro-batch of 1 fits[/]"
     return (f"largest micro-batch that fits: [b]{largest.value}[/b] (plan {gib(largest.plan_bytes)}, headroom "
             f"{gib(largest.headroom_bytes)}; {largest.limit})")
+
+
+
+def _several_devices_note(plan: Any) -> list[Any]:
+    """Under a plan of several devices: CPU ranks share one host's memory; a GPU box's total is not a placement."""
+    if len(plan.devices) < 2:
+        return []
+    total = sum(d.total_bytes for d in plan.devices)
+    capacity = sum(d.device.capacity_bytes or 0 for d in plan.devices)
+    if all(d.device.kind == "cpu" for d in plan.devices):  # torchrun's ranks on the CPU: one host's memory
+        return [Static(f"[yellow]Note:[/] the {len(plan.devices)} CPU ranks are processes sharing one host's memory "
+                       f"({gib(capacity)} available): each is planned against an equal share of it.")]
+    of = gib(capacity) if all(d.device.capacity_bytes for d in plan.devices) else "an unknown capacity"
+    return [Static(f"[yellow]Note:[/] the sum over {len(plan.devices)} devices ({gib(total)} of {of}) is "
+                   "not a placement: CUDA does not pool GPU memory, so each device above must fit on its own.")]
