@@ -123,17 +123,31 @@ def started_integration_processes(nodeid: str) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------- two workers (make test)
-#: the files whose tests share the ``lora_run`` fixture (one pipeline run): kept on one worker so it runs once
-LORA_RUN_FILES = ("test_pipeline_tiny.py", "test_record_of_a_run.py", "test_wizard_newcomer_runs.py")
 #: the longest file, started first so that nothing waits for it at the end
 FIRST = "test_e2e_embedded.py"
 
 
+def _xdist_group(item: pytest.Item) -> str | None:
+    """The group a test runs in under ``--dist loadgroup``: ``lora_run`` for the tests sharing that one pipeline run,
+    its file for a test with a module-scoped fixture (which then runs once) or a snapshot (syrupy judges a snapshot
+    file unused unless one worker ran all its tests), none for the rest (spread one by one)."""
+    names = getattr(item, "fixturenames", ())
+    if "lora_run" in names:
+        return "lora_run"
+    if "snapshot" in names:
+        return item.path.name
+    info = getattr(item, "_fixtureinfo", None)
+    scopes = {defs[-1].scope for defs in info.name2fixturedefs.values() if defs} if info is not None else set()
+    return item.path.name if "module" in scopes else None
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
-    """Under ``pytest -n 2 --dist loadgroup`` (``make test``): each file is one group (its module fixtures run once),
-    the files of ``LORA_RUN_FILES`` one group together, and the end-to-end pair first."""
-    items.sort(key=lambda item: item.path.name != FIRST)  # stable: the rest keep their order
+    """Under ``pytest -n 2 --dist loadgroup --no-loadscope-reorder`` (``make test``): the end-to-end pair first, the
+    ``lora_run`` group next (the two longest chains start at once, one on each worker), then the rest in collection
+    order, each test on whichever worker is free unless a module fixture or ``lora_run`` ties it to a group."""
+    groups = {item.nodeid: _xdist_group(item) for item in items}
+    items.sort(key=lambda item: (item.path.name != FIRST, groups[item.nodeid] != "lora_run"))  # stable
     for item in items:
-        name = item.path.name
-        item.add_marker(pytest.mark.xdist_group("lora_run" if name in LORA_RUN_FILES else name))
+        if groups[item.nodeid] is not None:
+            item.add_marker(pytest.mark.xdist_group(groups[item.nodeid]))
