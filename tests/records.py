@@ -2,7 +2,7 @@
 a record (the quiz, ``verify``, the GPU check's summary) instead of a fresh training run each.
 
 The specs live here once: the ``lora_run`` fixture (tests/conftest.py) runs ``LORA`` afresh for the tests that are about
-the pipeline itself, and ``tests/integration/test_pipeline_tiny.py`` checks that a fresh record still has every key
+the pipeline itself, and ``tests/integration/test_record_of_a_run.py`` checks that a fresh record still has every key
 of the committed one, so the fixtures cannot drift from what the pipeline writes. Regenerate them after a deliberate
 change of the record (a new key, a new schema version) with::
 
