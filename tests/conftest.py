@@ -92,8 +92,10 @@ def _integration_process(argv: list[str]) -> bool:
 
 
 def _watch_processes() -> None:
-    """Note, per test, every integration process it starts (tests/unit/conftest.py fails a unit test that does)."""
+    """Note, per test, every integration process it starts, from its own threads too (tests/unit/conftest.py fails a
+    unit test that does)."""
     import subprocess
+    import threading
 
     original = subprocess.Popen.__init__
     if getattr(original, "_gpuaccept_watch", False):
@@ -101,12 +103,23 @@ def _watch_processes() -> None:
 
     def init(self, args, *rest, **kwargs):
         argv = [str(a) for a in args] if isinstance(args, (list, tuple)) else [str(args)]
-        if _current[0] is not None and _integration_process(argv):
-            _started.setdefault(_current[0], []).append(" ".join(argv[:6]))
+        # a thread belongs to the test that started it: a worker thread of an earlier test that starts a process
+        # late is that test's, never the one running now
+        owner = getattr(threading.current_thread(), "_gpuaccept_test", _current[0])
+        if owner is not None and _integration_process(argv):
+            _started.setdefault(owner, []).append(" ".join(argv[:6]))
         return original(self, args, *rest, **kwargs)
 
     init._gpuaccept_watch = True  # type: ignore[attr-defined]
     subprocess.Popen.__init__ = init  # type: ignore[method-assign]
+
+    start = threading.Thread.start
+
+    def start_owned(self, *args, **kwargs):
+        self._gpuaccept_test = getattr(threading.current_thread(), "_gpuaccept_test", _current[0])
+        return start(self, *args, **kwargs)
+
+    threading.Thread.start = start_owned  # type: ignore[method-assign]
 
 
 _watch_processes()
