@@ -10,9 +10,11 @@ the caller.
 
 from __future__ import annotations
 
-from typing import Any, Literal, get_args
+from typing import Any, Literal, TypeVar, get_args
 
 from core.errors import UnknownDtypeError
+
+T = TypeVar("T")
 
 #: A dtype name of a spec (TOML ``dtype = "bf16"``, flag ``--dtype``).
 Dtype = Literal["fp32", "bf16", "fp16"]
@@ -24,16 +26,21 @@ TORCH_DTYPE_NAMES: dict[str, str] = {"fp32": "float32", "bf16": "bfloat16", "fp1
 _FROM_TORCH = {torch_name: name for name, torch_name in TORCH_DTYPE_NAMES.items()}
 
 
+def _of(table: dict[str, T], name: str) -> T:
+    """``table[name]``, or the named error for a dtype gpuaccept does not know (also for a non-string)."""
+    try:
+        return table[name]
+    except (KeyError, TypeError):
+        raise UnknownDtypeError(name, DTYPES) from None
+
+
 def dtype_bytes(name: str) -> int:
     """Bytes per element of the dtype ``name`` (4 for fp32, 2 for bf16 and fp16).
 
     Raises:
         UnknownDtypeError: ``name`` is not one of :data:`DTYPES`.
     """
-    try:
-        return DTYPE_BYTES[name]
-    except (KeyError, TypeError):
-        raise UnknownDtypeError(name, DTYPES) from None
+    return _of(DTYPE_BYTES, name)
 
 
 def torch_dtype_name(name: str) -> str:
@@ -42,10 +49,7 @@ def torch_dtype_name(name: str) -> str:
     Raises:
         UnknownDtypeError: ``name`` is not one of :data:`DTYPES`.
     """
-    try:
-        return TORCH_DTYPE_NAMES[name]
-    except (KeyError, TypeError):
-        raise UnknownDtypeError(name, DTYPES) from None
+    return _of(TORCH_DTYPE_NAMES, name)
 
 
 def dtype_name(torch_dtype: Any) -> str:
