@@ -24,10 +24,10 @@ Results under ``--out`` (the device tool brings back at most 8 files): ``summary
 table), ``gpu_check.tar.gz`` (every step's log, records, JSON and traces; no weights or checkpoints), and the wizard's
 ``probe-live.svg`` / ``probe-done.svg`` / ``wizard.txt``. ``gpu_check.sh`` adds ``gpu_check.log`` (this output).
 
-``--dry-run`` (here, and in CI by tests/integration/test_gpu_check.py): everything that needs no CUDA runs for real (the wheel
-install, both model directories, NVML's absence, the plan of each acceptance's exact arguments, the wizard on the CPU
-with the host backend, the accuracy matrix's plans and traces for two cells, the packaging); every GPU measurement is
-``not_run`` with the reason. Without ``--dry-run`` and without CUDA the GPU steps are ``not_run`` too: nothing is
+``--dry-run`` (here, and in CI by tests/integration/test_gpu_check.py): everything that needs no CUDA runs for real (the
+wheel install, both model directories (the 1.2B one as its config only: nothing here loads its weights), NVML's
+absence, the plan of each acceptance's exact arguments, the wizard on the CPU with the host backend, the accuracy
+matrix's plans and traces for two cells, the packaging); every GPU measurement is ``not_run`` with the reason. Without ``--dry-run`` and without CUDA the GPU steps are ``not_run`` too: nothing is
 invented.
 """
 
@@ -162,14 +162,20 @@ def versions() -> dict[str, Any]:
 
 def step_models(check: Check, tokenizer: Path) -> dict[str, Any]:
     rc, output = check.child("models", [PY, __file__, "--build-models", str(check.work / "models"), "--tokenizer",
-                                        str(tokenizer)] + (["--cpu"] if not check.cuda else []), 240)
+                                        str(tokenizer)] + (["--cpu"] if not check.cuda else [])
+                             + (["--config-only", "llama-1.2b"] if check.dry_run else []), 240)
     if rc != 0:
         return {"status": "failed", "why": f"exit {rc}", "log": output[-2000:]}
     return {"status": "measured", "models": last_json(output)}
 
 
-def build_models(dest: Path, tokenizer: Path, cpu: bool) -> dict[str, Any]:
-    """Random-weight model directories (bf16 safetensors) with the carried tokenizer; returns their facts."""
+def build_models(dest: Path, tokenizer: Path, cpu: bool, config_only: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Random-weight model directories (bf16 safetensors) with the carried tokenizer; returns their facts.
+
+    A model named in ``config_only`` is built on the meta device and its directory holds the config and the tokenizer
+    but no weights: the dry run only plans the 1.2B model (a plan reads the config), and 2.3 GB of random bf16 weights
+    cost it ~20 s of CPU for nothing; the small model's weights, written by the same code, are.
+    """
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -184,15 +190,20 @@ def build_models(dest: Path, tokenizer: Path, cpu: bool) -> dict[str, Any]:
         values = {k: v for k, v in values.items() if not k.startswith("_") and k not in ("transformers_version",)}
         config = AutoConfig.for_model(values.pop("model_type"), **values)
         torch.manual_seed(0)
-        with torch.device(device):
+        with torch.device("meta" if name in config_only else device):
             model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
         out = dest / name
-        model.save_pretrained(out)
+        if name in config_only:
+            out.mkdir(parents=True, exist_ok=True)
+            model.config.save_pretrained(out)
+        else:
+            model.save_pretrained(out)
         for f in ("tokenizer.json", "tokenizer_config.json", "generation_config.json", "chat_template.jinja"):
             if (tokenizer / f).exists():
                 shutil.copy2(tokenizer / f, out / f)
         facts[name] = {"path": str(out), "parameters": sum(p.numel() for p in model.parameters()),
-                       "built_on": device, "seconds": round(time.perf_counter() - started, 1),
+                       "built_on": "meta (config only; no weights written)" if name in config_only else device,
+                       "seconds": round(time.perf_counter() - started, 1),
                        "bytes_on_disk": sum(p.stat().st_size for p in out.glob("*.safetensors"))}
         del model
     return facts
@@ -384,12 +395,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--build-models", help=argparse.SUPPRESS)
     parser.add_argument("--tokenizer", help=argparse.SUPPRESS)
     parser.add_argument("--cpu", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--config-only", action="append", default=[], help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.versions:
         print(json.dumps(versions()))
         return 0
     if args.build_models:
-        print(json.dumps(build_models(Path(args.build_models), Path(args.tokenizer), args.cpu)))
+        print(json.dumps(build_models(Path(args.build_models), Path(args.tokenizer), args.cpu, tuple(args.config_only))))
         return 0
     if not args.out or not args.work:
         parser.error("--out and --work are required")

@@ -44,6 +44,44 @@ def make_tiny_llama(path: Path, *, tie: bool = True, seed: int = 0) -> Path:
     return path
 
 
+#: the settings a traced step never reads (core/plan/traced.py and the meta model it builds read the model, mode, dtype,
+#: precision, attention, padding, micro-batch, sequence length, accumulation, optimizer, learning rate, checkpointing,
+#: seed and LoRA settings): the schedule, the data, the evaluation and the resume check
+UNTRACED_SETTINGS = ("steps", "probe_steps", "warmup_steps", "lr_scheduler", "data", "heldout_fraction",
+                     "eval_max_blocks", "resume", "torchrun")
+
+
+def _memoise_traces() -> None:
+    """Trace each step once per test process: a pipeline's plan stage traces its step on fake tensors in a child
+    process (core.plan.traced.trace_in_child, ~6 s of which 5 are imports); the trace of equal traced settings on the
+    same model is the same (fake tensors, no data), so a later pipeline of a test gets the earlier one's. The trace
+    itself, its child process and their failures are tested by tests/unit/test_traced.py, tests/integration/test_cli.py
+    (``plan --traced``), test_host_limits.py (its orphaned child) and every first trace of a spec; the pipelines started
+    as ``gpuaccept`` processes and the end-to-end pair trace for themselves."""
+    import copy
+    import json
+
+    import core.plan.traced as traced
+
+    original = traced.trace_in_child
+    if getattr(original, "_gpuaccept_memo", False):
+        return
+    done: dict[str, object] = {}
+
+    def trace_in_child(spec, target, cancelled=None, timeout_s=600.0):
+        key = json.dumps([target, {k: v for k, v in spec.to_dict().items() if k not in UNTRACED_SETTINGS}],
+                         sort_keys=True, default=str)
+        if key not in done:
+            done[key] = original(spec, target, cancelled, timeout_s)  # a failure raises, and is not kept
+        return copy.deepcopy(done[key])
+
+    trace_in_child._gpuaccept_memo = True  # type: ignore[attr-defined]
+    traced.trace_in_child = trace_in_child
+
+
+_memoise_traces()
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     return make_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
