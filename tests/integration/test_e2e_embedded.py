@@ -1,12 +1,12 @@
 """End to end on the embedded SmolLM2-135M and the embedded text, as a user runs it (minutes on a 2-core CPU):
 the headless run, and beside it the wizard, which must write the same record.
 
-Both run the default LoRA spec but for a shorter schedule and a smaller held-out evaluation (``SCHEDULE``: 6 steps, a
-checkpoint every 2, the resume check killing after the 2nd; 8 held-out blocks of 128 tokens instead of 32): every stage
-and every code path of the 30-step default (the kill inside step 6, after checkpoint 4, resumed from it over one
-interval that ends at the last step, as the default's 20 -> 30 does; held-out perplexity 22.8 before and 21.4 after
-here), at 2.1 min per run on one core instead of 4.5 on two; the defaults' own values (kill step, checkpoint step) are
-checked by tests/unit/test_spec.py. The two runs go side by side: the headless one
+Both run the default LoRA spec but for a shorter schedule, a smaller micro-batch and a smaller held-out evaluation
+(``SCHEDULE``: 6 steps of micro-batch 2, a checkpoint every 2, the resume check killing after the 2nd; 8 held-out blocks
+of 128 tokens instead of 32): every stage and every code path of the 30-step default (the kill inside step 6, after
+checkpoint 4, resumed from it over one interval that ends at the last step, as the default's 20 -> 30 does; held-out
+perplexity 22.8 before and 21.7 after here), at 1.2 min per run on one core instead of 4.5 on two; the defaults' own
+values (kill step, checkpoint step) are checked by tests/unit/test_spec.py. The two runs go side by side: the headless one
 is started in the background before the wizard is driven, and the records are compared once both are written. Both
 get the same number of torch threads (the environment's), so CPU fp32 with the same seed gives the same numbers in
 both.
@@ -30,9 +30,9 @@ from tui.app import GpuAcceptApp
 pytestmark = pytest.mark.slow
 
 EXE = shutil.which("gpuaccept", path=str(Path(sys.executable).parent))
-#: the default spec's schedule, shortened: (flag, Setup field, value)
+#: the default spec's schedule, micro-batch and held-out evaluation, made smaller: (flag, Setup field, value)
 SCHEDULE = (("--steps", "steps", 6), ("--checkpoint-every", "resume_checkpoint_every", 2),
-            ("--eval-max-blocks", "eval_max_blocks", 8))
+            ("--batch-size", "batch_size", 2), ("--eval-max-blocks", "eval_max_blocks", 8))
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +68,7 @@ def headless(headless_started) -> dict:
 
 async def test_the_wizard_writes_the_same_record_as_the_headless_run(headless_started, request, tmp_path):
     # the defaults (embedded model and text, host memory bars) but for the schedule, prefilled as `gpuaccept run
-    # --steps 6 --checkpoint-every 2 --eval-max-blocks 8` prefills the wizard
+    # --steps 6 --checkpoint-every 2 --batch-size 2 --eval-max-blocks 8` prefills the wizard
     app = GpuAcceptApp(runs_root=tmp_path / "runs", fields={field: value for _, field, value in SCHEDULE})
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.press("3", "enter", "ctrl+n")
@@ -119,7 +119,7 @@ def test_headless_lora_acceptance_on_the_embedded_model(headless):
     assert record["evaluation"]["after"]["perplexity"] < record["evaluation"]["before"]["perplexity"]
     assert record["resume"]["status"] == "pass"
     assert (record["spec"]["steps"], record["resume"]["checkpoint_step"]) == (6, 4)  # the schedule asked for
-    assert record["spec"]["eval_max_blocks"] == 8
+    assert (record["spec"]["batch_size"], record["spec"]["eval_max_blocks"]) == (2, 8)
     assert record["verdict"]["status"] == "pass"
     assert record["data"]["heldout_documents"] > 0 and len(record["data"]["heldout_hash"]) == 64
     traced = record["plan"]["traced"]  # the traced plan beside the analytic one, weights equal to the byte
