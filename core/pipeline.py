@@ -519,7 +519,7 @@ def check_runnable(spec: RunSpec, ctx: PlanContext, device: str, allow_unfit: bo
 
     Raises:
         GpuAcceptError: a config without weights, a plan that does not fit, a CUDA device torch cannot see, fp16
-            training on the CPU; each says what to change.
+            training on the CPU, the paged 8-bit optimizer on the CPU; each says what to change.
     """
     from core.plan.fit import plan_fits
 
@@ -541,6 +541,10 @@ def check_runnable(spec: RunSpec, ctx: PlanContext, device: str, allow_unfit: bo
     if spec.strategy == "zero3" and device == "cpu" and spec.training and spec.optimizer not in ("adamw", "sgd"):
         raise GpuAcceptError(f"optimizer: the CPU zero3 probe (torch FSDP2 outside Trainer) runs adamw or sgd, not "
                              f"{spec.optimizer}: choose one of them, or probe zero3 on CUDA devices")
+    if spec.optimizer == "paged_adamw_8bit" and device == "cpu" and spec.training:
+        raise GpuAcceptError("optimizer: paged_adamw_8bit keeps its states in CUDA unified memory, paged between a GPU "
+                             "and the host; on the CPU there is nothing to page (bitsandbytes would run the unpaged "
+                             "optimizer instead): run adamw_8bit here, or paged_adamw_8bit on a CUDA device")
     if spec.strategy in ("ddp", "zero3") and not spec.training:
         raise GpuAcceptError(f"strategy: inference runs in one process; {spec.strategy} is for training (every rank "
                              "would evaluate the same held-out blocks): use strategy single")

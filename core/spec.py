@@ -15,7 +15,7 @@ TOML layout (every key optional; the defaults are the embedded model and text)::
     batch_size = 4                # micro-batch per device
     seq_len = 128
     grad_accum = 1
-    optimizer = "adamw"           # adamw | sgd | adafactor
+    optimizer = "adamw"           # adamw | sgd | adafactor | adamw_8bit | paged_adamw_8bit
     learning_rate = 1e-3
     lr_scheduler = "linear"       # linear | cosine | constant
     warmup_steps = 0
@@ -85,7 +85,9 @@ Padding = Literal["padded", "packed"]
 PADDINGS: tuple[Padding, ...] = get_args(Padding)
 #: peft's keyword for "every linear layer but the output layer" (``LoraConfig(target_modules="all-linear")``).
 ALL_LINEAR = "all-linear"
-Optimizer = Literal["adamw", "sgd", "adafactor"]
+#: ``adamw_8bit`` and ``paged_adamw_8bit``: bitsandbytes' AdamW with 8-bit states (a variant; core/plan/quant.py);
+#: paged is CUDA only (its states in unified memory the driver may page to the host): planned anywhere, run on CUDA
+Optimizer = Literal["adamw", "sgd", "adafactor", "adamw_8bit", "paged_adamw_8bit"]
 OPTIMIZERS: tuple[Optimizer, ...] = get_args(Optimizer)
 Scheduler = Literal["linear", "cosine", "constant"]
 SCHEDULERS: tuple[Scheduler, ...] = get_args(Scheduler)

@@ -20,8 +20,8 @@ os.environ.pop("TEXTUAL_THEME", None)
 os.environ.pop("SSH_AUTH_SOCK", None)  # the export screen names the ssh-agent's keys: none in tests
 
 
-def make_tiny_llama(path: Path, *, tie: bool = True, seed: int = 0) -> Path:
-    """Save a tiny random Llama (hidden 32, 2 layers) with the embedded SmolLM2 tokenizer to ``path``.
+def make_tiny_llama(path: Path, *, tie: bool = True, seed: int = 0, hidden: int = 32, intermediate: int = 64) -> Path:
+    """Save a tiny random Llama (hidden 32, 2 layers unless given) with the embedded SmolLM2 tokenizer to ``path``.
 
     The vocabulary must match the tokenizer (49,152), so the embedding dominates its ~1.6M parameters.
     """
@@ -33,7 +33,7 @@ def make_tiny_llama(path: Path, *, tie: bool = True, seed: int = 0) -> Path:
     src = ensure_embedded_cache()
     tok = AutoTokenizer.from_pretrained(src)
     config = LlamaConfig(
-        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        vocab_size=len(tok), hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=tie,
         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
     )

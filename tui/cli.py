@@ -28,7 +28,7 @@ from typing import Any
 
 from core import killpoints
 from core.dtypes import DTYPES
-from core.spec import ATTN_IMPLEMENTATIONS, KILL_POINTS, PADDINGS, PRECISIONS
+from core.spec import ATTN_IMPLEMENTATIONS, KILL_POINTS, OPTIMIZERS, PADDINGS, PRECISIONS
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 #: ``gpuaccept plan``: a device does not fit; no device fails, but one's capacity is unknown.
@@ -55,7 +55,7 @@ def _spec_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--batch-size", type=int, help="micro-batch per device")
     g.add_argument("--seq-len", type=int, help="tokens per sequence")
     g.add_argument("--grad-accum", type=int, help="gradient accumulation steps")
-    g.add_argument("--optimizer", choices=("adamw", "sgd", "adafactor"))
+    g.add_argument("--optimizer", choices=OPTIMIZERS)
     g.add_argument("--learning-rate", "--lr", type=float, dest="learning_rate")
     g.add_argument("--lr-scheduler", choices=("linear", "cosine", "constant"))
     g.add_argument("--warmup-steps", type=int)
@@ -322,7 +322,7 @@ def _traced(spec: Any, ctx: Any) -> dict[str, Any]:
     """The traced plan as JSON, or ``{"status": "not_run", "reason": ...}`` when the strategy is not traceable."""
     from core.plan.traced import comparison_json, trace_against, untraceable_reason
 
-    reason = untraceable_reason(ctx.plan)
+    reason = untraceable_reason(ctx.plan, spec)
     if reason is not None:
         return {"status": "not_run", "reason": reason}
     traced, difference = trace_against(spec, ctx.config, ctx.plan)

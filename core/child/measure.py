@@ -50,13 +50,49 @@ def parameter_placement(model: torch.nn.Module) -> dict[str, dict[str, int]]:
     return out
 
 
+#: bitsandbytes' optimizer ops whose CPU kernels are Python bodies (``bitsandbytes/backends/cpu/ops.py``)
+BNB_CPU_KERNELS = {"optimizer_update_32bit": "_optimizer_update_32bit_cpu",
+                   "optimizer_update_8bit_blockwise": "_optimizer_update_8bit_blockwise_cpu"}
+
+
+def expose_bitsandbytes_cpu_kernels() -> bool:
+    """Let :class:`LiveTensorTracker` see the tensors bitsandbytes' optimizer step makes on the CPU.
+
+    bitsandbytes registers each CPU kernel as one custom op (``torch.ops.bitsandbytes.*``); a TorchDispatchMode sees
+    the op but not the tensors its kernel makes inside (for 8-bit AdamW, the dequantised moments and fp32 copies: 5 x
+    4 B per element of the largest tensor, core/plan/quant.py). This puts each op's CPU kernel body in the op's place
+    for CPU tensors (the same Python function with the same arguments, so the same numbers), and leaves CUDA tensors to
+    the op. Returns False when bitsandbytes is not installed (nothing to expose).
+    """
+    try:
+        from bitsandbytes.backends.cpu import ops as cpu_ops
+    except ImportError:
+        return False
+    namespace = torch.ops.bitsandbytes
+    for op_name, kernel_name in BNB_CPU_KERNELS.items():
+        op, kernel = getattr(namespace, op_name), getattr(cpu_ops, kernel_name)
+        if getattr(op, "_gpuaccept_exposed", False):
+            continue
+
+        def run(*args: Any, _op: Any = op, _kernel: Any = kernel, **kwargs: Any) -> Any:
+            on_cpu = all(a.device.type == "cpu" for a in args if isinstance(a, torch.Tensor))
+            return (_kernel if on_cpu else _op)(*args, **kwargs)
+
+        run._gpuaccept_exposed = True  # type: ignore[attr-defined]
+        namespace.__dict__[op_name] = run  # the namespace resolves an op once and keeps it in its __dict__
+    return True
+
+
 def optimizer_state_bytes(optimizer: Any) -> int:
-    """Bytes of every tensor held in ``optimizer.state`` (moments, momentum buffers, step counters)."""
+    """Bytes of every tensor held in ``optimizer.state`` (moments, momentum buffers, step counters), each tensor once:
+    bitsandbytes' 8-bit optimizers put the same two dynamic maps (``qmap1``, ``qmap2``) in every parameter's state."""
     inner = getattr(optimizer, "optimizer", optimizer)  # accelerate wraps the torch optimizer
     total = 0
+    seen: set[int] = set()
     for state in inner.state.values():
         for value in state.values():
-            if isinstance(value, torch.Tensor):
+            if isinstance(value, torch.Tensor) and id(value) not in seen:
+                seen.add(id(value))
                 total += tensor_bytes(value)
     return total
 

@@ -123,6 +123,10 @@ def trainer_steps(spec: RunSpec, model: Any, blocks: list[dict[str, Any]], out_d
 
     is_cuda = device.startswith("cuda")
     tracker, n = seen.tracker, spec.probe_steps
+    if tracker is not None and spec.optimizer in ("adamw_8bit", "paged_adamw_8bit"):
+        from core.child.measure import expose_bitsandbytes_cpu_kernels
+
+        expose_bitsandbytes_cpu_kernels()  # the step's fp32 copies happen inside bitsandbytes' ops
 
     class ProbeCallback(TrainerCallback):
         def on_step_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,

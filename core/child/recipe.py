@@ -23,7 +23,9 @@ if TYPE_CHECKING:
 
     from core.child.callbacks import MeasuringTrainer
 
-_TRAINER_OPTIM = {"adamw": "adamw_torch", "sgd": "sgd", "adafactor": "adafactor"}
+#: Trainer's ``optim`` name of each optimizer (the 8-bit ones are bitsandbytes' AdamW with ``optim_bits=8``)
+_TRAINER_OPTIM = {"adamw": "adamw_torch", "sgd": "sgd", "adafactor": "adafactor", "adamw_8bit": "adamw_8bit",
+                  "paged_adamw_8bit": "paged_adamw_8bit"}
 
 
 # ------------------------------------------------------------------------------------------------------ the model

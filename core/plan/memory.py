@@ -15,7 +15,8 @@ Accounting convention (also in :attr:`MemoryPlan.convention`, shown on screen an
   an fp32 model; 16 B per parameter with AdamW, as in ZeRO, arXiv 1910.02054);
 - weights: every parameter (LM head included, tied weights once) in its dtype;
 - gradients: trainable parameters x bytes of their own dtype; inference has none;
-- optimizer states: in the dtype each optimizer creates them (:func:`_optimizer_states`);
+- optimizer states: in the dtype each optimizer creates them (:func:`_optimizer_states`; bitsandbytes' 8-bit AdamW:
+  :mod:`core.plan.quant`);
 - activations (saved for backward): op by op for the Llama family (:mod:`core.plan.activations`), Korthikanti et al. 2022
   (arXiv 2205.05198) otherwise; the loss's logits; under amp the 16-bit weight copies autocast keeps;
 - temporaries: the loss's gradients at the start of backward, the optimizer step's buffers (:func:`_step_temporaries`);
@@ -50,6 +51,12 @@ from core.errors import SpecError
 from core.plan.activations import LLAMA_FAMILY, Adapter, Dims, Numerics, StepActivations, step_activations
 from core.plan.fit import fits_in
 from core.plan.phases import Phase, StepTerms, inference_moments, peak, phases_of, training_moments
+from core.plan.quant import (
+    adamw_8bit_is_8bit,
+    adamw_8bit_maps_bytes,
+    adamw_8bit_state_bytes,
+    adamw_8bit_step_temporaries,
+)
 from core.spec import (
     ALL_LINEAR,
     TORCHRUN_STRATEGIES,
@@ -62,6 +69,8 @@ from core.spec import (
     parse_devices,
 )
 
+#: bitsandbytes' AdamW with 8-bit states (variants; core/plan/quant.py)
+EIGHT_BIT_OPTIMIZERS = ("adamw_8bit", "paged_adamw_8bit")
 COMPONENTS = ("weights", "gradients", "optimizer_states", "activations", "temporaries", "overhead", "kv_cache")
 
 #: Per-process, per-device CUDA context + cuBLAS workspace estimate (docs/architecture.md §3: 300-700 MB; lazy module loading).
@@ -1152,6 +1161,8 @@ def _optimizer_states(spec: RunSpec, summary: _Summary, kind: str = "cuda") -> L
     if not spec.training:
         return Line("optimizer_states", 0, "inference: no optimizer")
     trainable = _trainable(summary)
+    if spec.optimizer in EIGHT_BIT_OPTIMIZERS:
+        return _adamw_8bit_states(spec, trainable)
     if spec.optimizer == "adamw":
         moments = 2 * _group_bytes(summary.grad_groups)
         steps = 4 * len(trainable) if kind == "cpu" else 0
@@ -1180,6 +1191,24 @@ def _optimizer_states(spec: RunSpec, summary: _Summary, kind: str = "cuda") -> L
     )
 
 
+def _adamw_8bit_states(spec: RunSpec, trainable: list[_Param]) -> Line:
+    """bitsandbytes' AdamW8bit states (core/plan/quant.py): uint8 moments with an fp32 absmax per 256 elements, fp32
+    moments for a tensor under 4,096 elements and for an embedding (Trainer gives every ``nn.Embedding`` 32-bit
+    states), and the two dynamic maps once."""
+    eight = [p for p in trainable if adamw_8bit_is_8bit(p.numel, p.kind == "embedding")]
+    full = [p for p in trainable if not adamw_8bit_is_8bit(p.numel, p.kind == "embedding")]
+    states = sum(adamw_8bit_state_bytes(p.numel, p.kind == "embedding") for p in trainable)
+    maps = adamw_8bit_maps_bytes(bool(eight))
+    n8, n32 = sum(p.numel for p in eight), sum(p.numel for p in full)
+    paged = ("; paged: tensors of 100k elements or more are allocated in CUDA unified memory, which the driver may page "
+             "to the host under pressure (planned on the device)") if spec.optimizer == "paged_adamw_8bit" else ""
+    return Line("optimizer_states", states + maps,
+                f"bitsandbytes AdamW8bit (a variant): uint8 moments + an fp32 absmax per 256 elements for {len(eight):,} "
+                f"tensors of {n8:,} elements (2 B + 8 B per 256); fp32 moments (8 B) for {len(full):,} tensors of "
+                f"{n32:,} elements (under 4,096 elements, or an embedding: Trainer keeps those 32-bit); 2 dynamic maps "
+                f"{maps:,} B{paged}")
+
+
 def _step_temporaries(spec: RunSpec, summary: _Summary, kind: str) -> tuple[int, str]:
     """The optimizer step's transient buffers (bytes, formula), read from the optimizers' code and checked against the
     traced plan:
@@ -1192,6 +1221,9 @@ def _step_temporaries(spec: RunSpec, summary: _Summary, kind: str) -> tuple[int,
       parameter its fp32 gradient and fp32 weight as well (4 copies).
     """
     trainable = _trainable(summary)
+    if spec.optimizer in EIGHT_BIT_OPTIMIZERS:
+        return adamw_8bit_step_temporaries(
+            [(p.numel, dtype_bytes(p.dtype), p.kind == "embedding") for p in trainable], kind)
     largest = max(trainable, key=lambda p: p.numel * dtype_bytes(p.dtype), default=None)
     if spec.optimizer == "sgd" or largest is None:
         return 0, "SGD step: in-place updates, no temporaries"

@@ -115,3 +115,34 @@ def adamw_8bit_maps_bytes(any_8bit: bool) -> int:
 def adamw_8bit_is_8bit(numel: int, fp32_states: bool = False, min_8bit_size: int = OPTIM_8BIT_MIN_SIZE) -> bool:
     """Whether a parameter of ``numel`` elements gets 8-bit states."""
     return not fp32_states and numel >= min_8bit_size
+
+
+#: fp32 copies of a tensor that bitsandbytes' CPU 8-bit AdamW step holds at its peak (``backends/cpu/ops.py``,
+#: ``_optimizer_update_8bit_blockwise_cpu``: both moments dequantised, the gradient as fp32 times ``gnorm_scale``,
+#: ``sqrt(v)`` and its division; measured 5 x 4 B x n here), and one more for a 16-bit parameter (its fp32 copy)
+CPU_8BIT_STEP_COPIES = 5
+#: the same for a tensor with fp32 states (``_optimizer_update_32bit_cpu``: the fp32 gradient, ``sqrt(v)`` and its
+#: division; measured 3 x 4 B x n), one more for a 16-bit parameter
+CPU_32BIT_STEP_COPIES = 3
+
+
+def adamw_8bit_step_temporaries(params: list[tuple[int, int, bool]], kind: str) -> tuple[int, str]:
+    """The transient bytes of one bitsandbytes AdamW8bit step, and the formula (module docstring for the sources).
+
+    Args:
+        params: ``(numel, bytes per element, fp32_states)`` of each trainable tensor.
+        kind: ``"cuda"`` (one fused kernel per tensor, called with pointers: no tensor is allocated) or ``"cpu"`` (the
+            CPU backend steps tensor by tensor in fp32 copies; the largest tensor's copies are the peak).
+    """
+    if kind != "cpu" or not params:
+        return 0, ("bitsandbytes' 8-bit AdamW step on CUDA: one fused kernel per tensor updating the states in place "
+                   "(backends/cuda/ops.py allocates no tensor)")
+    best, text = 0, ""
+    for numel, nbytes, fp32_states in params:
+        eight = adamw_8bit_is_8bit(numel, fp32_states)
+        copies = (CPU_8BIT_STEP_COPIES if eight else CPU_32BIT_STEP_COPIES) + (1 if nbytes < FP32 else 0)
+        if copies * FP32 * numel > best:
+            best = copies * FP32 * numel
+            text = (f"bitsandbytes' 8-bit AdamW step on the CPU, tensor by tensor in fp32: {copies} fp32 copies of the "
+                    f"largest, {numel:,} elements with {'8-bit' if eight else 'fp32'} states = {copies} x {numel:,} x 4 B")
+    return best, text

@@ -583,8 +583,11 @@ def _tracker(fast: bool) -> Any:
 TRACEABLE_STRATEGIES = ("single", "ddp")
 
 
-def untraceable_reason(plan: Any) -> str | None:
-    """Why ``plan`` (:class:`core.plan.memory.MemoryPlan`) has no traced plan, or None when it can have one."""
+def untraceable_reason(plan: Any, spec: RunSpec | None = None) -> str | None:
+    """Why ``plan`` (:class:`core.plan.memory.MemoryPlan`) of ``spec`` has no traced plan, or None when it can have one."""
+    if spec is not None and spec.training and spec.optimizer in ("adamw_8bit", "paged_adamw_8bit"):
+        return (f"the traced plan steps torch's own optimizers; {spec.optimizer} (bitsandbytes) is planned from its "
+                "layout (core/plan/quant.py) and measured by the probe")
     if plan.strategy in TRACEABLE_STRATEGIES:
         return None
     return (f"the traced plan covers one device holding the whole step (strategy single or ddp); strategy "
@@ -602,9 +605,9 @@ def trace_against(spec: RunSpec, config: Any, plan: Any, *, fast: bool = True) -
     """
     from core.errors import SpecError
 
-    reason = untraceable_reason(plan)
+    reason = untraceable_reason(plan, spec)
     if reason is not None:
-        raise SpecError("strategy", reason)
+        raise SpecError("optimizer" if spec.optimizer in ("adamw_8bit", "paged_adamw_8bit") else "strategy", reason)
     device = plan.devices[0]
     traced = trace_plan(spec, config, target=device.device.kind, fast=fast)
     return traced, compare(device, traced)
@@ -694,7 +697,7 @@ def traced_table(spec: RunSpec, ctx: Any, cancelled: Any = None) -> dict[str, An
     from core.status import Stopped
 
     plan = ctx.plan
-    reason = untraceable_reason(plan)
+    reason = untraceable_reason(plan, spec)
     if reason is not None:
         return {"status": "not_run", "reason": reason}
     device = plan.devices[0]

@@ -186,6 +186,7 @@ def test_bad_strategy_flags_are_one_named_line(args, message, tmp_path):
     (("--devices", "0,1", "--strategy", "tp", "--tp", "2"), "strategy: tp can be planned"),
     (("--devices", "0,1", "--strategy", "ddp"), "cuda:0 is not visible to torch here"),
     (("--devices", "cpu", "--strategy", "ddp"), "--nproc 2"),
+    (("--devices", "cpu", "--optimizer", "paged_adamw_8bit"), "optimizer: paged_adamw_8bit keeps its states in CUDA"),
 ])
 def test_running_a_strategy_that_cannot_run_here_is_refused(tmp_path, tiny_model_dir, flags, message):
     out = gpuaccept("run", "--headless", "--model", str(tiny_model_dir), "--mode", "full", *flags,

@@ -98,3 +98,54 @@ def test_adamw_8bit_states_below_at_and_above_the_threshold_and_for_an_embedding
 def test_sizes_out_of_range_are_refused():
     with pytest.raises(ValueError, match="at least 1"):
         quantised_4bit(0, False)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_cpu_step_holds_the_fp32_copies_the_plan_counts(dtype):
+    """bitsandbytes' CPU kernels run inside one custom op each, where the probe's TorchDispatchMode sees nothing; with
+    the kernels exposed (core.child.measure.expose_bitsandbytes_cpu_kernels) a real step shows 5 fp32 copies of an
+    8-bit tensor, 3 of an fp32-state one, one more for a 16-bit parameter: what the plan counts."""
+    import bitsandbytes as bnb
+    import torch
+
+    from core.child.measure import LiveTensorTracker, expose_bitsandbytes_cpu_kernels
+    from core.plan.quant import adamw_8bit_step_temporaries
+
+    def step_peak(numel: int, eight: bool) -> tuple[int, int]:
+        p = torch.nn.Parameter(torch.randn(numel, dtype=getattr(torch, dtype)))
+        optimizer = bnb.optim.AdamW8bit([p], lr=1e-3, min_8bit_size=4096 if eight else 10**9)
+        for _ in range(2):  # the first step makes the states; the second is a steady one
+            p.grad = torch.randn_like(p)
+            tracker = LiveTensorTracker(0)
+            with tracker:
+                optimizer.step()
+        return tracker.peak_bytes, p.element_size()
+
+    exposed = getattr(torch.ops.bitsandbytes.optimizer_update_8bit_blockwise, "_gpuaccept_exposed", False)
+    hidden = None if exposed else step_peak(65_636, True)[0]  # the op's inside, unseen (once per process)
+    assert expose_bitsandbytes_cpu_kernels()
+    for numel, eight in ((65_636, True), (8_192, False)):
+        peak, nbytes = step_peak(numel, eight)
+        planned, _ = adamw_8bit_step_temporaries([(numel, nbytes, not eight)], "cpu")
+        assert peak == planned, (numel, eight, dtype)
+        if eight and hidden is not None:
+            assert hidden == 0 < planned  # what a probe missed before the kernels were exposed
+    assert adamw_8bit_step_temporaries([(65_636, 4, False)], "cuda")[0] == 0  # one fused kernel, nothing allocated
+
+
+def test_the_plan_counts_8_bit_states_per_tensor_with_the_embedding_in_fp32():
+    from core.models import load_config, resolve_model
+    from core.plan.memory import DeviceInfo, plan_memory
+    from core.spec import RunSpec
+
+    spec = RunSpec.build(mode="full", optimizer="adamw_8bit")  # the embedded SmolLM2-135M
+    device = DeviceInfo("cuda:0", "cuda", "test GPU", 80 * 2**30, "test")
+    plan = plan_memory(spec, load_config(resolve_model(spec.model)), [device])
+    line = plan.devices[0].lines["optimizer_states"]
+    # SmolLM2-135M: 30 layers of q, o (576 x 576), k, v (192 x 576), gate, up, down (1,536 x 576): every projection
+    # 8-bit; norms (576) fp32; the tied embedding (49,152 x 576) fp32 as Trainer makes it
+    h, kv, i, layers, vocab = 576, 192, 1536, 30, 49152
+    eight = layers * (2 * h * h + 2 * kv * h + 3 * i * h)
+    full = vocab * h + (2 * layers + 1) * h
+    blocks = layers * (2 * (h * h // 256) + 2 * (kv * h // 256) + 3 * (i * h // 256))
+    assert line.bytes == 2 * eight + 8 * blocks + 8 * full + 2048

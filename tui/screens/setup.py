@@ -14,7 +14,7 @@ from textual.widgets import Button, Footer, Header, Input, Label, Select, Static
 
 from core import killpoints
 from core.dtypes import DTYPES
-from core.spec import ATTN_IMPLEMENTATIONS, KILL_POINTS, PADDINGS, PRECISIONS
+from core.spec import ATTN_IMPLEMENTATIONS, KILL_POINTS, OPTIMIZERS, PADDINGS, PRECISIONS
 from tui.screens.nav import NavButtons
 from tui.widgets.inputs import OrderedInput
 
@@ -29,7 +29,7 @@ FIELDS: list[tuple[str, str, str, tuple[str, ...], tuple[str, ...]]] = [
     ("batch_size", "Micro-batch / device", "int", (), ("inference", "full", "lora")),
     ("seq_len", "Sequence length", "int", (), ("inference", "full", "lora")),
     ("grad_accum", "Grad accumulation", "int", (), ("full", "lora")),
-    ("optimizer", "Optimizer", "choice", ("adamw", "sgd", "adafactor"), ("full", "lora")),
+    ("optimizer", "Optimizer", "choice", OPTIMIZERS, ("full", "lora")),
     ("steps", "Training steps", "int", (), ("full", "lora")),
     ("learning_rate", "Learning rate", "float", (), ("full", "lora")),
     ("gradient_checkpointing", "Grad checkpointing", "choice", ("off", "on"), ("full", "lora")),
