@@ -88,6 +88,8 @@ ALL_LINEAR = "all-linear"
 #: ``adamw_8bit`` and ``paged_adamw_8bit``: bitsandbytes' AdamW with 8-bit states (a variant; core/plan/quant.py);
 #: paged is CUDA only (its states in unified memory the driver may page to the host): planned anywhere, run on CUDA
 Optimizer = Literal["adamw", "sgd", "adafactor", "adamw_8bit", "paged_adamw_8bit"]
+#: bitsandbytes' AdamW with 8-bit states (variants; core/plan/quant.py)
+EIGHT_BIT_OPTIMIZERS: tuple[Optimizer, ...] = ("adamw_8bit", "paged_adamw_8bit")
 OPTIMIZERS: tuple[Optimizer, ...] = get_args(Optimizer)
 Scheduler = Literal["linear", "cosine", "constant"]
 SCHEDULERS: tuple[Scheduler, ...] = get_args(Scheduler)

@@ -20,7 +20,7 @@ from typing import Any
 from core.child.events import DeviceMap, Ledger, Ledgers, Placement, ProbeStep
 from core.child.recipe import build_trainer, collate
 from core.events import EventWriter
-from core.spec import RunSpec
+from core.spec import EIGHT_BIT_OPTIMIZERS, RunSpec
 
 
 @dataclass
@@ -123,7 +123,7 @@ def trainer_steps(spec: RunSpec, model: Any, blocks: list[dict[str, Any]], out_d
 
     is_cuda = device.startswith("cuda")
     tracker, n = seen.tracker, spec.probe_steps
-    if tracker is not None and spec.optimizer in ("adamw_8bit", "paged_adamw_8bit"):
+    if tracker is not None and spec.optimizer in EIGHT_BIT_OPTIMIZERS:
         from core.child.measure import expose_bitsandbytes_cpu_kernels
 
         expose_bitsandbytes_cpu_kernels()  # the step's fp32 copies happen inside bitsandbytes' ops

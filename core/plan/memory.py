@@ -59,6 +59,7 @@ from core.plan.quant import (
 )
 from core.spec import (
     ALL_LINEAR,
+    EIGHT_BIT_OPTIMIZERS,
     TORCHRUN_STRATEGIES,
     LoraSettings,
     Mode,
@@ -69,8 +70,6 @@ from core.spec import (
     parse_devices,
 )
 
-#: bitsandbytes' AdamW with 8-bit states (variants; core/plan/quant.py)
-EIGHT_BIT_OPTIMIZERS = ("adamw_8bit", "paged_adamw_8bit")
 COMPONENTS = ("weights", "gradients", "optimizer_states", "activations", "temporaries", "overhead", "kv_cache")
 
 #: Per-process, per-device CUDA context + cuBLAS workspace estimate (docs/architecture.md §3: 300-700 MB; lazy module loading).
@@ -1195,8 +1194,10 @@ def _adamw_8bit_states(spec: RunSpec, trainable: list[_Param]) -> Line:
     """bitsandbytes' AdamW8bit states (core/plan/quant.py): uint8 moments with an fp32 absmax per 256 elements, fp32
     moments for a tensor under 4,096 elements and for an embedding (Trainer gives every ``nn.Embedding`` 32-bit
     states), and the two dynamic maps once."""
-    eight = [p for p in trainable if adamw_8bit_is_8bit(p.numel, p.kind == "embedding")]
-    full = [p for p in trainable if not adamw_8bit_is_8bit(p.numel, p.kind == "embedding")]
+    eight: list[_Param] = []
+    full: list[_Param] = []
+    for p in trainable:
+        (eight if adamw_8bit_is_8bit(p.numel, p.kind == "embedding") else full).append(p)
     states = sum(adamw_8bit_state_bytes(p.numel, p.kind == "embedding") for p in trainable)
     maps = adamw_8bit_maps_bytes(bool(eight))
     n8, n32 = sum(p.numel for p in eight), sum(p.numel for p in full)

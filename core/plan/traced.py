@@ -40,7 +40,7 @@ from typing import Any
 
 from core.dtypes import torch_dtype_name
 from core.plan.phases import PHASES
-from core.spec import RunSpec
+from core.spec import EIGHT_BIT_OPTIMIZERS, RunSpec
 
 #: The tensor components the trace measures (the plan's COMPONENTS without ``overhead``).
 TRACED_COMPONENTS = ("weights", "gradients", "optimizer_states", "activations", "temporaries", "kv_cache")
@@ -585,7 +585,7 @@ TRACEABLE_STRATEGIES = ("single", "ddp")
 
 def untraceable_reason(plan: Any, spec: RunSpec | None = None) -> str | None:
     """Why ``plan`` (:class:`core.plan.memory.MemoryPlan`) of ``spec`` has no traced plan, or None when it can have one."""
-    if spec is not None and spec.training and spec.optimizer in ("adamw_8bit", "paged_adamw_8bit"):
+    if spec is not None and spec.training and spec.optimizer in EIGHT_BIT_OPTIMIZERS:
         return (f"the traced plan steps torch's own optimizers; {spec.optimizer} (bitsandbytes) is planned from its "
                 "layout (core/plan/quant.py) and measured by the probe")
     if plan.strategy in TRACEABLE_STRATEGIES:
@@ -607,7 +607,7 @@ def trace_against(spec: RunSpec, config: Any, plan: Any, *, fast: bool = True) -
 
     reason = untraceable_reason(plan, spec)
     if reason is not None:
-        raise SpecError("optimizer" if spec.optimizer in ("adamw_8bit", "paged_adamw_8bit") else "strategy", reason)
+        raise SpecError("optimizer" if spec.optimizer in EIGHT_BIT_OPTIMIZERS else "strategy", reason)
     device = plan.devices[0]
     traced = trace_plan(spec, config, target=device.device.kind, fast=fast)
     return traced, compare(device, traced)
