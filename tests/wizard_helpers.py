@@ -43,10 +43,14 @@ def text_of(widget: Any) -> str:
 
 
 async def wait_for(pilot: Any, condition: Callable[[], bool], timeout_s: float = 240.0) -> None:
-    """Let the app run until ``condition()`` holds (stages run real child processes)."""
+    """Let the app run until ``condition()`` holds (stages run real child processes). On a timeout the message holds
+    the screen's text, so a stage that refused or failed says why."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     while not condition():
         if loop.time() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {condition}")
+            screen = pilot.app.screen
+            shown = " | ".join(text_of(w) for w in screen.query("Static") if w.display and text_of(w).strip())
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {condition} on {type(screen).__name__}: "
+                                 f"{shown[-3000:]}")
         await pilot.pause(0.1)
