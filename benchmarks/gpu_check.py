@@ -17,7 +17,10 @@ slow step costs the ones after it, never the summary):
 6. ``acceptance_full``: full fine-tuning, pure bf16 (weights, gradients and AdamW states in bf16), 8 steps, a checkpoint
    every 4, killed after the 1st (two checkpoints of ~7 GB per run: the box has a 64 GiB disk).
 7. ``acceptance_inference``: inference bf16 (plan, probe, held-out perplexity).
-8. ``accuracy``: benchmarks/gpu_accuracy.py (analytic and traced plans vs peak allocated / reserved / NVML used) over as
+8. ``acceptance_qlora``: QLoRA (NF4, double quantisation, bf16 compute, paged 8-bit AdamW, all-linear), 12 steps, killed
+   after the 2nd of 3 checkpoints and resumed: the 4-bit weights and the peak against the plan on CUDA (bitsandbytes'
+   manylinux wheel is carried).
+9. ``accuracy``: benchmarks/gpu_accuracy.py (analytic and traced plans vs peak allocated / reserved / NVML used) over as
    many cells as the time left allows.
 
 Results under ``--out`` (the device tool brings back at most 8 files): ``summary.json``, ``summary.md`` (a readable
@@ -57,6 +60,9 @@ ACCEPTANCE: dict[str, list[str]] = {
     "full": ["--mode", "full", "--dtype", "bf16", "--precision", "pure", "--steps", "8", "--checkpoint-every", "4",
              "--kill-after-checkpoint", "1"],
     "inference": ["--mode", "inference", "--dtype", "bf16"],
+    # QLoRA as its recipes run it: NF4 with double quantisation, bf16 compute, paged 8-bit AdamW, every linear adapted
+    "qlora": ["--mode", "qlora", "--dtype", "bf16", "--optimizer", "paged_adamw_8bit", "--lora-targets", "all-linear",
+              "--steps", "12", "--checkpoint-every", "4", "--kill-after-checkpoint", "2"],
 }
 COMMON = ["--batch-size", "4", "--seq-len", "512", "--eval-max-blocks", "32"]
 
@@ -416,6 +422,7 @@ def main(argv: list[str] | None = None) -> int:
         ("wizard", step_wizard, (small,), 40),
         ("acceptance_full", step_acceptance, ("full", big), 120),
         ("acceptance_inference", step_acceptance, ("inference", big), 45),
+        ("acceptance_qlora", step_acceptance, ("qlora", big), 90),
     ]
     for name, fn, step_args, needs in plan:
         if any(a is None for a in step_args):

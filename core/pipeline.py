@@ -47,7 +47,7 @@ def make_plan(spec: RunSpec, devices_override: list[Any] | None = None) -> PlanC
 
     source = resolve_model(spec.model)
     config = load_config(source)
-    modules = linear_module_names(config) if spec.mode == "lora" else None
+    modules = linear_module_names(config) if spec.adapters else None
     validate_against_config(spec, declared_max_positions(source, config), modules)
     # on the CPU, torchrun's ranks are planned as devices: local_world_size(1) is nproc_per_node there (else 1)
     devices = devices_override if devices_override is not None else detect_devices(spec.devices,
@@ -118,7 +118,7 @@ def check_inputs(spec: RunSpec) -> InputsChecked:
         config = load_config(source)
         max_positions = declared_max_positions(source, config)
         problems += [(e.field, e.message) for e in config_problems(
-            spec, max_positions, linear_module_names(config) if spec.mode == "lora" else None)]
+            spec, max_positions, linear_module_names(config) if spec.adapters else None)]
         model = {"embedded": "the embedded SmolLM2-135M", "local_dir": f"the folder {source.path}",
                  "hf_cache": f"{source.name} from the Hugging Face cache",
                  "config_only": f"{source.name}: a config only (planned, not run)"}.get(source.kind, str(source.path))
@@ -304,11 +304,12 @@ class AcceptanceRun:
     def plan_stage(self, cancelled: Callable[[], bool] | None = None) -> Generator[Event, None, Any]:
         """Report the plan made on construction (per device; fit judged per device), and trace one step on fake
         tensors in a child process beside it (unless a traced plan was given)."""
-        from core.plan.traced import traced_table
+        from core.plan.traced import traced_table, untraceable_reason
 
         if self.traced is None:
-            yield self.emit(Message("plan", text="tracing one step on fake tensors (torch MemTracker) in a child "
-                                                 "process, to compare with the analytic plan"))
+            if untraceable_reason(self.ctx.plan, self.spec) is None:  # else the summary below says why not
+                yield self.emit(Message("plan", text="tracing one step on fake tensors (torch MemTracker) in a child "
+                                                     "process, to compare with the analytic plan"))
             self.traced = traced_table(self.spec, self.ctx, cancelled)
         yield self.emit(Message("plan", text=traced_summary(self.traced)))
         try:

@@ -46,6 +46,11 @@ def _gib(n: float) -> str:
     return f"{g:.1f} GiB" if g >= 10 else f"{g:.2f} GiB" if g >= 1 else f"{g:.3g} GiB"
 
 
+def _gib_exact(n: int) -> str:
+    """:func:`_gib`, with the bytes beside a size under 0.001 GiB (a tiny model's lines would all read the same)."""
+    return _gib(n) if n >= 0.001 * GiB else f"{_gib(n)} ({n:,} B)"
+
+
 def _ordered(qid: str, seed: str, right: str, wrong: list[str]) -> tuple[tuple[str, ...], int]:
     """The choices in an order fixed by the record and the question (so the right one is not always first)."""
     choices = [right, *wrong]
@@ -82,10 +87,10 @@ def build_quiz(record: dict[str, Any]) -> list[Question]:
     found = record.get("spec")
     spec: dict[str, Any] = found if isinstance(found, dict) else {}
     seed = str(spec.get("hash", ""))
-    training = spec.get("mode") in ("full", "lora")
+    training = spec.get("mode") in ("full", "lora", "qlora")
     makers = [_fit_by_device, _batch_doubles]
     if training:
-        makers.append(_lora_vs_full)
+        makers.append(_qlora_saves if spec.get("mode") == "qlora" else _lora_vs_full)
     makers += [_memory_readings, _finished_vs_quality]
     if training:
         makers.append(_checkpoint_vs_resume)
@@ -244,6 +249,39 @@ def _lora_vs_full(rec: dict[str, Any], seed: str) -> Question | None:
                    f"{device['name']}." + (f" Per trained parameter of this base: {how}." if per_param else ""))
     return _q("lora_vs_full", seed, prompt, right, wrong, explanation,
               ("model.parameters_total", "model.parameters_trainable", "plan.devices[0].components"))
+
+
+def _qlora_saves(rec: dict[str, Any], seed: str) -> Question | None:
+    """QLoRA: what the 4-bit base saves (the decoder's linear weights) and what it does not (activations, the adapters'
+    gradients and optimizer states, the parameters left unquantised)."""
+    from core.dtypes import dtype_bytes
+
+    q = rec["plan"]["quantised"]
+    dtype = rec["spec"].get("dtype", "fp32")
+    stored = int(q["packed_bytes"]) + int(q["constants_bytes"])
+    unpacked = int(q["quantised_parameters"]) * dtype_bytes(dtype)
+    comps = rec["plan"]["devices"][0]["components"]
+    measured = next((row["components"]["quantised_weights"].get("measured_bytes")
+                     for row in rec.get("probe", {}).get("plan_comparison", [])
+                     if "quantised_weights" in row.get("components", {})), None)
+    prompt = (f"This QLoRA run stores {q['layers']} decoder linear layers ({int(q['quantised_parameters']):,} "
+              f"parameters) in 4 bits ({q['quant_type']}). Compared with basic LoRA on the same base in {dtype}, what "
+              "does the 4-bit base save?")
+    right = (f"Those layers' weights: {_gib_exact(stored)} stored instead of {_gib_exact(unpacked)} in {dtype}; activations, "
+             "the adapters' gradients and optimizer states stay as LoRA's")
+    wrong = [f"The activations ({_gib(comps.get('activations', 0))} now) as well: a 4-bit layer keeps 4-bit inputs "
+             "for backward",
+             f"The adapters' gradients and optimizer states ({_gib(comps.get('gradients', 0) + comps.get('optimizer_states', 0))}"
+             " now): they are stored in 4 bits too",
+             f"Every weight, embeddings and LM head included ({_gib(q['unquantised_bytes'])} of them now, unquantised)"]
+    explanation = ("Only the frozen base's linear weights are stored in 4 bits (0.5 B per parameter plus per-block "
+                   "constants) and dequantised to the compute dtype layer by layer as they run; embeddings, norms and "
+                   "the LM head stay unquantised (fp32 after peft's prepare_model_for_kbit_training). The adapters "
+                   "are trained in fp32 as in LoRA, and the activations follow the tokens as in LoRA. From the "
+                   f"record: plan.quantised {stored:,} B of 4-bit weights"
+                   + (f", measured {int(measured):,} B by the probe" if measured is not None else "") + ".")
+    return _q("qlora_saves", seed, prompt, right, wrong, explanation,
+              ("plan.quantised", "spec.dtype", "plan.devices[0].components", "probe.plan_comparison[].components"))
 
 
 def _state_bytes_per_parameter(spec: dict[str, Any]) -> tuple[int, str]:

@@ -6,7 +6,7 @@ naming the field and what to change.
 
 TOML layout (every key optional; the defaults are the embedded model and text)::
 
-    mode = "lora"                 # inference | full | lora
+    mode = "lora"                 # inference | full | lora | qlora (a LoRA variant: the base stored in 4 bits)
     model = "smollm2-135m"        # embedded | local HF directory | cached HF id | config.json (plan only)
     dtype = "fp32"                # fp32 | bf16 | fp16
     precision = "pure"            # pure: the model loaded in dtype | amp: fp32 weights, autocast to dtype (moot for fp32)
@@ -35,6 +35,10 @@ TOML layout (every key optional; the defaults are the embedded model and text)::
     alpha = 16
     dropout = 0.0
     targets = ["q_proj", "v_proj"] # module names, or ["all-linear"] (peft: every linear layer but the LM head)
+
+    [qlora]                       # mode "qlora" only (bitsandbytes' BitsAndBytesConfig; dtype is the compute dtype)
+    quant_type = "nf4"            # nf4 | fp4 (bnb_4bit_quant_type)
+    double_quant = true           # quantise the per-block absmax constants too (bnb_4bit_use_double_quant)
 
     [resume]
     check = true
@@ -67,9 +71,16 @@ from core import killpoints
 from core.dtypes import DTYPES, Dtype, dtype_bytes
 from core.errors import SpecError
 
-#: What a run does: ``inference`` (forward only), ``full`` fine-tuning, ``lora`` adapters.
-Mode = Literal["inference", "full", "lora"]
+#: What a run does: ``inference`` (forward only), ``full`` fine-tuning, ``lora`` adapters, ``qlora`` (a LoRA variant:
+#: the same adapters over a base stored in 4 bits by bitsandbytes and dequantised layer by layer as it runs).
+Mode = Literal["inference", "full", "lora", "qlora"]
 MODES: tuple[Mode, ...] = get_args(Mode)
+#: The modes that train LoRA adapters over a frozen base: basic LoRA and its 4-bit variant (QLoRA)
+ADAPTER_MODES: tuple[Mode, ...] = ("lora", "qlora")
+#: The 4-bit data types of bitsandbytes (``bnb_4bit_quant_type``): NormalFloat4 (Dettmers et al. 2023, arXiv
+#: 2305.14314) or a 4-bit float
+QuantType = Literal["nf4", "fp4"]
+QUANT_TYPES: tuple[QuantType, ...] = get_args(QuantType)
 #: How the dtype is used (README "Precision"): ``pure`` loads the model in ``dtype`` (parameters, gradients and
 #: optimizer states in it; LoRA adapters fp32, as peft keeps them); ``amp`` keeps fp32 parameters, gradients and
 #: optimizer states and runs forward and backward under autocast in ``dtype`` (Trainer's bf16=True on an fp32 model).
@@ -109,9 +120,11 @@ EMBEDDED_DATA = "embedded"
 _MODE_DEFAULTS: dict[Mode, dict[str, Any]] = {
     "inference": {"steps": 0, "learning_rate": 0.0},
     "lora": {"steps": 30, "learning_rate": 1e-3},
+    "qlora": {"steps": 30, "learning_rate": 1e-3},
     "full": {"steps": 12, "learning_rate": 5e-5},
 }
-_RESUME_DEFAULTS: dict[Mode, tuple[int, int]] = {"lora": (10, 2), "full": (4, 2), "inference": (10, 1)}
+_RESUME_DEFAULTS: dict[Mode, tuple[int, int]] = {"lora": (10, 2), "qlora": (10, 2), "full": (4, 2),
+                                                  "inference": (10, 1)}
 
 
 @dataclass(frozen=True)
@@ -122,6 +135,23 @@ class LoraSettings:
     alpha: int = 16
     dropout: float = 0.0
     targets: tuple[str, ...] = ("q_proj", "v_proj")
+
+
+@dataclass(frozen=True)
+class QloraSettings:
+    """How mode ``qlora`` stores the frozen base (transformers' ``BitsAndBytesConfig(load_in_4bit=True, ...)``; QLoRA:
+    Dettmers et al. 2023, arXiv 2305.14314). Every linear layer of the decoder is stored in 4 bits (blocks of 64 with
+    an absmax each); embeddings, norms and the LM head are not. The compute dtype (``bnb_4bit_compute_dtype``) is the
+    spec's ``dtype``.
+
+    Attributes:
+        quant_type: ``nf4`` or ``fp4`` (``bnb_4bit_quant_type``).
+        double_quant: quantise the absmax constants as well (``bnb_4bit_use_double_quant``): 1 B per block of 64
+            plus an fp32 absmax per 256 blocks, instead of 4 B per block.
+    """
+
+    quant_type: QuantType = "nf4"
+    double_quant: bool = True
 
 
 #: Where the interrupted run of the resume check starts (:attr:`ResumeSettings.interrupted_from`).
@@ -264,6 +294,7 @@ class RunSpec:
     seed: int = 42
     probe_steps: int = 3
     lora: LoraSettings = field(default_factory=LoraSettings)
+    qlora: QloraSettings = field(default_factory=QloraSettings)
     resume: ResumeSettings = field(default_factory=ResumeSettings)
     torchrun: TorchrunSettings = field(default_factory=TorchrunSettings)
 
@@ -301,7 +332,9 @@ class RunSpec:
         for key, value in overrides.items():
             if value is None:
                 continue
-            if key.startswith("lora_"):
+            if key.startswith("qlora_"):
+                raw.setdefault("qlora", {})[key.removeprefix("qlora_")] = value
+            elif key.startswith("lora_"):
                 raw.setdefault("lora", {})[key.removeprefix("lora_")] = value
             elif key.startswith("resume_"):
                 raw.setdefault("resume", {})[key.removeprefix("resume_")] = value
@@ -333,6 +366,11 @@ class RunSpec:
         if "targets" in lora_raw:
             lora_raw["targets"] = _targets(lora_raw["targets"])
         lora = _sub(LoraSettings, lora_raw, "lora")
+        qlora_raw = _table(raw, "qlora")
+        if qlora_raw and mode != "qlora":
+            raise SpecError("qlora", f"the [qlora] settings ({', '.join(sorted(qlora_raw))}) apply to mode qlora; "
+                                     f"set mode = \"qlora\" or remove them")
+        qlora = _sub(QloraSettings, qlora_raw, "qlora")
         resume = _sub(ResumeSettings, resume_raw, "resume")
         torchrun = _sub(TorchrunSettings, _table(raw, "torchrun"), "torchrun")
         scalars = {k: v for k, v in raw.items()}
@@ -340,7 +378,7 @@ class RunSpec:
             value = scalars["devices"]
             scalars["devices"] = ",".join(str(v) for v in value) if isinstance(value, list) else str(value)
         _check_types(cls, scalars)
-        spec = cls(**scalars, lora=lora, resume=resume, torchrun=torchrun)
+        spec = cls(**scalars, lora=lora, qlora=qlora, resume=resume, torchrun=torchrun)
         spec.validate()
         return spec
 
@@ -404,7 +442,8 @@ class RunSpec:
         LoRA's rank, alpha, dropout and targets."""
         if self.mode == "inference":
             if self.steps != 0:
-                raise SpecError("steps", "inference runs no training steps; set steps = 0 or choose mode full or lora")
+                raise SpecError("steps", "inference runs no training steps; set steps = 0 or choose a training mode "
+                                         "(full, lora, qlora)")
         else:
             if self.steps < 1:
                 raise SpecError("steps", f"a training mode needs at least 1 step (got {self.steps})")
@@ -412,7 +451,9 @@ class RunSpec:
                 raise SpecError("learning_rate", f"must be positive for training (got {self.learning_rate})")
             if self.warmup_steps > self.steps:
                 raise SpecError("warmup_steps", f"{self.warmup_steps} is more than steps ({self.steps}); lower it")
-        if self.mode == "lora":
+        if self.mode == "qlora":
+            self._check_qlora()
+        if self.adapters:
             if self.lora.r < 1:
                 raise SpecError("lora.r", f"the LoRA rank must be at least 1 (got {self.lora.r})")
             if self.lora.alpha <= 0:
@@ -427,6 +468,20 @@ class RunSpec:
             if ALL_LINEAR in self.lora.targets and len(self.lora.targets) > 1:
                 raise SpecError("lora.targets", f"{ALL_LINEAR} already names every linear layer but the LM head; give "
                                                 f"it alone, or list module names without it")
+
+    def _check_qlora(self) -> None:
+        """QLoRA's settings, and what this version runs it with: the pure precision (the 4-bit base has no fp32 master
+        copy) and one process (strategy single)."""
+        if self.qlora.quant_type not in QUANT_TYPES:
+            raise SpecError("qlora.quant_type", f"{self.qlora.quant_type!r}: choose nf4 (NormalFloat4, QLoRA's) or fp4")
+        if self.precision != "pure":
+            raise SpecError("precision", "qlora stores the base in 4 bits, with no fp32 master copy to keep: set "
+                                         "precision = \"pure\" (dtype is the compute dtype the 4-bit layers "
+                                         "dequantise to)")
+        if self.strategy != "single":
+            raise SpecError("strategy", f"qlora runs in one process in this version (strategy single), not "
+                                        f"{self.strategy}: plan the 4-bit base on one device, or use mode lora for "
+                                        "ddp and zero3")
 
     def _check_resume(self) -> None:
         """The resume check's settings (training with the check on): intervals, the kill point, where the
@@ -544,8 +599,19 @@ class RunSpec:
     # ------------------------------------------------------------------ views
     @property
     def training(self) -> bool:
-        """True for full fine-tuning and LoRA (backward and optimizer steps run)."""
+        """True for full fine-tuning, LoRA and QLoRA (backward and optimizer steps run)."""
         return self.mode != "inference"
+
+    @property
+    def adapters(self) -> bool:
+        """LoRA adapters are trained over a frozen base: modes ``lora`` and ``qlora`` (:data:`ADAPTER_MODES`)."""
+        return self.mode in ADAPTER_MODES
+
+    @property
+    def base_mode(self) -> Mode:
+        """The mode the model's parameters are laid out by: ``lora`` for ``qlora`` (the same adapters and frozen base;
+        which base parameters are stored in 4 bits is the plan's :mod:`core.plan.quant`), else :attr:`mode`."""
+        return "lora" if self.mode == "qlora" else self.mode
 
     @property
     def dtype_bytes(self) -> int:
@@ -555,8 +621,12 @@ class RunSpec:
     @property
     def param_dtype(self) -> Dtype:
         """The dtype the model's parameters are loaded and kept in: :attr:`dtype` under ``pure``, fp32 under ``amp``
-        (master weights; forward and backward autocast to :attr:`dtype`). LoRA adapters are fp32 either way."""
-        return "fp32" if self.precision == "amp" else self.dtype
+        (master weights; forward and backward autocast to :attr:`dtype`). LoRA adapters are fp32 either way.
+
+        QLoRA: fp32 for every parameter not stored in 4 bits (embeddings, norms, LM head), whatever the dtype: peft's
+        ``prepare_model_for_kbit_training`` casts every fp16 and bf16 parameter but the 4-bit ones to fp32
+        (peft/utils/other.py, read in peft 0.21.2)."""
+        return "fp32" if self.precision == "amp" or self.mode == "qlora" else self.dtype
 
     @property
     def autocast(self) -> bool:
@@ -568,12 +638,14 @@ class RunSpec:
     @property
     def all_linear(self) -> bool:
         """LoRA targets peft's ``all-linear``: every linear layer but the LM head."""
-        return self.mode == "lora" and self.lora.targets == (ALL_LINEAR,)
+        return self.adapters and self.lora.targets == (ALL_LINEAR,)
 
     def to_dict(self) -> dict[str, Any]:
         """A TOML/JSON-ready mapping (tuples become lists), the inverse of :meth:`from_dict`."""
         out = dataclasses.asdict(self)
         out["lora"]["targets"] = list(self.lora.targets)
+        if self.mode != "qlora":  # the 4-bit settings belong to QLoRA alone: other specs hash as they always did
+            del out["qlora"]
         return out
 
     def spec_hash(self) -> str:
@@ -752,7 +824,7 @@ def config_problems(spec: RunSpec, max_positions: int | None,
             f"{spec.seq_len} is above the model's max_position_embeddings ({max_positions}); "
             f"use a sequence length of at most {max_positions}",
         ))
-    if spec.mode == "lora" and module_names is not None and not spec.all_linear:
+    if spec.adapters and module_names is not None and not spec.all_linear:
         missing = [t for t in spec.lora.targets if t not in module_names]
         if missing:
             problems.append(SpecError(
@@ -797,7 +869,8 @@ def draft_spec(values: Mapping[str, Any], refused: Mapping[str, str] | None = No
     remaining = dict(values)
     for key, message in (refused or {}).items():
         remaining.pop(key, None)
-        errors[key.replace("_", ".", 1) if key.split("_", 1)[0] in ("lora", "resume", "torchrun") else key] = message
+        table = key.split("_", 1)[0] in ("lora", "qlora", "resume", "torchrun")
+        errors[key.replace("_", ".", 1) if table else key] = message
     for _ in range(len(values) + 1):
         try:
             built = RunSpec.build(**remaining)

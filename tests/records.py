@@ -1,4 +1,4 @@
-"""Committed fixture records: what the pipeline wrote for three small specs on the tiny model, for the tests that read
+"""Committed fixture records: what the pipeline wrote for four small specs on the tiny model, for the tests that read
 a record (the quiz, ``verify``, the GPU check's summary) instead of a fresh training run each.
 
 The specs live here once: the ``lora_run`` fixture (tests/conftest.py) runs ``LORA`` afresh for the tests that are about
@@ -32,11 +32,17 @@ FULL: dict[str, Any] = dict(mode="full", seq_len=32, batch_size=2, steps=4, resu
 #: inference: fixed weights, evaluated once; resume not applicable
 INFERENCE: dict[str, Any] = dict(mode="inference", seq_len=32, batch_size=2, eval_max_blocks=4)
 
-SPECS = {"lora": LORA, "full": FULL, "inference": INFERENCE}
+#: QLoRA (a variant: the base in NF4 with double quantisation) on every linear layer with bitsandbytes' 8-bit AdamW,
+#: killed after the 1st of 2 checkpoints (on q and v alone, 4 steps do not lower the random tiny model's perplexity)
+QLORA: dict[str, Any] = dict(mode="qlora", optimizer="adamw_8bit", lora_targets="all-linear", learning_rate=3e-3,
+                             seq_len=32, batch_size=2, steps=4, resume_checkpoint_every=2,
+                             resume_kill_after_checkpoint=1, eval_max_blocks=4)
+
+SPECS = {"lora": LORA, "full": FULL, "inference": INFERENCE, "qlora": QLORA}
 
 
 def path_of(name: str) -> Path:
-    """The committed record ``name`` (``lora``, ``full`` or ``inference``)."""
+    """The committed record ``name`` (``lora``, ``full``, ``inference`` or ``qlora``)."""
     return RECORDS / f"{name}.toml"
 
 

@@ -28,7 +28,7 @@ from typing import Any
 
 from core import killpoints
 from core.dtypes import DTYPES
-from core.spec import ATTN_IMPLEMENTATIONS, KILL_POINTS, OPTIMIZERS, PADDINGS, PRECISIONS
+from core.spec import ATTN_IMPLEMENTATIONS, KILL_POINTS, MODES, OPTIMIZERS, PADDINGS, PRECISIONS, QUANT_TYPES
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 #: ``gpuaccept plan``: a device does not fit; no device fails, but one's capacity is unknown.
@@ -40,7 +40,9 @@ EXIT_BROKEN_PIPE = 141
 def _spec_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("spec", nargs="?", help="a TOML spec file; flags override its values")
     g = p.add_argument_group("setup (flags override the spec file; defaults: the embedded model and text)")
-    g.add_argument("--mode", choices=("inference", "full", "lora"))
+    g.add_argument("--mode", choices=MODES,
+                   help="inference, full fine-tuning, lora, or qlora (a LoRA variant: the base stored in 4 bits by "
+                        "bitsandbytes, dequantised layer by layer as it runs)")
     g.add_argument("--model", help="smollm2-135m (embedded), a local HF model directory, a cached HF id, or a config.json")
     g.add_argument("--dtype", choices=DTYPES)
     g.add_argument("--precision", choices=PRECISIONS,
@@ -66,6 +68,10 @@ def _spec_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--lora-dropout", type=float)
     g.add_argument("--lora-targets", help="comma-separated module names, e.g. q_proj,v_proj, or all-linear (peft: "
                                           "every linear layer but the LM head)")
+    g.add_argument("--quant-type", dest="qlora_quant_type", choices=QUANT_TYPES,
+                   help="qlora: the 4-bit data type of the base (bnb_4bit_quant_type; default nf4)")
+    g.add_argument("--double-quant", dest="qlora_double_quant", action=argparse.BooleanOptionalAction, default=None,
+                   help="qlora: quantise the per-block absmax constants too (bnb_4bit_use_double_quant; default on)")
     g.add_argument("--devices", help="auto, cpu, CUDA indices such as 0 or 0,1; to plan for a box you do not have: "
                                      "8x80GiB (count x capacity) or 24GiB,8GiB (capacities; GiB/GB/MiB/MB)")
     g.add_argument("--strategy", choices=("single", "ddp", "zero1", "zero2", "zero3", "fsdp", "device_map", "tp"),
@@ -100,7 +106,7 @@ def _spec_flags(p: argparse.ArgumentParser) -> None:
 
 _SPEC_KEYS = ("mode", "model", "dtype", "precision", "attn_implementation", "padding", "batch_size", "seq_len", "grad_accum", "optimizer", "learning_rate",
               "lr_scheduler", "warmup_steps", "steps", "gradient_checkpointing", "lora_r", "lora_alpha",
-              "lora_dropout", "lora_targets", "devices", "strategy", "tp", "torchrun_nproc_per_node", "torchrun_nnodes",
+              "lora_dropout", "lora_targets", "qlora_quant_type", "qlora_double_quant", "devices", "strategy", "tp", "torchrun_nproc_per_node", "torchrun_nnodes",
               "torchrun_rdzv_endpoint", "torchrun_rdzv_id", "torchrun_rdzv_backend", "data", "heldout_fraction", "eval_max_blocks", "seed",
               "probe_steps", "resume_check", "resume_checkpoint_every", "resume_kill_after_checkpoint",
               "resume_kill_at", "resume_compare_steps", "resume_interrupted_from")

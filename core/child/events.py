@@ -177,6 +177,8 @@ class Ledger(ChildEvent):
     per_device: list[dict[str, Any]] | None = _omit_if_none()
     peak_tracked_tensor_bytes: int | None = _omit_if_none()
     tracked_method: str | None = _omit_if_none()
+    #: QLoRA: the 4-bit weights as stored (packed weights and their quantisation constants)
+    quantised_weights_bytes: int | None = _omit_if_none()
 
 
 @dataclass(frozen=True)

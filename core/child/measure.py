@@ -7,6 +7,7 @@ mechanism torch's own MemTracker uses) and keeps the peak of live bytes on top o
 
 from __future__ import annotations
 
+import math
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, cast
@@ -32,54 +33,100 @@ def tensor_bytes(t: torch.Tensor) -> int:
 def parameter_placement(model: torch.nn.Module) -> dict[str, dict[str, int]]:
     """Parameters and their bytes per device, counting each parameter once (tied weights share one entry).
 
+    A 4-bit weight of bitsandbytes (``Params4bit``, QLoRA's base) counts the elements it stands for (its
+    ``quant_state.shape``, not its packed bytes) and, in its bytes, the packed weight and the constants of its
+    ``quant_state`` (:func:`quant_state_bytes`); ``quantised_bytes`` (only where there is one) is their sum.
+
     Returns:
         ``{"cpu": {"parameters": n, "bytes": b, "trainable": t}, "cuda:0": {...}}``.
     """
     out: dict[str, dict[str, int]] = {}
     seen: set[int] = set()
+    constants: set[int] = set()
     for p in model.parameters():  # nn.Module.parameters() already yields a shared parameter once
         if id(p) in seen:
             continue
         seen.add(id(p))
         d = out.setdefault(str(p.device), {"parameters": 0, "bytes": 0, "trainable": 0})
-        n = local_tensor(p).numel()  # a DTensor's local shard (FSDP2)
+        state = getattr(p, "quant_state", None)
+        if state is not None:
+            n = math.prod(state.shape)
+            nbytes = tensor_bytes(p) + quant_state_bytes(state, constants)
+            d["quantised_bytes"] = d.get("quantised_bytes", 0) + nbytes
+        else:
+            n = local_tensor(p).numel()  # a DTensor's local shard (FSDP2)
+            nbytes = tensor_bytes(p)
         d["parameters"] += n
-        d["bytes"] += tensor_bytes(p)
+        d["bytes"] += nbytes
         if p.requires_grad:
             d["trainable"] += n
     return out
 
 
-#: bitsandbytes' optimizer ops whose CPU kernels are Python bodies (``bitsandbytes/backends/cpu/ops.py``)
-BNB_CPU_KERNELS = {"optimizer_update_32bit": "_optimizer_update_32bit_cpu",
-                   "optimizer_update_8bit_blockwise": "_optimizer_update_8bit_blockwise_cpu"}
+def quant_state_bytes(state: Any, seen: set[int] | None = None) -> int:
+    """Bytes of the tensors of a bitsandbytes ``QuantState`` (absmax, code table; with double quantisation the
+    second level's absmax, code and the offset), each tensor once across the calls sharing ``seen``."""
+    seen = set() if seen is None else seen
+    tensors = [state.absmax, state.code]
+    if getattr(state, "nested", False):
+        tensors += [state.state2.absmax, state.state2.code, state.offset]
+    total = 0
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and id(t) not in seen:
+            seen.add(id(t))
+            total += tensor_bytes(t)
+    return total
+
+
+#: bitsandbytes' ops whose CPU kernels are Python bodies that make tensors inside: the optimizer steps
+#: (``bitsandbytes/backends/cpu/ops.py``) and the 4-bit matmul, whose CPU kernel is the default one
+#: (``backends/default/ops.py``: the weight dequantised to the compute dtype, then ``linear``)
+BNB_CPU_KERNELS = {"optimizer_update_32bit": ("cpu", "_optimizer_update_32bit_cpu"),
+                   "optimizer_update_8bit_blockwise": ("cpu", "_optimizer_update_8bit_blockwise_cpu"),
+                   "gemm_4bit": ("default", "_gemm_4bit_default_impl")}
+
+
+class _ExposedOp:
+    """A bitsandbytes op whose CPU tensors run its kernel's Python body (CUDA tensors: the op itself); callable as the
+    op packet and as its ``.default`` overload, as bitsandbytes calls it both ways."""
+
+    _gpuaccept_exposed = True
+
+    def __init__(self, op: Any, kernel: Any) -> None:
+        self.op, self.kernel = op, kernel
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        on_cpu = all(a.device.type == "cpu" for a in args if isinstance(a, torch.Tensor))
+        return (self.kernel if on_cpu else self.op)(*args, **kwargs)
+
+    @property
+    def default(self) -> _ExposedOp:
+        return self
 
 
 def expose_bitsandbytes_cpu_kernels() -> bool:
-    """Let :class:`LiveTensorTracker` see the tensors bitsandbytes' optimizer step makes on the CPU.
+    """Let :class:`LiveTensorTracker` see the tensors bitsandbytes' ops make on the CPU.
 
     bitsandbytes registers each CPU kernel as one custom op (``torch.ops.bitsandbytes.*``); a TorchDispatchMode sees
-    the op but not the tensors its kernel makes inside (for 8-bit AdamW, the dequantised moments and fp32 copies: 5 x
-    4 B per element of the largest tensor, core/plan/quant.py). This puts each op's CPU kernel body in the op's place
-    for CPU tensors (the same Python function with the same arguments, so the same numbers), and leaves CUDA tensors to
-    the op. Returns False when bitsandbytes is not installed (nothing to expose).
+    the op but not the tensors its kernel makes inside: for 8-bit AdamW, the dequantised moments and fp32 copies (5 x
+    4 B per element of the largest tensor, core/plan/quant.py); for a 4-bit layer's forward, its weight dequantised to
+    the compute dtype. This puts each op's CPU kernel body in the op's place for CPU tensors (the same Python function
+    with the same arguments, so the same numbers), and leaves CUDA tensors to the op. Returns False when bitsandbytes
+    is not installed (nothing to expose).
     """
     try:
         from bitsandbytes.backends.cpu import ops as cpu_ops
+        from bitsandbytes.backends.default import ops as default_ops
     except ImportError:
         return False
+    modules = {"cpu": cpu_ops, "default": default_ops}
     namespace = torch.ops.bitsandbytes
-    for op_name, kernel_name in BNB_CPU_KERNELS.items():
-        op, kernel = getattr(namespace, op_name), getattr(cpu_ops, kernel_name)
+    for op_name, (backend, kernel_name) in BNB_CPU_KERNELS.items():
+        op = getattr(namespace, op_name)
         if getattr(op, "_gpuaccept_exposed", False):
             continue
-
-        def run(*args: Any, _op: Any = op, _kernel: Any = kernel, **kwargs: Any) -> Any:
-            on_cpu = all(a.device.type == "cpu" for a in args if isinstance(a, torch.Tensor))
-            return (_kernel if on_cpu else _op)(*args, **kwargs)
-
-        run._gpuaccept_exposed = True  # type: ignore[attr-defined]
-        namespace.__dict__[op_name] = run  # the namespace resolves an op once and keeps it in its __dict__
+        # the namespace resolves an op once and keeps it in its __dict__
+        namespace.__dict__[op_name] = _ExposedOp(op, getattr(modules[backend], kernel_name))
     return True
 
 

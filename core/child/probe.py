@@ -75,6 +75,9 @@ def probe(spec: RunSpec, model: Any, blocks: list[dict[str, Any]], out_dir: Path
         inference_steps(spec, model, blocks, device, events, seen)
         wrapper, local_weights = "none (inference, one process)", weights
     ledger = measured_ledger(spec, seen, device, name, weights, local_weights, wrapper, rss_start, rss_loaded)
+    quantised = [d["quantised_bytes"] for d in placement.values() if "quantised_bytes" in d]
+    if quantised:
+        ledger["quantised_weights_bytes"] = sum(quantised)
     if hf_map is not None and is_cuda:  # one process, several devices: a peak on each
         ledger["per_device"] = [
             {"device": n, "weights_bytes": placement.get(n, {}).get("bytes", 0),
@@ -123,10 +126,11 @@ def trainer_steps(spec: RunSpec, model: Any, blocks: list[dict[str, Any]], out_d
 
     is_cuda = device.startswith("cuda")
     tracker, n = seen.tracker, spec.probe_steps
-    if tracker is not None and spec.optimizer in EIGHT_BIT_OPTIMIZERS:
+    if tracker is not None and (spec.optimizer in EIGHT_BIT_OPTIMIZERS or spec.mode == "qlora"):
         from core.child.measure import expose_bitsandbytes_cpu_kernels
 
-        expose_bitsandbytes_cpu_kernels()  # the step's fp32 copies happen inside bitsandbytes' ops
+        # the step's fp32 copies, and a 4-bit layer's dequantised weight, are made inside bitsandbytes' ops
+        expose_bitsandbytes_cpu_kernels()
 
     class ProbeCallback(TrainerCallback):
         def on_step_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
@@ -153,7 +157,7 @@ def trainer_steps(spec: RunSpec, model: Any, blocks: list[dict[str, Any]], out_d
     trainer = build_trainer(spec, model, blocks, out_dir, device, events, job, max_steps=n, save=False,
                             extra_callbacks=[ProbeCallback()])
     trainer.train()
-    return type(trainer.model_wrapped).__name__, sum(local_bytes(p) for p in trainer.model_wrapped.parameters())
+    return type(trainer.model_wrapped).__name__, local_weight_bytes(trainer.model_wrapped)
 
 
 def inference_steps(spec: RunSpec, model: Any, blocks: list[dict[str, Any]], device: str, events: EventWriter,
@@ -372,6 +376,16 @@ def local_bytes(t: Any) -> int:
     """Bytes of ``t`` held by this process: a DTensor's local shard (FSDP2), else the whole tensor."""
     local = t.to_local() if hasattr(t, "to_local") else t
     return int(local.numel() * local.element_size())  # a torch tensor's (Any here): already an int
+
+
+def local_weight_bytes(model: Any) -> int:
+    """Bytes of ``model``'s parameters held by this process (:func:`local_bytes`), each once, with the quantisation
+    constants of its 4-bit weights (QLoRA)."""
+    from core.child.measure import quant_state_bytes
+
+    seen: set[int] = set()
+    return sum(local_bytes(p) + (quant_state_bytes(p.quant_state, seen) if getattr(p, "quant_state", None) is not None
+                                 else 0) for p in model.parameters())
 
 
 def rss_bytes() -> int:

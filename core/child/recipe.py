@@ -30,7 +30,8 @@ _TRAINER_OPTIM = {"adamw": "adamw_torch", "sgd": "sgd", "adafactor": "adafactor"
 
 # ------------------------------------------------------------------------------------------------------ the model
 def build_model(spec: RunSpec, model_path: str, device: str, device_map: Any = None) -> tuple[Any, Any]:
-    """Load the model on ``device`` and wrap LoRA adapters when the mode is ``lora``.
+    """Load the model on ``device`` and wrap LoRA adapters when the mode is ``lora`` or ``qlora`` (over a 4-bit base:
+    :func:`load_4bit`).
 
     With ``device_map`` (strategy device_map, inference) the weights are placed by accelerate as
     ``from_pretrained(device_map=...)`` does (``"balanced"``: whole decoder layers spread over the visible devices), not
@@ -47,13 +48,15 @@ def build_model(spec: RunSpec, model_path: str, device: str, device_map: Any = N
 
     kwargs = {"dtype": getattr(torch, TORCH_DTYPE_NAMES[spec.param_dtype]),
               "attn_implementation": spec.attn_implementation}
-    if device_map is not None:
+    if spec.mode == "qlora":
+        model = load_4bit(spec, model_path, device, kwargs)
+    elif device_map is not None:
         model = AutoModelForCausalLM.from_pretrained(model_path, device_map=device_map, **kwargs)
     else:
         model = AutoModelForCausalLM.from_pretrained(model_path, **kwargs).to(device)  # type: ignore[arg-type]
     model.config.use_cache = False if spec.training else model.config.use_cache
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    if spec.mode == "lora":
+    if spec.adapters:
         from peft import get_peft_model
 
         model = get_peft_model(model, lora_config(spec.lora))
@@ -61,9 +64,39 @@ def build_model(spec: RunSpec, model_path: str, device: str, device_map: Any = N
         model.requires_grad_(False)
     if spec.gradient_checkpointing and spec.training:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        if spec.mode == "lora":
+        if spec.adapters:
             model.enable_input_require_grads()
     return model, tokenizer
+
+
+def load_4bit(spec: RunSpec, model_path: str, device: str, kwargs: dict[str, Any]) -> Any:
+    """QLoRA's base: every linear layer of the decoder quantised to 4 bits by bitsandbytes as it loads
+    (``BitsAndBytesConfig(load_in_4bit=True)``: ``bnb_4bit_quant_type`` and ``bnb_4bit_use_double_quant`` from the
+    spec, ``bnb_4bit_compute_dtype`` its dtype), then peft's ``prepare_model_for_kbit_training``, as QLoRA recipes
+    (TRL's, axolotl's) run it: every base parameter frozen, every 16-bit parameter not stored in 4 bits cast to fp32.
+    Its gradient checkpointing is the spec's (peft's default would turn it on).
+
+    On a CPU with AVX512-BF16, bitsandbytes repacks a 4-bit weight in place into a CPU-only layout the first time the
+    layer runs in eval mode without gradients (``Linear4bit.forward``); a layer so repacked then runs its inference
+    kernel, which has no backward, even in training. The evaluation runs in eval mode between training stages, so
+    the repacking is turned off here: every forward runs the layout that is trained and checkpointed."""
+    import torch
+    from peft import prepare_model_for_kbit_training
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    quant = BitsAndBytesConfig(
+        load_in_4bit=True, bnb_4bit_quant_type=spec.qlora.quant_type,
+        bnb_4bit_use_double_quant=spec.qlora.double_quant,
+        bnb_4bit_compute_dtype=getattr(torch, TORCH_DTYPE_NAMES[spec.dtype]))
+    load = dict(kwargs, dtype=getattr(torch, TORCH_DTYPE_NAMES[spec.dtype]))  # quantised from the weights in dtype
+    model = AutoModelForCausalLM.from_pretrained(model_path, quantization_config=quant, device_map={"": device},
+                                                 **load)
+    for module in model.modules():
+        if hasattr(module, "support_avx512bf16_for_cpu"):
+            setattr(module, "support_avx512bf16_for_cpu", False)  # noqa: B010 - a bitsandbytes attribute torch's typing does not know
+    if spec.training:
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)  # type: ignore[no-untyped-call]
+    return model
 
 
 def model_facts(spec: RunSpec, model: Any) -> dict[str, Any]:
@@ -79,7 +112,7 @@ def model_facts(spec: RunSpec, model: Any) -> dict[str, Any]:
         dtypes[str(p.dtype).removeprefix("torch.")] += local_tensor(p).numel()
     facts: dict[str, Any] = {"attention": str(getattr(model.config, "_attn_implementation", "") or ""),
                              "parameter_dtypes": dict(dtypes)}
-    if spec.mode == "lora":  # peft resolves all-linear to every module's full name: recorded by short name, counted
+    if spec.adapters:  # peft resolves all-linear to every module's full name: recorded by short name, counted
         adapted = [name for name, module in model.named_modules() if hasattr(module, "lora_A") and len(module.lora_A)]
         facts["lora_targets"] = sorted({name.rsplit(".", 1)[-1] for name in adapted})
         facts["lora_modules"] = len(adapted)

@@ -71,11 +71,15 @@ class Numerics:
         param_bytes: bytes per element of the base parameters (fp32 under amp; the dtype under pure).
         compute_bytes: bytes of the compute dtype (the autocast dtype; the parameter dtype without autocast).
         autocast: the step runs under ``torch.autocast``.
+        quantised_base: QLoRA, the decoder's linear layers are bitsandbytes' ``Linear4bit``: the input cast to the
+            compute dtype, the weight dequantised inside the op (nothing saved but the packed weight), the output
+            cast back to the input's dtype (``bitsandbytes/nn/modules.py``); autocast never sees a base weight.
     """
 
     param_bytes: int
     compute_bytes: int
     autocast: bool
+    quantised_base: bool = False
 
     @property
     def residual_bytes(self) -> int:
@@ -85,8 +89,8 @@ class Numerics:
 
     @property
     def cast_weights(self) -> bool:
-        """Autocast casts the base weights (they are fp32 and the compute dtype is 16-bit): amp."""
-        return self.autocast and self.param_bytes != self.compute_bytes
+        """Autocast casts the base weights (they are fp32 and the compute dtype is 16-bit): amp, not a 4-bit base."""
+        return self.autocast and self.param_bytes != self.compute_bytes and not self.quantised_base
 
 
 @dataclass(frozen=True)
@@ -184,8 +188,10 @@ class _Layer:
         return self._new(n, max(x.nbytes, self.n.param_bytes), x.grad or self.full)
 
     def linear(self, name: str, x: _T, fan_in: int, fan_out: int) -> _T:
-        """A linear layer (and LoRA when it is adapted); returns its output."""
+        """A linear layer (and LoRA when it is adapted); returns its output. Under QLoRA every decoder linear is
+        4-bit; the LM head is not (transformers keeps the output embedding unquantised)."""
         tokens, c = self.d.tokens, self.n.compute_bytes
+        four_bit = self.n.quantised_base and name != "lm_head"
         x_in = self._autocast_in(x)
         if self.full:
             self.saved.save(x_in, "linear input (weight trained)")
@@ -194,9 +200,12 @@ class _Layer:
             self.saved.cache[weight16] = fan_in * fan_out * c
             if name in self.biases:
                 self.saved.cache[weight16 + ".bias"] = fan_out * c
-        if x.grad and self.n.cast_weights:  # the 16-bit weight the input's gradient is computed with
+        if x.grad and (self.n.cast_weights or (self.n.quantised_base and self.n.autocast and not four_bit)):
+            # the 16-bit weight the input's gradient is computed with (QLoRA: the fp32 LM head under autocast)
             self.saved.add(weight16, fan_in * fan_out * c, "16-bit weight copy (autocast over fp32 weights)")
-        out_bytes = c if self.n.autocast else self.n.param_bytes
+        lora_bytes = out_bytes = c if self.n.autocast else self.n.param_bytes
+        if four_bit:  # Linear4bit returns its output in its input's dtype (and peft adds in it)
+            out_bytes = x.nbytes
         adapter = self.adapters.get(name)
         out = self._new(tokens * fan_out, out_bytes, x.grad or self.full or adapter is not None)
         if adapter is not None:
@@ -206,7 +215,7 @@ class _Layer:
                 x32 = self._new(x32.numel, FP32, x32.grad)
             a_in = self._autocast_in(x32)
             self.saved.save(a_in, "LoRA input")
-            self.saved.add(f"{self.tag}.{name}.lora_a", tokens * adapter.r * out_bytes, "LoRA rank-r output")
+            self.saved.add(f"{self.tag}.{name}.lora_a", tokens * adapter.r * lora_bytes, "LoRA rank-r output")
             if self.n.autocast:  # fp32 adapters: cast and cached by autocast, saved for the input's gradients
                 key = f"{self.tag}.{name}.lora_w16"
                 self.saved.cache[key] = adapter.r * (fan_in + fan_out) * c

@@ -56,6 +56,8 @@ from core.plan.quant import (
     adamw_8bit_maps_bytes,
     adamw_8bit_state_bytes,
     adamw_8bit_step_temporaries,
+    dequantised_bytes,
+    quantised_4bit,
 )
 from core.spec import (
     ALL_LINEAR,
@@ -204,6 +206,42 @@ class DevicePlan:
 
 
 @dataclass(frozen=True)
+class QuantisedBase:
+    """QLoRA's weights, part by part (bytes; :mod:`core.plan.quant` for each layout and its source).
+
+    Attributes:
+        quant_type: ``nf4`` or ``fp4``; double_quant: whether the absmax constants are quantised too.
+        layers: the linear layers stored in 4 bits (every decoder linear; not the embeddings, norms or LM head).
+        quantised_parameters: their elements.
+        packed_bytes: the packed 4-bit weights, 0.5 B per element.
+        constants_bytes: their per-block absmax constants and code tables.
+        unquantised_bytes: every other base parameter (embeddings, norms, LM head, biases) in its dtype.
+        adapter_bytes: the LoRA adapters (fp32).
+        dequantised_bytes: the largest layer's weight dequantised to the compute dtype as it runs (a temporary).
+    """
+
+    quant_type: str
+    double_quant: bool
+    layers: int
+    quantised_parameters: int
+    packed_bytes: int
+    constants_bytes: int
+    unquantised_bytes: int
+    adapter_bytes: int
+    dequantised_bytes: int
+
+    @property
+    def quantised_bytes(self) -> int:
+        """The 4-bit weights as stored: packed weights and their constants."""
+        return self.packed_bytes + self.constants_bytes
+
+    @property
+    def weights_bytes(self) -> int:
+        """Every weight the model holds: the 4-bit ones, the rest in their dtype, and the adapters."""
+        return self.quantised_bytes + self.unquantised_bytes + self.adapter_bytes
+
+
+@dataclass(frozen=True)
 class MemoryPlan:
     """The analytic plan of a run.
 
@@ -222,6 +260,8 @@ class MemoryPlan:
     strategy: Strategy
     convention: str
     activation_model: str = "op-by-op"
+    #: QLoRA: the 4-bit base's parts (:class:`QuantisedBase`); None for every other mode
+    quantised: QuantisedBase | None = None
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready mapping (bytes as ints) for ``gpuaccept plan --json`` and the record."""
@@ -230,6 +270,7 @@ class MemoryPlan:
             "strategy": self.strategy,
             "convention": self.convention,
             "activation_model": self.activation_model,
+            **({"quantised": dataclasses.asdict(self.quantised)} if self.quantised is not None else {}),
             "devices": [
                 {
                     "name": dp.device.name,
@@ -690,16 +731,66 @@ def plan_memory(
     if strategy == "tp":
         _check_tp_heads(spec.tp, shape)
     # precision: pure keeps the parameters in the dtype (LoRA adapters fp32), amp keeps fp32 master weights
-    summary = meta_summary(config, spec.mode, spec.lora if spec.mode == "lora" else None, spec.param_dtype)
+    summary = meta_summary(config, spec.base_mode, spec.lora if spec.adapters else None, spec.param_dtype)
     counts = parameters if parameters is not None else summary.count
+    quantised = quantised_base(spec, shape, summary) if spec.mode == "qlora" else None
     steps = _strategy_steps(spec, shape, summary, devices, n)
     plans = [_device_plan(device, step, tag, _overhead(device, strategy, n, first=i == 0))
              for i, (device, (step, tag)) in enumerate(zip(devices, steps))]
     model = "op-by-op" if shape.family in LLAMA_FAMILY and strategy != "tp" else "korthikanti"
     if strategy == "single":
-        return MemoryPlan(counts, plans, "single", _convention(spec), model)
+        return MemoryPlan(counts, plans, "single", _convention(spec), model, quantised)
     convention = _convention(spec).replace(_SINGLE_RULE, f"(strategy {strategy}: see its rule at the end)")
-    return MemoryPlan(counts, plans, strategy, f"{convention} {STRATEGY_CONVENTIONS[strategy]}", model)
+    return MemoryPlan(counts, plans, strategy, f"{convention} {STRATEGY_CONVENTIONS[strategy]}", model, quantised)
+
+
+#: the families whose decoder layers are all ``nn.Linear`` (what transformers' bitsandbytes integration quantises):
+#: QLoRA is planned for these
+QLORA_FAMILIES = LLAMA_FAMILY
+
+
+def _is_quantised(p: _Param) -> bool:
+    """A weight transformers stores in 4 bits under ``load_in_4bit``: a decoder layer's linear weight (its bias, the
+    embeddings, norms and the LM head are kept: ``get_keys_to_not_convert`` keeps the output embedding)."""
+    return p.kind == "linear" and p.unit == "layer" and len(p.shape) == 2
+
+
+def quantised_base(spec: RunSpec, shape: _Shape, summary: _Summary) -> QuantisedBase:
+    """QLoRA's weights part by part (:class:`QuantisedBase`), from each parameter of the model as it runs.
+
+    Raises:
+        SpecError: the model is not of a family whose layers this plan knows to be ``nn.Linear``.
+    """
+    if shape.family not in QLORA_FAMILIES:
+        raise SpecError("mode", f"qlora is planned for the {', '.join(QLORA_FAMILIES)} families in this version, "
+                                f"not {shape.family or 'this model'}: use mode lora, or a model of those families")
+    dq = spec.qlora.double_quant
+    packed = constants = unquantised = adapters = dequantised = layers = numel = 0
+    for p in summary.params:
+        if p.kind == "lora":
+            adapters += p.numel * dtype_bytes(p.dtype)
+        elif _is_quantised(p):
+            q = quantised_4bit(p.numel, dq)
+            packed, constants, layers, numel = packed + q.packed_bytes, constants + q.constants_bytes, layers + 1, \
+                numel + p.numel
+            dequantised = max(dequantised, dequantised_bytes(p.numel, spec.dtype_bytes, dq))
+        else:
+            unquantised += p.numel * dtype_bytes(p.dtype)
+    return QuantisedBase(spec.qlora.quant_type, dq, layers, numel, packed, constants, unquantised, adapters,
+                         dequantised)
+
+
+def _qlora_weights(q: QuantisedBase) -> Line:
+    """QLoRA's weights line: the 4-bit layers (packed and constants), the rest of the base, the adapters."""
+    constants = ("uint8 absmax per block of 64 + fp32 absmax per 256 blocks + 1,024 B map + 4 B offset + 64 B code "
+                 "table per layer (double quantisation)" if q.double_quant else
+                 "fp32 absmax per block of 64 + 64 B code table per layer")
+    return Line("weights", q.weights_bytes,
+                f"QLoRA (a variant: the base stored in 4 bits): {q.layers:,} decoder linear layers in "
+                f"{q.quant_type.upper()}, {q.quantised_parameters:,} parameters x 0.5 B = {q.packed_bytes:,} B packed "
+                f"+ {q.constants_bytes:,} B constants ({constants}); embeddings, norms and LM head not quantised, fp32 "
+                f"after peft's prepare_model_for_kbit_training {q.unquantised_bytes:,} B; LoRA adapters fp32 "
+                f"{q.adapter_bytes:,} B")
 
 
 def _strategy_steps(spec: RunSpec, shape: _Shape, summary: _Summary, devices: list[DeviceInfo],
@@ -764,10 +855,16 @@ def _whole_step(spec: RunSpec, shape: _Shape, summary: _Summary, kind: str) -> _
     return _part_step(spec, shape, summary, summary, kind, shape.layers, first=True, head=True)
 
 
-def _temporaries_text(act: StepActivations, step_text: str, grads: dict[str, int]) -> str:
-    """The temporaries line's formula: the loss's gradients, the optimizer step's buffers, a tied embedding's parts."""
+def _temporaries_text(act: StepActivations, step_text: str, grads: dict[str, int],
+                      quantised: QuantisedBase | None = None) -> str:
+    """The temporaries line's formula: the loss's gradients, the optimizer step's buffers, a tied embedding's parts,
+    QLoRA's dequantised weight."""
     parts = [f"start of backward: fp32 gradients of log_softmax and of the logits 2 x b·s·V x 4 B = "
              f"{act.logits_backward:,} B", f"optimizer step: {step_text}"]
+    if quantised is not None:
+        parts.append(f"4-bit layers: the largest one's weight dequantised to the compute dtype as it runs (forward, "
+                     f"and backward for its input's gradient){' with its fp32 absmax' if quantised.double_quant else ''}"
+                     f" {quantised.dequantised_bytes:,} B")
     if grads.get("tied_buffer"):
         parts.append(f"tied embedding: the LM head's part of its gradient {grads['tied_buffer']:,} B held from the "
                      "head's backward to the embedding's, where the two parts and their sum are alive at once")
@@ -798,7 +895,12 @@ def _gradient_terms(spec: RunSpec, shape: _Shape, summary: _Summary) -> dict[str
 
 def _convention(spec: RunSpec) -> str:
     """:data:`CONVENTION` with the precision of this spec."""
-    if spec.dtype == "fp32":
+    if spec.mode == "qlora":
+        precision = (f"QLoRA (a variant of LoRA): the decoder's linear weights stored in 4 bits "
+                     f"({spec.qlora.quant_type}) and dequantised to the compute dtype {spec.dtype} layer by layer as "
+                     f"they run; every other parameter, the adapters, their gradients and optimizer states in fp32"
+                     + (f", forward and backward under autocast to {spec.dtype}" if spec.autocast else ""))
+    elif spec.dtype == "fp32":
         precision = ("fp32: weights, gradients and optimizer states in fp32, no autocast (the precision, pure or amp, is "
                      "moot in fp32)")
     elif spec.param_dtype == spec.dtype:
@@ -980,7 +1082,8 @@ def _part_step(spec: RunSpec, shape: _Shape, summary: _Summary, local: _Summary,
     """The step of a device holding ``n_layers`` decoder layers of the model and the parameters in ``local``
     (device_map: its own layers; tp: every layer's shards; the whole model: ``local`` is ``summary``, no ``scope``),
     with the first layer when ``first`` and the loss when ``head``."""
-    weights = _weights(local, scope)
+    quantised = quantised_base(spec, shape, local) if spec.mode == "qlora" else None
+    weights = _qlora_weights(quantised) if quantised is not None else _weights(local, scope)
     if not spec.training:
         activations = _inference_activations(spec, shape, tp) if head else Line(
             "activations", 0, "inference: no logits on this device (no activations are saved)")
@@ -1008,14 +1111,15 @@ def _part_step(spec: RunSpec, shape: _Shape, summary: _Summary, local: _Summary,
         if n_layers else 0,
         logits_forward=0, logits_saved=0, logits_backward=0, logits_grad=0, head=0,
         hidden_grad=act.hidden_grad, recompute=act.recompute if n_layers else 0,
-        forward_cache=act.forward_cache * n_layers // max(shape.layers, 1))
+        forward_cache=act.forward_cache * n_layers // max(shape.layers, 1),
+        dequantised=quantised.dequantised_bytes if quantised is not None and n_layers else 0)
     values.update(loss)
     values.update(grads)
     terms = StepTerms(**values)
     where = "" if scope is None else f"{_n_layers(n_layers)} here" + ("" if head else "; no logits here") + ": "
     return _Step(methods={"weights": weights.method, "gradients": gradients.method, "optimizer_states": states.method,
                           "activations": f"{where}{act_text}",
-                          "temporaries": _temporaries_text(act, step_text, grads) if head
+                          "temporaries": _temporaries_text(act, step_text, grads, quantised) if head
                           else f"optimizer step (this device's parameters): {step_text}",
                           "kv_cache": "training: use_cache off, no KV cache"}, terms=terms)
 
@@ -1257,7 +1361,7 @@ _MLP_OUT_NAMES = frozenset({"down_proj", "c_proj", "fc_out", "fc2", "w2", "dense
 def _numerics(spec: RunSpec) -> Numerics:
     param = dtype_bytes(spec.param_dtype)
     return Numerics(param_bytes=param, compute_bytes=spec.dtype_bytes if spec.autocast else param,
-                    autocast=spec.autocast)
+                    autocast=spec.autocast, quantised_base=spec.mode == "qlora")
 
 
 def _activation_terms(spec: RunSpec, shape: _Shape, summary: _Summary, kind: str,
@@ -1349,7 +1453,7 @@ def _mlp_units(spec: RunSpec, shape: _Shape) -> tuple[float, str]:
     inner = 8 * ratio if shape.gated else 4 * ratio + 1
     inner += 2 * ratio * PYTHON_ACTIVATION_TENSORS.get(shape.activation, 0)
     first, second = 2.0, 2 * ratio
-    if spec.mode == "lora" and not spec.all_linear:
+    if spec.adapters and not spec.all_linear:
         targets = set(spec.lora.targets)
         first = first if targets & _MLP_IN_NAMES else 0.0
         if not targets & _MLP_OUT_NAMES:

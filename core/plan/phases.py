@@ -85,6 +85,9 @@ class StepTerms:
         gathered: temporaries alive in forward and backward only (ZeRO-3 / FSDP gathered units).
         overhead: the CUDA context (and NCCL buffers), not a tensor.
         kv_cache: inference only.
+        dequantised: QLoRA, the largest 4-bit layer's weight dequantised as it runs: in the last layer's forward
+            (every layer's activations saved but the loss not yet made), in the first layer's backward and in a
+            recomputed layer; else 0.
     """
 
     weights: int
@@ -110,6 +113,7 @@ class StepTerms:
     gathered: int = 0
     overhead: int = 0
     kv_cache: int = 0
+    dequantised: int = 0
 
 
 def _phase(name: str, at: str, **parts: int) -> Phase:
@@ -125,6 +129,9 @@ def training_moments(t: StepTerms) -> list[Phase]:
     moments = [
         _phase("forward", "the loss at the end of the forward", **during, gradients=t.accumulated_gradients,
                activations=t.layers + t.head + t.logits_forward + t.forward_cache, temporaries=extra),
+        *([_phase("forward", "a 4-bit layer's weight dequantised in the last layer's forward", **during,
+                  gradients=t.accumulated_gradients, activations=t.layers + t.forward_cache,
+                  temporaries=t.dequantised + extra)] if t.dequantised else []),
         _phase("backward", "the loss's gradient, at the start of backward", **during,
                gradients=t.accumulated_gradients, activations=t.layers + t.head + t.logits_saved,
                temporaries=t.logits_backward + extra),
@@ -133,7 +140,7 @@ def training_moments(t: StepTerms) -> list[Phase]:
                temporaries=t.logits_grad + t.hidden_grad + t.head_gradient_transient + t.tied_buffer + extra),
         _phase("backward", "the first layer's backward", **during,
                gradients=max(t.accumulated_gradients, t.gradients - t.first_gradients), activations=t.first_layer,
-               temporaries=t.hidden_grad + t.tied_buffer + extra),
+               temporaries=t.hidden_grad + t.tied_buffer + t.dequantised + extra),
         _phase("backward", "the end of backward", **during, gradients=t.gradients,
                temporaries=2 * t.tied_buffer + extra),
     ]
@@ -141,7 +148,7 @@ def training_moments(t: StepTerms) -> list[Phase]:
         moments.append(_phase("backward", "the last layer recomputed (gradient checkpointing)", **during,
                               gradients=t.accumulated_gradients + t.head_gradient,
                               activations=t.layers + t.head + t.recompute,
-                              temporaries=t.hidden_grad + t.tied_buffer + extra))
+                              temporaries=t.hidden_grad + t.tied_buffer + t.dequantised + extra))
     moments.append(_phase("optimizer_step", "the optimizer step", **fixed, gradients=t.gradients,
                           optimizer_states=t.optimizer_states, temporaries=t.step_temporaries + t.every_phase))
     return moments

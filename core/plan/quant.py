@@ -146,3 +146,13 @@ def adamw_8bit_step_temporaries(params: list[tuple[int, int, bool]], kind: str) 
             text = (f"bitsandbytes' 8-bit AdamW step on the CPU, tensor by tensor in fp32: {copies} fp32 copies of the "
                     f"largest, {numel:,} elements with {'8-bit' if eight else 'fp32'} states = {copies} x {numel:,} x 4 B")
     return best, text
+
+
+def dequantised_bytes(numel: int, compute_bytes: int, double_quant: bool, blocksize: int = BLOCKSIZE_4BIT) -> int:
+    """Bytes a 4-bit layer makes each time it runs (forward, and backward for the gradient of its input): its weight
+    dequantised to the compute dtype (``numel x compute_bytes``; ``dequantize_4bit``, in ``gemm_4bit``'s default
+    kernel and ``MatMul4Bit.backward``), and with double quantisation the fp32 absmax of every block, dequantised first
+    (``4 x ceil(numel / blocksize)``). Measured to the byte on this CPU (tests/unit/test_quant.py); bitsandbytes' CUDA
+    kernel for a forward of at most ~1,536 tokens dequantises inside the kernel, so on CUDA this is an upper bound.
+    """
+    return numel * compute_bytes + (FP32 * _blocks(numel, blocksize) if double_quant else 0)

@@ -217,7 +217,7 @@ def trace_plan(spec: RunSpec, config: Any, *, target: str = "cuda", fast: bool =
     from core.plan.memory import build_meta_model
 
     started = time.perf_counter()
-    model = build_meta_model(config, spec.mode, spec.lora if spec.mode == "lora" else None, spec.param_dtype,
+    model = build_meta_model(config, spec.base_mode, spec.lora if spec.adapters else None, spec.param_dtype,
                              traced_attention(spec))
     fake_mode = None if real else FakeTensorMode()
     context = fake_mode if fake_mode is not None else _Nothing()
@@ -278,7 +278,7 @@ def _as_trained(spec: RunSpec, model: Any, config: Any) -> None:
         getattr(model, "config", config).use_cache = False  # as the worker: training runs without a KV cache
     if spec.training and spec.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        if spec.mode == "lora":
+        if spec.adapters:
             model.enable_input_require_grads()
 
 
@@ -403,7 +403,7 @@ def _method(spec: RunSpec, target: str, real: bool, fast: bool) -> str:
     if spec.param_dtype != spec.dtype:
         precision = f"amp: fp32 weights, autocast to {spec.dtype}"
     elif spec.autocast:
-        precision = f"pure {spec.dtype}: weights in {spec.dtype}" + (", LoRA adapters fp32" if spec.mode == "lora" else "") + \
+        precision = f"pure {spec.dtype}: weights in {spec.dtype}" + (", LoRA adapters fp32" if spec.adapters else "") + \
             f", autocast to {spec.dtype}"
     else:
         precision = spec.param_dtype
@@ -585,6 +585,9 @@ TRACEABLE_STRATEGIES = ("single", "ddp")
 
 def untraceable_reason(plan: Any, spec: RunSpec | None = None) -> str | None:
     """Why ``plan`` (:class:`core.plan.memory.MemoryPlan`) of ``spec`` has no traced plan, or None when it can have one."""
+    if spec is not None and spec.mode == "qlora":
+        return ("the traced plan builds the model on meta tensors without bitsandbytes' 4-bit layers; qlora's base is "
+                "planned from the 4-bit layout (core/plan/quant.py) and measured by the probe")
     if spec is not None and spec.training and spec.optimizer in EIGHT_BIT_OPTIMIZERS:
         return (f"the traced plan steps torch's own optimizers; {spec.optimizer} (bitsandbytes) is planned from its "
                 "layout (core/plan/quant.py) and measured by the probe")
@@ -607,7 +610,8 @@ def trace_against(spec: RunSpec, config: Any, plan: Any, *, fast: bool = True) -
 
     reason = untraceable_reason(plan, spec)
     if reason is not None:
-        raise SpecError("optimizer" if spec.optimizer in EIGHT_BIT_OPTIMIZERS else "strategy", reason)
+        field = "mode" if spec.mode == "qlora" else "optimizer" if spec.optimizer in EIGHT_BIT_OPTIMIZERS else "strategy"
+        raise SpecError(field, reason)
     device = plan.devices[0]
     traced = trace_plan(spec, config, target=device.device.kind, fast=fast)
     return traced, compare(device, traced)

@@ -47,7 +47,7 @@ def environment() -> dict[str, Any]:
         "host": socket.gethostname(),
         "cpu_count": os.cpu_count() or 0,
     }
-    for dist in ("torch", "transformers", "peft", "accelerate", "textual", "nvidia-ml-py", "safetensors"):
+    for dist in ("torch", "transformers", "peft", "accelerate", "textual", "nvidia-ml-py", "safetensors", "bitsandbytes"):
         try:
             env[dist.replace("-", "_")] = metadata.version(dist)
         except metadata.PackageNotFoundError:

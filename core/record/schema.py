@@ -131,13 +131,14 @@ def _walk(value: Any, path: str, where: str, out: list[str], rules: bool = True)
 def _spec_problems(spec: dict[str, Any]) -> list[str]:
     """Each key of the record's spec table that :class:`core.spec.RunSpec` (and its sub-tables) knows has that field's
     type: ints are ints (not bools or floats), floats finite numbers, strings strings; ``lora.targets`` strings."""
-    from core.spec import LoraSettings, ResumeSettings, RunSpec, TorchrunSettings, field_type
+    from core.spec import LoraSettings, QloraSettings, ResumeSettings, RunSpec, TorchrunSettings, field_type
 
     kinds: dict[str, Callable[[Any], bool]] = {
         "int": lambda v: _is_int(v), "float": _is_number, "str": lambda v: isinstance(v, str),
         "bool": lambda v: isinstance(v, bool)}
     out: list[str] = []
     for cls, table, prefix in ((RunSpec, spec, "spec"), (LoraSettings, spec.get("lora"), "spec.lora"),
+                               (QloraSettings, spec.get("qlora"), "spec.qlora"),
                                (ResumeSettings, spec.get("resume"), "spec.resume"),
                                (TorchrunSettings, spec.get("torchrun"), "spec.torchrun")):
         if table is None:

@@ -28,6 +28,7 @@ from typing import Any, cast
 from core.plan.fit import fit_of, fits_in, measured_use_bytes, traced_peak, under_estimate
 from core.record.build import schema_problems
 from core.record.signing import check_signature
+from core.spec import ADAPTER_MODES
 from core.stages.probe import wrapper_problem
 
 EXIT_VERIFIED, EXIT_USAGE, EXIT_UNSIGNED, EXIT_BAD_SIGNATURE, EXIT_SCHEMA, EXIT_VERDICT = 0, 2, 3, 4, 5, 6
@@ -228,7 +229,7 @@ def _ran_as_planned(spec: dict[str, Any], probe: dict[str, Any]) -> list[str]:
                    f"{spec.get('attn_implementation')}")
     targets = spec.get("lora", {}).get("targets", []) if isinstance(spec.get("lora"), dict) else []
     resolved = probe.get("lora_targets_resolved")
-    if spec.get("mode") == "lora" and resolved is not None:
+    if spec.get("mode") in ADAPTER_MODES and resolved is not None:
         if targets == ["all-linear"]:
             if not resolved or "lm_head" in resolved:
                 out.append(f"probe.lora_targets_resolved {resolved} is not all-linear's (every linear layer but the "

@@ -53,6 +53,7 @@ class DeviceMeasurement:
     host: str = ""
     wrapper: str = ""
     threads: int = 0  # torch's CPU threads in this rank's process (torchrun sets 1 per rank unless told)
+    quantised_weights_bytes: int | None = None  # QLoRA: the 4-bit weights as stored (packed and constants)
 
 
 @dataclass(frozen=True)
@@ -217,7 +218,7 @@ def judge_devices(spec: RunSpec, plan: Any, traced: dict[str, Any] | None, measu
     for m in measurements:
         plan_device = plan_by_name.get(m.device)
         if plan_device is not None:
-            comparison = compare_with_plan(plan_device, m, fit_by_name[m.device].bytes)
+            comparison = compare_with_plan(plan_device, m, fit_by_name[m.device].bytes, plan.quantised)
             comparisons.append(comparison)
             if comparison.under_estimate is not None:
                 findings.append(f"{_where(m)}: UNDER-ESTIMATE: measured peak {_gib(m.peak_bytes)} is "
@@ -296,6 +297,7 @@ def _measurement(ledger: Ledger, placement: dict[str, dict[str, int]]) -> Device
         host=ledger.host,
         wrapper=ledger.wrapper,
         threads=ledger.torch_threads,
+        quantised_weights_bytes=ledger.quantised_weights_bytes,
     )
 
 
@@ -309,12 +311,15 @@ def _span_names(ms: list[DeviceMeasurement]) -> str:
     return names if len(ms) == 1 else f"{len(ms)} ranks ({names})"
 
 
-def compare_with_plan(plan_device: Any, m: DeviceMeasurement, fit_bytes: int | None = None) -> PlanComparison:
+def compare_with_plan(plan_device: Any, m: DeviceMeasurement, fit_bytes: int | None = None,
+                      quantised: Any = None) -> PlanComparison:
     """Compare a device's plan with its measurement, component by component where measured.
 
     The plan's peak of tensors (``fit_bytes``, the bytes its fit is judged by, default its analytic peak, without the
     ``overhead`` line: the CUDA context is not in peak allocated, and the CPU's runtime is not a tensor) is compared
-    with the peak allocated on CUDA, or the tracked tensor peak on the CPU (not RSS).
+    with the peak allocated on CUDA, or the tracked tensor peak on the CPU (not RSS). QLoRA (``quantised``: the plan's
+    :class:`~core.plan.memory.QuantisedBase`) adds ``quantised_weights``: the 4-bit weights as stored, planned and
+    measured.
     """
     overhead = plan_device.lines["overhead"].bytes
     planned = (plan_device.total_bytes if fit_bytes is None else fit_bytes) - overhead
@@ -324,6 +329,8 @@ def compare_with_plan(plan_device: Any, m: DeviceMeasurement, fit_bytes: int | N
         "optimizer_states": (plan_device.lines["optimizer_states"].bytes, m.optimizer_states_bytes),
         "overhead": (overhead, runtime_bytes(m)),
     }
+    if quantised is not None:
+        components["quantised_weights"] = (quantised.quantised_bytes, m.quantised_weights_bytes)
     for name, line in plan_device.lines.items():
         components.setdefault(name, (line.bytes, None))
     error = 100.0 * (planned - m.peak_bytes) / m.peak_bytes if m.peak_bytes else 0.0
@@ -354,6 +361,8 @@ def how_measured(name: str, m: DeviceMeasurement) -> str:
     """Words for how the probe measured component ``name`` on this device, or why it did not."""
     if name in ("weights", "gradients", "optimizer_states"):
         return "summed over the tensors the model and the optimizer hold after a step"
+    if name == "quantised_weights" and m.quantised_weights_bytes is not None:
+        return "summed over the 4-bit weights (Params4bit) and their quant_state tensors, each once"
     if name == "overhead":
         if m.peak_reserved_bytes is not None:
             return "not measured: the CUDA context is outside torch's allocator, so outside peak allocated"

@@ -140,8 +140,8 @@ def required_files(spec: RunSpec, world_size: int = 1) -> dict[str, str]:
     writes one RNG state per process, ``rng_state_<rank>.pth``; the weights, optimizer (DDP: rank 0's, the same on
     every rank; FSDP: a full state dict gathered to rank 0), scheduler and trainer state once."""
     files = {
-        "adapter weights" if spec.mode == "lora" else "model weights": (
-            "adapter_model.safetensors" if spec.mode == "lora" else "model.safetensors"
+        "adapter weights" if spec.adapters else "model weights": (
+            "adapter_model.safetensors" if spec.adapters else "model.safetensors"
         ),
         "optimizer": "optimizer.pt",
         "scheduler": "scheduler.pt",

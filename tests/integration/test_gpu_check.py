@@ -36,7 +36,9 @@ def llama_parameters(c: dict) -> int:
 @pytest.fixture(scope="module")
 def carried(tmp_path_factory) -> Path:
     dest = tmp_path_factory.mktemp("whl")
-    assert _module("gpu_wheels").main(["--dest", str(dest)]) == 0
+    # bitsandbytes' 41 MiB CUDA wheel is left out here: the tests would download it at every run; the flag's
+    # counterpart (the platform wheel's pip command) is checked on its own below
+    assert _module("gpu_wheels").main(["--dest", str(dest), "--no-bitsandbytes"]) == 0
     return dest
 
 
@@ -68,7 +70,7 @@ def test_the_dry_run_runs_every_step_that_needs_no_cuda_and_marks_every_gpu_cell
     steps = summary["steps"]
     assert summary["dry_run"] is True and summary["cuda"] is False
     assert list(steps) == ["versions", "models", "nvml", "acceptance_lora", "wizard", "acceptance_full",
-                           "acceptance_inference", "accuracy"]
+                           "acceptance_inference", "acceptance_qlora", "accuracy"]
     # the carried textual was the one imported, from the temporary target, not this venv's
     assert steps["versions"]["textual_from"].endswith("/site") and str(tmp_path) in steps["versions"]["textual_from"]
     # the model directories: the shapes of their configs, the 1.2B one with the tokenizer's vocabulary
@@ -81,9 +83,10 @@ def test_the_dry_run_runs_every_step_that_needs_no_cuda_and_marks_every_gpu_cell
     assert models["smollm2-135m"]["bytes_on_disk"] >= 2 * models["smollm2-135m"]["parameters"]  # bf16 weights
     # the dry run plans the 1.2B shape only (the GPU run writes its weights by the same code as the small one's)
     assert models["llama-1.2b"]["bytes_on_disk"] == 0 and models["llama-1.2b"]["built_on"].startswith("meta")
-    for name in ("nvml", "acceptance_lora", "acceptance_full", "acceptance_inference", "wizard", "accuracy"):
+    for name in ("nvml", "acceptance_lora", "acceptance_full", "acceptance_inference", "acceptance_qlora", "wizard",
+                 "accuracy"):
         assert steps[name]["status"] == "not_run" and steps[name]["why"], (name, steps[name])
-    for mode in ("lora", "full", "inference"):  # each acceptance's exact arguments were planned (flags parse, it fits)
+    for mode in ("lora", "full", "inference", "qlora"):  # each acceptance's arguments planned (flags parse, it fits)
         step = steps[f"acceptance_{mode}"]
         assert step["plan_fits"] is True and step["plan_total_bytes_estimated"] > 2 * 2**30, step
         assert ["--mode", mode] == step["arguments"][:2]
@@ -141,3 +144,22 @@ def test_a_step_with_too_little_time_left_is_not_run_and_says_so(tmp_path):
     assert result["status"] == "not_run" and "out of time" in result["why"]
     failing = check.run_step("nvml", lambda c: 1 / 0)
     assert failing["status"] == "failed" and "ZeroDivisionError" in failing["why"]
+
+
+def test_the_carried_bitsandbytes_is_the_tested_version_for_any_cpython_on_x86_64_linux(monkeypatch, tmp_path):
+    """``make gpu-wheels`` asks pip for bitsandbytes' platform wheel at the version installed here (its CUDA kernels
+    are in the manylinux wheel), beside the pure-Python ones; the pip commands are read, not run (41 MiB)."""
+    import importlib.metadata
+
+    gpu_wheels = _module("gpu_wheels")
+    ran: list[list[str]] = []
+    monkeypatch.setattr(gpu_wheels.subprocess, "run",
+                        lambda cmd, **kw: ran.append(cmd) or subprocess.CompletedProcess(cmd, 0, "", ""))
+    gpu_wheels.download(tmp_path)
+    pure, platform = ran
+    assert "--implementation" in pure and not any(a.startswith("bitsandbytes==") for a in pure)
+    assert platform[platform.index("--platform") + 1] == "manylinux_2_24_x86_64"
+    assert f"bitsandbytes=={importlib.metadata.version('bitsandbytes')}" in platform
+    ran.clear()
+    gpu_wheels.download(tmp_path, platform_wheels=False)
+    assert len(ran) == 1

@@ -64,7 +64,7 @@ def test_the_committed_records_have_every_key_a_fresh_run_writes(lora_run):
 
     assert spec(committed) == spec(fresh)
     assert committed["verdict"]["status"] == fresh["verdict"]["status"] == "pass"
-    for name in ("full", "inference"):
+    for name in ("full", "inference", "qlora"):
         other = records.committed(name)
         assert other["schema_version"] == fresh["schema_version"] and schema_problems(other) == []
         assert recompute_verdicts(other) == []

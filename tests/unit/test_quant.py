@@ -149,3 +149,73 @@ def test_the_plan_counts_8_bit_states_per_tensor_with_the_embedding_in_fp32():
     full = vocab * h + (2 * layers + 1) * h
     blocks = layers * (2 * (h * h // 256) + 2 * (kv * h // 256) + 3 * (i * h // 256))
     assert line.bytes == 2 * eight + 8 * blocks + 8 * full + 2048
+
+
+# ---------------------------------------------------------------------------------------------------------- QLoRA
+@pytest.mark.parametrize(("quant_type", "double_quant", "dtype"), [("nf4", True, "fp32"), ("fp4", False, "fp32"),
+                                                                    ("nf4", False, "bf16")])
+def test_the_qlora_plan_weighs_the_loaded_4_bit_model_to_the_byte(tiny_model_dir, quant_type, double_quant, dtype):
+    """The plan's weights line and its 4-bit part against the model gpuaccept's child loads (the recipe's
+    ``load_4bit``, peft's prepare and the adapters): the packed weights with their quant_state constants, and every
+    other parameter fp32 after prepare_model_for_kbit_training, whatever the dtype."""
+    from core.child.measure import parameter_placement
+    from core.child.recipe import build_model
+    from core.pipeline import make_plan
+    from core.spec import RunSpec
+
+    spec = RunSpec.build(mode="qlora", model=str(tiny_model_dir), dtype=dtype, qlora_quant_type=quant_type,
+                         qlora_double_quant=double_quant, devices="cpu")
+    model, _ = build_model(spec, str(tiny_model_dir), "cpu")
+    placed = parameter_placement(model)["cpu"]
+    plan = make_plan(spec).plan
+    q = plan.quantised
+    assert q is not None and q.layers == 14 and q.quant_type == quant_type
+    assert placed["quantised_bytes"] == q.packed_bytes + q.constants_bytes
+    assert placed["bytes"] == plan.devices[0].lines["weights"].bytes == q.weights_bytes
+    assert placed["parameters"] == plan.parameters.total and placed["trainable"] == plan.parameters.trainable
+    assert {str(p.dtype) for p in model.parameters() if getattr(p, "quant_state", None) is None} == {"torch.float32"}
+
+
+def _small_llama(path):
+    """Hidden 256, MLP 1,024 and a 256-token vocabulary: a 4-bit layer's dequantised weight (1 MiB in fp32) is larger
+    than every activation, so it decides the forward's peak."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from core.models import ensure_embedded_cache
+
+    config = LlamaConfig(vocab_size=256, hidden_size=256, intermediate_size=1024, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(path)
+    AutoTokenizer.from_pretrained(ensure_embedded_cache()).save_pretrained(path)
+    return path
+
+
+def test_a_4_bit_layer_holds_its_dequantised_weight_as_it_runs(tmp_path):
+    """The forward's peak of QLoRA is LoRA's plus the largest layer's weight dequantised to the compute dtype (and its
+    fp32 absmax with double quantisation): both are seen by the probe's tracker once bitsandbytes' kernel bodies are
+    exposed, and the plan's dequantised term is that difference, to the byte."""
+    import torch
+
+    from core.child.measure import LiveTensorTracker, expose_bitsandbytes_cpu_kernels
+    from core.child.recipe import build_model
+    from core.plan.quant import dequantised_bytes
+    from core.spec import RunSpec
+
+    model_dir = _small_llama(tmp_path / "small")
+    expose_bitsandbytes_cpu_kernels()
+
+    def forward_peak(**kw) -> int:
+        spec = RunSpec.build(model=str(model_dir), batch_size=1, seq_len=4, **kw)
+        model, _ = build_model(spec, str(model_dir), "cpu")
+        model.train()
+        ids = torch.arange(4).unsqueeze(0)
+        with LiveTensorTracker() as tracker:
+            model(input_ids=ids, labels=ids)
+        return tracker.peak_bytes
+
+    lora = forward_peak(mode="lora")
+    for dq in (False, True):
+        extra = forward_peak(mode="qlora", qlora_double_quant=dq) - lora
+        assert extra == dequantised_bytes(256 * 1024, 4, dq) == 256 * 1024 * 4 + (4 * 4096 if dq else 0)

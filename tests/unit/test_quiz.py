@@ -259,3 +259,22 @@ def test_the_lora_question_counts_the_bases_real_bytes_per_parameter(lora_record
     total = record["model"]["parameters_total"]
     assert f"about {total * per_parameter / GiB:.3g} GiB ({words}" in right(q)
     assert words in q.explanation
+
+
+def test_a_qlora_record_asks_what_the_4_bit_base_saves_and_what_it_does_not():
+    """The QLoRA record gets its own question in place of LoRA vs full: the 4-bit layers' bytes as stored against
+    the same layers in the spec's dtype, from the record's plan; activations and the adapters' states are not saved."""
+    record = records.committed("qlora")
+    qs = by_id(build_quiz(record))
+    assert "qlora_saves" in qs and "lora_vs_full" not in qs
+    q = record["plan"]["quantised"]
+    stored = q["packed_bytes"] + q["constants_bytes"]
+    in_dtype = q["quantised_parameters"] * 4  # the committed record's dtype is fp32
+    answer = right(qs["qlora_saves"])
+    # a tiny model's sizes are under 0.001 GiB: the answer gives their bytes
+    assert answer.startswith("Those layers' weights") and f"<0.001 GiB ({stored:,} B) stored" in answer
+    assert f"({in_dtype:,} B) in fp32" in answer and "stay as LoRA's" in answer
+    measured = record["probe"]["plan_comparison"][0]["components"]["quantised_weights"]["measured_bytes"]
+    assert f"measured {measured:,} B" in qs["qlora_saves"].explanation and measured == stored
+    wrong = [c for i, c in enumerate(qs["qlora_saves"].choices) if i != qs["qlora_saves"].answer]
+    assert any(c.startswith("The activations") for c in wrong) and any("LM head" in c for c in wrong)

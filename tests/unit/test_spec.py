@@ -219,3 +219,29 @@ def test_config_problems_names_both_the_sequence_and_the_targets():
     assert [p.field for p in problems] == ["seq_len", "lora.targets"]
     with pytest.raises(SpecError, match="max_position_embeddings"):
         validate_against_config(spec, 256, {"q_proj", "v_proj"})
+
+
+@pytest.mark.parametrize(("overrides", "field", "says"), [
+    ({"mode": "qlora", "precision": "amp", "dtype": "bf16"}, "precision", "no fp32 master copy"),
+    ({"mode": "qlora", "strategy": "ddp", "devices": "0,1"}, "strategy", "one process in this version"),
+    ({"mode": "lora", "qlora_quant_type": "fp4"}, "qlora", "apply to mode qlora"),
+    ({"mode": "qlora", "qlora_quant_type": "int4"}, "qlora.quant_type", "choose nf4"),
+    ({"mode": "qlora", "lora_r": 0}, "lora.r", "at least 1"),
+])
+def test_qlora_settings_are_refused_by_name(overrides, field, says):
+    with pytest.raises(SpecError) as err:
+        RunSpec.build(**overrides)
+    assert err.value.field == field and says in err.value.message
+
+
+def test_qlora_keeps_its_4_bit_settings_and_every_other_spec_hashes_as_before(tmp_path):
+    """The [qlora] table belongs to mode qlora: a LoRA spec's dict (and so its hash, and every record written before
+    the variant) is unchanged; a QLoRA spec round-trips through TOML with its settings, flags as the file."""
+    lora = RunSpec.build(mode="lora")
+    assert "qlora" not in lora.to_dict() and lora.spec_hash() == RunSpec.from_dict(lora.to_dict()).spec_hash()
+    spec = RunSpec.build(mode="qlora", qlora_quant_type="fp4", qlora_double_quant=False, dtype="bf16")
+    assert spec.to_dict()["qlora"] == {"quant_type": "fp4", "double_quant": False}
+    assert spec.adapters and spec.base_mode == "lora" and spec.param_dtype == "fp32" and spec.autocast
+    path = tmp_path / "q.toml"
+    path.write_text('mode = "qlora"\ndtype = "bf16"\n[qlora]\nquant_type = "fp4"\ndouble_quant = false\n')
+    assert RunSpec.build(path) == spec

@@ -20,8 +20,8 @@ async def to_plan(pilot, app) -> None:
     await wait_for(pilot, lambda: not app.screen.query_one("#next").disabled, 60)
 
 
-@pytest.mark.parametrize(("keys", "mode"), [(["up"], "full"), (["up", "up"], "inference"), (["down"], "inference"),
-                                            (["2", "down"], "lora"), ([], "lora")])
+@pytest.mark.parametrize(("keys", "mode"), [(["up"], "full"), (["up", "up"], "inference"), (["down"], "qlora"),
+                                            (["down", "down"], "inference"), (["2", "down"], "lora"), ([], "lora")])
 async def test_the_mode_under_the_cursor_is_the_mode_that_runs(tiny_model_dir, tmp_path, keys, mode):
     """The cursor started on "1 Inference" while LoRA was chosen; ↓ to "Full fine-tuning" and Enter ran LoRA."""
     app = make_app(tiny_model_dir, tmp_path, mode="lora")
@@ -46,10 +46,29 @@ async def test_the_chosen_mode_shows_without_colour(tiny_model_dir, tmp_path):
     async with app.run_test(size=(80, 24)) as pilot:
         assert isinstance(app.screen, ModeScreen)
         marks = {b.id: str(b.render()).split()[0] for b in app.screen.query(RadioButton)}
-        assert marks == {"inference": "▐○▌", "full": "▐○▌", "lora": "▐●▌"}, marks
+        assert marks == {"inference": "▐○▌", "full": "▐○▌", "lora": "▐●▌", "qlora": "▐○▌"}, marks
         await pilot.press("up")
         marks = {b.id: str(b.render()).split()[0] for b in app.screen.query(RadioButton)}
         assert marks["full"] == "▐●▌" and marks["lora"] == "▐○▌"
+
+
+async def test_qlora_says_what_differs_from_lora_and_asks_for_its_4_bit_settings(tiny_model_dir, tmp_path):
+    """Key 4 picks the variant; its text says what the 4-bit base changes and what stays as LoRA's; its Setup asks
+    for the 4-bit type and double quantisation beside LoRA's fields, and offers no precision (pure only) or
+    strategy (one process): the settings it would refuse are not offered."""
+    from tests.wizard_helpers import text_of
+
+    app = make_app(tiny_model_dir, tmp_path, mode="lora")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("4")
+        help_text = text_of(app.screen.query_one("#mode-help"))
+        assert "4 bits" in help_text and "same adapters" in help_text and "as for LoRA" in help_text
+        await pilot.press("enter")
+        assert isinstance(app.screen, SetupScreen) and app.state.mode == "qlora"
+        ids = {w.id for w in app.screen.query("Select, Input")}
+        assert {"qlora_quant_type", "qlora_double_quant", "lora_r", "lora_targets", "optimizer"} <= ids
+        assert not ids & {"precision", "strategy", "torchrun_nproc_per_node"}
+        assert str(app.screen.query_one("#qlora_quant_type").value) == "nf4"
 
 
 # ------------------------------------------------------------------------------- a plan that does not fit

@@ -19,6 +19,10 @@ MODES = {
              "The base is frozen; small low-rank matrices are trained. Gradients and optimizer states only for "
              "the adapters - but activations shrink little (SmolLM2, LoRA on q/v: ~0.75x of full fine-tuning's): "
              "backward still flows through the frozen base."),
+    "qlora": ("QLoRA (LoRA variant)",
+              "LoRA over a base stored in 4 bits (NF4, bitsandbytes): the base's linear weights take ~0.5 B per "
+              "parameter, dequantised layer by layer as they run. The same adapters are trained; activations, "
+              "adapter gradients and optimizer states are as for LoRA. Slower steps; quality may differ from LoRA."),
 }
 
 
@@ -57,11 +61,11 @@ class ModeChoice(RadioSet):
 
 
 class ModeScreen(Screen):
-    """Choose inference, full fine-tuning or LoRA."""
+    """Choose inference, full fine-tuning, LoRA or its 4-bit variant QLoRA."""
 
     BINDINGS = [Binding("enter", "next", "Next", priority=True), Binding("ctrl+n", "next", "Next", show=False),
                 Binding("1", "pick('inference')", show=False), Binding("2", "pick('full')", show=False),
-                Binding("3", "pick('lora')", show=False)]
+                Binding("3", "pick('lora')", show=False), Binding("4", "pick('qlora')", show=False)]
 
     def compose(self) -> ComposeResult:
         yield Header()

@@ -14,33 +14,35 @@ from textual.widgets import Button, Footer, Header, Input, Label, Select, Static
 
 from core import killpoints
 from core.dtypes import DTYPES
-from core.spec import ATTN_IMPLEMENTATIONS, KILL_POINTS, OPTIMIZERS, PADDINGS, PRECISIONS
+from core.spec import ATTN_IMPLEMENTATIONS, KILL_POINTS, OPTIMIZERS, PADDINGS, PRECISIONS, QUANT_TYPES
 from tui.screens.nav import NavButtons
 from tui.widgets.inputs import OrderedInput
 
 # (flag name, label, kind, choices, modes it applies to)
 FIELDS: list[tuple[str, str, str, tuple[str, ...], tuple[str, ...]]] = [
-    ("model", "Model", "str", (), ("inference", "full", "lora")),
-    ("data", "Data", "str", (), ("inference", "full", "lora")),
-    ("dtype", "Dtype", "choice", DTYPES, ("inference", "full", "lora")),
+    ("model", "Model", "str", (), ("inference", "full", "lora", "qlora")),
+    ("data", "Data", "str", (), ("inference", "full", "lora", "qlora")),
+    ("dtype", "Dtype", "choice", DTYPES, ("inference", "full", "lora", "qlora")),
     ("precision", "Precision", "choice", PRECISIONS, ("full", "lora")),
-    ("attn_implementation", "Attention", "choice", ATTN_IMPLEMENTATIONS, ("inference", "full", "lora")),
-    ("padding", "Batches", "choice", PADDINGS, ("full", "lora")),
-    ("batch_size", "Micro-batch / device", "int", (), ("inference", "full", "lora")),
-    ("seq_len", "Sequence length", "int", (), ("inference", "full", "lora")),
-    ("grad_accum", "Grad accumulation", "int", (), ("full", "lora")),
-    ("optimizer", "Optimizer", "choice", OPTIMIZERS, ("full", "lora")),
-    ("steps", "Training steps", "int", (), ("full", "lora")),
-    ("learning_rate", "Learning rate", "float", (), ("full", "lora")),
-    ("gradient_checkpointing", "Grad checkpointing", "choice", ("off", "on"), ("full", "lora")),
-    ("resume_checkpoint_every", "Checkpoint every", "int", (), ("full", "lora")),
-    ("resume_kill_after_checkpoint", "Kill after ckpt #", "int", (), ("full", "lora")),
-    ("resume_kill_at", "Kill point", "choice", tuple(KILL_POINTS), ("full", "lora")),
-    ("resume_compare_steps", "Compare steps, 0=auto", "int", (), ("full", "lora")),
-    ("lora_r", "LoRA rank r", "int", (), ("lora",)),
-    ("lora_alpha", "LoRA alpha", "int", (), ("lora",)),
-    ("lora_targets", "LoRA targets", "str", (), ("lora",)),
-    ("devices", "Devices", "str", (), ("inference", "full", "lora")),
+    ("attn_implementation", "Attention", "choice", ATTN_IMPLEMENTATIONS, ("inference", "full", "lora", "qlora")),
+    ("padding", "Batches", "choice", PADDINGS, ("full", "lora", "qlora")),
+    ("batch_size", "Micro-batch / device", "int", (), ("inference", "full", "lora", "qlora")),
+    ("seq_len", "Sequence length", "int", (), ("inference", "full", "lora", "qlora")),
+    ("grad_accum", "Grad accumulation", "int", (), ("full", "lora", "qlora")),
+    ("optimizer", "Optimizer", "choice", OPTIMIZERS, ("full", "lora", "qlora")),
+    ("steps", "Training steps", "int", (), ("full", "lora", "qlora")),
+    ("learning_rate", "Learning rate", "float", (), ("full", "lora", "qlora")),
+    ("gradient_checkpointing", "Grad checkpointing", "choice", ("off", "on"), ("full", "lora", "qlora")),
+    ("resume_checkpoint_every", "Checkpoint every", "int", (), ("full", "lora", "qlora")),
+    ("resume_kill_after_checkpoint", "Kill after ckpt #", "int", (), ("full", "lora", "qlora")),
+    ("resume_kill_at", "Kill point", "choice", tuple(KILL_POINTS), ("full", "lora", "qlora")),
+    ("resume_compare_steps", "Compare steps, 0=auto", "int", (), ("full", "lora", "qlora")),
+    ("lora_r", "LoRA rank r", "int", (), ("lora", "qlora")),
+    ("lora_alpha", "LoRA alpha", "int", (), ("lora", "qlora")),
+    ("lora_targets", "LoRA targets", "str", (), ("lora", "qlora")),
+    ("qlora_quant_type", "4-bit data type", "choice", QUANT_TYPES, ("qlora",)),
+    ("qlora_double_quant", "Double quant", "choice", ("on", "off"), ("qlora",)),
+    ("devices", "Devices", "str", (), ("inference", "full", "lora", "qlora")),
     ("strategy", "Strategy", "choice", ("single", "ddp", "zero3"), ("full", "lora")),
     ("torchrun_nproc_per_node", "Ranks/node, 0=auto", "int", (), ("full", "lora")),
 ]
@@ -58,6 +60,8 @@ CHOICE_LABELS: dict[str, str] = {
     "eager": "eager · keeps b·a·s·s scores",
     "flash_attention_2": "flash_attention_2 · CUDA",
     "padded": "padded · some hold padding",
+    "nf4": "nf4 · NormalFloat4 (QLoRA's)",
+    "fp4": "fp4 · 4-bit float",
     "packed": "packed · full blocks only",
 }
 
@@ -65,6 +69,7 @@ CHOICE_LABELS: dict[str, str] = {
 def spec_field_to_input(field: str) -> str:
     """A SpecError field ("lora.r") as the input id that fixes it ("lora_r")."""
     return {"lora.r": "lora_r", "lora.alpha": "lora_alpha", "lora.targets": "lora_targets",
+            "qlora.quant_type": "qlora_quant_type", "qlora.double_quant": "qlora_double_quant",
             "resume.kill_after_checkpoint": "resume_kill_after_checkpoint",
             "resume.checkpoint_every": "resume_checkpoint_every", "resume.kill_at": "resume_kill_at",
             "resume.compare_steps": "resume_compare_steps",
@@ -84,6 +89,8 @@ def current_value(spec: Any, name: str) -> str:
     """The spec's value of a form field (``lora_r`` reads ``spec.lora.r``)."""
     if name.startswith("lora_"):
         return shown_value(getattr(spec.lora, name.removeprefix("lora_")))
+    if name.startswith("qlora_"):
+        return shown_value(getattr(spec.qlora, name.removeprefix("qlora_")))
     if name.startswith("resume_"):
         return shown_value(getattr(spec.resume, name.removeprefix("resume_")))
     if name.startswith("torchrun_"):
@@ -194,7 +201,7 @@ class SetupScreen(NavButtons, Screen):
                     out[name] = float(raw)
                 except ValueError:
                     errors[name] = f"a number, e.g. 1e-3 (got {raw!r})"
-            elif name == "gradient_checkpointing":
+            elif name in ("gradient_checkpointing", "qlora_double_quant"):
                 out[name] = raw == "on"
             else:
                 out[name] = raw
