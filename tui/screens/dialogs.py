@@ -17,6 +17,9 @@ TERMS = """\
   Gradient checkpointing keeps about one input per layer and recomputes the rest. LoRA does *not* shrink them in
   proportion to its trainable parameters: backward still runs through every frozen layer (only the inputs of frozen
   linear layers are not kept).
+- **QLoRA** (a variant of LoRA): the frozen base's linear layers stored in 4 bits (NF4: 0.5 B per parameter plus a
+  constant per block of 64), each dequantised as it runs; the same adapters as LoRA are trained; embeddings and the LM
+  head stay fp32. **8-bit AdamW** (bitsandbytes): two moments of 1 B per element plus a scale per 256 elements.
 - **Temporaries**: short-lived buffers at the peak (the optimizer step, the logits gradient).
 - **CUDA context**: memory the driver takes per process per GPU (~300-700 MB) before any tensor.
 - **KV cache**: inference keeps keys and values per layer: 2 × layers × KV heads × head dim × batch × tokens × bytes.
