@@ -8,6 +8,7 @@ A stage that fails stops the stages after it; the record is written in every cas
 from __future__ import annotations
 
 import errno
+import importlib.util
 import json
 import os
 import re
@@ -18,7 +19,7 @@ from typing import Any
 
 from core.errors import GpuAcceptError, SpecError, StageError
 from core.events import Event, EventWriter, Message, RunFinished, StageFinished, StageStarted
-from core.spec import RunSpec, parse_devices
+from core.spec import EIGHT_BIT_OPTIMIZERS, RunSpec, parse_devices
 from core.stages.childproc import launch_options
 from core.status import StageStatus, Stopped
 
@@ -520,7 +521,8 @@ def check_runnable(spec: RunSpec, ctx: PlanContext, device: str, allow_unfit: bo
 
     Raises:
         GpuAcceptError: a config without weights, a plan that does not fit, a CUDA device torch cannot see, fp16
-            training on the CPU, the paged 8-bit optimizer on the CPU; each says what to change.
+            training on the CPU, the paged 8-bit optimizer on the CPU, a variant without bitsandbytes installed; each
+            says what to change.
     """
     from core.plan.fit import plan_fits
 
@@ -562,6 +564,11 @@ def check_runnable(spec: RunSpec, ctx: PlanContext, device: str, allow_unfit: bo
     missing = attention_unavailable(spec.attn_implementation, device)
     if missing:
         raise GpuAcceptError(f"attn_implementation: {missing}")
+    needs_bnb = "mode: qlora" if spec.mode == "qlora" else (
+        f"optimizer: {spec.optimizer}" if spec.training and spec.optimizer in EIGHT_BIT_OPTIMIZERS else None)
+    if needs_bnb and importlib.util.find_spec("bitsandbytes") is None:
+        raise GpuAcceptError(f"{needs_bnb} runs on bitsandbytes, which is not installed here: pip install -e "
+                             "\".[qlora]\" (make run and make test install it), or plan it only (gpuaccept plan)")
 
 
 def attention_unavailable(attention: str, device: str) -> str | None:

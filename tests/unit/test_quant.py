@@ -219,3 +219,24 @@ def test_a_4_bit_layer_holds_its_dequantised_weight_as_it_runs(tmp_path):
     for dq in (False, True):
         extra = forward_peak(mode="qlora", qlora_double_quant=dq) - lora
         assert extra == dequantised_bytes(256 * 1024, 4, dq) == 256 * 1024 * 4 + (4 * 4096 if dq else 0)
+
+
+@pytest.mark.parametrize(("overrides", "named"), [({"mode": "qlora"}, "mode: qlora"),
+                                                  ({"mode": "full", "optimizer": "adamw_8bit"},
+                                                   "optimizer: adamw_8bit")])
+def test_a_variant_without_bitsandbytes_is_refused_before_it_starts_saying_how_to_install_it(
+        tiny_model_dir, monkeypatch, overrides, named):
+    import importlib.util
+
+    from core.errors import GpuAcceptError
+    from core.pipeline import check_runnable, make_plan
+    from core.spec import RunSpec
+
+    spec = RunSpec.build(model=str(tiny_model_dir), devices="cpu", **overrides)
+    ctx = make_plan(spec)
+    check_runnable(spec, ctx, "cpu")  # installed here: runnable
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "bitsandbytes" else real(name, *a))
+    with pytest.raises(GpuAcceptError) as err:
+        check_runnable(spec, ctx, "cpu")
+    assert str(err.value).startswith(named) and 'pip install -e ".[qlora]"' in str(err.value)
