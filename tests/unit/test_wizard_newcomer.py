@@ -33,6 +33,21 @@ async def test_the_mode_under_the_cursor_is_the_mode_that_runs(tiny_model_dir, t
         assert f"Setup ({mode})" in str(app.screen.query_one(".title").content)
 
 
+@pytest.mark.parametrize(("key", "mode"), [("4", "qlora"), ("down", "qlora"), ("up", "full")])
+async def test_a_mode_key_and_enter_typed_together_run_that_mode(tiny_model_dir, tmp_path, key, mode):
+    """Found driving `make run` in tmux: "4" and Enter sent at once ran LoRA (the mode before "4"), because the radio's
+    Changed message came after the queued Enter. Both keys are queued here before the app handles either."""
+    from textual import events
+
+    app = make_app(tiny_model_dir, tmp_path, mode="lora")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        app.post_message(events.Key(key, key if len(key) == 1 else None))
+        app.post_message(events.Key("enter", "\r"))
+        await pilot.pause()
+        assert isinstance(app.screen, SetupScreen) and app.state.mode == mode
+
+
 async def test_ctrl_n_is_next_on_the_mode_screen_too(tiny_model_dir, tmp_path):
     app = make_app(tiny_model_dir, tmp_path, mode="full")
     async with app.run_test(size=(80, 24)) as pilot:

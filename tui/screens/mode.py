@@ -59,14 +59,20 @@ class ModeChoice(RadioSet):
             button = self._nodes[self._selected]
             if isinstance(button, RadioButton) and not button.value:
                 button.value = True
+                if isinstance(self.screen, ModeScreen):  # now: an Enter already queued must run this mode
+                    self.screen.choose(str(button.id))
 
 
 class ModeScreen(Screen):
     """Choose inference, full fine-tuning, LoRA or its 4-bit variant QLoRA."""
 
+    # Every key of this screen is a priority binding, handled in the order typed: Enter is one (RadioSet would take it
+    # otherwise), and a plain binding is handled after the key reaches the screen, so "4" and Enter typed together
+    # (or ↓ and Enter) ran the mode chosen before the first key.
     BINDINGS = [Binding("enter", "next", "Next", priority=True), Binding("ctrl+n", "next", "Next", show=False),
-                Binding("1", "pick('inference')", show=False), Binding("2", "pick('full')", show=False),
-                Binding("3", "pick('lora')", show=False), Binding("4", "pick('qlora')", show=False)]
+                *(Binding(str(i), f"pick('{mode}')", show=False, priority=True) for i, mode in enumerate(MODES, 1)),
+                Binding("down,right", "move(1)", show=False, priority=True),
+                Binding("up,left", "move(-1)", show=False, priority=True)]
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -83,14 +89,23 @@ class ModeScreen(Screen):
             yield Button("Next →", id="next", variant="primary")
         yield Footer(show_command_palette=False)  # no ^p palette key: at 80 columns every key shows
 
+    def choose(self, mode: str) -> None:
+        """Make ``mode`` the run's mode at once and say what it is. The radio's Changed message comes later, after
+        keys already queued: "4" then Enter typed together ran the mode chosen before "4"."""
+        self.app.state.mode = mode
+        self.query_one("#mode-help", Static).update(MODES[mode][1])
+
     def on_radio_set_changed(self, event: RadioSet.Changed) -> None:
-        self.app.state.mode = event.pressed.id
-        self.query_one("#mode-help", Static).update(MODES[event.pressed.id][1])
+        self.choose(str(event.pressed.id))
+
+    def action_move(self, direction: int) -> None:
+        self.query_one(ModeChoice).action_choose(direction)
 
     def action_pick(self, mode: str) -> None:
         self.query_one(f"#{mode}", RadioButton).value = True
         choice = self.query_one(ModeChoice)
         choice._selected = list(MODES).index(mode)  # the highlight follows a choice made by number
+        self.choose(mode)
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         if event.button.id == "next":
