@@ -33,7 +33,7 @@ test: $(STAMP)
 # Static checks (CI runs them before the tests): ruff (lint, import order), the import contracts
 # (core never imports the UI; pyproject.toml [tool.importlinter]) and mypy over core/.
 lint: $(STAMP)
-	$(VENV)/bin/ruff check core tui tests benchmarks
+	$(VENV)/bin/ruff check core tui tests benchmarks examples
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/mypy
 

@@ -1,0 +1,70 @@
+"""The example training scripts under examples/ (what a team brings to gpuaccept's command mode, issue 21), run as a
+user runs them: their own checkpoints and their own ``--resume``."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PLAIN = ROOT / "examples" / "train_plain.py"
+
+
+def _train(model: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
+    done = subprocess.run([sys.executable, str(PLAIN), "--model", str(model), "--out", str(out), "--steps", "6",
+                           "--checkpoint-every", "2", *extra], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def _metrics(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tiny_model_dir, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("plain") / "uninterrupted"
+    _train(tiny_model_dir, out)
+    return out
+
+
+def test_the_plain_loop_resumed_from_its_checkpoint_continues_as_the_uninterrupted_run(tiny_model_dir, uninterrupted,
+                                                                                      tmp_path):
+    """Resumed from checkpoint-2 (a copy, as if the run had been killed after it), steps 3-6 take the same samples at
+    the same learning rates with the same losses (CPU fp32: bit for bit), and end on the same weights."""
+    from safetensors.torch import load_file
+
+    copy = tmp_path / "checkpoint-2"
+    shutil.copytree(uninterrupted / "checkpoint-2", copy)
+    assert sorted(p.name for p in copy.iterdir()) == ["model.safetensors", "optimizer.pt", "progress.json", "rng.pt",
+                                                      "scheduler.pt"]
+    resumed = tmp_path / "resumed"
+    _train(tiny_model_dir, resumed, "--resume", str(copy))
+    reference = _metrics(uninterrupted)
+    assert [m["step"] for m in reference] == [1, 2, 3, 4, 5, 6]
+    assert _metrics(resumed) == reference[2:]
+    final, again = (load_file(str(d / "checkpoint-6" / "model.safetensors")) for d in (uninterrupted, resumed))
+    assert final.keys() == again.keys() and all(bool((final[k] == again[k]).all()) for k in final)
+
+
+def test_a_checkpoint_without_the_optimizer_state_resumes_on_the_same_samples_but_not_the_same_losses(
+        tiny_model_dir, uninterrupted, tmp_path):
+    """``--forget-optimizer`` (the deliberate bug): no optimizer.pt; the resumed run starts AdamW from zero moments.
+    Its first step after the checkpoint matches (the moments only act through the update), every later loss differs,
+    while the samples and learning rates are those of the uninterrupted run: what the resume check must catch."""
+    forgetful = tmp_path / "forgetful"
+    _train(tiny_model_dir, forgetful, "--forget-optimizer")
+    assert not (forgetful / "checkpoint-2" / "optimizer.pt").exists()
+    resumed = tmp_path / "resumed"
+    done = _train(tiny_model_dir, resumed, "--resume", str(forgetful / "checkpoint-2"))
+    assert "no optimizer.pt: AdamW starts again from zero moments" in done.stderr
+    reference, after = _metrics(uninterrupted)[2:], _metrics(resumed)
+    assert [(m["step"], m["sample_ids"], m["learning_rate"]) for m in after] == \
+        [(m["step"], m["sample_ids"], m["learning_rate"]) for m in reference]
+    assert after[0]["loss"] == reference[0]["loss"]
+    assert all(a["loss"] != r["loss"] for a, r in zip(after[1:], reference[1:]))
