@@ -68,3 +68,32 @@ def test_a_checkpoint_without_the_optimizer_state_resumes_on_the_same_samples_bu
         [(m["step"], m["sample_ids"], m["learning_rate"]) for m in reference]
     assert after[0]["loss"] == reference[0]["loss"]
     assert all(a["loss"] != r["loss"] for a, r in zip(after[1:], reference[1:]))
+
+
+HF = ROOT / "examples" / "train_hf.py"
+
+
+def test_the_trainer_script_resumed_by_trainer_continues_as_the_uninterrupted_run(tiny_model_dir, tmp_path):
+    """Trainer + PEFT LoRA, Trainer's own checkpoints and ``--resume_from_checkpoint`` (a copy of checkpoint-2): the
+    log history in the last checkpoint's trainer_state.json and the adapter weights equal the uninterrupted run's."""
+    from safetensors.torch import load_file
+
+    def train(out: Path, *extra: str) -> None:
+        done = subprocess.run([sys.executable, str(HF), "--model", str(tiny_model_dir), "--out", str(out),
+                               "--max_steps", "6", "--save_steps", "2", *extra], capture_output=True, text=True,
+                              timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+
+    def history(out: Path) -> list[tuple]:
+        state = json.loads((out / "checkpoint-6" / "trainer_state.json").read_text())
+        return [(h["step"], h["loss"], h["learning_rate"]) for h in state["log_history"] if "loss" in h]
+
+    train(tmp_path / "uninterrupted")
+    shutil.copytree(tmp_path / "uninterrupted" / "checkpoint-2", tmp_path / "copy")
+    train(tmp_path / "resumed", "--resume_from_checkpoint", str(tmp_path / "copy"))
+    reference = history(tmp_path / "uninterrupted")
+    assert [step for step, *_ in reference] == [1, 2, 3, 4, 5, 6]
+    assert history(tmp_path / "resumed") == reference
+    final, again = (load_file(str(tmp_path / run / "checkpoint-6" / "adapter_model.safetensors"))
+                    for run in ("uninterrupted", "resumed"))
+    assert final.keys() == again.keys() and all(bool((final[k] == again[k]).all()) for k in final)
