@@ -351,7 +351,10 @@ class RunSpec:
         known = {f.name for f in dataclasses.fields(cls)}
         for key in raw:
             if key not in known:
-                raise SpecError(key, f"unknown setting; known settings are: {', '.join(sorted(known))}")
+                tables = [t for t, cls in (("lora", LoraSettings), ("qlora", QloraSettings), ("resume", ResumeSettings),
+                                           ("torchrun", TorchrunSettings)) if key in {f.name for f in dataclasses.fields(cls)}]
+                where = f"; {key} belongs in the [{tables[0]}] table" if tables else ""
+                raise SpecError(key, f"unknown setting{where}; known settings are: {', '.join(sorted(known))}")
         mode = raw.get("mode", cls.mode)
         if mode not in MODES:
             raise SpecError("mode", f"{mode!r} is not a mode; choose one of {', '.join(MODES)}")
@@ -479,9 +482,10 @@ class RunSpec:
                                          "precision = \"pure\" (dtype is the compute dtype the 4-bit layers "
                                          "dequantise to)")
         if self.strategy != "single":
+            lora_runs = (f"; mode lora runs {self.strategy}" if self.strategy in ("ddp", "zero3")
+                         else f"; mode lora plans {self.strategy}")
             raise SpecError("strategy", f"qlora runs in one process in this version (strategy single), not "
-                                        f"{self.strategy}: plan the 4-bit base on one device, or use mode lora for "
-                                        "ddp and zero3")
+                                        f"{self.strategy}: plan the 4-bit base on one device{lora_runs}")
 
     def _check_resume(self) -> None:
         """The resume check's settings (training with the check on): intervals, the kill point, where the

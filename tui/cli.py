@@ -230,6 +230,9 @@ def cmd_quiz(args: argparse.Namespace) -> int:
         build_quiz(tomllib.loads(path.read_text(encoding="utf-8")))
     except (OSError, ValueError) as exc:  # ValueError: not TOML, not UTF-8
         raise GpuAcceptError(f"{path}: cannot read the record ({exc}); give the record.toml of a run") from None
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):  # piped answers drew a full screen that took stray keys
+        raise GpuAcceptError("quiz: the quiz is answered with the keyboard at a terminal, and stdin or stdout is not "
+                             "one here (a pipe or a file): run gpuaccept quiz in a terminal (over ssh: ssh -t)")
     from tui.screens.quiz import QuizApp
 
     return QuizApp(path, args.operator).run() or 0

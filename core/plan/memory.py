@@ -735,7 +735,8 @@ def plan_memory(
     counts = parameters if parameters is not None else summary.count
     quantised = quantised_base(spec, shape, summary) if spec.mode == "qlora" else None
     steps = _strategy_steps(spec, shape, summary, devices, n)
-    plans = [_device_plan(device, step, tag, _overhead(device, strategy, n, first=i == 0))
+    source = _quantised_source_bytes(spec, config, quantised)
+    plans = [_device_plan(device, step, tag, _overhead(device, strategy, n, first=i == 0, quantised_source=source))
              for i, (device, (step, tag)) in enumerate(zip(devices, steps))]
     model = "op-by-op" if shape.family in LLAMA_FAMILY and strategy != "tp" else "korthikanti"
     if strategy == "single":
@@ -1549,7 +1550,24 @@ def _kv_cache(spec: RunSpec, shape: _Shape, layers: int | None = None, tp: int =
         f"2 (K,V) x {where} x {heads} x head_dim x b x s x {nbytes} B = 2 x {layers} x {kv_heads} x "
         f"{shape.head_dim} x {spec.batch_size} x {spec.seq_len} x {nbytes} B",
     )
-def _overhead(device: DeviceInfo, strategy: Strategy = "single", n: int = 1, first: bool = True) -> Line:
+def _quantised_source_bytes(spec: RunSpec, config: Any, quantised: QuantisedBase | None) -> tuple[int, str]:
+    """QLoRA on the CPU: the checkpoint's pages of the layers quantised as they load (their elements x the bytes of
+    the dtype config.json says the checkpoint holds, else the spec's), and that dtype's name; (0, "") otherwise."""
+    if quantised is None:
+        return 0, ""
+    raw = getattr(config, "raw", None)
+    stated = (raw.get("dtype") or raw.get("torch_dtype")) if isinstance(raw, dict) else (
+        getattr(config, "dtype", None) or getattr(config, "torch_dtype", None))
+    name = dtype_name(stated) if stated else spec.dtype
+    try:
+        nbytes = dtype_bytes(name)
+    except ValueError:
+        name, nbytes = spec.dtype, spec.dtype_bytes
+    return quantised.quantised_parameters * nbytes, name
+
+
+def _overhead(device: DeviceInfo, strategy: Strategy = "single", n: int = 1, first: bool = True,
+              quantised_source: tuple[int, str] = (0, "")) -> Line:
     """CUDA: CUDA context + cuBLAS workspace, 500 MiB per process per device (estimate), plus NCCL communicator
     buffers (:data:`NCCL_BUFFER_BYTES`, estimate) for strategies that run collectives on N >= 2 devices (ddp, zero*,
     tp; not device_map, which is one process). CPU: the process's runtime, :data:`CPU_RUNTIME_BYTES` (estimate): on the
@@ -1568,7 +1586,12 @@ def _overhead(device: DeviceInfo, strategy: Strategy = "single", n: int = 1, fir
         )
     if strategy == "device_map" and not first:
         return Line("overhead", 0, "device_map runs in one process: its runtime is counted on the first device")
-    return Line("overhead", CPU_RUNTIME_BYTES,
-                f"no CUDA context on the CPU; the process's Python, torch and transformers runtime and the allocator's "
-                f"free memory (estimate; the probe's peak RSS was 0.44-0.59 GiB above its tensor peak on the embedded "
-                f"model): {CPU_RUNTIME_BYTES // 2**20} MiB")
+    text = (f"no CUDA context on the CPU; the process's Python, torch and transformers runtime and the allocator's "
+            f"free memory (estimate; the probe's peak RSS was 0.44-0.59 GiB above its tensor peak on the embedded "
+            f"model): {CPU_RUNTIME_BYTES // 2**20} MiB")
+    source, name = quantised_source
+    if source:
+        text += (f"; + QLoRA's load: the checkpoint's pages of the layers quantised as they load, read and kept "
+                 f"resident in the process ({name} in the checkpoint as config.json states it; measured here: the "
+                 f"process's RSS after the 4-bit load of the embedded model 0.44 GiB above LoRA's load) {source:,} B")
+    return Line("overhead", CPU_RUNTIME_BYTES + source, text)

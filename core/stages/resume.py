@@ -721,7 +721,6 @@ def compare_weights(ref_file: Path, res_file: Path, tier: Tier) -> Check:
 
 def compare_optimizers(ref_file: Path, res_file: Path, tier: Tier) -> list[Check]:
     """Optimizer step counts and param-group sizes (exact), moments (tier); loaded with ``weights_only=True``."""
-    import torch
 
     for f in (ref_file, res_file):
         if not f.is_file():
@@ -737,16 +736,36 @@ def compare_optimizers(ref_file: Path, res_file: Path, tier: Tier) -> list[Check
     exact_ok = sizes_a == sizes_b and steps_a == steps_b and a["state"].keys() == b["state"].keys()
     checks = [Check("optimizer_progress", "pass" if exact_ok else "fail",
                     f"param-group sizes {sizes_a} vs {sizes_b}; optimizer step counts {steps_a} vs {steps_b}")]
-    ta = {f"{i}.{k}": v for i, s in a["state"].items() for k, v in s.items() if torch.is_tensor(v) and v.numel() > 1}
-    tb = {f"{i}.{k}": v for i, s in b["state"].items() for k, v in s.items() if torch.is_tensor(v) and v.numel() > 1}
+    ta, tb = state_tensors(a["state"]), state_tensors(b["state"])
     if ta.keys() != tb.keys():
         checks.append(Check("optimizer_moments", "fail", "state tensors differ in name", kind="tolerance", tier=tier.name))
+        return checks
+    if not ta:  # nothing compared is no evidence: a layout this check cannot read must not pass
+        checks.append(Check("optimizer_moments", "fail", "no state tensor found in the optimizer state to compare (an "
+                                                          "empty state, or a layout this check does not read)",
+                            kind="tolerance", tier=tier.name))
         return checks
     worst, name, ok = _max_diff(ta, tb, tier.rtol)
     checks.append(Check("optimizer_moments", "pass" if ok else "fail",
                         f"{len(ta)} state tensors: " + (f"largest difference {worst:.3g} ({name})" if worst else "bit-identical"),
                         kind="tolerance", tier=tier.name, largest_difference=worst))
     return checks
+
+
+def state_tensors(state: Any, prefix: str = "") -> dict[str, Any]:
+    """Every tensor of more than one element in an optimizer's ``state``, at any depth, by its path (``"3.exp_avg"``;
+    bitsandbytes' 8-bit optimizers nest theirs: ``"3.__bnb_optimizer_quant_state__.state1"``, with the absmax and
+    the dynamic maps beside them). Step counters (one element) are compared as progress, not here."""
+    import torch
+
+    out: dict[str, Any] = {}
+    for key, value in (state.items() if isinstance(state, dict) else ()):
+        path = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(state_tensors(value, path + "."))
+        elif torch.is_tensor(value) and value.numel() > 1:
+            out[path] = value
+    return out
 
 
 def compare_scalers(ref_file: Path, res_file: Path) -> Check:

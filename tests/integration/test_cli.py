@@ -360,3 +360,13 @@ def test_sigterm_at_a_later_stage_keeps_every_stage_before_it(tmp_path, tiny_mod
     assert [stages[s]["status"] for s in order[:order.index(table)]] == ["pass"] * order.index(table), stages
     assert stages[table]["status"] == "cancelled", stages
     assert all(stages[s]["status"] == "not_run" for s in order[order.index(table) + 1:]), stages
+
+
+def test_the_quiz_with_answers_piped_in_is_refused_not_drawn(tmp_path):
+    """Found by a helper: `printf 'a\\n' | gpuaccept quiz record.toml` drew the full-screen quiz, took a stray key as an
+    answer and hung; with stdin or stdout not a terminal it now says where to run it."""
+    from tests import records
+
+    out = gpuaccept("quiz", str(records.path_of("qlora")), cwd=tmp_path)  # stdin and stdout are pipes here
+    assert out.returncode == 2 and "Traceback" not in out.stderr and "\x1b[" not in out.stdout
+    assert "answered with the keyboard at a terminal" in out.stderr

@@ -40,7 +40,8 @@ def _common(record: dict) -> None:
     assert record["plan"]["traced"]["status"] == "not_run" and "bitsandbytes" in record["plan"]["traced"]["reason"]
     checks = {c["name"]: c for c in record["resume"]["checks"]}
     assert record["resume"]["status"] == "pass", record["resume"]["checks"]
-    assert checks["optimizer_moments"]["status"] == "pass"  # the uint8 moments and their absmax resumed exactly
+    # the uint8 moments, their absmax and the maps resumed exactly (bitsandbytes nests them: every one compared)
+    assert checks["optimizer_moments"]["status"] == "pass" and int(checks["optimizer_moments"]["evidence"].split()[0]) > 8
 
 
 def test_full_fine_tuning_with_adamw_8bit_passes_every_stage_and_resumes_its_8_bit_states(tiny64, tmp_path):

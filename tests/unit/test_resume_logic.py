@@ -101,6 +101,29 @@ def test_optimizer_step_counts_must_match(tmp_path):
     assert checks["optimizer_progress"].status == "fail" and "[4.0] vs [8.0]" in checks["optimizer_progress"].evidence
 
 
+def test_nested_8_bit_optimizer_states_are_compared_and_an_empty_state_is_no_evidence(tmp_path):
+    """bitsandbytes' 8-bit AdamW nests each tensor's states (found by a helper: 0 tensors were compared, and the check
+    passed); a uint8 moment that differs in one element fails, and a state with no tensor at all fails, not passes."""
+    def opt(moment: torch.Tensor, nested: bool = True):
+        inner = {"state1": moment, "absmax1": torch.ones(2), "qmap1": torch.linspace(-1, 1, 256)}
+        state = {"step": torch.tensor(4.0), "__bnb_optimizer_quant_state__": inner} if nested else {"step": 4.0}
+        return {"state": {0: state}, "param_groups": [{"params": [0], "lr": 1e-3}]}
+
+    moment = torch.arange(512, dtype=torch.uint8).reshape(2, 256)
+    changed = moment.clone()
+    changed[1, 7] += 1
+    torch.save(opt(moment), tmp_path / "ref.pt")
+    for name, state, status in (("same", opt(moment.clone()), "pass"), ("changed", opt(changed), "fail"),
+                                ("empty", opt(moment, nested=False), "fail")):
+        torch.save(state, tmp_path / f"{name}.pt")
+        ref = tmp_path / ("ref.pt" if name != "empty" else f"{name}.pt")
+        check = by_name(compare_optimizers(ref, tmp_path / f"{name}.pt", EXACT))["optimizer_moments"]
+        assert check.status == status, (name, check.evidence)
+    assert check.evidence.startswith("no state tensor found")
+    same = by_name(compare_optimizers(tmp_path / "ref.pt", tmp_path / "same.pt", EXACT))["optimizer_moments"]
+    assert same.evidence == "3 state tensors: bit-identical"
+
+
 def test_required_files_by_mode_and_dtype():
     assert "adapter weights" in required_files(RunSpec.build(mode="lora"))
     assert required_files(RunSpec.build(mode="full"))["model weights"] == "model.safetensors"

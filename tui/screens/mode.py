@@ -20,7 +20,7 @@ MODES = {
              "the adapters - but activations shrink little (SmolLM2, LoRA on q/v: ~0.75x of full fine-tuning's): "
              "backward still flows through the frozen base."),
     "qlora": ("QLoRA (LoRA variant)",
-              "LoRA over a base whose linear layers are stored in 4 bits (NF4, bitsandbytes): ~0.5 B per parameter, "
+              "LoRA over a base whose linear layers are stored in 4 bits (NF4 or FP4, bitsandbytes): ~0.5 B a parameter, "
               "dequantised layer by layer as they run; embeddings and LM head stay fp32. The same adapters are "
               "trained; activations, adapter gradients and optimizer states are as for LoRA. Slower steps; quality "
               "may differ from LoRA's."),

@@ -61,6 +61,8 @@ CHOICE_LABELS: dict[str, str] = {
     "flash_attention_2": "flash_attention_2 · CUDA",
     "padded": "padded · some hold padding",
     "nf4": "nf4 · NormalFloat4 (QLoRA's)",
+    "adamw_8bit": "adamw_8bit · bitsandbytes variant",
+    "paged_adamw_8bit": "paged_adamw_8bit · CUDA, variant",
     "fp4": "fp4 · 4-bit float",
     "packed": "packed · full blocks only",
 }
