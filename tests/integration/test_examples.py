@@ -97,3 +97,35 @@ def test_the_trainer_script_resumed_by_trainer_continues_as_the_uninterrupted_ru
     final, again = (load_file(str(tmp_path / run / "checkpoint-6" / "adapter_model.safetensors"))
                     for run in ("uninterrupted", "resumed"))
     assert final.keys() == again.keys() and all(bool((final[k] == again[k]).all()) for k in final)
+
+
+INJECT = ROOT / "core" / "child" / "inject"
+
+
+def test_the_trainer_hook_reports_what_the_users_script_ran_without_a_change_to_it(tiny_model_dir, tmp_path):
+    """The command mode's inside view (issue 21): with core/child/inject on PYTHONPATH and GPUACCEPT_EVENTS set, the
+    unchanged Trainer script reports its TrainingArguments, its model's parameters and every logged step, whose losses
+    and learning rates are the ones Trainer itself logged; a process that never imports transformers is not made to."""
+    import os
+
+    events = tmp_path / "events.jsonl"
+    env = {**os.environ, "PYTHONPATH": f"{INJECT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+           "GPUACCEPT_EVENTS": str(events)}
+    done = subprocess.run([sys.executable, str(HF), "--model", str(tiny_model_dir), "--out", str(tmp_path / "out"),
+                           "--max_steps", "4", "--save_steps", "2"], capture_output=True, text=True, timeout=600,
+                          env=env)
+    assert done.returncode == 0 and "hook was not installed" not in done.stderr, done.stderr[-3000:]
+    lines = [json.loads(line) for line in events.read_text().splitlines()]
+    trainer, steps = lines[0], lines[1:]
+    assert trainer["kind"] == "trainer" and trainer["world_size"] == 1 and trainer["rank"] == 0
+    args = trainer["arguments"]
+    assert (args["per_device_train_batch_size"], args["gradient_accumulation_steps"], args["max_steps"],
+            args["save_steps"]) == (2, 1, 4, 2)
+    assert trainer["model"] == "PeftModelForCausalLM" and 0 < trainer["trainable_parameters"] < trainer["parameters"]
+    state = json.loads((tmp_path / "out" / "checkpoint-4" / "trainer_state.json").read_text())
+    logged = [(h["step"], h["loss"], h["learning_rate"]) for h in state["log_history"] if "loss" in h]
+    assert [(s["step"], s["loss"], s["learning_rate"]) for s in steps] == logged and len(logged) == 4
+    assert all(s["kind"] == "step" and s["peak_rss_bytes"] > 0 for s in steps)
+    plain = subprocess.run([sys.executable, "-c", "import sys; print('transformers' in sys.modules)"],
+                           capture_output=True, text=True, env=env, timeout=60)
+    assert plain.stdout.strip() == "False" and plain.stderr == ""
