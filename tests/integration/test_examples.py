@@ -129,3 +129,22 @@ def test_the_trainer_hook_reports_what_the_users_script_ran_without_a_change_to_
     plain = subprocess.run([sys.executable, "-c", "import sys; print('transformers' in sys.modules)"],
                            capture_output=True, text=True, env=env, timeout=60)
     assert plain.stdout.strip() == "False" and plain.stderr == ""
+
+
+def test_under_torchrun_every_rank_of_the_users_trainer_reports_itself(tiny_model_dir, tmp_path):
+    """Two gloo ranks on the CPU (torchrun, the script unchanged): each rank reports world size 2 and its own rank,
+    and both log the same (all-reduced) loss at every step."""
+    import os
+
+    events = tmp_path / "events.jsonl"
+    env = {**os.environ, "PYTHONPATH": f"{INJECT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+           "GPUACCEPT_EVENTS": str(events), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           str(HF), "--model", str(tiny_model_dir), "--out", str(tmp_path / "out"), "--max_steps", "3",
+                           "--save_steps", "3"], capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [json.loads(line) for line in events.read_text().splitlines()]
+    trainers = sorted((e["rank"], e["world_size"]) for e in lines if e["kind"] == "trainer")
+    assert trainers == [(0, 2), (1, 2)]
+    by_rank = {r: [(e["step"], e["loss"]) for e in lines if e["kind"] == "step" and e["rank"] == r] for r in (0, 1)}
+    assert [s for s, _ in by_rank[0]] == [1, 2, 3] and by_rank[0] == by_rank[1]
