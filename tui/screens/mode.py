@@ -36,11 +36,9 @@ class ModeButton(RadioButton):
 
 
 class ModeChoice(RadioSet):
-    """The mode list: the cursor *is* the choice. ↑/↓ choose (Textual's RadioSet only moves a highlight, which Enter
-    then ignored: ↓ to "Full fine-tuning" and Enter ran LoRA), and the highlight starts on the chosen mode."""
-
-    BINDINGS = [Binding("down,right", "choose(1)", "Next mode", show=False),
-                Binding("up,left", "choose(-1)", "Previous mode", show=False)]
+    """The mode list: the cursor *is* the choice (Textual's RadioSet only moves a highlight, which Enter then ignored:
+    ↓ to "Full fine-tuning" and Enter ran LoRA), and the highlight starts on the chosen mode. The keys are bound on
+    :class:`ModeScreen`, which calls :meth:`step`."""
 
     def on_mount(self) -> None:
         self.call_after_refresh(self._highlight_chosen)  # after RadioSet's own mount put it on the first button
@@ -50,7 +48,9 @@ class ModeChoice(RadioSet):
         if chosen:
             self._selected = chosen[0]
 
-    def action_choose(self, direction: int) -> None:
+    def step(self, direction: int) -> str | None:
+        """Move the highlight by one (↓: +1, ↑: -1) and choose the mode under it; returns that mode's id when it
+        changed, else None."""
         if direction > 0:
             self.action_next_button()
         else:
@@ -59,8 +59,8 @@ class ModeChoice(RadioSet):
             button = self._nodes[self._selected]
             if isinstance(button, RadioButton) and not button.value:
                 button.value = True
-                if isinstance(self.screen, ModeScreen):  # now: an Enter already queued must run this mode
-                    self.screen.choose(str(button.id))
+                return str(button.id)
+        return None
 
 
 class ModeScreen(Screen):
@@ -99,7 +99,9 @@ class ModeScreen(Screen):
         self.choose(str(event.pressed.id))
 
     def action_move(self, direction: int) -> None:
-        self.query_one(ModeChoice).action_choose(direction)
+        mode = self.query_one(ModeChoice).step(direction)
+        if mode is not None:  # now: an Enter already queued must run this mode
+            self.choose(mode)
 
     def action_pick(self, mode: str) -> None:
         self.query_one(f"#{mode}", RadioButton).value = True
