@@ -123,7 +123,9 @@ class SetupScreen(NavButtons, Screen):
         yield Static(f"Step 2/7 · Setup ({state.mode})", classes="title")
         training = state.mode != "inference"
         yield Static("What moves memory: batch × sequence drive activations" + ("" if training else " and the KV cache")
-                     + "; the dtype sets the bytes per number" + (" (precision: what is kept in it)" if training else "")
+                     + "; the dtype sets the bytes per number"
+                     + ({"full": " (precision: what is kept in it)", "lora": " (precision: what is kept in it)",
+                         "qlora": " (here the compute dtype of the 4-bit layers)"}.get(state.mode, ""))
                      + ("; the optimizer the states per trainable parameter" if training else "")
                      + ". Model: smollm2-135m (embedded) or a model folder; Data: embedded (the Python docs as "
                        "text) or a .txt / .jsonl file.", classes="intro")
