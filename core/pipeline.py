@@ -138,14 +138,16 @@ def check_inputs(spec: RunSpec) -> InputsChecked:
                          data=spec.data, problems=tuple(problems), heldout_fraction=spec.heldout_fraction)
 
 
-def new_run_dir(spec: RunSpec, runs_root: Path, now: Any) -> Path:
-    """``runs/<UTC time>-<mode>-<model>/``, unique (a suffix is added if it exists). Made with an exclusive ``mkdir``,
-    so two processes starting in the same second each get their own folder.
+def new_run_dir(spec: Any, runs_root: Path, now: Any, label: str | None = None) -> Path:
+    """``runs/<UTC time>-<mode>-<model>/`` (``label`` instead of the model's name: command mode's script), unique (a
+    suffix is added if it exists). Made with an exclusive ``mkdir``, so two processes starting in the same second each
+    get their own folder.
 
     Raises:
         GpuAcceptError: the runs folder cannot hold run folders (read-only, a file, no space), naming it.
     """
-    model = re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(spec.model.rstrip("/")).name or spec.model)[:40]
+    name = label if label is not None else (Path(spec.model.rstrip("/")).name or spec.model)
+    model = re.sub(r"[^A-Za-z0-9_.-]+", "_", name)[:40]
     base = runs_root / f"{now.strftime('%Y%m%dT%H%M%SZ')}-{spec.mode}-{model}"
     try:
         runs_root.mkdir(parents=True, exist_ok=True)
@@ -184,7 +186,98 @@ def _reserve(path: Path) -> None:
         os.fsync(fh.fileno())
 
 
-class AcceptanceRun:
+class StagedRun:
+    """What every acceptance run shares (gpuaccept's recipe, :class:`AcceptanceRun`, and a user's command,
+    :class:`core.command.pipeline.CommandRun`): its run directory, its event log (``events.jsonl``), why each stage
+    stopped, and how the record is written. A subclass sets ``run_dir``, ``_log`` (an :class:`EventWriter`),
+    ``stopped``, ``log_error``, ``record_path``, ``verdict`` and ``signed``."""
+
+    run_dir: Path
+    _log: EventWriter
+    stopped: dict[str, Stopped]
+    log_error: str | None
+    record_path: Path | None
+    verdict: str | None
+    signed: bool
+
+    def emit(self, event: Event) -> Event:
+        """Append ``event`` to the run's events.jsonl and return it. If the log cannot be written (no space left, the
+        folder gone read-only) the event still reaches the caller; the log's failure is kept in ``log_error`` and the
+        stage that needs the disk fails on its own, naming the file."""
+        if self.log_error is None:
+            try:
+                self._log.emit(type(event).__name__, **{k: v for k, v in vars(event).items()
+                                                        if k not in ("result", "t")})
+            except OSError as exc:
+                self.log_error = f"{self._log.path}: {exc.strerror or exc}"
+        return event
+
+    def _logged(self, gen: Generator[Event, None, Any]) -> Generator[Event, None, Any]:
+        """Pass a stage's events through the run's event log; return the stage's result."""
+        try:
+            while True:
+                yield self.emit(next(gen))
+        except StopIteration as stop:
+            return stop.value
+
+    def _stage(self, name: str, gen: Generator[Event, None, Any]) -> Generator[Event, None, Any]:
+        """Run a stage's generator through the log; remember why it stopped if it raised. A full disk or a folder that
+        cannot be written ends the stage as an error that names it (the record is still written where there is
+        room)."""
+        try:
+            return (yield from self._logged(gen))
+        except GpuAcceptError as exc:
+            self.stopped[name] = Stopped.of(exc)
+            raise
+        except OSError as exc:
+            why = f"{name}: {exc.strerror or exc} ({getattr(exc, 'filename', '') or 'a file of the run'}); the run " \
+                  f"folder {self.run_dir} keeps what was written"
+            self.stopped[name] = Stopped(StageStatus.ERROR, why)
+            raise StageError(why) from None
+        except GeneratorExit:
+            self.stopped.setdefault(name, Stopped(StageStatus.CANCELLED,
+                                                  f"{name}: cancelled (the wizard or the process was closed)"))
+            raise
+
+    def _refused(self, stage: str, why: str) -> GpuAcceptError:
+        """The error that refuses ``stage`` before it starts, remembered so the record says why it did not run."""
+        self.stopped[stage] = Stopped(StageStatus.NOT_RUN, f"not run: {why}")
+        return GpuAcceptError(why)
+
+    def _write_record_file(self, record: dict[str, Any], signoff: dict[str, Any] | None) -> Path:
+        """Write ``record`` (with ``signoff``, else ``status = "unsigned"``) to ``record.toml`` atomically, using the
+        room kept for it if the disk filled during the run; remember its path, verdict and whether it is signed.
+
+        Raises:
+            GpuAcceptError: the record is already signed (a signed record is never overwritten).
+        """
+        from core.record.build import write_record
+
+        if self.signed:
+            raise GpuAcceptError(f"{self.record_path} is already signed; start a new run to sign again")
+        record["signoff"] = signoff if signoff else {"status": "unsigned"}
+        reserve = self.run_dir / RESERVE_NAME
+        try:
+            self.record_path = write_record(record, self.run_dir / "record.toml")
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC or not reserve.exists():
+                raise
+            reserve.unlink()  # the room kept for this moment: the disk filled during the run
+            self.record_path = write_record(record, self.run_dir / "record.toml")
+        reserve.unlink(missing_ok=True)
+        self.verdict = record["verdict"]["status"]
+        self.signed = bool(signoff)
+        return self.record_path
+
+    def close(self) -> None:
+        """Close the run's event log (the run directory stays)."""
+        try:
+            self._log.close()
+        except OSError as exc:  # its last flush found no room
+            self.log_error = self.log_error or f"{self._log.path}: {exc.strerror or exc}"
+
+
+class AcceptanceRun(StagedRun):
     """One acceptance of one spec: its run directory and the result of each stage, run in order.
 
     Each stage method is a generator of events that returns the stage's result; a stage refuses (raises
@@ -240,51 +333,6 @@ class AcceptanceRun:
         self.verdict: str | None = None
         self.signed = False
         self.log_error: str | None = None  # why events.jsonl stopped being written, if it did
-
-    # ------------------------------------------------------------------ helpers
-    def emit(self, event: Event) -> Event:
-        """Append ``event`` to the run's events.jsonl and return it. If the log cannot be written (no space left, the
-        folder gone read-only) the event still reaches the caller; the log's failure is kept in ``log_error`` and the
-        stage that needs the disk fails on its own, naming the file."""
-        if self.log_error is None:
-            try:
-                self._log.emit(type(event).__name__, **{k: v for k, v in vars(event).items()
-                                                        if k not in ("result", "t")})
-            except OSError as exc:
-                self.log_error = f"{self._log.path}: {exc.strerror or exc}"
-        return event
-
-    def _logged(self, gen: Generator[Event, None, Any]) -> Generator[Event, None, Any]:
-        """Pass a stage's events through the run's event log; return the stage's result."""
-        try:
-            while True:
-                yield self.emit(next(gen))
-        except StopIteration as stop:
-            return stop.value
-
-    def _stage(self, name: str, gen: Generator[Event, None, Any]) -> Generator[Event, None, Any]:
-        """Run a stage's generator through the log; remember why it stopped if it raised. A full disk or a folder that
-        cannot be written ends the stage as an error that names it (the record is still written where there is
-        room)."""
-        try:
-            return (yield from self._logged(gen))
-        except GpuAcceptError as exc:
-            self.stopped[name] = Stopped.of(exc)
-            raise
-        except OSError as exc:
-            why = f"{name}: {exc.strerror or exc} ({getattr(exc, 'filename', '') or 'a file of the run'}); the run " \
-                  f"folder {self.run_dir} keeps what was written"
-            self.stopped[name] = Stopped(StageStatus.ERROR, why)
-            raise StageError(why) from None
-        except GeneratorExit:
-            self.stopped.setdefault(name, Stopped(StageStatus.CANCELLED,
-                                                  f"{name}: cancelled (the wizard or the process was closed)"))
-            raise
-
-    def _refused(self, stage: str, why: str) -> GpuAcceptError:
-        """The error that refuses ``stage`` before it starts, remembered so the record says why it did not run."""
-        self.stopped[stage] = Stopped(StageStatus.NOT_RUN, f"not run: {why}")
-        return GpuAcceptError(why)
 
     @property
     def plan_fits(self) -> bool:
@@ -406,7 +454,7 @@ class AcceptanceRun:
         Raises:
             GpuAcceptError: the record is already signed (a signed record is never overwritten).
         """
-        from core.record.build import build_record, environment, utc_now, write_record
+        from core.record.build import build_record, environment, utc_now
 
         if self.signed:
             raise GpuAcceptError(f"{self.record_path} is already signed; start a new run to sign again")
@@ -414,29 +462,7 @@ class AcceptanceRun:
                               traced=self.traced, probe=self.results["probe"], train_eval=self.results["train_eval"],
                               resume=self.results["resume"], started=self.started, finished=utc_now(),
                               env=environment(), stopped=self.stopped)
-        if signoff:
-            record["signoff"] = signoff
-        else:
-            record["signoff"] = {"status": "unsigned"}
-        reserve = self.run_dir / RESERVE_NAME
-        try:
-            self.record_path = write_record(record, self.run_dir / "record.toml")
-        except OSError as exc:
-            if exc.errno != errno.ENOSPC or not reserve.exists():
-                raise
-            reserve.unlink()  # the room kept for this moment: the disk filled during the run
-            self.record_path = write_record(record, self.run_dir / "record.toml")
-        reserve.unlink(missing_ok=True)
-        self.verdict = record["verdict"]["status"]
-        self.signed = bool(signoff)
-        return self.record_path
-
-    def close(self) -> None:
-        """Close the run's event log (the run directory stays)."""
-        try:
-            self._log.close()
-        except OSError as exc:  # its last flush found no room
-            self.log_error = self.log_error or f"{self._log.path}: {exc.strerror or exc}"
+        return self._write_record_file(record, signoff)
 
 
 def run_pipeline(

@@ -5,7 +5,8 @@ does not use transformers' Trainer. It fine-tunes a Hugging Face causal LM (ever
 learning-rate schedule) on blocks of text and writes:
 
 - ``OUT/metrics.jsonl``: one JSON object per optimizer step, ``{"step", "loss", "learning_rate", "sample_ids"}``;
-- ``OUT/checkpoint-<step>/`` every ``--checkpoint-every`` steps and at the last: ``model.safetensors`` (the weights),
+- ``OUT/checkpoint-<step>/`` every ``--checkpoint-every`` steps and at the last: ``model.safetensors`` (the weights)
+  and ``config.json`` (so the checkpoint loads with ``from_pretrained``),
   ``optimizer.pt`` (AdamW's state; left out with ``--forget-optimizer``), ``scheduler.pt``, ``rng.pt`` (torch's,
   Python's and the data order's generator) and ``progress.json`` (the step). A checkpoint folder is written under a
   temporary name and renamed when complete.
@@ -85,6 +86,7 @@ def save_checkpoint(out: Path, step: int, model: Any, optimizer: Any, scheduler:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     save_model(model, str(tmp / "model.safetensors"))  # tied weights once (safetensors' shared-tensor handling)
+    model.config.save_pretrained(tmp)  # config.json: the checkpoint is a Hugging Face model folder
     if not forget_optimizer:
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
     torch.save(scheduler.state_dict(), tmp / "scheduler.pt")

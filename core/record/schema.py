@@ -51,7 +51,9 @@ KINDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "utc": (lambda v: isinstance(v, dt.datetime) and v.utcoffset() == dt.timedelta(0),
             "a UTC date-time with its offset"),
     "sha256": (lambda v: isinstance(v, str) and bool(_SHA256.fullmatch(v)), "a sha256 (64 lowercase hex digits)"),
-    "provenance": (lambda v: v in ("measured", "estimated", "not_run"), "measured, estimated or not_run"),
+    # not_applicable: a table of a command record whose stage does not apply (core/record/command.py says which)
+    "provenance": (lambda v: v in ("measured", "estimated", "not_run", "not_applicable"),
+                   "measured, estimated, not_run or not_applicable"),
 }
 
 _COUNT_NAMES = ("step", "steps", "*_step", "*_steps", "rank", "*_rank", "world_size", "seed", "*_seed", "parameters",
@@ -78,7 +80,7 @@ RULES: tuple[tuple[str, str], ...] = (
     ("plan.traced.phases.*", "count"),
     ("probe.placement.*.bytes", "count"), ("*.findings[]", "str"), ("*.problems[]", "str"),
     ("*lora_targets_resolved[]", "str"), ("spec.lora.targets[]", "str"),
-    ("plan.devices[].methods.*", "str"), ("resume.checkpoint_manifest.*", "sha256"),
+    ("plan.devices[].methods.*", "str"), ("plan.sources.*", "str"), ("resume.checkpoint_manifest.*", "sha256"),
     ("spec.hash", "sha256"), ("data.*_hash", "sha256"),
     ("resume.compared_steps[]", "count"), ("*_per_step[]", "number"), ("*error_pct", "number"), ("*_pct", "nonneg"),
     ("*.rtol", "nonneg"), ("*learning_rate", "number"), ("*.heldout_fraction", "number"),

@@ -105,11 +105,17 @@ def record_problems(rec: dict[str, Any]) -> tuple[list[str], list[str]]:
         verdicts are not recomputed when the schema fails (the second list is then empty); a value a verdict depends
         on that is missing or of the wrong type is a schema problem.
     """
-    problems = schema_problems(rec)
+    if rec.get("kind") == "command":  # the user's own command (core/command/record.py)
+        from core.record.command import command_schema_problems, command_verdict_problems
+
+        schema, recompute = command_schema_problems, command_verdict_problems
+    else:
+        schema, recompute = schema_problems, recompute_verdicts
+    problems = schema(rec)
     if problems:
         return problems, []
     try:
-        return [], recompute_verdicts(rec)
+        return [], recompute(rec)
     except (TypeError, KeyError, ValueError, AttributeError) as exc:
         return [f"a value the verdicts depend on is missing or of the wrong type: {exc}"], []
 

@@ -110,8 +110,10 @@ class Launch:
 SINGLE = Launch()
 
 
-def start_child(name: str, job_dir: Path, job: dict[str, Any], launch: Launch = SINGLE) -> ChildJob:
-    """Write ``job.json`` and start ``python -m core.child.worker`` on it in a new process group.
+def start_child(name: str, job_dir: Path, job: dict[str, Any], launch: Launch = SINGLE,
+                module: str = "core.child.worker") -> ChildJob:
+    """Write ``job.json`` and start ``python -m <module>`` on it (by default :mod:`core.child.worker`; command mode's
+    evaluation runs :mod:`core.child.checkpoint_eval`) in a new process group.
 
     With ``nproc`` > 1 (or ``torchrun_args``, for several nodes) it runs under torchrun (``torch.distributed.run``),
     by default ``--standalone --nproc-per-node nproc``; torchrun starts each rank in a session of its own, so
@@ -137,9 +139,8 @@ def start_child(name: str, job_dir: Path, job: dict[str, Any], launch: Launch = 
     with open(child.log_path, "ab") as log, open(os.devnull, "rb") as devnull:
         child.proc = subprocess.Popen(
             # -P: never import from the current directory (a user's own `core/` must not shadow ours)
-            [sys.executable, "-P", "-m", "core.child.worker", str(job_dir / "job.json")] if not torchrun else
-            [sys.executable, "-P", "-m", "torch.distributed.run", *launcher,
-             "-m", "core.child.worker", str(job_dir / "job.json")],
+            [sys.executable, "-P", "-m", module, str(job_dir / "job.json")] if not torchrun else
+            [sys.executable, "-P", "-m", "torch.distributed.run", *launcher, "-m", module, str(job_dir / "job.json")],
             stdin=devnull,
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -41,8 +41,8 @@ def test_the_plain_loop_resumed_from_its_checkpoint_continues_as_the_uninterrupt
 
     copy = tmp_path / "checkpoint-2"
     shutil.copytree(uninterrupted / "checkpoint-2", copy)
-    assert sorted(p.name for p in copy.iterdir()) == ["model.safetensors", "optimizer.pt", "progress.json", "rng.pt",
-                                                      "scheduler.pt"]
+    assert sorted(p.name for p in copy.iterdir()) == ["config.json", "model.safetensors", "optimizer.pt",
+                                                      "progress.json", "rng.pt", "scheduler.pt"]
     resumed = tmp_path / "resumed"
     _train(tiny_model_dir, resumed, "--resume", str(copy))
     reference = _metrics(uninterrupted)
@@ -116,7 +116,7 @@ def test_the_trainer_hook_reports_what_the_users_script_ran_without_a_change_to_
                           env=env)
     assert done.returncode == 0 and "hook was not installed" not in done.stderr, done.stderr[-3000:]
     lines = [json.loads(line) for line in events.read_text().splitlines()]
-    trainer, steps = lines[0], lines[1:]
+    trainer, steps = lines[0], [e for e in lines if e["kind"] == "step"]
     assert trainer["kind"] == "trainer" and trainer["world_size"] == 1 and trainer["rank"] == 0
     args = trainer["arguments"]
     assert (args["per_device_train_batch_size"], args["gradient_accumulation_steps"], args["max_steps"],
@@ -125,7 +125,15 @@ def test_the_trainer_hook_reports_what_the_users_script_ran_without_a_change_to_
     state = json.loads((tmp_path / "out" / "checkpoint-4" / "trainer_state.json").read_text())
     logged = [(h["step"], h["loss"], h["learning_rate"]) for h in state["log_history"] if "loss" in h]
     assert [(s["step"], s["loss"], s["learning_rate"]) for s in steps] == logged and len(logged) == 4
-    assert all(s["kind"] == "step" and s["peak_rss_bytes"] > 0 for s in steps)
+    assert all(s["peak_rss_bytes"] > 0 for s in steps)
+    # what each step trained on (one micro-batch of 2 x 32 tokens), the checkpoints as Trainer saved them, the end
+    batches = [e for e in lines if e["kind"] == "batches"]
+    assert [(b["step"], len(b["digests"]), b["widths"]) for b in batches] == [(s, 1, [32]) for s in (1, 2, 3, 4)]
+    assert len({b["digests"][0] for b in batches}) == 4  # four different batches
+    assert [e["step"] for e in lines if e["kind"] == "save"] == [2, 4]
+    assert [e["global_step"] for e in lines if e["kind"] == "train_end"] == [4]
+    assert trainer["peft"]["r"] == 8 and sorted(trainer["peft"]["target_modules"]) == ["q_proj", "v_proj"]
+    assert trainer["config"]["model_type"] == "llama" and trainer["optimizer"] == "AdamW"
     plain = subprocess.run([sys.executable, "-c", "import sys; print('transformers' in sys.modules)"],
                            capture_output=True, text=True, env=env, timeout=60)
     assert plain.stdout.strip() == "False" and plain.stderr == ""

@@ -1,7 +1,15 @@
 """Run by Python at the start of every process whose ``PYTHONPATH`` holds this folder (the ``site`` module imports
-``sitecustomize``): with ``GPUACCEPT_EVENTS`` set, installs gpuaccept's Trainer hook (core/child/inject/trainer_hook.py),
-then runs the ``sitecustomize`` this one shadows, if the environment has one. Without the variable it does nothing.
-A failure is one line on stderr, never the user's job's failure."""
+``sitecustomize``), in the user's own Python: gpuaccept's command mode (core/command/) puts it there.
+
+- With ``GPUACCEPT_EVENTS`` set, it installs the Trainer hook (``trainer_hook.py`` beside it, loaded by file path
+  under a private name: nothing of gpuaccept needs to be importable in the user's environment).
+- With ``GPUACCEPT_PARENT_PID`` set, a daemon thread ends this process (exit status 3) once that process, gpuaccept,
+  is gone: a ``kill -9`` of gpuaccept leaves no rank of the user's job holding a device.
+- Then it runs the ``sitecustomize`` this one shadows, if the environment has one.
+
+Without the variables it does nothing. A failure is one line on stderr, never the user's job's failure. Standard
+library only, and no syntax newer than the Pythons a user's job may run on.
+"""
 
 import os
 import sys
@@ -12,11 +20,41 @@ def _install() -> None:
     if not path:
         return
     try:
-        from core.child.inject.trainer_hook import install
+        import importlib.util
 
-        install(path)
+        here = os.path.dirname(os.path.abspath(__file__))
+        spec = importlib.util.spec_from_file_location("_gpuaccept_trainer_hook", os.path.join(here, "trainer_hook.py"))
+        if spec is None or spec.loader is None:
+            raise ImportError(f"{here}/trainer_hook.py cannot be loaded")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["_gpuaccept_trainer_hook"] = module
+        spec.loader.exec_module(module)
+        module.install(path)
     except Exception as exc:  # noqa: BLE001 - the user's job runs whatever happens here
         print(f"gpuaccept: the Trainer hook was not installed ({type(exc).__name__}: {exc})", file=sys.stderr)
+
+
+def _lifeline() -> None:
+    """End this process when gpuaccept (``GPUACCEPT_PARENT_PID``) is gone, checked once a second."""
+    owner = os.environ.get("GPUACCEPT_PARENT_PID", "")
+    if not owner.isdigit():
+        return
+    import threading
+    import time
+
+    pid = int(owner)
+
+    def watch() -> None:
+        while True:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                os._exit(3)
+            except PermissionError:
+                pass
+            time.sleep(1.0)
+
+    threading.Thread(target=watch, name="gpuaccept-lifeline", daemon=True).start()
 
 
 def _chain() -> None:
@@ -32,5 +70,6 @@ def _chain() -> None:
         spec.loader.exec_module(module)
 
 
+_lifeline()
 _install()
 _chain()

@@ -1,0 +1,304 @@
+"""Command mode's pipeline: probe (the uninterrupted run) -> plan (from what ran) -> evaluation -> kill and resume ->
+record, as one generator of typed events (:func:`run_command_pipeline`), or stage by stage (:class:`CommandRun`, for
+the wizard). The headless CLI and the wizard only consume its events, as for gpuaccept's own recipe.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Generator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from core.command.evaluate import DEFAULT_EVAL_SEQ_LEN, CommandEvaluation, evaluate_stage
+from core.command.plan import DeviceComparison, RanSpec, compare, plan_for, spec_from_run
+from core.command.probe import CommandProbe, build_probe, rank_devices, rank_peaks
+from core.command.resume import CommandResume, not_applicable, resume_stage
+from core.command.run import RunOutcome, run_command
+from core.command.spec import CommandSpec, substitute
+from core.errors import GpuAcceptError, StageError
+from core.events import Event, EventWriter, Message, RunFinished, StageFinished, StageStarted
+from core.pipeline import RESERVE_NAME, StagedRun, _reserve, new_run_dir
+from core.status import StageStatus, Stopped
+
+STAGES = ("probe", "plan", "train_eval", "resume", "record")
+
+
+@dataclass(frozen=True)
+class CommandPlan:
+    """The plan stage of command mode. ``status``: pass (the plan of what ran fits every device) | fail |
+    not_applicable (no Trainer reported what ran: ``reason``).
+
+    Attributes:
+        ran: the RunSpec planned (``spec``) and where each of its settings came from (``sources``).
+        ctx: the plan context (:class:`core.pipeline.PlanContext`), or None.
+        comparisons: each measured rank against its device's plan.
+    """
+
+    status: str
+    summary: str
+    reason: str = ""
+    ran: RanSpec | None = None
+    ctx: Any = None
+    comparisons: list[DeviceComparison] = field(default_factory=list)
+
+
+class CommandRun(StagedRun):
+    """One acceptance of the user's command: its run directory and the result of each stage, run in order.
+
+    The run directory holds ``spec.toml``, ``events.jsonl``, ``data/train.txt`` (when the command takes
+    ``{train_data}``), one folder per run of the command (``reference/``, ``resume-interrupted/``, ``resume-resumed/``:
+    its ``job.json``, ``command.log``, the Trainer hook's ``hook-events.jsonl``, ``memory.jsonl`` and its ``out/``),
+    ``evaluation/`` and ``record.toml``.
+
+    Raises (on construction):
+        SpecError, DataError: bad input (the data file is read and split here), before any run directory exists.
+        GpuAcceptError: the runs folder cannot hold a run folder.
+    """
+
+    def __init__(self, spec: CommandSpec, runs_root: Path = Path("runs"), backend: Any = None) -> None:
+        import tomli_w
+
+        from core.data import check_data
+        from core.record.build import utc_now
+
+        self.spec = spec
+        self.started = utc_now()
+        split = check_data(spec.data, spec.heldout_fraction) if spec.uses("{train_data}") or \
+            spec.eval == "perplexity" else None
+        self.backend = backend if backend is not None else _nvml_backend()
+        self.run_dir = new_run_dir(spec, Path(runs_root), self.started, label=spec.label)
+        try:
+            (self.run_dir / "spec.toml").write_text(tomli_w.dumps(spec.to_dict()), encoding="utf-8")
+            self._log = EventWriter(self.run_dir / "events.jsonl")
+            _reserve(self.run_dir / RESERVE_NAME)
+            self.values = self._placeholders(split)
+        except OSError as exc:
+            raise GpuAcceptError(f"runs_dir: the run folder {self.run_dir} was made but {exc.filename or 'a file'} "
+                                 f"could not be written ({exc.strerror or exc}); free space or give another "
+                                 "--runs-dir") from None
+        self.results: dict[str, Any] = {"probe": None, "plan": None, "train_eval": None, "resume": None}
+        self.reference: RunOutcome | None = None
+        self.stopped: dict[str, Stopped] = {}
+        self.record_path: Path | None = None
+        self.verdict: str | None = None
+        self.signed = False
+        self.log_error: str | None = None
+
+    def _placeholders(self, split: Any) -> dict[str, str]:
+        values = {}
+        if self.spec.uses("{train_data}"):
+            path = self.run_dir / "data" / "train.txt"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("\n\n".join(d.text for d in split.train) + "\n", encoding="utf-8")
+            values["{train_data}"] = str(path)
+        if self.spec.model:
+            values["{model}"] = str(Path(self.spec.model).expanduser().resolve())
+        return values
+
+    # ------------------------------------------------------------------ stages
+    def probe_stage(self, cancelled: Callable[[], bool] | None = None) -> Generator[Event, None, CommandProbe]:
+        """The command once, uninterrupted (the reference of the resume check), measured per device."""
+        spec = self.spec
+        out = self.run_dir / "reference" / "out"
+        argv = substitute(spec.words(), {**self.values, "{out}": str(out)})
+        yield self.emit(StageStarted("probe", detail="your command, uninterrupted, measured per device (inside when "
+                                                     "Trainer-based, always from outside)"))
+        yield self.emit(Message("probe", text=" ".join(argv)))
+        outcome = yield from self._stage("probe", run_command(spec, "reference", argv, out, self.run_dir / "reference",
+                                                              "probe", cancelled=cancelled, backend=self.backend))
+        self.reference = outcome
+        probe = build_probe(outcome, self._capacities(outcome))
+        self.results["probe"] = probe
+        yield self.emit(StageFinished("probe", status=probe.status, result=probe, summary=probe.summary))
+        return probe
+
+    def _capacities(self, outcome: RunOutcome) -> dict[str, tuple[int | None, str]]:
+        from core.plan.memory import detect_devices
+
+        labels = set(rank_devices(outcome).values()) | {k for k in outcome.peaks if k.startswith(("cpu", "cuda"))}
+        ranks = sum(1 for d in labels if d.startswith("cpu:"))
+        out: dict[str, tuple[int | None, str]] = {d.name: (d.capacity_bytes, d.capacity_source)
+                                                  for d in detect_devices("cpu", cpu_ranks=max(ranks, 1))}
+        cuda = sorted(d for d in labels if d.startswith("cuda"))
+        if cuda:
+            try:
+                out.update({d.name: (d.capacity_bytes, d.capacity_source) for d in
+                            detect_devices(",".join(d.split(":")[1] for d in cuda))})
+            except GpuAcceptError:
+                pass
+        return out
+
+    def plan_stage(self) -> Generator[Event, None, CommandPlan]:
+        """The plan of what ran (the Trainer's report), per device, compared with what was measured there."""
+        from core.plan.fit import all_fit, fit_verdicts
+
+        yield self.emit(StageStarted("plan", detail="the memory plan of what your command ran, compared per device"))
+        outcome = self.reference
+        if outcome is None:
+            raise self._refused("plan", "the command did not run, so nothing says what to plan")
+        ran = spec_from_run(outcome.trainer, list(outcome.hook.batches.values()),
+                            self.run_dir / "plan" / "config.json", outcome.last_step())
+        ctx, why = plan_for(ran)
+        if ctx is None:
+            result = CommandPlan("not_applicable", f"no plan: {why}", reason=why, ran=ran)
+        else:
+            measured = [{"device": device, "rank": rank, **rank_peaks(outcome).get(rank, {})}
+                        for rank, device in rank_devices(outcome).items()]
+            comparisons = compare(ctx.plan, measured)
+            fits = fit_verdicts(ctx.plan)
+            status = "pass" if all_fit(fits) else "fail"
+            words = "; ".join(f"{c.device}: planned {c.planned_bytes / 2**30:.2f} GiB, measured "
+                              f"{c.measured_bytes / 2**30:.2f} GiB ({c.error_pct:+.1f} %)" for c in comparisons)
+            fit_words = "; ".join(f"{f.device} {'fits' if f.fits else 'does not fit' if f.fits is False else 'unknown'}"
+                                  for f in fits)
+            result = CommandPlan(status, f"{ran.spec.mode if ran.spec else ''} plan of what ran: {fit_words}"
+                                         + (f"; {words}" if words else ""), ran=ran, ctx=ctx, comparisons=comparisons)
+            try:
+                (self.run_dir / "plan" / "plan.json").write_text(json.dumps(ctx.plan.to_json(), indent=2),
+                                                                 encoding="utf-8")
+            except OSError as exc:
+                raise StageError(f"plan: {exc}") from None
+        self.results["plan"] = result
+        yield self.emit(StageFinished("plan", status=result.status, result=result, summary=result.summary))
+        return result
+
+    def train_eval_stage(self, cancelled: Callable[[], bool] | None = None
+                         ) -> Generator[Event, None, CommandEvaluation]:
+        """The final checkpoint against its base on the held-out split (or the user's evaluation command)."""
+        outcome = self.reference
+        if outcome is None or outcome.exit_code != 0:
+            raise self._refused("train_eval", "the command did not end well, so there is no final checkpoint to "
+                                              "evaluate")
+        if self.spec.eval == "none":
+            off = CommandEvaluation("not_applicable", "none", "", "", False, None, None, "", None, "", "",
+                                    summary="switched off (command.eval = \"none\")")
+            self.results["train_eval"] = off
+            yield self.emit(StageFinished("train_eval", status=off.status, result=off, summary=off.summary))
+            return off
+        yield self.emit(StageStarted("train_eval", detail="the final checkpoint against its base on held-out data"))
+        final = outcome.checkpoints[-1] if outcome.checkpoints else None
+        result: CommandEvaluation = yield from self._stage("train_eval", evaluate_stage(self.spec, final, self.base_model(),
+                                                                     self.eval_seq_len(), self.run_dir / "evaluation",
+                                                                     cancelled))
+        self.results["train_eval"] = result
+        yield self.emit(StageFinished("train_eval", status=result.status, result=result, summary=result.summary))
+        return result
+
+    def base_model(self) -> str:
+        """The model before training: ``command.model``, else the folder the Trainer's model (or its adapter) was
+        loaded from, when it is a folder here; "" when none is known."""
+        if self.spec.model:
+            return self.values["{model}"]
+        trainer = self.reference.trainer if self.reference else None
+        for name in ((trainer or {}).get("peft") or {}).get("base_model_name_or_path"), \
+                (trainer or {}).get("name_or_path"):
+            if name and Path(str(name)).is_dir():
+                return str(Path(str(name)).resolve())
+        return ""
+
+    def eval_seq_len(self) -> int:
+        if self.spec.eval_seq_len:
+            return self.spec.eval_seq_len
+        widths = [w for b in (self.reference.hook.batches.values() if self.reference else []) for w in b.get("widths", [])]
+        return max(widths) if widths else DEFAULT_EVAL_SEQ_LEN
+
+    def tier(self) -> Any:
+        """The tolerance tier of the resume check: the device the command ran on and its compute dtype (the
+        Trainer's bf16 / fp16 flag or parameter dtype; else ``command.dtype``)."""
+        from core.stages.resume import tolerance_tier
+
+        outcome = self.reference
+        trainer = outcome.trainer if outcome else None
+        device = str((trainer or {}).get("device", "cpu"))
+        if trainer is None and outcome is not None and any(k.startswith("cuda") for k in outcome.peaks):
+            device = "cuda"
+        dtype = self.spec.dtype
+        plan = self.results.get("plan")
+        if plan is not None and plan.ran is not None and plan.ran.spec is not None:
+            dtype = plan.ran.spec.dtype
+        return tolerance_tier(device, dtype)
+
+    def resume_stage(self, cancelled: Callable[[], bool] | None = None) -> Generator[Event, None, CommandResume]:
+        """Kill the command after a checkpoint, resume it, compare with the uninterrupted run."""
+        outcome = self.reference
+        if not self.spec.resume_check:
+            result = not_applicable("switched off (command.resume_check = false)")
+            yield self.emit(StageStarted("resume", detail="nothing to resume"))
+        else:
+            if outcome is None or outcome.exit_code != 0:
+                raise self._refused("resume", "the uninterrupted run did not end well, so it is no reference")
+            yield self.emit(StageStarted("resume", detail="kill your command after a checkpoint, resume it with your "
+                                                          "resume command, compare"))
+            result = yield from self._stage("resume", resume_stage(self.spec, outcome, self.run_dir, self.values,
+                                                                   self.tier(), cancelled, self.backend))
+        self.results["resume"] = result
+        yield self.emit(StageFinished("resume", status=result.status, result=result, summary=result.summary))
+        return result
+
+    # ------------------------------------------------------------------ the record
+    def current_verdict(self) -> dict[str, Any]:
+        """The verdict the record would hold if written now."""
+        from core.command.record import verdict
+
+        return verdict(self.results, self.stopped)
+
+    def write_record(self, signoff: dict[str, Any] | None = None) -> Path:
+        """Build ``record.toml`` of kind ``command`` from the stage results and write it atomically.
+
+        Raises:
+            GpuAcceptError: the record is already signed.
+        """
+        from core.command.record import build_command_record
+        from core.record.build import environment, utc_now
+
+        if self.signed:
+            raise GpuAcceptError(f"{self.record_path} is already signed; start a new run to sign again")
+        record = build_command_record(self, started=self.started, finished=utc_now(), env=environment())
+        return self._write_record_file(record, signoff)
+
+
+def _nvml_backend() -> Any:
+    """NVML for the GPUs' memory from outside, or None where it does not start (no driver: a CPU box)."""
+    from core.monitor.nvml import default_backend
+
+    backend, _ = default_backend()
+    return backend if getattr(backend, "name", "") == "nvml" else None
+
+
+def run_command_pipeline(spec: CommandSpec, runs_root: Path = Path("runs"),
+                         cancelled: Callable[[], bool] | None = None) -> Generator[Event, None, Path | None]:
+    """Run every stage of command mode in order, yielding events; return the record's path (None when it could not be
+    written). A command that exits early or fails stops the stages that need its checkpoints; the record is written
+    in every case, with what did not run marked so.
+
+    Raises:
+        SpecError, DataError, GpuAcceptError: bad input, before the run directory is created.
+    """
+    run = CommandRun(spec, runs_root)
+    try:
+        yield from run.probe_stage(cancelled)
+        yield from run.plan_stage()
+        if run.reference is None or run.reference.exit_code != 0:
+            why = "the command did not exit 0; its evaluation and the resume check were not run"
+            for stage in ("train_eval", "resume"):
+                run.stopped[stage] = Stopped(StageStatus.NOT_RUN, f"not run: {why}")
+            raise GpuAcceptError(why)
+        yield from run.train_eval_stage(cancelled)
+        yield from run.resume_stage(cancelled)
+    except GpuAcceptError as exc:
+        yield run.emit(Message("pipeline", text=f"stopped: {exc}"))
+    finally:
+        run.close()
+    yield StageStarted("record", detail="record.toml, written atomically")
+    try:
+        path = run.write_record()
+    except OSError as exc:
+        yield StageFinished("record", status="not_written", summary=f"the record could not be written "
+                            f"({exc.strerror or exc}); the run folder {run.run_dir} keeps every artefact")
+        yield RunFinished("record", status="fail", record_path="", run_dir=str(run.run_dir))
+        return None
+    yield StageFinished("record", status="written", summary=str(path))
+    yield RunFinished("record", status=run.verdict or "fail", record_path=str(path), run_dir=str(run.run_dir))
+    return path

@@ -1,0 +1,261 @@
+"""What a run of the user's command left to read: the Trainer hook's events, the metrics file, the checkpoints.
+
+Each reader returns typed values and the problems it found (a line that is not JSON, a step without a loss), never
+raises on the user's files: a command that writes no metrics or no checkpoint gets a verdict that says so.
+
+- :func:`read_hook_events`: the JSON lines of ``core/child/inject/trainer_hook.py`` (``trainer``, ``batches``,
+  ``step``, ``save``, ``held``, ``train_end``, ``hook_error``), tailed from a byte offset.
+- :func:`read_metrics` / :func:`trainer_state_steps`: a JSON-lines metrics file (``step``, ``loss``, optionally
+  ``learning_rate`` or ``lr``, ``sample_ids``, ``rank``) or the ``log_history`` of Trainer's ``trainer_state.json``.
+- :func:`list_checkpoints`: the checkpoints matching the spec's glob inside a run's output folder, by step (the
+  last number of each name: Trainer's ``checkpoint-<step>``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One optimizer step of a run as its metrics say it (one rank's, under torchrun).
+
+    Attributes:
+        loss: the logged loss (Trainer's: the mean over the logging window).
+        learning_rate: the learning rate applied, or None when the metrics do not say.
+        sample_ids: what the step trained on: the metrics' ``sample_ids``, or the sha256 digests of the micro-batches'
+            ``input_ids`` the Trainer hook saw; None when neither is there.
+        memory: the peak bytes the hook reported with the step (``peak_rss_bytes``, ``peak_allocated_bytes``, ...).
+    """
+
+    step: int
+    loss: float
+    learning_rate: float | None = None
+    sample_ids: list[Any] | None = None
+    rank: int = 0
+    t: float = 0.0
+    memory: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class HookReport:
+    """Everything the Trainer hook wrote for one run (every rank's lines)."""
+
+    trainers: list[dict[str, Any]] = field(default_factory=list)
+    steps: list[StepRecord] = field(default_factory=list)
+    batches: dict[tuple[int, int], dict[str, Any]] = field(default_factory=dict)  # (rank, step) -> batches event
+    saves: list[dict[str, Any]] = field(default_factory=list)
+    held: dict[int, dict[str, Any]] = field(default_factory=dict)  # rank -> held event
+    ends: dict[int, dict[str, Any]] = field(default_factory=dict)  # rank -> train_end event
+    errors: list[str] = field(default_factory=list)
+    offset: int = 0
+
+    @property
+    def lead(self) -> dict[str, Any] | None:
+        """Rank 0's ``trainer`` event (the first Trainer that began training), or None: no Trainer reported itself."""
+        ranked = sorted(self.trainers, key=lambda e: (e.get("rank", 0), e.get("t", 0.0)))
+        return ranked[0] if ranked else None
+
+    @property
+    def world_size(self) -> int:
+        lead = self.lead
+        return int(lead.get("world_size", 1)) if lead else 1
+
+    def steps_with_batches(self) -> list[StepRecord]:
+        """The logged steps, each with the digests of the micro-batches the step trained on (its ``batches`` event)
+        as its sample ids."""
+        out = []
+        for s in self.steps:
+            b = self.batches.get((s.rank, s.step))
+            ids = list(b["digests"]) if b and b.get("digests") else None
+            out.append(StepRecord(s.step, s.loss, s.learning_rate, ids, s.rank, s.t, s.memory))
+        return out
+
+
+def read_hook_events(path: Path, report: HookReport) -> list[StepRecord]:
+    """Read the complete lines of the hook's events file from ``report.offset`` into ``report``; the steps logged
+    since the last call are returned. A line that is not JSON is named in ``report.errors``."""
+    if not path.exists():
+        return []
+    with open(path, "rb") as fh:
+        fh.seek(report.offset)
+        data = fh.read()
+    end = data.rfind(b"\n")
+    if end < 0:
+        return []
+    report.offset += end + 1
+    new: list[StepRecord] = []
+    for raw in data[: end + 1].splitlines():
+        if not raw.strip():
+            continue
+        try:
+            e = json.loads(raw)
+        except ValueError:
+            report.errors.append(f"{path.name}: a line is not JSON ({raw[:80]!r})")
+            continue
+        kind, rank = e.get("kind"), int(e.get("rank", 0) or 0)
+        if kind == "trainer":
+            report.trainers.append(e)
+        elif kind == "step":
+            step = _step_record(e, rank)
+            if step is not None:
+                report.steps.append(step)
+                new.append(step)
+        elif kind == "batches":
+            report.batches[(rank, int(e.get("step", 0)))] = e
+        elif kind == "save":
+            report.saves.append(e)
+        elif kind == "held":
+            report.held[rank] = e
+        elif kind == "train_end":
+            report.ends[rank] = e
+        elif kind == "hook_error":
+            report.errors.append(f"rank {rank} {e.get('where')}: {e.get('error')}")
+    return new
+
+
+MEMORY_KEYS = ("peak_rss_bytes", "peak_allocated_bytes", "peak_reserved_bytes")
+
+
+def _step_record(e: dict[str, Any], rank: int) -> StepRecord | None:
+    try:
+        loss = float(e["loss"])
+        step = int(e["step"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    lr = e.get("learning_rate", e.get("lr"))
+    ids = e.get("sample_ids")
+    return StepRecord(step=step, loss=loss, learning_rate=float(lr) if isinstance(lr, (int, float)) else None,
+                      sample_ids=list(ids) if isinstance(ids, list) else None, rank=rank,
+                      t=float(e.get("t", 0.0) or 0.0),
+                      memory={k: int(e[k]) for k in MEMORY_KEYS if isinstance(e.get(k), int)})
+
+
+@dataclass
+class MetricsFile:
+    """A JSON-lines metrics file tailed as it grows (the user's own, inside the run's output folder)."""
+
+    path: Path
+    steps: list[StepRecord] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    offset: int = 0
+    lines: int = 0
+
+
+def read_metrics(metrics: MetricsFile) -> list[StepRecord]:
+    """Read the complete lines added to ``metrics.path`` since the last call: one JSON object per line with ``step``
+    (an integer) and ``loss`` (a finite number), optionally ``learning_rate`` (or ``lr``), ``sample_ids`` (a list)
+    and ``rank``. A line that is not such an object is named in ``metrics.problems`` (by its line number) and
+    skipped. Returns the new steps."""
+    path = metrics.path
+    if not path.is_file():
+        return []
+    with open(path, "rb") as fh:
+        fh.seek(metrics.offset)
+        data = fh.read()
+    end = data.rfind(b"\n")
+    if end < 0:
+        return []
+    metrics.offset += end + 1
+    new = []
+    for raw in data[: end + 1].splitlines():
+        metrics.lines += 1
+        if not raw.strip():
+            continue
+        try:
+            e = json.loads(raw)
+        except ValueError:
+            metrics.problems.append(f"{path.name} line {metrics.lines}: not JSON")
+            continue
+        if not isinstance(e, dict):
+            metrics.problems.append(f"{path.name} line {metrics.lines}: not a JSON object")
+            continue
+        if not isinstance(e.get("t"), (int, float)):
+            e["t"] = time.time()  # when the line was read: within a poll (20 ms) of when it was written
+        record = _step_record(e, int(e.get("rank", 0) or 0) if isinstance(e.get("rank", 0), int) else 0)
+        if record is None or not math.isfinite(record.loss):
+            metrics.problems.append(f"{path.name} line {metrics.lines}: needs an integer step and a finite loss")
+            continue
+        metrics.steps.append(record)
+        new.append(record)
+    return new
+
+
+def trainer_state_steps(checkpoint: Path) -> list[StepRecord]:
+    """The logged steps of Trainer's ``trainer_state.json`` in ``checkpoint`` (its ``log_history`` entries with a
+    loss), or [] when there is none."""
+    try:
+        state = json.loads((checkpoint / "trainer_state.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    out = []
+    for h in state.get("log_history", []) if isinstance(state, dict) else []:
+        if isinstance(h, dict) and "loss" in h and "step" in h:
+            record = _step_record(h, 0)
+            if record is not None:
+                out.append(record)
+    return out
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A checkpoint of a run: its step (the last number of its name) and its folder."""
+
+    step: int
+    path: Path
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+
+_NUMBER = re.compile(r"(\d+)")
+
+
+def step_of(name: str) -> int | None:
+    """The last number in a checkpoint's name (``checkpoint-12`` -> 12, ``step_000400.pt`` -> 400), or None."""
+    numbers = _NUMBER.findall(name)
+    return int(numbers[-1]) if numbers else None
+
+
+def list_checkpoints(out_dir: Path, pattern: str) -> tuple[list[Checkpoint], list[str]]:
+    """The checkpoints matching ``pattern`` inside ``out_dir``, by step; and the names skipped (no number in the
+    name, or a file: a checkpoint is read as a folder of files). Two checkpoints of one step: the later name wins,
+    both are named."""
+    found: dict[int, Checkpoint] = {}
+    skipped: list[str] = []
+    if not out_dir.is_dir():
+        return [], skipped
+    for path in sorted(out_dir.glob(pattern)):
+        step = step_of(path.name)
+        if not path.is_dir():
+            skipped.append(f"{path.name}: a file, not a folder (checkpoints are read as folders of files)")
+            continue
+        if step is None:
+            skipped.append(f"{path.name}: no step number in its name")
+            continue
+        if step in found:
+            skipped.append(f"{found[step].name} and {path.name} are both step {step}")
+        found[step] = Checkpoint(step, path)
+    return [found[s] for s in sorted(found)], skipped
+
+
+def last_lines(path: Path, n: int = 6, width: int = 200) -> str:
+    """The last ``n`` non-empty lines of a log, each cut to ``width`` characters, joined by " | " (for a verdict's
+    evidence: what the command said last)."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, 2)
+            size = fh.tell()
+            fh.seek(max(0, size - 16384))
+            text = fh.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+    lines = [ln.strip() for ln in text.replace("\r", "\n").splitlines() if ln.strip()]
+    return " | ".join(ln[:width] for ln in lines[-n:])

@@ -1,0 +1,545 @@
+"""Kill and resume of the user's job: "a checkpoint exists" is not "it resumes".
+
+The uninterrupted run (the probe stage's) is the reference. Its checkpoints, by step, give c (the
+``kill_after_checkpoint``-th) and the next one n; the kill lands at step ``k = c + max(1, (n - c) // 2)``:
+
+1. **interrupted**: the training command again, into a fresh ``{out}``. A Trainer-based script holds after optimizer
+   step k on every rank (the hook's ``GPUACCEPT_HOLD_AT_STEP``: exact on any machine's speed); another script is
+   killed as soon as its metrics show step k (checked every 20 ms: a script that writes checkpoint n within that time
+   is caught by the ``kill_point`` check, never passed). Then SIGKILL to every process of it, every rank
+   (:func:`core.command.process.kill_job`).
+2. **the checkpoint left**, checked before anything loads it (a failed manifest, safe-loading, trainer-state or world
+   size check stops the resume; an incomplete checkpoint is still resumed, and what follows is evidence too): the newest complete checkpoint is c (a partial newer one
+   is named), it holds every component (Trainer's set: weights or adapter, optimizer, scheduler, RNG state per rank,
+   trainer state, GradScaler with fp16; for another script the files of ``command.checkpoint_files``), its sha256
+   manifest is taken, every pickle the resume loads loads with ``torch.load`` with ``weights_only=True``, Trainer's state says
+   step c, and it was written at the world size the resume runs at.
+3. **resumed**: the resume command with ``{checkpoint}`` = checkpoint c, into its own ``{out}``, to its end.
+4. **compared** with the reference: the steps the resumed run logged (exactly the reference's after c), the learning
+   rate and the samples of every step (exact), the loss of every step and rank (within the tier), the trainable set
+   (Trainer), the manifest again after the run, and at the reference's last checkpoint every tensor file: weights
+   (tier), optimizer progress (exact) and moments (tier), RNG and scheduler states (exact). What could not be compared
+   (no learning rate or sample ids in the metrics, a JSON file) is listed, never counted as passed.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Generator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from core.child.manifest import verify_manifest, write_manifest
+from core.command.reports import Checkpoint, StepRecord, last_lines
+from core.command.run import RunOutcome, run_command
+from core.command.spec import CommandSpec, substitute
+from core.events import Event, Message
+from core.stages.resume import (
+    Check,
+    Tier,
+    UntrustedCheckpoint,
+    _max_diff,
+    _span,
+    compare_optimizers,
+    safe_load,
+    world_size_check,
+)
+
+#: files Trainer writes that a resume never loads: a pickle of TrainingArguments (not weights-only loadable) and
+#: peft's model card
+TRAINER_UNLOADED = ("training_args.bin", "README.md")
+#: the checks of the checkpoint left by the kill that stop the resume when they fail: nothing unsafe or written at
+#: another world size is loaded
+LOADING_GUARDS = ("manifest", "safe_loading", "world_size", "trainer_state")
+#: suffixes of the files read as pickles (``torch.load``)
+PICKLES = (".pt", ".pth", ".bin", ".pkl", ".ckpt")
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """One run of the check: its words, how it ended, its log."""
+
+    argv: list[str]
+    exit_code: int | None
+    killed: str
+    seconds: float
+    log: str
+    out_dir: str
+
+
+@dataclass(frozen=True)
+class CommandResume:
+    """Outcome of the kill-and-resume check. ``status``: pass | fail | not_applicable (switched off)."""
+
+    status: str
+    summary: str
+    checks: list[Check] = field(default_factory=list)
+    checkpoint_step: int | None = None
+    next_checkpoint_step: int | None = None
+    kill_step: int | None = None
+    final_checkpoint_step: int | None = None
+    tier: Tier | None = None
+    comparison: list[dict[str, Any]] = field(default_factory=list)
+    manifest: dict[str, str] = field(default_factory=dict)
+    not_compared: list[str] = field(default_factory=list)
+    runs: dict[str, RunSummary] = field(default_factory=dict)
+    required_files: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def trainer_files(trainer: dict[str, Any], world: int) -> list[str]:
+    """The files a Trainer checkpoint must hold to resume (transformers' ``_save_checkpoint``): the adapter (a
+    PeftModel) or the model's weights, optimizer, scheduler, trainer state, one RNG state per process, and the
+    GradScaler with fp16."""
+    weights = "adapter_model.safetensors" if trainer.get("peft") else "model.safetensors"
+    files = [weights, "optimizer.pt", "scheduler.pt", "trainer_state.json"]
+    files += [f"rng_state_{r}.pth" for r in range(world)] if world > 1 else ["rng_state.pth"]
+    if (trainer.get("arguments") or {}).get("fp16"):
+        files.append("scaler.pt")
+    return files
+
+
+def missing_files(ckpt: Path, required: list[str]) -> list[str]:
+    """The required files absent from ``ckpt``; a sharded model's weights count as present when its index is there
+    (``model.safetensors`` -> ``model.safetensors.index.json``)."""
+    out = []
+    for name in required:
+        if (ckpt / name).is_file():
+            continue
+        if name.endswith(".safetensors") and (ckpt / f"{name}.index.json").is_file():
+            continue
+        out.append(name)
+    return out
+
+
+def not_applicable(why: str) -> CommandResume:
+    return CommandResume(status="not_applicable", summary=why)
+
+
+def resume_stage(spec: CommandSpec, reference: RunOutcome, run_dir: Path, values: dict[str, str], tier: Tier,
+                 cancelled: Callable[[], bool] | None = None, backend: Any = None,
+                 ) -> Generator[Event, None, CommandResume]:
+    """Kill the command after checkpoint c, resume it, compare with ``reference`` (see the module docstring).
+
+    Args:
+        values: the placeholders other than ``{out}`` and ``{checkpoint}`` (``{train_data}``, ``{model}``).
+        tier: the tolerance of the loss and tensor comparisons (:func:`core.stages.resume.tolerance_tier`).
+
+    Raises:
+        StageCancelled: the user stopped it; every process of the command was killed.
+        StageError: a run could not start.
+    """
+    started = time.perf_counter()
+    checks: list[Check] = []
+    trainer = reference.trainer
+    world = reference.hook.world_size
+    required = list(spec.checkpoint_files) or (trainer_files(trainer, world) if trainer else [])
+    ckpts = reference.checkpoints
+    need = spec.kill_after_checkpoint + 1
+    if len(ckpts) < need:
+        found = ", ".join(c.name for c in ckpts) or "none"
+        return _finish(started, [Check("checkpoints", "fail", f"the uninterrupted run wrote {len(ckpts)} checkpoint(s) "
+                                        f"matching {spec.checkpoints} ({found}); the check kills after checkpoint "
+                                        f"{spec.kill_after_checkpoint} and compares at a later one, so it needs at "
+                                        f"least {need}: save more often, train longer, or lower "
+                                        "command.kill_after_checkpoint", kind="completeness")],
+                       tier, required=required)
+    c, n, final = ckpts[spec.kill_after_checkpoint - 1].step, ckpts[spec.kill_after_checkpoint].step, ckpts[-1].step
+    k = c + max(1, (n - c) // 2)
+    checks.append(Check("checkpoints", "pass", f"the uninterrupted run wrote {len(ckpts)} checkpoints (steps "
+                                               f"{_span([x.step for x in ckpts])}): resume from step {c}, kill at step "
+                                               f"{k} (before the next, {n}), compare up to step {final}",
+                        kind="completeness"))
+
+    # 1. the interrupted run, killed between checkpoint c and the next
+    out_i = run_dir / "resume-interrupted" / "out"
+    argv_i = substitute(spec.words(), {**values, "{out}": str(out_i)})
+    how = "held by the Trainer hook after step" if trainer else "killed when its metrics show step"
+    yield Message("resume", text=f"interrupted run: {how} {k}, after checkpoint {c} and before {n}; SIGKILL to every "
+                                 "process of it")
+
+    def at_kill_point(o: RunOutcome) -> bool:
+        if trainer:
+            return len(o.hook.held) >= world
+        return any(s.step >= k for s in o.steps_seen())
+
+    interrupted = yield from run_command(spec, "interrupted", argv_i, out_i, run_dir / "resume-interrupted",
+                                         "resume", total=k, hold_at_step=k if trainer else None,
+                                         kill_when=at_kill_point, cancelled=cancelled, backend=backend)
+    runs = {"interrupted": _summary(interrupted)}
+    kill, point, ckpt = _kill_checks(interrupted, trainer is not None, world, c, n, k, required)
+    checks += [kill, point]
+    if kill.status != "pass" or ckpt is None:
+        return _finish(started, checks, tier, c, n, k, final, runs=runs, required=required)
+
+    # 2. the checkpoint it left, before anything loads it
+    manifest = write_manifest(ckpt.path, run_dir / "resume-interrupted" / f"manifest-{ckpt.name}.json")
+    gate = _checkpoint_checks(interrupted, ckpt, c, required, manifest, trainer, world)
+    checks += gate
+    # a checkpoint that cannot be loaded safely, or at another world size, is never resumed; an incomplete one is (the
+    # user's resume is what is accepted: what it does without the missing part is evidence too)
+    if any(ch.status != "pass" for ch in gate if ch.name in LOADING_GUARDS):
+        return _finish(started, checks, tier, c, n, k, final, manifest=manifest, runs=runs, required=required)
+
+    # 3. the resumed run, from checkpoint c
+    out_r = run_dir / "resume-resumed" / "out"
+    argv_r = substitute(spec.resume_words(), {**values, "{out}": str(out_r), "{checkpoint}": str(ckpt.path)})
+    yield Message("resume", text=f"resumed run from {ckpt.name} to its end (step {reference.last_step() or final}), "
+                                 "compared with the uninterrupted run")
+    resumed = yield from run_command(spec, "resumed", argv_r, out_r, run_dir / "resume-resumed", "resume",
+                                     total=reference.last_step() or final, cancelled=cancelled, backend=backend)
+    runs["resumed"] = _summary(resumed)
+    bad = verify_manifest(ckpt.path, manifest)
+    checks.append(Check("manifest_after", "fail" if bad else "pass",
+                        f"after the resumed run, the checkpoint's files changed: {', '.join(bad)}" if bad else
+                        f"after the resumed run, the sha256 of the {len(manifest)} files still match"))
+    if resumed.exit_code != 0:
+        why = "timed out" if resumed.timed_out else f"exit status {resumed.exit_code}"
+        checks.append(Check("resumed_run", "fail", f"the resume command failed ({why}): "
+                                                   f"{last_lines(resumed.log_path, 4)} (see {resumed.log_path})"))
+        return _finish(started, checks, tier, c, n, k, final, manifest=manifest, runs=runs, required=required)
+
+    # 4. compared with the reference
+    not_compared: list[str] = []
+    step_checks, comparison = compare_steps(reference.steps, interrupted.steps, resumed.steps, c, tier, not_compared,
+                                            resumed.trainer)
+    checks += step_checks
+    if trainer:
+        checks.append(trainable_check(trainer, resumed.trainer))
+    checks += compare_final(reference, resumed, final, tier, not_compared)
+    return _finish(started, checks, tier, c, n, k, final, comparison, manifest, not_compared, runs, required)
+
+
+def _summary(o: RunOutcome) -> RunSummary:
+    killed = o.kill.evidence() if o.kill is not None else ""
+    return RunSummary(o.argv, o.exit_code, killed, o.seconds, str(o.log_path), str(o.out_dir))
+
+
+def complete(ckpt: Checkpoint, required: list[str]) -> bool:
+    return bool(required) and not missing_files(ckpt.path, required)
+
+
+def _kill_checks(o: RunOutcome, trainer: bool, world: int, c: int, n: int, k: int, required: list[str]
+                 ) -> tuple[Check, Check, Checkpoint | None]:
+    """``kill``: the run was killed (it had not ended) and no process of it is left; ``kill_point``: where it was
+    killed is after checkpoint c and before checkpoint n was complete. Returns them and checkpoint c, if there."""
+    if o.kill is None:
+        why = "timed out" if o.timed_out else f"exited with status {o.exit_code}"
+        return (Check("kill", "fail", f"the interrupted run {why} before step {k} ({last_lines(o.log_path, 3)}); "
+                                      "nothing was killed"),
+                Check("kill_point", "fail", "no kill"), None)
+    kill = Check("kill", "pass" if o.kill.clean else "fail", o.kill.evidence())
+    ckpt = next((x for x in o.checkpoints if x.step == c), None)
+    later = [x for x in o.at_kill if x.step > c and (complete(x, required) if required else True)]
+    if trainer:
+        ranks = sorted(o.hook.held)
+        where = f"every rank ({', '.join(map(str, ranks))}) held after step {k}" if len(ranks) == world else \
+            f"held on ranks {ranks} of {world}"
+        ok = len(ranks) == world and all(int(e.get("step", 0)) == k for e in o.hook.held.values())
+    else:
+        seen = max((s.step for s in o.steps_seen()), default=0)
+        where = f"killed when its metrics showed step {seen}"
+        ok = seen >= k
+    if later:
+        ok = False
+        where += f"; but {', '.join(x.name for x in later)} was already complete at the kill (the kill came after the " \
+                 "next checkpoint: from outside a script is killed when its metrics show the step, and this one " \
+                 "saved within that time; save less often than every step)"
+    if ckpt is None:
+        ok = False
+        where += f"; no checkpoint of step {c} in its output folder"
+    return kill, Check("kill_point", "pass" if ok else "fail", f"{where}: after checkpoint {c}, before {n}"), ckpt
+
+
+def _checkpoint_checks(o: RunOutcome, ckpt: Checkpoint, c: int, required: list[str], manifest: dict[str, str],
+                       trainer: dict[str, Any] | None, world: int) -> list[Check]:
+    checks = []
+    listed, skipped = o.checkpoints, o.skipped_checkpoints
+    newest = [x for x in listed if complete(x, required)] if required else listed
+    partial = [f"{x.name} is partial (missing {', '.join(missing_files(x.path, required))})"
+               for x in listed if required and x.step > c and not complete(x, required)]
+    top = newest[-1] if newest else None
+    checks.append(Check("checkpoint_selection", "pass" if top is not None and top.step == c else "fail",
+                        (f"resume from {top.name}, the newest complete checkpoint" if top else
+                         "no complete checkpoint") + (f" (expected step {c})" if top is None or top.step != c else "")
+                        + ("; skipped " + "; ".join(partial + skipped) if partial or skipped else ""),
+                        kind="completeness"))
+    if not required:
+        checks.append(Check("checkpoint_complete", "fail", "the script is not Trainer-based, so gpuaccept does not know "
+                                                           "what its checkpoint must hold: list the files in "
+                                                           "command.checkpoint_files (weights, optimizer, scheduler, "
+                                                           "RNG, progress)", kind="completeness"))
+    else:
+        missing = missing_files(ckpt.path, required)
+        checks.append(Check("checkpoint_complete", "fail" if missing else "pass",
+                            f"missing from {ckpt.name}: {', '.join(missing)}" if missing else
+                            f"{ckpt.name} holds {', '.join(required)}", kind="completeness"))
+    checks.append(Check("manifest", "pass" if manifest else "fail",
+                        f"sha256 of {len(manifest)} files taken right after the kill" if manifest else
+                        f"{ckpt.name} holds no file"))
+    checks.append(safe_loading(ckpt.path, trainer is not None, world))
+    if trainer is not None:
+        import json
+
+        try:
+            state = json.loads((ckpt.path / "trainer_state.json").read_text(encoding="utf-8")).get("global_step")
+        except (OSError, ValueError):
+            state = None
+        checks.append(Check("trainer_state", "pass" if state == c else "fail",
+                            f"trainer_state.json global_step = {state} (expected {c})"))
+        checks.append(world_size_check(ckpt.path, world))
+    return checks
+
+
+def safe_loading(ckpt: Path, trainer: bool, world: int) -> Check:
+    """Every pickle of the checkpoint that a resume loads loads with ``torch.load`` with ``weights_only=True``: for Trainer
+    the optimizer, scheduler, RNG states and GradScaler (it never loads ``training_args.bin``); for another script
+    every file with a pickle's suffix (:data:`PICKLES`), since gpuaccept cannot know which ones it loads."""
+    files = sorted(p for p in ckpt.rglob("*") if p.is_file() and p.suffix in PICKLES)
+    if trainer:
+        files = [p for p in files if p.name not in TRAINER_UNLOADED]
+    refused = []
+    for f in files:
+        try:
+            safe_load(f)
+        except UntrustedCheckpoint as exc:
+            refused.append(str(exc))
+    names = ", ".join(str(f.relative_to(ckpt)) for f in files) or "no pickle"
+    if refused:
+        return Check("safe_loading", "fail", "; ".join(refused))
+    return Check("safe_loading", "pass", f"{names} load with weights_only=True" + (
+        " (training_args.bin, a pickle of TrainingArguments Trainer never loads on resume, not loaded)" if trainer
+        and (ckpt / "training_args.bin").is_file() else ""))
+
+
+def _by_rank(steps: list[StepRecord]) -> dict[tuple[int, int], StepRecord]:
+    return {(s.rank, s.step): s for s in steps}
+
+
+def compare_steps(ref_steps: list[StepRecord], interrupted: list[StepRecord], resumed: list[StepRecord], c: int,
+                  tier: Tier, not_compared: list[str], resumed_trainer: dict[str, Any] | None = None,
+                  ) -> tuple[list[Check], list[dict[str, Any]]]:
+    """The step-by-step checks: ``global_steps`` (the resumed run logged exactly the reference's steps after c, on
+    every rank; a resumed Trainer started at global step c), ``reproducible`` (before its kill the interrupted run
+    equals the reference: the command gives the same run twice), then for the resumed run ``learning_rate`` and
+    ``sample_ids`` (exact, where the metrics hold them) and ``loss`` (every step and rank within the tier).
+
+    Returns:
+        (the checks, one row per resumed step of rank 0: step, learning_rate, loss_reference, loss_resumed,
+        difference)."""
+    if not ref_steps:
+        return [Check("loss", "fail", "the uninterrupted run wrote no per-step metrics (none found: "
+                                      "command.metrics), so nothing shows the resumed run continues as it did; "
+                                      "write JSON lines with step and loss, or train with transformers' Trainer",
+                      kind="tolerance", tier=tier.name)], []
+    ref = _by_rank(ref_steps)
+    want = sorted(key for key in ref if key[1] > c)
+    got = sorted(_by_rank(resumed))
+    start = f"; the resumed Trainer began at global step {resumed_trainer.get('global_step')}" if resumed_trainer \
+        else ""
+    ok = got == want and (resumed_trainer is None or resumed_trainer.get("global_step") == c)
+    checks = [Check("global_steps", "pass" if ok else "fail",
+                    f"resumed steps {_span(sorted({s for _, s in got}))}, expected {_span(sorted({s for _, s in want}))}"
+                    f" (every step the uninterrupted run logged after {c}, {len({r for r, _ in want})} rank(s)){start}")]
+    before = [(s, ref[(s.rank, s.step)]) for s in interrupted if (s.rank, s.step) in ref]
+    pairs = [(s, ref[(s.rank, s.step)]) for s in resumed if (s.rank, s.step) in ref]
+    if before:
+        checks.append(_reproducible(before, tier))
+    else:
+        not_compared.append("the interrupted run before the kill: it logged no step the uninterrupted run logged")
+    for key, label in (("learning_rate", "learning rate"), ("sample_ids", "sample ids")):
+        have = [(a, b) for a, b in pairs if getattr(a, key) is not None and getattr(b, key) is not None]
+        if not have:
+            not_compared.append(f"{label}: the metrics hold none" + (
+                " (sample ids: a metrics line's sample_ids, or the Trainer hook's batch digests)" if key == "sample_ids"
+                else ""))
+            continue
+        diff = sorted({a.step for a, b in have if getattr(a, key) != getattr(b, key)})
+        checks.append(Check(key, "fail" if diff else "pass",
+                            f"{label} of the resumed run differs at steps {_span(diff)}" if diff else
+                            f"{label} of the resumed run equal at {len(have)} step(s)"))
+    bad, worst, worst_step = _losses(pairs, tier)
+    checks.append(Check("loss", "fail" if bad or not pairs else "pass",
+                        (f"resumed loss outside {tier.name} at steps {_span(bad)}" if bad else
+                         f"resumed loss within {tier.name} at {len(pairs)} step(s)" if pairs else
+                         "the resumed run logged no step the uninterrupted run logged")
+                        + (f"; largest difference {worst:.3g} at step {worst_step}" if worst_step else "; identical"),
+                        kind="tolerance", tier=tier.name, largest_difference=worst))
+    rows = [{"step": s.step, "learning_rate": s.learning_rate, "loss_reference": ref[(0, s.step)].loss,
+             "loss_resumed": s.loss, "difference": abs(s.loss - ref[(0, s.step)].loss)}
+            for s in resumed if s.rank == 0 and (0, s.step) in ref]
+    return checks, rows
+
+
+def _losses(pairs: list[tuple[StepRecord, StepRecord]], tier: Tier) -> tuple[list[int], float, int | None]:
+    """(the steps whose loss is outside the tier, the largest difference, its step)."""
+    worst, worst_step, bad = 0.0, None, []
+    for a, b in pairs:
+        d = abs(a.loss - b.loss)
+        if d > worst or not math.isfinite(d):
+            worst, worst_step = d, a.step
+        if not (a.loss == b.loss if tier.rtol == 0.0 else d <= tier.rtol * max(abs(b.loss), 1e-12)):
+            bad.append(a.step)
+    return sorted(set(bad)), worst, worst_step
+
+
+def _reproducible(before: list[tuple[StepRecord, StepRecord]], tier: Tier) -> Check:
+    """The interrupted run, before its kill, equals the uninterrupted one (loss within the tier, learning rate and
+    samples exact): the command gives the same run twice. If not, no comparison after a resume can tell a bad resume
+    from a run that differs anyway."""
+    bad, worst, _ = _losses(before, tier)
+    other = sorted({a.step for a, b in before if (a.learning_rate, a.sample_ids) != (b.learning_rate, b.sample_ids)
+                    and a.learning_rate is not None and b.learning_rate is not None})
+    steps = sorted({a.step for a, _ in before})
+    if bad or other:
+        return Check("reproducible", "fail",
+                     f"before any kill, the interrupted run differs from the uninterrupted one at steps "
+                     f"{_span(sorted(set(bad) | set(other)))} (largest loss difference {worst:.3g}): the command does "
+                     "not give the same run twice, so no resume can be shown to continue it; seed everything it draws "
+                     "(e.g. transformers.set_seed before building the model and its adapters) or make it "
+                     "deterministic", kind="tolerance", tier=tier.name, largest_difference=worst)
+    return Check("reproducible", "pass", f"before the kill, the interrupted run equals the uninterrupted one at steps "
+                                         f"{_span(steps)} (loss within {tier.name}, learning rate and samples)",
+                 kind="tolerance", tier=tier.name, largest_difference=worst)
+
+
+def trainable_check(reference: dict[str, Any], resumed: dict[str, Any] | None) -> Check:
+    """The resumed Trainer trains exactly the reference's tensors (the sha256 of their sorted names, and their
+    parameters; exact)."""
+    if resumed is None:
+        return Check("trainable_set", "fail", "the resumed run reported no Trainer")
+    same = (reference.get("trainable_names_sha256"), reference.get("trainable_parameters")) == \
+        (resumed.get("trainable_names_sha256"), resumed.get("trainable_parameters"))
+    return Check("trainable_set", "pass" if same else "fail",
+                 f"{resumed.get('trainable_tensors')} trainable tensors, {resumed.get('trainable_parameters'):,} "
+                 f"parameters" + (", as in the uninterrupted run" if same else
+                                  f"; the uninterrupted run trained {reference.get('trainable_tensors')} / "
+                                  f"{reference.get('trainable_parameters'):,}"))
+
+
+def compare_final(reference: RunOutcome, resumed: RunOutcome, step: int, tier: Tier, not_compared: list[str]
+                  ) -> list[Check]:
+    """At the reference's last checkpoint (step ``step``), the resumed run's checkpoint of the same step, file by
+    file: every ``.safetensors`` file's tensors (``final_weights``, tier), every optimizer file (progress exact,
+    moments tier: :func:`core.stages.resume.compare_optimizers`), every other pickle (RNG, scheduler, progress; exact,
+    ``states``). Other files (JSON, text) are listed in ``not_compared``."""
+    a = next((x for x in reference.checkpoints if x.step == step), None)
+    b = next((x for x in resumed.checkpoints if x.step == step), None)
+    if a is None or b is None:
+        have = ", ".join(x.name for x in resumed.checkpoints) or "none"
+        return [Check("final_checkpoint", "fail", f"the resumed run wrote no checkpoint of step {step} to compare with "
+                                                  f"the uninterrupted run's (it wrote {have})")]
+    names = sorted(str(p.relative_to(a.path)) for p in a.path.rglob("*") if p.is_file())
+    missing = [n for n in names if not (b.path / n).is_file()]
+    checks = [Check("final_checkpoint", "fail" if missing else "pass",
+                    f"{b.name} of the resumed run lacks {', '.join(missing)}" if missing else
+                    f"{b.name} of both runs holds the same {len(names)} files")]
+    weights = [n for n in names if n.endswith(".safetensors") and n not in missing]
+    if weights:
+        checks.append(_compare_safetensors(a.path, b.path, weights, tier))
+    states: list[str] = []
+    other: list[str] = []
+    for n in names:
+        if n in missing or n.endswith(".safetensors"):
+            continue
+        if Path(n).suffix in PICKLES and Path(n).name not in TRAINER_UNLOADED:
+            if "optim" in Path(n).name:
+                for ch in compare_optimizers(a.path / n, b.path / n, tier):
+                    checks.append(Check(ch.name, ch.status, f"{n}: {ch.evidence}", ch.kind, ch.tier,
+                                        ch.largest_difference))
+            else:
+                states.append(n)
+        else:
+            other.append(n)
+    if other:
+        not_compared.append(f"in {b.name}: {', '.join(other)} (text, JSON or Trainer's pickled TrainingArguments: not "
+                            "tensor states; the steps and the trainer state's global step are compared above)")
+    if states:
+        checks.append(_compare_states(a.path, b.path, states))
+    return checks
+
+
+def _compare_safetensors(a: Path, b: Path, names: list[str], tier: Tier) -> Check:
+    from safetensors.torch import load_file
+
+    worst, where, ok, count, problems = 0.0, "", True, 0, []
+    for n in names:
+        x, y = load_file(str(b / n)), load_file(str(a / n))
+        if x.keys() != y.keys():
+            problems.append(f"{n}: tensor names differ ({sorted(x.keys() ^ y.keys())[:3]})")
+            continue
+        w, key, fine = _max_diff(x, y, tier.rtol)
+        count += len(x)
+        ok = ok and fine
+        if w > worst or not where:
+            worst, where = w, f"{n}:{key}"
+    ok = ok and not problems
+    text = "; ".join(problems) if problems else (f"{count} tensors of {', '.join(names)}: " + (
+        f"largest difference {worst:.3g} ({where})" if worst else "bit-identical"))
+    return Check("final_weights", "pass" if ok else "fail", text, kind="tolerance", tier=tier.name,
+                 largest_difference=worst)
+
+
+def _compare_states(a: Path, b: Path, names: list[str]) -> Check:
+    """The other pickles (RNG, scheduler, progress), loaded with ``weights_only=True``, equal exactly."""
+    differ = []
+    for n in names:
+        try:
+            x, y = safe_load(b / n), safe_load(a / n)
+        except UntrustedCheckpoint as exc:
+            differ.append(str(exc))
+            continue
+        where = first_difference(x, y)
+        if where is not None:
+            differ.append(f"{n} differs at {where or 'the top'}")
+    return Check("states", "fail" if differ else "pass",
+                 "; ".join(differ) if differ else f"{', '.join(names)} equal (exact)")
+
+
+def first_difference(x: Any, y: Any, path: str = "") -> str | None:
+    """The path of the first place two loaded pickles differ ("" at the top), or None when equal: dicts by key, lists
+    and tuples by position, tensors by value (``torch.equal``), numpy arrays by value, anything else by ``==``."""
+    import torch
+
+    if isinstance(x, dict) and isinstance(y, dict):
+        if x.keys() != y.keys():
+            return f"{path} (keys {sorted(map(str, x.keys() ^ y.keys()))[:3]})"
+        for k in x:
+            found = first_difference(x[k], y[k], f"{path}.{k}" if path else str(k))
+            if found is not None:
+                return found
+        return None
+    if isinstance(x, (list, tuple)) and isinstance(y, (list, tuple)):
+        if len(x) != len(y):
+            return f"{path} (lengths {len(x)} vs {len(y)})"
+        for i, (u, v) in enumerate(zip(x, y)):
+            found = first_difference(u, v, f"{path}[{i}]")
+            if found is not None:
+                return found
+        return None
+    if torch.is_tensor(x) and torch.is_tensor(y):
+        return None if x.shape == y.shape and x.dtype == y.dtype and bool(torch.equal(x, y)) else path
+    if hasattr(x, "shape") and hasattr(x, "tobytes") and hasattr(y, "tobytes"):  # numpy
+        return None if x.shape == y.shape and x.tobytes() == y.tobytes() else path
+    try:
+        return None if bool(x == y) else path
+    except (TypeError, ValueError, RuntimeError):
+        return path
+
+
+def _finish(started: float, checks: list[Check], tier: Tier, c: int | None = None, n: int | None = None,
+            k: int | None = None, final: int | None = None, comparison: list[dict[str, Any]] | None = None,
+            manifest: dict[str, str] | None = None, not_compared: list[str] | None = None,
+            runs: dict[str, RunSummary] | None = None, required: list[str] | None = None) -> CommandResume:
+    status = "pass" if checks and all(ch.status == "pass" for ch in checks) else "fail"
+    failed = [ch.name for ch in checks if ch.status != "pass"]
+    extra = f"; not compared: {'; '.join(not_compared)}" if not_compared else ""
+    summary = (f"killed at step {k} after checkpoint {c}, resumed from it, compared up to step {final}: "
+               f"{len(checks)} checks passed ({tier.name}){extra}" if status == "pass" else
+               f"failed: {', '.join(failed)}: " + "; ".join(ch.evidence for ch in checks if ch.status != "pass")[:600])
+    return CommandResume(status=status, summary=summary, checks=checks, checkpoint_step=c, next_checkpoint_step=n,
+                         kill_step=k, final_checkpoint_step=final, tier=tier, comparison=comparison or [],
+                         manifest=manifest or {}, not_compared=not_compared or [], runs=runs or {},
+                         required_files=required or [], seconds=time.perf_counter() - started)

@@ -1,0 +1,190 @@
+"""One run of the user's command, followed to its end (or to the kill the resume check asks for).
+
+:func:`run_command` starts the command (:func:`core.command.process.start_job`), then until it exits: tails the Trainer
+hook's events and the metrics file, lists the checkpoints, samples the memory of its whole process tree
+(:func:`core.command.process.sample_memory`), reports each new step as a :class:`~core.events.Progress` event, and
+kills the whole tree when ``kill_when`` says so, when ``cancelled()`` becomes true or when the spec's timeout passes.
+The run directory keeps the log, the hook's events, the memory samples and the command's own output folder.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Generator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from core.command.process import Job, KillResult, kill_job, sample_memory, start_job
+from core.command.reports import (
+    Checkpoint,
+    HookReport,
+    MetricsFile,
+    StepRecord,
+    list_checkpoints,
+    read_hook_events,
+    read_metrics,
+    trainer_state_steps,
+)
+from core.command.spec import CommandSpec
+from core.errors import StageCancelled
+from core.events import ChildStarted, Event, Progress
+
+POLL_S = 0.02
+SAMPLE_S = 0.25
+CHECKPOINTS_S = 0.2
+
+
+@dataclass
+class RunOutcome:
+    """What one run of the command did (every number measured; what could not be read is in ``problems``).
+
+    Attributes:
+        exit_code: the command's exit status; None when gpuaccept killed it (``kill`` says how).
+        steps: the per-step metrics (:func:`chosen_steps`), every rank's; ``metrics_source`` says where from.
+        checkpoints: the checkpoints in ``out_dir`` when the run ended (or was killed), by step.
+        peaks: the largest sampled bytes per device label of the process tree (:func:`core.command.process.sample_memory`).
+        at_kill: the checkpoints present the moment the kill was decided (the interrupted run).
+    """
+
+    name: str
+    argv: list[str]
+    out_dir: Path
+    job_dir: Path
+    log_path: Path
+    exit_code: int | None = None
+    kill: KillResult | None = None
+    seconds: float = 0.0
+    hook: HookReport = field(default_factory=HookReport)
+    metrics: MetricsFile | None = None
+    steps: list[StepRecord] = field(default_factory=list)
+    metrics_source: str = ""
+    checkpoints: list[Checkpoint] = field(default_factory=list)
+    skipped_checkpoints: list[str] = field(default_factory=list)
+    peaks: dict[str, int] = field(default_factory=dict)
+    at_kill: list[Checkpoint] = field(default_factory=list)
+    timed_out: bool = False
+    problems: list[str] = field(default_factory=list)
+    pid: int = 0
+
+    @property
+    def trainer(self) -> dict[str, Any] | None:
+        """Rank 0's ``trainer`` report from the hook: the script is Trainer-based (measured from inside)."""
+        return self.hook.lead
+
+    def last_step(self) -> int:
+        return max((s.step for s in self.steps), default=0)
+
+    def steps_seen(self) -> list[StepRecord]:
+        """The steps seen so far while it runs (the hook's, else the metrics file's)."""
+        if self.hook.steps:
+            return self.hook.steps
+        return self.metrics.steps if self.metrics is not None else []
+
+
+def chosen_steps(spec: CommandSpec, outcome: RunOutcome) -> tuple[list[StepRecord], str]:
+    """The run's per-step metrics and where they come from: the metrics file when the spec names one; else (``auto``)
+    the Trainer hook's logged steps (loss and learning rate as Trainer logged them, the micro-batches' digests as
+    sample ids); else the ``log_history`` of ``trainer_state.json`` in the newest checkpoint; else none."""
+    if spec.metrics != "auto":
+        metrics = outcome.metrics
+        steps = metrics.steps if metrics is not None else []
+        return steps, f"{spec.metrics} in the run's output folder (JSON lines)"
+    if outcome.hook.steps:
+        return outcome.hook.steps_with_batches(), ("the Trainer hook (on_log: loss and learning rate as Trainer "
+                                                   "logged them; sample ids: sha256 of each micro-batch's input_ids)")
+    for ckpt in reversed(outcome.checkpoints):
+        steps = trainer_state_steps(ckpt.path) if ckpt.path.is_dir() else []
+        if steps:
+            return steps, f"log_history of {ckpt.name}/trainer_state.json"
+    return [], "none found"
+
+
+def run_command(spec: CommandSpec, name: str, argv: list[str], out_dir: Path, job_dir: Path, stage: str,
+                total: int = 0, hold_at_step: int | None = None,
+                kill_when: Callable[[RunOutcome], bool] | None = None,
+                cancelled: Callable[[], bool] | None = None, backend: Any = None,
+                ) -> Generator[Event, None, RunOutcome]:
+    """Run ``argv`` (the command's words, placeholders replaced) to its end; yield its start and its steps.
+
+    Args:
+        name: which run this is (``reference``, ``interrupted``, ``resumed``), for events and messages.
+        out_dir: the run's ``{out}`` (created here); its checkpoints and metrics file are read from it.
+        total: the steps the run is expected to reach, for progress (0: unknown).
+        hold_at_step: a Trainer-based script holds after this optimizer step (``GPUACCEPT_HOLD_AT_STEP``).
+        kill_when: called after each poll with the run so far; True kills the whole tree (the resume check's kill).
+        backend: the NVML backend for GPU memory from outside, or None.
+
+    Raises:
+        StageCancelled: ``cancelled()`` became true; the whole tree was killed first.
+        StageError: the program could not be started.
+    """
+    out_dir.mkdir(parents=True, exist_ok=True)
+    outcome = RunOutcome(name=name, argv=list(argv), out_dir=out_dir, job_dir=job_dir, log_path=job_dir / "command.log")
+    if spec.metrics != "auto":
+        outcome.metrics = MetricsFile(out_dir / spec.metrics)
+    job = start_job(name, argv, spec.workdir_path, job_dir, spec.env, hold_at_step)
+    outcome.pid = job.proc.pid
+    yield ChildStarted(stage, run=name, pid=job.proc.pid, log_path=str(job.log_path))
+    started = time.monotonic()
+    sampled = listed = 0.0
+    finished = False
+    try:
+        while True:
+            new = _read(job, outcome)
+            for step in new:
+                if step.rank == 0:
+                    yield Progress(stage, run=name, step=step.step, total=total, loss=step.loss,
+                                   learning_rate=step.learning_rate)
+            now = time.monotonic()
+            if now - sampled >= SAMPLE_S:
+                sampled = now
+                sample_memory(job, backend)
+            if now - listed >= CHECKPOINTS_S:
+                listed = now
+                outcome.checkpoints, outcome.skipped_checkpoints = list_checkpoints(out_dir, spec.checkpoints)
+            if kill_when is not None and kill_when(outcome):
+                outcome.at_kill = list_checkpoints(out_dir, spec.checkpoints)[0]
+                outcome.kill = kill_job(job)
+                finished = True
+                break
+            if cancelled is not None and cancelled():
+                outcome.kill = kill_job(job)
+                finished = True
+                raise StageCancelled(f"{name} run of the command: cancelled; every process of it was killed")
+            if job.proc.poll() is not None:
+                finished = True
+                outcome.exit_code = job.proc.returncode
+                break
+            if spec.timeout_s and now - started > spec.timeout_s:
+                outcome.kill = kill_job(job)
+                outcome.timed_out = True
+                finished = True
+                break
+            time.sleep(POLL_S)
+    finally:
+        if not finished or job.proc.poll() is None:  # interrupted (Ctrl-C), or the consumer stopped reading
+            outcome.kill = outcome.kill or kill_job(job)
+        outcome.seconds = time.monotonic() - started
+        _finish(spec, job, outcome)
+    return outcome
+
+
+def _read(job: Job, outcome: RunOutcome) -> list[StepRecord]:
+    new = read_hook_events(job.events_path, outcome.hook)
+    if outcome.metrics is not None:
+        got = read_metrics(outcome.metrics)
+        if not outcome.hook.steps:
+            new = got
+    return new
+
+
+def _finish(spec: CommandSpec, job: Job, outcome: RunOutcome) -> None:
+    """The last reads once the run has ended: the hook's and the metrics' last lines, the checkpoints, the peaks."""
+    _read(job, outcome)
+    outcome.checkpoints, outcome.skipped_checkpoints = list_checkpoints(outcome.out_dir, spec.checkpoints)
+    outcome.steps, outcome.metrics_source = chosen_steps(spec, outcome)
+    outcome.peaks = dict(job.peaks)
+    if outcome.metrics is not None:
+        outcome.problems.extend(outcome.metrics.problems)
+    outcome.problems.extend(f"Trainer hook: {e}" for e in outcome.hook.errors)

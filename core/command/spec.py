@@ -1,0 +1,350 @@
+"""CommandSpec: the user's own training command to accept, and how gpuaccept runs, kills, resumes and evaluates it.
+
+A spec file holds command mode in a ``[command]`` table (every key but ``train`` optional)::
+
+    [command]
+    train = "torchrun --nproc-per-node 2 train.py --output_dir {out} --data {train_data}"
+    resume = "{command} --resume_from_checkpoint {checkpoint}"   # the default
+    checkpoints = "checkpoint-*"    # a glob inside {out}: the folders (or files) the command's checkpoints are
+    metrics = "auto"                # auto: what the Trainer hook reports (else trainer_state.json); or a JSON-lines
+                                    # file inside {out} with step, loss (and learning_rate, sample_ids)
+    checkpoint_files = []           # what a checkpoint must hold; default: Trainer's set when a Trainer ran
+    workdir = "."                   # where the command runs
+    model = ""                      # the base model folder: the tokenizer, the evaluation before training; {model}
+    data = "embedded"               # gpuaccept's text: {train_data} gets its training split, the evaluation its
+    heldout_fraction = 0.2          #   held-out split
+    eval = "perplexity"             # perplexity | none | a command with {checkpoint} printing a JSON metric
+    eval_seq_len = 0                # 0: the sequence length the Trainer ran (else 128)
+    eval_max_blocks = 32
+    kill_after_checkpoint = 1       # SIGKILL after the command's 1st checkpoint, before its 2nd
+    resume_check = true
+    dtype = "fp32"                  # the compute dtype, for the resume check's tolerance when no Trainer reports it
+    timeout_s = 0                   # 0: no limit on one run of the command
+
+    [command.env]                   # variables added to the command's environment
+    WANDB_MODE = "offline"
+
+Placeholders, replaced in each word of the command (never through a shell): ``{out}`` (the run's own output folder:
+every run of the command gets a fresh one, so the three runs never share checkpoints; required in ``train``),
+``{checkpoint}`` (the checkpoint to resume from; required in ``resume``), ``{command}`` (in ``resume`` only, alone as a
+word: the training command's words), ``{train_data}`` (a text file of gpuaccept's training split, documents separated by
+blank lines) and ``{model}`` (``model``).
+
+Every invalid value raises :class:`~core.errors.SpecError` naming the field and what to change.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shlex
+import shutil
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from core.dtypes import DTYPES
+from core.errors import SpecError
+from core.spec import EMBEDDED_DATA, MAX_STEPS, canonical_sha256
+
+#: The placeholders a command may hold, with what replaces them.
+PLACEHOLDERS = {
+    "{out}": "the run's own output folder (fresh for each run of the command)",
+    "{checkpoint}": "the checkpoint to resume from (resume command only)",
+    "{command}": "the training command's words (resume command only, alone as a word)",
+    "{train_data}": "a text file of gpuaccept's training split (documents separated by blank lines)",
+    "{model}": "the base model folder given as model",
+}
+#: Words a shell would read as operators: the command runs without a shell, so they would reach the program as text.
+SHELL_OPERATORS = ("&&", "||", "|", ";", ">", ">>", "<", "2>", "2>&1", "&")
+#: The default resume command: Trainer's flag, as transformers' example scripts and TRL's take it.
+DEFAULT_RESUME = "{command} --resume_from_checkpoint {checkpoint}"
+EVAL_CHOICES = ("perplexity", "none")
+
+
+@dataclass(frozen=True)
+class CommandSpec:
+    """The user's command to accept (see the module docstring for each field)."""
+
+    train: str
+    resume: str = DEFAULT_RESUME
+    checkpoints: str = "checkpoint-*"
+    metrics: str = "auto"
+    checkpoint_files: tuple[str, ...] = ()
+    workdir: str = "."
+    env: dict[str, str] = field(default_factory=dict)
+    model: str = ""
+    data: str = EMBEDDED_DATA
+    heldout_fraction: float = 0.2
+    eval: str = "perplexity"
+    eval_seq_len: int = 0
+    eval_max_blocks: int = 32
+    kill_after_checkpoint: int = 1
+    resume_check: bool = True
+    dtype: str = "fp32"
+    timeout_s: float = 0.0
+
+    # ------------------------------------------------------------------ what the pipeline and the screens read
+    mode = "command"
+
+    @property
+    def training(self) -> bool:
+        return True
+
+    @property
+    def label(self) -> str:
+        """The command's program and first script, for a run folder's name and a screen's title."""
+        words = self.words()
+        script = next((w for w in words[1:] if w.endswith((".py", ".sh", ".yaml", ".yml", ".json", ".toml"))), "")
+        return Path(script).name if script else Path(words[0]).name
+
+    def words(self) -> list[str]:
+        """The training command split into words as a POSIX shell would (``shlex``), placeholders not replaced."""
+        return shlex.split(self.train)
+
+    def resume_words(self) -> list[str]:
+        """The resume command's words with ``{command}`` spliced in (placeholders otherwise not replaced)."""
+        out: list[str] = []
+        for word in shlex.split(self.resume):
+            out.extend(self.words() if word == "{command}" else [word])
+        return out
+
+    def uses(self, placeholder: str) -> bool:
+        """The training or resume command holds ``placeholder`` (``"{train_data}"``)."""
+        return any(placeholder in w for w in self.words() + self.resume_words())
+
+    @property
+    def workdir_path(self) -> Path:
+        return Path(self.workdir).expanduser().resolve()
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_file(cls, path: str | Path, **overrides: Any) -> CommandSpec:
+        """The ``[command]`` table of a TOML spec file, with ``overrides`` (flags; None is ignored) over it.
+
+        Raises:
+            SpecError: the file cannot be read, has no ``[command]`` table, or holds settings of gpuaccept's own recipe
+                beside it; any invalid value (:meth:`validate`).
+        """
+        raw = read_command_table(Path(path))
+        return cls.from_dict({**raw, **{k: v for k, v in overrides.items() if v is not None}})
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> CommandSpec:
+        """Build and validate a spec from the ``[command]`` table's mapping.
+
+        Raises:
+            SpecError: an unknown key, a value of the wrong type, or an invalid value, naming it.
+        """
+        raw = dict(raw)
+        known = {f.name for f in dataclasses.fields(cls)}
+        for key in raw:
+            if key not in known:
+                raise SpecError(f"command.{key}", f"unknown setting of [command]; known: {', '.join(sorted(known))}")
+        if "train" not in raw or not str(raw.get("train") or "").strip():
+            raise SpecError("command.train", "the training command is missing: give it as --command \"...\" or "
+                                             "train = \"...\" in the [command] table")
+        _check_types(raw)
+        if "checkpoint_files" in raw:
+            raw["checkpoint_files"] = tuple(raw["checkpoint_files"])
+        if "env" in raw:
+            raw["env"] = {str(k): str(v) for k, v in raw["env"].items()}
+        spec = cls(**raw)
+        spec.validate()
+        return spec
+
+    # ------------------------------------------------------------------ validation
+    def validate(self) -> None:
+        """Check every value that can be checked before the command runs: both commands parse, hold their required
+        placeholders and no shell operator, their program is found, the folders and files named exist.
+
+        Raises:
+            SpecError: naming the first invalid field and what to change.
+        """
+        words = _split("command.train", self.train)
+        if not words:
+            raise SpecError("command.train", "the training command is empty")
+        _no_shell("command.train", words)
+        if not any("{out}" in w for w in words):
+            raise SpecError("command.train", "the command must write into the folder gpuaccept gives each run: put "
+                                             "{out} where your script takes its output folder (e.g. --output_dir "
+                                             "{out}); the uninterrupted, the killed and the resumed run each get their "
+                                             "own")
+        if any("{checkpoint}" in w or "{command}" in w for w in words):
+            raise SpecError("command.train", "{checkpoint} and {command} belong in the resume command, not the "
+                                             "training command")
+        resume = _split("command.resume", self.resume)
+        _no_shell("command.resume", resume)
+        if any("{command}" in w and w != "{command}" for w in resume):
+            raise SpecError("command.resume", "{command} stands alone as a word (it is replaced by the training "
+                                              "command's words), e.g. \"{command} --resume {checkpoint}\"")
+        if not any("{checkpoint}" in w for w in resume):
+            raise SpecError("command.resume", "the resume command must say where the checkpoint goes: put "
+                                              "{checkpoint} in it, e.g. \"{command} --resume_from_checkpoint "
+                                              "{checkpoint}\"")
+        if not any("{out}" in w for w in self.resume_words()):
+            raise SpecError("command.resume", "the resumed run must write into its own folder too: put {out} (or "
+                                              "{command}, which holds it) in the resume command")
+        if not self.workdir_path.is_dir():
+            raise SpecError("command.workdir", f"{self.workdir} is not a folder; give the folder the command runs in")
+        program = words[0]
+        if "{" not in program and find_program(program, self.workdir_path, self.env) is None:
+            raise SpecError("command.train", f"{program}: not found (on PATH, or as a file in {self.workdir_path}); "
+                                             "give the program's path")
+        self._check_paths()
+        self._check_numbers()
+
+    def _check_paths(self) -> None:
+        pattern = self.checkpoints
+        if not pattern or Path(pattern).is_absolute() or ".." in Path(pattern).parts or "{" in pattern:
+            raise SpecError("command.checkpoints", f"{pattern!r}: give a glob inside the run's output folder {{out}}, "
+                                                   "such as \"checkpoint-*\" (no absolute path, no ..)")
+        if self.metrics != "auto" and (Path(self.metrics).is_absolute() or ".." in Path(self.metrics).parts):
+            raise SpecError("command.metrics", f"{self.metrics!r}: give \"auto\" or a file inside the run's output "
+                                               "folder {out}, such as \"metrics.jsonl\"")
+        for name in self.checkpoint_files:
+            if not name or Path(name).is_absolute() or ".." in Path(name).parts:
+                raise SpecError("command.checkpoint_files", f"{name!r}: name files by their path inside a checkpoint")
+        if self.uses("{model}") and not self.model:
+            raise SpecError("command.model", "the command holds {model}: give the base model folder as model")
+        if self.model and not Path(self.model).expanduser().is_dir():
+            raise SpecError("command.model", f"{self.model} is not a folder; give the base model's Hugging Face "
+                                             "folder (its tokenizer and weights), or leave model empty")
+        if self.data != EMBEDDED_DATA:
+            path = Path(self.data)
+            if path.suffix not in (".txt", ".jsonl") or not path.is_file():
+                raise SpecError("command.data", f"{self.data!r}: give 'embedded' or an existing .txt / .jsonl file")
+        if self.eval not in EVAL_CHOICES:
+            words = _split("command.eval", self.eval)
+            _no_shell("command.eval", words)
+            if not any("{checkpoint}" in w for w in words):
+                raise SpecError("command.eval", "an evaluation command takes the checkpoint to evaluate: put "
+                                                "{checkpoint} in it, or choose perplexity or none")
+
+    def _check_numbers(self) -> None:
+        if not 0.0 < self.heldout_fraction < 1.0:
+            raise SpecError("command.heldout_fraction", f"must be between 0 and 1, exclusive (got "
+                                                        f"{self.heldout_fraction})")
+        if not 0 <= self.eval_seq_len <= 1_000_000 or self.eval_seq_len == 1:
+            raise SpecError("command.eval_seq_len", f"0 (the Trainer's) or at least 2 tokens (got {self.eval_seq_len})")
+        if not 1 <= self.eval_max_blocks <= MAX_STEPS:
+            raise SpecError("command.eval_max_blocks", f"must be at least 1 (got {self.eval_max_blocks})")
+        if not 1 <= self.kill_after_checkpoint <= MAX_STEPS:
+            raise SpecError("command.kill_after_checkpoint", "must be at least 1: the kill comes after that "
+                                                             f"checkpoint of the command (got {self.kill_after_checkpoint})")
+        if self.dtype not in DTYPES:
+            raise SpecError("command.dtype", f"{self.dtype!r}: choose one of {', '.join(DTYPES)}")
+        if self.timeout_s < 0:
+            raise SpecError("command.timeout_s", f"must be 0 (no limit) or a number of seconds (got {self.timeout_s})")
+
+    # ------------------------------------------------------------------ the record
+    def to_dict(self) -> dict[str, Any]:
+        """The spec as the record's ``spec`` table holds it (``mode = "command"`` and the ``[command]`` table)."""
+        data = dataclasses.asdict(self)
+        data["checkpoint_files"] = list(self.checkpoint_files)
+        return {"mode": "command", "command": data}
+
+    def spec_hash(self) -> str:
+        """sha256 of the canonical JSON of :meth:`to_dict` (what ``gpuaccept verify`` recomputes)."""
+        return canonical_sha256(self.to_dict())
+
+
+def substitute(words: list[str], values: Mapping[str, str]) -> list[str]:
+    """Each word with every placeholder of ``values`` (``{"{out}": "/runs/x/out"}``) replaced; the words are never
+    joined or re-split, so a path with spaces stays one argument."""
+    out = []
+    for word in words:
+        for key, value in values.items():
+            word = word.replace(key, value)
+        out.append(word)
+    return out
+
+
+def find_program(program: str, workdir: Path, env: Mapping[str, str] | None = None) -> str | None:
+    """The executable ``program`` names: a path (relative to ``workdir``) when it holds a ``/``, else the first match
+    on ``PATH`` (the command's environment's, with ``env`` over this process's)."""
+    if "/" in program:
+        path = (workdir / program).expanduser()
+        return str(path.absolute()) if path.is_file() and os.access(path, os.X_OK) else None
+    search = (env or {}).get("PATH", os.environ.get("PATH", ""))
+    return shutil.which(program, path=search)
+
+
+def read_command_table(path: Path) -> dict[str, Any]:
+    """The ``[command]`` table of the TOML file ``path``.
+
+    Raises:
+        SpecError: the file is missing or not TOML, has no ``[command]`` table, or holds other settings beside it.
+    """
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise SpecError("spec", f"file {path} not found; give the path of a TOML spec") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError("spec", f"{path} cannot be read ({exc})") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise SpecError("spec", f"{path} is not valid TOML ({exc}); fix the file") from None
+    table = raw.get("command")
+    if not isinstance(table, dict):
+        raise SpecError("command", f"{path} has no [command] table")
+    others = sorted(set(raw) - {"command"})
+    if others:
+        raise SpecError(others[0], f"{path}: command mode takes its settings in the [command] table alone; "
+                                   f"{', '.join(others)} belong to gpuaccept's own recipe: move what applies into "
+                                   "[command] (data, heldout_fraction, eval_max_blocks, kill_after_checkpoint, ...)")
+    return dict(table)
+
+
+def is_command_file(path: str | Path) -> bool:
+    """The TOML file ``path`` holds a ``[command]`` table (command mode), read without validating it."""
+    try:
+        return isinstance(tomllib.loads(Path(path).read_text(encoding="utf-8")).get("command"), dict)
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return False
+
+
+def _split(name: str, text: str) -> list[str]:
+    try:
+        return shlex.split(text)
+    except ValueError as exc:
+        raise SpecError(name, f"cannot be split into words ({exc}): close the quote") from None
+
+
+def _no_shell(name: str, words: list[str]) -> None:
+    ops = [w for w in words if w in SHELL_OPERATORS]
+    if ops:
+        raise SpecError(name, f"{ops[0]!r}: the command runs without a shell, so shell operators reach the program as "
+                              "words; put a pipeline or redirection in a script and give the script")
+
+
+#: each key's type in the [command] table: (test, words)
+_TYPES: dict[str, tuple[Any, str]] = {
+    "train": (lambda v: isinstance(v, str), "a string"),
+    "resume": (lambda v: isinstance(v, str), "a string"),
+    "checkpoints": (lambda v: isinstance(v, str), "a string"),
+    "metrics": (lambda v: isinstance(v, str), "a string"),
+    "checkpoint_files": (lambda v: isinstance(v, (list, tuple)) and all(isinstance(x, str) for x in v),
+                         "a list of strings"),
+    "workdir": (lambda v: isinstance(v, str), "a string"),
+    "env": (lambda v: isinstance(v, dict) and all(isinstance(x, (str, int, float)) for x in v.values()),
+            "a table of strings"),
+    "model": (lambda v: isinstance(v, str), "a string"),
+    "data": (lambda v: isinstance(v, str), "a string"),
+    "heldout_fraction": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool), "a number"),
+    "eval": (lambda v: isinstance(v, str), "a string"),
+    "eval_seq_len": (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
+    "eval_max_blocks": (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
+    "kill_after_checkpoint": (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
+    "resume_check": (lambda v: isinstance(v, bool), "true or false"),
+    "dtype": (lambda v: isinstance(v, str), "a string"),
+    "timeout_s": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool), "a number of seconds"),
+}
+
+
+def _check_types(raw: Mapping[str, Any]) -> None:
+    for key, value in raw.items():
+        test, words = _TYPES[key]
+        if not test(value):
+            raise SpecError(f"command.{key}", f"{value!r} is not {words}")
