@@ -104,6 +104,86 @@ def _spec_flags(p: argparse.ArgumentParser) -> None:
                         "resumed from (default), or from step 0")
 
 
+def _command_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group(
+        "your own command (command mode: accept your training command as you run it; or a [command] table in the "
+        "spec file; placeholders {out} {checkpoint} {command} {train_data} {model}, see README \"Your own command\")")
+    g.add_argument("--command", dest="command_train", metavar="COMMAND",
+                   help="the training command, e.g. \"torchrun --nproc-per-node 2 train.py --output_dir {out}\" "
+                        "(run without a shell; {out} is required: each run gets its own folder)")
+    g.add_argument("--resume-command", dest="command_resume", metavar="COMMAND",
+                   help="how it resumes (default: \"{command} --resume_from_checkpoint {checkpoint}\")")
+    g.add_argument("--checkpoints", dest="command_checkpoints", metavar="GLOB",
+                   help="the checkpoint folders inside {out} (default checkpoint-*)")
+    g.add_argument("--metrics", dest="command_metrics", metavar="FILE",
+                   help="auto (the Trainer hook, else trainer_state.json; default) or a JSON-lines file inside {out} "
+                        "with step, loss (learning_rate, sample_ids)")
+    g.add_argument("--checkpoint-files", dest="command_checkpoint_files", metavar="A,B",
+                   help="the files a checkpoint must hold (default: Trainer's set when a Trainer ran)")
+    g.add_argument("--workdir", dest="command_workdir", metavar="DIR", help="where the command runs (default: here)")
+    g.add_argument("--eval", dest="command_eval", metavar="HOW",
+                   help="perplexity (default: held-out perplexity of the final checkpoint vs its base), none, or an "
+                        "evaluation command with {checkpoint} printing a JSON line {\"metric\", \"value\"}")
+    g.add_argument("--eval-seq-len", dest="command_eval_seq_len", type=int,
+                   help="tokens per held-out block (default: the Trainer's widest batch, else 128)")
+    g.add_argument("--timeout", dest="command_timeout_s", type=float, metavar="S",
+                   help="the longest one run of the command may take (default: no limit)")
+    g.add_argument("--env", dest="command_env", action="append", metavar="KEY=VALUE",
+                   help="a variable added to the command's environment (repeat the flag for more)")
+
+
+#: the flags of gpuaccept's own recipe that mean the same in command mode: flag dest -> [command] key
+_SHARED_WITH_COMMAND = {"model": "model", "data": "data", "heldout_fraction": "heldout_fraction",
+                        "eval_max_blocks": "eval_max_blocks", "resume_kill_after_checkpoint": "kill_after_checkpoint",
+                        "resume_check": "resume_check", "dtype": "dtype"}
+_COMMAND_KEYS = ("command_train", "command_resume", "command_checkpoints", "command_metrics",
+                 "command_checkpoint_files", "command_workdir", "command_eval", "command_eval_seq_len",
+                 "command_timeout_s", "command_env")
+
+
+def command_mode(args: argparse.Namespace) -> bool:
+    """The run accepts the user's own command: ``--command`` was given, or the spec file holds a ``[command]``
+    table."""
+    from core.command.spec import is_command_file
+
+    return bool(getattr(args, "command_train", None)) or bool(args.spec and is_command_file(args.spec))
+
+
+def command_spec_from_args(args: argparse.Namespace) -> Any:
+    """The :class:`core.command.spec.CommandSpec` of the flags (over the spec file's ``[command]`` table).
+
+    Raises:
+        SpecError: a flag of gpuaccept's own recipe that command mode does not take (the command sets it), a bad
+            ``--env``, or an invalid value."""
+    from core.command.spec import CommandSpec, read_command_table
+    from core.errors import SpecError
+
+    for key in _SPEC_KEYS:
+        if getattr(args, key, None) is not None and key not in _SHARED_WITH_COMMAND:
+            flag = "--" + {"resume_checkpoint_every": "checkpoint-every"}.get(key, key).replace("_", "-")
+            raise SpecError(key, f"{flag} is a setting of gpuaccept's own recipe; in command mode your command sets "
+                                 "it: change it in the command")
+    raw: dict[str, Any] = read_command_table(Path(args.spec)) if args.spec else {}
+    raw.update({v: getattr(args, k) for k, v in _SHARED_WITH_COMMAND.items() if getattr(args, k, None) is not None})
+    for key in _COMMAND_KEYS:
+        value = getattr(args, key, None)
+        if value is None:
+            continue
+        name = key.removeprefix("command_")
+        if name == "checkpoint_files":
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        elif name == "env":
+            pairs = {}
+            for item in value:
+                k, sep, v = item.partition("=")
+                if not sep or not k:
+                    raise SpecError("command.env", f"--env {item!r}: give KEY=VALUE")
+                pairs[k] = v
+            value = {**raw.get("env", {}), **pairs}
+        raw[name] = value
+    return CommandSpec.from_dict(raw)
+
+
 _SPEC_KEYS = ("mode", "model", "dtype", "precision", "attn_implementation", "padding", "batch_size", "seq_len", "grad_accum", "optimizer", "learning_rate",
               "lr_scheduler", "warmup_steps", "steps", "gradient_checkpointing", "lora_r", "lora_alpha",
               "lora_dropout", "lora_targets", "qlora_quant_type", "qlora_double_quant", "devices", "strategy", "tp", "torchrun_nproc_per_node", "torchrun_nnodes",
@@ -120,6 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command")
     run = sub.add_parser("run", help="run every stage and write record.toml")
     _spec_flags(run)
+    _command_flags(run)
     run.add_argument("--headless", action="store_true", help="no wizard: one line per event on stdout (default: the wizard)")
     run.add_argument("--runs-dir", default="runs", help="where run directories are created (default: ./runs)")
     plan = sub.add_parser("plan", help="the memory plan only, per component and per device")
@@ -207,6 +288,8 @@ def _command(args: argparse.Namespace) -> int:
 
         return monitor_main(args)
     if args.command == "run":
+        if command_mode(args):
+            return cmd_run_command(args) if args.headless else cmd_wizard(args)
         return cmd_run(args) if args.headless else cmd_wizard(args)
     if args.command == "sign":
         return cmd_sign(args)
@@ -227,8 +310,16 @@ def cmd_quiz(args: argparse.Namespace) -> int:
 
     path = Path(args.record)
     try:
-        build_quiz(tomllib.loads(path.read_text(encoding="utf-8")))
+        record = tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:  # ValueError: not TOML, not UTF-8
+        raise GpuAcceptError(f"{path}: cannot read the record ({exc}); give the record.toml of a run") from None
+    if record.get("kind") == "command":
+        raise GpuAcceptError(f"{path} is the record of your own command (kind = \"command\"): the quiz's questions are "
+                             "built from gpuaccept's own recipe runs (a plan of every component, the probe's ledger); "
+                             "take it on the record of a run of gpuaccept's recipe")
+    try:
+        build_quiz(record)
+    except (OSError, ValueError) as exc:
         raise GpuAcceptError(f"{path}: cannot read the record ({exc}); give the record.toml of a run") from None
     if not (sys.stdin.isatty() and sys.stdout.isatty()):  # piped answers drew a full screen that took stray keys
         raise GpuAcceptError("quiz: the quiz is answered with the keyboard at a terminal, and stdin or stdout is not "
@@ -260,6 +351,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from core.pipeline import make_plan
     from core.plan.fit import all_fit, fit_verdicts
 
+    if command_mode(args):
+        from core.errors import SpecError
+
+        raise SpecError("command", f"{args.spec} holds a [command] table: a command is planned from what it ran "
+                                   f"(its Trainer's model, batch and optimizer), so run it: gpuaccept run {args.spec} "
+                                   "--headless; gpuaccept plan takes gpuaccept's own recipe settings")
     spec = spec_from_args(args)
     ctx = make_plan(spec)
     traced = _traced(spec, ctx) if args.traced else None
@@ -461,7 +558,6 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from core.events import Message, Progress, RunFinished, StageFinished, StageStarted
     from core.pipeline import run_pipeline
     from core.spec import parse_devices
 
@@ -469,16 +565,36 @@ def cmd_run(args: argparse.Namespace) -> int:
     parse_devices(spec.devices)  # a planned box (8x80GiB) is refused here, before anything is loaded
     print(f"gpuaccept: {spec.mode} on {spec.model} ({spec.dtype}, micro-batch {spec.batch_size} x {spec.seq_len}, "
           f"{spec.steps} steps)", flush=True)
-    final: RunFinished | None = None
     stop = _stop_on_signals()  # SIGINT, SIGTERM, SIGHUP: the running stage is cancelled and the record written
-    for event in run_pipeline(spec, runs_root=Path(args.runs_dir), cancelled=lambda: stop["signal"] is not None):
+    return _print_run(run_pipeline(spec, runs_root=Path(args.runs_dir), cancelled=lambda: stop["signal"] is not None),
+                      stop)
+
+
+def cmd_run_command(args: argparse.Namespace) -> int:
+    """Command mode, headless: the user's command run, measured, evaluated, killed and resumed; one line per event."""
+    from core.command.pipeline import run_command_pipeline
+
+    spec = command_spec_from_args(args)
+    print(f"gpuaccept: your command, in {spec.workdir_path}: {spec.train}", flush=True)
+    stop = _stop_on_signals()
+    return _print_run(run_command_pipeline(spec, runs_root=Path(args.runs_dir),
+                                           cancelled=lambda: stop["signal"] is not None), stop)
+
+
+def _print_run(events: Any, stop: dict[str, int | None]) -> int:
+    """Print a pipeline's events one line each; the exit code: 0 when every stage passed, 1 when one failed, 128 + the
+    signal's number when a signal stopped it."""
+    from core.events import Message, Progress, RunFinished, StageFinished, StageStarted
+
+    final: RunFinished | None = None
+    for event in events:
         if isinstance(event, StageStarted):
             print(f"[{event.stage}] {event.detail}", flush=True)
         elif isinstance(event, StageFinished):
             print(f"[{event.stage}] {event.status}: {event.summary}", flush=True)
         elif isinstance(event, Progress):
             extra = f" loss {event.loss:.4f}" if event.loss is not None else ""
-            print(f"  {event.run} step {event.step}/{event.total}{extra}", flush=True)
+            print(f"  {event.run} step {event.step}/{event.total or '?'}{extra}", flush=True)
         elif isinstance(event, Message):
             print(f"  {event.text}", flush=True)
         elif isinstance(event, RunFinished):

@@ -146,6 +146,13 @@ def resume_stage(spec: CommandSpec, reference: RunOutcome, run_dir: Path, values
                                         f"least {need}: save more often, train longer, or lower "
                                         "command.kill_after_checkpoint", kind="completeness")],
                        tier, required=required)
+    if trainer is None and not reference.steps:
+        return _finish(started, [Check("metrics", "fail", f"the uninterrupted run wrote no per-step metrics "
+                                       f"({reference.metrics_source}): from outside, the kill is placed by the step "
+                                       "the metrics show and the resumed run is compared with them step by step, so "
+                                       "nothing was killed: have the script write JSON lines with step and loss and "
+                                       "name the file (command.metrics), or train with transformers' Trainer")],
+                       tier, required=required)
     c, n, final = ckpts[spec.kill_after_checkpoint - 1].step, ckpts[spec.kill_after_checkpoint].step, ckpts[-1].step
     k = c + max(1, (n - c) // 2)
     checks.append(Check("checkpoints", "pass", f"the uninterrupted run wrote {len(ckpts)} checkpoints (steps "
@@ -208,7 +215,7 @@ def resume_stage(spec: CommandSpec, reference: RunOutcome, run_dir: Path, values
     checks += step_checks
     if trainer:
         checks.append(trainable_check(trainer, resumed.trainer))
-    checks += compare_final(reference, resumed, final, tier, not_compared)
+    checks += compare_final(reference, resumed, final, tier, not_compared, trainer is not None)
     return _finish(started, checks, tier, c, n, k, final, comparison, manifest, not_compared, runs, required)
 
 
@@ -419,12 +426,15 @@ def trainable_check(reference: dict[str, Any], resumed: dict[str, Any] | None) -
                                   f"{reference.get('trainable_parameters'):,}"))
 
 
-def compare_final(reference: RunOutcome, resumed: RunOutcome, step: int, tier: Tier, not_compared: list[str]
-                  ) -> list[Check]:
+def compare_final(reference: RunOutcome, resumed: RunOutcome, step: int, tier: Tier, not_compared: list[str],
+                  trainer: bool = False) -> list[Check]:
     """At the reference's last checkpoint (step ``step``), the resumed run's checkpoint of the same step, file by
     file: every ``.safetensors`` file's tensors (``final_weights``, tier), every optimizer file (progress exact,
-    moments tier: :func:`core.stages.resume.compare_optimizers`), every other pickle (RNG, scheduler, progress; exact,
-    ``states``). Other files (JSON, text) are listed in ``not_compared``."""
+    moments tier: :func:`core.stages.resume.compare_optimizers`), every other pickle (RNG, scheduler, progress; exact)
+    and, for a script that is not Trainer-based, every JSON file (numbers within the tier, the rest exact) as
+    ``states``. A Trainer checkpoint's JSON files are its configs (peft writes ``target_modules`` from a set, in no
+    fixed order) and its trainer state (timings, paths; its steps are compared above); they and other files (text)
+    are listed in ``not_compared``."""
     a = next((x for x in reference.checkpoints if x.step == step), None)
     b = next((x for x in resumed.checkpoints if x.step == step), None)
     if a is None or b is None:
@@ -444,7 +454,9 @@ def compare_final(reference: RunOutcome, resumed: RunOutcome, step: int, tier: T
     for n in names:
         if n in missing or n.endswith(".safetensors"):
             continue
-        if Path(n).suffix in PICKLES and Path(n).name not in TRAINER_UNLOADED:
+        if n.endswith(".json") and not trainer:
+            states.append(n)
+        elif Path(n).suffix in PICKLES and Path(n).name not in TRAINER_UNLOADED:
             if "optim" in Path(n).name:
                 for ch in compare_optimizers(a.path / n, b.path / n, tier):
                     checks.append(Check(ch.name, ch.status, f"{n}: {ch.evidence}", ch.kind, ch.tier,
@@ -454,10 +466,11 @@ def compare_final(reference: RunOutcome, resumed: RunOutcome, step: int, tier: T
         else:
             other.append(n)
     if other:
-        not_compared.append(f"in {b.name}: {', '.join(other)} (text, JSON or Trainer's pickled TrainingArguments: not "
-                            "tensor states; the steps and the trainer state's global step are compared above)")
+        not_compared.append(f"in {b.name}: {', '.join(other)} (not a tensor or JSON state: text, Trainer's own state "
+                            "with its timings and paths, or its pickled TrainingArguments; the steps are compared "
+                            "step by step above)")
     if states:
-        checks.append(_compare_states(a.path, b.path, states))
+        checks.append(_compare_states(a.path, b.path, states, tier))
     return checks
 
 
@@ -482,32 +495,45 @@ def _compare_safetensors(a: Path, b: Path, names: list[str], tier: Tier) -> Chec
                  largest_difference=worst)
 
 
-def _compare_states(a: Path, b: Path, names: list[str]) -> Check:
-    """The other pickles (RNG, scheduler, progress), loaded with ``weights_only=True``, equal exactly."""
+def _compare_states(a: Path, b: Path, names: list[str], tier: Tier) -> Check:
+    """The other pickles (RNG, scheduler, progress), loaded with ``weights_only=True``, equal exactly; JSON files
+    equal with their numbers within the tier."""
+    import json
+
     differ = []
     for n in names:
         try:
-            x, y = safe_load(b / n), safe_load(a / n)
+            if n.endswith(".json"):
+                x, y = (json.loads((d / n).read_text(encoding="utf-8")) for d in (b, a))
+            else:
+                x, y = safe_load(b / n), safe_load(a / n)
         except UntrustedCheckpoint as exc:
             differ.append(str(exc))
             continue
-        where = first_difference(x, y)
+        except (OSError, ValueError) as exc:
+            differ.append(f"{n}: unreadable ({exc})")
+            continue
+        where = first_difference(x, y, rtol=tier.rtol if n.endswith(".json") else 0.0)
         if where is not None:
             differ.append(f"{n} differs at {where or 'the top'}")
     return Check("states", "fail" if differ else "pass",
-                 "; ".join(differ) if differ else f"{', '.join(names)} equal (exact)")
+                 "; ".join(differ) if differ else f"{', '.join(names)} equal"
+                 + (" (exact)" if tier.rtol == 0.0 else f" (pickles exact, JSON numbers within {tier.name})"))
 
 
-def first_difference(x: Any, y: Any, path: str = "") -> str | None:
-    """The path of the first place two loaded pickles differ ("" at the top), or None when equal: dicts by key, lists
-    and tuples by position, tensors by value (``torch.equal``), numpy arrays by value, anything else by ``==``."""
+def first_difference(x: Any, y: Any, path: str = "", rtol: float = 0.0) -> str | None:
+    """The path of the first place two loaded pickles (or JSON documents) differ ("" at the top), or None when
+    equal: dicts by key, lists and tuples by position, tensors by value (``torch.equal``), numpy arrays by value,
+    floats within ``rtol`` (0: exact), anything else by ``==``."""
     import torch
 
+    if isinstance(x, float) and isinstance(y, (int, float)) and not isinstance(y, bool) and rtol:
+        return None if abs(x - y) <= rtol * max(abs(y), 1e-12) else path
     if isinstance(x, dict) and isinstance(y, dict):
         if x.keys() != y.keys():
             return f"{path} (keys {sorted(map(str, x.keys() ^ y.keys()))[:3]})"
         for k in x:
-            found = first_difference(x[k], y[k], f"{path}.{k}" if path else str(k))
+            found = first_difference(x[k], y[k], f"{path}.{k}" if path else str(k), rtol)
             if found is not None:
                 return found
         return None
@@ -515,7 +541,7 @@ def first_difference(x: Any, y: Any, path: str = "") -> str | None:
         if len(x) != len(y):
             return f"{path} (lengths {len(x)} vs {len(y)})"
         for i, (u, v) in enumerate(zip(x, y)):
-            found = first_difference(u, v, f"{path}[{i}]")
+            found = first_difference(u, v, f"{path}[{i}]", rtol)
             if found is not None:
                 return found
         return None

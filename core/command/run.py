@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from core.command.process import Job, KillResult, kill_job, sample_memory, start_job
+from core.command.process import Job, KillResult, kill_job, members, sample_memory, start_job
 from core.command.reports import (
     Checkpoint,
     HookReport,
@@ -89,7 +89,8 @@ def chosen_steps(spec: CommandSpec, outcome: RunOutcome) -> tuple[list[StepRecor
     if spec.metrics != "auto":
         metrics = outcome.metrics
         steps = metrics.steps if metrics is not None else []
-        return steps, f"{spec.metrics} in the run's output folder (JSON lines)"
+        written = metrics is not None and metrics.path.is_file()
+        return steps, f"{spec.metrics} in the run's output folder (JSON lines)" + ("" if written else ": not written")
     if outcome.hook.steps:
         return outcome.hook.steps_with_batches(), ("the Trainer hook (on_log: loss and learning rate as Trainer "
                                                    "logged them; sample ids: sha256 of each micro-batch's input_ids)")
@@ -167,7 +168,21 @@ def run_command(spec: CommandSpec, name: str, argv: list[str], out_dir: Path, jo
             outcome.kill = outcome.kill or kill_job(job)
         outcome.seconds = time.monotonic() - started
         _finish(spec, job, outcome)
+        _end_leftovers(job, outcome)
     return outcome
+
+
+def _end_leftovers(job: Job, outcome: RunOutcome) -> None:
+    """Kill what the command left running after it exited (a daemonised helper, a data-loader worker that outlived
+    its rank): nothing of one run may hold memory while the next is measured. Named in the run's problems."""
+    if outcome.kill is not None:
+        return
+    left = members(job, scan_env=True)
+    if left:
+        result = kill_job(job)
+        outcome.problems.append(f"the command left {len(left)} process(es) running after it exited (pids "
+                                f"{', '.join(str(p.pid) for p in left[:8])}): gpuaccept killed them"
+                                + ("" if result.clean else f"; still alive: {result.left}"))
 
 
 def _read(job: Job, outcome: RunOutcome) -> list[StepRecord]:

@@ -1,0 +1,67 @@
+"""A training script without a model, for the tests of command mode's verdicts (what a user's command can do wrong):
+it "trains" ``--steps`` steps in milliseconds, writes ``metrics.jsonl`` and ``checkpoint-<step>/`` folders
+(``state.json``: the step and a running sum that a correct resume continues) and resumes from one with ``--resume``.
+
+Switches, each a way a real job fails: ``--exit-after N CODE`` exits with CODE after step N; ``--no-checkpoint``;
+``--no-metrics``; ``--detach`` starts a process in a session of its own that sleeps (a daemonised helper, which a kill
+of the command's process group alone would leave behind) and writes its pid to ``OUT/detached.pid``; ``--sleep S``
+per step; ``--forget-sum`` resumes with the running sum reset (a checkpoint that misses part of the state).
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", required=True)
+    p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--every", type=int, default=2)
+    p.add_argument("--resume")
+    p.add_argument("--exit-after", nargs=2, type=int)
+    p.add_argument("--no-checkpoint", action="store_true")
+    p.add_argument("--no-metrics", action="store_true")
+    p.add_argument("--detach", action="store_true")
+    p.add_argument("--sleep", type=float, default=0.05)
+    p.add_argument("--forget-sum", action="store_true")
+    args = p.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.detach:
+        helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True,
+                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        (out / "detached.pid").write_text(str(helper.pid))
+    start, total = 0, 0.0
+    if args.resume:
+        state = json.loads((Path(args.resume) / "state.json").read_text())
+        start, total = state["step"], 0.0 if args.forget_sum else state["sum"]
+    for step in range(start + 1, args.steps + 1):
+        time.sleep(args.sleep)
+        total += 1.0 / step
+        loss = 10.0 / (1.0 + total)
+        if not args.no_metrics:
+            with open(out / "metrics.jsonl", "a") as f:
+                f.write(json.dumps({"step": step, "loss": loss, "learning_rate": 0.1 / step,
+                                    "sample_ids": [step % 5]}) + "\n")
+        print(f"step {step} loss {loss:.4f}", flush=True)
+        if args.exit_after and step == args.exit_after[0]:
+            print(f"fake_train: exiting with {args.exit_after[1]} after step {step}", file=sys.stderr, flush=True)
+            return args.exit_after[1]
+        if not args.no_checkpoint and (step % args.every == 0 or step == args.steps):
+            tmp = out / f".checkpoint-{step}.tmp"
+            tmp.mkdir(exist_ok=True)
+            (tmp / "state.json").write_text(json.dumps({"step": step, "sum": total}))
+            os.replace(tmp, out / f"checkpoint-{step}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
