@@ -1,0 +1,292 @@
+"""Command mode end to end (issue 21): the user's own training command accepted as they run it, on this CPU.
+
+- examples/train_plain.py (a plain PyTorch loop, measured from outside) and examples/train_hf.py (Trainer + PEFT,
+  measured from inside too, also under torchrun with 2 gloo ranks) accepted: probe, plan, evaluation, kill and resume,
+  a record ``gpuaccept verify`` finds consistent;
+- the deliberately broken resume (``--forget-optimizer``) fails with evidence;
+- tests/data/commands/fake_train.py (no model: milliseconds a run) for what a user's command can do wrong: exit early,
+  write no checkpoint, write no metrics, leave a detached process; a quit (SIGINT) and a ``kill -9`` of gpuaccept
+  leave no process of the job alive.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+import tomllib
+from pathlib import Path
+
+import psutil
+import pytest
+
+from core.command.pipeline import run_command_pipeline
+from core.command.spec import CommandSpec
+from core.events import RunFinished
+
+ROOT = Path(__file__).resolve().parents[2]
+PY = sys.executable
+GPUACCEPT = str(Path(PY).parent / "gpuaccept")
+FAKE = ROOT / "tests" / "data" / "commands" / "fake_train.py"
+PLAIN = ROOT / "examples" / "train_plain.py"
+HF = ROOT / "examples" / "train_hf.py"
+PLAIN_FILES = ["config.json", "model.safetensors", "optimizer.pt", "scheduler.pt", "rng.pt", "progress.json"]
+
+
+def accept(raw: dict, runs: Path) -> tuple[dict, list]:
+    """Run command mode in this process; the record (parsed) and every event."""
+    events = list(run_command_pipeline(CommandSpec.from_dict({"workdir": str(ROOT), **raw}), runs))
+    assert isinstance(events[-1], RunFinished) and events[-1].record_path, events[-3:]
+    return tomllib.loads(Path(events[-1].record_path).read_text()), events
+
+
+def verify(record_path: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([GPUACCEPT, "verify", str(record_path)], capture_output=True, text=True, timeout=120)
+
+
+def checks(record: dict) -> dict[str, dict]:
+    return {c["name"]: c for c in record["resume"]["checks"]}
+
+
+def stages(record: dict) -> dict[str, str]:
+    return {name: s["status"] for name, s in record["verdict"]["stages"].items()}
+
+
+def alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def fake(extra: str = "", **raw) -> dict:
+    return {"train": f"{PY} {FAKE} --out {{out}} {extra}", "resume": "{command} --resume {checkpoint}",
+            "metrics": "metrics.jsonl", "checkpoint_files": ["state.json"], "eval": "none", **raw}
+
+
+# ------------------------------------------------------------------------------------- the two example scripts
+def test_the_plain_loop_is_accepted_end_to_end_from_the_command_line(tiny_model_dir, tmp_path):
+    """As a user runs it: ``gpuaccept run --command ... --headless``. The plain loop reports no Trainer, so it is
+    measured from outside and gets no plan (said so); its final checkpoint beats its base on held-out perplexity; killed
+    after checkpoint 2 inside step 3 it resumes bit for bit (CPU fp32), losses, samples, weights, AdamW, RNG."""
+    done = subprocess.run(
+        [GPUACCEPT, "run", "--headless", "--runs-dir", str(tmp_path / "runs"), "--model", str(tiny_model_dir),
+         "--command", f"{PY} {PLAIN} --model {{model}} --out {{out}} --text {{train_data}} --steps 6 "
+                      "--checkpoint-every 2 --lr 1e-3",
+         "--resume-command", "{command} --resume {checkpoint}", "--metrics", "metrics.jsonl",
+         "--checkpoint-files", ",".join(PLAIN_FILES), "--eval-seq-len", "32", "--eval-max-blocks", "8"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    path = Path(done.stdout.split("record: ")[-1].strip())
+    record = tomllib.loads(path.read_text())
+    assert record["kind"] == "command" and stages(record) == {"plan": "not_applicable", "probe": "pass",
+                                                              "evaluation": "pass", "resume": "pass"}
+    assert record["ran"]["view"] == "outside" and "no transformers Trainer" in record["plan"]["why"]
+    assert record["probe"]["devices"][0]["device"] == "cpu" and record["probe"]["devices"][0]["measured_bytes"] > 2**20
+    ev = record["evaluation"]
+    assert ev["after"]["value"] < ev["before"]["value"] and ev["checkpoint"] == "checkpoint-6"
+    assert ev["independence"].startswith("by construction") and record["data"]["heldout_blocks_evaluated"] == 8
+    c = checks(record)
+    assert record["resume"]["tier"]["name"] == "cpu-fp32-exact"
+    assert (record["resume"]["checkpoint_step"], record["resume"]["kill_step"]) == (2, 3)
+    assert c["final_weights"]["largest_difference"] == 0 and c["optimizer_moments"]["evidence"].endswith("bit-identical")
+    assert "rng.pt" in c["states"]["evidence"] and "progress.json" in c["states"]["evidence"]
+    script = next(s for s in record["command"]["scripts"] if s["path"].endswith("train_plain.py"))
+    import hashlib
+
+    assert script["sha256"] == hashlib.sha256(PLAIN.read_bytes()).hexdigest() and len(script["git_commit"]) == 40
+    assert verify(path).returncode == 3  # unsigned, every verdict follows from the record's numbers
+
+
+def test_a_checkpoint_that_forgets_the_optimizer_fails_the_resume_with_evidence(tiny_model_dir, tmp_path):
+    """``--forget-optimizer``, the deliberate bug: the checkpoint misses optimizer.pt (named), the resume still runs
+    (what it does without it is evidence too) and its losses leave the uninterrupted run's after the first step."""
+    record, _ = accept({"train": f"{PY} {PLAIN} --model {{model}} --out {{out}} --text {{train_data}} --steps 6 "
+                                 "--checkpoint-every 2 --forget-optimizer",
+                        "resume": "{command} --resume {checkpoint}", "metrics": "metrics.jsonl",
+                        "model": str(tiny_model_dir), "checkpoint_files": PLAIN_FILES, "eval": "none"},
+                       tmp_path / "runs")
+    assert record["verdict"]["status"] == "fail" and stages(record)["resume"] == "fail"
+    c = checks(record)
+    assert c["checkpoint_complete"]["status"] == "fail" and "optimizer.pt" in c["checkpoint_complete"]["evidence"]
+    assert c["reproducible"]["status"] == "pass" and c["learning_rate"]["status"] == "pass"
+    assert c["loss"]["status"] == "fail" and "steps 4-6" in c["loss"]["evidence"]  # step 3: the moments act later
+    rows = record["resume"]["comparison"]
+    assert rows[0]["step"] == 3 and rows[0]["difference"] == 0 and all(r["difference"] > 0 for r in rows[1:])
+    assert c["final_weights"]["status"] == "fail"
+
+
+def test_the_trainer_script_is_measured_from_inside_planned_from_what_ran_and_resumes(tiny_model_dir, tmp_path):
+    """Trainer + PEFT LoRA: the hook reports what ran (LoRA r 8 on q and v, micro-batch 2 x 32 tokens, AdamW, fp32);
+    the plan is made from it and compared with the measured peak RSS; Trainer resumes exactly from checkpoint-2."""
+    record, events = accept({"train": f"{PY} {HF} --model {tiny_model_dir} --out {{out}} --text {{train_data}} "
+                                      "--max_steps 6 --save_steps 2 --learning_rate 0.2", "eval_max_blocks": 8},
+                            tmp_path / "runs")
+    assert stages(record) == {"plan": "pass", "probe": "pass", "evaluation": "pass", "resume": "pass"}, \
+        record["verdict"]
+    ran = record["ran"]
+    assert ran["view"] == "inside" and ran["model"] == "PeftModelForCausalLM" and ran["peft"]["r"] == 8
+    assert ran["batch_widths"] == [32] and ran["arguments"]["per_device_train_batch_size"] == 2
+    plan = record["plan"]
+    assert (plan["spec"]["mode"], plan["spec"]["seq_len"], plan["spec"]["batch_size"]) == ("lora", 32, 2)
+    assert plan["spec"]["lora"]["targets"] == ["q_proj", "v_proj"] and plan["parameters"]["trainable"] == \
+        ran["trainable_parameters"]
+    row = plan["comparison"][0]
+    assert row["measured_bytes"] == record["probe"]["devices"][0]["peak_rss_bytes"] > 0
+    assert abs(row["error_pct"] - 100 * (row["planned_bytes"] - row["measured_bytes"]) / row["measured_bytes"]) < 1e-9
+    assert record["probe"]["tokens_per_s"] > 0 and record["probe"]["steps"] == record["probe"]["expected_steps"] == 6
+    c = checks(record)
+    assert {"trainer_state", "world_size", "trainable_set", "sample_ids"} <= set(c)
+    assert "held after step 3" in c["kill_point"]["evidence"]
+    assert record["evaluation"]["base"] == str(tiny_model_dir)
+    # what the hook reported is what Trainer logged: the reference's losses equal its own trainer_state.json
+    state = json.loads((Path(record["run_dir"]) / "reference" / "out" / "checkpoint-6" / "trainer_state.json").read_text())
+    assert record["evaluation"]["loss_per_step"] == [h["loss"] for h in state["log_history"] if "loss" in h]
+    assert verify(Path(record["run_dir"]) / "record.toml").returncode == 3
+
+
+def test_the_trainer_script_under_torchrun_with_two_gloo_ranks(tiny_model_dir, tmp_path):
+    """``torchrun --nproc-per-node 2``: both ranks report themselves and are measured apart (cpu:0, cpu:1); the plan is
+    ddp over 2 CPU ranks; every rank holds at the kill point, every process of the job (torchrun and both ranks) is
+    killed, and the resume at world size 2 continues both ranks' losses exactly."""
+    record, _ = accept({"train": f"{PY} -m torch.distributed.run --standalone --nproc-per-node 2 {HF} --model "
+                                 f"{tiny_model_dir} --out {{out}} --text {{train_data}} --max_steps 6 --save_steps 2 "
+                                 "--learning_rate 0.2", "eval_max_blocks": 8}, tmp_path / "runs")
+    assert stages(record) == {"plan": "pass", "probe": "pass", "evaluation": "pass", "resume": "pass"}, \
+        record["verdict"]
+    assert [d["device"] for d in record["probe"]["devices"]] == ["cpu:0", "cpu:1"]
+    assert record["ran"]["world_size"] == 2 and record["plan"]["strategy"] == "ddp"
+    assert [r["device"] for r in record["plan"]["comparison"]] == ["cpu:0", "cpu:1"]
+    c = checks(record)
+    assert "every rank (0, 1) held after step 3" in c["kill_point"]["evidence"]
+    assert "SIGKILL to 3 process(es)" in c["kill"]["evidence"] and "no process of the job is left" in c["kill"]["evidence"]
+    assert "2 rank(s)" in c["global_steps"]["evidence"] and "rng_state_0..1.pth" in c["world_size"]["evidence"]
+
+
+# ------------------------------------------------------------------------------------- what a command can do wrong
+def test_a_command_that_exits_early_gets_a_failed_probe_naming_its_status_and_last_words(tmp_path):
+    record, _ = accept(fake("--exit-after 3 7"), tmp_path / "runs")
+    assert stages(record) == {"plan": "not_applicable", "probe": "fail", "evaluation": "not_run", "resume": "not_run"}
+    evidence = record["verdict"]["stages"]["probe"]["evidence"]
+    assert "exited with status 7" in evidence and "fake_train: exiting with 7 after step 3" in evidence
+    assert "did not exit 0" in record["verdict"]["stages"]["resume"]["evidence"]
+    assert verify(Path(record["run_dir"]) / "record.toml").returncode == 3
+
+
+def test_a_command_that_writes_no_checkpoint_fails_the_resume_check_saying_so(tmp_path):
+    record, _ = accept(fake("--no-checkpoint"), tmp_path / "runs")
+    assert stages(record)["probe"] == "pass" and stages(record)["resume"] == "fail"
+    assert "wrote 0 checkpoint(s) matching checkpoint-*" in checks(record)["checkpoints"]["evidence"]
+    assert any("no checkpoint" in f for f in record["probe"]["findings"])
+
+
+def test_a_command_that_writes_no_metrics_fails_the_resume_check_saying_so(tmp_path):
+    record, _ = accept(fake("--no-metrics"), tmp_path / "runs")
+    assert stages(record)["resume"] == "fail"
+    assert "no per-step metrics" in checks(record)["metrics"]["evidence"]
+    assert "not written" in record["probe"]["metrics_source"]
+
+
+def test_a_correct_resume_passes_and_a_resume_that_loses_state_fails(tmp_path):
+    good, _ = accept(fake(), tmp_path / "good")
+    assert good["verdict"]["status"] == "pass" and checks(good)["states"]["evidence"].startswith("state.json equal")
+    bad, _ = accept(fake("--forget-sum"), tmp_path / "bad")
+    assert checks(bad)["states"]["status"] == "fail" and "state.json differs at sum" in checks(bad)["states"]["evidence"]
+    assert checks(bad)["loss"]["status"] == "fail"
+
+
+def test_no_process_of_the_job_outlives_a_kill_or_the_run_that_started_it(tmp_path):
+    """``--detach`` starts a helper in a session of its own in each run: the interrupted run's is killed with it
+    (found by the job's token, not by the tree), the others are ended when their run has exited (a finding)."""
+    record, _ = accept(fake("--detach"), tmp_path / "runs")
+    run_dir = Path(record["run_dir"])
+    pids = {p.parent.parent.name: int(p.read_text()) for p in run_dir.glob("*/out/detached.pid")}
+    assert set(pids) == {"reference", "resume-interrupted", "resume-resumed"}
+    assert not [name for name, pid in pids.items() if alive(pid)]
+    assert str(pids["resume-interrupted"]) in checks(record)["kill"]["evidence"]
+    assert any("left 1 process(es) running after it exited" in f for f in record["probe"]["findings"])
+
+
+def _start_headless(tmp_path: Path, extra: str) -> tuple[subprocess.Popen, Path]:
+    runs = tmp_path / "runs"
+    proc = subprocess.Popen([GPUACCEPT, "run", "--headless", "--runs-dir", str(runs), "--command",
+                             f"{PY} {FAKE} --out {{out}} {extra}", "--metrics", "metrics.jsonl", "--eval", "none",
+                             "--checkpoint-files", "state.json"], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        found = list(runs.glob("*/reference/out/detached.pid"))
+        if found and found[0].read_text():
+            return proc, found[0]
+        time.sleep(0.05)
+    proc.kill()
+    raise AssertionError(f"the command never started: {proc.communicate()}")
+
+
+def test_a_quit_kills_every_process_of_the_job_and_keeps_what_was_measured(tmp_path):
+    """SIGINT to a headless run while the command trains: exit 130, the command, its ranks and its detached helper
+    are gone, and the record says the probe was cancelled."""
+    proc, pid_file = _start_headless(tmp_path, "--detach --steps 400 --sleep 0.05")
+    helper = int(pid_file.read_text())
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, out + err
+    assert not alive(helper)
+    record = tomllib.loads((pid_file.parents[2] / "record.toml").read_text())
+    assert record["verdict"]["stages"]["probe"]["status"] == "cancelled"
+    job = json.loads((pid_file.parents[1] / "job.json").read_text())
+    assert job["argv"][0] == PY and not [p for p in psutil.process_iter() if _holds_token(p, job)]
+
+
+def _holds_token(p: psutil.Process, job: dict) -> bool:
+    try:
+        return p.status() != psutil.STATUS_ZOMBIE and p.environ().get("GPUACCEPT_JOB") == job["env_added"]["GPUACCEPT_JOB"]
+    except psutil.Error:
+        return False
+
+
+def test_a_kill_9_of_gpuaccept_ends_the_jobs_python_processes_by_their_lifeline(tmp_path):
+    """gpuaccept SIGKILLed cannot kill anything: every Python process of the job (the command and its detached
+    helper) ends itself within seconds (core/child/inject/sitecustomize.py watches gpuaccept's pid)."""
+    proc, pid_file = _start_headless(tmp_path, "--detach --steps 400 --sleep 0.05")
+    helper = int(pid_file.read_text())
+    command = json.loads((pid_file.parents[1] / "job.json").read_text())
+    proc.kill()  # SIGKILL to gpuaccept alone: its children are in sessions of their own
+    proc.wait(timeout=30)
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and (alive(helper) or [p for p in psutil.process_iter()
+                                                             if _holds_token(p, command)]):
+        time.sleep(0.1)
+    assert not alive(helper) and not [p.pid for p in psutil.process_iter() if _holds_token(p, command)]
+
+
+# ------------------------------------------------------------------------------------- the record and verify
+@pytest.fixture(scope="module")
+def fake_record(tmp_path_factory) -> Path:
+    record, _ = accept(fake(), tmp_path_factory.mktemp("fake"))
+    assert record["verdict"]["status"] == "pass"
+    return Path(record["run_dir"]) / "record.toml"
+
+
+@pytest.mark.parametrize("edit, words", [
+    (lambda r: r["resume"]["comparison"][1].update(loss_resumed=r["resume"]["comparison"][1]["loss_resumed"] + 0.5),
+     "difference is"),
+    (lambda r: r["resume"]["checks"].pop(0), "resume passes without the checks checkpoints"),
+    (lambda r: r["probe"].update(exit_code=1), "verdict.stages.probe says pass, its data says fail"),
+    (lambda r: r["probe"]["devices"][0].update(capacity_bytes=1), "fits says True, its bytes say False"),
+    (lambda r: r["spec"]["command"].update(kill_after_checkpoint=2), "spec.hash is not the sha256"),
+    (lambda r: r["verdict"].update(status="fail"), "verdict.status says fail, the stages say pass"),
+])
+def test_verify_recomputes_a_command_records_verdicts_and_catches_an_edit(fake_record, tmp_path, edit, words):
+    import tomli_w
+
+    record = tomllib.loads(fake_record.read_text())
+    assert verify(fake_record).returncode == 3
+    edit(record)
+    path = tmp_path / "record.toml"
+    path.write_text(tomli_w.dumps(record))
+    done = verify(path)
+    assert done.returncode in (5, 6) and words in done.stdout, done.stdout

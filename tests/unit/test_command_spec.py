@@ -1,0 +1,246 @@
+"""Command mode's pure parts: the spec and its refusals, the readers of what a run leaves, the plan of what ran, the
+step comparison of the resume check and the evaluation's criterion (no process is started here)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from core.command.spec import CommandSpec, read_command_table, substitute
+from core.errors import SpecError
+
+PY = sys.executable
+
+
+def spec(**kw):
+    return CommandSpec.from_dict({"train": f"{PY} train.py --output_dir {{out}}", **kw})
+
+
+@pytest.mark.parametrize("raw, field, words", [
+    ({"train": f"{PY} train.py"}, "command.train", "put {out} where your script takes its output folder"),
+    ({"train": f"{PY} train.py --out {{out}} > log.txt"}, "command.train", "runs without a shell"),
+    ({"train": f"{PY} train.py --out {{out}}", "resume": "{command} --resume"}, "command.resume", "{checkpoint}"),
+    ({"train": f"{PY} train.py --out {{out}}", "resume": "x{command} {checkpoint}"}, "command.resume",
+     "stands alone"),
+    ({"train": "no-such-program-here --out {out}"}, "command.train", "not found"),
+    ({"train": f"{PY} t.py --out {{out}}", "checkpoints": "/abs/checkpoint-*"}, "command.checkpoints",
+     "inside the run's output folder"),
+    ({"train": f"{PY} t.py --out {{out}} --model {{model}}"}, "command.model", "give the base model folder"),
+    ({"train": f"{PY} t.py --out {{out}}", "eval": f"{PY} eval.py"}, "command.eval", "{checkpoint}"),
+    ({"train": f"{PY} t.py --out {{out}}", "kill_after_checkpoint": 0}, "command.kill_after_checkpoint",
+     "at least 1"),
+    ({"train": f"{PY} t.py --out {{out}}", "batch_size": 4}, "command.batch_size", "unknown setting"),
+    ({"train": f"{PY} t.py --out {{out}}", "eval_max_blocks": "8"}, "command.eval_max_blocks", "not an integer"),
+    ({"train": f"{PY} 't.py --out {{out}}"}, "command.train", "close the quote"),
+])
+def test_a_command_gpuaccept_cannot_run_as_asked_is_refused_naming_the_field(raw, field, words):
+    with pytest.raises(SpecError) as err:
+        CommandSpec.from_dict(raw)
+    assert err.value.field == field and words in str(err.value)
+
+
+def test_the_resume_command_holds_the_training_commands_words_and_placeholders_stay_one_word():
+    s = spec(resume="{command} --resume_from_checkpoint {checkpoint}")
+    assert s.resume_words() == [PY, "train.py", "--output_dir", "{out}", "--resume_from_checkpoint", "{checkpoint}"]
+    argv = substitute(s.resume_words(), {"{out}": "/runs/a b/out", "{checkpoint}": "/runs/a b/ck-2"})
+    assert argv[3] == "/runs/a b/out" and argv[-1] == "/runs/a b/ck-2" and len(argv) == 6
+    assert s.label == "train.py" and s.uses("{out}") and not s.uses("{train_data}")
+
+
+def test_the_spec_hash_is_of_the_whole_command_table():
+    a, b = spec(), spec(kill_after_checkpoint=2)
+    assert a.spec_hash() == spec().spec_hash() and a.spec_hash() != b.spec_hash()
+    assert a.to_dict()["mode"] == "command" and a.to_dict()["command"]["train"] == a.train
+
+
+def test_a_spec_file_holds_command_mode_in_its_command_table_alone(tmp_path):
+    good = tmp_path / "good.toml"
+    good.write_text(f'[command]\ntrain = "{PY} t.py --out {{out}}"\nmetrics = "metrics.jsonl"\n'
+                    '[command.env]\nWANDB_MODE = "offline"\n')
+    assert read_command_table(good)["metrics"] == "metrics.jsonl"
+    assert CommandSpec.from_file(good).env == {"WANDB_MODE": "offline"}
+    mixed = tmp_path / "mixed.toml"
+    mixed.write_text(f'batch_size = 4\n[command]\ntrain = "{PY} t.py --out {{out}}"\n')
+    with pytest.raises(SpecError, match="belong to gpuaccept's own recipe"):
+        CommandSpec.from_file(mixed)
+
+
+# ------------------------------------------------------------------------------------------- what a run leaves
+def test_the_metrics_file_is_read_as_it_grows_and_bad_lines_are_named(tmp_path):
+    from core.command.reports import MetricsFile, read_metrics
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1, "loss": 2.5, "lr": 0.1}\nnot json\n{"step": 2}\n{"step": 3, "loss": 2.0')
+    m = MetricsFile(path)
+    got = read_metrics(m)
+    assert [(s.step, s.loss, s.learning_rate) for s in got] == [(1, 2.5, 0.1)]
+    assert m.problems == ["metrics.jsonl line 2: not JSON", "metrics.jsonl line 3: needs an integer step and a finite loss"]
+    with open(path, "a") as f:  # the partial last line completes
+        f.write(', "sample_ids": [4, 7]}\n')
+    assert [(s.step, s.sample_ids) for s in read_metrics(m)] == [(3, [4, 7])]
+
+
+def test_checkpoints_are_ordered_by_the_number_in_their_name(tmp_path):
+    from core.command.reports import list_checkpoints
+
+    for name in ("checkpoint-10", "checkpoint-9", "checkpoint-last"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "checkpoint-11").write_text("a file")
+    found, skipped = list_checkpoints(tmp_path, "checkpoint-*")
+    assert [(c.step, c.name) for c in found] == [(9, "checkpoint-9"), (10, "checkpoint-10")]
+    assert skipped == ["checkpoint-11: a file, not a folder (checkpoints are read as folders of files)",
+                       "checkpoint-last: no step number in its name"]
+
+
+# ------------------------------------------------------------------------------------------- the plan of what ran
+def trainer(**kw):
+    base = {"world_size": 1, "device": "cpu", "parameters": 1000, "trainable_parameters": 1000,
+            "parameter_dtypes": {"float32": {"trainable": 1000, "frozen": 0}}, "attn_implementation": "sdpa",
+            "config": {"model_type": "llama", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+                       "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128,
+                       "max_position_embeddings": 256},
+            "arguments": {"per_device_train_batch_size": 2, "gradient_accumulation_steps": 3, "optim": "adamw_torch",
+                          "max_steps": 5, "bf16": False, "fp16": False}}
+    for k, v in kw.items():
+        if k == "arguments":
+            base["arguments"] = {**base["arguments"], **v}
+        else:
+            base[k] = v
+    return base
+
+
+BATCHES = [{"widths": [48], "padded": False}, {"widths": [64, 40], "padded": True}]
+
+
+@pytest.mark.parametrize("report, want", [
+    (trainer(), dict(mode="full", dtype="fp32", precision="pure", batch_size=2, grad_accum=3, seq_len=64,
+                     padding="padded", optimizer="adamw", strategy="single", devices="cpu")),
+    (trainer(arguments={"bf16": True}), dict(dtype="bf16", precision="amp")),
+    (trainer(parameter_dtypes={"bfloat16": {"trainable": 8, "frozen": 992}}, trainable_parameters=8,
+             peft={"peft_type": "LORA", "r": 4, "lora_alpha": 8, "target_modules": ["v_proj", "q_proj"]}),
+     dict(mode="lora", dtype="bf16", precision="pure")),
+    (trainer(world_size=2), dict(strategy="ddp", devices="cpu")),
+    (trainer(arguments={"optim": "adamw_bnb_8bit"}), dict(optimizer="adamw_8bit")),
+])
+def test_the_plan_is_made_from_what_the_trainer_reported(tmp_path, report, want):
+    from core.command.plan import spec_from_run
+
+    ran = spec_from_run(report, BATCHES, tmp_path / "config.json", 5)
+    assert ran.spec is not None, ran.reason
+    assert {k: getattr(ran.spec, k) for k in want} == want
+    assert json.loads((tmp_path / "config.json").read_text())["hidden_size"] == 32
+    if report["world_size"] == 2:
+        assert ran.spec.torchrun.nproc_per_node == 2
+    if report.get("peft"):
+        assert ran.spec.lora.targets == ("q_proj", "v_proj") and ran.spec.lora.r == 4
+
+
+@pytest.mark.parametrize("report, words", [
+    (None, "no transformers Trainer"),
+    (trainer(trainable_parameters=10), "partly frozen"),
+    (trainer(arguments={"deepspeed": "ds.json"}), "DeepSpeed"),
+    (trainer(arguments={"optim": "lion_32bit"}), "lion_32bit"),
+    (trainer(attn_implementation="flex_attention"), "flex_attention"),
+])
+def test_what_the_planner_does_not_model_gets_no_plan_and_says_why(tmp_path, report, words):
+    from core.command.plan import spec_from_run
+
+    ran = spec_from_run(report, BATCHES, tmp_path / "config.json", 5)
+    assert ran.spec is None and words in ran.reason
+
+
+# ------------------------------------------------------------------------------------------- the resume comparison
+def steps(losses, start=1, lr=True, ids=True):
+    from core.command.reports import StepRecord
+
+    return [StepRecord(step=start + i, loss=x, learning_rate=0.1 if lr else None, sample_ids=[start + i] if ids else None)
+            for i, x in enumerate(losses)]
+
+
+def test_a_resume_that_continues_the_run_passes_the_step_checks():
+    from core.command.resume import compare_steps
+    from core.stages.resume import tolerance_tier
+
+    ref = steps([5.0, 4.0, 3.5, 3.2, 3.0, 2.9])
+    not_compared: list[str] = []
+    checks, rows = compare_steps(ref, steps([5.0, 4.0, 3.5]), steps([3.5, 3.2, 3.0, 2.9], start=3), 2,
+                                 tolerance_tier("cpu", "fp32"), not_compared)
+    assert [(c.name, c.status) for c in checks] == [("global_steps", "pass"), ("reproducible", "pass"),
+                                                    ("learning_rate", "pass"), ("sample_ids", "pass"),
+                                                    ("loss", "pass")]
+    assert [r["step"] for r in rows] == [3, 4, 5, 6] and not_compared == []
+
+
+def test_a_resume_that_drifts_fails_naming_the_steps_and_what_was_not_in_the_metrics():
+    from core.command.resume import compare_steps
+    from core.stages.resume import tolerance_tier
+
+    ref = steps([5.0, 4.0, 3.5, 3.2, 3.0, 2.9], lr=False, ids=False)
+    not_compared: list[str] = []
+    checks, _ = compare_steps(ref, steps([5.0, 4.0, 3.5], lr=False, ids=False),
+                              steps([3.5, 3.3, 3.1], start=3, lr=False, ids=False), 2,
+                              tolerance_tier("cpu", "fp32"), not_compared)
+    by = {c.name: c for c in checks}
+    assert by["global_steps"].status == "fail" and "resumed steps 3-5, expected 3-6" in by["global_steps"].evidence
+    assert by["loss"].status == "fail" and "steps 4-5" in by["loss"].evidence
+    assert abs(by["loss"].largest_difference - 0.1) < 1e-9
+    assert [n.split(":")[0] for n in not_compared] == ["learning rate", "sample ids"]
+
+
+def test_a_command_that_does_not_give_the_same_run_twice_is_named_before_any_resume_is_judged():
+    from core.command.resume import compare_steps
+    from core.stages.resume import tolerance_tier
+
+    ref = steps([5.0, 4.0, 3.5, 3.2])
+    checks, _ = compare_steps(ref, steps([5.0, 4.1, 3.6]), steps([3.2], start=4), 3, tolerance_tier("cpu", "fp32"), [])
+    repro = next(c for c in checks if c.name == "reproducible")
+    assert repro.status == "fail" and "at steps 2-3" in repro.evidence and "set_seed" in repro.evidence
+
+
+def test_loaded_states_are_compared_to_the_first_difference():
+    import torch
+
+    from core.command.resume import first_difference
+
+    a = {"torch": torch.arange(4, dtype=torch.uint8), "python": (3, (1, 2, 3), None), "lr": [0.1]}
+    assert first_difference(a, {**a, "python": (3, (1, 2, 3), None)}) is None
+    assert first_difference(a, {**a, "python": (3, (1, 9, 3), None)}) == "python[1][1]"
+    assert first_difference(a, {**a, "torch": torch.zeros(4, dtype=torch.uint8)}) == "torch"
+    assert first_difference({"lr": 0.1}, {"lr": 0.1 + 1e-9}) == "lr"
+    assert first_difference({"lr": 0.1}, {"lr": 0.1 + 1e-9}, rtol=1e-4) is None
+
+
+# ------------------------------------------------------------------------------------------- the evaluation
+def test_the_evaluation_passes_only_when_training_improved_on_the_base():
+    from core.command.evaluate import _judged
+
+    common = {"checkpoint": "checkpoint-6", "checkpoint_step": 6, "base": "/m", "independence": "x"}
+    lower = _judged("perplexity", "d", False, {"value": 20.0}, {"value": 17.5}, {}, "", common)
+    assert lower.status == "pass" and "20 -> 17.5" in lower.summary
+    assert _judged("perplexity", "d", False, {"value": 20.0}, {"value": 21.0}, {}, "", common).status == "fail"
+    assert _judged("accuracy", "d", True, {"value": 0.5}, {"value": 0.6}, {}, "", common).status == "pass"
+    alone = _judged("perplexity", "d", False, None, {"value": 17.5}, {}, "", common)
+    assert alone.status == "fail" and "nothing to compare it with" in alone.summary
+
+
+def test_the_evaluation_commands_result_is_its_last_json_line_with_a_metric(tmp_path):
+    from core.command.evaluate import last_json
+
+    log = tmp_path / "command.log"
+    log.write_text('loading...\n{"metric": "accuracy", "value": 0.5}\n{"note": 1}\n{"metric": "accuracy", '
+                   '"value": 0.71, "higher_is_better": true}\ndone\n')
+    assert last_json(log) == {"metric": "accuracy", "value": 0.71, "higher_is_better": True}
+    log.write_text('{"metric": "accuracy", "value": NaN}\n')
+    assert last_json(log) is None
+
+
+def test_a_checkpoint_of_a_trainer_must_hold_what_trainer_resumes_from():
+    from core.command.resume import missing_files, trainer_files
+
+    assert trainer_files({"peft": {"r": 8}}, 1) == ["adapter_model.safetensors", "optimizer.pt", "scheduler.pt",
+                                                    "trainer_state.json", "rng_state.pth"]
+    assert trainer_files({"arguments": {"fp16": True}}, 2)[-3:] == ["rng_state_0.pth", "rng_state_1.pth", "scaler.pt"]
+    assert missing_files(Path("/nonexistent"), ["a.pt"]) == ["a.pt"]
