@@ -16,13 +16,15 @@ from tui.state import WizardState
 
 
 class GpuAcceptApp(App[int]):
-    """Mode → Setup → Plan → Probe → Evaluate → Resume → Export.
+    """Mode → Setup → Plan → Probe → Evaluate → Resume → Export; for your own command Mode → Command setup → its
+    run (every stage) → Export.
 
     Args:
         runs_root: where run directories are created.
         backend: the device-memory backend the live bars sample (``core.monitor.sampler``); the host backend by default.
         devices_override: plan for these devices instead of detecting them (tests, planning another box).
         fields: initial setup values (flag names of ``RunSpec.build``), e.g. ``{"model": ...}``.
+        command_fields: command mode's initial values (``[command]`` keys), with ``mode="command"``.
     """
 
     CSS_PATH = "app.tcss"
@@ -38,12 +40,12 @@ class GpuAcceptApp(App[int]):
 
     def __init__(self, *, runs_root: Path = Path("runs"), backend: Any = None,
                  devices_override: list[Any] | None = None, fields: dict[str, Any] | None = None,
-                 mode: str = "lora", tracer: Any = None) -> None:
+                 mode: str = "lora", tracer: Any = None, command_fields: dict[str, Any] | None = None) -> None:
         super().__init__()
         #: makes the traced plan: (spec, ctx, cancelled) -> dict as core.plan.traced.traced_table (tests pass a constructed one)
         self.tracer = tracer
         self.state = WizardState(runs_root=Path(runs_root), devices_override=devices_override,
-                                 fields=dict(fields or {}), mode=mode)
+                                 fields=dict(fields or {}), mode=mode, command_fields=dict(command_fields or {}))
         self._backend = backend
         #: which memory backend the bars use and why (NVML, or CPU mode with NVML's reason)
         self.backend_note = ""

@@ -333,6 +333,14 @@ def cmd_wizard(args: argparse.Namespace) -> int:
     """The Textual wizard, prefilled with the spec file and flags given."""
     from tui.app import GpuAcceptApp
 
+    if command_mode(args):  # prefilled from the flags and the [command] table; validated on the form
+        command = command_spec_from_args(args)  # a bad flag is one line, before any screen
+        app = GpuAcceptApp(runs_root=Path(args.runs_dir), mode="command",
+                           command_fields=command.to_dict()["command"])
+        code = app.run()
+        if app.state.record_path is not None:
+            print(f"record: {app.state.record_path}")
+        return int(code or 0)
     spec = spec_from_args(args)  # validates flags first: a bad flag is one line, before any screen
     fields = {k: getattr(args, k) for k in _SPEC_KEYS if getattr(args, k, None) is not None and k != "mode"}
     if args.spec:

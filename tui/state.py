@@ -13,7 +13,7 @@ class WizardState:
     """The user's choices and the pipeline objects built from them.
 
     Attributes:
-        mode: inference | full | lora, chosen on the first screen.
+        mode: inference | full | lora | qlora | command (your own command), chosen on the first screen.
         fields: setup values as typed (flag names of RunSpec.build), applied over the mode's defaults.
         spec: the validated RunSpec, once the setup is valid.
         ctx: the plan context (core.pipeline.PlanContext) for ``spec``.
@@ -42,6 +42,10 @@ class WizardState:
     probe_anyway: bool = False
     probe_bar_peaks: dict[str, int | None] | None = None  # the live bars' probe peaks when the probe ended
     signoff_draft: dict[str, str] = field(default_factory=dict)
+    #: command mode: the form's values as typed ([command] keys; prefilled from --command and a [command] spec) and
+    #: the CommandSpec once they are valid
+    command_fields: dict[str, Any] = field(default_factory=dict)
+    command_spec: Any = None
 
 
 #: a stage's name as the screens say it (the record's names are ``plan``, ``probe``, ``train_eval``, ``resume``)

@@ -267,16 +267,10 @@ def _nvml_backend() -> Any:
     return backend if getattr(backend, "name", "") == "nvml" else None
 
 
-def run_command_pipeline(spec: CommandSpec, runs_root: Path = Path("runs"),
-                         cancelled: Callable[[], bool] | None = None) -> Generator[Event, None, Path | None]:
-    """Run every stage of command mode in order, yielding events; return the record's path (None when it could not be
-    written). A command that exits early or fails stops the stages that need its checkpoints; the record is written
-    in every case, with what did not run marked so.
-
-    Raises:
-        SpecError, DataError, GpuAcceptError: bad input, before the run directory is created.
-    """
-    run = CommandRun(spec, runs_root)
+def every_stage(run: CommandRun, cancelled: Callable[[], bool] | None = None) -> Generator[Event, None, None]:
+    """Run the stages of ``run`` in order (the headless pipeline and the wizard's run screen both): probe, plan, then
+    evaluation and the resume check only when the command exited 0. A stage that stops (cancelled, an error) stops the
+    rest; the reason is a message and stays in ``run.stopped`` for the record."""
     try:
         yield from run.probe_stage(cancelled)
         yield from run.plan_stage()
@@ -289,6 +283,20 @@ def run_command_pipeline(spec: CommandSpec, runs_root: Path = Path("runs"),
         yield from run.resume_stage(cancelled)
     except GpuAcceptError as exc:
         yield run.emit(Message("pipeline", text=f"stopped: {exc}"))
+
+
+def run_command_pipeline(spec: CommandSpec, runs_root: Path = Path("runs"),
+                         cancelled: Callable[[], bool] | None = None) -> Generator[Event, None, Path | None]:
+    """Run every stage of command mode in order, yielding events; return the record's path (None when it could not be
+    written). A command that exits early or fails stops the stages that need its checkpoints; the record is written
+    in every case, with what did not run marked so.
+
+    Raises:
+        SpecError, DataError, GpuAcceptError: bad input, before the run directory is created.
+    """
+    run = CommandRun(spec, runs_root)
+    try:
+        yield from every_stage(run, cancelled)
     finally:
         run.close()
     yield StageStarted("record", detail="record.toml, written atomically")

@@ -313,9 +313,12 @@ def safe_loading(ckpt: Path, trainer: bool, world: int) -> Check:
             safe_load(f)
         except UntrustedCheckpoint as exc:
             refused.append(str(exc))
-    names = ", ".join(str(f.relative_to(ckpt)) for f in files) or "no pickle"
+    names = ", ".join(str(f.relative_to(ckpt)) for f in files)
     if refused:
         return Check("safe_loading", "fail", "; ".join(refused))
+    if not files:
+        return Check("safe_loading", "pass", f"{ckpt.name} holds no pickle ({', '.join(PICKLES)}): nothing for "
+                                             "torch.load to run")
     return Check("safe_loading", "pass", f"{names} load with weights_only=True" + (
         " (training_args.bin, a pickle of TrainingArguments Trainer never loads on resume, not loaded)" if trainer
         and (ckpt / "training_args.bin").is_file() else ""))

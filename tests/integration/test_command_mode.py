@@ -290,3 +290,50 @@ def test_verify_recomputes_a_command_records_verdicts_and_catches_an_edit(fake_r
     path.write_text(tomli_w.dumps(record))
     done = verify(path)
     assert done.returncode in (5, 6) and words in done.stdout, done.stdout
+
+
+# ------------------------------------------------------------------------------------- the wizard
+async def test_the_wizard_accepts_your_own_command_and_writes_its_record(tmp_path):
+    """Mode 5 (your own command) -> the command form, validated as typed (no {out}: the error under the field) ->
+    every stage with its evidence -> the sign-off writes a record of kind command that verifies; Esc from the sign-off
+    shows the results again without running the command again."""
+    from textual.widgets import Button, Input
+
+    from tests.wizard_helpers import make_app, text_of, wait_for
+    from tui.screens.command import CommandRunScreen, CommandSetupScreen
+    from tui.screens.export import ExportScreen
+
+    app = make_app(ROOT, tmp_path / "runs")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("5", "enter")
+        assert isinstance(app.screen, CommandSetupScreen) and app.screen.query_one("#next", Button).disabled
+        form = {"train": f"{PY} {FAKE} --sleep 0.02", "resume": "{command} --resume {checkpoint}",
+                "metrics": "metrics.jsonl", "checkpoint_files": "state.json", "eval": "none"}
+        for key, value in form.items():
+            app.screen.query_one(f"#c-{key}", Input).value = value
+        await pilot.pause()
+        assert "put {out} where your script" in text_of(app.screen.query_one("#cerr-train"))
+        app.screen.query_one("#c-train", Input).value = form["train"] + " --out {out}"
+        await pilot.pause()
+        assert not app.screen.query_one("#cerr-train").display and app.state.command_spec is not None
+        await pilot.press("ctrl+n")
+        assert isinstance(app.screen, CommandRunScreen)
+        await wait_for(pilot, lambda: not app.screen.query_one("#next", Button).disabled, 120)
+        from rich.text import Text
+
+        shown = Text.from_markup(text_of(app.screen.query_one("#stages"))).plain
+        assert "✓ uninterrupted run (probe) pass" in shown and "✓ kill and resume pass" in shown, shown
+        probe_pid = app.state.run.reference.pid
+        await pilot.press("ctrl+n")
+        assert isinstance(app.screen, ExportScreen)
+        assert "your command fake_train.py" in text_of(app.screen.query_one("#overall"))
+        await pilot.press("escape")
+        assert isinstance(app.screen, CommandRunScreen) and app.state.run.reference.pid == probe_pid
+        await pilot.press("ctrl+n")
+        await pilot.press(*"Ada")
+        app.screen.query_one("#decision").value = "accept"
+        app.screen.query_one("#write", Button).press()
+        await wait_for(pilot, lambda: app.state.record_path is not None, 60)
+    record = tomllib.loads(app.state.record_path.read_text())
+    assert record["kind"] == "command" and record["signoff"]["operator"] == "Ada"
+    assert record["verdict"]["status"] == "pass" and verify(app.state.record_path).returncode == 3

@@ -447,3 +447,76 @@ async def test_the_export_screen_opens_the_quiz_on_the_written_record(snap, tmp_
         app.screen.query_one("#close").press()
         await pilot.pause()
         assert isinstance(app.screen, ExportScreen)  # Close returns to the export screen, not out of the wizard
+
+
+def command_form(tmp: Path) -> dict:
+    """Command mode's form on a script in the snapshot's folder (no path of this machine in the picture)."""
+    script = tmp / "train.sh"
+    script.write_text("#!/bin/sh\nexit 0\n")
+    script.chmod(0o755)
+    return {"train": "./train.sh --output_dir {out} --data {train_data}", "resume": "{command} --resume {checkpoint}",
+            "metrics": "metrics.jsonl", "checkpoint_files": "model.safetensors,optimizer.pt", "eval": "perplexity"}
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_command_setup_screen(snap, size, tmp_path):
+    async def run_before(pilot) -> None:
+        await pilot.press("5", "enter")
+        await pilot.pause()
+
+    app = app_for()
+    app.state.command_fields = command_form(tmp_path)
+    snap(app, size, run_before)
+
+
+def finished_command_run(spec) -> SimpleNamespace:
+    """A command run whose stages all ended, with fixed numbers (what the run screen draws)."""
+    from core.command.evaluate import CommandEvaluation
+    from core.command.pipeline import CommandPlan, CommandRun
+    from core.command.probe import CommandProbe, DeviceUse
+    from core.command.resume import CommandResume
+
+    device = DeviceUse("cpu", 0, 612 * 2**20, "the sampled RSS of the job's processes on the host (outside)",
+                       64 * GiB, "constructed for tests", True, sampled_bytes=612 * 2**20)
+    probe = CommandProbe("pass", "exit 0 after 6.2 s, 6 steps; measured peak cpu 0.60 GiB of 64.00", "outside only",
+                         0, 6.2, 6, None, 0.5, None, [device], {}, "metrics.jsonl in the run's output folder",
+                         ["checkpoint-2", "checkpoint-4", "checkpoint-6"], 612 * 2**20, "runs/x/reference/command.log",
+                         ["./train.sh"])
+    plan = CommandPlan("not_applicable", "no plan: measured from outside: the command reported no transformers "
+                                         "Trainer", reason="measured from outside")
+    ev = CommandEvaluation("pass", "perplexity lower after training", "perplexity", "token-weighted perplexity",
+                           False, {"value": 48993.2}, {"value": 48772.9}, "checkpoint-6", 6, "tiny-llama",
+                           "by construction: the command trained on {train_data}",
+                           summary="perplexity 4.899e+04 -> 4.877e+04 (better: lower is better)")
+    tier = tolerance_tier("cpu", "fp32")
+    checks = [Check("checkpoints", "pass", "the uninterrupted run wrote 3 checkpoints (steps 2, 4, 6)"),
+              Check("kill", "pass", "SIGKILL to 1 process(es) (pids 4242) and 1 process group(s); no process of the "
+                                    "job is left"),
+              Check("kill_point", "pass", "killed when its metrics showed step 3: after checkpoint 2, before 4"),
+              Check("loss", "pass", "resumed loss within cpu-fp32-exact at 4 step(s); identical", kind="tolerance",
+                    tier=tier.name, largest_difference=0.0)]
+    resume = CommandResume("pass", "killed at step 3 after checkpoint 2, resumed from it, compared up to step 6: "
+                                   "4 checks passed (cpu-fp32-exact)", checks, 2, 4, 3, 6, tier)
+    run = SimpleNamespace(spec=spec, run_dir=Path("runs/20261203T000000Z-command-train.sh"), verdict=None, stopped={},
+                          record_path=Path("runs/x/record.toml"), close=lambda: None,
+                          results={"probe": probe, "plan": plan, "train_eval": ev, "resume": resume})
+    run.current_verdict = lambda: CommandRun.current_verdict(run)
+    return run
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("screen", ["run", "export"])
+def test_command_run_and_export_screens(snap, size, tmp_path, screen):
+    async def run_before(pilot) -> None:
+        from core.command.spec import CommandSpec
+        from tui.screens.command import CommandRunScreen, raw_values
+        from tui.screens.export import ExportScreen
+
+        app = pilot.app
+        app.state.mode = "command"
+        app.state.command_spec = CommandSpec.from_dict(raw_values(command_form(tmp_path))[0])
+        app.state.run = finished_command_run(app.state.command_spec)
+        await app.push_screen(CommandRunScreen() if screen == "run" else ExportScreen())
+        await pilot.pause(0.3)
+
+    snap(app_for(), size, run_before)

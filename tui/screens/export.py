@@ -32,7 +32,9 @@ class ExportScreen(Screen):
     def compose(self) -> ComposeResult:
         draft = self.app.state.signoff_draft
         yield Header()
-        yield Static("Step 7/7 · Sign off and write the record", classes="title")
+        command = self.app.state.mode == "command" and getattr(self.app.state.run, "spec", None) is not None and \
+            self.app.state.run.spec.mode == "command"
+        yield Static(f"Step {'4/4' if command else '7/7'} · Sign off and write the record", classes="title")
         yield Static("The record keeps every number with where it comes from: measured, estimated (how) or not run. "
                      "Your decision is yours: the verdict says what passed on this box, nothing more.", classes="intro")
         yield Static(SIGNING_FREEZES, id="sign-note", classes="intro")  # above the fold at 80x24: before you sign
@@ -74,8 +76,9 @@ class ExportScreen(Screen):
             self.query_one("#write", Button).disabled = True
             return
         v = run.current_verdict()  # what the record will say: the traced plan and stopped stages included
+        what = f"your command {run.spec.label}" if run.spec.mode == "command" else f"{run.spec.mode} on {run.spec.model}"
         self.query_one("#overall", Static).update(
-            f"overall: [b]{v['status'].upper()}[/b] · {run.spec.mode} on {run.spec.model} · run directory {run.run_dir}")
+            f"overall: [b]{v['status'].upper()}[/b] · {what} · run directory {run.run_dir}")
         marks = {"pass": "[$success]✓[/]", "not_applicable": "[$text-muted]–[/]"}
         self.query_one("#verdicts", Static).update(Content("\n").join(
             Content.from_markup(marks.get(item["status"], "[$error]✗[/]"))
@@ -174,7 +177,9 @@ class ExportScreen(Screen):
             return
         self.app.state.record_path = path
         self.app.call_from_thread(setattr, self.query_one("#write", Button), "disabled", True)
-        self.app.call_from_thread(setattr, self.query_one("#quiz", Button), "disabled", False)
+        # the quiz is built from gpuaccept's own recipe records (core.quiz); a command record has no such ledger
+        self.app.call_from_thread(setattr, self.query_one("#quiz", Button), "disabled",
+                                  self.app.state.run.spec.mode == "command")
         signed = self.sign(path)
         how = "signed" if signed.startswith("signed into") else "UNSIGNED"
         self.app.call_from_thread(self.query_one("#written", Static).update,

@@ -24,6 +24,10 @@ MODES = {
               "dequantised layer by layer as they run; embeddings and LM head stay fp32. The same adapters are "
               "trained; activations, adapter gradients and optimizer states are as for LoRA. Slower steps; quality "
               "may differ from LoRA's."),
+    "command": ("Your own command",
+                "Your training script as you run it (python or torchrun, Trainer-based or a plain loop): measured on "
+                "each device (inside a transformers Trainer, from outside otherwise), planned from what it ran, its "
+                "final checkpoint evaluated, killed after a checkpoint and resumed with your resume command."),
 }
 
 
@@ -64,7 +68,7 @@ class ModeChoice(RadioSet):
 
 
 class ModeScreen(Screen):
-    """Choose inference, full fine-tuning, LoRA or its 4-bit variant QLoRA."""
+    """Choose inference, full fine-tuning, LoRA or its 4-bit variant QLoRA, or your own training command."""
 
     # Every key of this screen is a priority binding, handled in the order typed: Enter is one (RadioSet would take it
     # otherwise), and a plain binding is handled after the key reaches the screen, so "4" and Enter typed together
@@ -76,7 +80,7 @@ class ModeScreen(Screen):
 
     def compose(self) -> ComposeResult:
         yield Header()
-        yield Static("Step 1/7 · Mode", classes="title")
+        yield Static("Step 1 · Mode", classes="title")
         yield Static("What will this setup do on the GPU? The mode decides which memory exists at all: "
                      "gradients and optimizer states only when training, and what is trained.", classes="intro")
         with Vertical(classes="body"):
@@ -114,6 +118,11 @@ class ModeScreen(Screen):
             self.action_next()
 
     def action_next(self) -> None:
+        if self.app.state.mode == "command":
+            from tui.screens.command import CommandSetupScreen
+
+            self.app.push_screen(CommandSetupScreen())
+            return
         from tui.screens.setup import SetupScreen
 
         self.app.push_screen(SetupScreen())

@@ -153,6 +153,7 @@ class SetupScreen(NavButtons, Screen):
         with Horizontal(classes="nav"):
             yield Button("← Back", id="back")
             yield Button("Plan →", id="next", variant="primary")
+            yield Button("Your own command…", id="own-command")
         yield Footer(show_command_palette=False)  # no ^p palette key: at 80 columns every key shows
 
     def on_mount(self) -> None:
@@ -352,6 +353,14 @@ class SetupScreen(NavButtons, Screen):
         if not self.query("#form-error"):
             return  # the screen was closed (Esc) while the check ran: nothing left to draw on
         self._show_errors()
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        if event.button.id == "own-command":  # the choice "your own command": the user's script, not this recipe
+            from tui.screens.command import CommandSetupScreen
+
+            self.app.push_screen(CommandSetupScreen())
+            return
+        super().on_button_pressed(event)
 
     def on_input_changed(self, event: Input.Changed) -> None:
         self.validate()

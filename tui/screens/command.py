@@ -1,0 +1,326 @@
+"""Command mode in the wizard: your own training command (Mode 5, or Setup's "Your own command").
+
+- :class:`CommandSetupScreen`: the command, how it resumes, where its checkpoints and metrics are, what evaluates it;
+  every field validated as it is typed (:class:`core.command.spec.CommandSpec`), each error under its field.
+- :class:`CommandRunScreen`: every stage in one worker (:func:`core.command.pipeline.every_stage`): the uninterrupted
+  run with live memory bars, the plan of what ran against what was measured, the held-out evaluation, the kill and
+  resume; then Next to the sign-off (:class:`tui.screens.export.ExportScreen`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator
+from typing import Any
+
+from rich.markup import escape
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.screen import Screen
+from textual.widgets import Button, Footer, Header, Input, Label, ProgressBar, Static
+
+from tui.screens.nav import NavButtons
+from tui.screens.stages import StageDone, StageEvent
+from tui.widgets.bars import LiveBar, gib
+from tui.widgets.inputs import OrderedInput
+from tui.widgets.tables import wrapped_table
+
+# ([command] key, label, default shown, placeholder)
+FIELDS: list[tuple[str, str, str, str]] = [
+    ("train", "Training command", "", "python train.py --output_dir {out}"),
+    ("resume", "Resume command", "{command} --resume_from_checkpoint {checkpoint}", ""),
+    ("checkpoints", "Checkpoints in {out}", "checkpoint-*", ""),
+    ("metrics", "Metrics", "auto", "auto, or a JSON-lines file in {out}"),
+    ("checkpoint_files", "Checkpoint files", "", "Trainer's set if a Trainer runs; else a,b,c"),
+    ("workdir", "Runs in folder", ".", ""),
+    ("model", "Base model folder", "", "for {model}, the tokenizer, the base's score"),
+    ("data", "Data", "embedded", ""),
+    ("eval", "Evaluation", "perplexity", "perplexity, none, or a command with {checkpoint}"),
+    ("kill_after_checkpoint", "Kill after ckpt #", "1", ""),
+]
+INTRO = ("Run as you would (no shell), measured, killed after a checkpoint, resumed. {out}: each run's own output "
+         "folder (required); {checkpoint}: what to resume from; {command}: the training command; {train_data}: "
+         "gpuaccept's training split; {model}: the base model.")
+
+
+def raw_values(values: dict[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
+    """The form's text as a ``[command]`` table (empty fields left to their defaults), and per-field errors of
+    conversion."""
+    raw: dict[str, Any] = {}
+    errors: dict[str, str] = {}
+    for key, text in values.items():
+        text = text.strip()
+        if not text and key != "train":
+            continue
+        if key == "checkpoint_files":
+            raw[key] = [t.strip() for t in text.split(",") if t.strip()]
+        elif key == "kill_after_checkpoint":
+            try:
+                raw[key] = int(text)
+            except ValueError:
+                errors[key] = f"a whole number, e.g. 1 (got {text!r})"
+        else:
+            raw[key] = text
+    return raw, errors
+
+
+class CommandSetupScreen(NavButtons, Screen):
+    """Your command and how gpuaccept runs, kills, resumes and evaluates it; Next only when it is valid."""
+
+    BINDINGS = [Binding("ctrl+n", "next", "Next"), Binding("ctrl+q", "app.quit_typed", "Quit")]
+    q_types = True
+
+    def compose(self) -> ComposeResult:
+        given = self.app.state.command_fields
+        yield Header()
+        yield Static("Step 2/4 · Your own command", classes="title")
+        yield Static(INTRO, classes="intro")
+        with VerticalScroll(classes="body", id="form"):
+            for key, label, default, placeholder in FIELDS:
+                value = given.get(key, default)
+                value = ",".join(value) if isinstance(value, (list, tuple)) else str(value)
+                with Horizontal(classes="field"):
+                    yield Label(label)
+                    yield OrderedInput(value=value, placeholder=placeholder, id=f"c-{key}", compact=True)
+                yield Static("", classes="field-error", id=f"cerr-{key}")
+        yield Static("", classes="error", id="form-error")
+        with Horizontal(classes="nav"):
+            yield Button("← Back", id="back")
+            yield Button("Run it →", id="next", variant="primary", disabled=True)
+        yield Footer(show_command_palette=False)
+
+    def on_mount(self) -> None:
+        self.app.state.mode = "command"
+        self.validate()
+        self.query_one("#c-train", Input).focus()
+
+    def values(self) -> dict[str, str]:
+        return {key: self.query_one(f"#c-{key}", Input).value for key, *_ in FIELDS}
+
+    def validate(self) -> Any:
+        """Build the spec from the form; show the error under its field; Next only when valid."""
+        from core.command.spec import CommandSpec
+        from core.errors import SpecError
+
+        values = self.values()
+        self.app.state.command_fields = {**self.app.state.command_fields, **values}
+        raw, errors = raw_values(values)
+        spec = None
+        if not errors:
+            try:
+                spec = CommandSpec.from_dict({**{k: v for k, v in self.app.state.command_fields.items()
+                                                 if k not in values}, **raw})
+            except SpecError as exc:
+                if values["train"].strip():  # an empty form is not an error yet: Next says what to type
+                    errors[exc.field.removeprefix("command.")] = exc.message
+        for key, *_ in FIELDS:
+            err = self.query_one(f"#cerr-{key}", Static)
+            text = errors.pop(key, "")
+            err.update(escape(text))
+            err.display = bool(text)
+        self.query_one("#form-error", Static).update(escape("; ".join(errors.values())))
+        self.app.state.command_spec = spec
+        self.query_one("#next", Button).disabled = spec is None
+        self.refresh_bindings()
+        return spec
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        self.validate()
+
+    def next_blocked(self) -> str | None:
+        if self.app.state.command_spec is not None:
+            return None
+        at_fault = [label for key, label, *_ in FIELDS if self.query_one(f"#cerr-{key}", Static).display]
+        return "fix what is marked ↑ first: " + ", ".join(at_fault) if at_fault else "give the training command"
+
+    def action_next(self) -> None:
+        if self.validate() is not None:
+            self.app.push_screen(CommandRunScreen())
+
+
+STAGE_NAMES = {"probe": "uninterrupted run (probe)", "plan": "plan of what ran", "train_eval": "evaluation",
+               "resume": "kill and resume", "pipeline": "stopped"}
+MARKS = {"pass": "[green]✓[/]", "not_applicable": "[dim]–[/]", "fail": "[red]✗[/]"}
+
+
+class CommandRunScreen(NavButtons, Screen):
+    """Every stage of your command, live; the evidence of each as it ends."""
+
+    BINDINGS = [Binding("ctrl+n", "next", "Next")]
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        yield Static("Step 3/4 · Your command: measured, planned, evaluated, killed and resumed", classes="title")
+        yield Static("The bars show your command's processes (every rank) against everything else on each device. "
+                     "Each stage's verdict and evidence appear as it ends; the run folder keeps every log.",
+                     classes="intro")
+        with VerticalScroll(classes="body", id="stage-body"):
+            yield ProgressBar(id="progress", show_eta=False)
+            yield Static("", id="status")
+            yield Static("", id="backend-note", classes="dim")
+            yield Vertical(id="live")
+            yield Static("", id="stages")
+            yield Static("", id="details")
+        yield Static("", classes="error", id="stage-error")
+        with Horizontal(classes="nav"):
+            yield Button("← Back", id="back")
+            yield Button("Sign off →", id="next", variant="primary", disabled=True)
+        yield Footer(show_command_palette=False)
+
+    def on_mount(self) -> None:
+        self._bars: dict[str, LiveBar] = {}
+        self._lines: dict[str, str] = {}
+        self.sampler = self.app.start_sampler()
+        self.query_one("#backend-note", Static).update(f"[dim]memory from: {self.app.backend_note}[/]")
+        self._timer = self.set_interval(0.25, self.refresh_bars)
+        self.query_one("#stage-body").focus()
+        state = self.app.state
+        run = state.run
+        if run is not None and getattr(run, "spec", None) == state.command_spec and run.results.get("probe"):
+            self.show_all(run)  # back from the sign-off: nothing runs again
+            self.query_one("#progress", ProgressBar).update(total=1, progress=1)
+            self.query_one("#next", Button).disabled = False
+            return
+        state.running = "probe"
+        self.run_stages()
+        self.app.refresh_bindings()
+
+    def stages(self, cancelled: Callable[[], bool]) -> Generator[Any, None, None]:
+        from core.command.pipeline import CommandRun, every_stage
+
+        state = self.app.state
+        if state.run is not None:
+            self.app.finish_run()  # a run of another setup: its record is written, unsigned
+        state.run = CommandRun(state.command_spec, state.runs_root)
+        return every_stage(state.run, cancelled)
+
+    @work(thread=True, exclusive=True, group="stage")
+    def run_stages(self) -> None:
+        from core.errors import GpuAcceptError
+        from core.events import ChildStarted, StageStarted
+
+        state = self.app.state
+        state.cancel.clear()
+        error = None
+        try:
+            for event in self.stages(state.cancel.is_set):
+                if isinstance(event, ChildStarted):
+                    state.children.add(event.pid)
+                elif isinstance(event, StageStarted):
+                    state.running = event.stage
+                self.post_message(StageEvent(event))
+        except GpuAcceptError as exc:
+            error = str(exc)
+        except Exception as exc:  # noqa: BLE001 - shown on screen; the run folder keeps the logs
+            error = f"{type(exc).__name__}: {exc}"
+        finally:
+            state.running = None
+        self.post_message(StageDone(None, error))
+
+    def on_stage_event(self, message: StageEvent) -> None:
+        from core.events import ChildStarted, Message, Progress, StageFinished, StageStarted
+
+        event = message.event
+        if isinstance(event, Progress):
+            if event.total:
+                self.query_one("#progress", ProgressBar).update(total=event.total, progress=event.step)
+            loss = f", loss {event.loss:.4f}" if event.loss is not None else ""
+            of = f" of {event.total}" if event.total else ""
+            self.query_one("#status", Static).update(f"{event.run} run: step {event.step}{of}{loss}")
+        elif isinstance(event, ChildStarted):
+            self.sampler.follow({event.pid})
+            self.query_one("#status", Static).update(f"{event.run}: process {event.pid} (log {event.log_path})")
+        elif isinstance(event, StageStarted):
+            self._lines[event.stage] = f"[yellow]…[/] {STAGE_NAMES.get(event.stage, event.stage)}: running"
+            self._show_lines()
+        elif isinstance(event, StageFinished):
+            mark = MARKS.get(event.status, "[red]✗[/]")
+            self._lines[event.stage] = (f"{mark} {STAGE_NAMES.get(event.stage, event.stage)} {event.status}: "
+                                        f"{escape(event.summary)}")
+            self._show_lines()
+            self.show_all(self.app.state.run)
+        elif isinstance(event, Message):
+            if event.stage == "pipeline":
+                self._lines["pipeline"] = f"[red]■[/] {escape(event.text)}"
+                self._show_lines()
+            self.query_one("#status", Static).update(escape(event.text))
+
+    def _show_lines(self) -> None:
+        self.query_one("#stages", Static).update("\n".join(self._lines.values()))
+
+    def on_stage_done(self, message: StageDone) -> None:
+        self.refresh_bars()
+        self._timer.stop()
+        bar = self.query_one("#progress", ProgressBar)
+        bar.update(total=bar.total or 1, progress=bar.total or 1)
+        if message.error is not None:
+            self.query_one("#stage-error", Static).update(f"stopped: {escape(message.error)}")
+        run = self.app.state.run
+        if run is not None:
+            self.show_all(run)
+        self.query_one("#next", Button).disabled = False
+        self.app.refresh_bindings()
+
+    def refresh_bars(self) -> None:
+        live = self.query_one("#live", Vertical)
+        running = self.app.state.running is not None
+        for sample in self.sampler.latest():
+            bar = self._bars.get(sample.device)
+            if bar is None:
+                bar = self._bars[sample.device] = LiveBar(f"{sample.device} {sample.name}")
+                live.mount(bar)
+            bar.show(ours=sample.ours_bytes.value if running else None, others=sample.others_bytes.value,
+                     total=sample.total_bytes.value, peak=self.sampler.peak_ours(sample.device),
+                     note=sample.note or "", ended=not running)
+
+    def show_all(self, run: Any) -> None:
+        """What each finished stage found, as tables: devices, the plan against the measurement, the evaluation, the
+        resume checks."""
+        if run is None:
+            return
+        if not self._lines:
+            for key, name in (("probe", "probe"), ("plan", "plan"), ("train_eval", "train_eval"), ("resume", "resume")):
+                res = run.results.get(key)
+                if res is not None:
+                    self._lines[key] = (f"{MARKS.get(res.status, '[red]✗[/]')} {STAGE_NAMES[name]} {res.status}: "
+                                        f"{escape(res.summary)}")
+            self._show_lines()
+        from rich.console import Group
+
+        parts: list[Any] = []
+        probe, plan, ev, res = (run.results.get(k) for k in ("probe", "plan", "train_eval", "resume"))
+        if probe is not None:
+            rows = [[d.device, gib(d.measured_bytes), gib(d.capacity_bytes) if d.capacity_bytes else "unknown",
+                     {True: "fits", False: "DOES NOT FIT", None: "?"}[d.fits], d.method] for d in probe.devices]
+            parts += ["", f"[b]measured per device[/b] ({probe.view.split(' (')[0]}):",
+                      wrapped_table(["device", "peak", "capacity", "fit", "how measured"], rows)]
+            parts += [f"[yellow]! {escape(f)}[/]" for f in probe.findings]
+        if plan is not None and plan.comparisons:
+            rows = [[c.device, gib(c.planned_bytes), gib(c.measured_bytes), f"{c.error_pct:+.1f} %", c.compared]
+                    for c in plan.comparisons]
+            parts += ["", "[b]plan of what ran vs measured[/b] (estimate; + means the plan is above):",
+                      wrapped_table(["device", "planned", "measured", "error", "compared"], rows)]
+        if ev is not None and ev.after is not None:
+            before = f"{ev.before['value']:.4g}" if ev.before else "not measured"
+            parts += ["", f"[b]evaluation[/b]: {escape(ev.metric)} {before} → {ev.after['value']:.4g} on "
+                          f"{escape(ev.checkpoint)}; held-out independence: {escape(ev.independence)}"]
+        if res is not None and res.checks:
+            rows = [[c.name, c.status, c.evidence] for c in res.checks]
+            parts += ["", f"[b]kill and resume[/b] ({res.tier.name if res.tier else ''}):",
+                      wrapped_table(["check", "status", "evidence"], rows)]
+            parts += [f"[dim]not compared: {escape(n)}[/]" for n in res.not_compared]
+        self.query_one("#details", Static).update(Group(*parts))
+
+    def next_blocked(self) -> str | None:
+        try:
+            disabled = self.query_one("#next", Button).disabled
+        except Exception:  # noqa: BLE001 - before compose
+            disabled = True
+        return "your command is running: Next when every stage has ended (q stops it and quits)" if disabled else None
+
+    def action_next(self) -> None:
+        from tui.screens.export import ExportScreen
+
+        if not self.query_one("#next", Button).disabled:
+            self.app.push_screen(ExportScreen())
