@@ -94,8 +94,22 @@ class CommandRun(StagedRun):
             path.write_text("\n\n".join(d.text for d in split.train) + "\n", encoding="utf-8")
             values["{train_data}"] = str(path)
         if self.spec.model:
-            values["{model}"] = str(Path(self.spec.model).expanduser().resolve())
+            values["{model}"] = str(self._model_folder())
         return values
+
+    def _model_folder(self) -> Path:
+        """``command.model`` as a folder: the embedded SmolLM2-135M's safetensors cache (converted once, in a child
+        process, its log in the run folder), or the folder given."""
+        from core.models import embedded_cache_path, embedded_cache_ready
+        from core.spec import EMBEDDED_MODEL
+
+        if self.spec.model != EMBEDDED_MODEL:
+            return Path(self.spec.model).expanduser().resolve()
+        if not embedded_cache_ready():
+            from core.pipeline import convert_in_child
+
+            convert_in_child(self.run_dir / "convert-embedded.log")
+        return embedded_cache_path()
 
     # ------------------------------------------------------------------ stages
     def probe_stage(self, cancelled: Callable[[], bool] | None = None) -> Generator[Event, None, CommandProbe]:

@@ -242,8 +242,9 @@ def kill_job(job: Job, settle_s: float | None = None) -> KillResult:
     from core.stages.childproc import KILL_SETTLE_S
 
     settle_s = KILL_SETTLE_S if settle_s is None else settle_s
-    procs = members(job, scan_env=True)
     own_group = os.getpgrp()
+    first, first_groups = _kill_known(job, own_group)  # what is known, at once: the scan below reads every process
+    procs = members(job, scan_env=True)
     groups = sorted({g for g in (_pgid(p.pid) for p in procs) if g and g != own_group and g == _leader(g, procs)})
     for group in groups:
         try:
@@ -270,7 +271,30 @@ def kill_job(job: Job, settle_s: float | None = None) -> KillResult:
             except (ProcessLookupError, PermissionError):
                 pass
         time.sleep(0.05)
-    return KillResult(pids=sorted(p.pid for p in procs), groups=groups, left=left)
+    return KillResult(pids=sorted({*first, *(p.pid for p in procs)}), groups=sorted({*first_groups, *groups}),
+                      left=left)
+
+
+def _kill_known(job: Job, own_group: int) -> tuple[list[int], list[int]]:
+    """SIGKILL the root's process group and every live member seen so far (by pid and start time), without a scan;
+    (the pids, the groups) signalled."""
+    import psutil
+
+    pids, groups = [], []
+    for pid, created in list(job.known.items()):
+        try:
+            p = psutil.Process(pid)
+            if created and abs(float(p.create_time()) - created) > 0.01 or p.status() == psutil.STATUS_ZOMBIE:
+                continue
+            group = os.getpgid(pid)
+            if group == pid and group != own_group:  # a group the job's process leads (the root's, each rank's)
+                os.killpg(group, signal.SIGKILL)
+                groups.append(group)
+            p.send_signal(signal.SIGKILL)
+            pids.append(pid)
+        except (psutil.Error, ProcessLookupError, PermissionError):
+            continue
+    return pids, groups
 
 
 def _pgid(pid: int) -> int | None:

@@ -54,7 +54,7 @@ class HookReport:
     held: dict[int, dict[str, Any]] = field(default_factory=dict)  # rank -> held event
     ends: dict[int, dict[str, Any]] = field(default_factory=dict)  # rank -> train_end event
     errors: list[str] = field(default_factory=list)
-    offset: int = 0
+    offsets: dict[str, int] = field(default_factory=dict)  # events file name -> bytes read
 
     @property
     def lead(self) -> dict[str, Any] | None:
@@ -78,18 +78,32 @@ class HookReport:
         return out
 
 
+def hook_files(path: Path) -> list[Path]:
+    """The hook's events files of a run: rank 0's ``path`` and each other rank's beside it (``<stem>.rank<r>.jsonl``,
+    the hook's ``rank_path``)."""
+    return [path, *sorted(path.parent.glob(f"{path.stem}.rank*{path.suffix}"))]
+
+
 def read_hook_events(path: Path, report: HookReport) -> list[StepRecord]:
-    """Read the complete lines of the hook's events file from ``report.offset`` into ``report``; the steps logged
-    since the last call are returned. A line that is not JSON is named in ``report.errors``."""
+    """Read the complete lines added to every rank's events file of the hook (:func:`hook_files`) since the last call
+    into ``report``; the steps logged since then are returned. A line that is not JSON is named in ``report.errors``."""
+    new: list[StepRecord] = []
+    for file in hook_files(path):
+        new.extend(_read_hook_file(file, report))
+    return new
+
+
+def _read_hook_file(path: Path, report: HookReport) -> list[StepRecord]:
     if not path.exists():
         return []
+    offset = report.offsets.get(path.name, 0)
     with open(path, "rb") as fh:
-        fh.seek(report.offset)
+        fh.seek(offset)
         data = fh.read()
     end = data.rfind(b"\n")
     if end < 0:
         return []
-    report.offset += end + 1
+    report.offsets[path.name] = offset + end + 1
     new: list[StepRecord] = []
     for raw in data[: end + 1].splitlines():
         if not raw.strip():

@@ -9,6 +9,7 @@ The run directory keeps the log, the hook's events, the memory samples and the c
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
@@ -30,9 +31,34 @@ from core.command.spec import CommandSpec
 from core.errors import StageCancelled
 from core.events import ChildStarted, Event, Progress
 
+#: how often the metrics and the hook's events are read, and the kill decided (seconds)
 POLL_S = 0.02
+#: how often the process tree's memory is sampled, on a thread of its own (a sample walks /proc: it must not delay a
+#: kill that the metrics ask for)
 SAMPLE_S = 0.25
 CHECKPOINTS_S = 0.2
+
+
+class _Sampling:
+    """Samples the job's memory every :data:`SAMPLE_S` on a daemon thread until stopped."""
+
+    def __init__(self, job: Job, backend: Any) -> None:
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, args=(job, backend), name="gpuaccept-job-memory",
+                                       daemon=True)
+        self.thread.start()
+
+    def _run(self, job: Job, backend: Any) -> None:
+        while not self.stop.is_set():
+            try:
+                sample_memory(job, backend)
+            except Exception:  # noqa: BLE001 - a failed read leaves a gap in memory.jsonl, never stops the run
+                pass
+            self.stop.wait(SAMPLE_S)
+
+    def end(self) -> None:
+        self.stop.set()
+        self.thread.join(timeout=5.0)
 
 
 @dataclass
@@ -128,25 +154,28 @@ def run_command(spec: CommandSpec, name: str, argv: list[str], out_dir: Path, jo
     outcome.pid = job.proc.pid
     yield ChildStarted(stage, run=name, pid=job.proc.pid, log_path=str(job.log_path))
     started = time.monotonic()
-    sampled = listed = 0.0
+    listed = 0.0
     finished = False
+    sampling = _Sampling(job, backend)
     try:
         while True:
             new = _read(job, outcome)
+            if kill_when is not None and new and kill_when(outcome):  # at once: before anything else is read
+                outcome.kill = kill_job(job)
+                outcome.at_kill = list_checkpoints(out_dir, spec.checkpoints)[0]
+                finished = True
+                break
             for step in new:
                 if step.rank == 0:
                     yield Progress(stage, run=name, step=step.step, total=total, loss=step.loss,
                                    learning_rate=step.learning_rate)
             now = time.monotonic()
-            if now - sampled >= SAMPLE_S:
-                sampled = now
-                sample_memory(job, backend)
             if now - listed >= CHECKPOINTS_S:
                 listed = now
                 outcome.checkpoints, outcome.skipped_checkpoints = list_checkpoints(out_dir, spec.checkpoints)
             if kill_when is not None and kill_when(outcome):
-                outcome.at_kill = list_checkpoints(out_dir, spec.checkpoints)[0]
                 outcome.kill = kill_job(job)
+                outcome.at_kill = list_checkpoints(out_dir, spec.checkpoints)[0]
                 finished = True
                 break
             if cancelled is not None and cancelled():
@@ -166,6 +195,7 @@ def run_command(spec: CommandSpec, name: str, argv: list[str], out_dir: Path, jo
     finally:
         if not finished or job.proc.poll() is None:  # interrupted (Ctrl-C), or the consumer stopped reading
             outcome.kill = outcome.kill or kill_job(job)
+        sampling.end()
         outcome.seconds = time.monotonic() - started
         _finish(spec, job, outcome)
         _end_leftovers(job, outcome)

@@ -10,7 +10,8 @@ A spec file holds command mode in a ``[command]`` table (every key but ``train``
                                     # file inside {out} with step, loss (and learning_rate, sample_ids)
     checkpoint_files = []           # what a checkpoint must hold; default: Trainer's set when a Trainer ran
     workdir = "."                   # where the command runs
-    model = ""                      # the base model folder: the tokenizer, the evaluation before training; {model}
+    model = ""                      # the base model folder (or "smollm2-135m", the embedded one): the tokenizer, the
+                                    # evaluation before training; {model}
     data = "embedded"               # gpuaccept's text: {train_data} gets its training split, the evaluation its
     heldout_fraction = 0.2          #   held-out split
     eval = "perplexity"             # perplexity | none | a command with {checkpoint} printing a JSON metric
@@ -47,7 +48,7 @@ from typing import Any
 
 from core.dtypes import DTYPES
 from core.errors import SpecError
-from core.spec import EMBEDDED_DATA, MAX_STEPS, canonical_sha256
+from core.spec import EMBEDDED_DATA, EMBEDDED_MODEL, MAX_STEPS, canonical_sha256
 
 #: The placeholders a command may hold, with what replaces them.
 PLACEHOLDERS = {
@@ -209,9 +210,10 @@ class CommandSpec:
                 raise SpecError("command.checkpoint_files", f"{name!r}: name files by their path inside a checkpoint")
         if self.uses("{model}") and not self.model:
             raise SpecError("command.model", "the command holds {model}: give the base model folder as model")
-        if self.model and not Path(self.model).expanduser().is_dir():
+        if self.model and self.model != EMBEDDED_MODEL and not Path(self.model).expanduser().is_dir():
             raise SpecError("command.model", f"{self.model} is not a folder; give the base model's Hugging Face "
-                                             "folder (its tokenizer and weights), or leave model empty")
+                                             f"folder (its tokenizer and weights), {EMBEDDED_MODEL} (the embedded "
+                                             "model), or leave model empty")
         if self.data != EMBEDDED_DATA:
             path = Path(self.data)
             if path.suffix not in (".txt", ".jsonl") or not path.is_file():

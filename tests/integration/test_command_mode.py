@@ -307,7 +307,7 @@ async def test_the_wizard_accepts_your_own_command_and_writes_its_record(tmp_pat
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.press("5", "enter")
         assert isinstance(app.screen, CommandSetupScreen) and app.screen.query_one("#next", Button).disabled
-        form = {"train": f"{PY} {FAKE} --sleep 0.02", "resume": "{command} --resume {checkpoint}",
+        form = {"train": f"{PY} {FAKE} --sleep 0.1", "resume": "{command} --resume {checkpoint}",
                 "metrics": "metrics.jsonl", "checkpoint_files": "state.json", "eval": "none"}
         for key, value in form.items():
             app.screen.query_one(f"#c-{key}", Input).value = value
@@ -337,3 +337,17 @@ async def test_the_wizard_accepts_your_own_command_and_writes_its_record(tmp_pat
     record = tomllib.loads(app.state.record_path.read_text())
     assert record["kind"] == "command" and record["signoff"]["operator"] == "Ada"
     assert record["verdict"]["status"] == "pass" and verify(app.state.record_path).returncode == 3
+
+
+def test_your_own_evaluation_command_is_run_on_the_base_and_the_final_checkpoint(tmp_path):
+    """``eval`` as a command: its last JSON line with metric and value, on the base (command.model) and on the newest
+    checkpoint, judged in its own direction and recorded with its definition."""
+    base = tmp_path / "base"
+    base.mkdir()
+    record, _ = accept(fake(model=str(base), eval=f"{PY} {FAKE.with_name('fake_eval.py')} {{checkpoint}}"),
+                       tmp_path / "runs")
+    ev = record["evaluation"]
+    assert ev["status"] == "pass" and ev["metric"] == "fake loss" and ev["higher_is_better"] is False
+    assert ev["before"]["value"] == 10.0 and ev["after"]["value"] < 10.0 and ev["checkpoint"] == "checkpoint-6"
+    assert ev["definition"] == "10 / (1 + the running sum of the checkpoint)"
+    assert verify(Path(record["run_dir"]) / "record.toml").returncode == 3

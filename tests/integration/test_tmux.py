@@ -42,7 +42,7 @@ def test_walk_to_the_plan_screen_with_keys(tmp_path, tiny_model_dir):
     command = f"cd {tmp_path} && {exe} run --model {tiny_model_dir} --devices cpu --seq-len 64; sleep 5"
     term.tmux("new-session", "-d", "-s", term.session, "-x", "80", "-y", "24", command)
     try:
-        term.wait_for("Step 1/7", "Inference", "Full fine-tuning", "LoRA")  # fails after 90 s if one is missing
+        term.wait_for("Step 1 · Mode", "Inference", "Full fine-tuning", "LoRA", "Your own command")  # fails after 90 s if one is missing
         term.tmux("send-keys", "-t", term.session, "Enter")
         term.wait_for("Step 2/7 · Setup (lora)", "Micro-batch / device", "Precision")
         term.tmux("send-keys", "-t", term.session, "C-n")
@@ -81,7 +81,7 @@ def test_a_dropped_terminal_during_the_probe_ends_the_wizard_and_its_child_and_k
                "sleep 30")
     term.tmux("new-session", "-d", "-s", term.session, "-x", "80", "-y", "24", command)
     try:
-        term.wait_for("Step 1/7")
+        term.wait_for("Step 1 · Mode")
         term.tmux("send-keys", "-t", term.session, "Enter")
         term.wait_for("Step 2/7")
         term.tmux("send-keys", "-t", term.session, "C-n")

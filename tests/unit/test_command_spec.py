@@ -244,3 +244,37 @@ def test_a_checkpoint_of_a_trainer_must_hold_what_trainer_resumes_from():
                                                     "trainer_state.json", "rng_state.pth"]
     assert trainer_files({"arguments": {"fp16": True}}, 2)[-3:] == ["rng_state_0.pth", "rng_state_1.pth", "scaler.pt"]
     assert missing_files(Path("/nonexistent"), ["a.pt"]) == ["a.pt"]
+
+
+def test_outside_the_gpus_memory_of_the_job_comes_from_nvmls_per_process_list(tmp_path):
+    """With an NVML backend, each CUDA device's memory held by the job's processes is sampled beside their RSS, and
+    a device only the outside view saw is judged by it (a script without Trainer on a GPU)."""
+    import os
+    import subprocess as sp
+
+    from core.command.probe import build_probe
+    from core.command.process import Job, sample_memory
+    from core.command.run import RunOutcome
+    from core.monitor.sampler import DeviceSample, Reading
+
+    class FakeNvml:
+        name = "nvml"
+
+        def sample(self, pids):
+            assert os.getpid() not in pids and pids  # the job's processes, not gpuaccept
+            r = Reading(3 * 2**30)
+            return [DeviceSample(0.0, "cuda:0", "GPU", "nvml", Reading(80 * 2**30), r, r, r, Reading(0)),
+                    DeviceSample(0.0, "nvml:1", "GPU", "nvml", Reading(80 * 2**30), r, r, r, Reading(0))]
+
+    proc = sp.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        job = Job("x", [], tmp_path, proc, "token", 0.0)
+        sample = sample_memory(job, FakeNvml())
+        assert sample["cuda:0"] == 3 * 2**30 and "nvml:1" not in sample and sample["cpu"] > 0
+    finally:
+        proc.kill()
+        proc.wait()
+    outcome = RunOutcome("reference", [], tmp_path, tmp_path, tmp_path / "log", exit_code=0, peaks=job.peaks)
+    probe = build_probe(outcome, {"cuda:0": (80 * 2**30, "torch.cuda total memory"), "cpu": (64 * 2**30, "host")})
+    row = next(d for d in probe.devices if d.device == "cuda:0")
+    assert row.measured_bytes == 3 * 2**30 and row.fits and "NVML" in row.method and probe.status == "pass"

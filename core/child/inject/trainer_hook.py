@@ -7,8 +7,8 @@ script has imported them. ``sitecustomize.py`` beside it loads it by file path u
 :func:`install` waits for ``transformers.trainer`` to be imported by the script (an import hook: a process that never
 imports transformers pays nothing) and wraps ``Trainer.__init__`` so that every Trainer gets :class:`Reporter` as a
 callback (a subclass of Trainer gets it too: the wrapped ``__init__`` is the base class's). The reporter appends JSON
-lines to the events file (``GPUACCEPT_EVENTS``), one object per line, each with ``kind``, ``t`` (seconds since the
-epoch) and ``rank`` (``args.process_index``):
+lines to the events file (``GPUACCEPT_EVENTS``; rank r > 0 writes its own file beside it, :func:`rank_path`), one
+object per line, each with ``kind``, ``t`` (seconds since the epoch) and ``rank`` (``args.process_index``):
 
 - ``trainer`` when training begins: the TrainingArguments that decide memory and the schedule, the world size, this
   process's local rank and device (with torch's UUID on CUDA), the model's class, its config (``config.to_dict()``),
@@ -52,12 +52,24 @@ ARGUMENTS = ("per_device_train_batch_size", "gradient_accumulation_steps", "bf16
 EVENTS_ENV, HOLD_ENV = "GPUACCEPT_EVENTS", "GPUACCEPT_HOLD_AT_STEP"
 
 
+def rank_path(path: str, rank: int) -> str:
+    """The events file of ``rank``: rank 0 writes ``path``, rank r ``<stem>.rank<r><suffix>`` beside it, so the ranks
+    of a torchrun job never share a file (a long line, such as a model's config, is written in several system calls
+    by a buffered file, and two ranks' lines would interleave)."""
+    if not rank:
+        return path
+    stem, dot, suffix = path.rpartition(".")
+    return f"{stem}.rank{rank}.{suffix}" if dot else f"{path}.rank{rank}"
+
+
 def _write(path: str, event: dict[str, Any]) -> None:
     event.setdefault("t", time.time())
-    line = json.dumps(event, default=str) + "\n"
-    with open(path, "a", encoding="utf-8") as f:  # one write of one line, appended: ranks never interleave within it
-        f.write(line)
-        f.flush()
+    data = (json.dumps(event, default=str) + "\n").encode("utf-8")
+    fd = os.open(rank_path(path, int(event.get("rank", 0) or 0)), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, data)  # one system call for the whole line
+    finally:
+        os.close(fd)
 
 
 def _memory(device: Any = None) -> dict[str, int]:
