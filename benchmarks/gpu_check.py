@@ -20,7 +20,10 @@ slow step costs the ones after it, never the summary):
 8. ``acceptance_qlora``: QLoRA (NF4, double quantisation, bf16 compute, paged 8-bit AdamW, all-linear), 12 steps, killed
    after the 2nd of 3 checkpoints and resumed: the 4-bit weights and the peak against the plan on CUDA (bitsandbytes'
    manylinux wheel is carried).
-9. ``accuracy``: benchmarks/gpu_accuracy.py (analytic and traced plans vs peak allocated / reserved / NVML used) over as
+9. ``acceptance_command``: command mode: examples/train_hf.py (Trainer + PEFT LoRA on the small model) accepted as a
+   user's own command on the GPU (peak allocated per rank from inside, NVML's per-process memory from outside, the
+   plan of what ran, the kill and resume in the CUDA tier).
+10. ``accuracy``: benchmarks/gpu_accuracy.py (analytic and traced plans vs peak allocated / reserved / NVML used) over as
    many cells as the time left allows.
 
 Results under ``--out`` (the device tool brings back at most 8 files): ``summary.json``, ``summary.md`` (a readable
@@ -256,6 +259,37 @@ def step_acceptance(check: Check, mode: str, model: Path) -> dict[str, Any]:
     return {"status": "measured", "exit": rc, "arguments": args, "record": str(records[-1]), **facts}
 
 
+def step_command(check: Check, model: Path) -> dict[str, Any]:
+    """Command mode on the GPU: examples/train_hf.py (Trainer + PEFT LoRA on the small model) accepted as a user's own
+    command: its peak allocated and reserved from inside, NVML's per-process memory from outside, the plan of what
+    ran, the evaluation, the kill and resume in the CUDA tier. Without CUDA the command's spec is only checked."""
+    train = (f"{PY} examples/train_hf.py --model {model} --out {{out}} --text {{train_data}} --max_steps 6 "
+             "--save_steps 2 --seq_len 128")
+    cli = [PY, "-c", "import sys; from tui.cli import main; sys.exit(main(sys.argv[1:]))"]
+    if not check.cuda:
+        from core.command.spec import CommandSpec
+
+        CommandSpec.from_dict({"train": train, "workdir": str(ROOT), "eval_max_blocks": 8})  # raises if it would refuse
+        return {"status": "not_run", "why": "no CUDA here (dry run)" if check.dry_run else "no CUDA device",
+                "command": train}
+    runs = check.work / "acceptance" / "command"
+    rc, output = check.child("acceptance_command", [*cli, "run", "--headless", "--command", train, "--eval-max-blocks",
+                                                    "8", "--runs-dir", str(runs)], 240)
+    records = sorted(runs.glob("*/record.toml"))
+    if not records:
+        return {"status": "failed", "why": f"exit {rc}; no record written", "log": output[-3000:]}
+    rec = tomllib.loads(records[-1].read_text())
+    verified = subprocess.run([*cli, "verify", str(records[-1])], capture_output=True, text=True, cwd=ROOT)
+    drop_weights(records[-1].parent)
+    probe, plan, resume = rec.get("probe", {}), rec.get("plan", {}), rec.get("resume", {})
+    return {"status": "measured", "exit": rc, "record": str(records[-1]), "verdict": rec["verdict"]["status"],
+            "stages": {k: v.get("status") for k, v in rec["verdict"]["stages"].items()},
+            "devices": probe.get("devices"), "plan_vs_measured": plan.get("comparison"),
+            "tier": resume.get("tier", {}).get("name"),
+            "resume_failed": [c for c in resume.get("checks", []) if c.get("status") != "pass"],
+            "verify": {"exit": verified.returncode, "output": verified.stdout.strip()[-600:]}}
+
+
 def last_json_block(output: str) -> dict[str, Any]:
     """The JSON document ``gpuaccept plan --json`` printed (it may follow other lines)."""
     start = output.index("\n{") + 1 if not output.startswith("{") else 0
@@ -423,6 +457,7 @@ def main(argv: list[str] | None = None) -> int:
         ("acceptance_full", step_acceptance, ("full", big), 120),
         ("acceptance_inference", step_acceptance, ("inference", big), 45),
         ("acceptance_qlora", step_acceptance, ("qlora", big), 90),
+        ("acceptance_command", step_command, (small,), 60),
     ]
     for name, fn, step_args, needs in plan:
         if any(a is None for a in step_args):

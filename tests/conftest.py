@@ -176,6 +176,8 @@ def started_integration_processes(nodeid: str) -> list[str]:
 # ---------------------------------------------------------------------------------------- two workers (make test)
 #: the longest file, started first so that nothing waits for it at the end
 FIRST = "test_e2e_embedded.py"
+#: long tests spread over the workers early (after the two longest chains), so that none is left for the end
+EARLY = ("test_command_mode.py",)
 
 
 def _xdist_group(item: pytest.Item) -> str | None:
@@ -198,7 +200,8 @@ def pytest_collection_modifyitems(config, items):
     ``lora_run`` group next (the two longest chains start at once, one on each worker), then the rest in collection
     order, each test on whichever worker is free unless a module fixture or ``lora_run`` ties it to a group."""
     groups = {item.nodeid: _xdist_group(item) for item in items}
-    items.sort(key=lambda item: (item.path.name != FIRST, groups[item.nodeid] != "lora_run"))  # stable
+    items.sort(key=lambda item: (item.path.name != FIRST, groups[item.nodeid] != "lora_run",
+                                 item.path.name not in EARLY))  # stable
     for item in items:
         if groups[item.nodeid] is not None:
             item.add_marker(pytest.mark.xdist_group(groups[item.nodeid]))

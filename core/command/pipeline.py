@@ -308,6 +308,11 @@ def run_command_pipeline(spec: CommandSpec, runs_root: Path = Path("runs"),
     Raises:
         SpecError, DataError, GpuAcceptError: bad input, before the run directory is created.
     """
+    from core.models import embedded_cache_ready
+    from core.spec import EMBEDDED_MODEL
+
+    if spec.model == EMBEDDED_MODEL and not embedded_cache_ready():
+        yield Message("probe", text="converting the embedded model from GGUF to safetensors (once, ~16 s)")
     run = CommandRun(spec, runs_root)
     try:
         yield from every_stage(run, cancelled)

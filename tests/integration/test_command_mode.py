@@ -264,7 +264,7 @@ def test_a_kill_9_of_gpuaccept_ends_the_jobs_python_processes_by_their_lifeline(
 
 
 # ------------------------------------------------------------------------------------- the record and verify
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # not module: a module fixture ties the file's tests to one worker (conftest.py)
 def fake_record(tmp_path_factory) -> Path:
     record, _ = accept(fake(), tmp_path_factory.mktemp("fake"))
     assert record["verdict"]["status"] == "pass"

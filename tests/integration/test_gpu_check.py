@@ -70,7 +70,7 @@ def test_the_dry_run_runs_every_step_that_needs_no_cuda_and_marks_every_gpu_cell
     steps = summary["steps"]
     assert summary["dry_run"] is True and summary["cuda"] is False
     assert list(steps) == ["versions", "models", "nvml", "acceptance_lora", "wizard", "acceptance_full",
-                           "acceptance_inference", "acceptance_qlora", "accuracy"]
+                           "acceptance_inference", "acceptance_qlora", "acceptance_command", "accuracy"]
     # the carried textual was the one imported, from the temporary target, not this venv's
     assert steps["versions"]["textual_from"].endswith("/site") and str(tmp_path) in steps["versions"]["textual_from"]
     # the model directories: the shapes of their configs, the 1.2B one with the tokenizer's vocabulary
@@ -84,12 +84,13 @@ def test_the_dry_run_runs_every_step_that_needs_no_cuda_and_marks_every_gpu_cell
     # the dry run plans the 1.2B shape only (the GPU run writes its weights by the same code as the small one's)
     assert models["llama-1.2b"]["bytes_on_disk"] == 0 and models["llama-1.2b"]["built_on"].startswith("meta")
     for name in ("nvml", "acceptance_lora", "acceptance_full", "acceptance_inference", "acceptance_qlora", "wizard",
-                 "accuracy"):
+                 "acceptance_command", "accuracy"):
         assert steps[name]["status"] == "not_run" and steps[name]["why"], (name, steps[name])
     for mode in ("lora", "full", "inference", "qlora"):  # each acceptance's arguments planned (flags parse, it fits)
         step = steps[f"acceptance_{mode}"]
         assert step["plan_fits"] is True and step["plan_total_bytes_estimated"] > 2 * 2**30, step
         assert ["--mode", mode] == step["arguments"][:2]
+    assert "examples/train_hf.py" in steps["acceptance_command"]["command"]  # the spec it would run was accepted
     assert all(c["status"].startswith("not_measured") and c["analytic_vs_allocated_pct"] is None
                for c in steps["accuracy"]["cells"])
     assert steps["wizard"]["saved"] == ["probe-live.svg", "probe-live.txt", "probe-done.svg", "probe-done.txt"]

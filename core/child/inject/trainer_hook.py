@@ -119,7 +119,7 @@ def model_facts(model: Any) -> dict[str, Any]:
         "config": _jsonable(config.to_dict()) if config is not None and hasattr(config, "to_dict") else None,
         "name_or_path": str(getattr(config, "_name_or_path", "") or ""),
         "attn_implementation": str(getattr(config, "_attn_implementation", "") or ""),
-        "gradient_checkpointing": bool(getattr(model, "is_gradient_checkpointing", False)),
+        "gradient_checkpointing": _checkpointing(model),
         "quantization": _jsonable(getattr(config, "quantization_config", None)),
     }
     peft = getattr(model, "peft_config", None)
@@ -132,6 +132,15 @@ def model_facts(model: Any) -> dict[str, Any]:
                          "target_modules": _jsonable(getattr(cfg, "target_modules", None)),
                          "base_model_name_or_path": str(getattr(cfg, "base_model_name_or_path", "") or "")}
     return facts
+
+
+def _checkpointing(model: Any) -> bool:
+    """Whether the model recomputes activations: transformers 5's ``is_activation_checkpointing`` (its older name,
+    ``is_gradient_checkpointing``, now warns that it is deprecated), the older name on older versions."""
+    on = getattr(model, "is_activation_checkpointing", None)
+    if on is None:
+        on = getattr(model, "is_gradient_checkpointing", False)
+    return bool(on)
 
 
 def reporter_class(path: str) -> type:
