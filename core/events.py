@@ -153,6 +153,22 @@ def _jsonable(value: Any) -> Any:
     raise TypeError(f"not JSON serialisable: {type(value).__name__}")
 
 
+def complete_lines(path: str | Path, offset: int, keepends: bool = False) -> tuple[list[bytes], int]:
+    """The complete lines of ``path`` from byte ``offset`` (a trailing partial line is left for the next read: a
+    writer may be half-way through it), and the offset after them; ([], offset) when the file is missing or holds no
+    new complete line."""
+    p = Path(path)
+    if not p.is_file():
+        return [], offset
+    with open(p, "rb") as fh:
+        fh.seek(offset)
+        data = fh.read()
+    end = data.rfind(b"\n")
+    if end < 0:
+        return [], offset
+    return data[: end + 1].splitlines(keepends=keepends), offset + end + 1
+
+
 def read_events(path: str | Path, offset: int = 0) -> tuple[list[ChildEvent], int]:
     """Read the complete lines of a child's events file from byte ``offset``, each parsed once into its typed event
     (:func:`core.child.events.parse_line`).
@@ -165,17 +181,10 @@ def read_events(path: str | Path, offset: int = 0) -> tuple[list[ChildEvent], in
             match); the message names the file and the line's byte offset.
     """
     p = Path(path)
-    if not p.exists():
-        return [], offset
-    with open(p, "rb") as fh:
-        fh.seek(offset)
-        data = fh.read()
-    end = data.rfind(b"\n")
-    if end < 0:
-        return [], offset
+    lines, new_offset = complete_lines(p, offset, keepends=True)
     events: list[ChildEvent] = []
     at = offset
-    for raw in data[: end + 1].splitlines(keepends=True):
+    for raw in lines:
         line = raw.decode("utf-8")
         if line.strip():
             try:
@@ -183,4 +192,4 @@ def read_events(path: str | Path, offset: int = 0) -> tuple[list[ChildEvent], in
             except EventFormatError as exc:
                 raise EventFormatError(f"{p} at byte {at}: {exc}") from None
         at += len(raw)
-    return events, offset + end + 1
+    return events, new_offset

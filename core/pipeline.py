@@ -493,9 +493,16 @@ def run_pipeline(
     if run.log_error:
         yield Message("pipeline", text=f"the event log stopped being written ({run.log_error}); the events shown here "
                                        "are complete, the file is not")
+    return (yield from record_stage(run))
+
+
+def record_stage(run: Any) -> Generator[Event, None, Path | None]:
+    """Write the run's record (unsigned) as the last stage of a headless pipeline (gpuaccept's recipe and a user's
+    command alike): its events, then :class:`RunFinished`; the record's path, or None when there was no room (the
+    run folder keeps every artefact)."""
     yield StageStarted("record", detail="record.toml, written atomically")
     try:
-        path = run.write_record()
+        path: Path = run.write_record()
     except OSError as exc:  # no room, or the folder went read-only: say so; every artefact stays in the run folder
         why = exc.strerror or str(exc)
         yield StageFinished("record", status="not_written", summary=f"the record could not be written ({why}); the "

@@ -18,8 +18,8 @@ from core.command.resume import CommandResume, not_applicable, resume_stage
 from core.command.run import RunOutcome, run_command
 from core.command.spec import CommandSpec, substitute
 from core.errors import GpuAcceptError, StageError
-from core.events import Event, EventWriter, Message, RunFinished, StageFinished, StageStarted
-from core.pipeline import RESERVE_NAME, StagedRun, _reserve, new_run_dir
+from core.events import Event, EventWriter, Message, StageFinished, StageStarted
+from core.pipeline import RESERVE_NAME, StagedRun, _reserve, new_run_dir, record_stage
 from core.status import StageStatus, Stopped
 
 STAGES = ("probe", "plan", "train_eval", "resume", "record")
@@ -318,14 +318,4 @@ def run_command_pipeline(spec: CommandSpec, runs_root: Path = Path("runs"),
         yield from every_stage(run, cancelled)
     finally:
         run.close()
-    yield StageStarted("record", detail="record.toml, written atomically")
-    try:
-        path = run.write_record()
-    except OSError as exc:
-        yield StageFinished("record", status="not_written", summary=f"the record could not be written "
-                            f"({exc.strerror or exc}); the run folder {run.run_dir} keeps every artefact")
-        yield RunFinished("record", status="fail", record_path="", run_dir=str(run.run_dir))
-        return None
-    yield StageFinished("record", status="written", summary=str(path))
-    yield RunFinished("record", status=run.verdict or "fail", record_path=str(path), run_dir=str(run.run_dir))
-    return path
+    return (yield from record_stage(run))

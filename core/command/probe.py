@@ -77,10 +77,11 @@ def rank_peaks(outcome: RunOutcome) -> dict[int, dict[str, int]]:
 
 
 def rank_devices(outcome: RunOutcome) -> dict[int, str]:
-    """The device each rank reported (``cpu:<local rank>`` for CPU ranks under torchrun)."""
+    """The device each rank reported (``cpu:<local rank>`` for CPU ranks under torchrun), in rank order (the ranks'
+    reports arrive in any order)."""
     world = outcome.hook.world_size
     out: dict[int, str] = {}
-    for t in outcome.hook.trainers:
+    for t in sorted(outcome.hook.trainers, key=lambda t: int(t.get("rank", 0))):
         device = str(t.get("device", "cpu"))
         if not device.startswith("cuda"):
             device = f"cpu:{t.get('local_rank', 0)}" if world > 1 else "cpu"

@@ -8,11 +8,11 @@ compiled executable (``python``, ``torchrun``): ``train.py``, ``configs/sft.yaml
 
 from __future__ import annotations
 
-import hashlib
 import subprocess
 from pathlib import Path
 from typing import Any
 
+from core.child.manifest import sha256_file
 from core.command.spec import CommandSpec, find_program
 
 
@@ -47,14 +47,6 @@ def _compiled(path: Path) -> bool:
         return False
 
 
-def sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def git_state(path: Path) -> dict[str, Any]:
     """The git commit of the repository holding ``path``, whether ``path`` differs from it (or is untracked), and the
     repository's root; ``{"git": "not a git repository"}`` (or why git could not say) otherwise."""
@@ -85,7 +77,7 @@ def command_table(spec: CommandSpec, argv: list[str] | None, resume_argv: list[s
     scripts = []
     for path in script_files(spec):
         try:
-            scripts.append({"path": str(path), "sha256": sha256_of(path), "size_bytes": path.stat().st_size,
+            scripts.append({"path": str(path), "sha256": sha256_file(path), "size_bytes": path.stat().st_size,
                             **git_state(path)})
         except OSError as exc:
             scripts.append({"path": str(path), "error": str(exc)})

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from core.events import complete_lines
+
 
 @dataclass(frozen=True)
 class StepRecord:
@@ -94,18 +96,9 @@ def read_hook_events(path: Path, report: HookReport) -> list[StepRecord]:
 
 
 def _read_hook_file(path: Path, report: HookReport) -> list[StepRecord]:
-    if not path.exists():
-        return []
-    offset = report.offsets.get(path.name, 0)
-    with open(path, "rb") as fh:
-        fh.seek(offset)
-        data = fh.read()
-    end = data.rfind(b"\n")
-    if end < 0:
-        return []
-    report.offsets[path.name] = offset + end + 1
+    lines, report.offsets[path.name] = complete_lines(path, report.offsets.get(path.name, 0))
     new: list[StepRecord] = []
-    for raw in data[: end + 1].splitlines():
+    for raw in lines:
         if not raw.strip():
             continue
         try:
@@ -168,17 +161,9 @@ def read_metrics(metrics: MetricsFile) -> list[StepRecord]:
     and ``rank``. A line that is not such an object is named in ``metrics.problems`` (by its line number) and
     skipped. Returns the new steps."""
     path = metrics.path
-    if not path.is_file():
-        return []
-    with open(path, "rb") as fh:
-        fh.seek(metrics.offset)
-        data = fh.read()
-    end = data.rfind(b"\n")
-    if end < 0:
-        return []
-    metrics.offset += end + 1
+    lines, metrics.offset = complete_lines(path, metrics.offset)
     new = []
-    for raw in data[: end + 1].splitlines():
+    for raw in lines:
         metrics.lines += 1
         if not raw.strip():
             continue

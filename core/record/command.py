@@ -147,6 +147,18 @@ def _fits(measured: Any, capacity: Any, where: str) -> bool | None:
     return measured <= capacity
 
 
+def _devices_fit(devices: list[dict[str, Any]], key: str, table: str, problems: list[str]) -> bool:
+    """Each device's ``fits`` follows from its ``key`` bytes and its capacity (:func:`_fits`); True when none is
+    over its capacity."""
+    ok = True
+    for i, d in enumerate(devices):
+        fits = _fits(d[key], d.get("capacity_bytes"), f"{table}.devices[{i}]")
+        if d.get("fits") is not fits and not (fits is None and "fits" not in d):
+            problems.append(f"{table}.devices[{i}].fits says {d.get('fits')}, its bytes say {fits}")
+        ok = ok and fits is not False
+    return ok
+
+
 def _plan(plan: dict[str, Any], problems: list[str], computed: dict[str, str]) -> None:
     prov = plan.get("provenance")
     if prov == "not_applicable":
@@ -154,12 +166,7 @@ def _plan(plan: dict[str, Any], problems: list[str], computed: dict[str, str]) -
         return
     if prov != "estimated":
         return
-    ok = True
-    for i, d in enumerate(plan["devices"]):
-        fits = _fits(d["fit_bytes"], d.get("capacity_bytes"), f"plan.devices[{i}]")
-        if d.get("fits") is not fits and not (fits is None and "fits" not in d):
-            problems.append(f"plan.devices[{i}].fits says {d.get('fits')}, its bytes say {fits}")
-        ok = ok and fits is not False
+    ok = _devices_fit(plan["devices"], "fit_bytes", "plan", problems)
     computed["plan"] = "pass" if ok else "fail"
     if plan.get("status") != computed["plan"]:
         problems.append(f"plan.status says {plan.get('status')}, its devices say {computed['plan']}")
@@ -175,11 +182,7 @@ def _probe(probe: dict[str, Any], problems: list[str], computed: dict[str, str])
     if not probe["devices"]:
         problems.append("probe.devices is empty: no device was measured")
         ok = False
-    for i, d in enumerate(probe["devices"]):
-        fits = _fits(d["measured_bytes"], d.get("capacity_bytes"), f"probe.devices[{i}]")
-        if d.get("fits") is not fits and not (fits is None and "fits" not in d):
-            problems.append(f"probe.devices[{i}].fits says {d.get('fits')}, its bytes say {fits}")
-        ok = ok and fits is not False
+    ok = _devices_fit(probe["devices"], "measured_bytes", "probe", problems) and ok
     computed["probe"] = "pass" if ok else "fail"
     if probe.get("status") != computed["probe"]:
         problems.append(f"probe.status says {probe.get('status')}, its data says {computed['probe']}")
