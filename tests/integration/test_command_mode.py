@@ -43,7 +43,15 @@ def accept(raw: dict, runs: Path) -> tuple[dict, list]:
 
 
 def verify(record_path: Path) -> subprocess.CompletedProcess:
+    """``gpuaccept verify`` as a user runs it (exit 3: unsigned, every verdict follows from the record's numbers)."""
     return subprocess.run([GPUACCEPT, "verify", str(record_path)], capture_output=True, text=True, timeout=120)
+
+
+def consistent(record_path: Path) -> bool:
+    """What ``verify`` checks, in this process: the schema holds and every verdict follows from the numbers."""
+    from core.record.verify import record_problems
+
+    return record_problems(tomllib.loads(record_path.read_text())) == ([], [])
 
 
 def checks(record: dict) -> dict[str, dict]:
@@ -153,9 +161,19 @@ def test_the_trainer_script_under_torchrun_is_measured_from_inside_planned_from_
     assert "2 rank(s)" in c["global_steps"]["evidence"] and "rng_state_0..1.pth" in c["world_size"]["evidence"]
     assert record["evaluation"]["base"] == str(tiny_model_dir)
     # what the hook reported is what Trainer logged: the reference's losses equal its own trainer_state.json
-    state = json.loads((Path(record["run_dir"]) / "reference" / "out" / "checkpoint-6" / "trainer_state.json").read_text())
+    run_dir = Path(record["run_dir"])
+    state = json.loads((run_dir / "reference" / "out" / "checkpoint-6" / "trainer_state.json").read_text())
     assert record["evaluation"]["loss_per_step"] == [h["loss"] for h in state["log_history"] if "loss" in h]
-    assert verify(Path(record["run_dir"]) / "record.toml").returncode == 3
+    # each rank's own events file: every step's batch digests (each rank its own shard), saves, the end
+    for rank, name in ((0, "hook-events.jsonl"), (1, "hook-events.rank1.jsonl")):
+        lines = [json.loads(x) for x in (run_dir / "reference" / name).read_text().splitlines()]
+        assert {e["rank"] for e in lines} == {rank}
+        batches = [e for e in lines if e["kind"] == "batches"]
+        assert [(b["step"], len(b["digests"]), b["widths"]) for b in batches] == [(s, 1, [32]) for s in range(1, 7)]
+        assert [e["step"] for e in lines if e["kind"] == "save"] == [2, 4, 6]
+        assert [e["global_step"] for e in lines if e["kind"] == "train_end"] == [6]
+    assert ran["optimizer"] == "AdamW" and ran["config"]["model_type"] == "llama"
+    assert verify(run_dir / "record.toml").returncode == 3
 
 
 # ------------------------------------------------------------------------------------- what a command can do wrong
@@ -165,7 +183,7 @@ def test_a_command_that_exits_early_gets_a_failed_probe_naming_its_status_and_la
     evidence = record["verdict"]["stages"]["probe"]["evidence"]
     assert "exited with status 7" in evidence and "fake_train: exiting with 7 after step 3" in evidence
     assert "did not exit 0" in record["verdict"]["stages"]["resume"]["evidence"]
-    assert verify(Path(record["run_dir"]) / "record.toml").returncode == 3
+    assert consistent(Path(record["run_dir"]) / "record.toml")
 
 
 def test_a_command_that_writes_no_checkpoint_fails_the_resume_check_saying_so(tmp_path):
@@ -327,7 +345,7 @@ async def test_the_wizard_accepts_your_own_command_and_writes_its_record(tmp_pat
         await wait_for(pilot, lambda: app.state.record_path is not None, 60)
     record = tomllib.loads(app.state.record_path.read_text())
     assert record["kind"] == "command" and record["signoff"]["operator"] == "Ada"
-    assert record["verdict"]["status"] == "pass" and verify(app.state.record_path).returncode == 3
+    assert record["verdict"]["status"] == "pass" and consistent(app.state.record_path)
 
 
 def test_your_own_evaluation_command_is_run_on_the_base_and_the_final_checkpoint(tmp_path):
@@ -341,4 +359,4 @@ def test_your_own_evaluation_command_is_run_on_the_base_and_the_final_checkpoint
     assert ev["status"] == "pass" and ev["metric"] == "fake loss" and ev["higher_is_better"] is False
     assert ev["before"]["value"] == 10.0 and ev["after"]["value"] < 10.0 and ev["checkpoint"] == "checkpoint-6"
     assert ev["definition"] == "10 / (1 + the running sum of the checkpoint)"
-    assert verify(Path(record["run_dir"]) / "record.toml").returncode == 3
+    assert consistent(Path(record["run_dir"]) / "record.toml")
