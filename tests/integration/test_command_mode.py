@@ -78,11 +78,12 @@ def fake(extra: str = "", **raw) -> dict:
 def test_the_plain_loop_is_accepted_end_to_end_from_the_command_line(tiny_model_dir, tmp_path):
     """As a user runs it: ``gpuaccept run --command ... --headless``. The plain loop reports no Trainer, so it is
     measured from outside and gets no plan (said so); its final checkpoint beats its base on held-out perplexity; killed
-    after checkpoint 2 inside step 3 it resumes bit for bit (CPU fp32), losses, samples, weights, AdamW, RNG."""
+    after checkpoint 4 at step 6 (from outside: when its metrics show step 6, two steps before checkpoint 8) it resumes
+    bit for bit (CPU fp32): losses, samples, weights, AdamW, RNG."""
     done = subprocess.run(
         [GPUACCEPT, "run", "--headless", "--runs-dir", str(tmp_path / "runs"), "--model", str(tiny_model_dir),
-         "--command", f"{PY} {PLAIN} --model {{model}} --out {{out}} --text {{train_data}} --steps 6 "
-                      "--checkpoint-every 2 --lr 1e-3",
+         "--command", f"{PY} {PLAIN} --model {{model}} --out {{out}} --text {{train_data}} --steps 8 "
+                      "--checkpoint-every 4 --lr 1e-3",
          "--resume-command", "{command} --resume {checkpoint}", "--metrics", "metrics.jsonl",
          "--checkpoint-files", ",".join(PLAIN_FILES), "--eval-seq-len", "32", "--eval-max-blocks", "8"],
         cwd=ROOT, capture_output=True, text=True, timeout=600)
@@ -94,11 +95,11 @@ def test_the_plain_loop_is_accepted_end_to_end_from_the_command_line(tiny_model_
     assert record["ran"]["view"] == "outside" and "no transformers Trainer" in record["plan"]["why"]
     assert record["probe"]["devices"][0]["device"] == "cpu" and record["probe"]["devices"][0]["measured_bytes"] > 2**20
     ev = record["evaluation"]
-    assert ev["after"]["value"] < ev["before"]["value"] and ev["checkpoint"] == "checkpoint-6"
+    assert ev["after"]["value"] < ev["before"]["value"] and ev["checkpoint"] == "checkpoint-8"
     assert ev["independence"].startswith("by construction") and record["data"]["heldout_blocks_evaluated"] == 8
     c = checks(record)
     assert record["resume"]["tier"]["name"] == "cpu-fp32-exact"
-    assert (record["resume"]["checkpoint_step"], record["resume"]["kill_step"]) == (2, 3)
+    assert (record["resume"]["checkpoint_step"], record["resume"]["kill_step"]) == (4, 6)
     assert c["final_weights"]["largest_difference"] == 0 and c["optimizer_moments"]["evidence"].endswith("bit-identical")
     assert "rng.pt" in c["states"]["evidence"] and "progress.json" in c["states"]["evidence"]
     script = next(s for s in record["command"]["scripts"] if s["path"].endswith("train_plain.py"))
@@ -111,8 +112,8 @@ def test_the_plain_loop_is_accepted_end_to_end_from_the_command_line(tiny_model_
 def test_a_checkpoint_that_forgets_the_optimizer_fails_the_resume_with_evidence(tiny_model_dir, tmp_path):
     """``--forget-optimizer``, the deliberate bug: the checkpoint misses optimizer.pt (named), the resume still runs
     (what it does without it is evidence too) and its losses leave the uninterrupted run's after the first step."""
-    record, _ = accept({"train": f"{PY} {PLAIN} --model {{model}} --out {{out}} --text {{train_data}} --steps 6 "
-                                 "--checkpoint-every 2 --forget-optimizer",
+    record, _ = accept({"train": f"{PY} {PLAIN} --model {{model}} --out {{out}} --text {{train_data}} --steps 8 "
+                                 "--checkpoint-every 4 --forget-optimizer",
                         "resume": "{command} --resume {checkpoint}", "metrics": "metrics.jsonl",
                         "model": str(tiny_model_dir), "checkpoint_files": PLAIN_FILES, "eval": "none"},
                        tmp_path / "runs")
@@ -120,9 +121,9 @@ def test_a_checkpoint_that_forgets_the_optimizer_fails_the_resume_with_evidence(
     c = checks(record)
     assert c["checkpoint_complete"]["status"] == "fail" and "optimizer.pt" in c["checkpoint_complete"]["evidence"]
     assert c["reproducible"]["status"] == "pass" and c["learning_rate"]["status"] == "pass"
-    assert c["loss"]["status"] == "fail" and "steps 4-6" in c["loss"]["evidence"]  # step 3: the moments act later
+    assert c["loss"]["status"] == "fail" and "steps 6-8" in c["loss"]["evidence"]  # step 5: the moments act later
     rows = record["resume"]["comparison"]
-    assert rows[0]["step"] == 3 and rows[0]["difference"] == 0 and all(r["difference"] > 0 for r in rows[1:])
+    assert rows[0]["step"] == 5 and rows[0]["difference"] == 0 and all(r["difference"] > 0 for r in rows[1:])
     assert c["final_weights"]["status"] == "fail"
 
 
@@ -316,7 +317,7 @@ async def test_the_wizard_accepts_your_own_command_and_writes_its_record(tmp_pat
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.press("5", "enter")
         assert isinstance(app.screen, CommandSetupScreen) and app.screen.query_one("#next", Button).disabled
-        form = {"train": f"{PY} {FAKE} --sleep 0.1", "resume": "{command} --resume {checkpoint}",
+        form = {"train": f"{PY} {FAKE}", "resume": "{command} --resume {checkpoint}",
                 "metrics": "metrics.jsonl", "checkpoint_files": "state.json", "eval": "none"}
         for key, value in form.items():
             app.screen.query_one(f"#c-{key}", Input).value = value
@@ -357,6 +358,6 @@ def test_your_own_evaluation_command_is_run_on_the_base_and_the_final_checkpoint
                        tmp_path / "runs")
     ev = record["evaluation"]
     assert ev["status"] == "pass" and ev["metric"] == "fake loss" and ev["higher_is_better"] is False
-    assert ev["before"]["value"] == 10.0 and ev["after"]["value"] < 10.0 and ev["checkpoint"] == "checkpoint-6"
+    assert ev["before"]["value"] == 10.0 and ev["after"]["value"] < 10.0 and ev["checkpoint"] == "checkpoint-8"
     assert ev["definition"] == "10 / (1 + the running sum of the checkpoint)"
     assert consistent(Path(record["run_dir"]) / "record.toml")

@@ -23,8 +23,9 @@ from pathlib import Path
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
-    p.add_argument("--steps", type=int, default=6)
-    p.add_argument("--every", type=int, default=2)
+    # a checkpoint every 4 steps: from outside the kill lands at step 6, two steps before checkpoint 8 is written
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--every", type=int, default=4)
     p.add_argument("--resume")
     p.add_argument("--exit-after", nargs=2, type=int)
     p.add_argument("--no-checkpoint", action="store_true")
