@@ -124,7 +124,7 @@ def _command_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--eval", dest="command_eval", metavar="HOW",
                    help="perplexity (default: held-out perplexity of the final checkpoint vs its base), none, or an "
                         "evaluation command with {checkpoint} printing a JSON line {\"metric\", \"value\"}")
-    g.add_argument("--eval-seq-len", dest="command_eval_seq_len", type=int,
+    g.add_argument("--eval-seq-len", dest="command_eval_seq_len", type=int, metavar="N",
                    help="tokens per held-out block (default: the Trainer's widest batch, else 128)")
     g.add_argument("--timeout", dest="command_timeout_s", type=float, metavar="S",
                    help="the longest one run of the command may take (default: no limit)")
