@@ -137,10 +137,12 @@ def resume_stage(spec: CommandSpec, reference: RunOutcome, run_dir: Path, values
     world = reference.hook.world_size
     required = list(spec.checkpoint_files) or (trainer_files(trainer, world) if trainer else [])
     ckpts = reference.checkpoints
+    # the steps checkpointed: what is on disk, and what a Trainer saved (save_total_limit deletes the older folders)
+    saved = sorted({x.step for x in ckpts} | {int(e.get("step", 0)) for e in reference.hook.saves if e.get("rank", 0) == 0})
     need = spec.kill_after_checkpoint + 1
-    if len(ckpts) < need:
+    if len(saved) < need or not ckpts:
         found = ", ".join(c.name for c in ckpts) or "none"
-        return _finish(started, [Check("checkpoints", "fail", f"the uninterrupted run wrote {len(ckpts)} checkpoint(s) "
+        return _finish(started, [Check("checkpoints", "fail", f"the uninterrupted run wrote {len(saved)} checkpoint(s) "
                                         f"matching {spec.checkpoints} ({found}); the check kills after checkpoint "
                                         f"{spec.kill_after_checkpoint} and compares at a later one, so it needs at "
                                         f"least {need}: save more often, train longer, or lower "
@@ -153,12 +155,17 @@ def resume_stage(spec: CommandSpec, reference: RunOutcome, run_dir: Path, values
                                        "nothing was killed: have the script write JSON lines with step and loss and "
                                        "name the file (command.metrics), or train with transformers' Trainer")],
                        tier, required=required)
-    c, n, final = ckpts[spec.kill_after_checkpoint - 1].step, ckpts[spec.kill_after_checkpoint].step, ckpts[-1].step
+    c, n, final = saved[spec.kill_after_checkpoint - 1], saved[spec.kill_after_checkpoint], ckpts[-1].step
     k = c + max(1, (n - c) // 2)
-    checks.append(Check("checkpoints", "pass", f"the uninterrupted run wrote {len(ckpts)} checkpoints (steps "
-                                               f"{_span([x.step for x in ckpts])}): resume from step {c}, kill at step "
-                                               f"{k} (before the next, {n}), compare up to step {final}",
+    kept = "" if len(saved) == len(ckpts) else f" ({', '.join(x.name for x in ckpts)} kept: Trainer's save_total_limit " \
+                                                "removed the others)"
+    checks.append(Check("checkpoints", "pass" if final > c else "fail",
+                        f"the uninterrupted run wrote {len(saved)} checkpoints (steps {_span(saved)}){kept}: resume "
+                        f"from step {c}, kill at step {k} (before the next, {n}), compare at step {final}"
+                        + ("" if final > c else ": no checkpoint after c is left to compare with"),
                         kind="completeness"))
+    if final <= c:
+        return _finish(started, checks, tier, required=required)
 
     # 1. the interrupted run, killed between checkpoint c and the next
     out_i = run_dir / "resume-interrupted" / "out"
