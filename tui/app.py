@@ -34,6 +34,8 @@ class GpuAcceptApp(App[int]):
         Binding("q", "quit_app", "Quit"),
         # where q types into a field, Ctrl+Q (Textual's own quit key, here asking first while a stage runs)
         Binding("ctrl+q", "quit_app", "Quit", show=False),
+        # Ctrl+C, the key everyone presses first: the same quit (Textual's own only names Ctrl+Q); in a field it copies
+        Binding("ctrl+c", "quit_app", "Quit", show=False),
         Binding("question_mark", "help", "Terms"),
         Binding("escape", "back", "Back"),
     ]

@@ -158,11 +158,12 @@ def command_spec_from_args(args: argparse.Namespace) -> Any:
     from core.command.spec import CommandSpec, read_command_table
     from core.errors import SpecError
 
+    flags = {a.dest: a.option_strings[0] for a in _recipe_actions()}
     for key in _SPEC_KEYS:
         if getattr(args, key, None) is not None and key not in _SHARED_WITH_COMMAND:
-            flag = "--" + {"resume_checkpoint_every": "checkpoint-every"}.get(key, key).replace("_", "-")
-            raise SpecError(key, f"{flag} is a setting of gpuaccept's own recipe; in command mode your command sets "
-                                 "it: change it in the command")
+            raise SpecError(key, f"{flags.get(key, key)} applies to gpuaccept's own recipe, not to your own command "
+                                 "(the command sets what it trains with; the kill point is placed after its "
+                                 "checkpoint): remove it")
     raw: dict[str, Any] = read_command_table(Path(args.spec)) if args.spec else {}
     raw.update({v: getattr(args, k) for k, v in _SHARED_WITH_COMMAND.items() if getattr(args, k, None) is not None})
     for key in _COMMAND_KEYS:
@@ -182,6 +183,13 @@ def command_spec_from_args(args: argparse.Namespace) -> Any:
             value = {**raw.get("env", {}), **pairs}
         raw[name] = value
     return CommandSpec.from_dict(raw)
+
+
+def _recipe_actions() -> list[argparse.Action]:
+    """The recipe's flags as the parser knows them (for their names in a message)."""
+    parser = argparse.ArgumentParser(add_help=False)
+    _spec_flags(parser)
+    return [a for a in parser._actions if a.option_strings]
 
 
 _SPEC_KEYS = ("mode", "model", "dtype", "precision", "attn_implementation", "padding", "batch_size", "seq_len", "grad_accum", "optimizer", "learning_rate",

@@ -8,7 +8,8 @@ Two ways, by ``command.eval``:
   Criterion: finite, and lower after training than before.
 - a command holding ``{checkpoint}``: the user's own evaluation, run on the base (``command.model``) and on the final
   checkpoint; the last line of its output that is a JSON object with ``metric`` and ``value`` (and optionally
-  ``higher_is_better``, default false, and ``definition``) is the result. Criterion: finite, and better after than
+  ``higher_is_better``, true or false: required, never guessed from the name; and optionally ``definition``) is the
+  result. Criterion: finite, and better after than
   before in the metric's direction.
 
 Without a base to compare with, the criterion cannot be met and the stage fails, saying so: a number measured after
@@ -186,6 +187,9 @@ def _run_eval(spec: CommandSpec, argv: list[str], job_dir: Path, cancelled: Call
     if result is None:
         return {}, ("printed no JSON line with metric and value (e.g. {\"metric\": \"accuracy\", \"value\": 0.71, "
                     f"\"higher_is_better\": true}}); see {job.log_path}")
+    if not isinstance(result.get("higher_is_better"), bool):
+        return {}, (f"its JSON line for {result.get('metric')!r} does not say which way is better: add "
+                    "\"higher_is_better\": true or false (gpuaccept does not guess it from the name)")
     return result, ""
 
 

@@ -5,7 +5,9 @@ the wizard). The headless CLI and the wizard only consume its events, as for gpu
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import shlex
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,10 +16,11 @@ from typing import Any
 from core.command.evaluate import DEFAULT_EVAL_SEQ_LEN, CommandEvaluation, evaluate_stage
 from core.command.plan import DeviceComparison, RanSpec, compare, plan_for, spec_from_run
 from core.command.probe import CommandProbe, build_probe, rank_devices, rank_peaks
+from core.command.reaper import start_reaper, stop_reaper
 from core.command.resume import CommandResume, not_applicable, resume_stage
 from core.command.run import RunOutcome, run_command
 from core.command.spec import CommandSpec, substitute
-from core.errors import GpuAcceptError, StageError
+from core.errors import GpuAcceptError, StageCancelled, StageError
 from core.events import Event, EventWriter, Message, StageFinished, StageStarted
 from core.pipeline import RESERVE_NAME, StagedRun, _reserve, new_run_dir, record_stage
 from core.status import StageStatus, Stopped
@@ -85,6 +88,13 @@ class CommandRun(StagedRun):
         self.verdict: str | None = None
         self.signed = False
         self.log_error: str | None = None
+        #: ends every process of the jobs (Python or not) if gpuaccept is killed (core/command/reaper.py)
+        self._reaper = start_reaper(self.run_dir)
+
+    def close(self) -> None:
+        """Close the event log and end the reaper (every run of the command has ended by now)."""
+        stop_reaper(self._reaper)
+        super().close()
 
     def _placeholders(self, split: Any) -> dict[str, str]:
         values = {}
@@ -119,12 +129,25 @@ class CommandRun(StagedRun):
         argv = substitute(spec.words(), {**self.values, "{out}": str(out)})
         yield self.emit(StageStarted("probe", detail="your command, uninterrupted, measured per device (inside when "
                                                      "Trainer-based, always from outside)"))
-        yield self.emit(Message("probe", text=" ".join(argv)))
-        outcome = yield from self._stage("probe", run_command(spec, "reference", argv, out, self.run_dir / "reference",
-                                                              "probe", cancelled=cancelled, backend=self.backend))
+        yield self.emit(Message("probe", text=shlex.join(argv)))
+        try:
+            outcome = yield from self._stage("probe", run_command(spec, "reference", argv, out,
+                                                                  self.run_dir / "reference", "probe",
+                                                                  cancelled=cancelled, backend=self.backend))
+        except StageCancelled as stop:  # what was measured until the quit stays: the probe, marked cancelled
+            so_far = getattr(stop, "outcome", None)
+            if so_far is not None:
+                probe = build_probe(so_far, self._capacities(so_far))
+                self.results["probe"] = dataclasses.replace(
+                    probe, status="cancelled", summary=f"cancelled after {so_far.seconds:.1f} s and {probe.steps} "
+                                                       f"steps (the quit killed every process of it); measured until "
+                                                       f"then: {_peaks(probe)}")
+            raise
         self.reference = outcome
         probe = build_probe(outcome, self._capacities(outcome))
         self.results["probe"] = probe
+        for finding in probe.findings:
+            yield self.emit(Message("probe", text=f"finding: {finding}"))
         yield self.emit(StageFinished("probe", status=probe.status, result=probe, summary=probe.summary))
         return probe
 
@@ -164,7 +187,8 @@ class CommandRun(StagedRun):
             fits = fit_verdicts(ctx.plan)
             status = "pass" if all_fit(fits) else "fail"
             words = "; ".join(f"{c.device}: planned {c.planned_bytes / 2**30:.2f} GiB, measured "
-                              f"{c.measured_bytes / 2**30:.2f} GiB ({c.error_pct:+.1f} %)" for c in comparisons)
+                              f"{c.measured_bytes / 2**30:.2f} GiB (plan error {c.error_pct:+.1f} %: "
+                              f"{'above' if c.error_pct >= 0 else 'below'} the measurement)" for c in comparisons)
             fit_words = "; ".join(f"{f.device} {'fits' if f.fits else 'does not fit' if f.fits is False else 'unknown'}"
                                   for f in fits)
             result = CommandPlan(status, f"{ran.spec.mode if ran.spec else ''} plan of what ran: {fit_words}"
@@ -247,6 +271,8 @@ class CommandRun(StagedRun):
                                                           "resume command, compare"))
             result = yield from self._stage("resume", resume_stage(self.spec, outcome, self.run_dir, self.values,
                                                                    self.tier(), cancelled, self.backend))
+            for finding in result.findings:
+                yield self.emit(Message("resume", text=f"finding: {finding}"))
         self.results["resume"] = result
         yield self.emit(StageFinished("resume", status=result.status, result=result, summary=result.summary))
         return result
@@ -271,6 +297,10 @@ class CommandRun(StagedRun):
             raise GpuAcceptError(f"{self.record_path} is already signed; start a new run to sign again")
         record = build_command_record(self, started=self.started, finished=utc_now(), env=environment())
         return self._write_record_file(record, signoff)
+
+
+def _peaks(probe: CommandProbe) -> str:
+    return ", ".join(f"{d.device} peak {d.measured_bytes / 2**30:.2f} GiB" for d in probe.devices) or "no device"
 
 
 def _nvml_backend() -> Any:

@@ -19,7 +19,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.command.reports import last_lines
+from core.command.reports import failure_lines
 from core.command.run import RunOutcome
 from core.plan.fit import fits_in
 
@@ -125,9 +125,12 @@ def build_probe(outcome: RunOutcome, capacities: dict[str, tuple[int | None, str
             "outside only (the process tree's RSS sampled every 0.25 s, NVML per process on GPUs): no transformers "
             "Trainer reported itself, so no peak allocated, placement or model is known")
     status = "fail" if problems else "pass"
-    where = ", ".join(f"{r.device} {r.measured_bytes / 2**30:.2f} GiB of "
-                      + (f"{r.capacity_bytes / 2**30:.2f}" if r.capacity_bytes else "unknown") for r in rows)
-    summary = (f"exit {outcome.exit_code} after {outcome.seconds:.1f} s, {steps} steps; measured peak {where}"
+    where = "; ".join(f"{r.device} {r.measured_bytes / 2**30:.2f} GiB of "
+                      + (f"{r.capacity_bytes / 2**30:.2f} GiB ({r.capacity_source})" if r.capacity_bytes else
+                         "an unknown capacity") if r.fits is not None or r.measured_bytes else
+                      f"{r.device} not sampled" for r in rows)
+    counted = f"{steps} steps" if outcome.steps or outcome.hook.ends else "steps not known (no per-step metrics)"
+    summary = (f"exit {outcome.exit_code} after {outcome.seconds:.1f} s, {counted}; measured peak {where}"
                if status == "pass" else "; ".join(problems))
     placement = {f"rank {t.get('rank', 0)}": dict(t.get("placement_bytes") or {}) for t in outcome.hook.trainers}
     return CommandProbe(status=status, summary=summary, view=view, exit_code=outcome.exit_code,
@@ -153,8 +156,10 @@ def _row(device: str, rank: int, inside: dict[str, int], outside: dict[str, int]
         measured = max(int(rss or 0), int(sampled or 0))
         method = ("the larger of the rank's peak RSS (getrusage, inside) and its processes' sampled RSS (outside)"
                   if rss is not None else "the sampled RSS of the job's processes on the host (outside)")
+    if not measured:  # a run shorter than the first sample: nothing was read, which is not 0 bytes
+        method = "not sampled: the run ended before its memory was first read (every 0.25 s)"
     return DeviceUse(device=device, rank=rank, measured_bytes=measured, method=method, capacity_bytes=capacity,
-                     capacity_source=source, fits=fits_in(measured, capacity),
+                     capacity_source=source, fits=fits_in(measured, capacity) if measured else None,
                      peak_allocated_bytes=inside.get("peak_allocated_bytes"),
                      peak_reserved_bytes=inside.get("peak_reserved_bytes"),
                      peak_rss_bytes=inside.get("peak_rss_bytes"), sampled_bytes=sampled)
@@ -168,7 +173,7 @@ def _problems(outcome: RunOutcome, rows: list[DeviceUse], expected: int | None, 
         out.append("the command was killed before it ended")
     elif outcome.exit_code != 0:
         out.append(f"the command exited with status {outcome.exit_code} after {outcome.seconds:.1f} s: "
-                   f"{last_lines(outcome.log_path, 4)} (see {outcome.log_path})")
+                   f"{failure_lines(outcome.log_path)} (see {outcome.log_path})")
     elif expected and steps < expected:
         out.append(f"the command exited 0 after {steps} of the {expected} steps its Trainer was asked for "
                    "(max_steps): it ended early")

@@ -79,9 +79,9 @@ def ran_table(ref: Any) -> dict[str, Any]:
         return {"provenance": "not_run", "why": "the command did not run"}
     trainer = ref.trainer
     if trainer is None:
-        return {"provenance": "not_run", "view": "outside",
-                "why": "no transformers Trainer reported itself (the Trainer hook saw none): the script's model, batch "
-                       "and optimizer are not known; its memory was measured from outside"}
+        return {"provenance": "not_applicable", "view": "outside",
+                "why": "the command ran, but no transformers Trainer reported itself (the Trainer hook saw none): the "
+                       "script's model, batch and optimizer are not known; its memory was measured from outside"}
     keep = {k: v for k, v in trainer.items() if k not in ("kind", "t", "pid")}
     widths = sorted({w for b in ref.hook.batches.values() for w in b.get("widths", [])})
     return {"provenance": "measured", "view": "inside",
@@ -134,8 +134,9 @@ def evaluation_tables(spec: Any, ev: Any, ref: Any) -> tuple[dict[str, Any], dic
     if ev.status == "not_applicable":
         return {"provenance": "not_applicable", "why": ev.summary}, {"provenance": "not_applicable",
                                                                      "status": ev.status, "why": ev.summary}
+    split = {k: v for k, v in ev.data.items() if k != "train_blocks"}  # the evaluation cuts only held-out blocks
     data = {"provenance": "measured", "source": spec.data, "heldout_fraction": spec.heldout_fraction,
-            "independence": ev.independence, **ev.data} if ev.data else \
+            "independence": ev.independence, **split} if ev.data else \
         {"provenance": "not_run", "why": "the evaluation read no data of gpuaccept's (its own command's data)"}
     table: dict[str, Any] = {
         "provenance": "measured", "status": ev.status, "criterion": ev.criterion, "metric": ev.metric,
@@ -169,5 +170,6 @@ def resume_table(r: Any) -> dict[str, Any]:
             "required_files": r.required_files,
             "checks": [{**dataclasses.asdict(c), "tier": c.tier or {"exact": "exact", "completeness": "all-present"}
                         .get(c.kind, c.kind)} for c in r.checks],
-            "comparison": r.comparison, "not_compared": r.not_compared, "checkpoint_manifest": r.manifest,
+            "comparison": r.comparison, "not_compared": r.not_compared, "findings": r.findings,
+            "checkpoint_manifest": r.manifest,
             "runs": {name: dataclasses.asdict(s) for name, s in r.runs.items()}}

@@ -131,11 +131,13 @@ MEMORY_KEYS = ("peak_rss_bytes", "peak_allocated_bytes", "peak_reserved_bytes")
 
 
 def _step_record(e: dict[str, Any], rank: int) -> StepRecord | None:
-    try:
-        loss = float(e["loss"])
-        step = int(e["step"])
-    except (KeyError, TypeError, ValueError):
+    """The step of a line: an integer ``step`` (not a string, a float or a boolean) and a numeric ``loss``; None
+    otherwise."""
+    step, loss = e.get("step"), e.get("loss")
+    if not isinstance(step, int) or isinstance(step, bool) or not isinstance(loss, (int, float)) or \
+            isinstance(loss, bool):
         return None
+    step, loss = int(step), float(loss)
     lr = e.get("learning_rate", e.get("lr"))
     ids = e.get("sample_ids")
     return StepRecord(step=step, loss=loss, learning_rate=float(lr) if isinstance(lr, (int, float)) else None,
@@ -243,6 +245,18 @@ def list_checkpoints(out_dir: Path, pattern: str) -> tuple[list[Checkpoint], lis
             skipped.append(f"{found[step].name} and {path.name} are both step {step}")
         found[step] = Checkpoint(step, path)
     return [found[s] for s in sorted(found)], skipped
+
+
+ERROR_LINE = re.compile(r"^\s*([\w.]*(Error|Exception)|Killed|Segmentation fault)\b.*")
+
+
+def failure_lines(path: Path, n: int = 3, width: int = 240) -> str:
+    """What a failed command said: its last line naming an error (``FileNotFoundError: ...``: a launcher such as
+    torchrun prints its own footer after the rank's traceback), then its last ``n`` lines."""
+    tail = last_lines(path, 200, width).split(" | ")
+    errors = [ln for ln in tail if ERROR_LINE.match(ln)]
+    last = tail[-n:]
+    return " | ".join(([errors[-1]] if errors and errors[-1] not in last else []) + last)
 
 
 def last_lines(path: Path, n: int = 6, width: int = 200) -> str:

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from core.child.manifest import verify_manifest, write_manifest
-from core.command.reports import Checkpoint, StepRecord, last_lines
+from core.command.reports import Checkpoint, StepRecord, failure_lines, last_lines
 from core.command.run import RunOutcome, run_command
 from core.command.spec import CommandSpec, substitute
 from core.events import Event, Message
@@ -85,6 +85,8 @@ class CommandResume:
     manifest: dict[str, str] = field(default_factory=dict)
     not_compared: list[str] = field(default_factory=list)
     runs: dict[str, RunSummary] = field(default_factory=dict)
+    #: what the check's runs did that must be read (a process left running after it exited, a metrics line refused)
+    findings: list[str] = field(default_factory=list)
     required_files: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -141,20 +143,15 @@ def resume_stage(spec: CommandSpec, reference: RunOutcome, run_dir: Path, values
     saved = sorted({x.step for x in ckpts} | {int(e.get("step", 0)) for e in reference.hook.saves if e.get("rank", 0) == 0})
     need = spec.kill_after_checkpoint + 1
     if len(saved) < need or not ckpts:
-        found = ", ".join(c.name for c in ckpts) or "none"
-        return _finish(started, [Check("checkpoints", "fail", f"the uninterrupted run wrote {len(saved)} checkpoint(s) "
-                                        f"matching {spec.checkpoints} ({found}); the check kills after checkpoint "
-                                        f"{spec.kill_after_checkpoint} and compares at a later one, so it needs at "
-                                        f"least {need}: save more often, train longer, or lower "
-                                        "command.kill_after_checkpoint", kind="completeness")],
-                       tier, required=required)
+        return _finish(started, [Check("checkpoints", "fail", _too_few(spec, reference, saved, need),
+                                       kind="completeness")], tier, required=required)
     if trainer is None and not reference.steps:
         return _finish(started, [Check("metrics", "fail", f"the uninterrupted run wrote no per-step metrics "
-                                       f"({reference.metrics_source}): from outside, the kill is placed by the step "
-                                       "the metrics show and the resumed run is compared with them step by step, so "
-                                       "nothing was killed: have the script write JSON lines with step and loss and "
-                                       "name the file (command.metrics), or train with transformers' Trainer")],
-                       tier, required=required)
+                                       f"({reference.metrics_source}{_rejected(reference)}): from outside, the kill "
+                                       "is placed by the step the metrics show and the resumed run is compared with "
+                                       "them step by step, so nothing was killed: have the script write JSON lines "
+                                       "with step and loss and name the file (command.metrics), or train with "
+                                       "transformers' Trainer")], tier, required=required)
     c, n, final = saved[spec.kill_after_checkpoint - 1], saved[spec.kill_after_checkpoint], ckpts[-1].step
     k = c + max(1, (n - c) // 2)
     kept = "" if len(saved) == len(ckpts) else f" ({', '.join(x.name for x in ckpts)} kept: Trainer's save_total_limit " \
@@ -183,6 +180,9 @@ def resume_stage(spec: CommandSpec, reference: RunOutcome, run_dir: Path, values
                                          "resume", total=k, hold_at_step=k if trainer else None,
                                          kill_when=at_kill_point, cancelled=cancelled, backend=backend)
     runs = {"interrupted": _summary(interrupted)}
+    seen = max((s.step for s in interrupted.steps_seen()), default=0)
+    if interrupted.kill is not None:
+        yield Message("resume", text=f"interrupted run killed at step {seen} ({interrupted.kill.evidence()})")
     kill, point, ckpt = _kill_checks(interrupted, trainer is not None, world, c, n, k, required)
     checks += [kill, point]
     if kill.status != "pass" or ckpt is None:
@@ -212,7 +212,7 @@ def resume_stage(spec: CommandSpec, reference: RunOutcome, run_dir: Path, values
     if resumed.exit_code != 0:
         why = "timed out" if resumed.timed_out else f"exit status {resumed.exit_code}"
         checks.append(Check("resumed_run", "fail", f"the resume command failed ({why}): "
-                                                   f"{last_lines(resumed.log_path, 4)} (see {resumed.log_path})"))
+                                                   f"{failure_lines(resumed.log_path)} (see {resumed.log_path})"))
         return _finish(started, checks, tier, c, n, k, final, manifest=manifest, runs=runs, required=required)
 
     # 4. compared with the reference
@@ -223,7 +223,31 @@ def resume_stage(spec: CommandSpec, reference: RunOutcome, run_dir: Path, values
     if trainer:
         checks.append(trainable_check(trainer, resumed.trainer))
     checks += compare_final(reference, resumed, final, tier, not_compared, trainer is not None)
-    return _finish(started, checks, tier, c, n, k, final, comparison, manifest, not_compared, runs, required)
+    return _finish(started, checks, tier, c, n, k, final, comparison, manifest, not_compared, runs, required,
+                   [f"{o.name} run: {p}" for o in (interrupted, resumed) for p in o.problems])
+
+
+def _too_few(spec: CommandSpec, reference: RunOutcome, saved: list[int], need: int) -> str:
+    """Why there are too few checkpoints, with what the output folder does hold (a glob that matches nothing)."""
+    found = ", ".join(c.name for c in reference.checkpoints) or "none"
+    there = sorted(p.name + ("/" if p.is_dir() else "") for p in reference.out_dir.iterdir()) \
+        if reference.out_dir.is_dir() else []
+    what = (f"; its output folder holds {', '.join(there[:8])}{' ...' if len(there) > 8 else ''}: if those are its "
+            "checkpoints, give their glob as command.checkpoints" if there and not reference.checkpoints else "")
+    fix = "save more often or train longer" + (", or lower command.kill_after_checkpoint"
+                                               if spec.kill_after_checkpoint > 1 else "")
+    return (f"the uninterrupted run wrote {len(saved)} checkpoint(s) matching {spec.checkpoints} ({found}){what}; the "
+            f"check kills after checkpoint {spec.kill_after_checkpoint} and compares at a later one, so it needs at "
+            f"least {need}: {fix}")
+
+
+def _rejected(o: RunOutcome) -> str:
+    """``; N lines read, every one refused: ...`` when the metrics file had lines and none was a step."""
+    metrics = o.metrics
+    if metrics is None or not metrics.problems:
+        return ""
+    return (f"; {metrics.lines} line(s) read, none a step: " + "; ".join(metrics.problems[:3])
+            + (" ..." if len(metrics.problems) > 3 else ""))
 
 
 def _summary(o: RunOutcome) -> RunSummary:
@@ -459,6 +483,12 @@ def compare_final(reference: RunOutcome, resumed: RunOutcome, step: int, tier: T
     weights = [n for n in names if n.endswith(".safetensors") and n not in missing]
     if weights:
         checks.append(_compare_safetensors(a.path, b.path, weights, tier))
+    else:
+        not_compared.append(f"weights as tensors: {a.name} holds no .safetensors file (a pickle's tensors, if any, "
+                            "are compared exactly under states)")
+    if not any("optim" in Path(n).name and Path(n).suffix in PICKLES for n in names):
+        not_compared.append(f"the optimizer's state: {a.name} of the uninterrupted run holds no optimizer file (no "
+                            "*optim*.pt), so its moments and step counts were not compared")
     states: list[str] = []
     other: list[str] = []
     for n in names:
@@ -568,7 +598,8 @@ def first_difference(x: Any, y: Any, path: str = "", rtol: float = 0.0) -> str |
 def _finish(started: float, checks: list[Check], tier: Tier, c: int | None = None, n: int | None = None,
             k: int | None = None, final: int | None = None, comparison: list[dict[str, Any]] | None = None,
             manifest: dict[str, str] | None = None, not_compared: list[str] | None = None,
-            runs: dict[str, RunSummary] | None = None, required: list[str] | None = None) -> CommandResume:
+            runs: dict[str, RunSummary] | None = None, required: list[str] | None = None,
+            findings: list[str] | None = None) -> CommandResume:
     status = "pass" if checks and all(ch.status == "pass" for ch in checks) else "fail"
     failed = [ch.name for ch in checks if ch.status != "pass"]
     extra = f"; not compared: {'; '.join(not_compared)}" if not_compared else ""
@@ -578,4 +609,5 @@ def _finish(started: float, checks: list[Check], tier: Tier, c: int | None = Non
     return CommandResume(status=status, summary=summary, checks=checks, checkpoint_step=c, next_checkpoint_step=n,
                          kill_step=k, final_checkpoint_step=final, tier=tier, comparison=comparison or [],
                          manifest=manifest or {}, not_compared=not_compared or [], runs=runs or {},
-                         required_files=required or [], seconds=time.perf_counter() - started)
+                         required_files=required or [], seconds=time.perf_counter() - started,
+                         findings=findings or [])

@@ -143,7 +143,8 @@ def run_command(spec: CommandSpec, name: str, argv: list[str], out_dir: Path, jo
         backend: the NVML backend for GPU memory from outside, or None.
 
     Raises:
-        StageCancelled: ``cancelled()`` became true; the whole tree was killed first.
+        StageCancelled: ``cancelled()`` became true; the whole tree was killed first. Its ``outcome`` attribute holds
+            the run so far (its steps, peaks and checkpoints read to the end), for the record.
         StageError: the program could not be started.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -165,6 +166,9 @@ def run_command(spec: CommandSpec, name: str, argv: list[str], out_dir: Path, jo
                 outcome.at_kill = list_checkpoints(out_dir, spec.checkpoints)[0]
                 finished = True
                 break
+            if not total and outcome.trainer is not None:  # a Trainer says how far it goes
+                total = int((outcome.trainer.get("arguments") or {}).get("max_steps") or 0)
+                total = max(total, 0)
             for step in new:
                 if step.rank == 0:
                     yield Progress(stage, run=name, step=step.step, total=total, loss=step.loss,
@@ -181,7 +185,9 @@ def run_command(spec: CommandSpec, name: str, argv: list[str], out_dir: Path, jo
             if cancelled is not None and cancelled():
                 outcome.kill = kill_job(job)
                 finished = True
-                raise StageCancelled(f"{name} run of the command: cancelled; every process of it was killed")
+                stop = StageCancelled(f"{name} run of the command: cancelled; every process of it was killed")
+                stop.outcome = outcome  # type: ignore[attr-defined]  # what was measured until then (read at the end)
+                raise stop
             if job.proc.poll() is not None:
                 finished = True
                 outcome.exit_code = job.proc.returncode

@@ -167,7 +167,7 @@ class CommandSpec:
         words = _split("command.train", self.train)
         if not words:
             raise SpecError("command.train", "the training command is empty")
-        _no_shell("command.train", words)
+        _no_shell("command.train", self.train)
         if not any("{out}" in w for w in words):
             raise SpecError("command.train", "the command must write into the folder gpuaccept gives each run: put "
                                              "{out} where your script takes its output folder (e.g. --output_dir "
@@ -177,7 +177,7 @@ class CommandSpec:
             raise SpecError("command.train", "{checkpoint} and {command} belong in the resume command, not the "
                                              "training command")
         resume = _split("command.resume", self.resume)
-        _no_shell("command.resume", resume)
+        _no_shell("command.resume", self.resume)
         if any("{command}" in w and w != "{command}" for w in resume):
             raise SpecError("command.resume", "{command} stands alone as a word (it is replaced by the training "
                                               "command's words), e.g. \"{command} --resume {checkpoint}\"")
@@ -220,7 +220,7 @@ class CommandSpec:
                 raise SpecError("command.data", f"{self.data!r}: give 'embedded' or an existing .txt / .jsonl file")
         if self.eval not in EVAL_CHOICES:
             words = _split("command.eval", self.eval)
-            _no_shell("command.eval", words)
+            _no_shell("command.eval", self.eval)
             if not any("{checkpoint}" in w for w in words):
                 raise SpecError("command.eval", "an evaluation command takes the checkpoint to evaluate: put "
                                                 "{checkpoint} in it, or choose perplexity or none")
@@ -314,8 +314,19 @@ def _split(name: str, text: str) -> list[str]:
         raise SpecError(name, f"cannot be split into words ({exc}): close the quote") from None
 
 
-def _no_shell(name: str, words: list[str]) -> None:
-    ops = [w for w in words if w in SHELL_OPERATORS]
+def unquoted_words(text: str) -> list[str]:
+    """The words of ``text`` with their quotes kept (``"a '|' b"`` -> ``["a", "'|'", "b"]``): a quoted ``'|'`` is an
+    argument (``--sep '|'``), an unquoted one a shell operator."""
+    lexer = shlex.shlex(text, posix=False)
+    lexer.whitespace_split = True
+    try:
+        return list(lexer)
+    except ValueError:
+        return []
+
+
+def _no_shell(name: str, text: str) -> None:
+    ops = [w for w in unquoted_words(text) if w in SHELL_OPERATORS]
     if ops:
         raise SpecError(name, f"{ops[0]!r}: the command runs without a shell, so shell operators reach the program as "
                               "words; put a pipeline or redirection in a script and give the script")

@@ -35,7 +35,8 @@ from core.record.schema import _walk
 TABLES = ("spec", "command", "environment", "ran", "plan", "probe", "data", "evaluation", "resume", "verdict",
           "signoff")
 TOP_LEVEL = ("schema_version", "kind", "tool", "tool_version", "created_utc", "started_utc", "run_dir")
-PROVENANCES = {"command": ("measured",), "environment": ("measured",), "ran": ("measured", "not_run"),
+PROVENANCES = {"command": ("measured",), "environment": ("measured",),
+               "ran": ("measured", "not_run", "not_applicable"),
                "plan": ("estimated", "not_run", "not_applicable"), "probe": ("measured", "not_run"),
                "data": ("measured", "not_run", "not_applicable"),
                "evaluation": ("measured", "not_run", "not_applicable"),
@@ -131,6 +132,23 @@ def command_verdict_problems(rec: dict[str, Any]) -> list[str]:
     return problems
 
 
+def _steps_in_order(res: dict[str, Any], problems: list[str]) -> bool:
+    """The kill point's steps as the check places them: checkpoint c < kill step k < the next checkpoint n <= the last
+    one compared (each present)."""
+    keys = ("checkpoint_step", "kill_step", "next_checkpoint_step", "final_checkpoint_step")
+    if not all(isinstance(res.get(k), int) for k in keys):
+        if any(c["name"] == "kill_point" and c["status"] == "pass" for c in res["checks"]):
+            problems.append("resume passes its kill point without the steps c, k, n and the last checkpoint")
+            return False
+        return True
+    c, k, n, final = (res[k] for k in keys)
+    if c < k < n <= final:
+        return True
+    problems.append(f"resume's steps are out of order: checkpoint {c}, kill at {k}, next checkpoint {n}, compared up "
+                    f"to {final} (the kill lands after c and before n)")
+    return False
+
+
 def _number(value: Any, where: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         raise TypeError(f"{where} is {value!r}, not a number")
@@ -174,6 +192,9 @@ def _plan(plan: dict[str, Any], problems: list[str], computed: dict[str, str]) -
 
 def _probe(probe: dict[str, Any], problems: list[str], computed: dict[str, str]) -> None:
     if probe.get("provenance") != "measured":
+        return
+    if probe.get("status") == "cancelled" and probe["exit_code"] == "killed":  # measured until a quit: not judged
+        computed["probe"] = "cancelled"
         return
     ok = probe["exit_code"] == 0
     expected = probe.get("expected_steps")
@@ -224,6 +245,14 @@ def _resume(res: dict[str, Any], problems: list[str], computed: dict[str, str]) 
         problems.append(f"resume passes without the checks {', '.join(missing)}")
         ok = False
     rtol = _number(res.get("tier", {}).get("rtol", 0.0), "resume.tier.rtol")
+    ok = _steps_in_order(res, problems) and ok
+    for i, c in enumerate(checks):  # an exact tier admits no difference: a passing check with one contradicts it
+        diff = c.get("largest_difference")
+        if c.get("kind") == "tolerance" and c["status"] == "pass" and rtol == 0.0 and diff is not None \
+                and _number(diff, f"resume.checks[{i}].largest_difference") != 0.0:
+            problems.append(f"resume.checks[{i}] ({c['name']}) passes in an exact tier with a largest difference of "
+                            f"{diff}")
+            ok = False
     for i, row in enumerate(res.get("comparison", [])):
         ref, got = _number(row["loss_reference"], "loss_reference"), _number(row["loss_resumed"], "loss_resumed")
         diff = _number(row["difference"], f"resume.comparison[{i}].difference")

@@ -125,6 +125,8 @@ def test_a_checkpoint_that_forgets_the_optimizer_fails_the_resume_with_evidence(
     rows = record["resume"]["comparison"]
     assert rows[0]["step"] == 5 and rows[0]["difference"] == 0 and all(r["difference"] > 0 for r in rows[1:])
     assert c["final_weights"]["status"] == "fail"
+    # no optimizer file in either final checkpoint: named as not compared, never counted as passed
+    assert "optimizer_moments" not in c and any("optimizer's state" in n for n in record["resume"]["not_compared"])
 
 
 def test_the_trainer_script_under_torchrun_is_measured_from_inside_planned_from_what_ran_and_resumes(
@@ -190,8 +192,13 @@ def test_a_command_that_exits_early_gets_a_failed_probe_naming_its_status_and_la
 def test_a_command_that_writes_no_checkpoint_fails_the_resume_check_saying_so(tmp_path):
     record, _ = accept(fake("--no-checkpoint"), tmp_path / "runs")
     assert stages(record)["probe"] == "pass" and stages(record)["resume"] == "fail"
-    assert "wrote 0 checkpoint(s) matching checkpoint-*" in checks(record)["checkpoints"]["evidence"]
+    evidence = checks(record)["checkpoints"]["evidence"]
+    assert "wrote 0 checkpoint(s) matching checkpoint-*" in evidence and "kill_after_checkpoint" not in evidence
     assert any("no checkpoint" in f for f in record["probe"]["findings"])
+    # a glob that matches nothing the command wrote: what the output folder does hold is named
+    wrong, _ = accept(fake(checkpoints="ckpt_*"), tmp_path / "wrong")
+    evidence = checks(wrong)["checkpoints"]["evidence"]
+    assert "holds checkpoint-4/, checkpoint-8/, metrics.jsonl" in evidence and "command.checkpoints" in evidence
 
 
 def test_a_command_that_writes_no_metrics_fails_the_resume_check_saying_so(tmp_path):
@@ -199,6 +206,10 @@ def test_a_command_that_writes_no_metrics_fails_the_resume_check_saying_so(tmp_p
     assert stages(record)["resume"] == "fail"
     assert "no per-step metrics" in checks(record)["metrics"]["evidence"]
     assert "not written" in record["probe"]["metrics_source"]
+    assert "steps not known (no per-step metrics)" in record["verdict"]["stages"]["probe"]["evidence"]
+    bad, _ = accept(fake("--bad-metrics"), tmp_path / "bad")  # lines written, none a step: said, with why
+    assert "8 line(s) read, none a step: metrics.jsonl line 1: needs an integer step and a finite loss" in \
+        checks(bad)["metrics"]["evidence"]
 
 
 def test_a_correct_resume_passes_and_a_resume_that_loses_state_fails(tmp_path):
@@ -249,6 +260,11 @@ def test_a_quit_kills_every_process_of_the_job_and_keeps_what_was_measured(tmp_p
     assert not alive(helper)
     record = tomllib.loads((pid_file.parents[2] / "record.toml").read_text())
     assert record["verdict"]["stages"]["probe"]["status"] == "cancelled"
+    # what was measured until the quit is kept, marked cancelled, and verify agrees
+    probe = record["probe"]
+    assert probe["provenance"] == "measured" and probe["status"] == "cancelled" and probe["exit_code"] == "killed"
+    assert probe["steps"] > 0 and probe["devices"][0]["measured_bytes"] > 0
+    assert consistent(pid_file.parents[2] / "record.toml")
     job = json.loads((pid_file.parents[1] / "job.json").read_text())
     assert job["argv"][0] == PY and not [p for p in psutil.process_iter() if _holds_token(p, job)]
 
@@ -260,19 +276,25 @@ def _holds_token(p: psutil.Process, job: dict) -> bool:
         return False
 
 
-def test_a_kill_9_of_gpuaccept_ends_the_jobs_python_processes_by_their_lifeline(tmp_path):
+def test_a_kill_9_of_gpuaccept_leaves_no_process_of_the_job(tmp_path):
     """gpuaccept SIGKILLed cannot kill anything: every Python process of the job (the command and its detached
-    helper) ends itself within seconds (core/child/inject/sitecustomize.py watches gpuaccept's pid)."""
-    proc, pid_file = _start_headless(tmp_path, "--detach --steps 400 --sleep 0.05")
+    helper) ends itself within seconds (core/child/inject/sitecustomize.py watches gpuaccept's pid), and a process
+    of another program (``sleep`` in a session of its own) is ended by the reaper gpuaccept started."""
+    proc, pid_file = _start_headless(tmp_path, "--detach --detach-shell --steps 400 --sleep 0.05")
     helper = int(pid_file.read_text())
+    sleeper = pid_file.with_name("sleep.pid")
+    while not sleeper.is_file() or not sleeper.read_text():
+        time.sleep(0.05)
+    shell = int(sleeper.read_text())
     command = json.loads((pid_file.parents[1] / "job.json").read_text())
     proc.kill()  # SIGKILL to gpuaccept alone: its children are in sessions of their own
     proc.wait(timeout=30)
     deadline = time.monotonic() + 15
-    while time.monotonic() < deadline and (alive(helper) or [p for p in psutil.process_iter()
-                                                             if _holds_token(p, command)]):
+    while time.monotonic() < deadline and (alive(helper) or alive(shell) or
+                                           [p for p in psutil.process_iter() if _holds_token(p, command)]):
         time.sleep(0.1)
     assert not alive(helper) and not [p.pid for p in psutil.process_iter() if _holds_token(p, command)]
+    assert not alive(shell)  # `sleep` has no lifeline: gpuaccept's reaper (core/command/reaper.py) ended it
 
 
 # ------------------------------------------------------------------------------------- the record and verify
@@ -291,6 +313,9 @@ def fake_record(tmp_path_factory) -> Path:
     (lambda r: r["probe"]["devices"][0].update(capacity_bytes=1), "fits says True, its bytes say False"),
     (lambda r: r["spec"]["command"].update(kill_after_checkpoint=2), "spec.hash is not the sha256"),
     (lambda r: r["verdict"].update(status="fail"), "verdict.status says fail, the stages say pass"),
+    (lambda r: r["resume"].update(kill_step=r["resume"]["next_checkpoint_step"] + 1), "steps are out of order"),
+    (lambda r: next(c for c in r["resume"]["checks"] if c["name"] == "loss").update(largest_difference=0.25),
+     "passes in an exact tier with a largest difference of 0.25"),
 ])
 def test_verify_recomputes_a_command_records_verdicts_and_catches_an_edit(fake_record, tmp_path, edit, words):
     from core.record.verify import record_problems
@@ -361,3 +386,7 @@ def test_your_own_evaluation_command_is_run_on_the_base_and_the_final_checkpoint
     assert ev["before"]["value"] == 10.0 and ev["after"]["value"] < 10.0 and ev["checkpoint"] == "checkpoint-8"
     assert ev["definition"] == "10 / (1 + the running sum of the checkpoint)"
     assert consistent(Path(record["run_dir"]) / "record.toml")
+    vague, _ = accept(fake(model=str(base), resume_check=False,
+                           eval=f"{PY} {FAKE.with_name('fake_eval.py')} {{checkpoint}} --no-direction"),
+                      tmp_path / "vague")
+    assert vague["evaluation"]["status"] == "fail" and "which way is better" in vague["evaluation"]["summary"]

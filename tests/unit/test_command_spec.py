@@ -278,3 +278,17 @@ def test_outside_the_gpus_memory_of_the_job_comes_from_nvmls_per_process_list(tm
     probe = build_probe(outcome, {"cuda:0": (80 * 2**30, "torch.cuda total memory"), "cpu": (64 * 2**30, "host")})
     row = next(d for d in probe.devices if d.device == "cuda:0")
     assert row.measured_bytes == 3 * 2**30 and row.fits and "NVML" in row.method and probe.status == "pass"
+
+
+def test_a_quoted_shell_character_is_an_argument_and_an_unquoted_one_is_refused():
+    assert spec(train=f"{PY} train.py --sep '|' --out {{out}} --cmp '>5'").words()[3] == "|"
+    with pytest.raises(SpecError, match="runs without a shell"):
+        spec(train=f"{PY} train.py --out {{out}} | tee log")
+
+
+def test_a_recipe_flag_in_command_mode_is_refused_under_its_own_name(tmp_path):
+    from tui.cli import build_parser, command_spec_from_args
+
+    args = build_parser().parse_args(["run", "--command", f"{PY} t.py --out {{out}}", "--kill-at", "boundary"])
+    with pytest.raises(SpecError, match="--kill-at applies to gpuaccept's own recipe"):
+        command_spec_from_args(args)

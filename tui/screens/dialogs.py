@@ -51,7 +51,7 @@ class HelpScreen(ModalScreen[None]):
 
 
 class ConfirmQuit(ModalScreen[bool]):
-    """Quitting while a stage runs ends its child's process group; ask first."""
+    """Quitting while a stage runs kills every process of it; ask first."""
 
     BINDINGS = [("y", "yes", "Yes"), ("n", "no", "No"), ("escape", "no", "No")]
 
@@ -61,8 +61,9 @@ class ConfirmQuit(ModalScreen[bool]):
 
     def compose(self) -> ComposeResult:
         with VerticalScroll(id="dialog"):
-            yield Static(f"The {self.stage} stage is running in a child process. "
-                         "Quit and end its process group? What was measured so far stays in the run directory.")
+            yield Static(f"The {self.stage} stage is running in a child process. Quit and kill every process of "
+                         "it? What was measured so far is kept: the record is written, unsigned, in the run "
+                         "directory.")
             with Horizontal(classes="nav"):
                 yield Button("Quit (y)", id="yes", variant="error")
                 yield Button("Stay (n)", id="no", variant="primary")

@@ -77,6 +77,7 @@ class ExportScreen(Screen):
             return
         v = run.current_verdict()  # what the record will say: the traced plan and stopped stages included
         what = f"your command {run.spec.label}" if run.spec.mode == "command" else f"{run.spec.mode} on {run.spec.model}"
+        self.query_one("#quiz", Button).display = run.spec.mode != "command"  # its questions need the recipe's ledger
         self.query_one("#overall", Static).update(
             f"overall: [b]{v['status'].upper()}[/b] · {what} · run directory {run.run_dir}")
         marks = {"pass": "[$success]✓[/]", "not_applicable": "[$text-muted]–[/]"}

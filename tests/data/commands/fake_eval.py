@@ -9,5 +9,8 @@ from pathlib import Path
 state = Path(sys.argv[1]) / "state.json"
 total = json.loads(state.read_text())["sum"] if state.is_file() else 0.0
 print("evaluating", sys.argv[1], flush=True)
-print(json.dumps({"metric": "fake loss", "value": 10.0 / (1.0 + total), "higher_is_better": False,
-                  "definition": "10 / (1 + the running sum of the checkpoint)"}))
+result = {"metric": "fake loss", "value": 10.0 / (1.0 + total), "higher_is_better": False,
+          "definition": "10 / (1 + the running sum of the checkpoint)"}
+if "--no-direction" in sys.argv:  # a metric that does not say which way is better
+    del result["higher_is_better"]
+print(json.dumps(result))

@@ -3,8 +3,9 @@ it "trains" ``--steps`` steps in milliseconds, writes ``metrics.jsonl`` and ``ch
 (``state.json``: the step and a running sum that a correct resume continues) and resumes from one with ``--resume``.
 
 Switches, each a way a real job fails: ``--exit-after N CODE`` exits with CODE after step N; ``--no-checkpoint``;
-``--no-metrics``; ``--detach`` starts a process in a session of its own that sleeps (a daemonised helper, which a kill
-of the command's process group alone would leave behind) and writes its pid to ``OUT/detached.pid``; ``--sleep S``
+``--no-metrics``; ``--bad-metrics`` (every line's step a string); ``--detach`` starts a Python process in a session of its
+own that sleeps (a daemonised helper, which a kill of the command's process group alone would leave behind) and writes
+its pid to ``OUT/detached.pid``; ``--detach-shell`` the same with ``sleep`` (no Python: ``OUT/sleep.pid``); ``--sleep S``
 per step; ``--forget-sum`` resumes with the running sum reset (a checkpoint that misses part of the state).
 Standard library only.
 """
@@ -33,6 +34,8 @@ def main() -> int:
     p.add_argument("--detach", action="store_true")
     p.add_argument("--sleep", type=float, default=0.05)
     p.add_argument("--forget-sum", action="store_true")
+    p.add_argument("--detach-shell", action="store_true")
+    p.add_argument("--bad-metrics", action="store_true")
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -40,6 +43,10 @@ def main() -> int:
         helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True,
                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         (out / "detached.pid").write_text(str(helper.pid))
+    if args.detach_shell:  # not Python: no sitecustomize lifeline ends it
+        helper = subprocess.Popen(["sleep", "300"], start_new_session=True, stdin=subprocess.DEVNULL,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        (out / "sleep.pid").write_text(str(helper.pid))
     start, total = 0, 0.0
     if args.resume:
         state = json.loads((Path(args.resume) / "state.json").read_text())
@@ -48,7 +55,10 @@ def main() -> int:
         time.sleep(args.sleep)
         total += 1.0 / step
         loss = 10.0 / (1.0 + total)
-        if not args.no_metrics:
+        if args.bad_metrics:
+            with open(out / "metrics.jsonl", "a") as f:
+                f.write(json.dumps({"step": str(step), "loss": loss}) + "\n")
+        elif not args.no_metrics:
             with open(out / "metrics.jsonl", "a") as f:
                 f.write(json.dumps({"step": step, "loss": loss, "learning_rate": 0.1 / step,
                                     "sample_ids": [step % 5]}) + "\n")

@@ -1,0 +1,100 @@
+"""The reaper of command mode: when gpuaccept is gone, every process of the user's job goes too, Python or not.
+
+The ``sitecustomize`` lifeline (core/child/inject) ends the job's Python processes when gpuaccept is gone; a process of
+another program (a shell wrapper's ``sleep``, ``nvidia-smi`` in a loop, a logger a launcher started with ``setsid``)
+has no such thread. :func:`start_reaper` starts ``python -m core.command.reaper OWNER RUN_DIR`` in a session of its
+own, with none of the job's variables (so no kill of the job reaches it): once a second it checks that gpuaccept
+(``OWNER``) runs; when it does not, it reads every ``job.json`` under ``RUN_DIR`` (each run of the command's token:
+:func:`core.command.process.start_job`), SIGKILLs every process whose environment holds one of those tokens, and
+exits. :func:`stop_reaper` ends it when the run is closed normally (every job already ended). Standard library and
+psutil only: it starts in a tenth of a second.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+#: seconds between two checks of gpuaccept's pid
+INTERVAL_S = 1.0
+
+
+def start_reaper(run_dir: Path) -> subprocess.Popen[bytes]:
+    """Start the reaper of ``run_dir``'s jobs for this process (see the module docstring)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUACCEPT_")}
+    with open(os.devnull, "rb") as devnull, open(run_dir / "reaper.log", "ab") as log:
+        return subprocess.Popen([sys.executable, "-P", "-m", "core.command.reaper", str(os.getpid()), str(run_dir)],
+                                stdin=devnull, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env,
+                                cwd=str(Path(__file__).resolve().parents[2]))
+
+
+def stop_reaper(proc: subprocess.Popen[bytes] | None) -> None:
+    """End the reaper (the run was closed: nothing of it runs any more)."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def tokens(run_dir: Path) -> set[str]:
+    """The token of every run of the command under ``run_dir`` (their ``job.json``)."""
+    out = set()
+    for path in run_dir.rglob("job.json"):
+        try:
+            token = json.loads(path.read_text(encoding="utf-8")).get("env_added", {}).get("GPUACCEPT_JOB")
+        except (OSError, ValueError):
+            continue
+        if token:
+            out.add(str(token))
+    return out
+
+
+def reap(run_dir: Path) -> list[int]:
+    """SIGKILL every process holding a token of ``run_dir``'s jobs (and the groups they lead); the pids killed."""
+    import psutil
+
+    wanted = tokens(run_dir)
+    killed: list[int] = []
+    if not wanted:
+        return killed
+    for p in psutil.process_iter():
+        try:
+            if p.pid == os.getpid() or p.environ().get("GPUACCEPT_JOB") not in wanted:
+                continue
+            if os.getpgid(p.pid) == p.pid:
+                os.killpg(p.pid, signal.SIGKILL)
+            p.send_signal(signal.SIGKILL)
+            killed.append(p.pid)
+        except (psutil.Error, ProcessLookupError, PermissionError):
+            continue
+    return killed
+
+
+def main(argv: list[str]) -> int:
+    owner, run_dir = int(argv[0]), Path(argv[1])
+    stopping: dict[str, Any] = {"now": False}
+    signal.signal(signal.SIGTERM, lambda *_: stopping.update(now=True))
+    while not stopping["now"]:
+        try:
+            os.kill(owner, 0)
+        except ProcessLookupError:
+            killed = reap(run_dir)
+            print(f"gpuaccept ({owner}) is gone: killed {len(killed)} process(es) of its jobs {killed}", flush=True)
+            return 0
+        except PermissionError:
+            pass
+        time.sleep(INTERVAL_S)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
