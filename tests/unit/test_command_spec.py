@@ -292,3 +292,20 @@ def test_a_recipe_flag_in_command_mode_is_refused_under_its_own_name(tmp_path):
     args = build_parser().parse_args(["run", "--command", f"{PY} t.py --out {{out}}", "--kill-at", "boundary"])
     with pytest.raises(SpecError, match="--kill-at applies to gpuaccept's own recipe"):
         command_spec_from_args(args)
+
+
+def test_the_hook_is_not_installed_in_a_process_that_never_imports_transformers(tmp_path):
+    """core/child/inject on PYTHONPATH: a Python process that never imports transformers' Trainer is not made to
+    (the import hook waits for it), and says nothing. The hook's reports on a real Trainer, one per rank:
+    tests/integration/test_command_mode.py."""
+    import os
+    import subprocess
+
+    from core.command.process import INJECT_DIR
+
+    env = {**os.environ, "PYTHONPATH": str(INJECT_DIR), "GPUACCEPT_EVENTS": str(tmp_path / "events.jsonl")}
+    done = subprocess.run([sys.executable, "-c", "import sys; print('transformers' in sys.modules, "
+                           "'_gpuaccept_trainer_hook' in sys.modules)"], capture_output=True, text=True, env=env,
+                          timeout=60)
+    assert done.stdout.split() == ["False", "True"] and done.stderr == ""
+    assert not (tmp_path / "events.jsonl").exists()
