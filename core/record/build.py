@@ -372,17 +372,27 @@ def schema_problems(rec: dict[str, Any]) -> list[str]:
     allowed = {"environment": ("measured",), "model": ("measured",), "seeds": ("measured",),
                "plan": ("estimated", "not_run"), "probe": ("measured", "not_run"), "data": ("measured", "not_run"),
                "evaluation": ("measured", "not_run")}
+    out.extend(provenance_problems(rec, allowed))
+    res = rec["resume"]
+    if res.get("status") != "not_applicable" and res.get("provenance") not in ("measured", "not_run"):
+        out.append(f"resume.provenance is {res.get('provenance')!r}; measured or not_run (or status not_applicable)")
+    out.extend(_verdict_and_signoff_problems(rec))
+    return out + value_problems(rec)
+
+
+def provenance_problems(rec: dict[str, Any], allowed: dict[str, tuple[str, ...]]) -> list[str]:
+    """Each table of ``allowed`` has one of its provenances: an ``estimated`` one with its ``method``, a
+    ``not_applicable`` one with its ``why`` (the recipe's records and the command's both apply it)."""
+    out = []
     for table, provenances in allowed.items():
         prov = rec[table].get("provenance")
         if prov not in provenances:
             out.append(f"{table}.provenance is {prov!r}; for this table one of {', '.join(provenances)}")
         elif prov == "estimated" and not rec[table].get("method"):
             out.append(f"{table} is estimated but says no method")
-    res = rec["resume"]
-    if res.get("status") != "not_applicable" and res.get("provenance") not in ("measured", "not_run"):
-        out.append(f"resume.provenance is {res.get('provenance')!r}; measured or not_run (or status not_applicable)")
-    out.extend(_verdict_and_signoff_problems(rec))
-    return out + value_problems(rec)
+        elif prov == "not_applicable" and not isinstance(rec[table].get("why"), str):
+            out.append(f"{table} is not_applicable but says no why")
+    return out
 
 
 def _onboarding_problems(attempts: Any) -> list[str]:

@@ -28,6 +28,7 @@ from core.record.build import (
     TOOL,
     _onboarding_problems,
     _verdict_and_signoff_problems,
+    provenance_problems,
     spec_table_hash,
 )
 from core.record.schema import _walk
@@ -76,14 +77,7 @@ def command_schema_problems(rec: dict[str, Any]) -> list[str]:
                        "recomputed)")
     except (TypeError, ValueError) as exc:
         out.append(f"spec.hash cannot be recomputed ({exc})")
-    for table, allowed in PROVENANCES.items():
-        prov = rec[table].get("provenance")
-        if prov not in allowed:
-            out.append(f"{table}.provenance is {prov!r}; for this table one of {', '.join(allowed)}")
-        elif prov == "estimated" and not rec[table].get("method"):
-            out.append(f"{table} is estimated but says no method")
-        elif prov == "not_applicable" and not isinstance(rec[table].get("why"), str):
-            out.append(f"{table} is not_applicable but says no why")
+    out.extend(provenance_problems(rec, PROVENANCES))
     out.extend(_verdict_and_signoff_problems(rec))
     for key, value in rec.items():
         _walk({key: value}, "", "", out, rules=key not in ("spec", "ran"))
