@@ -316,7 +316,7 @@ class AcceptanceRun(StagedRun):
         self.launch = launch_options(spec, self.rank_devices)
         self.run_dir = new_run_dir(spec, Path(runs_root), self.started)
         try:
-            (self.run_dir / "spec.toml").write_text(tomli_w.dumps(spec.to_dict()), encoding="utf-8")
+            (self.run_dir / "spec.toml").write_text(tomli_w.dumps(spec.to_file_dict()), encoding="utf-8")
             (self.run_dir / "plan.json").write_text(json.dumps(self.ctx.plan.to_json(), indent=2), encoding="utf-8")
             self._log = EventWriter(self.run_dir / "events.jsonl")
             _reserve(self.run_dir / RESERVE_NAME)

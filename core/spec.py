@@ -52,6 +52,11 @@ TOML layout (every key optional; the defaults are the embedded model and text)::
     rdzv_endpoint = ""            # host:port of the rendezvous (required when nnodes > 1)
     rdzv_id = "gpuaccept"
     rdzv_backend = "c10d"
+
+    [accept]                      # the criteria the run is accepted by (core/criteria.py); unset: today's rules
+    max_perplexity = 40.0         # held-out perplexity after training at most this
+    min_improvement = 0.0         # (before - after) / before above this (0: after < before)
+    max_device_share = 1.0        # each device's measured use at most this share of its capacity (headroom)
 """
 
 from __future__ import annotations
@@ -68,6 +73,7 @@ from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
 from core import killpoints
+from core.criteria import AcceptCriteria
 from core.dtypes import DTYPES, Dtype, dtype_bytes
 from core.errors import SpecError
 
@@ -297,6 +303,9 @@ class RunSpec:
     qlora: QloraSettings = field(default_factory=QloraSettings)
     resume: ResumeSettings = field(default_factory=ResumeSettings)
     torchrun: TorchrunSettings = field(default_factory=TorchrunSettings)
+    #: what the run is accepted by (the ``[accept]`` table, :mod:`core.criteria`); not part of the setup: it is left
+    #: out of :meth:`to_dict` and the spec's hash, so runs of one setup judged by other thresholds compare
+    accept: AcceptCriteria = field(default_factory=AcceptCriteria)
 
     def __post_init__(self) -> None:
         # "fsdp" (FSDP full shard) is ZeRO stage 3: store one name for one strategy, so specs compare and hash alike.
@@ -340,6 +349,8 @@ class RunSpec:
                 raw.setdefault("resume", {})[key.removeprefix("resume_")] = value
             elif key.startswith("torchrun_"):
                 raw.setdefault("torchrun", {})[key.removeprefix("torchrun_")] = value
+            elif key.startswith("accept_"):
+                raw.setdefault("accept", {})[key.removeprefix("accept_")] = value
             else:
                 raw[key] = value
         return cls.from_dict(raw)
@@ -352,7 +363,8 @@ class RunSpec:
         for key in raw:
             if key not in known:
                 tables = [t for t, cls in (("lora", LoraSettings), ("qlora", QloraSettings), ("resume", ResumeSettings),
-                                           ("torchrun", TorchrunSettings)) if key in {f.name for f in dataclasses.fields(cls)}]
+                                           ("torchrun", TorchrunSettings), ("accept", AcceptCriteria))
+                          if key in {f.name for f in dataclasses.fields(cls)}]
                 where = f"; {key} belongs in the [{tables[0]}] table" if tables else ""
                 raise SpecError(key, f"unknown setting{where}; known settings are: {', '.join(sorted(known))}")
         mode = raw.get("mode", cls.mode)
@@ -376,12 +388,13 @@ class RunSpec:
         qlora = _sub(QloraSettings, qlora_raw, "qlora")
         resume = _sub(ResumeSettings, resume_raw, "resume")
         torchrun = _sub(TorchrunSettings, _table(raw, "torchrun"), "torchrun")
+        accept = AcceptCriteria.from_table(_table(raw, "accept"))
         scalars = {k: v for k, v in raw.items()}
         if "devices" in scalars and not isinstance(scalars["devices"], str):
             value = scalars["devices"]
             scalars["devices"] = ",".join(str(v) for v in value) if isinstance(value, list) else str(value)
         _check_types(cls, scalars)
-        spec = cls(**scalars, lora=lora, qlora=qlora, resume=resume, torchrun=torchrun)
+        spec = cls(**scalars, lora=lora, qlora=qlora, resume=resume, torchrun=torchrun, accept=accept)
         spec.validate()
         return spec
 
@@ -645,11 +658,21 @@ class RunSpec:
         return self.adapters and self.lora.targets == (ALL_LINEAR,)
 
     def to_dict(self) -> dict[str, Any]:
-        """A TOML/JSON-ready mapping (tuples become lists), the inverse of :meth:`from_dict`."""
+        """The setup as a TOML/JSON-ready mapping (tuples become lists): what is hashed, what a child runs, the
+        record's ``spec`` table. The criteria are not in it (:meth:`to_file_dict`)."""
         out = dataclasses.asdict(self)
         out["lora"]["targets"] = list(self.lora.targets)
+        del out["accept"]
         if self.mode != "qlora":  # the 4-bit settings belong to QLoRA alone: other specs hash as they always did
             del out["qlora"]
+        return out
+
+    def to_file_dict(self) -> dict[str, Any]:
+        """The whole spec file, the inverse of :meth:`from_dict`: the setup and, when any criterion is set, its
+        ``[accept]`` table."""
+        out = self.to_dict()
+        if not self.accept.is_default():
+            out["accept"] = self.accept.set_values()
         return out
 
     def spec_hash(self) -> str:
@@ -873,7 +896,7 @@ def draft_spec(values: Mapping[str, Any], refused: Mapping[str, str] | None = No
     remaining = dict(values)
     for key, message in (refused or {}).items():
         remaining.pop(key, None)
-        table = key.split("_", 1)[0] in ("lora", "qlora", "resume", "torchrun")
+        table = key.split("_", 1)[0] in ("lora", "qlora", "resume", "torchrun", "accept")
         errors[key.replace("_", ".", 1) if table else key] = message
     for _ in range(len(values) + 1):
         try:

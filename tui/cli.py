@@ -104,6 +104,26 @@ def _spec_flags(p: argparse.ArgumentParser) -> None:
                         "resumed from (default), or from step 0")
 
 
+    g = p.add_argument_group("acceptance criteria (the [accept] table; unset: the default rules; README \"Acceptance "
+                             "criteria\")")
+    g.add_argument("--max-perplexity", type=float, dest="accept_max_perplexity", metavar="P",
+                   help="held-out perplexity after training (inference: of the fixed weights) at most P")
+    g.add_argument("--min-improvement", type=float, dest="accept_min_improvement", metavar="F",
+                   help="training: (before - after) / before of held-out perplexity above F (default 0: after < before)")
+    g.add_argument("--min-accuracy", type=float, dest="accept_min_accuracy", metavar="F",
+                   help="held-out next-token accuracy at least F (a share, 0-1)")
+    g.add_argument("--max-device-share", type=float, dest="accept_max_device_share", metavar="F",
+                   help="each device's measured peak at most F of its own capacity (headroom; default 1.0)")
+    g.add_argument("--max-step-time", type=float, dest="accept_max_step_time_s", metavar="S",
+                   help="the probe's optimizer step at most S seconds")
+    g.add_argument("--min-tokens-per-s", type=float, dest="accept_min_tokens_per_s", metavar="N",
+                   help="the probe's tokens per second (every rank) at least N")
+    g.add_argument("--resume-tier", dest="accept_resume_tier", choices=("auto", "exact"),
+                   help="the resumed losses in the dtype's tier on the device (auto) or bit for bit (exact)")
+    g.add_argument("--max-plan-error", type=float, dest="accept_max_plan_error_pct", metavar="PCT",
+                   help="the plan's error against each device's measured peak at most PCT percent")
+
+
 def _command_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group(
         "your own command (command mode: accept your training command as you run it; or a [command] table in the "
@@ -192,12 +212,15 @@ def _recipe_actions() -> list[argparse.Action]:
     return [a for a in parser._actions if a.option_strings]
 
 
+#: the criteria's flags, by their spec keys (``accept_<criterion>``, core/criteria.py)
+ACCEPT_KEYS = ("accept_max_perplexity", "accept_min_improvement", "accept_min_accuracy", "accept_max_device_share",
+               "accept_max_step_time_s", "accept_min_tokens_per_s", "accept_resume_tier", "accept_max_plan_error_pct")
 _SPEC_KEYS = ("mode", "model", "dtype", "precision", "attn_implementation", "padding", "batch_size", "seq_len", "grad_accum", "optimizer", "learning_rate",
               "lr_scheduler", "warmup_steps", "steps", "gradient_checkpointing", "lora_r", "lora_alpha",
               "lora_dropout", "lora_targets", "qlora_quant_type", "qlora_double_quant", "devices", "strategy", "tp", "torchrun_nproc_per_node", "torchrun_nnodes",
               "torchrun_rdzv_endpoint", "torchrun_rdzv_id", "torchrun_rdzv_backend", "data", "heldout_fraction", "eval_max_blocks", "seed",
               "probe_steps", "resume_check", "resume_checkpoint_every", "resume_kill_after_checkpoint",
-              "resume_kill_at", "resume_compare_steps", "resume_interrupted_from")
+              "resume_kill_at", "resume_compare_steps", "resume_interrupted_from", *ACCEPT_KEYS)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -211,6 +234,9 @@ def build_parser() -> argparse.ArgumentParser:
     _command_flags(run)
     run.add_argument("--headless", action="store_true", help="no wizard: one line per event on stdout (default: the wizard)")
     run.add_argument("--runs-dir", default="runs", help="where run directories are created (default: ./runs)")
+    run.add_argument("--json", action="store_true",
+                     help="with --headless: the event lines go to stderr, and stdout gets one JSON object, the run's "
+                          "summary, when it ends (docs/record.md, \"JSON outputs\")")
     plan = sub.add_parser("plan", help="the memory plan only, per component and per device")
     _spec_flags(plan)
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
@@ -229,10 +255,17 @@ def build_parser() -> argparse.ArgumentParser:
     sign.add_argument("--decision", choices=("accept", "reject"), help="with --operator")
     sign.add_argument("--comment", default="", help="why (optional)")
     verify = sub.add_parser("verify", help="check a record: signature, schema, and every verdict against its data")
-    verify.add_argument("record", help="record.toml (its signature is record.toml.sig beside it)")
+    verify.add_argument("record", help="record.toml (its signature is record.toml.sig beside it), or a folder: "
+                                       "every record.toml below it, one line each")
+    verify.add_argument("--json", action="store_true", help="print the result as one JSON object (docs/record.md)")
     verify.add_argument("--allowed-signers", help="ssh-keygen allowed-signers file: also check who signed")
     verify.add_argument("--identity", help="with --allowed-signers: the signer's principal in that file")
     quiz = sub.add_parser("quiz", help="the onboarding check: 4-6 questions from a record's own numbers")
+    diff = sub.add_parser("diff", help="records side by side: environment, spec, memory per device, speed, quality, "
+                                       "resume; the first is the baseline")
+    diff.add_argument("records", nargs="+", metavar="RECORD", help="record.toml files (or their run folders)")
+    diff.add_argument("--json", action="store_true", help="print the comparison as one JSON object")
+    diff.add_argument("--all", action="store_true", help="also the environment rows that do not differ")
     quiz.add_argument("record", help="record.toml of a run")
     quiz.add_argument("--operator", default="", help="who answers (to add the score to an unsigned record)")
     monitor = sub.add_parser("monitor", help="live memory bars of every device (NVML, or host memory without a GPU)")
@@ -296,6 +329,10 @@ def _command(args: argparse.Namespace) -> int:
 
         return monitor_main(args)
     if args.command == "run":
+        if args.json and not args.headless:
+            print("gpuaccept: error: --json goes with --headless (the wizard is the other way to run)",
+                  file=sys.stderr)
+            return EXIT_USAGE
         if command_mode(args):
             return cmd_run_command(args) if args.headless else cmd_wizard(args)
         return cmd_run(args) if args.headless else cmd_wizard(args)
@@ -303,6 +340,8 @@ def _command(args: argparse.Namespace) -> int:
         return cmd_sign(args)
     if args.command == "verify":
         return cmd_verify(args)
+    if args.command == "diff":
+        return cmd_diff(args)
     if args.command == "quiz":
         return cmd_quiz(args)
     build_parser().print_help()
@@ -352,7 +391,8 @@ def cmd_wizard(args: argparse.Namespace) -> int:
     spec = spec_from_args(args)  # validates flags first: a bad flag is one line, before any screen
     fields = {k: getattr(args, k) for k in _SPEC_KEYS if getattr(args, k, None) is not None and k != "mode"}
     if args.spec:
-        fields = {**{k: v for k, v in spec.to_dict().items() if not isinstance(v, dict)}, **fields}
+        fields = {**{k: v for k, v in spec.to_dict().items() if not isinstance(v, dict)},
+                  **{f"accept_{k}": v for k, v in spec.accept.set_values().items()}, **fields}
         fields.pop("mode", None)
     app = GpuAcceptApp(runs_root=Path(args.runs_dir), fields=fields, mode=spec.mode)
     code = app.run()
@@ -553,24 +593,66 @@ def cmd_verify(args: argparse.Namespace) -> int:
     """Exit codes: 0 verified and signed by an allowed signer, 7 the same with the signer not checked, 8 the signature
     intact but the identity not allowed, 3 consistent but unsigned, 4 bad signature, 5 schema, 6 verdict, 2 usage
     (docs/record.md)."""
+    from core.record.summary import verification_summary
     from core.record.verify import verify
 
     if bool(args.allowed_signers) != bool(args.identity):
         print("gpuaccept: error: --allowed-signers and --identity go together", file=sys.stderr)
         return EXIT_USAGE
+    signers = Path(args.allowed_signers) if args.allowed_signers else None
+    if Path(args.record).is_dir():
+        return _verify_folder(Path(args.record), signers, args.identity, args.json)
     try:
-        result = verify(Path(args.record), Path(args.allowed_signers) if args.allowed_signers else None, args.identity)
-    except (FileNotFoundError, IsADirectoryError) as exc:
+        result = verify(Path(args.record), signers, args.identity)
+    except FileNotFoundError as exc:
         print(f"gpuaccept: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    print("\n".join(result.lines()))
     code = result.exit_code
+    if args.json:
+        print(json.dumps(verification_summary(Path(args.record), result), indent=2))
+        return code
+    print("\n".join(result.lines()))
     print({0: "VERIFIED", 3: "UNSIGNED (consistent)", 4: "BAD SIGNATURE", 5: "SCHEMA INVALID",
            6: "VERDICT DOES NOT FOLLOW FROM THE DATA",
            7: "SIGNATURE GOOD, SIGNER NOT CHECKED (give --allowed-signers and --identity)",
            8: "SIGNATURE INTACT, SIGNER NOT ALLOWED (this identity may not sign with that key)"}[code]
           + f" (exit {code})")
     return code
+
+
+def _verify_folder(folder: Path, signers: Path | None, identity: str | None, as_json: bool) -> int:
+    """``gpuaccept verify DIR``: every record.toml below ``folder``, a line each (record, box, verdict, signature,
+    what verify found); the exit code is the first of 4, 8, 5, 6, 3, 7, 0 any record has (2: no record)."""
+    from core.record.summary import folder_exit_code, folder_rows, folder_summary, format_folder
+
+    rows = folder_rows(folder, signers, identity)
+    code = folder_exit_code(rows)
+    if as_json:
+        print(json.dumps(folder_summary(folder, rows), indent=2))
+        return code
+    print(format_folder(rows, folder))
+    if rows:
+        print(f"{len(rows)} record(s); {sum(r['exit_code'] == 0 for r in rows)} verified (exit {code})")
+    else:
+        print(f"gpuaccept: error: no record.toml below {folder}", file=sys.stderr)
+    return code
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    """``gpuaccept diff RECORD...``: exit 0 when the records are comparable (the same spec), 1 when they are shown
+    but not comparable, 2 on a record that cannot be read."""
+    from core.record.diff import compare, format_comparison
+
+    try:
+        comparison = compare([Path(p) for p in args.records])
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"gpuaccept: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.json:
+        print(json.dumps(comparison.to_json(), indent=2))
+    else:
+        print(format_comparison(comparison, everything=args.all))
+    return EXIT_OK if comparison.comparable else EXIT_FAIL
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -580,10 +662,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     spec = spec_from_args(args)
     parse_devices(spec.devices)  # a planned box (8x80GiB) is refused here, before anything is loaded
     print(f"gpuaccept: {spec.mode} on {spec.model} ({spec.dtype}, micro-batch {spec.batch_size} x {spec.seq_len}, "
-          f"{spec.steps} steps)", flush=True)
+          f"{spec.steps} steps)", flush=True, file=sys.stderr if args.json else sys.stdout)
     stop = _stop_on_signals()  # SIGINT, SIGTERM, SIGHUP: the running stage is cancelled and the record written
     return _print_run(run_pipeline(spec, runs_root=Path(args.runs_dir), cancelled=lambda: stop["signal"] is not None),
-                      stop)
+                      stop, args.json)
 
 
 def cmd_run_command(args: argparse.Namespace) -> int:
@@ -591,37 +673,53 @@ def cmd_run_command(args: argparse.Namespace) -> int:
     from core.command.pipeline import run_command_pipeline
 
     spec = command_spec_from_args(args)
-    print(f"gpuaccept: your command, in {spec.workdir_path}: {spec.train}", flush=True)
+    print(f"gpuaccept: your command, in {spec.workdir_path}: {spec.train}", flush=True,
+          file=sys.stderr if args.json else sys.stdout)
     stop = _stop_on_signals()
     return _print_run(run_command_pipeline(spec, runs_root=Path(args.runs_dir),
-                                           cancelled=lambda: stop["signal"] is not None), stop)
+                                           cancelled=lambda: stop["signal"] is not None), stop, args.json)
 
 
-def _print_run(events: Any, stop: dict[str, int | None]) -> int:
-    """Print a pipeline's events one line each; the exit code: 0 when every stage passed, 1 when one failed, 128 + the
-    signal's number when a signal stopped it."""
+def _print_run(events: Any, stop: dict[str, int | None], as_json: bool = False) -> int:
+    """Print a pipeline's events one line each (on stderr with ``as_json``, and then the run's summary as one JSON
+    object on stdout: :func:`core.record.summary.run_summary`); the exit code: 0 when every stage passed, 1 when one
+    failed, 128 + the signal's number when a signal stopped it."""
     from core.events import Message, Progress, RunFinished, StageFinished, StageStarted
 
+    out = sys.stderr if as_json else sys.stdout
     final: RunFinished | None = None
     for event in events:
         if isinstance(event, StageStarted):
-            print(f"[{event.stage}] {event.detail}", flush=True)
+            print(f"[{event.stage}] {event.detail}", flush=True, file=out)
         elif isinstance(event, StageFinished):
-            print(f"[{event.stage}] {event.status}: {event.summary}", flush=True)
+            print(f"[{event.stage}] {event.status}: {event.summary}", flush=True, file=out)
         elif isinstance(event, Progress):
             extra = f" loss {event.loss:.4f}" if event.loss is not None else ""
-            print(f"  {event.run} step {event.step}/{event.total or '?'}{extra}", flush=True)
+            print(f"  {event.run} step {event.step}/{event.total or '?'}{extra}", flush=True, file=out)
         elif isinstance(event, Message):
-            print(f"  {event.text}", flush=True)
+            print(f"  {event.text}", flush=True, file=out)
         elif isinstance(event, RunFinished):
             final = event
     assert final is not None
-    print(f"verdict: {final.status}\nrecord: {final.record_path or '(not written: see above)'}", flush=True)
+    print(f"verdict: {final.status}\nrecord: {final.record_path or '(not written: see above)'}", flush=True, file=out)
+    if as_json:
+        _print_run_json(final)
     if stop["signal"] is not None:
         print(f"gpuaccept: stopped by {signal.Signals(stop['signal']).name}; what was measured is in the record "
               "(unsigned)", file=sys.stderr, flush=True)
         return 128 + stop["signal"]
     return EXIT_OK if final.status == "pass" else EXIT_FAIL
+
+
+def _print_run_json(final: Any) -> None:
+    """The run's summary object on stdout, from its record (what was written; a run without one says so)."""
+    import tomllib
+
+    from core.record.summary import run_summary
+
+    path = Path(final.record_path) if final.record_path else None
+    rec = tomllib.loads(path.read_text(encoding="utf-8")) if path is not None and path.is_file() else None
+    print(json.dumps(run_summary(rec, path, final.status), indent=2), flush=True)
 
 
 def _stop_on_signals() -> dict[str, int | None]:

@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from core.child.events import ChildError, DataInfo, Evaluation, Started
+from core.child.events import ChildError, DataInfo, Started
 from core.child.lifeline import exit_with_parent
 from core.events import EventWriter
 
@@ -49,7 +49,7 @@ def run(job: dict[str, Any], events: EventWriter) -> None:
     import torch
     from transformers.utils import logging as hf_logging
 
-    from core.child.evaluate import evaluate_perplexity
+    from core.child.evaluate import evaluate_perplexity, evaluation_event
 
     hf_logging.disable_progress_bar()
     device = "cuda:0" if torch.cuda.is_available() else "cpu"
@@ -63,16 +63,11 @@ def run(job: dict[str, Any], events: EventWriter) -> None:
     if base:
         model = load_model(Path(base), device)
         result = evaluate_perplexity(model, blocks, batch, device=device)
-        events.write(_event("before", result))
+        events.write(evaluation_event("before", result))
         del model
     model = load_checkpoint(checkpoint, base, device)
     result = evaluate_perplexity(model, blocks, batch, device=device)
-    events.write(_event("after", result))
-
-
-def _event(when: str, result: Any) -> Evaluation:
-    return Evaluation(when=when, perplexity=result.perplexity, mean_nll=result.mean_nll, nll_sum=result.nll_sum,
-                      tokens=result.tokens, blocks=result.blocks, seconds=result.seconds, metric=result.metric)
+    events.write(evaluation_event("after", result))
 
 
 def load_tokenizer(checkpoint: Path, base: str) -> Any:

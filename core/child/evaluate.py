@@ -8,6 +8,11 @@ The metric (``shared/cases/eval.md``)::
 - targets are masked by the attention mask, i.e. by position, never by token id (case E4: pad = eos is common);
 - log-probabilities in fp32 whatever the model's dtype; NLL in nats.
 
+The second metric, next-token accuracy, counts the same targets: a target is correct when it is the argmax of the
+logits that predict it (ties go to the lowest token id, as ``torch.argmax`` breaks them)::
+
+    accuracy = (targets equal to the argmax of their logits) / number of target tokens
+
 torch is imported inside the functions so that importing this module stays cheap.
 """
 
@@ -61,6 +66,23 @@ def masked_token_nll(logits: Any, input_ids: Any, attention_mask: Any) -> tuple[
     return float(nll.item()), n_targets
 
 
+def masked_token_correct(logits: Any, input_ids: Any, attention_mask: Any) -> int:
+    """How many of the targets :func:`masked_token_nll` counts are the argmax of the logits that predict them.
+
+    Args: as :func:`masked_token_nll` (the same shapes; ``ValueError`` on others).
+
+    Returns:
+        the number of correctly predicted targets, an int in [0, the targets counted].
+    """
+    if logits.dim() != 3 or input_ids.shape != logits.shape[:2] or attention_mask.shape != input_ids.shape:
+        raise ValueError(f"expected logits (batch, seq, vocab) and input_ids / attention_mask (batch, seq); got "
+                         f"{tuple(logits.shape)}, {tuple(input_ids.shape)}, {tuple(attention_mask.shape)}")
+    real = attention_mask.to(logits.device).bool()
+    counted = real[:, 1:] & real[:, :-1]
+    predicted = logits[:, :-1].argmax(dim=-1)
+    return int((predicted == input_ids.to(logits.device)[:, 1:])[counted].sum().item())
+
+
 def perplexity(nll_sum: float, tokens: int) -> float:
     """Token-weighted perplexity ``exp(nll_sum / tokens)`` (case E1).
 
@@ -93,6 +115,7 @@ class EvalResult:
         tokens: number of target tokens counted.
         blocks: number of blocks evaluated.
         seconds: wall-clock seconds of the evaluation loop.
+        correct: targets that are the argmax of their logits (next-token accuracy = correct / tokens).
         metric: the metric, in words (:data:`METRIC`).
     """
 
@@ -102,7 +125,13 @@ class EvalResult:
     tokens: int
     blocks: int
     seconds: float
+    correct: int = 0
     metric: str = METRIC
+
+    @property
+    def accuracy(self) -> float:
+        """Next-token accuracy: ``correct / tokens``, a share in [0, 1]."""
+        return self.correct / self.tokens
 
 
 def evaluate_perplexity(model: Any, blocks: Sequence[dict[str, Any]], batch_size: int, device: Any = "cpu",
@@ -138,7 +167,7 @@ def evaluate_perplexity(model: Any, blocks: Sequence[dict[str, Any]], batch_size
     from core.dtypes import TORCH_DTYPE_NAMES
 
     was_training = model.training
-    nll_sum, tokens = 0.0, 0
+    nll_sum, tokens, correct = 0.0, 0, 0
     start = time.perf_counter()
     model.eval()
     device_type = "cuda" if str(device).startswith("cuda") else "cpu"
@@ -153,6 +182,7 @@ def evaluate_perplexity(model: Any, blocks: Sequence[dict[str, Any]], batch_size
                 batch_nll, batch_tokens = masked_token_nll(logits, input_ids, attention_mask)
                 nll_sum += batch_nll
                 tokens += batch_tokens
+                correct += masked_token_correct(logits, input_ids, attention_mask)
     finally:
         model.train(was_training)
     seconds = time.perf_counter() - start
@@ -165,4 +195,14 @@ def evaluate_perplexity(model: Any, blocks: Sequence[dict[str, Any]], batch_size
         tokens=tokens,
         blocks=len(blocks),
         seconds=seconds,
+        correct=correct,
     )
+
+
+def evaluation_event(when: str, result: EvalResult) -> Any:
+    """The ``evaluation`` event (:class:`core.child.events.Evaluation`) of ``result``, ``when`` "before" / "after"."""
+    from core.child.events import Evaluation
+
+    return Evaluation(when=when, perplexity=result.perplexity, mean_nll=result.mean_nll, nll_sum=result.nll_sum,
+                      tokens=result.tokens, blocks=result.blocks, seconds=result.seconds, metric=result.metric,
+                      correct=result.correct)

@@ -194,7 +194,9 @@ class Ledgers(ChildEvent):
 @dataclass(frozen=True)
 class Evaluation(ChildEvent):
     """A held-out evaluation: ``when`` "before" / "after" training; token-weighted perplexity, mean and summed
-    negative log-likelihood (nats), tokens and blocks evaluated, seconds of forward passes, the metric in words."""
+    negative log-likelihood (nats), tokens and blocks evaluated, seconds of forward passes, the metric in words, and
+    ``correct``: the targets that are the argmax of their logits (next-token accuracy = correct / tokens; None in
+    lines written before it was counted)."""
 
     KIND: ClassVar[str] = "evaluation"
     when: str
@@ -205,6 +207,7 @@ class Evaluation(ChildEvent):
     blocks: int
     seconds: float
     metric: str
+    correct: int | None = None
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,6 @@ from core.child.events import (
     ChildError,
     DataInfo,
     DeviceUuid,
-    Evaluation,
     ManifestChecked,
     ModelBuilt,
     Started,
@@ -154,13 +153,11 @@ def evaluate(spec: RunSpec, model: Any, heldout_blocks: list[dict[str, Any]], de
              when: str) -> None:
     """Held-out perplexity of the model as it is now (:func:`core.child.evaluate.evaluate_perplexity`), emitted as
     an ``evaluation`` event ``when`` ("before" / "after" training)."""
-    from core.child.evaluate import evaluate_perplexity
+    from core.child.evaluate import evaluate_perplexity, evaluation_event
 
     result = evaluate_perplexity(model, heldout_blocks, spec.batch_size, device=device,
                                  autocast=spec.dtype if spec.autocast else None)
-    events.write(Evaluation(when=when, perplexity=result.perplexity, mean_nll=result.mean_nll,
-                            nll_sum=result.nll_sum, tokens=result.tokens, blocks=result.blocks,
-                            seconds=result.seconds, metric=result.metric))
+    events.write(evaluation_event(when, result))
 
 
 def _checkpoint_intact(job: dict[str, Any], events: EventWriter, when: str) -> bool:

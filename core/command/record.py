@@ -13,7 +13,7 @@ import dataclasses
 import datetime as dt
 from typing import Any, cast
 
-from core.record.build import SCHEMA_VERSION, TOOL, _clean, tool_version
+from core.record.build import COMMAND_SCHEMA_VERSION, TOOL, _clean, tool_version
 from core.status import Stopped
 
 #: what the record names each stage (the pipeline's ``train_eval`` is the record's ``evaluation``)
@@ -47,7 +47,7 @@ def build_command_record(run: Any, *, started: dt.datetime, finished: dt.datetim
     resumed = getattr(resume, "runs", {}).get("resumed") if resume is not None else None
     env_added = _env_added(run)
     rec: dict[str, Any] = {
-        "schema_version": SCHEMA_VERSION, "kind": "command", "tool": TOOL, "tool_version": tool_version(),
+        "schema_version": COMMAND_SCHEMA_VERSION, "kind": "command", "tool": TOOL, "tool_version": tool_version(),
         "created_utc": finished, "started_utc": started, "run_dir": str(run.run_dir.resolve()),
         "spec": {**spec.to_dict(), "hash": spec.spec_hash()},
         "command": command_table(spec, ref.argv if ref else None, resumed.argv if resumed else None, env_added),

@@ -22,11 +22,15 @@ import tomli_w
 from core.spec import RunSpec
 from core.status import Stopped
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 #: Versions ``gpuaccept verify`` reads: 1 (a plan's total is the sum of its components), 2 (the peak of the step's
-#: phases; the fit judged by the larger of the analytic and traced peaks; probe findings) and 3 (the resumed process
-#: verifies the checkpoint's manifest itself: the resume check ``manifest_at_load``; every table checked recursively).
-READABLE_VERSIONS = (1, 2, 3)
+#: phases; the fit judged by the larger of the analytic and traced peaks; probe findings), 3 (the resumed process
+#: verifies the checkpoint's manifest itself: the resume check ``manifest_at_load``; every table checked recursively)
+#: and 4 (the ``accept`` table of criteria; each stage's verdict lists the criteria it was judged by, with the numbers;
+#: next-token accuracy beside perplexity). A record before 4 is judged by the default criteria.
+READABLE_VERSIONS = (1, 2, 3, 4)
+#: The version of a command-mode record (core/command/record.py): judged by the default criteria.
+COMMAND_SCHEMA_VERSION = 3
 TOOL = "gpuaccept"
 
 
@@ -118,6 +122,7 @@ def build_record(spec: RunSpec, *, run_dir: Path, model: dict[str, Any], plan: A
         "environment": env if env is not None else environment(),
         "model": {"provenance": "measured", "method": "parameters counted on the model built on the meta device",
                   **model},
+        "accept": spec.accept.to_table(),
     }
     rec["seeds"] = {"provenance": "measured", "method": "the spec's seed, set in every child process with "
                     "transformers.set_seed and passed to Trainer as seed and data_seed",
@@ -246,17 +251,23 @@ def verdict(spec: RunSpec, plan: Any, probe: Any, te: Any, resume: Any,
             the status it carries (:class:`core.status.Stopped`: ``cancelled``, ``error`` or ``not_run``); the stage
             has that status, with that reason as its evidence.
     """
+    from core.criteria import judge_resume_tier, missed
+    from core.criteria import summary as criteria_summary
+
     stopped = stopped or {}
-    stages: dict[str, dict[str, str]] = {}
+    stages: dict[str, dict[str, Any]] = {}
     if plan is not None:
         from core.plan.fit import all_fit, fit_verdicts
 
         fits = fit_verdicts(plan, traced)
-        st = "pass" if all_fit(fits) else "fail"
-        stages["plan"] = {"status": st, "evidence": "; ".join(
+        rows = plan_error_judgements(spec, probe)
+        st = "pass" if all_fit(fits) and not missed(rows) else "fail"
+        evidence = "; ".join(
             f"{f.device}: planned {f.bytes / 2**30:.2f} GiB ({f.untraced_note}) of "
             + (f"{d.device.capacity_bytes / 2**30:.2f} GiB ({d.device.capacity_source})" if d.device.capacity_bytes
-               else "unknown capacity") for f, d in zip(fits, plan.devices))}
+               else "unknown capacity") for f, d in zip(fits, plan.devices))
+        stages["plan"] = {"status": st, "evidence": evidence + (f"; judged by {criteria_summary(rows)}" if rows
+                                                                 else ""), "criteria": [r.to_row() for r in rows]}
     else:
         stages["plan"] = {"status": "not_run", "evidence": "the plan did not run"}
     for name, key, res in (("probe", "probe", probe), ("evaluation", "train_eval", te), ("resume", "resume", resume)):
@@ -268,11 +279,25 @@ def verdict(spec: RunSpec, plan: Any, probe: Any, te: Any, resume: Any,
             stages[name] = {"status": "not_run", "evidence": "not run: an earlier stage did not pass"
                             if earlier else "not run"}
         else:
-            stages[name] = {"status": res.status, "evidence": res.summary}
+            rows = list(getattr(res, "judgements", []))
+            if name == "resume" and getattr(res, "tier", None) is not None:
+                rows = judge_resume_tier(spec.accept, res.tier.name, res.tier.rtol)
+            stages[name] = {"status": res.status, "evidence": res.summary, "criteria": [r.to_row() for r in rows]}
     ok = all(s["status"] in ("pass", "not_applicable") for s in stages.values())
     return {"status": "pass" if ok else "fail", "stages": stages,
             "note": "pass means every applicable check passed on this box with this spec; it is not a claim about "
                     "other data, longer training or other hardware"}
+
+
+def plan_error_judgements(spec: RunSpec, probe: Any) -> list[Any]:
+    """The plan's own criterion (``accept.max_plan_error_pct``, :func:`core.criteria.judge_plan_error`) over the
+    probe's plan comparison: per device, the plan's tensors against the measured peak."""
+    from core.criteria import device_label, judge_plan_error
+
+    world = max((d.world_size for d in probe.devices), default=1) if probe is not None else 1
+    compared = [(device_label(c.device, c.rank, world), c.planned_bytes, c.measured_bytes)
+                for c in (probe.comparisons if probe is not None else [])]
+    return judge_plan_error(spec.accept, compared)
 
 
 PROVENANCES = ("measured", "estimated", "not_run")
@@ -351,12 +376,15 @@ def schema_problems(rec: dict[str, Any]) -> list[str]:
     if rec.get("tool") != TOOL or not isinstance(rec.get("tool_version"), str):
         out.append("tool must be \"gpuaccept\" with a tool_version string")
     out.extend(f"{key} is missing" for key in ("created_utc", "started_utc") if key not in rec)
-    missing = [t for t in TABLES if not isinstance(rec.get(t), dict)]
+    tables = TABLES + (("accept",) if version >= 4 else ())
+    missing = [t for t in tables if not isinstance(rec.get(t), dict)]
     if missing:
         out.append("missing tables: " + ", ".join(missing))
         return out
     out.extend(_onboarding_problems(rec.get("onboarding")))
-    unknown = sorted(set(rec) - set(TOP_LEVEL) - set(TABLES) - set(OPTIONAL_TABLES))
+    if version >= 4:
+        out.extend(_accept_problems(rec["accept"]))
+    unknown = sorted(set(rec) - set(TOP_LEVEL) - set(tables) - set(OPTIONAL_TABLES))
     if unknown:
         out.append("unknown top-level keys: " + ", ".join(unknown))
     try:
@@ -393,6 +421,24 @@ def provenance_problems(rec: dict[str, Any], allowed: dict[str, tuple[str, ...]]
         elif prov == "not_applicable" and not isinstance(rec[table].get("why"), str):
             out.append(f"{table} is not_applicable but says no why")
     return out
+
+
+def _accept_problems(table: dict[str, Any]) -> list[str]:
+    """The ``accept`` table (schema 4) holds criteria gpuaccept knows, each in its range (:mod:`core.criteria`), and
+    ``not_set`` names exactly the criteria without a threshold."""
+    import dataclasses
+
+    from core.criteria import AcceptCriteria
+    from core.errors import SpecError
+
+    try:
+        crit = AcceptCriteria.from_table(table)
+    except SpecError as exc:
+        return [f"the accept table: {exc}"]
+    unset = sorted(f.name for f in dataclasses.fields(crit) if getattr(crit, f.name) is None)
+    if sorted(table.get("not_set", [])) != unset:
+        return [f"accept.not_set is {table.get('not_set')!r}; the criteria without a threshold are {unset}"]
+    return []
 
 
 def _onboarding_problems(attempts: Any) -> list[str]:

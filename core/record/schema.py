@@ -47,6 +47,8 @@ KINDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "measured": (lambda v: _is_number(v) or v in NON_FINITE,
                  "a number (a non-finite one spelled \"nan\", \"inf\" or \"-inf\")"),
     "str": (lambda v: isinstance(v, str), "a string"),
+    # a criterion's threshold or judged value: a number (a non-finite one spelled out) or a name (resume_tier's)
+    "judged": (lambda v: _is_number(v) or isinstance(v, str), "a number or a name"),
     "bool": (lambda v: isinstance(v, bool), "true or false"),
     "utc": (lambda v: isinstance(v, dt.datetime) and v.utcoffset() == dt.timedelta(0),
             "a UTC date-time with its offset"),
@@ -72,6 +74,12 @@ _BOOL_NAMES = ("fits", "correct", "check", "cuda_available")
 RULES: tuple[tuple[str, str], ...] = (
     # measurements that may honestly be non-finite: a diverged loss, its perplexity, their differences
     ("evaluation.*.mean_nll", "measured"), ("evaluation.*.perplexity", "measured"),
+    ("evaluation.*.accuracy", "number"), ("evaluation.*.correct_tokens", "count"),
+    # the criteria (core/criteria.py): thresholds, and each stage's rows (a value or threshold may be a name)
+    ("accept.not_set[]", "str"), ("accept.resume_tier", "str"), ("accept.*", "nonneg"),
+    ("verdict.stages.*.criteria[].criterion", "str"), ("verdict.stages.*.criteria[].met", "bool"),
+    ("verdict.stages.*.criteria[].on", "str"), ("verdict.stages.*.criteria[].value", "judged"),
+    ("verdict.stages.*.criteria[].threshold", "judged"),
     ("evaluation.loss_per_step[]", "measured"), ("resume.comparison[].loss_*", "measured"),
     ("resume.comparison[].difference", "measured"), ("resume.checks[].largest_difference", "measured"),
     # bytes keyed by component or category name

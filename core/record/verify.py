@@ -25,7 +25,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
-from core.plan.fit import fit_of, fits_in, measured_use_bytes, traced_peak, under_estimate
+from core.criteria import (
+    AcceptCriteria,
+    DeviceUse,
+    Judgement,
+    device_label,
+    judge_plan_error,
+    judge_probe,
+    judge_quality,
+    judge_resume_tier,
+    missed,
+)
+from core.errors import SpecError
+from core.plan.fit import fit_of, measured_use_bytes, traced_peak, under_estimate
 from core.record.build import schema_problems
 from core.record.signing import check_signature
 from core.spec import ADAPTER_MODES
@@ -318,21 +330,129 @@ def recompute_verdicts(rec: dict[str, Any]) -> list[str]:
     stated = {name: stages.get(name, {}).get("status") for name in STAGES}
     computed: dict[str, str] = {}
     evidence_of = {"plan": rec["plan"], "probe": rec["probe"], "evaluation": rec["evaluation"], "resume": rec["resume"]}
+    crit = criteria_of(rec)
     capacity, planned_tensors = _plan_verdict(rec, problems, computed)
-    _probe_verdict(rec, capacity, planned_tensors, problems, computed)
-    _evaluation_verdict(rec, training, problems, computed)
-    _resume_verdict(rec, training, problems, computed)
+    rows = judgements_of(rec, crit, capacity, training)
+    if computed.get("plan") == "pass" and missed(rows["plan"]):
+        computed["plan"] = "fail"
+    _probe_verdict(rec, capacity, planned_tensors, problems, computed, rows["probe"])
+    _evaluation_verdict(rec, training, problems, computed, rows["evaluation"])
+    _resume_verdict(rec, training, problems, computed, crit)
+    if rec.get("schema_version", 1) >= 4:
+        _criteria_rows_problems(rec, rows, problems)
     _stage_verdicts(rec, stated, computed, evidence_of, problems)
     return problems
 
 
+def criteria_of(rec: dict[str, Any]) -> AcceptCriteria:
+    """The criteria a record was judged by: its ``accept`` table (schema 4), the defaults before it.
+
+    Raises:
+        ValueError: the table holds a criterion gpuaccept does not know or a value out of its range (a SpecError).
+    """
+    if rec.get("schema_version", 1) < 4:
+        return AcceptCriteria()
+    try:
+        return AcceptCriteria.from_table(rec.get("accept"))
+    except SpecError as exc:
+        raise ValueError(f"the accept table: {exc}") from None
+
+
+def judgements_of(rec: dict[str, Any], crit: AcceptCriteria, capacity: dict[str, int | None],
+                  training: bool) -> dict[str, list[Judgement]]:
+    """Each stage's criteria rows recomputed from the record's own numbers (:mod:`core.criteria`, the rules the
+    stages applied): the plan's error against the probe's peaks, each probed device's share of its capacity and the
+    probe's speed, the evaluation's quality, the resume's tier. A stage whose table holds no measurement has none
+    (the plan's criterion is then not judged)."""
+    plan, probe, ev, res = rec["plan"], rec["probe"], rec["evaluation"], rec["resume"]
+    out: dict[str, list[Judgement]] = {name: [] for name in STAGES}
+    measured = probe.get("provenance") == "measured"
+    devices = probe.get("devices", []) if measured else []
+    world = max((d.get("world_size", 1) for d in devices), default=1)
+    if plan.get("provenance") == "estimated":
+        compared = [(device_label(str(r.get("device")), r.get("rank", 0), world),
+                     count(r.get("planned_bytes"), "probe.plan_comparison[].planned_bytes"),
+                     count(r.get("measured_bytes"), "probe.plan_comparison[].measured_bytes"))
+                    for r in (probe.get("plan_comparison", []) if measured else [])]
+        out["plan"] = judge_plan_error(crit, compared)
+    if measured:
+        uses = []
+        for i, d in enumerate(devices):
+            name = str(d.get("device"))
+            used = measured_use_bytes(name, count(d.get("peak_bytes"), f"probe.devices[{i}].peak_bytes"),
+                                      count(d.get("peak_rss_bytes", 0), f"probe.devices[{i}].peak_rss_bytes"))
+            uses.append(DeviceUse(device_label(name, d.get("rank", 0), d.get("world_size", 1)), used,
+                                  capacity.get(name)))
+        out["probe"] = judge_probe(crit, uses, num(probe.get("step_time_s"), "probe.step_time_s"),
+                                   num(probe.get("tokens_per_s"), "probe.tokens_per_s"))
+    if ev.get("provenance") == "measured":
+        before = ev.get("before", {})
+        after = ev.get("after", {}) if training else {}
+        final = after if training else before
+        acc = final.get("accuracy") if isinstance(final, dict) else None
+        out["evaluation"] = judge_quality(
+            crit, training, num(before.get("perplexity"), "evaluation.before.perplexity"),
+            num(after.get("perplexity"), "evaluation.after.perplexity") if training and isinstance(after, dict)
+            and "perplexity" in after else None, None if acc is None else num(acc, "evaluation accuracy"))
+    tier = res.get("tier") if res.get("provenance") == "measured" else None
+    if isinstance(tier, dict) and tier.get("name"):
+        out["resume"] = judge_resume_tier(crit, str(tier["name"]), num(tier.get("rtol"), "resume.tier.rtol"))
+    return out
+
+
+def _criteria_rows_problems(rec: dict[str, Any], rows: dict[str, list[Judgement]], problems: list[str]) -> None:
+    """Each stage's ``criteria`` in the verdict are the rows recomputed from the record's numbers and its ``accept``
+    table: the same criteria, thresholds, values (to 1e-9) and whether each was met (a tampered threshold or value
+    shows here)."""
+    from core.record.build import _clean
+
+    stages = rec["verdict"].get("stages", {})
+    for name in STAGES:
+        stated = stages.get(name, {}).get("criteria", [])
+        if not isinstance(stated, list):
+            problems.append(f"verdict.stages.{name}.criteria is not an array of tables")
+            continue
+        if stages.get(name, {}).get("status") in ("not_run", "cancelled", "error") and not stated:
+            continue
+        want = [_clean(r.to_row()) for r in rows[name]]
+        if len(stated) != len(want):
+            problems.append(f"verdict.stages.{name} lists {len(stated)} criteria row(s); its data and the accept "
+                            f"table give {len(want)}: " + "; ".join(r.words() for r in rows[name])[:300])
+            continue
+        for i, (got, row) in enumerate(zip(stated, want)):
+            if not isinstance(got, dict) or not _same_row(got, row):
+                problems.append(f"verdict.stages.{name}.criteria[{i}] says {_row_words(got)}; the record's data and "
+                                f"accept table give {_row_words(row)}")
+
+
+def _same_row(got: dict[str, Any], want: dict[str, Any]) -> bool:
+    if set(got) != set(want):
+        return False
+    for key, value in want.items():
+        other = got[key]
+        if key in ("value", "threshold") and not isinstance(value, str) and not isinstance(other, (str, bool)):
+            if isinstance(other, bool) or not isinstance(other, (int, float)) or \
+                    not math.isclose(float(other), float(value), rel_tol=1e-9, abs_tol=1e-12):
+                return False
+        elif other != value:
+            return False
+    return True
+
+
+def _row_words(row: Any) -> str:
+    if not isinstance(row, dict):
+        return repr(row)[:80]
+    return ", ".join(f"{k} {row[k]!r}" for k in ("criterion", "threshold", "on", "value", "met") if k in row)
+
+
 def _probe_verdict(rec: dict[str, Any], capacity: dict[str, int | None], planned_tensors: dict[str, int],
-                   problems: list[str], computed: dict[str, str]) -> None:
+                   problems: list[str], computed: dict[str, str], rows: list[Judgement]) -> None:
     """The probe stage recomputed (appends to ``problems``, sets ``computed["probe"]`` when the probe was measured):
-    each device's measured use within its planned device's capacity, one device per rank, the plan comparison."""
+    each device's measured use within its share of its planned device's capacity and the probe's speed (``rows``,
+    :func:`judgements_of`), one device per rank, the plan comparison."""
     spec, plan, probe = rec["spec"], rec["plan"], rec["probe"]
     if probe.get("provenance") == "measured":
-        ok = _probe_devices_ok(spec, plan, probe, capacity, problems)
+        ok = _probe_devices_ok(spec, plan, probe, capacity, problems) and not missed(rows)
         if probe.get("status") == "pass" and probe.get("problems"):
             problems.append("probe.status is pass, but probe.problems lists why it fails: "
                             + "; ".join(map(str, probe["problems"]))[:200])
@@ -347,31 +467,25 @@ def _probe_verdict(rec: dict[str, Any], capacity: dict[str, int | None], planned
 
 def _probe_devices_ok(spec: dict[str, Any], plan: dict[str, Any], probe: dict[str, Any],
                       capacity: dict[str, int | None], problems: list[str]) -> bool:
-    """Whether every probed device passes: its wrapper is the strategy's, its measured use (on the CPU the larger of
-    peak tensor bytes and peak RSS) fits its planned device's capacity (:func:`core.plan.fit.fits_in`), and the
-    devices are the spec's ranks, each once (appends what is wrong to ``problems``)."""
+    """Whether every probed device passes its own checks: its wrapper is the strategy's, it has a planned device
+    with a capacity (its share of it is a criterion: :func:`judgements_of`), and the devices are the spec's ranks,
+    each once (appends what is wrong to ``problems``)."""
     ok = True
     devices = probe.get("devices", [])
     if not devices:
         problems.append("probe is measured but lists no device")
         ok = False
     strategy = str(spec.get("strategy", "single"))
-    for i, d in enumerate(devices):
+    for d in devices:
         name = str(d.get("device"))
         wrong = wrapper_problem(strategy, str(d.get("wrapper", "")))
         if wrong:
             ok = False
             if probe.get("status") == "pass":
                 problems.append(f"probe device {name} passes, but {wrong}")
-        peak = count(d.get("peak_bytes"), f"probe.devices[{i}].peak_bytes")
-        rss = count(d.get("peak_rss_bytes", 0), f"probe.devices[{i}].peak_rss_bytes")
-        used = measured_use_bytes(name, peak, rss)
-        cap = capacity.get(name)
-        if cap is None:
+        if capacity.get(name) is None:  # its share of the capacity (judgements_of) is not judged either
             problems.append(f"probe device {name}: no planned device of that name with a capacity, so its fit "
                             f"cannot be judged")
-            ok = False
-        elif not fits_in(used, cap):
             ok = False
     world = expected_world_size(spec, len(plan.get("devices", [])))
     if devices and world is not None and len(devices) != world:
@@ -427,10 +541,12 @@ def _plan_comparison_problems(rec: dict[str, Any], probe: dict[str, Any], planne
                             f"tolerance of its plan")
 
 
-def _evaluation_verdict(rec: dict[str, Any], training: bool, problems: list[str], computed: dict[str, str]) -> None:
+def _evaluation_verdict(rec: dict[str, Any], training: bool, problems: list[str], computed: dict[str, str],
+                        rows: list[Judgement]) -> None:
     """The evaluation stage recomputed (appends to ``problems``, sets ``computed["evaluation"]`` when measured):
-    perplexity = exp(mean NLL) >= 1 over tokens > 0; training: both finite and after < before; inference: measured
-    once and finite; its settings are the spec's, on a measured data split."""
+    perplexity = exp(mean NLL) >= 1 over tokens > 0, accuracy = correct targets / tokens; the criteria (``rows``,
+    :func:`judgements_of`; by default training: both finite and after < before; inference: measured once and
+    finite) all met; its settings are the spec's, on a measured data split."""
     spec, ev = rec["spec"], rec["evaluation"]
     if ev.get("provenance") == "measured":
         points = {}
@@ -449,6 +565,12 @@ def _evaluation_verdict(rec: dict[str, Any], training: bool, problems: list[str]
                 problems.append(f"evaluation {when}: perplexity {ppl} is not exp(mean NLL {nll})")
             if ppl < 1.0:
                 problems.append(f"evaluation {when}: perplexity {ppl} < 1 (the mean NLL of a distribution is >= 0)")
+            if "accuracy" in point or "correct_tokens" in point:
+                right = count(point.get("correct_tokens"), f"evaluation.{when}.correct_tokens")
+                acc = num(point.get("accuracy"), f"evaluation.{when}.accuracy")
+                if tokens and not (right <= tokens and math.isclose(acc, right / tokens, rel_tol=1e-9)):
+                    problems.append(f"evaluation {when}: accuracy {acc} is not correct_tokens / tokens "
+                                    f"({right} / {tokens})")
             points[when] = ppl
         if not training and isinstance(ev.get("after"), dict) and ev["after"].get("provenance") != "not_run":
             problems.append("evaluation.after is measured, but an inference run trains nothing")
@@ -458,18 +580,14 @@ def _evaluation_verdict(rec: dict[str, Any], training: bool, problems: list[str]
                 problems.append(f"evaluation.settings.{key} = {value!r}, the spec says {spec.get(key)!r}")
         if rec["data"].get("provenance") != "measured":
             problems.append("evaluation is measured but the data table (the split it was measured on) is not")
-        if training:
-            after, before = points.get("after", math.nan), points.get("before", math.nan)
-            computed["evaluation"] = "pass" if math.isfinite(before) and math.isfinite(after) and after < before \
-                else "fail"
-        else:
-            computed["evaluation"] = "pass" if math.isfinite(points.get("before", math.nan)) else "fail"
+        computed["evaluation"] = "pass" if points and not missed(rows) else "fail"
         _same(problems, "evaluation table", ev.get("status"), computed["evaluation"])
     elif ev.get("provenance") != "not_run":
         problems.append(f"evaluation.provenance is {ev.get('provenance')!r}: an evaluation is measured or not_run")
 
 
-def _resume_verdict(rec: dict[str, Any], training: bool, problems: list[str], computed: dict[str, str]) -> None:
+def _resume_verdict(rec: dict[str, Any], training: bool, problems: list[str], computed: dict[str, str],
+                    crit: AcceptCriteria) -> None:
     """The resume stage recomputed (appends to ``problems``, sets ``computed["resume"]``): not_applicable exactly for
     inference or the check switched off; measured: pass exactly when every check passed, every expected check is there
     with its kind, with the checkpoint's manifest, the comparison covering the spec's window within the tier."""
@@ -488,7 +606,7 @@ def _resume_verdict(rec: dict[str, Any], training: bool, problems: list[str], co
         if not isinstance(checks, list) or not all(isinstance(ch, dict) for ch in checks):
             raise TypeError("resume.checks is not a list of tables")
         names = {ch.get("name"): ch for ch in checks}
-        rtol = _resume_tier(rec, problems)
+        rtol = _resume_tier(rec, problems, crit)
         all_pass = bool(checks) and all(ch.get("status") == "pass" for ch in checks)
         if all_pass:
             for name, kind in expected_checks(spec.get("dtype", "fp32"), rec.get("schema_version", 1)).items():
@@ -524,9 +642,10 @@ def _resume_verdict(rec: dict[str, Any], training: bool, problems: list[str], co
                         f"not_applicable")
 
 
-def _resume_tier(rec: dict[str, Any], problems: list[str]) -> float:
+def _resume_tier(rec: dict[str, Any], problems: list[str], crit: AcceptCriteria) -> float:
     """The relative tolerance of the record's resume tier: one gpuaccept applies, with its own rtol, the tier of the
-    spec's dtype on the probed device (appends what is wrong to ``problems``; 0.0 for an unknown tier)."""
+    spec's dtype on the probed device that the criteria require (``accept.resume_tier``; appends what is wrong to
+    ``problems``; 0.0 for an unknown tier)."""
     from core.stages.resume import known_tiers
 
     spec, probe, res = rec["spec"], rec["probe"], rec["resume"]
@@ -542,9 +661,9 @@ def _resume_tier(rec: dict[str, Any], problems: list[str]) -> float:
             problems.append(f"resume.tier {known.name} has rtol {known.rtol}, the record says {tier.get('rtol')}")
     probed = [str(d.get("device")) for d in probe.get("devices", [])] if probe.get("provenance") == "measured" else []
     if known is not None and probed:
-        from core.stages.resume import tolerance_tier
+        from core.stages.resume import required_tier
 
-        want = tolerance_tier(probed[0], spec.get("dtype", "fp32")).name
+        want = required_tier(probed[0], spec.get("dtype", "fp32"), crit.resume_tier).name
         if want != known.name:
             problems.append(f"resume.tier is {known.name}, but {spec.get('dtype')} on {probed[0]} is {want}")
     return rtol

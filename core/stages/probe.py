@@ -21,6 +21,7 @@ from core.child.events import (
     Placement,
     ProbeStep,
 )
+from core.criteria import DeviceUse, Judgement, device_label, judge_probe, missed
 from core.errors import StageError
 from core.events import ChildStarted, DeviceBound, Event, Message, Progress
 from core.plan.fit import UNDER_ESTIMATE_TOLERANCE, under_estimate
@@ -95,6 +96,7 @@ class ProbeResult:
     attention: str = ""  # the attention implementation the model ran with (its config's _attn_implementation)
     lora_targets: list[str] = field(default_factory=list)  # LoRA: the modules peft adapted (all-linear resolved)
     lora_modules: int = 0  # LoRA: how many modules carry an adapter
+    judgements: list[Judgement] = field(default_factory=list)  # the criteria it was judged by (core/criteria.py)
 
 
 #: The wrapper Trainer must have put the model in for each torchrun strategy (the class name of
@@ -177,7 +179,12 @@ def probe_result(spec: RunSpec, events: list[ChildEvent], ledgers: list[Ledger],
             placement.update(e.devices)
     placement = dict(sorted(placement.items()))  # ranks' events arrive in any order: list devices in order
     measurements = [_measurement(ledger, placement) for ledger in _per_device(ledgers)]
-    comparisons, problems, findings = judge_devices(spec, plan, traced, measurements)
+    comparisons, problems, findings, judgements = judge_devices(spec, plan, traced, measurements)
+    step_time_s = max(e.step_time_s for e in ledgers)  # the slowest rank sets the pace of a synchronous step
+    tokens_per_s = sum(e.tokens_per_s for e in ledgers)
+    speed = judge_probe(spec.accept, [], step_time_s, tokens_per_s)
+    problems.extend(f"the probe's steps: {r.words()}" for r in missed(speed))
+    judgements += speed
     used = next((e for e in events if isinstance(e, ModelBuilt)), None)
     attention = used.attention if used is not None else ""
     if attention and attention != spec.attn_implementation:
@@ -188,8 +195,8 @@ def probe_result(spec: RunSpec, events: list[ChildEvent], ledgers: list[Ledger],
     return ProbeResult(
         status="fail" if problems else "pass",
         steps=first.steps,
-        step_time_s=max(e.step_time_s for e in ledgers),  # the slowest rank sets the pace of a synchronous step
-        tokens_per_s=sum(e.tokens_per_s for e in ledgers),
+        step_time_s=step_time_s,
+        tokens_per_s=tokens_per_s,
         devices=measurements,
         placement=placement,
         comparisons=comparisons,
@@ -201,20 +208,23 @@ def probe_result(spec: RunSpec, events: list[ChildEvent], ledgers: list[Ledger],
         attention=str(attention),
         lora_targets=list((used.lora_targets if used is not None else None) or []),
         lora_modules=int((used.lora_modules if used is not None else None) or 0),
+        judgements=judgements,
     )
 
 
 def judge_devices(spec: RunSpec, plan: Any, traced: dict[str, Any] | None, measurements: list[DeviceMeasurement],
-                  ) -> tuple[list[PlanComparison], list[str], list[str]]:
-    """Each measured device against its plan (the bytes its fit was judged by) and its capacity, and its wrapper
-    against the strategy. Returns (comparisons, problems, findings)."""
-    from core.plan.fit import fit_verdicts, fits_in
+                  ) -> tuple[list[PlanComparison], list[str], list[str], list[Judgement]]:
+    """Each measured device against its plan (the bytes its fit was judged by), against the share of its own
+    capacity the criteria allow (``accept.max_device_share``, :func:`core.criteria.judge_probe`; 1.0: it fits), and
+    its wrapper against the strategy. Returns (comparisons, problems, findings, the share judgements)."""
+    from core.plan.fit import fit_verdicts
 
     plan_by_name = {d.device.name: d for d in plan.devices}
     fit_by_name = {f.device: f for f in fit_verdicts(plan, traced)}
     comparisons: list[PlanComparison] = []
     problems: list[str] = []
     findings: list[str] = []
+    judgements: list[Judgement] = []
     for m in measurements:
         plan_device = plan_by_name.get(m.device)
         if plan_device is not None:
@@ -226,12 +236,16 @@ def judge_devices(spec: RunSpec, plan: Any, traced: dict[str, Any] | None, measu
                                 f"of tensors (the tolerance is {100 * UNDER_ESTIMATE_TOLERANCE:.0f} %): a device sized "
                                 "to the plan would run out of memory")
         capacity = plan_device.device.capacity_bytes if plan_device is not None else None
-        if capacity is not None and not fits_in(measured_use(m), capacity):
-            problems.append(f"{_where(m)}: measured {_gib(measured_use(m))} is above its capacity {_gib(capacity)}")
+        share = judge_probe(spec.accept, [DeviceUse(_where(m), measured_use(m), capacity)], None, None)
+        judgements += share
+        if missed(share) and capacity is not None:
+            limit = ("its capacity" if spec.accept.max_device_share == 1.0 else
+                     f"{100 * spec.accept.max_device_share:g} % of its capacity (accept.max_device_share)")
+            problems.append(f"{_where(m)}: measured {_gib(measured_use(m))} is above {limit} {_gib(capacity)}")
         wrong = wrapper_problem(spec.strategy, m.wrapper)
         if wrong:
             problems.append(f"{_where(m)}: {wrong}")
-    return comparisons, problems, findings
+    return comparisons, problems, findings, judgements
 
 
 def _summary(first: Ledger, measurements: list[DeviceMeasurement], comparisons: list[PlanComparison],
@@ -302,7 +316,7 @@ def _measurement(ledger: Ledger, placement: dict[str, dict[str, int]]) -> Device
 
 
 def _where(m: DeviceMeasurement) -> str:
-    return m.device if m.world_size == 1 else f"rank {m.rank} ({m.device})"
+    return device_label(m.device, m.rank, m.world_size)
 
 
 def _span_names(ms: list[DeviceMeasurement]) -> str:

@@ -6,7 +6,6 @@ Inference mode evaluates once (fixed weights: no backward, no update). The train
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -23,6 +22,8 @@ from core.child.events import (
     Trained,
     as_dict,
 )
+from core.criteria import Judgement, judge_quality, missed, quality_criterion
+from core.criteria import summary as criteria_summary
 from core.events import ChildStarted, Evaluated, Event, Message, Progress, lead_events
 from core.spec import RunSpec
 from core.stages.childproc import SINGLE, ChildJob, Launch, check_exit, start_child, watch
@@ -30,21 +31,26 @@ from core.stages.childproc import SINGLE, ChildJob, Launch, check_exit, start_ch
 
 @dataclass(frozen=True)
 class EvalPoint:
-    """One measured evaluation of the held-out split."""
+    """One measured evaluation of the held-out split: perplexity, mean NLL (nats per target), the targets counted,
+    the blocks, seconds of forward passes, and next-token accuracy (``accuracy = correct_tokens / tokens``; None for
+    an evaluation that did not count it)."""
 
     perplexity: float
     mean_nll: float
     tokens: int
     blocks: int
     seconds: float
+    correct_tokens: int | None = None
+    accuracy: float | None = None
 
 
 @dataclass(frozen=True)
 class TrainEvalResult:
     """Outcome of training and evaluation.
 
-    ``status``: pass when held-out perplexity after training is below the one before (training modes), or when the
-    inference evaluation was measured; fail otherwise. ``criterion`` says which applied.
+    ``status``: pass when every criterion of :func:`core.criteria.judge_quality` is met (by default: held-out
+    perplexity after training below the one before; inference: finite); ``criterion`` says them in words and
+    ``judgements`` holds each with its numbers.
     """
 
     status: str
@@ -60,6 +66,7 @@ class TrainEvalResult:
     log_path: str = ""
     summary: str = ""
     trainable: dict[str, Any] = field(default_factory=dict)  # names and count of trainable parameters (training)
+    judgements: list[Judgement] = field(default_factory=list)  # the criteria it was judged by (core/criteria.py)
 
 
 class StepMean:
@@ -172,8 +179,8 @@ def _said(spec: RunSpec, child: ChildJob, event: ChildEvent) -> Event | None:
 def train_eval_result(spec: RunSpec, child: ChildJob, world: int) -> TrainEvalResult:
     """The stage's result from the child's events (``world``: the ranks training, for the tokens per second).
 
-    Training passes when the held-out perplexity after is below the one before, both finite; inference when its
-    one evaluation is finite."""
+    Judged by the spec's criteria (:func:`core.criteria.judge_quality`): by default, training passes when the held-out
+    perplexity after is below the one before, both finite; inference when its one evaluation is finite."""
     events = lead_events(child.events)
     evals = {e.when: e for e in events if isinstance(e, Evaluation)}
     trained = next((e for e in events if isinstance(e, Trained)), None)
@@ -184,21 +191,24 @@ def train_eval_result(spec: RunSpec, child: ChildJob, world: int) -> TrainEvalRe
     metric = evals["before"].metric
     if data is not None and data.heldout_selection:
         metric = f"{metric}; evaluated on {data.heldout_selection}"
+    final = after if after is not None else before
+    judgements = judge_quality(spec.accept, spec.training, before.perplexity,
+                               after.perplexity if after is not None else None, final.accuracy)
+    status = "fail" if missed(judgements) else "pass"
+    criterion = quality_criterion(spec.accept, spec.training)
     if spec.training:
         assert after is not None and trained is not None
-        finite = math.isfinite(before.perplexity) and math.isfinite(after.perplexity)
-        status = "pass" if finite and after.perplexity < before.perplexity else "fail"
-        criterion = "held-out perplexity after training < before training, both finite"
         train_s = float(trained.seconds)
         tokens = spec.batch_size * spec.grad_accum * spec.seq_len * spec.steps * world
         summary = f"perplexity {before.perplexity:.3f} -> {after.perplexity:.3f} in {spec.steps} steps, {train_s:.1f} s"
         tps: float | None = tokens / train_s if train_s > 0 else None
     else:
-        status = "pass" if math.isfinite(before.perplexity) else "fail"
-        criterion = ("measured on fixed weights: pass when finite (inference sets no threshold; read the value; a "
-                     "non-finite perplexity means the model's outputs are broken)")
         train_s, tps = None, None
         summary = f"perplexity {before.perplexity:.3f} on the fixed weights"
+    if final.accuracy is not None:
+        summary += f"; next-token accuracy {100 * final.accuracy:.1f} %"
+    if not spec.accept.is_default() or status == "fail":
+        summary += "; judged by " + criteria_summary(judgements)
     return TrainEvalResult(
         status=status,
         criterion=criterion,
@@ -214,9 +224,11 @@ def train_eval_result(spec: RunSpec, child: ChildJob, world: int) -> TrainEvalRe
         log_path=str(child.log_path),
         summary=summary,
         trainable={"names": trainable.names, "parameters": trainable.parameters} if trainable is not None else {},
+        judgements=judgements,
     )
 
 
 def _point(e: Evaluation) -> EvalPoint:
     return EvalPoint(perplexity=e.perplexity, mean_nll=e.mean_nll, tokens=e.tokens, blocks=e.blocks,
-                     seconds=e.seconds)
+                     seconds=e.seconds, correct_tokens=e.correct,
+                     accuracy=e.correct / e.tokens if e.correct is not None and e.tokens else None)

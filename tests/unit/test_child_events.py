@@ -39,7 +39,7 @@ ONE_OF_EACH: list[ce.ChildEvent] = [
                                   per_device=[{"device": "cuda:0", "weights_bytes": 1, "peak_allocated_bytes": 2,
                                                "peak_reserved_bytes": 3}])]),
     ce.Evaluation(when="after", perplexity=20.25, mean_nll=3.0081, nll_sum=3008.1, tokens=1000, blocks=8,
-                  seconds=10.5, metric="token-weighted perplexity"),
+                  seconds=10.5, metric="token-weighted perplexity", correct=412),
     ce.Trainable(names=["a.lora_A.weight", "a.lora_B.weight"], parameters=64),
     ce.Step(step=26, epoch=1.5, learning_rate=None, loss=2.75, sample_ids=[5, 3, 9], rng={"cpu": "ab", "numpy": "cd"}),
     ce.CheckpointSaved(step=20, path="/runs/x/output/checkpoint-20"),

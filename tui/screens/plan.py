@@ -301,7 +301,7 @@ class PlanScreen(NavButtons, Screen):
         if spec is None:
             return
         try:
-            new = RunSpec.from_dict({**spec.to_dict(), **change})
+            new = RunSpec.from_dict({**spec.to_file_dict(), **change})
         except SpecError as exc:
             self.notify(str(exc), severity="warning")
             return

@@ -1,0 +1,330 @@
+"""Acceptance criteria: the thresholds a team agrees on, and the one home of every rule that judges a stage by them.
+
+A spec's ``[accept]`` table (flags ``--max-perplexity`` and the rest; the wizard's Setup section "Acceptance criteria")
+sets them; what is not set is today's rule (the defaults)::
+
+    [accept]
+    max_perplexity = 40.0      # held-out perplexity after training (inference: of the fixed weights) at most this
+    min_improvement = 0.05     # training: (before - after) / before above this (default 0: after < before)
+    min_accuracy = 0.30        # held-out next-token accuracy (argmax = target) at least this, after training
+    max_device_share = 0.90    # each device's measured use at most this share of its own capacity (headroom; 1.0)
+    max_step_time_s = 2.5      # the probe's optimizer step (the slowest rank's) at most this many seconds
+    min_tokens_per_s = 5000    # the probe's tokens per second (every rank) at least this
+    resume_tier = "exact"      # auto (the dtype's tier on the device) or exact: every resumed loss bit for bit
+    max_plan_error_pct = 25.0  # the plan's own acceptance: |measured - planned| / planned at most this, per device
+
+Each rule is a function of plain numbers (:func:`judge_quality`, :func:`judge_probe`, :func:`judge_plan_error`,
+:func:`judge_resume_tier`) returning :class:`Judgement` rows; the stages judge by them and ``gpuaccept verify``
+recomputes the same rows from a record's own numbers (core/record/verify.py), so a tampered threshold or value is
+caught. A criterion not set writes no row; the record's ``accept`` table says which are ``not_set``.
+
+The headroom rule is per device (case P5 of docs: a server's total memory is not a placement): a device above its share
+fails even when the sum over devices would fit the sum of their capacities.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from core.errors import SpecError
+
+#: ``resume_tier``: ``auto`` judges the resumed losses in the tier of the spec's dtype on the device
+#: (core/stages/resume.py ``tolerance_tier``: bit-exact on the CPU, relative 1e-4 for CUDA fp32, 2e-2 for 16-bit);
+#: ``exact`` requires bit-exact agreement on every device.
+RESUME_TIERS = ("auto", "exact")
+
+
+@dataclass(frozen=True)
+class AcceptCriteria:
+    """The thresholds a run is accepted by (the module docstring shows the TOML). ``None``: not set (no threshold).
+
+    Attributes:
+        max_perplexity: held-out perplexity after training (inference: of the fixed weights) must be <= this.
+        min_improvement: training: the relative improvement ``(before - after) / before`` of held-out perplexity
+            must be > this, both finite (0.0: after < before, the rule before criteria existed). In [0, 1).
+        min_accuracy: held-out next-token accuracy (argmax of the logits = the target, over the counted targets)
+            after training (inference: of the fixed weights) must be >= this. In (0, 1].
+        max_device_share: each device's measured use (CUDA: peak allocated; CPU: the larger of peak tensors and
+            peak RSS) must be <= this share of that device's capacity. In (0, 1]; 1.0 is "fits".
+        max_step_time_s: the probe's step time (seconds per optimizer step, the slowest rank) must be <= this.
+        min_tokens_per_s: the probe's tokens per second (summed over ranks) must be >= this.
+        resume_tier: one of :data:`RESUME_TIERS`.
+        max_plan_error_pct: per device, ``|measured - planned| / planned x 100`` (the probe's plan comparison) must
+            be <= this; the plan stage fails otherwise (an under-estimate is also named as a finding).
+    """
+
+    max_perplexity: float | None = None
+    min_improvement: float = 0.0
+    min_accuracy: float | None = None
+    max_device_share: float = 1.0
+    max_step_time_s: float | None = None
+    min_tokens_per_s: float | None = None
+    resume_tier: str = "auto"
+    max_plan_error_pct: float | None = None
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    @classmethod
+    def from_table(cls, raw: Mapping[str, Any] | None) -> AcceptCriteria:
+        """Criteria from an ``[accept]`` table (a record's too: its ``not_set`` list is read as absent keys).
+
+        Raises:
+            SpecError: an unknown key (naming the known ones), a value of the wrong type or out of its range.
+        """
+        raw = dict(raw or {})
+        raw.pop("not_set", None)
+        known = {f.name for f in dataclasses.fields(cls)}
+        for key, value in raw.items():
+            if key not in known:
+                raise SpecError(f"accept.{key}", f"unknown criterion; known criteria are: {', '.join(sorted(known))}")
+            if key == "resume_tier":
+                if not isinstance(value, str):
+                    raise SpecError("accept.resume_tier", f"{value!r} is not one of {', '.join(RESUME_TIERS)}")
+            elif isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise SpecError(f"accept.{key}", f"{value!r} is not a number; give a number or leave it out")
+        values: dict[str, Any] = {k: (float(v) if k != "resume_tier" else v) for k, v in raw.items()}
+        return cls(**values)
+
+    def validate(self) -> None:
+        """Each threshold in its range.
+
+        Raises:
+            SpecError: naming the criterion (``accept.<name>``) and what to give.
+        """
+        ranges = {"max_perplexity": (1.0, math.inf, "at least 1 (a perplexity is exp of a mean NLL >= 0)"),
+                  "min_improvement": (0.0, 1.0, "in [0, 1): a share of the perplexity before training"),
+                  "min_accuracy": (0.0, 1.0, "in (0, 1]: a share of the held-out targets"),
+                  "max_device_share": (0.0, 1.0, "in (0, 1]: a share of each device's capacity"),
+                  "max_step_time_s": (0.0, math.inf, "above 0 seconds"),
+                  "min_tokens_per_s": (0.0, math.inf, "above 0"),
+                  "max_plan_error_pct": (0.0, math.inf, "at least 0 (percent)")}
+        for name, (low, high, what) in ranges.items():
+            value = getattr(self, name)
+            if value is None:
+                continue
+            ok = math.isfinite(value) and low <= value <= high
+            if name in ("min_accuracy", "max_device_share", "max_step_time_s", "min_tokens_per_s"):
+                ok = ok and value > low
+            if name == "min_improvement":
+                ok = ok and value < high
+            if not ok:
+                raise SpecError(f"accept.{name}", f"{value!r} is out of range; give a number {what}")
+        if self.resume_tier not in RESUME_TIERS:
+            raise SpecError("accept.resume_tier", f"{self.resume_tier!r} is not one of {', '.join(RESUME_TIERS)} "
+                                                  "(auto: the dtype's tier on the device; exact: bit for bit)")
+
+    def is_default(self) -> bool:
+        """No criterion set: today's rules."""
+        return self == AcceptCriteria()
+
+    def set_values(self) -> dict[str, float | str]:
+        """The criteria that are set, by name (what a spec file's ``[accept]`` table holds; defaults included only
+        when changed)."""
+        default = AcceptCriteria()
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if getattr(self, f.name) is not None and getattr(self, f.name) != getattr(default, f.name)}
+
+    def to_table(self) -> dict[str, Any]:
+        """The record's ``accept`` table: every criterion in force (defaults too) and ``not_set``: those without a
+        threshold (TOML has no null)."""
+        table: dict[str, Any] = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                                 if getattr(self, f.name) is not None}
+        table["not_set"] = [f.name for f in dataclasses.fields(self) if getattr(self, f.name) is None]
+        return table
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """One criterion applied to one measured value (a row of a stage's ``criteria`` in the record's verdict).
+
+    Attributes:
+        criterion: the :class:`AcceptCriteria` field (or ``finite_perplexity``, the inference rule no threshold sets).
+        threshold: the criterion's value (a number, or a name for ``resume_tier``).
+        value: what was measured and compared (the unit is the criterion's: a share, seconds, percent); None when
+            nothing was measured (``why`` says).
+        met: whether the value meets the threshold; None: not judged (no value, or no capacity to share).
+        on: what it was measured on: a device name (``cuda:0``, ``rank 1 (cpu:1)``), ``after training``.
+        why: when ``met`` is None, why.
+    """
+
+    criterion: str
+    threshold: float | str
+    value: float | str | None
+    met: bool | None
+    on: str = ""
+    why: str = ""
+
+    def to_row(self) -> dict[str, Any]:
+        """The record row (None and empty strings left out: TOML has no null)."""
+        row: dict[str, Any] = {"criterion": self.criterion, "threshold": self.threshold}
+        if self.value is not None:
+            row["value"] = self.value
+        if self.met is not None:
+            row["met"] = self.met
+        if self.on:
+            row["on"] = self.on
+        if self.why:
+            row["why"] = self.why
+        return row
+
+    def words(self) -> str:
+        """One line: ``max_device_share 0.9 on cuda:0: 0.95: missed``."""
+        where = f" on {self.on}" if self.on else ""
+        value = self.why if self.value is None else _show(self.value)
+        verdict = {True: "met", False: "MISSED", None: "not judged"}[self.met]
+        return f"{self.criterion} {_show(self.threshold)}{where}: {value}: {verdict}"
+
+
+def _show(value: float | str) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def missed(rows: Sequence[Judgement]) -> list[Judgement]:
+    """The rows whose criterion was not met (a stage with one fails)."""
+    return [r for r in rows if r.met is False]
+
+
+def summary(rows: Sequence[Judgement]) -> str:
+    """The rows in words, the missed ones first: what a stage's evidence appends (empty without rows)."""
+    ordered = sorted(rows, key=lambda r: r.met is not False)
+    return "; ".join(r.words() for r in ordered)
+
+
+# --------------------------------------------------------------------------------------------- the rules
+def judge_quality(c: AcceptCriteria, training: bool, before_perplexity: float, after_perplexity: float | None,
+                  accuracy: float | None) -> list[Judgement]:
+    """The evaluation stage's criteria.
+
+    Training: ``min_improvement`` (the relative improvement of held-out perplexity, > threshold, both finite: with
+    the default 0 it is after < before); inference: ``finite_perplexity`` (the fixed weights' perplexity is finite).
+    Both: ``max_perplexity`` on the final perplexity (after training; inference: the one measured) and
+    ``min_accuracy`` on the final next-token accuracy, when set.
+
+    Args:
+        before_perplexity: held-out perplexity before training (inference: the only one).
+        after_perplexity: after training (None for inference).
+        accuracy: held-out next-token accuracy of the final model (after training; inference: the fixed weights),
+            a share in [0, 1]; None when not measured.
+    """
+    rows: list[Judgement] = []
+    final = after_perplexity if training and after_perplexity is not None else before_perplexity
+    if training:
+        after = after_perplexity if after_perplexity is not None else math.nan
+        finite = math.isfinite(before_perplexity) and math.isfinite(after) and before_perplexity > 0
+        gain = (before_perplexity - after) / before_perplexity if finite else math.nan
+        rows.append(Judgement("min_improvement", c.min_improvement, gain, finite and gain > c.min_improvement,
+                              on="held-out perplexity, before to after training"))
+    else:
+        rows.append(Judgement("finite_perplexity", "finite", before_perplexity, math.isfinite(before_perplexity),
+                              on="held-out perplexity of the fixed weights"))
+    when = "after training" if training else "of the fixed weights"
+    if c.max_perplexity is not None:
+        rows.append(Judgement("max_perplexity", c.max_perplexity, final,
+                              math.isfinite(final) and final <= c.max_perplexity, on=f"held-out perplexity {when}"))
+    if c.min_accuracy is not None:
+        if accuracy is None:
+            rows.append(Judgement("min_accuracy", c.min_accuracy, None, False, on=f"next-token accuracy {when}",
+                                  why="not measured"))
+        else:
+            rows.append(Judgement("min_accuracy", c.min_accuracy, accuracy, accuracy >= c.min_accuracy,
+                                  on=f"next-token accuracy {when}"))
+    return rows
+
+
+def quality_criterion(c: AcceptCriteria, training: bool) -> str:
+    """The evaluation's criteria in words (the record's ``evaluation.criterion``)."""
+    when = "after training" if training else "of the fixed weights"
+    if training:
+        parts = ["held-out perplexity after training < before training, both finite" if c.min_improvement == 0 else
+                 f"held-out perplexity after training below before training by more than {100 * c.min_improvement:g} "
+                 "% of it, both finite"]
+    elif c.max_perplexity is None and c.min_accuracy is None:
+        parts = ["measured on fixed weights: pass when finite (inference sets no threshold; read the value; a "
+                 "non-finite perplexity means the model's outputs are broken)"]
+    else:
+        parts = ["held-out perplexity of the fixed weights finite"]
+    if c.max_perplexity is not None:
+        parts.append(f"held-out perplexity {when} <= {c.max_perplexity:g} (accept.max_perplexity)")
+    if c.min_accuracy is not None:
+        parts.append(f"next-token accuracy {when} >= {100 * c.min_accuracy:g} % (accept.min_accuracy)")
+    return "; ".join(parts)
+
+
+@dataclass(frozen=True)
+class DeviceUse:
+    """One probed device: its name as the record says it (``cuda:0``, ``rank 1 (cpu:1)``), its measured use and its
+    capacity in bytes (None: unknown)."""
+
+    on: str
+    used_bytes: int
+    capacity_bytes: int | None
+
+
+def judge_probe(c: AcceptCriteria, devices: Sequence[DeviceUse], step_time_s: float | None,
+                tokens_per_s: float | None) -> list[Judgement]:
+    """The probe stage's criteria: ``max_device_share`` on every device by itself (its measured use over its own
+    capacity; a device of unknown capacity is not judged), and ``max_step_time_s`` / ``min_tokens_per_s`` when set.
+
+    The share rule is ``used_bytes <= max_device_share x capacity_bytes`` (at 1.0: the fit rule of core/plan/fit.py);
+    the row's value is the share used, ``used / capacity``.
+    """
+    rows: list[Judgement] = []
+    for d in devices:
+        if d.capacity_bytes is None or d.capacity_bytes <= 0:
+            rows.append(Judgement("max_device_share", c.max_device_share, None, None, on=d.on,
+                                  why="capacity unknown"))
+            continue
+        rows.append(Judgement("max_device_share", c.max_device_share, d.used_bytes / d.capacity_bytes,
+                              d.used_bytes <= c.max_device_share * d.capacity_bytes, on=d.on))
+    for name, value, ok in (("max_step_time_s", step_time_s, lambda v, t: v <= t),
+                            ("min_tokens_per_s", tokens_per_s, lambda v, t: v >= t)):
+        threshold = getattr(c, name)
+        if threshold is None:
+            continue
+        if value is None or not math.isfinite(value):
+            rows.append(Judgement(name, threshold, None, False, on="the probe's steps", why="not measured"))
+        else:
+            rows.append(Judgement(name, threshold, float(value), ok(float(value), threshold), on="the probe's steps"))
+    return rows
+
+
+def device_label(device: str, rank: int, world_size: int) -> str:
+    """How a row names a probed device: its name (``cuda:0``), or ``rank R (cuda:0)`` when several ranks ran."""
+    return device if world_size <= 1 else f"rank {rank} ({device})"
+
+
+def judge_plan_error(c: AcceptCriteria, compared: Sequence[tuple[str, int, int]]) -> list[Judgement]:
+    """The plan stage's criterion ``max_plan_error_pct``: per compared device ``(on, planned_bytes,
+    measured_bytes)``, the plan's error against the measured peak, ``|planned - measured| / measured x 100`` (the
+    record's ``error_pct`` without its sign), <= the threshold. Without a probe's comparison the row is not judged
+    (the probe did not measure)."""
+    if c.max_plan_error_pct is None:
+        return []
+    if not compared:
+        return [Judgement("max_plan_error_pct", c.max_plan_error_pct, None, None, on="every device",
+                          why="no measured peak to compare the plan with (the probe did not measure)")]
+    rows = []
+    for on, planned, measured in compared:
+        if measured <= 0:
+            rows.append(Judgement("max_plan_error_pct", c.max_plan_error_pct, None, False, on=on,
+                                  why="nothing measured on this device"))
+            continue
+        error = 100 * abs(planned - measured) / measured
+        rows.append(Judgement("max_plan_error_pct", c.max_plan_error_pct, error, error <= c.max_plan_error_pct,
+                              on=on))
+    return rows
+
+
+def judge_resume_tier(c: AcceptCriteria, tier_name: str, tier_rtol: float) -> list[Judgement]:
+    """The resume stage's criterion ``resume_tier``: the tier the resumed losses were judged in (its name) meets
+    ``exact`` only with rtol 0; ``auto`` is the dtype's tier on the device, met by construction (the row says which
+    tier judged)."""
+    met = tier_rtol == 0.0 if c.resume_tier == "exact" else True
+    return [Judgement("resume_tier", c.resume_tier, tier_name, met, on="the resumed steps' losses")]
