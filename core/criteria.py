@@ -275,6 +275,11 @@ def judge_probe(c: AcceptCriteria, devices: Sequence[DeviceUse], step_time_s: fl
     The share rule is ``used_bytes <= max_device_share x capacity_bytes`` (at 1.0: the fit rule of core/plan/fit.py);
     the row's value is the share used, ``used / capacity``.
     """
+    return judge_shares(c, devices) + judge_speed(c, step_time_s, tokens_per_s)
+
+
+def judge_shares(c: AcceptCriteria, devices: Sequence[DeviceUse]) -> list[Judgement]:
+    """``max_device_share`` on each device by itself (:func:`judge_probe`'s first rows)."""
     rows: list[Judgement] = []
     for d in devices:
         if d.capacity_bytes is None or d.capacity_bytes <= 0:
@@ -283,6 +288,13 @@ def judge_probe(c: AcceptCriteria, devices: Sequence[DeviceUse], step_time_s: fl
             continue
         rows.append(Judgement("max_device_share", c.max_device_share, d.used_bytes / d.capacity_bytes,
                               d.used_bytes <= c.max_device_share * d.capacity_bytes, on=d.on))
+    return rows
+
+
+def judge_speed(c: AcceptCriteria, step_time_s: float | None, tokens_per_s: float | None) -> list[Judgement]:
+    """``max_step_time_s`` and ``min_tokens_per_s``, when set (:func:`judge_probe`'s last rows); a speed asked for
+    and not measured is missed."""
+    rows: list[Judgement] = []
     for name, value, ok in (("max_step_time_s", step_time_s, lambda v, t: v <= t),
                             ("min_tokens_per_s", tokens_per_s, lambda v, t: v >= t)):
         threshold = getattr(c, name)

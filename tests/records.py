@@ -51,6 +51,16 @@ def committed(name: str) -> dict[str, Any]:
     return tomllib.loads(path_of(name).read_text(encoding="utf-8"))
 
 
+def as_schema(data: dict[str, Any], version: int) -> None:
+    """Make a parsed record (of the current schema) a record of an older ``version`` in what the versions since
+    added: before 4, no ``accept`` table and no ``criteria`` in the verdict's stages."""
+    data["schema_version"] = version
+    if version < 4:
+        data.pop("accept", None)
+        for stage in data["verdict"]["stages"].values():
+            stage.pop("criteria", None)
+
+
 def key_paths(tree: Any, prefix: str = "") -> set[str]:
     """Every key path of a record (``plan.devices[].components.weights``; a list of tables by its first element)."""
     if isinstance(tree, dict):

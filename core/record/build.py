@@ -436,7 +436,8 @@ def _accept_problems(table: dict[str, Any]) -> list[str]:
     except SpecError as exc:
         return [f"the accept table: {exc}"]
     unset = sorted(f.name for f in dataclasses.fields(crit) if getattr(crit, f.name) is None)
-    if sorted(table.get("not_set", [])) != unset:
+    listed = table.get("not_set", [])
+    if not isinstance(listed, list) or not all(isinstance(n, str) for n in listed) or sorted(listed) != unset:
         return [f"accept.not_set is {table.get('not_set')!r}; the criteria without a threshold are {unset}"]
     return []
 

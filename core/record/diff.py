@@ -118,9 +118,12 @@ def spec_differences(recs: list[dict[str, Any]]) -> list[str]:
     return [k for k in keys if any(s.get(k) != specs[0].get(k) for s in specs[1:])]
 
 
-def label_of(path: Path, rec: dict[str, Any]) -> str:
-    """A record's short name: its run folder's name."""
-    return Path(rec.get("run_dir") or Path(path).parent).name or str(path)
+def label_of(path: Path) -> str:
+    """A record's short name: its run folder's name for a ``record.toml`` (or a folder given), else the file's."""
+    path = Path(path)
+    if path.is_dir():
+        return path.resolve().name
+    return path.resolve().parent.name if path.name == "record.toml" else path.stem
 
 
 def compare(paths: list[Path]) -> Comparison:
@@ -148,7 +151,7 @@ def compare(paths: list[Path]) -> Comparison:
     rows = _environment_rows(recs) + [Row("spec", "hash", [r["spec"].get("hash", "")[:12] for r in recs])]
     rows += [Row("spec", key, [flatten(r["spec"]).get(key) for r in recs]) for key in differ if key != "hash"]
     rows += _criteria_rows(recs) + _device_rows(recs) + _result_rows(recs)
-    return Comparison([label_of(p, r) for p, r in zip(paths, recs)], [str(p) for p in paths], comparable, why, rows)
+    return Comparison([label_of(p) for p in paths], [str(p) for p in paths], comparable, why, rows)
 
 
 def _environment_rows(recs: list[dict[str, Any]]) -> list[Row]:
@@ -211,7 +214,7 @@ def _cell(value: Any, unit: str) -> str:
     if unit == "bytes" and _numeric(value):
         return f"{value / GIB:.3f} GiB"
     if isinstance(value, float):
-        return f"{value:.4g}{' ' + unit if unit else ''}"
+        return f"{value:.6g}{' ' + unit if unit else ''}"
     if isinstance(value, list):
         return ",".join(map(str, value))
     return f"{value}{' ' + unit if unit and _numeric(value) else ''}"
@@ -221,7 +224,7 @@ def _change(change: dict[str, Any] | None, unit: str) -> str:
     if change is None:
         return ""
     by = change["by"]
-    size = f"{by / GIB:+.3f} GiB" if unit == "bytes" else f"{by:+.4g}" + (f" {unit}" if unit else "")
+    size = f"{by / GIB:+.3f} GiB" if unit == "bytes" else f"{by:+.6g}" + (f" {unit}" if unit else "")
     return f" ({size}" + (f", {change['pct']:+.1f} %)" if change["pct"] is not None else ")")
 
 

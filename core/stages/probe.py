@@ -21,7 +21,7 @@ from core.child.events import (
     Placement,
     ProbeStep,
 )
-from core.criteria import DeviceUse, Judgement, device_label, judge_probe, missed
+from core.criteria import DeviceUse, Judgement, device_label, judge_shares, judge_speed, missed
 from core.errors import StageError
 from core.events import ChildStarted, DeviceBound, Event, Message, Progress
 from core.plan.fit import UNDER_ESTIMATE_TOLERANCE, under_estimate
@@ -182,7 +182,7 @@ def probe_result(spec: RunSpec, events: list[ChildEvent], ledgers: list[Ledger],
     comparisons, problems, findings, judgements = judge_devices(spec, plan, traced, measurements)
     step_time_s = max(e.step_time_s for e in ledgers)  # the slowest rank sets the pace of a synchronous step
     tokens_per_s = sum(e.tokens_per_s for e in ledgers)
-    speed = judge_probe(spec.accept, [], step_time_s, tokens_per_s)
+    speed = judge_speed(spec.accept, step_time_s, tokens_per_s)
     problems.extend(f"the probe's steps: {r.words()}" for r in missed(speed))
     judgements += speed
     used = next((e for e in events if isinstance(e, ModelBuilt)), None)
@@ -236,7 +236,7 @@ def judge_devices(spec: RunSpec, plan: Any, traced: dict[str, Any] | None, measu
                                 f"of tensors (the tolerance is {100 * UNDER_ESTIMATE_TOLERANCE:.0f} %): a device sized "
                                 "to the plan would run out of memory")
         capacity = plan_device.device.capacity_bytes if plan_device is not None else None
-        share = judge_probe(spec.accept, [DeviceUse(_where(m), measured_use(m), capacity)], None, None)
+        share = judge_shares(spec.accept, [DeviceUse(_where(m), measured_use(m), capacity)])
         judgements += share
         if missed(share) and capacity is not None:
             limit = ("its capacity" if spec.accept.max_device_share == 1.0 else

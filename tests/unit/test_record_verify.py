@@ -26,6 +26,7 @@ from core.record.verify import (
     EXIT_VERIFIED,
     recompute_verdicts,
 )
+from tests.records import as_schema
 from tui.cli import main
 
 pytestmark = pytest.mark.skipif(shutil.which("ssh-keygen") is None, reason="OpenSSH's ssh-keygen is needed")
@@ -249,7 +250,7 @@ def test_a_plan_device_without_its_fit_is_a_schema_error(record, capsys):
 def test_a_schema_1_record_is_read_with_its_own_rule(record, capsys):
     """Records written before schema 2 summed the components into the total: verify reads them by that rule."""
     def as_version_1(data):
-        data["schema_version"] = 1
+        as_schema(data, 1)
         device = data["plan"]["devices"][0]
         device["total_bytes"] = sum(device["components"].values())
         device["fits"] = device["total_bytes"] <= device["capacity_bytes"]
@@ -383,7 +384,7 @@ def test_manifest_at_load_is_required_from_schema_3(record, capsys, version, exp
     """A version 3 record whose passing resume lacks the resumed process's own manifest check does not follow; a
     version 2 record (written before the check existed) is read by its own rule."""
     def drop(data):
-        data["schema_version"] = version
+        as_schema(data, version)
         data["resume"]["checks"] = [c for c in data["resume"]["checks"] if c["name"] != "manifest_at_load"]
 
     edit(record, drop)
@@ -409,6 +410,7 @@ def test_non_finite_numbers_as_the_writer_spells_them_are_read_not_crashed_on(re
         data["evaluation"]["after"].update(perplexity="nan", mean_nll="nan")
         data["evaluation"]["status"] = "fail"
         data["verdict"]["stages"]["evaluation"]["status"] = "fail"
+        data["verdict"]["stages"]["evaluation"]["criteria"][0].update(value="nan", met=False)
         data["verdict"]["status"] = "fail"
 
     edit(record, diverged)

@@ -520,3 +520,56 @@ def test_command_run_and_export_screens(snap, size, tmp_path, screen):
         await pilot.pause(0.3)
 
     snap(app_for(), size, run_before)
+
+
+def runs_with_records(root: Path) -> Path:
+    """A runs folder with two committed records (LoRA, then full fine-tuning: two setups), the LoRA one the newer."""
+    import os
+
+    from tests.records import path_of
+
+    for i, name in enumerate(("full", "lora")):
+        folder = root / "runs" / f"2026120{i + 1}T000000Z-{name}"
+        folder.mkdir(parents=True)
+        shutil.copyfile(path_of(name), folder / "record.toml")
+        os.utime(folder / "record.toml", (1_700_000_000 + i, 1_700_000_000 + i))
+    return root / "runs"
+
+
+def test_compare_screen(snap, tmp_path):
+    """Export's Compare…: the runs folder's records, the two newest picked, marked not comparable (two setups)."""
+    async def run_before(pilot) -> None:
+        from tui.screens.compare import CompareScreen
+
+        await pilot.app.push_screen(CompareScreen(runs_with_records(Path.cwd())))
+        await pilot.pause()
+
+    snap(app_for(), (80, 24), run_before)
+
+
+async def test_the_export_screens_compare_button_opens_this_run_beside_the_others(tmp_path):
+    """The record just written is the run compared (the last column: what changed); picking a record off leaves one,
+    and the screen asks for two."""
+    from tui.screens.compare import CompareScreen
+    from tui.screens.export import ExportScreen
+
+    runs = runs_with_records(tmp_path)
+    app = GpuAcceptApp(runs_root=runs)
+    async with app.run_test(size=(80, 24)) as pilot:
+        current = runs / "20261201T000000Z-full" / "record.toml"
+        app.state.record_path = current
+        await app.push_screen(ExportScreen())
+        await pilot.pause()
+        button = app.screen.query_one("#compare")
+        assert button.region.right <= 80  # five buttons fit 80 columns
+        button.press()
+        await pilot.pause()
+        screen = app.screen
+        assert isinstance(screen, CompareScreen) and screen.order[-1] == str(current)
+        text = str(screen.comparison_text())
+        assert "NOT COMPARABLE: the specs differ" in text and "* mode" in text and "lora | full" in text
+        screen.query_one("#records").deselect(str(current))
+        await pilot.pause()
+        assert "pick two or more records to compare (2 in" in str(screen.comparison_text())
+        await pilot.press("escape")
+        assert isinstance(app.screen, ExportScreen)

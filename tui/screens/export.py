@@ -27,6 +27,7 @@ class ExportScreen(Screen):
     """Every stage's status and evidence; operator, decision and comment; write record.toml."""
 
     BINDINGS = [Binding("ctrl+q", "app.quit_typed", "Quit")]  # q types into the fields here
+    DEFAULT_CSS = "ExportScreen .nav Button { min-width: 12; }"  # five buttons in 80 columns
     q_types = True  # the app's q Quit is not offered here (tui.app.GpuAcceptApp.check_action)
 
     def compose(self) -> ComposeResult:
@@ -66,6 +67,7 @@ class ExportScreen(Screen):
             yield Button("← Back", id="back")
             yield Button("Write record", id="write", variant="primary")
             yield Button("Quiz →", id="quiz", disabled=True)
+            yield Button("Compare…", id="compare")
             yield Button("Quit", id="quit")
         yield Footer(show_command_palette=False)  # no ^p palette key: at 80 columns every key shows
 
@@ -129,6 +131,10 @@ class ExportScreen(Screen):
             self.app.action_back()
         elif event.button.id == "quit":
             self.app.exit(0)
+        elif event.button.id == "compare":  # this run beside the others of the runs folder (gpuaccept diff)
+            from tui.screens.compare import CompareScreen
+
+            self.app.push_screen(CompareScreen(self.app.state.runs_root, self.app.state.record_path))
         elif event.button.id == "quiz" and self.app.state.record_path is not None:
             from core.errors import GpuAcceptError
             from tui.screens.quiz import QuizScreen

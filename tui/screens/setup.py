@@ -45,7 +45,18 @@ FIELDS: list[tuple[str, str, str, tuple[str, ...], tuple[str, ...]]] = [
     ("devices", "Devices", "str", (), ("inference", "full", "lora", "qlora")),
     ("strategy", "Strategy", "choice", ("single", "ddp", "zero3"), ("full", "lora")),
     ("torchrun_nproc_per_node", "Ranks/node, 0=auto", "int", (), ("full", "lora")),
+    # the acceptance criteria (core/criteria.py); "optfloat": blank is not set
+    ("accept_max_perplexity", "Max perplexity", "optfloat", (), ("inference", "full", "lora", "qlora")),
+    ("accept_min_improvement", "Min improvement 0-1", "float", (), ("full", "lora", "qlora")),
+    ("accept_min_accuracy", "Min accuracy 0-1", "optfloat", (), ("inference", "full", "lora", "qlora")),
+    ("accept_max_device_share", "Max device share", "float", (), ("inference", "full", "lora", "qlora")),
+    ("accept_max_step_time_s", "Max step time, s", "optfloat", (), ("inference", "full", "lora", "qlora")),
+    ("accept_min_tokens_per_s", "Min tokens/s", "optfloat", (), ("inference", "full", "lora", "qlora")),
+    ("accept_resume_tier", "Resume tier", "choice", ("auto", "exact"), ("full", "lora", "qlora")),
+    ("accept_max_plan_error_pct", "Max plan error %", "optfloat", (), ("inference", "full", "lora", "qlora")),
 ]
+#: the first field of the criteria: a heading goes above it
+FIRST_CRITERION = "accept_max_perplexity"
 
 
 # choices whose value alone says little to a newcomer: what the option does, in a few words
@@ -65,6 +76,8 @@ CHOICE_LABELS: dict[str, str] = {
     "paged_adamw_8bit": "paged_adamw_8bit · CUDA, variant",
     "fp4": "fp4 · 4-bit float",
     "packed": "packed · full blocks only",
+    "auto": "auto · the dtype's tier",
+    "exact": "exact · bit for bit",
 }
 
 
@@ -75,11 +88,14 @@ def spec_field_to_input(field: str) -> str:
             "resume.kill_after_checkpoint": "resume_kill_after_checkpoint",
             "resume.checkpoint_every": "resume_checkpoint_every", "resume.kill_at": "resume_kill_at",
             "resume.compare_steps": "resume_compare_steps",
-            "torchrun.nproc_per_node": "torchrun_nproc_per_node"}.get(field, field)
+            "torchrun.nproc_per_node": "torchrun_nproc_per_node"}.get(
+        field, field.replace(".", "_", 1) if field.startswith("accept.") else field)
 
 
 def shown_value(value: Any) -> str:
     """A spec value as the form shows it (booleans as on/off, target lists comma-separated)."""
+    if value is None:  # a criterion not set
+        return ""
     if isinstance(value, bool):
         return "on" if value else "off"
     if isinstance(value, (tuple, list)):
@@ -97,6 +113,8 @@ def current_value(spec: Any, name: str) -> str:
         return shown_value(getattr(spec.resume, name.removeprefix("resume_")))
     if name.startswith("torchrun_"):
         return shown_value(getattr(spec.torchrun, name.removeprefix("torchrun_")))
+    if name.startswith("accept_"):
+        return shown_value(getattr(spec.accept, name.removeprefix("accept_")))
     return shown_value(getattr(spec, name))
 
 
@@ -134,6 +152,9 @@ class SetupScreen(NavButtons, Screen):
                 if state.mode not in modes:
                     continue
                 value = shown_value(state.fields[name]) if name in state.fields else current_value(defaults, name)
+                if name == FIRST_CRITERION:
+                    yield Static("Acceptance criteria: what the run must meet to pass (blank: not set; the defaults "
+                                 "are the rules without criteria)", classes="dim", id="criteria-heading")
                 with Horizontal(classes="field"):
                     yield Label(label)
                     if kind == "choice":
@@ -142,7 +163,8 @@ class SetupScreen(NavButtons, Screen):
                                      allow_blank=False, id=name, compact=True)
                     else:
                         # paths and lists are edited, numbers replaced: the cursor goes to the end of a path
-                        yield OrderedInput(value=value, id=name, compact=True, select_on_focus=kind != "str")
+                        yield OrderedInput(value=value, id=name, compact=True, select_on_focus=kind != "str",
+                                           placeholder="not set" if kind == "optfloat" else "")
                 yield Static("", classes="field-error", id=f"err-{name}")
                 if name == "data":
                     yield Static("", id="data-info", classes="dim")
@@ -201,11 +223,13 @@ class SetupScreen(NavButtons, Screen):
                     out[name] = int(raw)
                 except ValueError:
                     errors[name] = f"a whole number, e.g. 4 (got {raw!r})"
-            elif kind == "float":
+            elif kind == "float" or (kind == "optfloat" and raw):
                 try:
                     out[name] = float(raw)
                 except ValueError:
-                    errors[name] = f"a number, e.g. 1e-3 (got {raw!r})"
+                    errors[name] = f"a number, e.g. 1e-3 (got {raw!r})" + (" or blank" if kind == "optfloat" else "")
+            elif kind == "optfloat":
+                out[name] = None  # blank: the criterion is not set
             elif name in ("gradient_checkpointing", "qlora_double_quant"):
                 out[name] = raw == "on"
             else:
