@@ -180,6 +180,10 @@ def command_spec_from_args(args: argparse.Namespace) -> Any:
 
     flags = {a.dest: a.option_strings[0] for a in _recipe_actions()}
     for key in _SPEC_KEYS:
+        if getattr(args, key, None) is not None and key in ACCEPT_KEYS:
+            raise SpecError(key, f"{flags.get(key, key)}: acceptance criteria apply to gpuaccept's own recipe for "
+                                 "now; your own command is judged by the default rules (README \"Acceptance "
+                                 "criteria\"): remove it")
         if getattr(args, key, None) is not None and key not in _SHARED_WITH_COMMAND:
             raise SpecError(key, f"{flags.get(key, key)} applies to gpuaccept's own recipe, not to your own command "
                                  "(the command sets what it trains with; the kill point is placed after its "

@@ -309,3 +309,18 @@ def test_the_hook_is_not_installed_in_a_process_that_never_imports_transformers(
                           timeout=60)
     assert done.stdout.split() == ["False", "True"] and done.stderr == ""
     assert not (tmp_path / "events.jsonl").exists()
+
+
+def test_criteria_are_refused_in_command_mode_by_name(tmp_path):
+    """Command mode is judged by the default rules (its record has no accept table yet): a criterion given is said
+    so, not silently dropped."""
+    from tui.cli import build_parser, command_spec_from_args
+
+    args = build_parser().parse_args(["run", "--command", f"{PY} t.py --out {{out}}", "--max-device-share", "0.9"])
+    with pytest.raises(SpecError, match="--max-device-share: acceptance criteria apply to gpuaccept's own recipe"):
+        command_spec_from_args(args)
+    spec = tmp_path / "job.toml"
+    spec.write_text('[command]\ntrain = "python t.py --out {out}"\n[accept]\nmax_perplexity = 30\n')
+    args = build_parser().parse_args(["run", str(spec)])
+    with pytest.raises(SpecError, match=r"the \[accept\] criteria apply to gpuaccept's own recipe for now"):
+        command_spec_from_args(args)
