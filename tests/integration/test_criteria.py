@@ -130,6 +130,15 @@ def test_diff_of_two_setups_is_marked_not_comparable(strict_run, lora_run, tmp_p
     out = capsys.readouterr().out
     assert code == 1 and "NOT COMPARABLE: the specs differ (" in out and "mode" in out.split("\n")[2]
     assert "* mode" in out and "lora | inference" in out
+    # one setting changed: the committed LoRA record of the same spec, made on a tiny model at another path
+    fresh = Path(lora_run[1]["run_dir"]) / "record.toml"
+    assert main(["diff", str(path_of("lora")), str(fresh)]) == 1
+    out = capsys.readouterr().out
+    assert "NOT COMPARABLE: the specs differ (model)" in out
+    from core.record.diff import compare
+
+    spec_rows = [r.name for r in compare([path_of("lora"), fresh]).rows if r.section == "spec" and r.differs]
+    assert spec_rows == ["hash", "model"] and "* model" in out
     # a file that is no record is refused by name
     other = tmp_path / "notes.toml"
     other.write_text("x = 1\n")
