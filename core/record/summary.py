@@ -123,6 +123,8 @@ def records_below(folder: Path) -> list[Path]:
         raise NotADirectoryError(f"{folder} is not a folder")
     found = []
     for path in sorted(folder.rglob("*.toml")):
+        if path.name.startswith("."):  # a writer's temporary file (core.record.build.write_record), not a record
+            continue
         if path.name == "record.toml":
             found.append(path)
             continue

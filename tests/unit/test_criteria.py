@@ -223,3 +223,39 @@ def test_a_record_before_schema_4_is_judged_by_the_default_criteria(record):
 
     as_schema(record, 3)
     assert schema_problems(record) == [] and recompute_verdicts(record) == []
+
+
+# ------------------------------------------------------------------------------------- verify over a folder
+def test_verify_over_a_folder_names_each_record_and_the_worst_finding(tmp_path, capsys):
+    """A folder of runs: each record.toml found (a spec.toml and a writer's temporary file are not records), one
+    line each; a tampered record makes the folder's exit code 6, as it would alone."""
+    import json
+
+    from tests.records import path_of
+    from tui.cli import main
+
+    for name in ("lora", "inference"):
+        (tmp_path / name).mkdir()
+        shutil.copyfile(path_of(name), tmp_path / name / "record.toml")
+        (tmp_path / name / "spec.toml").write_text('mode = "lora"\n')
+    shutil.copyfile(path_of("full"), tmp_path / "full.toml")  # a record under another name is one too
+    (tmp_path / "lora" / ".record-x1.toml").write_text(path_of("lora").read_text())
+    assert main(["verify", str(tmp_path)]) == 3
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines[1:4]] == ["full.toml", "inference/record.toml", "lora/record.toml"]
+    assert lines[-1] == "3 record(s); 0 verified (exit 3)"
+    tampered = tomllib.loads((tmp_path / "lora" / "record.toml").read_text())
+    tampered["accept"]["max_device_share"] = 0.01
+    (tmp_path / "lora" / "record.toml").write_text(tomli_w.dumps(tampered))
+    assert main(["verify", "--json", str(tmp_path)]) == 6
+    table = json.loads(capsys.readouterr().out)
+    assert [(r["record"].split("/")[-2], r["exit_code"]) for r in table["records"]][1:] == [("inference", 3),
+                                                                                           ("lora", 6)]
+    assert table["records"][2]["result"] == "verdict does not follow from the data"
+    assert main(["verify", "--json", str(tmp_path / "lora" / "record.toml")]) == 6
+    one = json.loads(capsys.readouterr().out)
+    assert one["schema"] == "gpuaccept.verify/1" and one["signature"]["status"] == "unsigned"
+    assert any("verdict.stages.probe says pass, its data says fail" in p for p in one["verdict_problems"])
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["verify", str(empty)]) == 2
