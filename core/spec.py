@@ -410,6 +410,11 @@ class RunSpec:
         """
         self._check_values()
         self._check_mode()
+        if self.mode == "inference":  # criteria of training: refused, not stored unjudged
+            for name, default in (("min_improvement", 0.0), ("resume_tier", "auto")):
+                if getattr(self.accept, name) != default:
+                    raise SpecError(f"accept.{name}", "applies to training (inference trains nothing and resumes "
+                                                      "nothing); remove it or choose a training mode")
         if self.mode != "inference" and self.resume.check:
             self._check_resume()
         self._check_devices()

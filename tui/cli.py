@@ -705,6 +705,8 @@ def _print_run(events: Any, stop: dict[str, int | None], as_json: bool = False) 
         elif isinstance(event, RunFinished):
             final = event
     assert final is not None
+    for line in _judged_after(final):
+        print(line, flush=True, file=out)
     print(f"verdict: {final.status}\nrecord: {final.record_path or '(not written: see above)'}", flush=True, file=out)
     if as_json:
         _print_run_json(final)
@@ -713,6 +715,24 @@ def _print_run(events: Any, stop: dict[str, int | None], as_json: bool = False) 
               "(unsigned)", file=sys.stderr, flush=True)
         return 128 + stop["signal"]
     return EXIT_OK if final.status == "pass" else EXIT_FAIL
+
+
+def _judged_after(final: Any) -> list[str]:
+    """The plan's criteria judged once the probe measured (``max_plan_error_pct``): its final status, with the rows
+    missed, when the record's differs from the pass printed when the plan ran."""
+    import tomllib
+
+    path = Path(final.record_path) if final.record_path else None
+    try:
+        stage = tomllib.loads(path.read_text(encoding="utf-8"))["verdict"]["stages"]["plan"] if path else {}
+    except (OSError, KeyError, TypeError, tomllib.TOMLDecodeError):
+        return []
+    rows = [r for r in stage.get("criteria", []) if isinstance(r, dict) and r.get("met") is False]
+    if not rows:
+        return []
+    words = "; ".join(f"{r.get('criterion')} {r.get('threshold')} on {r.get('on')}: {r.get('value', r.get('why'))}"
+                      for r in rows)
+    return [f"[plan] {stage.get('status')}: judged after the probe by {words}: MISSED"]
 
 
 def _print_run_json(final: Any) -> None:

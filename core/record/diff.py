@@ -192,7 +192,7 @@ def _result_rows(recs: list[dict[str, Any]]) -> list[Row]:
             Row("speed", "tokens/s", [_json_number(r.get("probe", {}).get("tokens_per_s")) for r in recs], "/s"),
             Row("quality", "metric", [x["metric"] for x in q])]
     for key, name in (("before", "before training"), ("after", "after training"),
-                      ("accuracy_after", "accuracy after")):
+                      ("accuracy_before", "accuracy before"), ("accuracy_after", "accuracy after")):
         rows.append(Row("quality", name, [x[key] for x in q]))
     rows.append(Row("quality", "training time", [_json_number(r.get("evaluation", {}).get("training_time_s"))
                                                  for r in recs], "s"))

@@ -259,3 +259,26 @@ def test_verify_over_a_folder_names_each_record_and_the_worst_finding(tmp_path, 
     empty = tmp_path / "empty"
     empty.mkdir()
     assert main(["verify", str(empty)]) == 2
+
+
+def test_training_criteria_on_an_inference_spec_are_refused():
+    with pytest.raises(SpecError, match="accept.min_improvement: applies to training"):
+        RunSpec.build(mode="inference", accept_min_improvement=0.1)
+    with pytest.raises(SpecError, match="accept.resume_tier: applies to training"):
+        RunSpec.build(mode="inference", accept_resume_tier="exact")
+
+
+def test_the_console_says_a_plan_failed_by_its_criterion_after_the_probe(record, tmp_path):
+    """The plan's pass is printed when it runs; a missed max_plan_error_pct, judged once the probe measured, is
+    said before the verdict line."""
+    from types import SimpleNamespace
+
+    from tui.cli import _judged_after
+
+    record["verdict"]["stages"]["plan"].update(status="fail", criteria=[
+        {"criterion": "max_plan_error_pct", "threshold": 0.0, "value": 0.0077, "met": False, "on": "cpu"}])
+    path = tmp_path / "edited.toml"
+    path.write_text(tomli_w.dumps(record))
+    assert _judged_after(SimpleNamespace(record_path=path)) == [
+        "[plan] fail: judged after the probe by max_plan_error_pct 0.0 on cpu: 0.0077: MISSED"]
+    assert _judged_after(SimpleNamespace(record_path=None)) == []
