@@ -54,12 +54,16 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 PY = sys.executable
+#: gpuaccept's console script from the tree as it is (the GPU box has no install step)
+CLI = [PY, "-c", "import sys; from tui.cli import main; sys.exit(main(sys.argv[1:]))"]
 GIB = 2**30
 #: archive members larger than this are left out (weights, optimizer states, checkpoints): the archive must come back
 ARCHIVE_MEMBER_LIMIT = 2 * 2**20
 ACCEPTANCE: dict[str, list[str]] = {
     "lora": ["--mode", "lora", "--dtype", "bf16", "--steps", "12", "--checkpoint-every", "4",
              "--kill-after-checkpoint", "2"],
+    # full fine-tuning on the small model: a checkpoint of the 1.2B shape in pure bf16 is ~7 GB (weights and AdamW's
+    # states), written five times by the check; the accuracy cells measure full fine-tuning of the 1.1B shape
     "full": ["--mode", "full", "--dtype", "bf16", "--precision", "pure", "--steps", "8", "--checkpoint-every", "4",
              "--kill-after-checkpoint", "1"],
     "inference": ["--mode", "inference", "--dtype", "bf16"],
@@ -68,6 +72,12 @@ ACCEPTANCE: dict[str, list[str]] = {
               "--steps", "12", "--checkpoint-every", "4", "--kill-after-checkpoint", "2"],
 }
 COMMON = ["--batch-size", "4", "--seq-len", "512", "--eval-max-blocks", "32"]
+#: the planted fault run on the GPU (core/child/faults.py): the resume check must fail it under the twin's noise bound
+FAULT = "fresh_optimizer"
+#: the real acceptance the dry run makes on the CPU, through the same path as the GPU's (a stage child of a tree that
+#: is not installed), under the test jitter so that its twin runs too (core/child/inject/jitter.py)
+CPU_ACCEPTANCE = ["--mode", "lora", "--steps", "4", "--checkpoint-every", "2", "--kill-after-checkpoint", "1",
+                  "--batch-size", "1", "--seq-len", "32", "--eval-max-blocks", "2", "--probe-steps", "2"]
 
 
 class Check:
@@ -84,11 +94,12 @@ class Check:
     def left(self) -> float:
         return self.deadline - time.monotonic()
 
-    def child(self, name: str, cmd: list[str], limit_s: float) -> tuple[int | None, str]:
+    def child(self, name: str, cmd: list[str], limit_s: float,
+              extra_env: dict[str, str] | None = None) -> tuple[int | None, str]:
         """Run ``cmd`` with its output in logs/NAME.log; returns (exit code or None if stopped at its limit, output)."""
         timeout = max(1.0, min(limit_s, self.left()))
         log = self.work / "logs" / f"{name}.log"
-        env = {**os.environ, "TRANSFORMERS_VERBOSITY": "error", "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "TRANSFORMERS_VERBOSITY": "error", "PYTHONUNBUFFERED": "1", **(extra_env or {})}
         print(f"[{self.elapsed():5.0f} s] {name}: {' '.join(cmd[1:])[:160]} (limit {timeout:.0f} s)", flush=True)
         with log.open("w") as fh:
             proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT, env=env, start_new_session=True)
@@ -233,10 +244,9 @@ def step_nvml(check: Check) -> dict[str, Any]:
 
 def step_acceptance(check: Check, mode: str, model: Path) -> dict[str, Any]:
     args = [*ACCEPTANCE[mode], *COMMON, "--model", str(model)]
-    cli = [PY, "-c", "import sys; from tui.cli import main; sys.exit(main(sys.argv[1:]))"]
     if not check.cuda:
         # what runs with no GPU: the plan of these exact arguments for one H200 (the flags parse, the plan is made)
-        rc, output = check.child(f"acceptance_{mode}_plan", [*cli, "plan", "--json", *args, "--devices", "1x141GiB"],
+        rc, output = check.child(f"acceptance_{mode}_plan", [*CLI, "plan", "--json", *args, "--devices", "1x141GiB"],
                                  120)
         if rc != 0:
             return {"status": "failed", "why": f"the plan of the acceptance's arguments exited {rc}",
@@ -245,18 +255,106 @@ def step_acceptance(check: Check, mode: str, model: Path) -> dict[str, Any]:
         return {"status": "not_run", "why": "no CUDA here (dry run)" if check.dry_run else "no CUDA device",
                 "arguments": args, "plan_total_bytes_estimated": plan["devices"][0]["total_bytes"],
                 "plan_fits": plan["devices"][0]["fits"]}
-    runs = check.work / "acceptance" / mode
-    rc, output = check.child(f"acceptance_{mode}", [*cli, "run", "--headless", *args, "--devices", "0",
-                                                    "--runs-dir", str(runs)], 300)
+    return run_acceptance(check, f"acceptance_{mode}", args + ["--devices", "0"], 300)
+
+
+def run_acceptance(check: Check, name: str, args: list[str], limit_s: float,
+                   env: dict[str, str] | None = None) -> dict[str, Any]:
+    """``gpuaccept run --headless ARGS`` as a child of its own (the tree as it is: not installed), its record read and
+    verified, its weights dropped."""
+    runs = check.work / "acceptance" / name
+    rc, output = check.child(name, [*CLI, "run", "--headless", *args, "--runs-dir", str(runs)], limit_s, env)
     records = sorted(runs.glob("*/record.toml"))
     if not records:
         return {"status": "failed", "why": f"exit {rc}; no record written", "arguments": args,
                 "log": output[-3000:]}
     facts = record_facts(tomllib.loads(records[-1].read_text()))
-    verified = subprocess.run([*cli, "verify", str(records[-1])], capture_output=True, text=True, cwd=ROOT)
+    verified = subprocess.run([*CLI, "verify", str(records[-1])], capture_output=True, text=True, cwd=ROOT)
     facts["verify"] = {"exit": verified.returncode, "output": verified.stdout.strip()[-600:]}
     drop_weights(records[-1].parent)  # checkpoints of the 1.2B model are GBs; the record and logs stay
     return {"status": "measured", "exit": rc, "arguments": args, "record": str(records[-1]), **facts}
+
+
+def step_fault(check: Check, model: Path) -> dict[str, Any]:
+    """A planted fault on the GPU (``GPUACCEPT_TEST_FAULT``, core/child/faults.py): LoRA bf16 on the small model whose
+    resumed run starts AdamW afresh; the resume check must fail naming the optimizer, its moments judged against the
+    twin's measured noise."""
+    args = [*ACCEPTANCE["lora"], "--batch-size", "4", "--seq-len", "256", "--eval-max-blocks", "8", "--model",
+            str(model), "--devices", "0"]
+    if not check.cuda:
+        return {"status": "not_run", "why": "no CUDA here (dry run)" if check.dry_run else "no CUDA device",
+                "fault": FAULT, "arguments": args}
+    found = run_acceptance(check, "acceptance_fault", args, 200, {"GPUACCEPT_TEST_FAULT": FAULT})
+    failed = {c["name"] for c in found.get("tolerance", []) if c["status"] != "pass"} | set(
+        found.get("resume_failed", []))
+    found.update(fault=FAULT, caught="optimizer_moments" in failed or "optimizer_progress" in failed)
+    if found.get("status") == "measured" and not found["caught"]:
+        found.update(status="failed", why=f"the planted fault {FAULT} was not caught: the resume check's failed checks "
+                                          f"are {sorted(failed) or 'none'}")
+    return found
+
+
+def step_cpu_acceptance(check: Check, model: Path) -> dict[str, Any]:
+    """The dry run's real acceptance: LoRA on the small model on the CPU, every stage, through the same path as the GPU
+    run's (``python -c "from tui.cli import main"`` in a tree that is not installed: the stage children must find
+    gpuaccept themselves), under the test jitter (its twin measures the noise)."""
+    if not check.dry_run:
+        return {"status": "not_run", "why": "the dry run's step (the GPU run makes its acceptances on the GPU)"}
+    found = run_acceptance(check, "acceptance_cpu", [*CPU_ACCEPTANCE, "--model", str(model), "--devices", "cpu"], 300,
+                           {"GPUACCEPT_TEST_JITTER": "1e-3"})
+    if found.get("verdict") != "pass":
+        found.update(status="failed", why=f"the CPU acceptance's verdict is {found.get('verdict')}: "
+                                          f"{found.get('stages')}; {found.get('resume', {}).get('summary')}")
+    return found
+
+
+def step_fork(check: Check) -> dict[str, Any]:
+    """The fork server (core/forkserver.py) on this box: a child forked from it runs torch (on CUDA when there is one,
+    initialised after the fork). If it fails, every later step spawns its children instead (GPUACCEPT_FORKSERVER=0),
+    and the summary says so."""
+    rc, output = check.child("fork", [PY, __file__, "--fork-smoke"] + ([] if check.cuda else ["--cpu"]), 120)
+    try:
+        found = last_json(output)
+    except ValueError:
+        found = {"error": output[-1500:]}
+    if rc != 0 or not found.get("ok"):
+        os.environ["GPUACCEPT_FORKSERVER"] = "0"
+        return {"status": "failed", "why": f"a forked child could not run torch (exit {rc}): every later step spawns "
+                                           "its children instead", **found}
+    return {"status": "measured", **found}
+
+
+def fork_smoke(cpu: bool) -> dict[str, Any]:
+    """Fork one child from a fork server and have it run a matrix product (on CUDA unless ``cpu``); the preload and
+    the fork's times."""
+    import tempfile
+
+    from core import forkserver
+    from core.interpreter import child_env
+
+    started = time.perf_counter()
+    log = Path(tempfile.mkdtemp(prefix="fork-smoke-")) / "child.log"
+    child = forkserver.start(None, ["--fork-child"] + (["--cpu"] if cpu else []), log, child_env(), cwd=str(ROOT),
+                             path=str(Path(__file__).resolve()))
+    if child is None:
+        return {"ok": False, "error": f"the fork server did not start: {forkserver.server_info()}"}
+    forked = time.perf_counter()
+    code = child.wait(timeout=120)
+    text = log.read_text(errors="replace")
+    info = forkserver.server_info() or {}
+    return {"ok": code == 0 and '"matmul": "ok"' in text, "exit": code, "server": info,
+            "ready_s": round(forked - started, 2), "child_s": round(time.perf_counter() - forked, 2),
+            "child": text.strip().splitlines()[-1:] if text.strip() else []}
+
+
+def fork_child(cpu: bool) -> None:
+    import torch
+
+    device = "cpu" if cpu else "cuda:0"
+    x = torch.randn(256, 256, device=device)
+    y = (x @ x).sum().item()
+    print(json.dumps({"matmul": "ok", "device": device, "value_finite": y == y,
+                      "cuda_initialized": torch.cuda.is_initialized()}), flush=True)
 
 
 def step_command(check: Check, model: Path) -> dict[str, Any]:
@@ -265,7 +363,6 @@ def step_command(check: Check, model: Path) -> dict[str, Any]:
     ran, the evaluation, the kill and resume in the CUDA tier. Without CUDA the command's spec is only checked."""
     train = (f"{PY} examples/train_hf.py --model {model} --out {{out}} --text {{train_data}} --max_steps 6 "
              "--save_steps 2 --seq_len 128")
-    cli = [PY, "-c", "import sys; from tui.cli import main; sys.exit(main(sys.argv[1:]))"]
     if not check.cuda:
         from core.command.spec import CommandSpec
 
@@ -273,19 +370,19 @@ def step_command(check: Check, model: Path) -> dict[str, Any]:
         return {"status": "not_run", "why": "no CUDA here (dry run)" if check.dry_run else "no CUDA device",
                 "command": train}
     runs = check.work / "acceptance" / "command"
-    rc, output = check.child("acceptance_command", [*cli, "run", "--headless", "--command", train, "--eval-max-blocks",
+    rc, output = check.child("acceptance_command", [*CLI, "run", "--headless", "--command", train, "--eval-max-blocks",
                                                     "8", "--runs-dir", str(runs)], 240)
     records = sorted(runs.glob("*/record.toml"))
     if not records:
         return {"status": "failed", "why": f"exit {rc}; no record written", "log": output[-3000:]}
     rec = tomllib.loads(records[-1].read_text())
-    verified = subprocess.run([*cli, "verify", str(records[-1])], capture_output=True, text=True, cwd=ROOT)
+    verified = subprocess.run([*CLI, "verify", str(records[-1])], capture_output=True, text=True, cwd=ROOT)
     drop_weights(records[-1].parent)
     probe, plan, resume = rec.get("probe", {}), rec.get("plan", {}), rec.get("resume", {})
     return {"status": "measured", "exit": rc, "record": str(records[-1]), "verdict": rec["verdict"]["status"],
             "stages": {k: v.get("status") for k, v in rec["verdict"]["stages"].items()},
             "devices": probe.get("devices"), "plan_vs_measured": plan.get("comparison"),
-            "tier": resume.get("tier", {}).get("name"),
+            "tier": resume.get("tier", {}).get("name"), "tolerance": tolerance_rows(resume),
             "resume_failed": [c for c in resume.get("checks", []) if c.get("status") != "pass"],
             "verify": {"exit": verified.returncode, "output": verified.stdout.strip()[-600:]}}
 
@@ -309,8 +406,18 @@ def record_facts(rec: dict[str, Any]) -> dict[str, Any]:
         "training_time_s": ev.get("training_time_s"),
         "perplexity": {k: (ev.get(k) or {}).get("perplexity") for k in ("before", "after")},
         "resume": {k: resume.get(k) for k in ("status", "summary", "seconds", "checkpoint_step", "kill_step")},
+        "tier": (resume.get("tier") or {}).get("name"), "tolerance": tolerance_rows(resume),
+        "resume_failed": [c.get("name") for c in resume.get("checks", []) if c.get("status") != "pass"],
         "traced": rec.get("plan", {}).get("traced", {}).get("status"),
+        "test": {k: v for k, v in rec.get("environment", {}).items() if k.startswith("test_")},
     }
+
+
+def tolerance_rows(resume: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each tolerance check of a record's resume table: its status, distance, the twin's noise and the bound."""
+    return [{"name": c.get("name"), "status": c.get("status"), "distance": c.get("largest_difference"),
+             "noise": c.get("noise"), "bound": c.get("bound")}
+            for c in resume.get("checks", []) if c.get("kind") == "tolerance"]
 
 
 def drop_weights(run_dir: Path) -> None:
@@ -405,14 +512,26 @@ def describe(name: str, step: dict[str, Any]) -> str:
         rows = "; ".join(f"{r['device']}: planned {r['planned_bytes'] / GIB:.2f} / measured "
                          f"{r['measured_bytes'] / GIB:.2f} GiB ({pct(r['error_pct'])})"
                          for r in step.get("plan_vs_probe", []) if r.get("measured_bytes"))
+        bounds = ", ".join(f"{t['name']} {t['status']} {_g(t.get('distance'))}/{_g(t.get('bound'))} "
+                           f"(noise {_g(t.get('noise'))})" for t in step.get("tolerance", []))
         return (f"verdict {step.get('verdict')} {step.get('stages')}; {rows}; step {step.get('step_time_s')} s; "
-                f"perplexity {step.get('perplexity')}; resume {step.get('resume', {}).get('status')}")
+                f"perplexity {step.get('perplexity')}; resume {step.get('resume', {}).get('status')} "
+                f"({step.get('tier')}: distance/bound {bounds}; failed {step.get('resume_failed')})"
+                + (f"; planted {step['fault']}, caught {step.get('caught')}" if step.get("fault") else ""))
+    if name == "fork":
+        server = step.get("server", {})
+        return (f"fork server ready in {server.get('seconds')} s (CUDA initialised: {server.get('cuda_initialized')}); "
+                f"the forked child ran torch in {step.get('child_s')} s")
     if name == "nvml":
         return (f"driver {step.get('driver')}; v1 - v2 used {step.get('v1_minus_v2_used_bytes')} B; UUID mapping "
                 f"matches torch {step.get('mapping_matches_torch')}")
     if name == "wizard":
         return f"{step.get('saved')}; {step.get('backend')}; {step.get('verdict', '')[:80]}"
     return ""
+
+
+def _g(value: float | None) -> str:
+    return "—" if value is None else f"{value:.2g}"
 
 
 def gib(value: int | None) -> str:
@@ -436,7 +555,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokenizer", help=argparse.SUPPRESS)
     parser.add_argument("--cpu", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--config-only", action="append", default=[], help=argparse.SUPPRESS)
+    parser.add_argument("--fork-smoke", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--fork-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.fork_smoke:
+        print(json.dumps(fork_smoke(args.cpu)))
+        return 0
+    if args.fork_child:
+        fork_child(args.cpu)
+        return 0
     if args.versions:
         print(json.dumps(versions()))
         return 0
@@ -451,13 +578,17 @@ def main(argv: list[str] | None = None) -> int:
     models = check.steps["models"].get("models") or {}
     big, small = (Path(models[k]["path"]) if k in models else None for k in ("llama-1.2b", "smollm2-135m"))
     check.run_step("nvml", step_nvml, needs_s=30)
+    check.run_step("fork", step_fork, needs_s=20)
+    # the most telling first: a slow step costs the ones after it
     plan: list[tuple[str, Any, tuple, float]] = [
-        ("acceptance_lora", step_acceptance, ("lora", big), 90),
-        ("wizard", step_wizard, (small,), 40),
-        ("acceptance_full", step_acceptance, ("full", big), 120),
-        ("acceptance_inference", step_acceptance, ("inference", big), 45),
-        ("acceptance_qlora", step_acceptance, ("qlora", big), 90),
+        ("acceptance_lora", step_acceptance, ("lora", big), 60),
+        ("acceptance_fault", step_fault, (small,), 30),
+        ("acceptance_full", step_acceptance, ("full", small), 45),
+        ("acceptance_qlora", step_acceptance, ("qlora", big), 60),
         ("acceptance_command", step_command, (small,), 60),
+        ("acceptance_inference", step_acceptance, ("inference", big), 25),
+        ("wizard", step_wizard, (small,), 40),
+        ("acceptance_cpu", step_cpu_acceptance, (small,), 0),
     ]
     for name, fn, step_args, needs in plan:
         if any(a is None for a in step_args):

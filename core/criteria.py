@@ -32,8 +32,8 @@ from typing import Any
 
 from core.errors import SpecError
 
-#: ``resume_tier``: ``auto`` judges the resumed losses in the tier of the spec's dtype on the device
-#: (core/stages/resume.py ``tolerance_tier``: bit-exact on the CPU, relative 1e-4 for CUDA fp32, 2e-2 for 16-bit);
+#: ``resume_tier``: ``auto`` judges the resumed run in the tier of the device (core/stages/noise.py ``required_tier``:
+#: bit-exact on the CPU; within a multiple of a twin run's measured distance where kernels are not bit-exact);
 #: ``exact`` requires bit-exact agreement on every device.
 RESUME_TIERS = ("auto", "exact")
 
@@ -334,9 +334,9 @@ def judge_plan_error(c: AcceptCriteria, compared: Sequence[tuple[str, int, int]]
     return rows
 
 
-def judge_resume_tier(c: AcceptCriteria, tier_name: str, tier_rtol: float) -> list[Judgement]:
-    """The resume stage's criterion ``resume_tier``: the tier the resumed losses were judged in (its name) meets
-    ``exact`` only with rtol 0; ``auto`` is the dtype's tier on the device, met by construction (the row says which
-    tier judged)."""
-    met = tier_rtol == 0.0 if c.resume_tier == "exact" else True
+def judge_resume_tier(c: AcceptCriteria, tier_name: str, tier_multiple: float) -> list[Judgement]:
+    """The resume stage's criterion ``resume_tier``: the tier the resumed run was judged in (its name) meets ``exact``
+    only when it is bit-exact (no noise multiple: 0); ``auto`` is the device's tier, met by construction (the row says
+    which tier judged)."""
+    met = tier_multiple == 0.0 if c.resume_tier == "exact" else True
     return [Judgement("resume_tier", c.resume_tier, tier_name, met, on="the resumed steps' losses")]

@@ -314,6 +314,12 @@ class AcceptanceRun(StagedRun):
         #: the devices of this node's ranks, in local-rank order (one for a single process), and how children start
         self.rank_devices = rank_devices(spec, self.ctx.devices, self.device)
         self.launch = launch_options(spec, self.rank_devices)
+        # the fork server imports torch, transformers and peft while the plan is reported and traced: every stage
+        # child of one process is forked from it (core.forkserver)
+        from core import forkserver
+        from core.interpreter import child_env
+
+        forkserver.warm(child_env())
         self.run_dir = new_run_dir(spec, Path(runs_root), self.started)
         try:
             (self.run_dir / "spec.toml").write_text(tomli_w.dumps(spec.to_file_dict()), encoding="utf-8")

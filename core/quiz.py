@@ -407,7 +407,7 @@ def _checkpoint_vs_resume(rec: dict[str, Any], seed: str) -> Question | None:
                    "and compared it with the "
                    f"uninterrupted run: {len(checks) - len(failed)} of {len(checks)} checks passed"
                    + (f" (failed: {', '.join(failed)})" if failed else "")
-                   + f". Tier {tier.get('name')} (rtol {tier.get('rtol')}): {tier.get('why', '')}; it holds on this "
+                   + f". Tier {tier.get('name')}: {tier.get('why', '')}; it holds on this "
                    "box, and the record promises nothing bit-identical elsewhere.")
     return _q("checkpoint_vs_resume", seed, prompt, right, wrong, explanation,
               ("resume.checks", "resume.tier", "resume.checkpoint_step"))

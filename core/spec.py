@@ -45,6 +45,7 @@ TOML layout (every key optional; the defaults are the embedded model and text)::
     checkpoint_every = 10         # steps between checkpoints
     kill_after_checkpoint = 2     # kill after the 2nd checkpoint, before the next one
     kill_at = "boundary+1"        # boundary | boundary-1 | boundary+1 | checkpoint-write
+    noise = "auto"                # auto | twin | off: how the run-to-run noise bounding the comparison is known
 
     [torchrun]                    # strategies ddp and zero3 (fsdp) run under torchrun, one process per rank
     nproc_per_node = 0            # 0: one per CUDA device (1 on the CPU); on the CPU, N >= 2 gloo ranks
@@ -163,6 +164,12 @@ class QloraSettings:
 #: Where the interrupted run of the resume check starts (:attr:`ResumeSettings.interrupted_from`).
 InterruptedFrom = Literal["checkpoint", "start"]
 INTERRUPTED_FROM: tuple[InterruptedFrom, ...] = get_args(InterruptedFrom)
+#: How the resume check knows the run-to-run noise its tolerance checks are bounded by (core/stages/noise.py):
+#: ``auto`` measures it with a twin run where kernels are not bit-exact (CUDA; the test jitter), and asks for bit-exact
+#: agreement on the CPU, whose kernels are deterministic for a fixed thread count; ``twin`` always runs the twin;
+#: ``off`` never does and asks for bit-exact agreement everywhere.
+NoiseMethod = Literal["auto", "twin", "off"]
+NOISE_METHODS: tuple[NoiseMethod, ...] = get_args(NoiseMethod)
 #: Where the SIGKILL of the resume check lands: the kill points, with what each means, are
 #: :data:`core.killpoints.KILL_POINTS` (their one home)
 KillAt = killpoints.KillAt
@@ -187,6 +194,8 @@ class ResumeSettings:
         interrupted_from: where the interrupted run starts, one of :data:`INTERRUPTED_FROM`: ``checkpoint`` (a copy
             of the uninterrupted run's checkpoint before c: the run to the kill is itself a resume) or ``start``
             (step 0: the check before issue 16, which costs about a whole training run).
+        noise: how the noise that bounds the loss, weights and optimizer states is known, one of
+            :data:`NOISE_METHODS` (``auto``: a twin run on CUDA or under the test jitter, bit-exact on the CPU).
     """
 
     check: bool = True
@@ -195,6 +204,7 @@ class ResumeSettings:
     kill_at: KillAt = killpoints.DEFAULT_KILL_AT
     compare_steps: int = 0
     interrupted_from: InterruptedFrom = "checkpoint"
+    noise: NoiseMethod = "auto"
 
     def kill_checkpoint_step(self) -> int:
         """Global step of the checkpoint the interrupted run resumes from."""
@@ -519,6 +529,9 @@ class RunSpec:
         if r.interrupted_from not in INTERRUPTED_FROM:
             raise SpecError("resume.interrupted_from", f"{r.interrupted_from!r}: choose checkpoint (a copy of the "
                                                        "checkpoint before the kill) or start (step 0)")
+        if r.noise not in NOISE_METHODS:
+            raise SpecError("resume.noise", f"{r.noise!r}: choose auto (a twin run measures the noise where kernels "
+                                            "are not bit-exact), twin (always) or off (bit-exact required)")
         self._check_compare_steps()
         last = r.last_step_needed()
         if not killpoints.fits_in_run(r.kill_at, last, self.steps):

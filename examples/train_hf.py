@@ -13,6 +13,12 @@ Usage::
 
 The text is ``--text FILE`` or, by default, the standard library's ``pydoc_data.topics``; under ``torchrun`` each
 rank trains its share of every batch (Trainer's DDP; gloo on the CPU).
+
+``--fault NAME`` plants one resume bug, for showing that gpuaccept's resume check fails it: ``fresh_optimizer`` (the
+optimizer's state not restored), ``scheduler_restart`` (the schedule not restored), ``rng_not_restored`` (the random
+generators not restored: shows with ``--lora_dropout``), ``data_restart`` (Trainer's ``ignore_data_skip``: the data
+order restarts from the first batch), ``adapters_not_restored`` (the base is loaded, the adapters keep their initial
+values).
 """
 
 from __future__ import annotations
@@ -37,7 +43,40 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lora_r", type=int, default=8)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--resume_from_checkpoint", help="a checkpoint-<step> folder Trainer wrote")
+    p.add_argument("--lora_dropout", type=float, default=0.0)
+    p.add_argument("--fault", choices=FAULTS, help="a deliberate resume bug (see the docstring)")
     return p.parse_args(argv)
+
+
+#: the resume bugs ``--fault`` plants
+FAULTS = ("fresh_optimizer", "scheduler_restart", "rng_not_restored", "data_restart", "adapters_not_restored")
+
+
+def faulty_trainer(trainer_class: Any, fault: str | None) -> Any:
+    """``trainer_class`` committing ``fault`` when it loads a checkpoint (``None``: the class itself)."""
+    if fault is None:
+        return trainer_class
+
+    class Faulty(trainer_class):  # type: ignore[misc, valid-type]
+        def _load_from_checkpoint(self, resume_from_checkpoint: str, model: Any = None) -> None:
+            if fault != "adapters_not_restored":
+                super()._load_from_checkpoint(resume_from_checkpoint, model)
+
+        def _load_optimizer_and_scheduler(self, checkpoint: Any) -> None:
+            import copy
+
+            fresh = copy.deepcopy(self.lr_scheduler.state_dict()) if fault == "scheduler_restart" else None
+            super()._load_optimizer_and_scheduler(checkpoint)
+            if checkpoint is not None and fault == "fresh_optimizer":
+                getattr(self.optimizer, "optimizer", self.optimizer).state.clear()
+            if checkpoint is not None and fresh is not None:
+                self.lr_scheduler.load_state_dict(fresh)
+
+        def _load_rng_state(self, checkpoint: Any) -> None:
+            if fault != "rng_not_restored":
+                super()._load_rng_state(checkpoint)
+
+    return Faulty
 
 
 def blocks(tokenizer: Any, text_file: str | None, seq_len: int) -> list[dict[str, list[int]]]:
@@ -69,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     set_seed(args.seed)  # before the adapters are built: their initial A matrices are drawn here, not by Trainer
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
-    model = get_peft_model(model, LoraConfig(r=args.lora_r, lora_alpha=2 * args.lora_r, lora_dropout=0.0,
+    model = get_peft_model(model, LoraConfig(r=args.lora_r, lora_alpha=2 * args.lora_r, lora_dropout=args.lora_dropout,
                                              target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
     on_cpu = not torch.cuda.is_available()
     training_args = TrainingArguments(
@@ -78,9 +117,11 @@ def main(argv: list[str] | None = None) -> int:
         save_steps=args.save_steps, save_strategy="steps", logging_steps=1, seed=args.seed, data_seed=args.seed,
         report_to=[], disable_tqdm=True, use_cpu=on_cpu, dataloader_num_workers=0,
         ddp_backend="gloo" if on_cpu and int(os.environ.get("WORLD_SIZE", "1")) > 1 else None,
+        ignore_data_skip=args.fault == "data_restart",
     )
-    trainer = Trainer(model=model, args=training_args, train_dataset=blocks(tokenizer, args.text, args.seq_len),
-                      data_collator=default_data_collator)
+    trainer = faulty_trainer(Trainer, args.fault)(model=model, args=training_args,
+                                                  train_dataset=blocks(tokenizer, args.text, args.seq_len),
+                                                  data_collator=default_data_collator)
     trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
     return 0
 

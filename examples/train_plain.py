@@ -15,6 +15,10 @@ learning-rate schedule) on blocks of text and writes:
 same learning rates and (on the CPU, fp32) the same losses as an uninterrupted run. ``--forget-optimizer`` is a
 deliberate bug: the checkpoint has no optimizer state, a resume starts AdamW from zero moments (the script warns),
 and the resumed losses drift from the uninterrupted run's; gpuaccept's resume check must fail it and say why.
+``--fault NAME`` plants one resume bug of the kinds real loops have (the checkpoint is complete; the resume does not
+use all of it): ``fresh_optimizer`` (AdamW's state not loaded), ``scheduler_restart`` (the schedule not loaded),
+``rng_not_restored`` (the generators not restored: shows with ``--dropout``), ``data_restart`` (the data order
+restarts from the first batch). ``--dropout P`` sets the attention dropout (the model's ``attention_dropout``).
 
 Usage::
 
@@ -52,7 +56,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--resume", help="a checkpoint-<step> folder this script wrote")
     p.add_argument("--forget-optimizer", action="store_true",
                    help="a deliberate bug: save checkpoints without the optimizer state")
+    p.add_argument("--fault", choices=FAULTS, help="a deliberate resume bug (see the docstring)")
+    p.add_argument("--dropout", type=float, default=0.0, help="attention dropout (the model's attention_dropout)")
     return p.parse_args(argv)
+
+
+#: the resume bugs ``--fault`` plants, each a way a hand-written resume goes wrong
+FAULTS = ("fresh_optimizer", "scheduler_restart", "rng_not_restored", "data_restart")
 
 
 def blocks(tokenizer: Any, text_file: str | None, seq_len: int) -> list[list[int]]:
@@ -97,19 +107,21 @@ def save_checkpoint(out: Path, step: int, model: Any, optimizer: Any, scheduler:
     return final
 
 
-def load_checkpoint(path: Path, model: Any, optimizer: Any, scheduler: Any) -> int:
+def load_checkpoint(path: Path, model: Any, optimizer: Any, scheduler: Any, fault: str | None = None) -> int:
     import torch
     from safetensors.torch import load_model
 
     load_model(model, str(path / "model.safetensors"))
-    if (path / "optimizer.pt").exists():
+    if (path / "optimizer.pt").exists() and fault != "fresh_optimizer":
         optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
-    else:
+    elif fault != "fresh_optimizer":
         print(f"train_plain: {path} has no optimizer.pt: AdamW starts again from zero moments", file=sys.stderr)
-    scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=True))
-    rng = torch.load(path / "rng.pt", weights_only=False)
-    torch.set_rng_state(rng["torch"])
-    random.setstate(rng["python"])
+    if fault != "scheduler_restart":
+        scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=True))
+    if fault != "rng_not_restored":
+        rng = torch.load(path / "rng.pt", weights_only=False)
+        torch.set_rng_state(rng["torch"])
+        random.setstate(rng["python"])
     return int(json.loads((path / "progress.json").read_text())["step"])
 
 
@@ -121,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(args.seed)
     random.seed(args.seed)
     tokenizer = AutoTokenizer.from_pretrained(args.model)
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32, attention_dropout=args.dropout)
     model.train()
     data = blocks(tokenizer, args.text, args.seq_len)
     if len(data) < args.batch_size:
@@ -132,10 +144,12 @@ def main(argv: list[str] | None = None) -> int:
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: max(0.0, 1.0 - s / args.steps))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    start = load_checkpoint(Path(args.resume), model, optimizer, scheduler) if args.resume else 0
+    start = load_checkpoint(Path(args.resume), model, optimizer, scheduler, args.fault) if args.resume else 0
     with (out / "metrics.jsonl").open("a", encoding="utf-8") as metrics:
         for step in range(start + 1, args.steps + 1):
-            ids = batch_ids(step, args.batch_size, len(data), args.seed)
+            # data_restart (a deliberate bug): the resumed run counts its batches from its own start
+            ids = batch_ids(step - start if args.fault == "data_restart" else step, args.batch_size, len(data),
+                            args.seed)
             batch = torch.tensor([data[i] for i in ids])
             lr = scheduler.get_last_lr()[0]
             loss = model(input_ids=batch, labels=batch).loss

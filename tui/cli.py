@@ -102,6 +102,10 @@ def _spec_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--interrupted-from", dest="resume_interrupted_from", choices=("checkpoint", "start"),
                    help="the interrupted run starts from a copy of the uninterrupted run's checkpoint before the one "
                         "resumed from (default), or from step 0")
+    g.add_argument("--resume-noise", dest="resume_noise", choices=("auto", "twin", "off"),
+                   help="how the run-to-run noise that bounds the loss, weights and optimizer states is known: auto "
+                        "(default: a twin run measures it on CUDA; bit-exact on the CPU), twin (always run the twin), "
+                        "off (bit-exact required)")
 
 
     g = p.add_argument_group("acceptance criteria (the [accept] table; unset: the default rules; README \"Acceptance "
@@ -155,7 +159,7 @@ def _command_flags(p: argparse.ArgumentParser) -> None:
 #: the flags of gpuaccept's own recipe that mean the same in command mode: flag dest -> [command] key
 _SHARED_WITH_COMMAND = {"model": "model", "data": "data", "heldout_fraction": "heldout_fraction",
                         "eval_max_blocks": "eval_max_blocks", "resume_kill_after_checkpoint": "kill_after_checkpoint",
-                        "resume_check": "resume_check", "dtype": "dtype"}
+                        "resume_check": "resume_check", "resume_noise": "resume_noise", "dtype": "dtype"}
 _COMMAND_KEYS = ("command_train", "command_resume", "command_checkpoints", "command_metrics",
                  "command_checkpoint_files", "command_workdir", "command_eval", "command_eval_seq_len",
                  "command_timeout_s", "command_env")
@@ -224,7 +228,7 @@ _SPEC_KEYS = ("mode", "model", "dtype", "precision", "attn_implementation", "pad
               "lora_dropout", "lora_targets", "qlora_quant_type", "qlora_double_quant", "devices", "strategy", "tp", "torchrun_nproc_per_node", "torchrun_nnodes",
               "torchrun_rdzv_endpoint", "torchrun_rdzv_id", "torchrun_rdzv_backend", "data", "heldout_fraction", "eval_max_blocks", "seed",
               "probe_steps", "resume_check", "resume_checkpoint_every", "resume_kill_after_checkpoint",
-              "resume_kill_at", "resume_compare_steps", "resume_interrupted_from", *ACCEPT_KEYS)
+              "resume_kill_at", "resume_compare_steps", "resume_interrupted_from", "resume_noise", *ACCEPT_KEYS)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -61,12 +61,16 @@ class KillSwitch:
 
 class MeasuringTrainer(Trainer):
     """Trainer that keeps each micro-batch's sample ids and loss (``micro``, emptied by :class:`StepReporter` at each
-    optimizer step), reports the generators right after a restore, and asks ``kill_switch`` where it may hold."""
+    optimizer step), reports the generators right after a restore, and asks ``kill_switch`` where it may hold.
 
-    def __init__(self, *args: Any, events: EventWriter, kill_switch: KillSwitch, **kwargs: Any) -> None:
+    ``fault`` (tests only, :mod:`core.child.faults`): the resume bug this run commits when it loads a checkpoint."""
+
+    def __init__(self, *args: Any, events: EventWriter, kill_switch: KillSwitch, fault: str | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.events = events
         self.kill_switch = kill_switch
+        self.fault = fault
         self.micro: list[tuple[list[int], float]] = []  # (sample ids, loss) per micro-batch of the current step
 
     def training_step(self, model: torch.nn.Module, inputs: dict[str, Any],
@@ -77,7 +81,27 @@ class MeasuringTrainer(Trainer):
         self.kill_switch.check(self, "micro")
         return loss
 
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model: Any = None) -> None:
+        if self.fault == "adapters_not_restored":  # planted: the adapters keep their initial values
+            return
+        super()._load_from_checkpoint(resume_from_checkpoint, model)
+
+    def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
+        import copy
+
+        fresh = (copy.deepcopy(self.lr_scheduler.state_dict())
+                 if self.fault == "scheduler_restart" and self.lr_scheduler is not None else None)
+        super()._load_optimizer_and_scheduler(checkpoint)
+        if checkpoint is None:
+            return
+        if self.fault == "fresh_optimizer" and self.optimizer is not None:  # planted: AdamW from zero moments, step 0
+            getattr(self.optimizer, "optimizer", self.optimizer).state.clear()
+        if fresh is not None and self.lr_scheduler is not None:  # planted: the schedule restarts
+            self.lr_scheduler.load_state_dict(fresh)
+
     def _load_rng_state(self, checkpoint: str | None) -> None:
+        if self.fault == "rng_not_restored":  # planted: the generators go on from wherever this process has them
+            return
         super()._load_rng_state(checkpoint)
         if checkpoint is not None:
             self.events.write(RngRestored(digest=rng_digest(live_rng_state()), checkpoint=str(checkpoint)))

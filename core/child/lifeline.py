@@ -1,6 +1,6 @@
 """A child process ends when gpuaccept does: no probe or trace is left holding memory on a shared box.
 
-Every child gets ``GPUACCEPT_PARENT_PID`` (:func:`core.stages.childproc.child_env`). :func:`exit_with_parent` starts a
+Every child gets ``GPUACCEPT_PARENT_PID`` (:func:`core.interpreter.child_env`). :func:`exit_with_parent` starts a
 daemon thread that checks once a second whether that process (and the child's own parent, which under torchrun is
 torchrun) still runs, and ends the child with exit status 3 when either is gone, after removing the folder it was
 given (a trace's temporary folder), so a ``kill -9`` of gpuaccept leaves neither a process nor a folder behind.

@@ -190,31 +190,36 @@ def build_trainer(spec: RunSpec, model: Any, blocks: list[dict[str, Any]], out_d
     Checkpoints every ``resume.checkpoint_every`` steps (and at the last step) when ``save``; ``max_steps`` (the
     probe's) replaces the spec's ``steps``; ``extra_callbacks`` run after the reporter (the probe's measuring one).
     """
+    from core.child import faults
     from core.child.callbacks import KillSwitch, MeasuringTrainer, StepReporter
 
+    fault = faults.active(job["role"])
     kill_switch = KillSwitch(job, events, spec.grad_accum)
     reporter = StepReporter(events, kill_switch, stop_after=job.get("stop_after_step"))
     trainer = MeasuringTrainer(
         model=model,
-        args=training_arguments(spec, out_dir, device, job, max_steps, save),
+        args=training_arguments(spec, out_dir, device, job, max_steps, save, ignore_data_skip=fault == "data_restart"),
         train_dataset=ListDataset(blocks),
         data_collator=collate,
         callbacks=[reporter, *(extra_callbacks or [])],
         events=events,
         kill_switch=kill_switch,
+        fault=fault,
     )
     reporter.trainer = trainer
     return trainer
 
 
 def training_arguments(spec: RunSpec, out_dir: Path, device: str, job: dict[str, Any], max_steps: int | None = None,
-                       save: bool = True) -> Any:
+                       save: bool = True, ignore_data_skip: bool = False) -> Any:
     """Trainer's arguments for ``spec``: batch, accumulation, optimizer and schedule, checkpoints every
-    ``resume.checkpoint_every`` steps when ``save`` (at most ``job["save_total_limit"]`` kept), the seeds, autocast
-    (``bf16`` / ``fp16`` when the spec autocasts), gloo for CPU ranks under torchrun, FSDP2 for zero3."""
+    ``resume.checkpoint_every`` steps when ``save`` (``job["save_steps"]`` when given: the twin of the resume check
+    saves only at its last step; at most ``job["save_total_limit"]`` kept), the seeds, autocast (``bf16`` / ``fp16``
+    when the spec autocasts), gloo for CPU ranks under torchrun, FSDP2 for zero3. ``ignore_data_skip``: a resume
+    starts the data from its first sample (the planted fault ``data_restart``, :mod:`core.child.faults`)."""
     from transformers import TrainingArguments
 
-    every = spec.resume.checkpoint_every if spec.resume.check else spec.steps
+    every = job.get("save_steps") or (spec.resume.checkpoint_every if spec.resume.check else spec.steps)
     # zero3 = FSDP full shard (FSDP2, full state dict checkpoints). accelerate enables FSDP only on accelerators:
     # on the CPU this runs as DDP, which the probe reports from the wrapper it finds (core.stages.probe).
     fsdp: dict[str, Any] = ({"fsdp": True, "fsdp_config": {"version": 2, "reshard_after_forward": True}}
@@ -237,6 +242,7 @@ def training_arguments(spec: RunSpec, out_dir: Path, device: str, job: dict[str,
         seed=spec.seed,
         data_seed=spec.seed,
         report_to=[],
+        ignore_data_skip=ignore_data_skip,
         disable_tqdm=True,
         dataloader_num_workers=0,
         remove_unused_columns=False,

@@ -14,6 +14,13 @@ Roles (``job["role"]``):
   once step ``kill_step`` is done it emits ``kill_point`` and holds there until the parent SIGKILLs its process group
   (so the kill lands after checkpoint c and before the next on any machine speed).
 - ``resumed``: the same training resumed with ``resume_from_checkpoint``, stopped after ``stop_after_step``.
+- ``twin``: the same training as ``train`` from step 0, uninterrupted, without the evaluations, stopped after
+  ``stop_after_step`` (checkpointed there only): its distance from the reference is the run-to-run noise the resume
+  check bounds the resumed run by (:mod:`core.stages.noise`).
+
+The training roles run under the test-only gradient jitter when ``GPUACCEPT_TEST_JITTER`` asks for it
+(:mod:`core.child.inject.jitter`, a stand-in for a GPU's nondeterminism), and commit the planted fault
+``GPUACCEPT_TEST_FAULT`` names (:mod:`core.child.faults`).
 
 Every training role emits one ``step`` event per optimizer step: global step, epoch, the learning rate applied, the loss
 (mean over the micro-batches of the step, unrounded) and the sample ids consumed.
@@ -95,6 +102,12 @@ def run_job(job: dict[str, Any], events: EventWriter) -> None:
     hf_logging.disable_progress_bar()
     spec = RunSpec.from_dict(job["spec"])
     role = job["role"]
+    if role != "probe" and spec.training:
+        _test_only_noise_and_faults(role)
+        from core.child import faults
+
+        if faults.active(role) == "other_run":  # planted: this run is another run (another seed)
+            spec = RunSpec.from_dict({**job["spec"], "seed": spec.seed + 1})
     device, name = rank_device(job)
     rss_start = rss_bytes()
     place = rank_info()
@@ -123,6 +136,18 @@ def run_job(job: dict[str, Any], events: EventWriter) -> None:
         evaluate(spec, model, heldout_blocks, device, events, "before")
     else:
         train(spec, model, train_blocks, heldout_blocks, device, events, job)
+
+
+def _test_only_noise_and_faults(role: str) -> None:
+    """Install the test jitter when ``GPUACCEPT_TEST_JITTER`` asks for it, and check ``GPUACCEPT_TEST_FAULT`` names a
+    fault (:mod:`core.child.faults` raises otherwise)."""
+    from core.child import faults
+    from core.child.inject.jitter import amplitude, install
+
+    relative = amplitude()
+    if relative:
+        install(relative)
+    faults.active(role)
 
 
 def train(spec: RunSpec, model: Any, train_blocks: list[dict[str, Any]], heldout_blocks: list[dict[str, Any]],

@@ -243,9 +243,11 @@ class CommandRun(StagedRun):
         return max(widths) if widths else DEFAULT_EVAL_SEQ_LEN
 
     def tier(self) -> Any:
-        """The tolerance tier of the resume check: the device the command ran on and its compute dtype (the
-        Trainer's bf16 / fp16 flag or parameter dtype; else ``command.dtype``)."""
-        from core.stages.resume import tolerance_tier
+        """The tier of the resume check (:func:`core.stages.noise.required_tier`): the device the command ran on, its
+        compute dtype (the Trainer's bf16 / fp16 flag or parameter dtype; else ``command.dtype``), ``resume_noise``
+        and the test jitter."""
+        from core.child.inject.jitter import amplitude
+        from core.stages.noise import required_tier
 
         outcome = self.reference
         trainer = outcome.trainer if outcome else None
@@ -256,7 +258,7 @@ class CommandRun(StagedRun):
         plan = self.results.get("plan")
         if plan is not None and plan.ran is not None and plan.ran.spec is not None:
             dtype = plan.ran.spec.dtype
-        return tolerance_tier(device, dtype)
+        return required_tier(device, dtype, "auto", self.spec.resume_noise, jittered=amplitude() > 0)
 
     def resume_stage(self, cancelled: Callable[[], bool] | None = None) -> Generator[Event, None, CommandResume]:
         """Kill the command after a checkpoint, resume it, compare with the uninterrupted run."""

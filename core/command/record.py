@@ -166,6 +166,7 @@ def resume_table(r: Any) -> dict[str, Any]:
     return {"status": r.status, "provenance": "measured", "summary": r.summary,
             "checkpoint_step": r.checkpoint_step, "next_checkpoint_step": r.next_checkpoint_step,
             "kill_step": r.kill_step, "final_checkpoint_step": r.final_checkpoint_step,
+            "twin_final_step": r.twin_final_step,
             "tier": dataclasses.asdict(r.tier) if r.tier else {}, "seconds": r.seconds,
             "required_files": r.required_files,
             "checks": [{**dataclasses.asdict(c), "tier": c.tier or {"exact": "exact", "completeness": "all-present"}

@@ -16,15 +16,19 @@ The uninterrupted run (the probe stage's) is the reference. Its checkpoints, by 
    step c, and it was written at the world size the resume runs at.
 3. **resumed**: the resume command with ``{checkpoint}`` = checkpoint c, into its own ``{out}``, to its end.
 4. **compared** with the reference: the steps the resumed run logged (exactly the reference's after c), the learning
-   rate and the samples of every step (exact), the loss of every step and rank (within the tier), the trainable set
-   (Trainer), the manifest again after the run, and at the reference's last checkpoint every tensor file: weights
-   (tier), optimizer progress (exact) and moments (tier), RNG and scheduler states (exact). What could not be compared
-   (no learning rate or sample ids in the metrics, a JSON file) is listed, never counted as passed.
+   rate and the samples of every step (exact), the loss of every step and rank (within the tier's bound), the
+   trainable set (Trainer), the manifest again after the run, and at the reference's last checkpoint every tensor
+   file: weights (bound), optimizer progress (exact) and moments (bound), RNG and scheduler states (exact). What could
+   not be compared (no learning rate or sample ids in the metrics, a JSON file) is listed, never counted as passed.
+
+Where the tier measures the noise (:mod:`core.stages.noise`: on CUDA, or under the test jitter), a **twin** runs
+first: the training command again, uninterrupted, into its own ``{out}``; the bound of every tolerance check is
+``NOISE_MULTIPLE`` times the twin's distance from the reference (the losses of the steps compared; per tensor at the
+reference's last checkpoint; each number of a JSON state).
 """
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
@@ -36,11 +40,10 @@ from core.command.reports import Checkpoint, StepRecord, failure_lines, last_lin
 from core.command.run import RunOutcome, run_command
 from core.command.spec import CommandSpec, substitute
 from core.events import Event, Message
+from core.stages.noise import Tier, judge_losses, judge_tensors, loss_noise
 from core.stages.resume import (
     Check,
-    Tier,
     UntrustedCheckpoint,
-    _max_diff,
     _span,
     compare_optimizers,
     safe_load,
@@ -84,6 +87,8 @@ class CommandResume:
     comparison: list[dict[str, Any]] = field(default_factory=list)
     manifest: dict[str, str] = field(default_factory=dict)
     not_compared: list[str] = field(default_factory=list)
+    #: the last step of the twin run (None: no twin ran)
+    twin_final_step: int | None = None
     runs: dict[str, RunSummary] = field(default_factory=dict)
     #: what the check's runs did that must be read (a process left running after it exited, a metrics line refused)
     findings: list[str] = field(default_factory=list)
@@ -127,7 +132,8 @@ def resume_stage(spec: CommandSpec, reference: RunOutcome, run_dir: Path, values
 
     Args:
         values: the placeholders other than ``{out}`` and ``{checkpoint}`` (``{train_data}``, ``{model}``).
-        tier: the tolerance of the loss and tensor comparisons (:func:`core.stages.resume.tolerance_tier`).
+        tier: how the loss and tensor comparisons are judged (:func:`core.stages.noise.required_tier`): bit-exact, or
+            bounded by a twin run's distance from the reference (the twin then runs first).
 
     Raises:
         StageCancelled: the user stopped it; every process of the command was killed.
@@ -164,6 +170,24 @@ def resume_stage(spec: CommandSpec, reference: RunOutcome, run_dir: Path, values
     if final <= c:
         return _finish(started, checks, tier, required=required)
 
+    # 0. the twin: the training command again, uninterrupted (its distance from the reference is the noise)
+    twin = None
+    runs: dict[str, RunSummary] = {}
+    if not tier.exact:
+        out_t = run_dir / "resume-twin" / "out"
+        yield Message("resume", text="twin run: the training command again, uninterrupted; its distance from the "
+                                     "uninterrupted run is the run-to-run noise the comparison is bounded by")
+        twin = yield from run_command(spec, "twin", substitute(spec.words(), {**values, "{out}": str(out_t)}), out_t,
+                                      run_dir / "resume-twin", "resume", total=reference.last_step() or final,
+                                      cancelled=cancelled, backend=backend)
+        runs["twin"] = _summary(twin)
+        if twin.exit_code != 0:
+            why = "timed out" if twin.timed_out else f"exit status {twin.exit_code}"
+            checks.append(Check("twin_run", "fail", f"the twin run (the training command again) failed ({why}): "
+                                                    f"{failure_lines(twin.log_path)} (see {twin.log_path}); no noise "
+                                                    "bound could be measured"))
+            return _finish(started, checks, tier, runs=runs, required=required)
+
     # 1. the interrupted run, killed between checkpoint c and the next
     out_i = run_dir / "resume-interrupted" / "out"
     argv_i = substitute(spec.words(), {**values, "{out}": str(out_i)})
@@ -179,7 +203,7 @@ def resume_stage(spec: CommandSpec, reference: RunOutcome, run_dir: Path, values
     interrupted = yield from run_command(spec, "interrupted", argv_i, out_i, run_dir / "resume-interrupted",
                                          "resume", total=k, hold_at_step=k if trainer else None,
                                          kill_when=at_kill_point, cancelled=cancelled, backend=backend)
-    runs = {"interrupted": _summary(interrupted)}
+    runs["interrupted"] = _summary(interrupted)
     seen = max((s.step for s in interrupted.steps_seen()), default=0)
     if interrupted.kill is not None:
         yield Message("resume", text=f"interrupted run killed at step {seen} ({interrupted.kill.evidence()})")
@@ -218,13 +242,14 @@ def resume_stage(spec: CommandSpec, reference: RunOutcome, run_dir: Path, values
     # 4. compared with the reference
     not_compared: list[str] = []
     step_checks, comparison = compare_steps(reference.steps, interrupted.steps, resumed.steps, c, tier, not_compared,
-                                            resumed.trainer)
+                                            resumed.trainer, twin.steps if twin is not None else None)
     checks += step_checks
     if trainer:
         checks.append(trainable_check(trainer, resumed.trainer))
-    checks += compare_final(reference, resumed, final, tier, not_compared, trainer is not None)
+    checks += compare_final(reference, resumed, final, tier, not_compared, trainer is not None, twin)
     return _finish(started, checks, tier, c, n, k, final, comparison, manifest, not_compared, runs, required,
-                   [f"{o.name} run: {p}" for o in (interrupted, resumed) for p in o.problems])
+                   [f"{o.name} run: {p}" for o in (twin, interrupted, resumed) if o is not None for p in o.problems],
+                   twin.last_step() if twin is not None else None)
 
 
 def _too_few(spec: CommandSpec, reference: RunOutcome, saved: list[int], need: int) -> str:
@@ -361,15 +386,16 @@ def _by_rank(steps: list[StepRecord]) -> dict[tuple[int, int], StepRecord]:
 
 def compare_steps(ref_steps: list[StepRecord], interrupted: list[StepRecord], resumed: list[StepRecord], c: int,
                   tier: Tier, not_compared: list[str], resumed_trainer: dict[str, Any] | None = None,
-                  ) -> tuple[list[Check], list[dict[str, Any]]]:
+                  twin_steps: list[StepRecord] | None = None) -> tuple[list[Check], list[dict[str, Any]]]:
     """The step-by-step checks: ``global_steps`` (the resumed run logged exactly the reference's steps after c, on
     every rank; a resumed Trainer started at global step c), ``reproducible`` (before its kill the interrupted run
     equals the reference: the command gives the same run twice), then for the resumed run ``learning_rate`` and
-    ``sample_ids`` (exact, where the metrics hold them) and ``loss`` (every step and rank within the tier).
+    ``sample_ids`` (exact, where the metrics hold them) and ``loss`` (every step and rank within the bound: bit-exact,
+    or ``multiple`` x the twin's largest loss difference over the compared steps, :mod:`core.stages.noise`).
 
     Returns:
         (the checks, one row per resumed step of rank 0: step, learning_rate, loss_reference, loss_resumed,
-        difference)."""
+        difference, and loss_twin with a twin)."""
     if not ref_steps:
         return [Check("loss", "fail", "the uninterrupted run wrote no per-step metrics (none found: "
                                       "command.metrics), so nothing shows the resumed run continues as it did; "
@@ -386,8 +412,13 @@ def compare_steps(ref_steps: list[StepRecord], interrupted: list[StepRecord], re
                     f" (every step the uninterrupted run logged after {c}, {len({r for r, _ in want})} rank(s)){start}")]
     before = [(s, ref[(s.rank, s.step)]) for s in interrupted if (s.rank, s.step) in ref]
     pairs = [(s, ref[(s.rank, s.step)]) for s in resumed if (s.rank, s.step) in ref]
+    noise, why_not = _noise(ref, twin_steps, [key for key in ref if any((s.rank, s.step) == key for s, _ in
+                                                                        before + pairs)], tier)
+    if why_not:
+        checks.append(Check("loss", "fail", why_not, kind="tolerance", tier=tier.name))
+        return checks, []
     if before:
-        checks.append(_reproducible(before, tier))
+        checks.append(_reproducible(before, tier, noise))
     else:
         not_compared.append("the interrupted run before the kill: it logged no step the uninterrupted run logged")
     for key, label in (("learning_rate", "learning rate"), ("sample_ids", "sample ids")):
@@ -401,49 +432,58 @@ def compare_steps(ref_steps: list[StepRecord], interrupted: list[StepRecord], re
         checks.append(Check(key, "fail" if diff else "pass",
                             f"{label} of the resumed run differs at steps {_span(diff)}" if diff else
                             f"{label} of the resumed run equal at {len(have)} step(s)"))
-    bad, worst, worst_step = _losses(pairs, tier)
+    judged, bad = judge_losses([(a.step, a.loss, b.loss) for a, b in pairs], noise, tier)
     checks.append(Check("loss", "fail" if bad or not pairs else "pass",
-                        (f"resumed loss outside {tier.name} at steps {_span(bad)}" if bad else
-                         f"resumed loss within {tier.name} at {len(pairs)} step(s)" if pairs else
-                         "the resumed run logged no step the uninterrupted run logged")
-                        + (f"; largest difference {worst:.3g} at step {worst_step}" if worst_step else "; identical"),
-                        kind="tolerance", tier=tier.name, largest_difference=worst))
+                        (f"resumed loss outside the bound at steps {_span(bad)}; " if bad else "")
+                        + (judged.describe(tier, "resumed losses (every rank)") if pairs else
+                           "the resumed run logged no step the uninterrupted run logged"),
+                        kind="tolerance", tier=tier.name, largest_difference=judged.distance, noise=judged.noise,
+                        bound=judged.bound))
+    twins = _by_rank(twin_steps or [])
     rows = [{"step": s.step, "learning_rate": s.learning_rate, "loss_reference": ref[(0, s.step)].loss,
-             "loss_resumed": s.loss, "difference": abs(s.loss - ref[(0, s.step)].loss)}
+             "loss_resumed": s.loss, "difference": abs(s.loss - ref[(0, s.step)].loss),
+             **({"loss_twin": twins[(0, s.step)].loss} if (0, s.step) in twins else {})}
             for s in resumed if s.rank == 0 and (0, s.step) in ref]
     return checks, rows
 
 
-def _losses(pairs: list[tuple[StepRecord, StepRecord]], tier: Tier) -> tuple[list[int], float, int | None]:
-    """(the steps whose loss is outside the tier, the largest difference, its step)."""
-    worst, worst_step, bad = 0.0, None, []
-    for a, b in pairs:
-        d = abs(a.loss - b.loss)
-        if d > worst or not math.isfinite(d):
-            worst, worst_step = d, a.step
-        if not (a.loss == b.loss if tier.rtol == 0.0 else d <= tier.rtol * max(abs(b.loss), 1e-12)):
-            bad.append(a.step)
-    return sorted(set(bad)), worst, worst_step
+def _noise(ref: dict[tuple[int, int], StepRecord], twin_steps: list[StepRecord] | None, keys: list[tuple[int, int]],
+           tier: Tier) -> tuple[float | None, str]:
+    """(the twin's largest loss difference from the reference over the (rank, step) ``keys`` compared, "") for a twin
+    tier; (None, "") for an exact one; (None, why) when the twin did not log them."""
+    if tier.exact:
+        return None, ""
+    twins = _by_rank(twin_steps or [])
+    missing = sorted({step for rank, step in keys if (rank, step) not in twins})
+    if twin_steps is None or missing:
+        return None, (f"the twin run logged no loss at steps {_span(missing)}, so no noise bound could be measured"
+                      if twin_steps is not None else "no twin run to measure the noise with")
+    indices = list(range(len(keys)))  # each (rank, step) compared, as one "step" of core.stages.noise.loss_noise
+    return loss_noise({i: [ref[key].loss] for i, key in zip(indices, keys)},
+                      {i: [twins[key].loss] for i, key in zip(indices, keys)}, indices), ""
 
 
-def _reproducible(before: list[tuple[StepRecord, StepRecord]], tier: Tier) -> Check:
-    """The interrupted run, before its kill, equals the uninterrupted one (loss within the tier, learning rate and
+def _reproducible(before: list[tuple[StepRecord, StepRecord]], tier: Tier, noise: float | None) -> Check:
+    """The interrupted run, before its kill, equals the uninterrupted one (loss within the bound, learning rate and
     samples exact): the command gives the same run twice. If not, no comparison after a resume can tell a bad resume
     from a run that differs anyway."""
-    bad, worst, _ = _losses(before, tier)
+    judged, bad = judge_losses([(a.step, a.loss, b.loss) for a, b in before], noise, tier)
     other = sorted({a.step for a, b in before if (a.learning_rate, a.sample_ids) != (b.learning_rate, b.sample_ids)
                     and a.learning_rate is not None and b.learning_rate is not None})
     steps = sorted({a.step for a, _ in before})
     if bad or other:
         return Check("reproducible", "fail",
                      f"before any kill, the interrupted run differs from the uninterrupted one at steps "
-                     f"{_span(sorted(set(bad) | set(other)))} (largest loss difference {worst:.3g}): the command does "
+                     f"{_span(sorted(set(bad) | set(other)))} ({judged.describe(tier, 'losses')}): the command does "
                      "not give the same run twice, so no resume can be shown to continue it; seed everything it draws "
                      "(e.g. transformers.set_seed before building the model and its adapters) or make it "
-                     "deterministic", kind="tolerance", tier=tier.name, largest_difference=worst)
+                     "deterministic", kind="tolerance", tier=tier.name, largest_difference=judged.distance,
+                     noise=judged.noise, bound=judged.bound)
     return Check("reproducible", "pass", f"before the kill, the interrupted run equals the uninterrupted one at steps "
-                                         f"{_span(steps)} (loss within {tier.name}, learning rate and samples)",
-                 kind="tolerance", tier=tier.name, largest_difference=worst)
+                                         f"{_span(steps)} (learning rate and samples exactly; "
+                                         f"{judged.describe(tier, 'losses')})",
+                 kind="tolerance", tier=tier.name, largest_difference=judged.distance, noise=judged.noise,
+                 bound=judged.bound)
 
 
 def trainable_check(reference: dict[str, Any], resumed: dict[str, Any] | None) -> Check:
@@ -461,12 +501,13 @@ def trainable_check(reference: dict[str, Any], resumed: dict[str, Any] | None) -
 
 
 def compare_final(reference: RunOutcome, resumed: RunOutcome, step: int, tier: Tier, not_compared: list[str],
-                  trainer: bool = False) -> list[Check]:
+                  trainer: bool = False, twin: RunOutcome | None = None) -> list[Check]:
     """At the reference's last checkpoint (step ``step``), the resumed run's checkpoint of the same step, file by
-    file: every ``.safetensors`` file's tensors (``final_weights``, tier), every optimizer file (progress exact,
-    moments tier: :func:`core.stages.resume.compare_optimizers`), every other pickle (RNG, scheduler, progress; exact)
-    and, for a script that is not Trainer-based, every JSON file (numbers within the tier, the rest exact) as
-    ``states``. A Trainer checkpoint's JSON files are its configs (peft writes ``target_modules`` from a set, in no
+    file: every ``.safetensors`` file's tensors (``final_weights``, bound), every optimizer file (progress exact,
+    moments bound: :func:`core.stages.resume.compare_optimizers`), every other pickle (RNG, scheduler, progress; exact)
+    and, for a script that is not Trainer-based, every JSON file (numbers within the bound, the rest exact) as
+    ``states``. The bounds are the tier's (:mod:`core.stages.noise`): bit-exact, or from the ``twin``'s checkpoint of
+    the same step. A Trainer checkpoint's JSON files are its configs (peft writes ``target_modules`` from a set, in no
     fixed order) and its trainer state (timings, paths; its steps are compared above); they and other files (text)
     are listed in ``not_compared``."""
     a = next((x for x in reference.checkpoints if x.step == step), None)
@@ -475,14 +516,21 @@ def compare_final(reference: RunOutcome, resumed: RunOutcome, step: int, tier: T
         have = ", ".join(x.name for x in resumed.checkpoints) or "none"
         return [Check("final_checkpoint", "fail", f"the resumed run wrote no checkpoint of step {step} to compare with "
                                                   f"the uninterrupted run's (it wrote {have})")]
+    t = None
+    if twin is not None and not tier.exact:
+        t = next((x for x in twin.checkpoints if x.step == step), None)
+        if t is None:
+            have = ", ".join(x.name for x in twin.checkpoints) or "none"
+            return [Check("final_checkpoint", "fail", f"the twin run wrote no checkpoint of step {step} to measure the "
+                                                      f"noise with (it wrote {have})")]
     names = sorted(str(p.relative_to(a.path)) for p in a.path.rglob("*") if p.is_file())
-    missing = [n for n in names if not (b.path / n).is_file()]
+    missing = [n for n in names if not (b.path / n).is_file() or (t is not None and not (t.path / n).is_file())]
     checks = [Check("final_checkpoint", "fail" if missing else "pass",
-                    f"{b.name} of the resumed run lacks {', '.join(missing)}" if missing else
+                    f"{b.name} of the resumed (or twin) run lacks {', '.join(missing)}" if missing else
                     f"{b.name} of both runs holds the same {len(names)} files")]
     weights = [n for n in names if n.endswith(".safetensors") and n not in missing]
     if weights:
-        checks.append(_compare_safetensors(a.path, b.path, weights, tier))
+        checks.append(_compare_safetensors(a.path, b.path, weights, tier, t.path if t is not None else None))
     else:
         not_compared.append(f"weights as tensors: {a.name} holds no .safetensors file (a pickle's tensors, if any, "
                             "are compared exactly under states)")
@@ -498,9 +546,9 @@ def compare_final(reference: RunOutcome, resumed: RunOutcome, step: int, tier: T
             states.append(n)
         elif Path(n).suffix in PICKLES and Path(n).name not in TRAINER_UNLOADED:
             if "optim" in Path(n).name:
-                for ch in compare_optimizers(a.path / n, b.path / n, tier):
+                for ch in compare_optimizers(a.path / n, b.path / n, tier, t.path / n if t is not None else None):
                     checks.append(Check(ch.name, ch.status, f"{n}: {ch.evidence}", ch.kind, ch.tier,
-                                        ch.largest_difference))
+                                        ch.largest_difference, ch.noise, ch.bound))
             else:
                 states.append(n)
         else:
@@ -510,34 +558,36 @@ def compare_final(reference: RunOutcome, resumed: RunOutcome, step: int, tier: T
                             "with its timings and paths, or its pickled TrainingArguments; the steps are compared "
                             "step by step above)")
     if states:
-        checks.append(_compare_states(a.path, b.path, states, tier))
+        checks.append(_compare_states(a.path, b.path, states, tier, t.path if t is not None else None))
     return checks
 
 
-def _compare_safetensors(a: Path, b: Path, names: list[str], tier: Tier) -> Check:
+def _compare_safetensors(a: Path, b: Path, names: list[str], tier: Tier, t: Path | None = None) -> Check:
+    """``final_weights``: every tensor of the ``.safetensors`` files ``names`` of the resumed run's checkpoint ``b``
+    against the reference's ``a``, bounded by the twin's ``t`` (:func:`core.stages.noise.judge_tensors`)."""
     from safetensors.torch import load_file
 
-    worst, where, ok, count, problems = 0.0, "", True, 0, []
+    ref: dict[str, Any] = {}
+    res: dict[str, Any] = {}
+    twin: dict[str, Any] | None = {} if t is not None else None
     for n in names:
-        x, y = load_file(str(b / n)), load_file(str(a / n))
-        if x.keys() != y.keys():
-            problems.append(f"{n}: tensor names differ ({sorted(x.keys() ^ y.keys())[:3]})")
-            continue
-        w, key, fine = _max_diff(x, y, tier.rtol)
-        count += len(x)
-        ok = ok and fine
-        if w > worst or not where:
-            worst, where = w, f"{n}:{key}"
-    ok = ok and not problems
-    text = "; ".join(problems) if problems else (f"{count} tensors of {', '.join(names)}: " + (
-        f"largest difference {worst:.3g} ({where})" if worst else "bit-identical"))
-    return Check("final_weights", "pass" if ok else "fail", text, kind="tolerance", tier=tier.name,
-                 largest_difference=worst)
+        ref.update({f"{n}:{k}": v for k, v in load_file(str(a / n)).items()})
+        res.update({f"{n}:{k}": v for k, v in load_file(str(b / n)).items()})
+        if twin is not None and t is not None:
+            twin.update({f"{n}:{k}": v for k, v in load_file(str(t / n)).items()})
+    try:
+        judged = judge_tensors(ref, res, twin, tier)
+    except ValueError as exc:
+        return Check("final_weights", "fail", f"{', '.join(names)}: {exc}", kind="tolerance", tier=tier.name)
+    return Check("final_weights", "pass" if judged.ok else "fail",
+                 judged.describe(tier, f"tensors of {', '.join(names)}"), kind="tolerance", tier=tier.name,
+                 largest_difference=judged.distance, noise=judged.noise, bound=judged.bound)
 
 
-def _compare_states(a: Path, b: Path, names: list[str], tier: Tier) -> Check:
+def _compare_states(a: Path, b: Path, names: list[str], tier: Tier, t: Path | None = None) -> Check:
     """The other pickles (RNG, scheduler, progress), loaded with ``weights_only=True``, equal exactly; JSON files
-    equal with their numbers within the tier."""
+    equal, their numbers within the bound (:func:`first_difference`: bit-exact, or ``multiple`` x the twin's
+    difference from the reference at the same place)."""
     import json
 
     differ = []
@@ -545,35 +595,40 @@ def _compare_states(a: Path, b: Path, names: list[str], tier: Tier) -> Check:
         try:
             if n.endswith(".json"):
                 x, y = (json.loads((d / n).read_text(encoding="utf-8")) for d in (b, a))
+                z = json.loads((t / n).read_text(encoding="utf-8")) if t is not None else None
             else:
-                x, y = safe_load(b / n), safe_load(a / n)
+                x, y, z = safe_load(b / n), safe_load(a / n), None
         except UntrustedCheckpoint as exc:
             differ.append(str(exc))
             continue
         except (OSError, ValueError) as exc:
             differ.append(f"{n}: unreadable ({exc})")
             continue
-        where = first_difference(x, y, rtol=tier.rtol if n.endswith(".json") else 0.0)
+        where = first_difference(x, y, twin=z, multiple=tier.multiple if n.endswith(".json") else 0.0)
         if where is not None:
             differ.append(f"{n} differs at {where or 'the top'}")
     return Check("states", "fail" if differ else "pass",
                  "; ".join(differ) if differ else f"{', '.join(names)} equal"
-                 + (" (exact)" if tier.rtol == 0.0 else f" (pickles exact, JSON numbers within {tier.name})"))
+                 + (" (exact)" if tier.exact else f" (pickles exact, JSON numbers within {tier.multiple:g} x the "
+                                                  "twin's difference at the same place)"))
 
 
-def first_difference(x: Any, y: Any, path: str = "", rtol: float = 0.0) -> str | None:
+def first_difference(x: Any, y: Any, path: str = "", twin: Any = None, multiple: float = 0.0) -> str | None:
     """The path of the first place two loaded pickles (or JSON documents) differ ("" at the top), or None when
     equal: dicts by key, lists and tuples by position, tensors by value (``torch.equal``), numpy arrays by value,
-    floats within ``rtol`` (0: exact), anything else by ``==``."""
+    floats within ``multiple`` x ``|twin - y|`` at the same place (``twin`` None or ``multiple`` 0: exact), anything
+    else by ``==``."""
     import torch
 
-    if isinstance(x, float) and isinstance(y, (int, float)) and not isinstance(y, bool) and rtol:
-        return None if abs(x - y) <= rtol * max(abs(y), 1e-12) else path
+    if isinstance(x, float) and isinstance(y, (int, float)) and not isinstance(y, bool) and multiple \
+            and isinstance(twin, (int, float)) and not isinstance(twin, bool):
+        return None if abs(x - y) <= multiple * abs(twin - y) or x == y else path
     if isinstance(x, dict) and isinstance(y, dict):
         if x.keys() != y.keys():
             return f"{path} (keys {sorted(map(str, x.keys() ^ y.keys()))[:3]})"
         for k in x:
-            found = first_difference(x[k], y[k], f"{path}.{k}" if path else str(k), rtol)
+            found = first_difference(x[k], y[k], f"{path}.{k}" if path else str(k),
+                                     twin.get(k) if isinstance(twin, dict) else None, multiple)
             if found is not None:
                 return found
         return None
@@ -581,7 +636,8 @@ def first_difference(x: Any, y: Any, path: str = "", rtol: float = 0.0) -> str |
         if len(x) != len(y):
             return f"{path} (lengths {len(x)} vs {len(y)})"
         for i, (u, v) in enumerate(zip(x, y)):
-            found = first_difference(u, v, f"{path}[{i}]", rtol)
+            other = twin[i] if isinstance(twin, (list, tuple)) and i < len(twin) else None
+            found = first_difference(u, v, f"{path}[{i}]", other, multiple)
             if found is not None:
                 return found
         return None
@@ -599,7 +655,7 @@ def _finish(started: float, checks: list[Check], tier: Tier, c: int | None = Non
             k: int | None = None, final: int | None = None, comparison: list[dict[str, Any]] | None = None,
             manifest: dict[str, str] | None = None, not_compared: list[str] | None = None,
             runs: dict[str, RunSummary] | None = None, required: list[str] | None = None,
-            findings: list[str] | None = None) -> CommandResume:
+            findings: list[str] | None = None, twin_final: int | None = None) -> CommandResume:
     status = "pass" if checks and all(ch.status == "pass" for ch in checks) else "fail"
     failed = [ch.name for ch in checks if ch.status != "pass"]
     extra = f"; not compared: {'; '.join(not_compared)}" if not_compared else ""
@@ -610,4 +666,4 @@ def _finish(started: float, checks: list[Check], tier: Tier, c: int | None = Non
                          kill_step=k, final_checkpoint_step=final, tier=tier, comparison=comparison or [],
                          manifest=manifest or {}, not_compared=not_compared or [], runs=runs or {},
                          required_files=required or [], seconds=time.perf_counter() - started,
-                         findings=findings or [])
+                         findings=findings or [], twin_final_step=twin_final)

@@ -19,7 +19,9 @@ A spec file holds command mode in a ``[command]`` table (every key but ``train``
     eval_max_blocks = 32
     kill_after_checkpoint = 1       # SIGKILL after the command's 1st checkpoint, before its 2nd
     resume_check = true
-    dtype = "fp32"                  # the compute dtype, for the resume check's tolerance when no Trainer reports it
+    resume_noise = "auto"           # auto | twin | off: how the run-to-run noise bounding the comparison is known
+                                    # (auto: a twin run of the command on CUDA; bit-exact on the CPU)
+    dtype = "fp32"                  # the compute dtype, for the resume check's tier when no Trainer reports it
     timeout_s = 0                   # 0: no limit on one run of the command
 
     [command.env]                   # variables added to the command's environment
@@ -84,6 +86,7 @@ class CommandSpec:
     eval_max_blocks: int = 32
     kill_after_checkpoint: int = 1
     resume_check: bool = True
+    resume_noise: str = "auto"
     dtype: str = "fp32"
     timeout_s: float = 0.0
 
@@ -236,6 +239,9 @@ class CommandSpec:
         if not 1 <= self.kill_after_checkpoint <= MAX_STEPS:
             raise SpecError("command.kill_after_checkpoint", "must be at least 1: the kill comes after that "
                                                              f"checkpoint of the command (got {self.kill_after_checkpoint})")
+        if self.resume_noise not in ("auto", "twin", "off"):
+            raise SpecError("command.resume_noise", f"{self.resume_noise!r}: choose auto (a twin run of the command "
+                                                    "measures the noise on CUDA), twin (always) or off (bit-exact)")
         if self.dtype not in DTYPES:
             raise SpecError("command.dtype", f"{self.dtype!r}: choose one of {', '.join(DTYPES)}")
         if self.timeout_s < 0:
@@ -355,6 +361,7 @@ _TYPES: dict[str, tuple[Any, str]] = {
     "eval_max_blocks": (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
     "kill_after_checkpoint": (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
     "resume_check": (lambda v: isinstance(v, bool), "true or false"),
+    "resume_noise": (lambda v: isinstance(v, str), "a string"),
     "dtype": (lambda v: isinstance(v, str), "a string"),
     "timeout_s": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool), "a number of seconds"),
 }

@@ -654,23 +654,26 @@ def trace_in_child(spec: RunSpec, target: str, cancelled: Any = None, timeout_s:
     import os
     import signal
     import subprocess
-    import sys
     import tempfile
+    from pathlib import Path
 
-    from core.child.lifeline import PARENT_PID_ENV
+    from core import forkserver
     from core.errors import GpuAcceptError, StageCancelled
+    from core.interpreter import child_env, python_argv
 
     with tempfile.TemporaryDirectory(prefix="gpuaccept-trace-") as tmp:
         spec_path = os.path.join(tmp, "spec.json")
         with open(spec_path, "w", encoding="utf-8") as fh:
             json.dump(spec.to_dict(), fh)
         out_path, err_path = os.path.join(tmp, "traced.json"), os.path.join(tmp, "stderr.log")
-        with open(err_path, "w", encoding="utf-8") as err:
-            # gpuaccept's pid: the child ends itself and removes `tmp` if this process is killed (core.child.lifeline)
-            env = {**os.environ, "TRANSFORMERS_VERBOSITY": "error", PARENT_PID_ENV: str(os.getpid())}
-            child = subprocess.Popen([sys.executable, "-P", "-m", "core.plan.traced", spec_path, "--target", target,
-                                      "--out", out_path, "--orphan-cleanup", tmp], stdout=subprocess.DEVNULL,
-                                     stderr=err, start_new_session=True, env=env)
+        argv = [spec_path, "--target", target, "--out", out_path, "--orphan-cleanup", tmp]
+        # gpuaccept's pid: the child ends itself and removes `tmp` if this process is killed (core.child.lifeline)
+        env = {**child_env(), "TRANSFORMERS_VERBOSITY": "error"}
+        child: Any = forkserver.start("core.plan.traced", argv, Path(err_path), env)
+        with open(err_path, "a", encoding="utf-8") as err:
+            if child is None:  # no fork server here: a fresh interpreter
+                child = subprocess.Popen(python_argv("core.plan.traced", *argv), stdout=subprocess.DEVNULL,
+                                         stderr=err, start_new_session=True, env=env)
             started = time.monotonic()
             try:
                 while child.poll() is None:

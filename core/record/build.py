@@ -22,15 +22,19 @@ import tomli_w
 from core.spec import RunSpec
 from core.status import Stopped
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 #: Versions ``gpuaccept verify`` reads: 1 (a plan's total is the sum of its components), 2 (the peak of the step's
 #: phases; the fit judged by the larger of the analytic and traced peaks; probe findings), 3 (the resumed process
 #: verifies the checkpoint's manifest itself: the resume check ``manifest_at_load``; every table checked recursively)
 #: and 4 (the ``accept`` table of criteria; each stage's verdict lists the criteria it was judged by, with the numbers;
-#: next-token accuracy beside perplexity). A record before 4 is judged by the default criteria.
-READABLE_VERSIONS = (1, 2, 3, 4)
-#: The version of a command-mode record (core/command/record.py): judged by the default criteria.
-COMMAND_SCHEMA_VERSION = 3
+#: next-token accuracy beside perplexity) and 5 (the resume check's tolerance is a bound from measured noise: the tier
+#: says its method, ``exact`` or ``twin``, and multiple; each tolerance check its distance, the twin's noise and the
+#: bound; the ``reproducible`` check of the interrupted run; the environment's test jitter or planted fault, when set).
+#: A record before 4 is judged by the default criteria; before 5, by the relative tolerance tier it was written under.
+READABLE_VERSIONS = (1, 2, 3, 4, 5)
+#: The version of a command-mode record (core/command/record.py): judged by the default criteria; from 4 its resume
+#: tier is a bound from measured noise (core/stages/noise.py), before it a relative tolerance.
+COMMAND_SCHEMA_VERSION = 4
 TOOL = "gpuaccept"
 
 
@@ -78,7 +82,24 @@ def environment() -> dict[str, Any]:
             ]
     except Exception:  # noqa: BLE001
         env["cuda_available"] = False
+    env.update(test_settings())
     return env
+
+
+def test_settings(environ: Any = None) -> dict[str, Any]:
+    """What the tests planted in this run, so that its record says so: ``test_jitter`` (the gradient jitter's relative
+    amplitude, core/child/inject/jitter.py) and ``test_fault`` (a resume bug committed on purpose,
+    core/child/faults.py); empty for any real run."""
+    from core.child.faults import FAULT_ENV
+    from core.child.inject.jitter import amplitude
+
+    environ = os.environ if environ is None else environ
+    out: dict[str, Any] = {}
+    if amplitude(environ):
+        out["test_jitter"] = amplitude(environ)
+    if environ.get(FAULT_ENV, "").strip():
+        out["test_fault"] = environ[FAULT_ENV].strip()
+    return out
 
 
 def _nvidia_driver() -> dict[str, Any]:
@@ -233,6 +254,8 @@ def _resume_table(r: Any) -> dict[str, Any]:
         # the interrupted run's first step (0: from the start; else from a copy of the reference's checkpoint)
         "interrupted_start_step": r.interrupted_start,
         "compared_steps": list(r.compared_steps) if r.compared_steps else None,
+        # the twin run's steps (1 to the last compared step), when the tier measured the noise with one
+        "twin_steps": list(r.twin_steps) if r.twin_steps else None,
         "seconds": r.seconds,
         # every row names its tier: exact checks are equality, completeness checks presence of every component
         "checks": [{**dataclasses.asdict(c), "tier": c.tier or {"exact": "exact", "completeness": "all-present"}.get(
@@ -281,7 +304,7 @@ def verdict(spec: RunSpec, plan: Any, probe: Any, te: Any, resume: Any,
         else:
             rows = list(getattr(res, "judgements", []))
             if name == "resume" and getattr(res, "tier", None) is not None:
-                rows = judge_resume_tier(spec.accept, res.tier.name, res.tier.rtol)
+                rows = judge_resume_tier(spec.accept, res.tier.name, res.tier.multiple)
             stages[name] = {"status": res.status, "evidence": res.summary, "criteria": [r.to_row() for r in rows]}
     ok = all(s["status"] in ("pass", "not_applicable") for s in stages.values())
     return {"status": "pass" if ok else "fail", "stages": stages,

@@ -14,7 +14,9 @@ Verdicts (:func:`command_verdict_problems`), recomputed from the record's number
 - evaluation (measured): pass exactly when both values are finite and after is better than before in the metric's
   direction (``higher_is_better``);
 - resume (measured): pass exactly when every check passed and the checks of :data:`REQUIRED_CHECKS` are there; each
-  comparison row's difference is |reference - resumed| within its tier;
+  comparison row's difference is |reference - resumed|; a passing tolerance check and each row within the tier's
+  bound (:class:`core.stages.noise.RecordedRule`: bit-exact, or within ``multiple`` x the twin's noise; records
+  before schema 4, a relative tolerance);
 - overall: pass exactly when every stage is pass or not_applicable.
 """
 
@@ -32,6 +34,7 @@ from core.record.build import (
     spec_table_hash,
 )
 from core.record.schema import _walk
+from core.stages.noise import RecordedRule
 
 TABLES = ("spec", "command", "environment", "ran", "plan", "probe", "data", "evaluation", "resume", "verdict",
           "signoff")
@@ -108,7 +111,7 @@ def command_verdict_problems(rec: dict[str, Any]) -> list[str]:
     _plan(rec["plan"], problems, computed)
     _probe(rec["probe"], problems, computed)
     _evaluation(rec["evaluation"], problems, computed)
-    _resume(rec["resume"], problems, computed)
+    _resume(rec["resume"], problems, computed, int(rec.get("schema_version", 1)))
     stated = {n: rec["verdict"]["stages"][n]["status"] for n in STAGES}
     for name in STAGES:
         table = rec["evaluation" if name == "evaluation" else name]
@@ -224,7 +227,24 @@ def _evaluation(ev: dict[str, Any], problems: list[str], computed: dict[str, str
         problems.append(f"evaluation.status says {ev.get('status')}, its values say {computed['evaluation']}")
 
 
-def _resume(res: dict[str, Any], problems: list[str], computed: dict[str, str]) -> None:
+def _rule(res: dict[str, Any], version: int) -> RecordedRule:
+    """The rule of a command record's resume tier: schema 4 on, its method and multiple (:mod:`core.stages.noise`);
+    before, its relative tolerance."""
+    tier = res.get("tier", {})
+    if version >= 4:
+        method = tier.get("method") if tier.get("method") in ("exact", "twin") else "exact"
+        return RecordedRule(method, multiple=_number(tier.get("multiple", 0.0), "resume.tier.multiple"))
+    return RecordedRule("legacy", rtol=_number(tier.get("rtol", 0.0), "resume.tier.rtol"))
+
+
+def _bounded(c: dict[str, Any], where: str) -> tuple[str, float, float | None, float | None]:
+    """(name, largest difference, noise, bound) of a recorded check, as numbers (None: not recorded)."""
+    return (str(c.get("name")), _number(c.get("largest_difference", 0.0), f"{where}.largest_difference"),
+            None if "noise" not in c else _number(c["noise"], f"{where}.noise"),
+            None if "bound" not in c else _number(c["bound"], f"{where}.bound"))
+
+
+def _resume(res: dict[str, Any], problems: list[str], computed: dict[str, str], rec_version: int) -> None:
     prov = res.get("provenance")
     if prov == "not_applicable" or res.get("status") == "not_applicable":
         computed["resume"] = "not_applicable"
@@ -238,24 +258,25 @@ def _resume(res: dict[str, Any], problems: list[str], computed: dict[str, str]) 
     if ok and missing:
         problems.append(f"resume passes without the checks {', '.join(missing)}")
         ok = False
-    rtol = _number(res.get("tier", {}).get("rtol", 0.0), "resume.tier.rtol")
+    rule = _rule(res, rec_version)
     ok = _steps_in_order(res, problems) and ok
-    for i, c in enumerate(checks):  # an exact tier admits no difference: a passing check with one contradicts it
-        diff = c.get("largest_difference")
-        if c.get("kind") == "tolerance" and c["status"] == "pass" and rtol == 0.0 and diff is not None \
-                and _number(diff, f"resume.checks[{i}].largest_difference") != 0.0:
-            problems.append(f"resume.checks[{i}] ({c['name']}) passes in an exact tier with a largest difference of "
-                            f"{diff}")
-            ok = False
+    for i, c in enumerate(checks):  # each passing tolerance check within its tier's bound
+        if c.get("kind") == "tolerance" and c["status"] == "pass":
+            found = rule.check_problems(*_bounded(c, f"resume.checks[{i}]"))
+            problems.extend(found)
+            ok = ok and not found
+    loss = next((c for c in checks if c.get("name") == "loss"), None)
+    _, _, noise, bound = _bounded(loss, "resume check loss") if loss else ("loss", 0.0, None, None)
     for i, row in enumerate(res.get("comparison", [])):
         ref, got = _number(row["loss_reference"], "loss_reference"), _number(row["loss_resumed"], "loss_resumed")
         diff = _number(row["difference"], f"resume.comparison[{i}].difference")
         if not (math.isnan(diff) and (math.isnan(ref) or math.isnan(got))) and abs(abs(ref - got) - diff) > 1e-12:
             problems.append(f"resume.comparison[{i}].difference is {diff}, |reference - resumed| is {abs(ref - got)}")
-        within = ref == got if rtol == 0.0 else abs(ref - got) <= rtol * max(abs(ref), 1e-12)
-        if not within and ok:
-            problems.append(f"resume passes, but step {row.get('step')}'s loss differs beyond the tier "
-                            f"({ref} vs {got}, rtol {rtol})")
+        twin = row.get("loss_twin")
+        found = rule.row_problems(row.get("step"), ref, abs(ref - got), noise, bound,
+                                  None if twin is None else _number(twin, f"resume.comparison[{i}].loss_twin"))
+        if found and ok:
+            problems.extend(found)
             ok = False
     computed["resume"] = "pass" if ok else "fail"
     if res.get("status") != computed["resume"]:

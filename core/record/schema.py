@@ -82,6 +82,8 @@ RULES: tuple[tuple[str, str], ...] = (
     ("verdict.stages.*.criteria[].threshold", "judged"),
     ("evaluation.loss_per_step[]", "measured"), ("resume.comparison[].loss_*", "measured"),
     ("resume.comparison[].difference", "measured"), ("resume.checks[].largest_difference", "measured"),
+    ("resume.checks[].noise", "measured"), ("resume.checks[].bound", "measured"), ("resume.twin_steps[]", "count"),
+    ("resume.tier.multiple", "nonneg"), ("environment.test_jitter", "nonneg"), ("environment.test_fault", "str"),
     # bytes keyed by component or category name
     ("plan.devices[].components.*", "count"), ("plan.devices[].phases.*.components.*", "count"),
     ("plan.traced.components.*", "count"), ("plan.traced.categories.*", "count"),

@@ -41,6 +41,7 @@ from core.plan.fit import fit_of, measured_use_bytes, traced_peak, under_estimat
 from core.record.build import schema_problems
 from core.record.signing import check_signature
 from core.spec import ADAPTER_MODES
+from core.stages.noise import RecordedRule
 from core.stages.probe import wrapper_problem
 
 EXIT_VERIFIED, EXIT_USAGE, EXIT_UNSIGNED, EXIT_BAD_SIGNATURE, EXIT_SCHEMA, EXIT_VERDICT = 0, 2, 3, 4, 5, 6
@@ -314,10 +315,12 @@ def recompute_verdicts(rec: dict[str, Any]) -> list[str]:
       both finite and after < before; inference: measured once and finite, nothing after; its settings are the spec's;
     - resume (measured; not_applicable exactly for inference or the check switched off): pass exactly when every
       check passed and every check of :data:`core.stages.resume.RESUME_CHECKS` is there with its kind, with the checkpoint's
-      sha256 manifest; the tier is one
-      gpuaccept applies, with its own tolerance; the comparison covers every step of the spec's window (c+1 to
-      c + ``resume.compare_steps``; to the last step for records without that key), each difference =
-      |reference - resumed| within the tier;
+      sha256 manifest; the tier is one gpuaccept applies (schema 5: ``exact``, or ``twin`` with its multiple; before,
+      a relative tolerance), the one the spec, the device and the test jitter require; the comparison covers every
+      step of the spec's window (c+1 to c + ``resume.compare_steps``; to the last step for records without that key),
+      each difference = |reference - resumed|; a passing tolerance check within its bound (exact: a difference of 0;
+      twin: its distance <= its bound >= multiple x the twin's noise; the loss bound = multiple x the noise, which
+      is at least every compared step's twin difference);
     - overall: pass exactly when every stage is pass or not_applicable.
 
     Raises:
@@ -396,7 +399,8 @@ def judgements_of(rec: dict[str, Any], crit: AcceptCriteria, capacity: dict[str,
             and "perplexity" in after else None, None if acc is None else num(acc, "evaluation accuracy"))
     tier = res.get("tier") if res.get("provenance") == "measured" else None
     if isinstance(tier, dict) and tier.get("name"):
-        out["resume"] = judge_resume_tier(crit, str(tier["name"]), num(tier.get("rtol"), "resume.tier.rtol"))
+        loose = tier.get("multiple") if "multiple" in tier else tier.get("rtol")  # rtol: records before schema 5
+        out["resume"] = judge_resume_tier(crit, str(tier["name"]), num(loose, "resume.tier.multiple"))
     return out
 
 
@@ -590,7 +594,7 @@ def _resume_verdict(rec: dict[str, Any], training: bool, problems: list[str], co
                     crit: AcceptCriteria) -> None:
     """The resume stage recomputed (appends to ``problems``, sets ``computed["resume"]``): not_applicable exactly for
     inference or the check switched off; measured: pass exactly when every check passed, every expected check is there
-    with its kind, with the checkpoint's manifest, the comparison covering the spec's window within the tier."""
+    with its kind, with the checkpoint's manifest, the comparison covering the spec's window within its bounds."""
     from core.stages.resume import expected_checks
 
     spec, res = rec["spec"], rec["resume"]
@@ -606,7 +610,7 @@ def _resume_verdict(rec: dict[str, Any], training: bool, problems: list[str], co
         if not isinstance(checks, list) or not all(isinstance(ch, dict) for ch in checks):
             raise TypeError("resume.checks is not a list of tables")
         names = {ch.get("name"): ch for ch in checks}
-        rtol = _resume_tier(rec, problems, crit)
+        rule = _resume_tier(rec, problems, crit)
         all_pass = bool(checks) and all(ch.get("status") == "pass" for ch in checks)
         if all_pass:
             for name, kind in expected_checks(spec.get("dtype", "fp32"), rec.get("schema_version", 1)).items():
@@ -615,15 +619,14 @@ def _resume_verdict(rec: dict[str, Any], training: bool, problems: list[str], co
                 elif names[name].get("kind") != kind:
                     problems.append(f"resume check {name} is of kind {names[name].get('kind')!r}, it is a {kind} check")
         for ch in checks:
-            if ch.get("kind") == "tolerance" and rtol == 0.0 and ch.get("status") == "pass" and \
-                    num(ch.get("largest_difference", 0.0), f"resume check {ch.get('name')} largest_difference") != 0.0:
-                problems.append(f"resume check {ch.get('name')}: passed on an exact tier with largest difference "
-                                f"{ch.get('largest_difference')}")
+            if ch.get("kind") == "tolerance" and ch.get("status") == "pass":
+                problems.extend(rule.check_problems(*_bounded(ch)))
         rows = res.get("comparison", [])
         if all_pass and not res.get("checkpoint_manifest"):
             problems.append("resume passed without the sha256 manifest of the checkpoint it resumed from")
         if all_pass:
             _resume_window_problems(spec, res, rows, problems)
+        loss = names.get("loss", {})
         for i, row in enumerate(rows):
             ref = num(row.get("loss_reference"), f"resume.comparison[{i}].loss_reference")
             got = num(row.get("loss_resumed"), f"resume.comparison[{i}].loss_resumed")
@@ -632,9 +635,11 @@ def _resume_verdict(rec: dict[str, Any], training: bool, problems: list[str], co
             if not (math.isclose(diff, stated_diff, rel_tol=1e-9, abs_tol=1e-15) or
                     (math.isnan(diff) and math.isnan(stated_diff))):
                 problems.append(f"resume step {row.get('step')}: |{ref} - {got}| = {diff}, the row says {stated_diff}")
-            if all_pass and not diff <= rtol * max(abs(ref), 1e-12):
-                problems.append(f"resume step {row.get('step')}: loss difference {diff} is outside the tier "
-                                f"(rtol {rtol}) but the resume passed")
+            twin = row.get("loss_twin")
+            if all_pass:
+                _, _, noise, bound = _bounded(loss) if loss else ("loss", 0.0, None, None)
+                problems.extend(rule.row_problems(row.get("step"), ref, diff, noise, bound,
+                                                  None if twin is None else num(twin, f"resume.comparison[{i}].loss_twin")))
         computed["resume"] = "pass" if all_pass else "fail"
         _same(problems, "resume table", res.get("status"), computed["resume"])
     elif res.get("provenance") != "not_run":
@@ -642,31 +647,50 @@ def _resume_verdict(rec: dict[str, Any], training: bool, problems: list[str], co
                         f"not_applicable")
 
 
-def _resume_tier(rec: dict[str, Any], problems: list[str], crit: AcceptCriteria) -> float:
-    """The relative tolerance of the record's resume tier: one gpuaccept applies, with its own rtol, the tier of the
-    spec's dtype on the probed device that the criteria require (``accept.resume_tier``; appends what is wrong to
-    ``problems``; 0.0 for an unknown tier)."""
-    from core.stages.resume import known_tiers
+def _bounded(ch: dict[str, Any]) -> tuple[str, float, float | None, float | None]:
+    """(name, largest difference, noise, bound) of a recorded resume check, as numbers (None: not recorded)."""
+    name = str(ch.get("name"))
+    return (name, num(ch.get("largest_difference", 0.0), f"resume check {name} largest_difference"),
+            None if "noise" not in ch else num(ch["noise"], f"resume check {name} noise"),
+            None if "bound" not in ch else num(ch["bound"], f"resume check {name} bound"))
+
+
+def _resume_tier(rec: dict[str, Any], problems: list[str], crit: AcceptCriteria) -> RecordedRule:
+    """The rule of the record's resume tier: a tier gpuaccept applies (schema 5: :func:`core.stages.noise.known_tiers`,
+    with its method and multiple; before: a relative tolerance, :data:`core.stages.noise.LEGACY_RTOL`), the one the spec's
+    dtype on the probed device, its noise setting, the test jitter and the criteria require (appends what is wrong to
+    ``problems``; an unknown tier is judged bit-exact)."""
+    from core.stages.noise import LEGACY_RTOL, RecordedRule, known_tiers, required_tier
 
     spec, probe, res = rec["spec"], rec["probe"], rec["resume"]
     tier = res.get("tier", {})
-    known = known_tiers().get(tier.get("name"))
+    name = tier.get("name")
+    if rec.get("schema_version", 1) < 5:
+        if name not in LEGACY_RTOL:
+            problems.append(f"resume.tier {name!r} is not a tier gpuaccept applied before schema 5 "
+                            f"({', '.join(LEGACY_RTOL)})")
+            return RecordedRule("legacy")
+        rtol = LEGACY_RTOL[name]
+        if num(tier.get("rtol"), "resume.tier.rtol") != rtol:
+            problems.append(f"resume.tier {name} has rtol {rtol}, the record says {tier.get('rtol')}")
+        return RecordedRule("legacy", rtol=rtol)
+    known = known_tiers().get(name)
     if known is None:
-        problems.append(f"resume.tier {tier.get('name')!r} is not a tier gpuaccept applies "
-                        f"({', '.join(known_tiers())})")
-        rtol = 0.0
-    else:
-        rtol = known.rtol
-        if num(tier.get("rtol"), "resume.tier.rtol") != known.rtol:
-            problems.append(f"resume.tier {known.name} has rtol {known.rtol}, the record says {tier.get('rtol')}")
+        problems.append(f"resume.tier {name!r} is not a tier gpuaccept applies ({', '.join(known_tiers())})")
+        return RecordedRule("exact")
+    for key in ("method", "multiple"):
+        if tier.get(key) != getattr(known, key):
+            problems.append(f"resume.tier {known.name} has {key} {getattr(known, key)!r}, the record says "
+                            f"{tier.get(key)!r}")
     probed = [str(d.get("device")) for d in probe.get("devices", [])] if probe.get("provenance") == "measured" else []
-    if known is not None and probed:
-        from core.stages.resume import required_tier
-
-        want = required_tier(probed[0], spec.get("dtype", "fp32"), crit.resume_tier).name
+    if probed:
+        env = rec.get("environment", {})
+        want = required_tier(probed[0], spec.get("dtype", "fp32"), crit.resume_tier,
+                             spec.get("resume", {}).get("noise", "auto"),
+                             jittered=bool(env.get("test_jitter"))).name
         if want != known.name:
             problems.append(f"resume.tier is {known.name}, but {spec.get('dtype')} on {probed[0]} is {want}")
-    return rtol
+    return RecordedRule(known.method, multiple=known.multiple)
 
 
 def _resume_window_problems(spec: dict[str, Any], res: dict[str, Any], rows: list[Any], problems: list[str]) -> None:

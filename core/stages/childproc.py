@@ -14,16 +14,17 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from core import forkserver
 from core.child.events import ChildError, ChildEvent, Started
 from core.errors import StageCancelled, StageError
 from core.events import read_events
+from core.interpreter import child_env, python_argv
 
 
 @dataclass
@@ -33,7 +34,7 @@ class ChildJob:
     name: str
     job_dir: Path
     job: dict[str, Any]
-    proc: subprocess.Popen[bytes] | None = None
+    proc: forkserver.Process | None = None  # subprocess.Popen, or a child forked by core.forkserver
     events: list[ChildEvent] = field(default_factory=list)  # every event read so far, typed (core.child.events)
     nproc: int = 1  # processes torchrun starts (1: no torchrun)
     oom_kills_at_start: int | None = None  # the kernel's OOM-kill count when the child started (oom_kill_count)
@@ -62,22 +63,6 @@ class ChildJob:
     @property
     def output_dir(self) -> Path:
         return self.job_dir / "output"
-
-
-def child_env(base: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment of a worker child: offline, unbuffered, and every ``torch.load`` in it (Trainer's, peft's,
-    ours) forced to ``weights_only=True`` whatever its call site passes or ``base`` says (docs/architecture.md §4: no pickle of
-    arbitrary objects is ever loaded from a checkpoint)."""
-    env = dict(os.environ if base is None else base)
-    # the worker ends itself when this process is gone, even under torchrun (whose ranks' parent is torchrun)
-    env["GPUACCEPT_PARENT_PID"] = str(os.getpid())
-    env.setdefault("TOKENIZERS_PARALLELISM", "false")
-    env["PYTHONUNBUFFERED"] = "1"
-    env["HF_HUB_OFFLINE"] = "1"  # never download: the model must already be here
-    env["TRANSFORMERS_NO_ADVISORY_WARNINGS"] = "1"
-    env.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)
-    env["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = "1"
-    return env
 
 
 @dataclass(frozen=True)
@@ -135,12 +120,17 @@ def start_child(name: str, job_dir: Path, job: dict[str, Any], launch: Launch = 
     cuda = [d for d in (launch.visible_devices or []) if d.startswith("cuda")]
     if cuda:
         env["CUDA_VISIBLE_DEVICES"] = visible_for(cuda, os.environ.get("CUDA_VISIBLE_DEVICES"))
+    if not torchrun:  # one process: forked from the fork server when it can (core.forkserver), else spawned
+        forked = forkserver.start(module, [str(job_dir / "job.json")], child.log_path, env)
+        if forked is not None:
+            child.proc = forked
+            return child
     launcher = launch.torchrun_args or ["--standalone", f"--nproc-per-node={nproc}"]
     with open(child.log_path, "ab") as log, open(os.devnull, "rb") as devnull:
         child.proc = subprocess.Popen(
             # -P: never import from the current directory (a user's own `core/` must not shadow ours)
-            [sys.executable, "-P", "-m", module, str(job_dir / "job.json")] if not torchrun else
-            [sys.executable, "-P", "-m", "torch.distributed.run", *launcher, "-m", module, str(job_dir / "job.json")],
+            python_argv(module, str(job_dir / "job.json")) if not torchrun else
+            python_argv("torch.distributed.run", *launcher, "-m", module, str(job_dir / "job.json")),
             stdin=devnull,
             stdout=log,
             stderr=subprocess.STDOUT,

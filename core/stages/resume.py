@@ -19,19 +19,16 @@ Tensors are read with safetensors or ``torch.load(weights_only=True)`` only.
 from __future__ import annotations
 
 import json
-import math
 import re
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from core import killpoints
 from core.child.events import ChildEvent, KillPoint, ManifestChecked, RngRestored, Started, Step, Trainable
 from core.child.manifest import verify_manifest, write_manifest
 from core.child.rng import rng_digest
-from core.criteria import RESUME_TIERS
-from core.dtypes import DTYPES
 from core.errors import StageError
 from core.events import ChildStarted, Event, Message, Progress, lead_events
 from core.spec import RunSpec
@@ -47,55 +44,23 @@ from core.stages.childproc import (
     start_child,
     watch,
 )
+from core.stages.noise import (
+    Tier,
+    judge_losses,
+    judge_tensors,
+    loss_noise,
+    optimizer_state_tensors,
+    required_tier,
+)
 from core.stages.train import StepMean, merge_rank_steps
-
-if TYPE_CHECKING:
-    import torch
-
-
-@dataclass(frozen=True)
-class Tier:
-    """A tolerance tier: values agree when ``|a - b| <= rtol * max(|b|, 1e-12)`` elementwise (rtol 0: bit-exact)."""
-
-    name: str
-    rtol: float
-    why: str
-
-
-def tolerance_tier(device: str, dtype: str) -> Tier:
-    """The tier for a device and dtype.
-
-    The CPU's kernels are deterministic here for a fixed thread count (a resumed run's weights, losses and optimizer
-    moments were bit-identical in fp32, and in bf16 both pure and amp, measured on the embedded model), so it must be
-    exact. CUDA fp32 may reorder reductions (atomics, kernel choice); 16-bit types round at ~3 decimal digits.
-    """
-    if device.split(":")[0] == "cpu":
-        return Tier(f"cpu-{dtype}-exact", 0.0, f"CPU {dtype} kernels are deterministic for a fixed thread count")
-    if dtype == "fp32":
-        return Tier("cuda-fp32-relative", 1e-4, "CUDA kernels may reorder floating-point reductions")
-    return Tier(f"{dtype}-relative", 2e-2, f"{dtype} keeps 8 (bf16) to 11 (fp16) mantissa bits")
-
-
-def required_tier(device: str, dtype: str, resume_tier: str = "auto") -> Tier:
-    """The tier a resume is judged in: the dtype's on the device (:func:`tolerance_tier`) for the criterion
-    ``resume_tier = "auto"`` (core/criteria.py), bit-exact for ``"exact"`` (the team asks for it whatever the
-    device's kernels may reorder)."""
-    tier = tolerance_tier(device, dtype)
-    if resume_tier == "exact" and tier.rtol != 0.0:
-        return Tier(f"{device.split(':')[0]}-{dtype}-exact-required", 0.0,
-                    "bit-exact, as the acceptance criteria require (accept.resume_tier = \"exact\")")
-    return tier
-
-
-def known_tiers() -> dict[str, Tier]:
-    """Every tier :func:`required_tier` can give, by name (what ``gpuaccept verify`` holds a record's tier to)."""
-    tiers = [required_tier(d, t, r) for d in ("cpu", "cuda") for t in DTYPES for r in RESUME_TIERS]
-    return {t.name: t for t in tiers}
 
 
 @dataclass(frozen=True)
 class Check:
-    """One check of the resume comparison with its evidence."""
+    """One check of the resume comparison with its evidence. A tolerance check also says the resumed run's distance
+    from the reference (``largest_difference``: L2 per tensor, absolute per loss; where it is nearest its bound), the
+    twin's distance there (``noise``; None without a twin) and the distance allowed (``bound``; 0: bit-exact)
+    (:mod:`core.stages.noise`)."""
 
     name: str
     status: str  # pass | fail
@@ -103,6 +68,8 @@ class Check:
     kind: str = "exact"  # exact | tolerance | completeness
     tier: str | None = None
     largest_difference: float | None = None
+    noise: float | None = None
+    bound: float | None = None
 
 
 @dataclass(frozen=True)
@@ -124,10 +91,11 @@ class ResumeResult:
     kill_planned: str = ""  # the kill point in words, with its step numbers
     interrupted_start: int = 0  # the step the interrupted run started from (a copy of the reference's checkpoint)
     compared_steps: tuple[int, int] | None = None  # first and last step the resumed run trains and compares
+    twin_steps: tuple[int, int] | None = None  # first and last step of the twin run (None: no twin ran)
 
 
 RESUME_CHECKS: dict[str, str] = {
-    "kill": "exact", "kill_point": "exact", "checkpoint_selection": "completeness",
+    "kill": "exact", "kill_point": "exact", "reproducible": "tolerance", "checkpoint_selection": "completeness",
     "checkpoint_complete": "completeness", "manifest": "exact", "safe_loading": "exact", "trainer_state": "exact",
     "global_steps": "exact", "epoch": "exact", "learning_rate": "exact", "sample_ids": "exact", "loss": "tolerance",
     "trainable_set": "exact", "rng_restored": "exact", "rng_continues": "exact", "final_weights": "tolerance",
@@ -135,7 +103,7 @@ RESUME_CHECKS: dict[str, str] = {
     "manifest_at_load": "exact",
 }  # every check a passing resume comparison holds, with its kind; fp16 adds "grad_scaler" (exact)
 #: checks a record of an older schema version did not have yet: name -> the first version that holds it
-CHECK_SINCE: dict[str, int] = {"manifest_at_load": 3}
+CHECK_SINCE: dict[str, int] = {"manifest_at_load": 3, "reproducible": 5}
 
 
 def expected_checks(dtype: str, schema_version: int | None = None) -> dict[str, str]:
@@ -358,11 +326,12 @@ def run_resume_check(
     cancelled: Callable[[], bool] | None = None,
     launch: Launch = SINGLE, resume_launch: Launch | None = None,
 ) -> Generator[Event, None, ResumeResult]:
-    """Run the interrupted and resumed children and compare with ``reference`` (a TrainEvalResult).
+    """Run the twin, interrupted and resumed children and compare with ``reference`` (a TrainEvalResult).
 
-    In order: the interrupted run, killed at its kill point (:func:`run_interrupted`, :func:`kill_checks`); the
-    checkpoint it leaves, checked before anything loads it (:func:`checkpoint_checks`); the resumed run
-    (:func:`run_resumed`); the comparison with the reference (:func:`compare_runs`).
+    In order: the twin, where the tier measures the noise (:func:`run_twin`, :mod:`core.stages.noise`); the
+    interrupted run, killed at its kill point (:func:`run_interrupted`, :func:`kill_checks`); the checkpoint it
+    leaves, checked before anything loads it (:func:`checkpoint_checks`); the resumed run (:func:`run_resumed`); the
+    comparison with the reference (:func:`compare_runs`).
 
     Args:
         launch: :func:`core.stages.childproc.launch_options` of the run (torchrun ranks), for both children; one process by
@@ -375,14 +344,20 @@ def run_resume_check(
     """
     import time
 
+    from core.child.inject.jitter import amplitude
+
     started = time.perf_counter()
     c, k = spec.resume.kill_checkpoint_step(), spec.resume.kill_step()
-    tier = required_tier(device, spec.dtype, spec.accept.resume_tier)
+    tier = required_tier(device, spec.dtype, spec.accept.resume_tier, spec.resume.noise, jittered=amplitude() > 0)
     resume_launch = resume_launch or launch
     # processes writing / resuming the checkpoint: this node's ranks x the nodes (1 x 1 for a single process)
     world = launch.nproc * spec.torchrun.nnodes
     base = {"spec": spec.to_dict(), "model_path": str(model_path), "device": device, "devices": launch.names(device),
             "save_total_limit": None}
+
+    # 0. the twin: the same training from step 0, uninterrupted, to the last compared step (its distance from the
+    #    reference is the noise the tolerance checks are bounded by)
+    twin = (yield from run_twin(spec, run_dir, base, launch, cancelled)) if not tier.exact else None
 
     # 1. the interrupted run, killed at the kill point (after checkpoint c, before the next is complete)
     interrupted, held = yield from run_interrupted(spec, run_dir, reference, base, launch, cancelled)
@@ -396,7 +371,7 @@ def run_resume_check(
                                         resume_launch.nproc * spec.torchrun.nnodes)
     checks.extend(gate)
     if not resumable:
-        return _finish(spec, checks, c, k, pgid, tier, [], manifest, 0, started)
+        return _finish(spec, checks, c, k, pgid, tier, [], manifest, 0, started, twin)
     saved_rng = _rank_digests({r: rng_digest(safe_load(ckpt / (f"rng_state_{r}.pth" if world > 1 else "rng_state.pth")))
                                for r in range(world)})
 
@@ -405,12 +380,33 @@ def run_resume_check(
     resumed = yield from run_resumed(spec, run_dir, job, resume_launch, cancelled)
     checks.append(loaded_manifest_check(resumed.events, resume_launch.nproc, len(manifest)))
     if checks[-1].status != "pass":
-        return _finish(spec, checks, c, k, pgid, tier, [], manifest, 0, started)
+        return _finish(spec, checks, c, k, pgid, tier, [], manifest, 0, started, twin)
 
     # 4. compare
-    compared, comparison, extra = compare_runs(spec, reference, interrupted, resumed, saved_rng, world, tier)
+    compared, comparison, extra = compare_runs(spec, reference, interrupted, resumed, saved_rng, world, tier, twin)
     checks.extend(compared)
-    return _finish(spec, checks, c, k, pgid, tier, comparison, manifest, extra, started)
+    return _finish(spec, checks, c, k, pgid, tier, comparison, manifest, extra, started, twin)
+
+
+def run_twin(spec: RunSpec, run_dir: Path, base: dict[str, Any], launch: Launch,
+             cancelled: Callable[[], bool] | None = None) -> Generator[Event, None, ChildJob]:
+    """The twin (:mod:`core.stages.noise`): the reference's training again, from step 0, uninterrupted and never
+    resumed, to the last compared step, checkpointed there only.
+
+    Raises:
+        StageError: the child failed."""
+    end = spec.resume.compared_until(spec.steps)
+    yield Message("resume", text=f"twin run from step 0 to step {end}, uninterrupted: its distance from the "
+                                 "uninterrupted run is the run-to-run noise the comparison is bounded by")
+    twin = start_child("twin", run_dir / "resume-twin", {**base, "role": "twin", "stop_after_step": end,
+                                                         "save_steps": end}, launch)
+    yield ChildStarted("resume", run="twin", pid=twin.pid, log_path=str(twin.log_path))
+    mean = StepMean(launch.nproc)
+    for event in watch(twin, cancelled=cancelled):
+        if isinstance(event, Step) and (averaged := mean.add(event)) is not None:
+            yield Progress("resume", run="twin", step=averaged.step, total=end, loss=averaged.loss)
+    check_exit(twin)
+    return twin
 
 
 def run_interrupted(spec: RunSpec, run_dir: Path, reference: Any, base: dict[str, Any], launch: Launch,
@@ -535,19 +531,22 @@ def run_resumed(spec: RunSpec, run_dir: Path, job: dict[str, Any], launch: Launc
 
 
 def compare_runs(spec: RunSpec, reference: Any, interrupted: ChildJob, resumed: ChildJob, saved_rng: dict[str, str],
-                 world: int, tier: Tier) -> tuple[list[Check], list[dict[str, Any]], int]:
+                 world: int, tier: Tier, twin: ChildJob | None = None,
+                 ) -> tuple[list[Check], list[dict[str, Any]], int]:
     """Compare the interrupted and resumed runs with the reference: the steps (:func:`compare_steps`), the trainable
     set, the random generators (``saved_rng``: the digests of checkpoint-c's RNG files), the final weights and
-    optimizer states (and the GradScaler with fp16) at the last compared step.
+    optimizer states (and the GradScaler with fp16) at the last compared step; the tolerance checks bounded by the
+    ``twin``'s distance from the reference where the tier measures noise (:mod:`core.stages.noise`).
 
     Returns:
-        (the checks, one row per resumed step: step, learning_rate, loss_reference, loss_resumed, difference; the
-        steps the check ran beyond the reference)."""
+        (the checks, one row per resumed step: step, learning_rate, loss_reference, loss_resumed, difference (and
+        loss_twin with a twin); the steps the check ran beyond the reference)."""
     c, end = spec.resume.kill_checkpoint_step(), spec.resume.compared_until(spec.steps)
     ref = {s["step"]: s for s in reference.steps}
     intr = merge_rank_steps(interrupted.events)
     res = merge_rank_steps(resumed.events)
-    checks = compare_steps(ref, intr, res, c, end, tier)
+    twins = {s["step"]: s for s in merge_rank_steps(twin.events)} if twin is not None else None
+    checks = compare_steps(ref, intr, res, c, end, tier, twins)
     trainable = next((e for e in lead_events(resumed.events) if isinstance(e, Trainable)), None)
     checks.append(compare_trainable(getattr(reference, "trainable", {}),
                                     {"names": trainable.names, "parameters": trainable.parameters}
@@ -557,23 +556,27 @@ def compare_runs(spec: RunSpec, reference: Any, interrupted: ChildJob, resumed: 
     checks.extend(compare_rng(restored, saved_rng, res, ref, c))
     comparison = [
         {"step": e["step"], "learning_rate": e["learning_rate"], "loss_reference": ref[e["step"]]["loss"],
-         "loss_resumed": e["loss"], "difference": abs(e["loss"] - ref[e["step"]]["loss"])}
+         "loss_resumed": e["loss"], "difference": abs(e["loss"] - ref[e["step"]]["loss"]),
+         **({"loss_twin": twins[e["step"]]["loss"]} if twins is not None and e["step"] in twins else {})}
         for e in res if e["step"] in ref
     ]
     final = f"checkpoint-{end}"  # a checkpoint of the reference by construction (ResumeSettings.compare_steps)
     weights_file = required_files(spec).get("adapter weights") or required_files(spec)["model weights"]
     ref_final = Path(reference.output_dir) / final
     res_final = resumed.output_dir / final
-    checks.append(compare_weights(ref_final / weights_file, res_final / weights_file, tier))
-    checks.extend(compare_optimizers(ref_final / "optimizer.pt", res_final / "optimizer.pt", tier))
+    twin_final = twin.output_dir / final if twin is not None else None
+    checks.append(compare_weights(ref_final / weights_file, res_final / weights_file, tier,
+                                  twin_final / weights_file if twin_final else None))
+    checks.extend(compare_optimizers(ref_final / "optimizer.pt", res_final / "optimizer.pt", tier,
+                                     twin_final / "optimizer.pt" if twin_final else None))
     if spec.dtype == "fp16":  # case R7: the loss scale must continue, not restart at 2^16
         checks.append(compare_scalers(ref_final / "scaler.pt", res_final / "scaler.pt"))
-    return checks, comparison, len(intr) + len(res)
+    return checks, comparison, len(intr) + len(res) + (len(twins) if twins is not None else 0)
 
 
 def _finish(spec: RunSpec, checks: list[Check], c: int, k: int, pgid: int, tier: Tier,
             comparison: list[dict[str, Any]], manifest: dict[str, str], extra_steps: int,
-            started: float) -> ResumeResult:
+            started: float, twin: ChildJob | None = None) -> ResumeResult:
     """The result from the checks so far (a check that stops the comparison early returns here too)."""
     import time
 
@@ -587,7 +590,8 @@ def _finish(spec: RunSpec, checks: list[Check], c: int, k: int, pgid: int, tier:
                         comparison=comparison, manifest=manifest, extra_steps=extra_steps,
                         kill_at=spec.resume.kill_at, kill_planned=spec.resume.describe(),
                         seconds=time.perf_counter() - started, summary=summary,
-                        interrupted_start=spec.resume.interrupted_start(), compared_steps=(c + 1, end))
+                        interrupted_start=spec.resume.interrupted_start(), compared_steps=(c + 1, end),
+                        twin_steps=(1, end) if twin is not None else None)
 
 
 def copy_reference_checkpoint(reference_output: Path, step: int, output: Path) -> Path:
@@ -656,12 +660,19 @@ def selection_check(selection: Selection, c: int) -> Check:
 
 
 def compare_steps(ref: dict[int, dict[str, Any]], interrupted: list[dict[str, Any]], resumed: list[dict[str, Any]],
-                  c: int, steps: int, tier: Tier) -> list[Check]:
-    """Exact and tolerance checks of per-step records (``step``, ``epoch``, ``learning_rate``, ``loss``, ``sample_ids``).
+                  c: int, steps: int, tier: Tier, twin: dict[int, dict[str, Any]] | None = None) -> list[Check]:
+    """Exact and tolerance checks of per-step records (``step``, ``epoch``, ``learning_rate``, ``loss``,
+    ``sample_ids``; ``rank_losses`` under torchrun).
 
-    The interrupted run up to the kill must equal the reference (it is the same run, or its resume from the checkpoint
-    before c); the resumed run must cover steps c+1 .. ``steps`` (the last step compared) exactly once and equal the
-    reference step by step.
+    - ``reproducible``: the interrupted run up to the kill equals the reference (it is the same run, or its resume from
+      the checkpoint before c): epoch, learning rate and samples exactly, losses within the bound. It wrote the
+      checkpoint the resume loads: if it is another run, nothing after it can be this run's resume.
+    - the resumed run covers steps c+1 .. ``steps`` (the last step compared) exactly once (``global_steps``) and
+      equals the reference step by step: ``epoch``, ``learning_rate``, ``sample_ids`` exactly, ``loss`` within the
+      bound.
+
+    The loss bound is the tier's: bit-exact, or ``multiple`` x the ``twin``'s largest loss difference from the
+    reference over the steps compared (:func:`core.stages.noise.loss_noise`).
     """
     checks: list[Check] = []
     got = [e["step"] for e in resumed]
@@ -669,34 +680,83 @@ def compare_steps(ref: dict[int, dict[str, Any]], interrupted: list[dict[str, An
     checks.append(Check("global_steps", "pass" if got == want else "fail",
                         f"resumed steps {_span(got)}; expected {_span(want)}"))
     before = [e["step"] for e in interrupted]
-    found = [(e, ref.get(e["step"])) for e in resumed] + [(e, ref.get(e["step"])) for e in interrupted]
-    missing = [e["step"] for e, r in found if r is None]
-    pairs = [(e, r) for e, r in found if r is not None]
+    res_pairs = [(e, ref[e["step"]]) for e in resumed if e["step"] in ref]
+    int_pairs = [(e, ref[e["step"]]) for e in interrupted if e["step"] in ref]
+    missing = [e["step"] for e in [*resumed, *interrupted] if e["step"] not in ref]
+    noise, why_not = _loss_noise(ref, twin, sorted({e["step"] for e, _ in res_pairs + int_pairs}), tier)
+    if why_not:
+        checks.append(Check("loss", "fail", why_not, kind="tolerance", tier=tier.name))
+        checks.append(Check("reproducible", "fail", why_not, kind="tolerance", tier=tier.name))
+    else:
+        checks.append(_reproducible(int_pairs, before, tier, noise))
     for key, label in (("epoch", "epoch"), ("learning_rate", "learning rate"), ("sample_ids", "sample ids")):
-        diff = [e["step"] for e, r in pairs if e[key] != r[key]]
+        diff = [e["step"] for e, r in res_pairs if e[key] != r[key]]
         checks.append(Check(key, "fail" if diff or missing else "pass",
-                            f"{label} equal at {len(pairs)} steps (interrupted {_span(before)}, resumed "
-                            f"{_span(got)})" if not diff and not missing else
-                            f"{label} differs at steps {_span(diff)}" + (f"; no reference for {missing}" if missing else "")))
-    worst, worst_step = 0.0, None
-    bad = []
-    for e, r in pairs:
-        # every rank's own loss when the run has several (their mean could hide two differences that cancel)
-        mine, theirs = e.get("rank_losses") or [e["loss"]], r.get("rank_losses") or [r["loss"]]
-        if len(mine) != len(theirs):
-            bad.append(e["step"])
-            continue
-        for a, b in zip(mine, theirs):
-            d = abs(a - b)
-            if d > worst:
-                worst, worst_step = d, e["step"]
-        if not all(_close(a, b, tier.rtol) for a, b in zip(mine, theirs)):
-            bad.append(e["step"])
-    checks.append(Check("loss", "fail" if bad else "pass",
-                        (f"loss within {tier.name} at every step" if not bad else f"loss outside {tier.name} at steps {_span(bad)}")
-                        + (f"; largest difference {worst:.3g} at step {worst_step}" if worst_step else "; identical"),
-                        kind="tolerance", tier=tier.name, largest_difference=worst))
+                            f"{label} equal at the {len(res_pairs)} resumed steps ({_span(got)})"
+                            if not diff and not missing else
+                            f"{label} of the resumed run differs at steps {_span(diff)}"
+                            + (f"; no reference for {missing}" if missing else "")))
+    if not why_not:
+        judged, bad = judge_losses(_loss_triples(res_pairs), noise, tier)
+        unmatched = [e["step"] for e, r in res_pairs if len(_rank_losses(e)) != len(_rank_losses(r))]
+        ok = judged.ok and not unmatched
+        checks.append(Check("loss", "pass" if ok else "fail",
+                            (f"loss of the resumed run outside the bound at steps {_span(bad)}; " if bad else "")
+                            + (f"other ranks than the reference's at steps {_span(unmatched)}; " if unmatched else "")
+                            + judged.describe(tier, "resumed losses"),
+                            kind="tolerance", tier=tier.name, largest_difference=judged.distance,
+                            noise=judged.noise, bound=judged.bound))
     return checks
+
+
+def _rank_losses(e: dict[str, Any]) -> list[float]:
+    """Every rank's own loss of a step when the run has several (their mean could hide two differences that
+    cancel), else its loss."""
+    return list(e.get("rank_losses") or [e["loss"]])
+
+
+def _loss_triples(pairs: list[tuple[dict[str, Any], dict[str, Any]]]) -> list[tuple[int, float, float]]:
+    return [(e["step"], a, b) for e, r in pairs for a, b in zip(_rank_losses(e), _rank_losses(r))]
+
+
+def _loss_noise(ref: dict[int, dict[str, Any]], twin: dict[int, dict[str, Any]] | None, steps: list[int],
+                tier: Tier) -> tuple[float | None, str]:
+    """(the twin's loss noise over ``steps``, "") for a twin tier; (None, "") for an exact one; (None, why) when the
+    twin did not log every step compared."""
+    if tier.exact:
+        return None, ""
+    if twin is None:
+        return None, "no twin run to measure the noise with"
+    missing = [s for s in steps if s not in twin]
+    if missing:
+        return None, f"the twin run logged no loss at steps {_span(missing)}, so no noise bound could be measured"
+    noise = loss_noise({s: _rank_losses(ref[s]) for s in steps}, {s: _rank_losses(twin[s]) for s in steps}, steps)
+    return noise, ""
+
+
+def _reproducible(pairs: list[tuple[dict[str, Any], dict[str, Any]]], before: list[int], tier: Tier,
+                  noise: float | None) -> Check:
+    """``reproducible``: before its kill, the interrupted run (which wrote the checkpoint resumed from) equals the
+    reference: epoch, learning rate and samples exactly, losses within the bound."""
+    exact = sorted({e["step"] for e, r in pairs for key in ("epoch", "learning_rate", "sample_ids") if e[key] != r[key]})
+    judged, bad = judge_losses(_loss_triples(pairs), noise, tier)
+    if not pairs:
+        return Check("reproducible", "fail", "the interrupted run logged no step the uninterrupted run logged",
+                     kind="tolerance", tier=tier.name)
+    if exact or bad:
+        what = ("samples, learning rate or epoch" if exact else "") + (" and " if exact and bad else "") + \
+               ("losses outside the bound" if bad else "")
+        return Check("reproducible", "fail",
+                     f"before its kill, the interrupted run, which wrote the checkpoint resumed from, differs from the "
+                     f"uninterrupted run at steps {_span(sorted(set(exact) | set(bad)))} ({what}): the checkpoint "
+                     f"resumed from is not this run's; {judged.describe(tier, 'losses')}",
+                     kind="tolerance", tier=tier.name, largest_difference=judged.distance, noise=judged.noise,
+                     bound=judged.bound)
+    return Check("reproducible", "pass",
+                 f"before its kill, the interrupted run equals the uninterrupted run at steps {_span(before)} "
+                 f"(samples, learning rates and epochs exactly); {judged.describe(tier, 'losses')}",
+                 kind="tolerance", tier=tier.name, largest_difference=judged.distance, noise=judged.noise,
+                 bound=judged.bound)
 
 
 def compare_trainable(reference: dict[str, Any], resumed: dict[str, Any]) -> Check:
@@ -714,31 +774,38 @@ def compare_trainable(reference: dict[str, Any], resumed: dict[str, Any]) -> Che
                                           f"reference {len(b)} / {reference['parameters']:,}; differ: {', '.join(only)}")
 
 
-def compare_weights(ref_file: Path, res_file: Path, tier: Tier) -> Check:
-    """Compare the final trainable weights of the reference and the resumed run (safetensors, no pickle)."""
+def compare_weights(ref_file: Path, res_file: Path, tier: Tier, twin_file: Path | None = None) -> Check:
+    """``final_weights``: the final trainable weights of the resumed run against the reference's (safetensors, no
+    pickle), per tensor, bounded by the twin's (``twin_file``) distance from the reference, or bit-exact
+    (:func:`core.stages.noise.judge_tensors`)."""
     from safetensors.torch import load_file
 
-    for f in (ref_file, res_file):
+    files = [ref_file, res_file] + ([twin_file] if twin_file is not None and not tier.exact else [])
+    for f in files:
         if not f.is_file():
             return Check("final_weights", "fail", f"{f} missing", kind="tolerance", tier=tier.name)
     a, b = load_file(str(res_file)), load_file(str(ref_file))
-    if a.keys() != b.keys():
-        return Check("final_weights", "fail", f"tensor names differ: {sorted(a.keys() ^ b.keys())[:5]}",
-                     kind="tolerance", tier=tier.name)
-    worst, name, ok = _max_diff(a, b, tier.rtol)
-    return Check("final_weights", "pass" if ok else "fail",
-                 f"{len(a)} tensors of {res_file.name}: " + (f"largest difference {worst:.3g} ({name})" if worst else "bit-identical"),
-                 kind="tolerance", tier=tier.name, largest_difference=worst)
+    twin = load_file(str(twin_file)) if twin_file is not None and not tier.exact else None
+    try:
+        judged = judge_tensors(b, a, twin, tier)
+    except ValueError as exc:
+        return Check("final_weights", "fail", str(exc), kind="tolerance", tier=tier.name)
+    return Check("final_weights", "pass" if judged.ok else "fail", judged.describe(tier, f"tensors of {res_file.name}"),
+                 kind="tolerance", tier=tier.name, largest_difference=judged.distance, noise=judged.noise,
+                 bound=judged.bound)
 
 
-def compare_optimizers(ref_file: Path, res_file: Path, tier: Tier) -> list[Check]:
-    """Optimizer step counts and param-group sizes (exact), moments (tier); loaded with ``weights_only=True``."""
-
-    for f in (ref_file, res_file):
+def compare_optimizers(ref_file: Path, res_file: Path, tier: Tier, twin_file: Path | None = None) -> list[Check]:
+    """Optimizer step counts and param-group sizes (``optimizer_progress``, exact), moments (``optimizer_moments``:
+    per state tensor, bounded by the twin's distance or bit-exact; bitsandbytes' 8-bit states dequantised:
+    :func:`core.stages.noise.optimizer_state_tensors`); loaded with ``weights_only=True``."""
+    files = [ref_file, res_file] + ([twin_file] if twin_file is not None and not tier.exact else [])
+    for f in files:
         if not f.is_file():
             return [Check("optimizer_state", "fail", f"{f} missing")]
     try:
         a, b = safe_load(res_file), safe_load(ref_file)
+        t = safe_load(twin_file) if twin_file is not None and not tier.exact else None
     except UntrustedCheckpoint as exc:
         return [Check("optimizer_state", "fail", str(exc))]
     sizes_a = [len(g["params"]) for g in a["param_groups"]]
@@ -747,37 +814,31 @@ def compare_optimizers(ref_file: Path, res_file: Path, tier: Tier) -> list[Check
     steps_b = sorted({float(s["step"]) for s in b["state"].values() if "step" in s})
     exact_ok = sizes_a == sizes_b and steps_a == steps_b and a["state"].keys() == b["state"].keys()
     checks = [Check("optimizer_progress", "pass" if exact_ok else "fail",
-                    f"param-group sizes {sizes_a} vs {sizes_b}; optimizer step counts {steps_a} vs {steps_b}")]
-    ta, tb = state_tensors(a["state"]), state_tensors(b["state"])
+                    f"param-group sizes {sizes_a} vs {sizes_b}; optimizer step counts {steps_a} vs {steps_b}"
+                    + ("" if exact_ok else ": the optimizer did not continue from the checkpoint's state"))]
+    ta, tb = optimizer_state_tensors(a["state"]), optimizer_state_tensors(b["state"])
+    tt = optimizer_state_tensors(t["state"]) if t is not None else None
     if ta.keys() != tb.keys():
-        checks.append(Check("optimizer_moments", "fail", "state tensors differ in name", kind="tolerance", tier=tier.name))
+        checks.append(Check("optimizer_moments", "fail",
+                            f"state tensors differ in name: {sorted(ta.keys() ^ tb.keys())[:3]}", kind="tolerance",
+                            tier=tier.name))
         return checks
     if not ta:  # nothing compared is no evidence: a layout this check cannot read must not pass
         checks.append(Check("optimizer_moments", "fail", "no state tensor found in the optimizer state to compare (an "
                                                           "empty state, or a layout this check does not read)",
                             kind="tolerance", tier=tier.name))
         return checks
-    worst, name, ok = _max_diff(ta, tb, tier.rtol)
-    checks.append(Check("optimizer_moments", "pass" if ok else "fail",
-                        f"{len(ta)} state tensors: " + (f"largest difference {worst:.3g} ({name})" if worst else "bit-identical"),
-                        kind="tolerance", tier=tier.name, largest_difference=worst))
+    try:
+        judged = judge_tensors(tb, ta, tt, tier)
+    except ValueError as exc:
+        checks.append(Check("optimizer_moments", "fail", str(exc), kind="tolerance", tier=tier.name))
+        return checks
+    checks.append(Check("optimizer_moments", "pass" if judged.ok else "fail",
+                        judged.describe(tier, "optimizer state tensors (8-bit states dequantised)"
+                                        if any(k.endswith(("state1", "state2")) for k in ta) else "optimizer state tensors"),
+                        kind="tolerance", tier=tier.name, largest_difference=judged.distance, noise=judged.noise,
+                        bound=judged.bound))
     return checks
-
-
-def state_tensors(state: Any, prefix: str = "") -> dict[str, Any]:
-    """Every tensor of more than one element in an optimizer's ``state``, at any depth, by its path (``"3.exp_avg"``;
-    bitsandbytes' 8-bit optimizers nest theirs: ``"3.__bnb_optimizer_quant_state__.state1"``, with the absmax and
-    the dynamic maps beside them). Step counters (one element) are compared as progress, not here."""
-    import torch
-
-    out: dict[str, Any] = {}
-    for key, value in (state.items() if isinstance(state, dict) else ()):
-        path = f"{prefix}{key}"
-        if isinstance(value, dict):
-            out.update(state_tensors(value, path + "."))
-        elif torch.is_tensor(value) and value.numel() > 1:
-            out[path] = value
-    return out
 
 
 def compare_scalers(ref_file: Path, res_file: Path) -> Check:
@@ -797,31 +858,6 @@ def compare_scalers(ref_file: Path, res_file: Path) -> Check:
     return Check("grad_scaler", "pass" if got == want else "fail",
                  f"resumed scale {got['scale']:g}, growth tracker {got['growth_tracker']:g}; reference "
                  f"{want['scale']:g}, {want['growth_tracker']:g}")
-
-
-def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], rtol: float) -> tuple[float, str | None, bool]:
-    import torch
-
-    worst, where, ok = 0.0, None, True
-    for key in sorted(a):
-        x, y = a[key].float(), b[key].float()
-        if x.shape != y.shape:
-            return math.inf, key, False
-        d = (x - y).abs()
-        m = float(d.max()) if d.numel() else 0.0
-        if m > worst:
-            worst, where = m, key
-        if rtol == 0.0:
-            ok = ok and bool(torch.equal(a[key], b[key]))
-        else:
-            ok = ok and bool((d <= rtol * y.abs().clamp_min(1e-12)).all() or m <= rtol * float(y.abs().max()))
-    return worst, where, ok
-
-
-def _close(a: float, b: float, rtol: float) -> bool:
-    return a == b if rtol == 0.0 else abs(a - b) <= rtol * max(abs(b), 1e-12)
-
-
 
 
 def _step_of(p: Path) -> int:

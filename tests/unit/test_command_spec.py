@@ -162,12 +162,12 @@ def steps(losses, start=1, lr=True, ids=True):
 
 def test_a_resume_that_continues_the_run_passes_the_step_checks():
     from core.command.resume import compare_steps
-    from core.stages.resume import tolerance_tier
+    from core.stages.noise import required_tier
 
     ref = steps([5.0, 4.0, 3.5, 3.2, 3.0, 2.9])
     not_compared: list[str] = []
     checks, rows = compare_steps(ref, steps([5.0, 4.0, 3.5]), steps([3.5, 3.2, 3.0, 2.9], start=3), 2,
-                                 tolerance_tier("cpu", "fp32"), not_compared)
+                                 required_tier("cpu", "fp32"), not_compared)
     assert [(c.name, c.status) for c in checks] == [("global_steps", "pass"), ("reproducible", "pass"),
                                                     ("learning_rate", "pass"), ("sample_ids", "pass"),
                                                     ("loss", "pass")]
@@ -176,13 +176,13 @@ def test_a_resume_that_continues_the_run_passes_the_step_checks():
 
 def test_a_resume_that_drifts_fails_naming_the_steps_and_what_was_not_in_the_metrics():
     from core.command.resume import compare_steps
-    from core.stages.resume import tolerance_tier
+    from core.stages.noise import required_tier
 
     ref = steps([5.0, 4.0, 3.5, 3.2, 3.0, 2.9], lr=False, ids=False)
     not_compared: list[str] = []
     checks, _ = compare_steps(ref, steps([5.0, 4.0, 3.5], lr=False, ids=False),
                               steps([3.5, 3.3, 3.1], start=3, lr=False, ids=False), 2,
-                              tolerance_tier("cpu", "fp32"), not_compared)
+                              required_tier("cpu", "fp32"), not_compared)
     by = {c.name: c for c in checks}
     assert by["global_steps"].status == "fail" and "resumed steps 3-5, expected 3-6" in by["global_steps"].evidence
     assert by["loss"].status == "fail" and "steps 4-5" in by["loss"].evidence
@@ -192,10 +192,10 @@ def test_a_resume_that_drifts_fails_naming_the_steps_and_what_was_not_in_the_met
 
 def test_a_command_that_does_not_give_the_same_run_twice_is_named_before_any_resume_is_judged():
     from core.command.resume import compare_steps
-    from core.stages.resume import tolerance_tier
+    from core.stages.noise import required_tier
 
     ref = steps([5.0, 4.0, 3.5, 3.2])
-    checks, _ = compare_steps(ref, steps([5.0, 4.1, 3.6]), steps([3.2], start=4), 3, tolerance_tier("cpu", "fp32"), [])
+    checks, _ = compare_steps(ref, steps([5.0, 4.1, 3.6]), steps([3.2], start=4), 3, required_tier("cpu", "fp32"), [])
     repro = next(c for c in checks if c.name == "reproducible")
     assert repro.status == "fail" and "at steps 2-3" in repro.evidence and "set_seed" in repro.evidence
 
@@ -210,7 +210,9 @@ def test_loaded_states_are_compared_to_the_first_difference():
     assert first_difference(a, {**a, "python": (3, (1, 9, 3), None)}) == "python[1][1]"
     assert first_difference(a, {**a, "torch": torch.zeros(4, dtype=torch.uint8)}) == "torch"
     assert first_difference({"lr": 0.1}, {"lr": 0.1 + 1e-9}) == "lr"
-    assert first_difference({"lr": 0.1}, {"lr": 0.1 + 1e-9}, rtol=1e-4) is None
+    # numbers within 4 x the twin's difference at the same place (a JSON state of a script under a twin tier)
+    assert first_difference({"lr": 0.1}, {"lr": 0.1 + 1e-9}, twin={"lr": 0.1}, multiple=4.0) is None
+    assert first_difference({"lr": 0.1}, {"lr": 0.1 + 1e-9}, twin={"lr": 0.1 + 1e-9}, multiple=4.0) == "lr"
 
 
 # ------------------------------------------------------------------------------------------- the evaluation

@@ -133,14 +133,14 @@ def test_the_plans_error_is_its_own_criterion():
 
 
 def test_an_exact_resume_tier_is_required_on_any_device():
-    from core.stages.resume import known_tiers, required_tier
+    from core.stages.noise import NOISE_MULTIPLE, known_tiers, required_tier
 
-    assert required_tier("cuda:0", "bf16").rtol == 2e-2
+    assert required_tier("cuda:0", "bf16").multiple == NOISE_MULTIPLE  # bounded by a twin's measured noise
     exact = required_tier("cuda:0", "bf16", "exact")
-    assert exact.rtol == 0.0 and exact.name in known_tiers()
-    assert required_tier("cpu", "fp32", "exact") == required_tier("cpu", "fp32")  # the CPU's is exact already
+    assert exact.multiple == 0.0 and exact.exact and exact.name in known_tiers()
+    assert required_tier("cpu", "fp32", "exact").exact and required_tier("cpu", "fp32").exact  # the CPU's is exact
     assert judge_resume_tier(AcceptCriteria(resume_tier="exact"), exact.name, 0.0)[0].met
-    assert judge_resume_tier(AcceptCriteria(resume_tier="exact"), "cuda-bf16-relative", 2e-2)[0].met is False
+    assert judge_resume_tier(AcceptCriteria(resume_tier="exact"), "cuda-bf16-twin-noise", NOISE_MULTIPLE)[0].met is False
 
 
 # ------------------------------------------------------------------------------------- recomputed by verify

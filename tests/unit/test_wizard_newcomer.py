@@ -331,6 +331,10 @@ def test_the_resume_progress_bar_goes_through_both_runs_and_never_back():
     fractions = [done / total for total, done in seen]
     assert fractions == sorted(fractions) and fractions[-1] == 1.0, fractions
     assert fractions[1] < 0.5 < fractions[2]  # the interrupted run fills the first half, the resumed the second
+    twin = ResumeScreen()  # with a twin run (a tier that measures the noise), it fills the first third
+    seen = [twin.bar_progress(Progress("resume", run=run, step=step, total=total))
+            for run, step, total in (("twin", 6, 12), ("interrupted", 11, 11), ("resumed", 12, 12))]
+    assert [round(done / total, 3) for total, done in seen] == [0.167, 0.667, 1.0]
 
 
 def test_a_largest_fit_with_under_5_percent_left_is_said_to_be_thin():

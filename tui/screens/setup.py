@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from rich.markup import escape
@@ -17,6 +18,11 @@ from core.dtypes import DTYPES
 from core.spec import ATTN_IMPLEMENTATIONS, KILL_POINTS, OPTIMIZERS, PADDINGS, PRECISIONS, QUANT_TYPES
 from tui.screens.nav import NavButtons
 from tui.widgets.inputs import OrderedInput
+
+#: held by each of Setup's worker threads while it imports and reads (device detection imports torch, the inputs check
+#: transformers): importing transformers from two threads at once fails with "cannot import name 'AutoConfig' from
+#: 'transformers'" (transformers 5.24's lazy module is not thread-safe while it initialises)
+_IMPORTING = threading.Lock()
 
 # (flag name, label, kind, choices, modes it applies to)
 FIELDS: list[tuple[str, str, str, tuple[str, ...], tuple[str, ...]]] = [
@@ -197,10 +203,11 @@ class SetupScreen(NavButtons, Screen):
 
     @work(thread=True, exclusive=True, group="detect")
     def detect(self) -> None:
-        from core.plan.memory import detect_devices
-
         try:
-            devices = self.app.state.devices_override or detect_devices("auto")
+            with _IMPORTING:
+                from core.plan.memory import detect_devices
+
+                devices = self.app.state.devices_override or detect_devices("auto")
             text = "devices detected: " + "; ".join(
                 f"{d.name} {d.label} "
                 + (f"{d.capacity_bytes / 2**30:.1f} GiB ({d.capacity_source})" if d.capacity_bytes else "capacity unknown")
@@ -362,10 +369,11 @@ class SetupScreen(NavButtons, Screen):
     @staticmethod
     def _inputs_result(spec: Any) -> Any:
         """The :class:`core.pipeline.InputsChecked`: every problem named by the field that fixes it."""
-        from core.pipeline import InputsChecked, check_inputs
-
+        with _IMPORTING:
+            from core.pipeline import InputsChecked, check_inputs
         try:
-            return check_inputs(spec)
+            with _IMPORTING:
+                return check_inputs(spec)
         except Exception as exc:  # noqa: BLE001 - one line beside the field, never a traceback
             return InputsChecked(model=None, max_positions=None, documents=None, train=0, heldout=0, data=spec.data,
                                  problems=(("model", f"{type(exc).__name__}: {exc}"),))

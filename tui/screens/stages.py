@@ -410,20 +410,26 @@ class ResumeScreen(StageScreen):
     def compose_body(self) -> ComposeResult:
         yield Static("", id="timeline")
         yield Static("", id="resume-verdict")
+        yield Static("", id="tolerance")
         yield Static("", id="checks")
         yield ReadTable(id="comparison")
 
     def stage_generator(self, cancelled):
         return self.app.state.run.resume_stage(cancelled)
 
-    #: the check's runs with progress, in order: the bar goes through both, never back
-    RUNS = ("interrupted", "resumed")
+    #: the check's runs with progress, in order: the bar goes through each, never back (the twin runs only where
+    #: the tier measures the noise: then it is the first third)
+    RUNS = ("twin", "interrupted", "resumed")
 
     def bar_progress(self, event: Any) -> tuple[float, float]:
-        """The interrupted run fills the first half of the bar, the resumed run the second."""
-        index = self.RUNS.index(event.run) if event.run in self.RUNS else 0
+        """Each run of the check fills its share of the bar: the twin (when one runs, it runs first), the interrupted
+        run, the resumed run."""
+        if event.run == "twin":
+            self._with_twin = True
+        runs = self.RUNS if getattr(self, "_with_twin", False) else self.RUNS[1:]
+        index = runs.index(event.run) if event.run in runs else 0
         fraction = min(1.0, event.step / event.total) if event.total else 0.0
-        return 2.0, index + fraction
+        return float(len(runs)), index + fraction
 
     def show_result(self, result: Any) -> None:
         spec = self.app.state.run.spec
@@ -440,21 +446,43 @@ class ResumeScreen(StageScreen):
             f"reference    1 {'━' * 20} {n}\n"
             f"interrupted  {origin} {'━' * 4}● ckpt {c} ━ ✕ SIGKILL {_kill_label(result.kill_at, k)}\n"
             f"resumed                  ckpt {c} → {c + 1} {'━' * 8} {end}"
-            + (f" (compared {c + 1}-{end} of {n})" if end < n else ""))
+            + (f" (compared {c + 1}-{end} of {n})" if end < n else "")
+            + (f"\ntwin         1 {'━' * 12} {result.twin_steps[1]} (uninterrupted: measures the noise)"
+               if result.twin_steps else ""))
         verdict.update(f"[b]{result.status.upper()}[/b] · {result.summary}")
+        self.query_one("#tolerance", Static).update(Content(tolerance_line(result)))
         # evidence wraps: it is the point of each line
         self.query_one("#checks", Static).update(Content("\n").join(
             Content.from_markup("[$success]✓[/]" if ch.status == "pass" else "[$error]✗[/]")
             + Content(f" {ch.name}: {ch.evidence}") for ch in result.checks))
         table = self.query_one("#comparison", ReadTable)
         table.clear(columns=True)
-        table.add_columns("step", "lr", "loss reference", "loss resumed", "difference")
+        twin = any("loss_twin" in row for row in result.comparison)
+        table.add_columns("step", "lr", "loss reference", "loss resumed", "difference", *(("twin diff",) if twin else ()))
         for row in result.comparison:
             table.add_row(str(row["step"]), f"{row['learning_rate']:.3g}", f"{row['loss_reference']:.6f}",
-                          f"{row['loss_resumed']:.6f}", f"{row['difference']:.2g}")
+                          f"{row['loss_resumed']:.6f}", f"{row['difference']:.2g}",
+                          *((f"{abs(row['loss_twin'] - row['loss_reference']):.2g}" if "loss_twin" in row else "-",)
+                            if twin else ()))
 
     def next_screen(self) -> Screen:
         return _export()
+
+
+def tolerance_line(result: Any) -> str:
+    """The Resume screen's one line on how loss, weights and optimizer states were judged: bit-exact (and why), or
+    within the stated multiple of the noise a twin run measured (the loss bound, and the twin's steps)."""
+    tier = result.tier
+    if tier is None:
+        return ""
+    if tier.exact:
+        return f"tolerance: bit-exact ({tier.why})"
+    loss = next((ch for ch in result.checks if ch.name == "loss" and ch.noise is not None), None)
+    steps = getattr(result, "twin_steps", None)
+    where = f"twin run (steps {steps[0]}-{steps[1]})" if steps else "twin run"
+    said = (f"; loss bound {loss.bound:.2g} (noise {loss.noise:.2g})" if loss is not None and loss.bound is not None
+            else "")
+    return f"tolerance: {tier.multiple:g} x the noise a {where} measured, per tensor and step{said}"
 
 
 def _kill_label(kill_at: str | None, k: int) -> str:

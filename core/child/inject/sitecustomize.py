@@ -5,6 +5,8 @@
   under a private name: nothing of gpuaccept needs to be importable in the user's environment).
 - With ``GPUACCEPT_PARENT_PID`` set, a daemon thread ends this process (exit status 3) once that process, gpuaccept,
   is gone: a ``kill -9`` of gpuaccept leaves no rank of the user's job holding a device.
+- With ``GPUACCEPT_TEST_JITTER`` set (tests only), it perturbs every optimizer step's gradients (``jitter.py`` beside
+  it): a stand-in for a GPU's run-to-run noise.
 - Then it runs the ``sitecustomize`` this one shadows, if the environment has one.
 
 Without the variables it does nothing. A failure is one line on stderr, never the user's job's failure. Standard
@@ -13,6 +15,7 @@ library only, and no syntax newer than the Pythons a user's job may run on.
 
 import os
 import sys
+import types
 
 
 def _install() -> None:
@@ -20,16 +23,7 @@ def _install() -> None:
     if not path:
         return
     try:
-        import importlib.util
-
-        here = os.path.dirname(os.path.abspath(__file__))
-        spec = importlib.util.spec_from_file_location("_gpuaccept_trainer_hook", os.path.join(here, "trainer_hook.py"))
-        if spec is None or spec.loader is None:
-            raise ImportError(f"{here}/trainer_hook.py cannot be loaded")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["_gpuaccept_trainer_hook"] = module
-        spec.loader.exec_module(module)
-        module.install(path)
+        _load("_gpuaccept_trainer_hook", "trainer_hook.py").install(path)
     except Exception as exc:  # noqa: BLE001 - the user's job runs whatever happens here
         print(f"gpuaccept: the Trainer hook was not installed ({type(exc).__name__}: {exc})", file=sys.stderr)
 
@@ -57,6 +51,31 @@ def _lifeline() -> None:
     threading.Thread(target=watch, name="gpuaccept-lifeline", daemon=True).start()
 
 
+def _jitter() -> None:
+    """The test-only gradient jitter (``jitter.py``), when ``GPUACCEPT_TEST_JITTER`` asks for it."""
+    if not os.environ.get("GPUACCEPT_TEST_JITTER"):
+        return
+    try:
+        module = _load("_gpuaccept_jitter", "jitter.py")
+        module.install_when_imported(module.amplitude())
+    except Exception as exc:  # noqa: BLE001 - the user's job runs whatever happens here
+        print(f"gpuaccept: the test jitter was not installed ({type(exc).__name__}: {exc})", file=sys.stderr)
+
+
+def _load(name: str, filename: str) -> types.ModuleType:
+    """A module beside this file, loaded by path under a private ``name``."""
+    import importlib.util
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    spec = importlib.util.spec_from_file_location(name, os.path.join(here, filename))
+    if spec is None or spec.loader is None:
+        raise ImportError(f"{here}/{filename} cannot be loaded")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
 def _chain() -> None:
     """Run the next ``sitecustomize`` on ``sys.path`` (this one shadows it)."""
     import importlib.machinery
@@ -72,4 +91,5 @@ def _chain() -> None:
 
 _lifeline()
 _install()
+_jitter()
 _chain()

@@ -1,0 +1,339 @@
+"""The resume check's tolerance: a bound from measured noise, not a guessed one (docs/architecture.md §4).
+
+Two runs of the same training are bit-identical on the CPU here (a fixed thread count; docs/architecture.md §6) but not
+on a GPU: bf16 kernels reorder reductions (atomics, split-K GEMMs, the attention backward), and two uninterrupted runs
+drift apart by a few units in the last bits from their first steps (measured on an H200: the losses of two runs of the
+same LoRA job differed by 3e-4 from step 6; benchmarks/results/gpu/). A relative tolerance guessed per dtype cannot
+tell that drift from a broken resume: it fails tensors near zero (a LoRA ``lora_B`` starts at zero; Adam's moments are
+tiny) and passes faults that happen to be small.
+
+So the noise is measured. The **twin** is a second uninterrupted run of the same job from step 0 to the last compared
+step, in a process of its own, never resumed: its distance from the reference (the training run) is the noise of
+this box, kernels and job over those steps. The resumed run passes a tolerance check when its distance from the
+reference is at most :data:`NOISE_MULTIPLE` times the twin's:
+
+- **tensors** (final weights, optimizer moments), per tensor and norm-wise: ``||resumed - reference||_2 <= k *
+  max(||twin - reference||_2, r * ||reference||_2)``, where ``r`` is the quantity's relative noise over all its tensors
+  (``||twin - reference|| / ||reference||``): a tensor the twin happened to reproduce exactly is still allowed the
+  noise its share of the whole would have. Norms, not elements: a tensor near zero is judged by an absolute distance,
+  never by a relative error.
+- **losses**, per step and rank: ``|resumed - reference| <= k * max over the compared steps of |twin - reference|``.
+
+The twin has drifted from step 1, the resumed run only from the checkpoint it (or the interrupted run before it) was
+loaded from, so the twin's distance is the larger in expectation; ``k`` covers the spread of two noise realisations.
+Where the twin is bit-identical to the reference (the noise measured is 0), every bound is 0: bit-exact.
+
+Without a twin (:func:`required_tier`: the CPU's kernels, ``resume.noise = "off"``, or ``accept.resume_tier =
+"exact"``), every quantity must be bit-exact. Quantised optimizer states (bitsandbytes' 8-bit AdamW: uint8 codes, a
+256-value code book and an fp32 absmax per block) are compared dequantised (:func:`optimizer_state_tensors`), never as
+codes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+#: how many times the twin's distance from the reference the resumed run may be (see the module docstring). Chosen
+#: from the ratio resumed / twin distance measured under the CPU test jitter (at most 1.6 over LoRA, full and bf16
+#: runs; tests/integration/test_resume_noise.py) and on an H200 (benchmarks/results/gpu/README.md), with margin; a
+#: planted fault is hundreds of times the twin's distance (the same tests).
+NOISE_MULTIPLE = 4.0
+#: the methods a tier judges by: ``exact`` (bit for bit) or ``twin`` (bounded by the twin's measured noise)
+METHODS = ("exact", "twin")
+
+
+@dataclass(frozen=True)
+class Tier:
+    """How the resume check's tolerance checks (loss, final weights, optimizer moments) are judged.
+
+    Attributes:
+        name: ``<device>-<dtype>-exact``, ``...-exact-required`` (the criteria ask for it) or ``...-twin-noise``.
+        method: ``exact`` (bit for bit, no twin run) or ``twin`` (within ``multiple`` times the twin's distance).
+        multiple: :data:`NOISE_MULTIPLE` for ``twin``, 0 for ``exact``.
+        why: the reason, in words.
+    """
+
+    name: str
+    method: str
+    multiple: float
+    why: str
+
+    @property
+    def exact(self) -> bool:
+        return self.method == "exact"
+
+
+def required_tier(device: str, dtype: str, resume_tier: str = "auto", noise: str = "auto",
+                  jittered: bool = False) -> Tier:
+    """The tier a resume is judged in.
+
+    Args:
+        device: the device trained on (``cpu``, ``cuda:0``).
+        resume_tier: the criterion ``accept.resume_tier``: ``exact`` asks for bit-exact agreement (no twin run).
+        noise: the spec's ``resume.noise``: ``auto`` runs the twin where kernels are not bit-exact (CUDA, or
+            ``jittered``), ``twin`` always, ``off`` never.
+        jittered: the training processes run under the test jitter (:mod:`core.child.inject.jitter`).
+    """
+    kind = device.split(":")[0]
+    if resume_tier == "exact":
+        return Tier(f"{kind}-{dtype}-exact-required", "exact", 0.0,
+                    'bit-exact, as the acceptance criteria require (accept.resume_tier = "exact"); no twin run')
+    if noise == "off" or (noise == "auto" and kind == "cpu" and not jittered):
+        why = ("resume.noise = \"off\": bit-exact required, no twin run" if noise == "off" else
+               f"CPU {dtype} kernels are deterministic for a fixed thread count (two runs bit-identical, "
+               "docs/architecture.md §6): bit-exact required, no twin run; resume.noise = \"twin\" measures the noise "
+               "instead")
+        return Tier(f"{kind}-{dtype}-exact", "exact", 0.0, why)
+    return Tier(f"{kind}-{dtype}-twin-noise", "twin", NOISE_MULTIPLE,
+                f"within {NOISE_MULTIPLE:g} x the distance of a twin run (uninterrupted, from step 0) from the "
+                f"reference: the run-to-run noise of {kind} {dtype} kernels" + (" under the test jitter"
+                                                                              if jittered else "") + ", measured")
+
+
+def known_tiers() -> dict[str, Tier]:
+    """Every tier :func:`required_tier` can give, by name (what ``gpuaccept verify`` holds a record's tier to)."""
+    from core.dtypes import DTYPES
+
+    tiers = [required_tier(d, t, r, n, j) for d in ("cpu", "cuda") for t in DTYPES for r in ("auto", "exact")
+             for n in ("auto", "twin", "off") for j in (False, True)]
+    return {t.name: t for t in tiers}
+
+
+#: the tiers of records before schema 5 (a relative tolerance per device and dtype), by name -> rtol: ``verify`` still
+#: judges those records by the rule they were written under
+LEGACY_RTOL: dict[str, float] = {
+    **{f"cpu-{t}-exact": 0.0 for t in ("fp32", "bf16", "fp16")},
+    **{f"{d}-{t}-exact-required": 0.0 for d in ("cpu", "cuda") for t in ("fp32", "bf16", "fp16")},
+    "cuda-fp32-relative": 1e-4, "bf16-relative": 2e-2, "fp16-relative": 2e-2,
+}
+
+
+@dataclass(frozen=True)
+class Bounded:
+    """One tolerance quantity judged: the resumed run's distance from the reference against its bound.
+
+    Attributes:
+        ok: within the bound everywhere (bit-exact for an exact tier).
+        distance: the resumed run's largest distance (L2 per tensor; absolute per loss) where it is nearest its
+            bound (the worst ratio); for an exact tier, the largest.
+        noise: the twin's distance at that place (None: no twin).
+        bound: the distance allowed there (``multiple x`` the noise; 0 for exact).
+        where: the tensor or step it was at.
+        count: tensors or losses compared.
+    """
+
+    ok: bool
+    distance: float
+    noise: float | None
+    bound: float
+    where: str
+    count: int
+
+    def describe(self, tier: Tier, what: str) -> str:
+        """The evidence: how far the resumed run is, against what bound, measured how."""
+        if tier.exact:
+            return (f"{self.count} {what}: bit-identical" if self.distance == 0.0 and self.ok else
+                    f"{self.count} {what}: largest difference {self.distance:.3g} at {self.where} (bit-exact "
+                    "required)")
+        ratio = (self.distance / self.bound) if self.bound > 0 else (0.0 if self.distance == 0 else math.inf)
+        state = "within" if self.ok else "OUTSIDE"
+        return (f"{self.count} {what}: {state} the noise bound; nearest it at {self.where}: distance "
+                f"{self.distance:.3g} = {ratio:.2g} x the bound {self.bound:.3g} ({tier.multiple:g} x the twin's "
+                f"{(self.noise or 0.0):.3g})")
+
+
+def judge_tensors(reference: dict[str, torch.Tensor], resumed: dict[str, torch.Tensor],
+                  twin: dict[str, torch.Tensor] | None, tier: Tier) -> Bounded:
+    """Judge tensors of the same names and shapes (see the module docstring). ``twin`` None: bit-exact (an exact tier).
+
+    Raises:
+        ValueError: the names or a shape differ between the runs (the caller reports it as a failed check)."""
+    import torch
+
+    names = sorted(reference)
+    for other, label in ((resumed, "resumed"), (twin, "twin")):
+        if other is None:
+            continue
+        if other.keys() != reference.keys():
+            raise ValueError(f"tensor names differ between the {label} run and the reference: "
+                             f"{sorted(other.keys() ^ reference.keys())[:3]}")
+        bad = [n for n in names if other[n].shape != reference[n].shape]
+        if bad:
+            raise ValueError(f"shapes differ between the {label} run and the reference: {bad[:3]}")
+
+    def dist(a: torch.Tensor, b: torch.Tensor) -> float:
+        return float(torch.linalg.vector_norm(a.detach().double() - b.detach().double())) if a.numel() else 0.0
+
+    res = {n: dist(resumed[n], reference[n]) for n in names}
+    if tier.exact or twin is None:
+        exact = all(torch.equal(resumed[n], reference[n]) for n in names)
+        worst = max(names, key=lambda n: res[n], default="")
+        return Bounded(exact, res.get(worst, 0.0), None, 0.0, worst, len(names))
+    noise = {n: dist(twin[n], reference[n]) for n in names}
+    size = {n: float(torch.linalg.vector_norm(reference[n].detach().double())) if reference[n].numel() else 0.0
+            for n in names}
+    total_ref = math.sqrt(sum(v * v for v in size.values()))
+    relative = math.sqrt(sum(v * v for v in noise.values())) / total_ref if total_ref else 0.0
+    bounds = {n: tier.multiple * max(noise[n], relative * size[n]) for n in names}
+    ok = all(res[n] <= bounds[n] for n in names)
+
+    def ratio(n: str) -> float:
+        return res[n] / bounds[n] if bounds[n] > 0 else (0.0 if res[n] == 0 else math.inf)
+
+    worst = max(names, key=ratio, default="")
+    if not worst:
+        return Bounded(True, 0.0, 0.0, 0.0, "", 0)
+    return Bounded(ok, res[worst], noise[worst], bounds[worst], worst, len(names))
+
+
+def float32_spacing(value: float) -> float:
+    """The gap between ``value`` and the next float32 (its last bit): a loss is a float32 tensor's value, so two losses
+    that differ at all differ by at least this."""
+    return math.ulp(abs(value)) * 2.0 ** 29 if math.isfinite(value) and value else 0.0
+
+
+def loss_noise(reference: dict[int, list[float]], twin: dict[int, list[float]], steps: list[int]) -> float:
+    """The twin's largest ``|twin - reference|`` loss difference over ``steps`` (every rank's loss of a step), and at
+    least the last bit of the largest reference loss (:func:`float32_spacing`): where runs drift at all, a float32 loss
+    rounds either way, and a twin whose few losses happened to round alike has not measured that there is no noise.
+
+    Raises:
+        KeyError: a step the twin or the reference did not log."""
+    worst = 0.0
+    for step in steps:
+        for a, b in zip(twin[step], reference[step]):
+            worst = max(worst, abs(a - b))
+    largest = max((abs(b) for step in steps for b in reference[step] if math.isfinite(b)), default=0.0)
+    return max(worst, float32_spacing(largest))
+
+
+def judge_losses(pairs: list[tuple[int, float, float]], noise: float | None, tier: Tier) -> tuple[Bounded, list[int]]:
+    """Judge per-step losses: ``pairs`` of (step, resumed, reference); ``noise`` the twin's :func:`loss_noise` (None:
+    exact). Returns the judgement and the steps outside the bound."""
+    bound = 0.0 if tier.exact or noise is None else tier.multiple * noise
+    bad = sorted({s for s, a, b in pairs if not (a == b if bound == 0.0 else abs(a - b) <= bound)
+                  or not math.isfinite(a)})
+    worst = max(pairs, key=lambda p: abs(p[1] - p[2]) if math.isfinite(p[1]) else math.inf, default=None)
+    if worst is None:
+        return Bounded(True, 0.0, noise, bound, "", 0), []
+    distance = abs(worst[1] - worst[2]) if math.isfinite(worst[1]) else math.inf
+    return Bounded(not bad, distance, noise, bound, f"step {worst[0]}", len(pairs)), bad
+
+
+# ------------------------------------------------------------------------------------------- optimizer states
+#: bitsandbytes' keys of an 8-bit optimizer's quantisation (optimizer.py of bitsandbytes 0.50: ``state1`` / ``state2``
+#: uint8 codes of the parameter's shape, ``qmap1`` / ``qmap2`` the 256-value code books, ``absmax1`` / ``absmax2`` one
+#: fp32 scale per block), nested under this key in ``state_dict()``
+BNB_QUANT_KEY = "__bnb_optimizer_quant_state__"
+#: block sizes bitsandbytes' blockwise quantisation takes (functional.py ``quantize_blockwise``); the 8-bit optimizers
+#: use 256 (optimizer.py ``init_state``)
+BNB_BLOCKSIZES = (256, 64, 128, 512, 1024, 2048, 4096)
+
+
+def dequantize_bnb(codes: torch.Tensor, qmap: torch.Tensor, absmax: torch.Tensor) -> torch.Tensor:
+    """An 8-bit state's values: ``qmap[code] * absmax[block]`` (bitsandbytes' ``dequantize_blockwise``), with the block
+    size found from the number of absmax values.
+
+    Raises:
+        ValueError: no block size of bitsandbytes gives that many blocks."""
+    import torch
+
+    n = codes.numel()
+    blocks = absmax.numel()
+    size = next((b for b in BNB_BLOCKSIZES if -(-n // b) == blocks), None)
+    if size is None:
+        raise ValueError(f"{blocks} absmax values for {n} codes: no bitsandbytes block size fits")
+    scale = absmax.float().repeat_interleave(size)[:n]
+    return (qmap.float()[codes.flatten().long()] * scale).reshape(codes.shape).to(torch.float32)
+
+
+def optimizer_state_tensors(state: Any, prefix: str = "") -> dict[str, torch.Tensor]:
+    """The moments of an optimizer's ``state`` (its ``state_dict()["state"]``) by path (``"3.exp_avg"``), every tensor of
+    more than one element at any depth; bitsandbytes' 8-bit states dequantised (``"3.state1"``: its values, not its
+    codes; the code books and scales are then not compared apart). Step counters (one element) are progress, compared
+    exactly elsewhere."""
+    import torch
+
+    out: dict[str, torch.Tensor] = {}
+    if not isinstance(state, dict):
+        return out
+    flat: dict[str, Any] = {}
+    for key, value in state.items():
+        if key == BNB_QUANT_KEY and isinstance(value, dict):
+            flat.update(value)  # bitsandbytes nests its quantisation for FSDP; its keys are the parameter's state
+        else:
+            flat[str(key)] = value
+    for key, value in flat.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(optimizer_state_tensors(value, path + "."))
+        elif torch.is_tensor(value) and value.numel() > 1:
+            index = key[-1] if key[:-1] in ("state", "qmap", "absmax") else ""
+            if key.startswith("state") and value.dtype == torch.uint8:
+                qmap, absmax = flat.get(f"qmap{index}"), flat.get(f"absmax{index}")
+                if torch.is_tensor(qmap) and torch.is_tensor(absmax):
+                    out[path] = dequantize_bnb(value, qmap, absmax)
+                    continue
+            if key.startswith(("qmap", "absmax")) and torch.is_tensor(flat.get(f"state{index}")) \
+                    and flat[f"state{index}"].dtype == torch.uint8:
+                continue  # part of a quantised state, compared through its values
+            out[path] = value
+    return out
+
+
+# --------------------------------------------------------------------------------------- a record, judged again
+@dataclass(frozen=True)
+class RecordedRule:
+    """How ``gpuaccept verify`` judges a record's resume numbers again: ``method`` ``exact`` or ``twin`` (with its
+    ``multiple``, schema 5), or ``legacy`` with the relative tolerance ``rtol`` of a tier of a record before schema 5
+    (:data:`LEGACY_RTOL`). Each method returns what is wrong, in words (empty: consistent)."""
+
+    method: str
+    multiple: float = 0.0
+    rtol: float = 0.0
+
+    def check_problems(self, name: str, distance: float, noise: float | None, bound: float | None) -> list[str]:
+        """What is wrong with a passing tolerance check: bit-exact tiers admit no difference; a twin tier's check
+        holds its noise and bound, its distance within the bound, the bound at least ``multiple`` x the noise."""
+        if self.method == "exact" or (self.method == "legacy" and self.rtol == 0.0):
+            return [] if distance == 0.0 else [f"resume check {name}: passed on an exact tier with largest difference "
+                                               f"{distance}"]
+        if self.method != "twin":
+            return []
+        if noise is None or bound is None:
+            return [f"resume check {name}: passed on a twin tier without its noise and bound"]
+        out = []
+        if distance > bound:
+            out.append(f"resume check {name}: passed with distance {distance} above its bound {bound}")
+        if bound < self.multiple * noise * (1 - 1e-9):
+            out.append(f"resume check {name}: bound {bound} is below {self.multiple:g} x the twin's noise {noise}")
+        return out
+
+    def row_problems(self, step: Any, reference: float, difference: float, noise: float | None,
+                     bound: float | None, twin: float | None) -> list[str]:
+        """What is wrong with a compared step of a passing resume: its loss difference within the tier (legacy: the
+        relative tolerance; exact: none; twin: the loss check's bound, which is ``multiple`` x its noise, which is at
+        least the twin's own difference at this step)."""
+        if self.method == "legacy":
+            ok = difference <= self.rtol * max(abs(reference), 1e-12) if self.rtol else difference == 0.0
+            return [] if ok else [f"resume step {step}: loss difference {difference} is outside the tier (rtol "
+                                  f"{self.rtol}) but the resume passed"]
+        if self.method == "exact":
+            return [] if difference == 0.0 else [f"resume step {step}: loss difference {difference} on an exact tier, "
+                                                 "but the resume passed"]
+        noise, bound = noise or 0.0, bound or 0.0
+        out = []
+        if difference > bound:
+            out.append(f"resume step {step}: loss difference {difference} is above the loss bound {bound}, but the "
+                       "resume passed")
+        if not math.isclose(bound, self.multiple * noise, rel_tol=1e-9, abs_tol=1e-15):
+            out.append(f"resume check loss: bound {bound} is not {self.multiple:g} x its noise {noise}")
+        if twin is not None and abs(twin - reference) > noise * (1 + 1e-9) + 1e-15:
+            out.append(f"resume step {step}: the twin's loss differs from the reference by {abs(twin - reference)}, "
+                       f"more than the loss noise {noise} the bound was made from")
+        return out
