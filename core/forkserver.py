@@ -19,6 +19,7 @@ import atexit
 import json
 import os
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Mapping
@@ -37,6 +38,9 @@ AFTER_FORK_PREFIXES = ("GPUACCEPT_",)
 SERVER_ONLY = {"PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
 #: how long a start waits for the server's preload before spawning the child itself
 READY_TIMEOUT_S = 180.0
+#: bytes of the server's command line a forked child rewrites with its own (``ps`` shows ``python -P -m
+#: core.child.worker <job.json>``, not the server's): room for the longest run-folder path
+TITLE_ROOM = 4096
 
 
 class Process(Protocol):
@@ -103,6 +107,7 @@ class ForkServer:
 
     def __init__(self, env: Mapping[str, str]) -> None:
         self.env = dict(env)
+        self.executable = sys.executable  # a server serves children of this interpreter only
         self.info: dict[str, Any] | None = None
         self._exits: dict[int, int] = {}
         self._replies: dict[int, dict[str, Any]] = {}
@@ -111,7 +116,9 @@ class ForkServer:
         self._write = threading.Lock()
         self._closed = False
         self.started = time.monotonic()
-        self.proc = subprocess.Popen(python_argv("core.child.zygote"), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        # the room a forked child's command line is written into (core.child.zygote.retitle)
+        room = ["--title-room", "-" * TITLE_ROOM]
+        self.proc = subprocess.Popen(python_argv("core.child.zygote", *room), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.DEVNULL, start_new_session=True,
                                      env={**self.env, **SERVER_ONLY})
         self._reader = threading.Thread(target=self._read, name="gpuaccept-forkserver", daemon=True)
@@ -148,11 +155,12 @@ class ForkServer:
     def spawn(self, argv: list[str], log: Path, env: Mapping[str, str], cwd: str | None = None,
               module: str | None = None, path: str | None = None) -> Forked | None:
         """Fork one child (``module``'s ``main(argv)``, or the script ``path``); None when the server cannot."""
+        shown = python_argv(module, *argv) if module else [sys.executable, str(path), *argv]
         with self._write:
             self._next += 1
             ident = self._next
             request = {"id": ident, "module": module, "path": path, "argv": argv, "log": str(log), "env": dict(env),
-                       "cwd": cwd or os.getcwd()}
+                       "cwd": cwd or os.getcwd(), "title": shown}
             try:
                 assert self.proc.stdin is not None
                 self.proc.stdin.write((json.dumps(request) + "\n").encode("utf-8"))
@@ -164,7 +172,6 @@ class ForkServer:
             reply = self._replies.pop(ident, None)
         if reply is None or "pid" not in reply:
             return None
-        shown = python_argv(module, *argv) if module else python_argv("runpy", str(path), *argv)
         return Forked(self, int(reply["pid"]), shown)
 
     def gone(self) -> bool:
@@ -204,7 +211,7 @@ def _server_for(env: Mapping[str, str]) -> ForkServer:
     key = _comparable(env)
     with _lock:
         for server in _servers:
-            if _comparable(server.env) == key and server.proc.poll() is None:
+            if _comparable(server.env) == key and server.executable == sys.executable and server.proc.poll() is None:
                 return server
         for server in _servers:
             server.close()

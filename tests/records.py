@@ -53,8 +53,25 @@ def committed(name: str) -> dict[str, Any]:
 
 def as_schema(data: dict[str, Any], version: int) -> None:
     """Make a parsed record (of the current schema) a record of an older ``version`` in what the versions since
-    added: before 4, no ``accept`` table and no ``criteria`` in the verdict's stages."""
+    added: before 5, a resume tier with its relative tolerance (``rtol``: 0 on the CPU's exact tier) and no
+    ``reproducible`` check, no noise or bound in the checks, no twin; before 4, no ``accept`` table and no
+    ``criteria`` in the verdict's stages."""
     data["schema_version"] = version
+    if version < 5:
+        res = data.get("resume", {})
+        if isinstance(res.get("tier"), dict) and "method" in res["tier"]:
+            tier = res["tier"]
+            res["tier"] = {"name": tier["name"], "rtol": 0.0, "why": tier["why"]}
+        if isinstance(res.get("checks"), list):
+            res["checks"] = [c for c in res["checks"] if c.get("name") != "reproducible"]
+            for c in res["checks"]:
+                c.pop("noise", None)
+                c.pop("bound", None)
+        res.pop("twin_steps", None)
+        for row in res.get("comparison", []):
+            row.pop("loss_twin", None)
+        data.get("environment", {}).pop("test_jitter", None)
+        data.get("environment", {}).pop("test_fault", None)
     if version < 4:
         data.pop("accept", None)
         for stage in data["verdict"]["stages"].values():

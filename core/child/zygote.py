@@ -125,6 +125,8 @@ def _child(request: dict[str, Any]) -> None:
         os.close(log)
         sys.stdout = open(1, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)  # noqa: SIM115
         sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)  # noqa: SIM115
+        retitle(request.get("title") or [sys.executable, "-P", "-m", str(request.get("module")),
+                                         *map(str, request.get("argv", []))])
         os.environ.clear()
         os.environ.update(request["env"])
         _verbosity(os.environ.get("TRANSFORMERS_VERBOSITY"))
@@ -159,6 +161,28 @@ def _child(request: dict[str, Any]) -> None:
             except Exception:  # noqa: BLE001
                 pass
         os._exit(code)
+
+
+def retitle(argv: list[str]) -> None:
+    """Show ``argv`` as this process's command line (``/proc/<pid>/cmdline``, what ``ps``, ``top`` and psutil read).
+    The kernel shows the memory of the original arguments; it is rewritten here through ``/proc/self/mem``, the way
+    setproctitle does it on Linux: the words joined by spaces, then NULs, the area's last byte not a NUL (the kernel
+    then reads the line up to its first NUL), cut to the room the server was started with (``--title-room``).
+    Without ``/proc`` (or its permission) the command line stays the server's."""
+    try:
+        with open("/proc/self/stat", "rb") as fh:
+            fields = fh.read().rsplit(b")", 1)[1].split()
+        start, end = int(fields[45]), int(fields[46])  # arg_start, arg_end (fields 48 and 49 of proc(5))
+        room = end - start
+        if room <= 2:
+            return
+        line = " ".join(argv).encode("utf-8", "replace")[: room - 2]
+        data = line + b"\0" * (room - 1 - len(line)) + b" "
+        with open("/proc/self/mem", "r+b", buffering=0) as mem:
+            mem.seek(start)
+            mem.write(data)
+    except (OSError, ValueError, IndexError):
+        pass
 
 
 def _verbosity(level: str | None) -> None:
@@ -232,6 +256,7 @@ def main(argv: list[str]) -> int:
     owner = int(os.environ.get("GPUACCEPT_PARENT_PID", "0") or 0)
     _PROTOCOL[0] = os.dup(1)
     os.dup2(2, 1)
+    retitle([sys.executable, "-P", "-m", "core.child.zygote"])  # the room stays for the children
     try:
         info = preload()
     except BaseException as exc:  # noqa: BLE001 - said to the parent, which then spawns its children itself

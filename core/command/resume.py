@@ -125,15 +125,32 @@ def not_applicable(why: str) -> CommandResume:
     return CommandResume(status="not_applicable", summary=why)
 
 
+def run_twin(spec: CommandSpec, reference: RunOutcome, run_dir: Path, values: dict[str, str],
+             cancelled: Callable[[], bool] | None = None, backend: Any = None) -> Generator[Event, None, RunOutcome]:
+    """The twin of the resume check (:mod:`core.stages.noise`): the training command again, uninterrupted, into its
+    own ``{out}`` (``run_dir/resume-twin``).
+
+    Raises:
+        StageCancelled: the user stopped it; every process of the command was killed."""
+    out = run_dir / "resume-twin" / "out"
+    yield Message("resume", text="twin run: the training command again, uninterrupted; its distance from the "
+                                 "uninterrupted run is the run-to-run noise the comparison is bounded by")
+    return (yield from run_command(spec, "twin", substitute(spec.words(), {**values, "{out}": str(out)}), out,
+                                   run_dir / "resume-twin", "resume", total=reference.last_step() or 0,
+                                   cancelled=cancelled, backend=backend))
+
+
 def resume_stage(spec: CommandSpec, reference: RunOutcome, run_dir: Path, values: dict[str, str], tier: Tier,
-                 cancelled: Callable[[], bool] | None = None, backend: Any = None,
+                 cancelled: Callable[[], bool] | None = None, backend: Any = None, twin: RunOutcome | None = None,
                  ) -> Generator[Event, None, CommandResume]:
     """Kill the command after checkpoint c, resume it, compare with ``reference`` (see the module docstring).
 
     Args:
         values: the placeholders other than ``{out}`` and ``{checkpoint}`` (``{train_data}``, ``{model}``).
         tier: how the loss and tensor comparisons are judged (:func:`core.stages.noise.required_tier`): bit-exact, or
-            bounded by a twin run's distance from the reference (the twin then runs first).
+            bounded by a twin run's distance from the reference (the twin then runs first: :func:`run_twin`).
+        twin: the twin already run (the same command and reference: several resumes judged by one measurement of
+            the noise); None runs it here when the tier needs one.
 
     Raises:
         StageCancelled: the user stopped it; every process of the command was killed.
@@ -171,15 +188,10 @@ def resume_stage(spec: CommandSpec, reference: RunOutcome, run_dir: Path, values
         return _finish(started, checks, tier, required=required)
 
     # 0. the twin: the training command again, uninterrupted (its distance from the reference is the noise)
-    twin = None
     runs: dict[str, RunSummary] = {}
-    if not tier.exact:
-        out_t = run_dir / "resume-twin" / "out"
-        yield Message("resume", text="twin run: the training command again, uninterrupted; its distance from the "
-                                     "uninterrupted run is the run-to-run noise the comparison is bounded by")
-        twin = yield from run_command(spec, "twin", substitute(spec.words(), {**values, "{out}": str(out_t)}), out_t,
-                                      run_dir / "resume-twin", "resume", total=reference.last_step() or final,
-                                      cancelled=cancelled, backend=backend)
+    if not tier.exact and twin is None:
+        twin = yield from run_twin(spec, reference, run_dir, values, cancelled, backend)
+    if twin is not None and not tier.exact:
         runs["twin"] = _summary(twin)
         if twin.exit_code != 0:
             why = "timed out" if twin.timed_out else f"exit status {twin.exit_code}"
@@ -187,6 +199,8 @@ def resume_stage(spec: CommandSpec, reference: RunOutcome, run_dir: Path, values
                                                     f"{failure_lines(twin.log_path)} (see {twin.log_path}); no noise "
                                                     "bound could be measured"))
             return _finish(started, checks, tier, runs=runs, required=required)
+    else:
+        twin = None
 
     # 1. the interrupted run, killed between checkpoint c and the next
     out_i = run_dir / "resume-interrupted" / "out"

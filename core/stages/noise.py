@@ -80,15 +80,15 @@ def required_tier(device: str, dtype: str, resume_tier: str = "auto", noise: str
         jittered: the training processes run under the test jitter (:mod:`core.child.inject.jitter`).
     """
     kind = device.split(":")[0]
-    if resume_tier == "exact":
-        return Tier(f"{kind}-{dtype}-exact-required", "exact", 0.0,
-                    'bit-exact, as the acceptance criteria require (accept.resume_tier = "exact"); no twin run')
     if noise == "off" or (noise == "auto" and kind == "cpu" and not jittered):
         why = ("resume.noise = \"off\": bit-exact required, no twin run" if noise == "off" else
                f"CPU {dtype} kernels are deterministic for a fixed thread count (two runs bit-identical, "
                "docs/architecture.md §6): bit-exact required, no twin run; resume.noise = \"twin\" measures the noise "
                "instead")
         return Tier(f"{kind}-{dtype}-exact", "exact", 0.0, why)
+    if resume_tier == "exact":
+        return Tier(f"{kind}-{dtype}-exact-required", "exact", 0.0,
+                    'bit-exact, as the acceptance criteria require (accept.resume_tier = "exact"); no twin run')
     return Tier(f"{kind}-{dtype}-twin-noise", "twin", NOISE_MULTIPLE,
                 f"within {NOISE_MULTIPLE:g} x the distance of a twin run (uninterrupted, from step 0) from the "
                 f"reference: the run-to-run noise of {kind} {dtype} kernels" + (" under the test jitter"

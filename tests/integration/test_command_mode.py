@@ -327,7 +327,7 @@ def fake_record(tmp_path_factory) -> Path:
     (lambda r: r["verdict"].update(status="fail"), "verdict.status says fail, the stages say pass"),
     (lambda r: r["resume"].update(kill_step=r["resume"]["next_checkpoint_step"] + 1), "steps are out of order"),
     (lambda r: next(c for c in r["resume"]["checks"] if c["name"] == "loss").update(largest_difference=0.25),
-     "passes in an exact tier with a largest difference of 0.25"),
+     "passed on an exact tier with largest difference 0.25"),
 ])
 def test_verify_recomputes_a_command_records_verdicts_and_catches_an_edit(fake_record, tmp_path, edit, words):
     from core.record.verify import record_problems

@@ -55,11 +55,45 @@ def test_the_carried_folder_is_pure_python_wheels_at_the_tested_versions_and_the
     assert sum(p.stat().st_size for p in carried.rglob("*") if p.is_file()) < 16 * 2**20  # well under 64 MiB
 
 
+@pytest.fixture(scope="module")
+def bare_tree(tmp_path_factory) -> tuple[Path, Path]:
+    """The tree as it travels to a GPU box (every file git tracks or would track, as ``git archive`` gives them, with
+    what is not committed yet) and a Python that has every package gpuaccept needs but not gpuaccept itself: a venv
+    whose site-packages reads this venv's through a ``.pth`` line (so the editable install's finder, itself a ``.pth``
+    there, is not run)."""
+    import shutil
+    import sysconfig
+
+    tree = tmp_path_factory.mktemp("tree")
+    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=ROOT,
+                            capture_output=True, check=True).stdout.decode().split("\0")
+    for name in filter(None, listed):
+        if (ROOT / name).is_file():
+            (tree / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, tree / name)
+    venv = tmp_path_factory.mktemp("bare") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               capture_output=True, text=True, check=True).stdout.strip())
+    (site / "packages.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    probe = subprocess.run([str(python), "-c", "import torch, transformers\ntry:\n import core\nexcept ImportError:"
+                            "\n print('no gpuaccept')"], capture_output=True, text=True, cwd=tmp_path_factory.getbasetemp())
+    assert probe.stdout.strip() == "no gpuaccept", probe.stdout + probe.stderr
+    return tree, python
+
+
 @pytest.mark.slow
-def test_the_dry_run_runs_every_step_that_needs_no_cuda_and_marks_every_gpu_cell_not_run(carried, tmp_path):
+def test_the_dry_run_runs_every_step_that_needs_no_cuda_and_marks_every_gpu_cell_not_run(carried, bare_tree,
+                                                                                       tmp_path):
+    """From the tree as it travels, with a Python that has the packages but not gpuaccept (the GPU box's case: its
+    first run failed in every stage child with "No module named 'core'"), every step that needs no CUDA runs, a real
+    acceptance on the CPU among them, and passes."""
+    tree, python = bare_tree
     out = tmp_path / "out"
-    env = {**os.environ, "OUT": str(out), "PYTHON": sys.executable, "CARRIED": str(carried), "TMPDIR": str(tmp_path)}
-    done = subprocess.run(["bash", "benchmarks/gpu_check.sh", "--dry-run"], cwd=ROOT, env=env, capture_output=True,
+    env = {**os.environ, "OUT": str(out), "PYTHON": str(python), "CARRIED": str(carried), "TMPDIR": str(tmp_path)}
+    env.pop("PYTHONPATH", None)
+    done = subprocess.run(["bash", "benchmarks/gpu_check.sh", "--dry-run"], cwd=tree, env=env, capture_output=True,
                           text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     files = sorted(p.name for p in out.iterdir())
@@ -69,8 +103,17 @@ def test_the_dry_run_runs_every_step_that_needs_no_cuda_and_marks_every_gpu_cell
     summary = json.loads((out / "summary.json").read_text())
     steps = summary["steps"]
     assert summary["dry_run"] is True and summary["cuda"] is False
-    assert list(steps) == ["versions", "models", "nvml", "acceptance_lora", "wizard", "acceptance_full",
-                           "acceptance_inference", "acceptance_qlora", "acceptance_command", "accuracy"]
+    assert list(steps) == ["versions", "models", "nvml", "fork", "acceptance_lora", "acceptance_fault",
+                           "acceptance_full", "acceptance_qlora", "acceptance_command", "acceptance_inference",
+                           "wizard", "acceptance_cpu", "accuracy"]
+    # the real acceptance on the CPU: every stage child found gpuaccept in the tree, and the resume passed under the
+    # test jitter, its twin measuring the noise
+    cpu = steps["acceptance_cpu"]
+    assert cpu["status"] == "measured" and cpu["verdict"] == "pass", cpu
+    assert cpu["tier"] == "cpu-fp32-twin-noise" and cpu["test"] == {"test_jitter": 1e-3}
+    assert all(t["status"] == "pass" and t["noise"] > 0 for t in cpu["tolerance"]), cpu["tolerance"]
+    assert cpu["verify"]["exit"] == 3, cpu["verify"]  # unsigned, every verdict follows from its numbers
+    assert steps["fork"]["status"] == "measured" and steps["fork"]["server"]["cuda_initialized"] is False
     # the carried textual was the one imported, from the temporary target, not this venv's
     assert steps["versions"]["textual_from"].endswith("/site") and str(tmp_path) in steps["versions"]["textual_from"]
     # the model directories: the shapes of their configs, the 1.2B one with the tokenizer's vocabulary
@@ -83,8 +126,8 @@ def test_the_dry_run_runs_every_step_that_needs_no_cuda_and_marks_every_gpu_cell
     assert models["smollm2-135m"]["bytes_on_disk"] >= 2 * models["smollm2-135m"]["parameters"]  # bf16 weights
     # the dry run plans the 1.2B shape only (the GPU run writes its weights by the same code as the small one's)
     assert models["llama-1.2b"]["bytes_on_disk"] == 0 and models["llama-1.2b"]["built_on"].startswith("meta")
-    for name in ("nvml", "acceptance_lora", "acceptance_full", "acceptance_inference", "acceptance_qlora", "wizard",
-                 "acceptance_command", "accuracy"):
+    for name in ("nvml", "acceptance_lora", "acceptance_fault", "acceptance_full", "acceptance_inference",
+                 "acceptance_qlora", "wizard", "acceptance_command", "accuracy"):
         assert steps[name]["status"] == "not_run" and steps[name]["why"], (name, steps[name])
     for mode in ("lora", "full", "inference", "qlora"):  # each acceptance's arguments planned (flags parse, it fits)
         step = steps[f"acceptance_{mode}"]

@@ -151,7 +151,7 @@ def test_bf16_lora_on_a_16_bit_base_resumes_exactly_and_weighs_what_it_planned(t
     record, _ = run(spec, tmp_path)
     assert record["spec"]["precision"] == "pure" and record["verdict"]["status"] == "pass", record["verdict"]
     assert record["resume"]["status"] == "pass", record["resume"]["checks"]
-    assert record["resume"]["tier"]["name"] == "cpu-bf16-exact" and record["resume"]["tier"]["rtol"] == 0.0
+    assert record["resume"]["tier"]["name"] == "cpu-bf16-exact" and record["resume"]["tier"]["multiple"] == 0.0
     plan = record["plan"]["devices"][0]
     adapters = record["plan"]["parameters"]["trainable"]
     base = record["plan"]["parameters"]["total"] - adapters

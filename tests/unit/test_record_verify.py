@@ -290,7 +290,7 @@ def _in_table(table, key, value):
     (lambda d: d["probe"]["devices"][0].update(finished_utc=dt.datetime(2026, 12, 1, 6, 0)),
      "probe.devices[0].finished_utc is datetime.datetime(2026, 12, 1, 6, 0), not a UTC date-time"),
     (lambda d: d["probe"].update(steps=AWARE), "probe.steps is a date or time (2026-12-01 06:00:00+00:00)"),
-    (lambda d: d["resume"]["tier"].update(rtol=dt.date(2026, 12, 1)), "resume.tier.rtol is a date or time"),
+    (lambda d: d["resume"]["tier"].update(multiple=dt.date(2026, 12, 1)), "resume.tier.multiple is a date or time"),
     (lambda d: d["plan"]["devices"][0].update({"": 1}), "plan.devices[0] has an empty key"),
     (lambda d: d["resume"]["comparison"][0].update(step=3.0), "resume.comparison[0].step is 3.0, not a count"),
     (lambda d: d["resume"].update(checkpoint_step=True), "resume.checkpoint_step is True, not a count"),
@@ -395,14 +395,40 @@ def test_manifest_at_load_is_required_from_schema_3(record, capsys, version, exp
 
 def test_a_loosened_tier_with_a_diverged_loss_is_caught(record, capsys):
     def loosen(data):
-        data["resume"]["tier"]["rtol"] = 1.0
+        data["resume"]["tier"]["multiple"] = 1000.0
         row = data["resume"]["comparison"][0]
         row["loss_resumed"] = row["loss_reference"] + 1.0
         row["difference"] = 1.0
 
     edit(record, loosen)
     code, out = verify(record, capsys)
-    assert code == EXIT_VERDICT and "resume.tier cpu-fp32-exact has rtol 0.0, the record says 1.0" in out
+    assert code == EXIT_VERDICT and "resume.tier cpu-fp32-exact has multiple 0.0, the record says 1000.0" in out
+    assert "loss difference 1.0 on an exact tier, but the resume passed" in out
+
+
+def test_a_twin_bound_that_does_not_hold_its_own_noise_is_caught(record, capsys):
+    """A record judged by a twin's noise (the CPU with resume.noise = "twin"): a bound set below 4 x the noise it was
+    made from, and a resumed loss above the bound that still passed, are both named."""
+    from core.record.build import spec_table_hash
+
+    def bounded(data):
+        data["spec"]["resume"]["noise"] = "twin"
+        data["spec"]["hash"] = spec_table_hash(data["spec"])
+        data["resume"]["tier"] = {"name": "cpu-fp32-twin-noise", "method": "twin", "multiple": 4.0, "why": "twin"}
+        for check in data["resume"]["checks"]:
+            if check["kind"] == "tolerance":
+                check.update(largest_difference=0.0, noise=1e-3, bound=4e-3)
+        loss = next(c for c in data["resume"]["checks"] if c["name"] == "loss")
+        loss["bound"] = 1e-3  # below 4 x its noise
+        row = data["resume"]["comparison"][0]
+        row["loss_resumed"] = row["loss_reference"] + 2e-3
+        row["difference"] = abs(row["loss_resumed"] - row["loss_reference"])
+
+    edit(record, bounded)
+    code, out = verify(record, capsys)
+    assert code == EXIT_VERDICT, out
+    assert "resume check loss: bound 0.001 is below 4 x the twin's noise 0.001" in out
+    assert "is above the loss bound 0.001, but the resume passed" in out
 
 
 def test_non_finite_numbers_as_the_writer_spells_them_are_read_not_crashed_on(record, capsys):

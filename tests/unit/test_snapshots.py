@@ -19,8 +19,8 @@ from core.monitor.sampler import ReplayBackend, constructed_frames
 from core.pipeline import AcceptanceRun
 from core.spec import RunSpec
 from core.stages.childproc import SINGLE, Launch
-from core.stages.probe import DeviceMeasurement, PlanComparison, ProbeResult, compare_with_plan
 from core.stages.noise import required_tier
+from core.stages.probe import DeviceMeasurement, PlanComparison, ProbeResult, compare_with_plan
 from core.stages.resume import Check, ResumeResult
 from core.stages.train import EvalPoint, TrainEvalResult
 from tests.paths import REPO
