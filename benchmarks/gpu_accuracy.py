@@ -5,8 +5,9 @@ benchmarks/configs/ (the embedded model's shape, SmolLM2-135M, and a ~1.1B Llama
 component does not depend on the values), bf16; training in both precisions (pure: the model in bf16, LoRA adapters
 fp32; amp: fp32 weights), under bf16 autocast as Trainer runs it.
 
-Each cell runs in its own child process (a fresh CUDA context, so peaks do not leak between cells): build the model
-on the GPU, one warm-up step (creates the optimizer states), ``torch.cuda.reset_peak_memory_stats()``, two measured
+Each cell runs in its own child process (a fresh CUDA context, so peaks do not leak between cells), forked from
+gpuaccept's fork server (core/forkserver.py: torch and transformers imported once, CUDA initialised after the fork)
+while the parent traces the cell's plan on the CPU: build the model on the GPU, one warm-up step (creates the optimizer states), ``torch.cuda.reset_peak_memory_stats()``, two measured
 steps; it reports ``max_memory_allocated``, ``max_memory_reserved`` and the largest NVML "used" (v2 memory info,
 sampled at 50 Hz during the measured steps) of the device. The parent makes the analytic plan (core.plan.memory) and the
 traced plan (core.plan.traced, fake CPU tensors, target cuda) of the same cell and writes both errors in percent:
@@ -44,9 +45,14 @@ MODES = ("inference", "full", "lora")
 
 
 def cells() -> list[dict]:
-    return [{"config": name, "mode": mode, "precision": precision, "batch_size": b, "seq_len": s}
-            for name in CONFIGS for mode in MODES for precision in (("pure",) if mode == "inference" else ("pure", "amp"))
-            for b, s in SIZES]
+    """Every cell, those not yet measured on a GPU first (the first GPU run measured the small model's inference and
+    full fine-tuning cells), so that a run that ends at its deadline measures what is least known."""
+    every = [{"config": name, "mode": mode, "precision": precision, "batch_size": b, "seq_len": s}
+             for name in CONFIGS for mode in MODES for precision in (("pure",) if mode == "inference" else ("pure", "amp"))
+             for b, s in SIZES]
+    measured_before = {("smollm2-135m", "inference"), ("smollm2-135m", "full")}
+    return sorted(every, key=lambda c: ((c["config"], c["mode"]) in measured_before, c["config"] != "llama-1.1b",
+                                        c["batch_size"]))
 
 
 def spec_of(cell: dict):
@@ -205,6 +211,41 @@ def plan_cell(cell: dict, cuda: bool) -> dict:
             "traced_s": round(traced.seconds, 2)}
 
 
+class _Child:
+    """One cell's measurement in a child process: forked from the fork server, else a fresh interpreter."""
+
+    def __init__(self, cell: dict, log: Path) -> None:
+        from core import forkserver
+        from core.interpreter import child_env
+
+        self.log = log
+        env = {**child_env(), "TRANSFORMERS_VERBOSITY": "error"}
+        argv = ["--one", json.dumps(cell)]
+        self.proc = forkserver.start(None, argv, log, env, cwd=str(ROOT), path=str(Path(__file__).resolve()))
+        if self.proc is None:
+            with open(log, "ab") as fh:
+                self.proc = subprocess.Popen([sys.executable, __file__, *argv], stdout=fh, stderr=subprocess.STDOUT,
+                                             env=env, start_new_session=True)
+
+    def result(self) -> tuple[int | None, dict | None]:
+        try:
+            code = self.proc.wait(timeout=300)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, 9)
+            return None, None
+        lines = [line for line in self.log.read_text(errors="replace").splitlines() if line.startswith("{")]
+        return code, (json.loads(lines[-1]) if code == 0 and lines else None)
+
+    def tail(self) -> list[str]:
+        return self.log.read_text(errors="replace").strip().splitlines()[-3:]
+
+
+def measure_in_child(cell: dict) -> _Child:
+    import tempfile
+
+    return _Child(cell, Path(tempfile.mkdtemp(prefix="gpu-accuracy-")) / "cell.log")
+
+
 def error_pct(estimate: int, measured: int | None) -> float | None:
     return None if not measured else round(100.0 * (estimate - measured) / measured, 2)
 
@@ -231,18 +272,17 @@ def main() -> int:
             rows.append({**cell, "status": "not_run (out of time)"})
             continue
         cell_started = time.monotonic()
+        child = measure_in_child(cell) if cuda else None  # on the GPU while the plan is traced here
         row = {**cell, **plan_cell(cell, cuda)}
-        if cuda:
-            child = subprocess.run([sys.executable, __file__, "--one", json.dumps(cell)], capture_output=True, text=True,
-                                   timeout=300, env={**os.environ, "TRANSFORMERS_VERBOSITY": "error"})
-            if child.returncode == 0:
-                m = json.loads(child.stdout.strip().splitlines()[-1])
+        if child is not None:
+            code, m = child.result()
+            if m is not None:
                 row.update(measured=m, status="measured",
                            analytic_vs_allocated_pct=error_pct(row["analytic_tensor_bytes"], m["peak_allocated_bytes"]),
                            traced_vs_allocated_pct=error_pct(row["traced_peak_bytes"], m["peak_allocated_bytes"]),
                            analytic_total_vs_nvml_pct=error_pct(row["analytic_total_bytes"], m["nvml_used_max_bytes"]))
             else:
-                row.update(status="error", error=child.stderr.strip().splitlines()[-3:])
+                row.update(status="error", error=child.tail(), exit=code)
         else:
             row["status"] = "not_measured (no CUDA device here: planned and traced only)"
         rows.append(row)

@@ -69,8 +69,8 @@ class Forked:
     def poll(self) -> int | None:
         if self.returncode is None:
             self.returncode = self._server.exit_code(self.pid)
-        if self.returncode is None and self._server.gone() and not _alive(self.pid):
-            self.returncode = 1  # the server died before it could report this child's status
+        if self.returncode is None and self._server.gone():
+            self.returncode = _reap(self.pid)  # the server died first: the child is this process's now (subreaper)
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
@@ -87,14 +87,36 @@ class Forked:
         return self.returncode
 
 
-def _alive(pid: int) -> bool:
+def _reap(pid: int) -> int | None:
+    """The exit status of a forked child whose server is gone: this process, a subreaper (:func:`_subreaper`), is its
+    parent now and waits for it (negative: the signal that ended it); None while it runs; 1 when it cannot be waited
+    for (not a child of this process: no subreaper here) and no longer runs."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        done, status = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return 1
+        except PermissionError:
+            return None
+        return None
+    if done == 0:
+        return None
+    return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+
+
+def _subreaper() -> None:
+    """Make this process the child subreaper of its descendants (Linux ``PR_SET_CHILD_SUBREAPER``): a forked stage
+    child whose server ends (the OOM killer may choose the server) becomes this process's child, so its exit status is
+    still known. Nothing happens elsewhere."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        pass
 
 
 def _comparable(env: Mapping[str, str]) -> dict[str, str]:
@@ -216,6 +238,7 @@ def _server_for(env: Mapping[str, str]) -> ForkServer:
         for server in _servers:
             server.close()
         _servers.clear()
+        _subreaper()
         server = ForkServer(env)
         _servers.append(server)
         return server

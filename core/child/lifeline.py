@@ -18,6 +18,8 @@ from pathlib import Path
 PARENT_PID_ENV = "GPUACCEPT_PARENT_PID"
 #: the exit status of a child that ended because gpuaccept was gone
 ORPHANED_EXIT = 3
+#: set in a child forked by the fork server (core/child/zygote.py)
+FORKED_ENV = "GPUACCEPT_FORKED"
 
 
 def owner_alive(owner: int) -> bool:
@@ -37,10 +39,13 @@ def exit_with_parent(cleanup: Path | None = None, interval_s: float = 1.0) -> No
     """Start the watchdog thread (see the module docstring); ``cleanup`` is removed before the child exits."""
     parent = os.getppid()
     owner = int(os.environ.get(PARENT_PID_ENV, "0") or 0)  # gpuaccept itself (under torchrun: not the parent)
+    # a child forked by the fork server (core/child/zygote.py) answers to gpuaccept alone: the server ending (it is
+    # gpuaccept's helper; gpuaccept, a subreaper, then waits for the child itself) must not end a stage mid-run
+    forked = os.environ.get(FORKED_ENV) == "1"
 
     def watchdog() -> None:
         while True:
-            if os.getppid() != parent or not owner_alive(owner):
+            if (os.getppid() != parent and not forked) or not owner_alive(owner):
                 if cleanup is not None:
                     shutil.rmtree(cleanup, ignore_errors=True)
                 os._exit(ORPHANED_EXIT)

@@ -129,6 +129,7 @@ def _child(request: dict[str, Any]) -> None:
                                          *map(str, request.get("argv", []))])
         os.environ.clear()
         os.environ.update(request["env"])
+        os.environ["GPUACCEPT_FORKED"] = "1"  # core.child.lifeline: it answers to gpuaccept, not to this server
         _verbosity(os.environ.get("TRANSFORMERS_VERBOSITY"))
         os.chdir(request.get("cwd") or "/")
         argv = [str(a) for a in request.get("argv", [])]
