@@ -88,6 +88,7 @@ class Check:
         self.t0 = time.monotonic()
         self.deadline = self.t0 + deadline_s
         self.cuda = False
+        self.big_needed = True  # the 1.2B model's weights are built (False: its config only)
         self.steps: dict[str, dict[str, Any]] = {}
         (work / "logs").mkdir(parents=True, exist_ok=True)
 
@@ -183,7 +184,7 @@ def versions() -> dict[str, Any]:
 def step_models(check: Check, tokenizer: Path) -> dict[str, Any]:
     rc, output = check.child("models", [PY, __file__, "--build-models", str(check.work / "models"), "--tokenizer",
                                         str(tokenizer)] + (["--cpu"] if not check.cuda else [])
-                             + (["--config-only", "llama-1.2b"] if check.dry_run else []), 240)
+                             + (["--config-only", "llama-1.2b"] if check.dry_run or not check.big_needed else []), 240)
     if rc != 0:
         return {"status": "failed", "why": f"exit {rc}", "log": output[-2000:]}
     return {"status": "measured", "models": last_json(output)}
@@ -548,6 +549,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", help="where the results go (at most 8 files)")
     parser.add_argument("--work", help="a scratch folder (models, run directories, logs)")
     parser.add_argument("--dry-run", action="store_true", help="everything but the GPU measurements (CI)")
+    parser.add_argument("--only", default="", help="run only these steps (comma-separated; versions and models "
+                                                   "always run): a second call for what a first one left not_run")
     parser.add_argument("--deadline-s", type=float, default=450.0, help="all steps share this many seconds")
     parser.add_argument("--carried", default=str(ROOT / ".whl"), help="the folder `make gpu-wheels` built")
     parser.add_argument("--versions", action="store_true", help=argparse.SUPPRESS)
@@ -573,12 +576,22 @@ def main(argv: list[str] | None = None) -> int:
     if not args.out or not args.work:
         parser.error("--out and --work are required")
     check = Check(Path(args.out), Path(args.work), args.deadline_s, args.dry_run)
+    only_asked = {n.strip() for n in args.only.split(",") if n.strip()}
+    check.big_needed = not only_asked or bool(only_asked & {"acceptance_lora", "acceptance_qlora",
+                                                             "acceptance_inference"})
     check.run_step("versions", step_versions)
     check.run_step("models", step_models, Path(args.carried) / "smollm2")
     models = check.steps["models"].get("models") or {}
     big, small = (Path(models[k]["path"]) if k in models else None for k in ("llama-1.2b", "smollm2-135m"))
-    check.run_step("nvml", step_nvml, needs_s=30)
-    check.run_step("fork", step_fork, needs_s=20)
+    only = {n.strip() for n in args.only.split(",") if n.strip()}
+
+    def wanted(name: str) -> bool:
+        return not only or name in only
+
+    if wanted("nvml"):
+        check.run_step("nvml", step_nvml, needs_s=30)
+    if wanted("fork"):
+        check.run_step("fork", step_fork, needs_s=20)
     # the most telling first: a slow step costs the ones after it
     plan: list[tuple[str, Any, tuple, float]] = [
         ("acceptance_lora", step_acceptance, ("lora", big), 60),
@@ -591,11 +604,14 @@ def main(argv: list[str] | None = None) -> int:
         ("acceptance_cpu", step_cpu_acceptance, (small,), 0),
     ]
     for name, fn, step_args, needs in plan:
+        if not wanted(name):
+            continue
         if any(a is None for a in step_args):
             check.steps[name] = {"status": "not_run", "why": "the model directories were not built"}
             continue
         check.run_step(name, fn, *step_args, needs_s=needs if check.cuda else 0)
-    check.run_step("accuracy", step_accuracy, needs_s=40 if check.cuda else 0)
+    if wanted("accuracy"):
+        check.run_step("accuracy", step_accuracy, needs_s=40 if check.cuda else 0)
     write_results(check)
     failed = [n for n, s in check.steps.items() if s["status"] == "failed"]
     print(f"[{check.elapsed():5.0f} s] results in {check.out}: {', '.join(sorted(p.name for p in check.out.iterdir()))}"

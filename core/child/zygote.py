@@ -34,6 +34,8 @@ import sys
 import time
 from typing import Any
 
+from core.child.lifeline import owner_alive
+
 #: what the server imports before it is ready: what every stage child imports (the worker's roles, the traced plan,
 #: command mode's evaluation), so that none of it is imported again after a fork
 PRELOAD = (
@@ -194,18 +196,6 @@ def _verbosity(level: str | None) -> None:
         logs.set_verbosity(logs.log_levels.get(level or "", logs._default_log_level))
 
 
-def _owner_alive(owner: int) -> bool:
-    if not owner:
-        return True
-    try:
-        os.kill(owner, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def serve(owner: int) -> int:
     """Answer requests until the input ends (then wait for the children) or ``owner`` is gone."""
     children: set[int] = set()
@@ -222,7 +212,7 @@ def serve(owner: int) -> int:
                 break
             children.discard(pid)
             _reply({"exit": pid, "code": _exit_code(status)})
-        if not _owner_alive(owner):
+        if not owner_alive(owner):
             return 0
         if not reading:
             if not children:

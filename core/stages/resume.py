@@ -398,15 +398,23 @@ def run_twin(spec: RunSpec, run_dir: Path, base: dict[str, Any], launch: Launch,
     end = spec.resume.compared_until(spec.steps)
     yield Message("resume", text=f"twin run from step 0 to step {end}, uninterrupted: its distance from the "
                                  "uninterrupted run is the run-to-run noise the comparison is bounded by")
-    twin = start_child("twin", run_dir / "resume-twin", {**base, "role": "twin", "stop_after_step": end,
-                                                         "save_steps": end}, launch)
-    yield ChildStarted("resume", run="twin", pid=twin.pid, log_path=str(twin.log_path))
+    return (yield from _run_to_end(start_child("twin", run_dir / "resume-twin", {
+        **base, "role": "twin", "stop_after_step": end, "save_steps": end}, launch), end, launch, cancelled))
+
+
+def _run_to_end(child: ChildJob, end: int, launch: Launch, cancelled: Callable[[], bool] | None,
+                ) -> Generator[Event, None, ChildJob]:
+    """Follow a started child of the check (its ``name`` is the run's) to its end, its progress towards step ``end``.
+
+    Raises:
+        StageError: the child failed."""
+    yield ChildStarted("resume", run=child.name, pid=child.pid, log_path=str(child.log_path))
     mean = StepMean(launch.nproc)
-    for event in watch(twin, cancelled=cancelled):
+    for event in watch(child, cancelled=cancelled):
         if isinstance(event, Step) and (averaged := mean.add(event)) is not None:
-            yield Progress("resume", run="twin", step=averaged.step, total=end, loss=averaged.loss)
-    check_exit(twin)
-    return twin
+            yield Progress("resume", run=child.name, step=averaged.step, total=end, loss=averaged.loss)
+    check_exit(child)
+    return child
 
 
 def run_interrupted(spec: RunSpec, run_dir: Path, reference: Any, base: dict[str, Any], launch: Launch,
@@ -519,15 +527,8 @@ def run_resumed(spec: RunSpec, run_dir: Path, job: dict[str, Any], launch: Launc
     c, end = spec.resume.kill_checkpoint_step(), spec.resume.compared_until(spec.steps)
     yield Message("resume", text=f"resumed run from checkpoint-{c} to step {end}, compared with the uninterrupted "
                                  f"run at steps {c + 1}-{end}")
-    resumed = start_child("resumed", run_dir / "resume-resumed", {**job, "role": "resumed", "stop_after_step": end},
-                          launch)
-    yield ChildStarted("resume", run="resumed", pid=resumed.pid, log_path=str(resumed.log_path))
-    mean = StepMean(launch.nproc)
-    for event in watch(resumed, cancelled=cancelled):
-        if isinstance(event, Step) and (averaged := mean.add(event)) is not None:
-            yield Progress("resume", run="resumed", step=averaged.step, total=end, loss=averaged.loss)
-    check_exit(resumed)
-    return resumed
+    return (yield from _run_to_end(start_child("resumed", run_dir / "resume-resumed", {
+        **job, "role": "resumed", "stop_after_step": end}, launch), end, launch, cancelled))
 
 
 def compare_runs(spec: RunSpec, reference: Any, interrupted: ChildJob, resumed: ChildJob, saved_rng: dict[str, str],

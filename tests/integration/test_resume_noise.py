@@ -11,12 +11,12 @@ nondeterminism:
 - each planted fault (core/child/faults.py) fails it, naming the fault: a fresh optimizer, a restarted schedule, the
   RNG not restored (with dropout), the data order restarted, a checkpoint of another run, the adapters not restored;
   the tolerance checks fail too, far outside the twin's bound (not only the exact checks);
-- in command mode, the plain loop and the Trainer example, each with its own planted faults (``--fault``).
+- in command mode (test_resume_noise_plain.py, test_resume_noise_hf.py: the plain loop and the Trainer example, each
+  with its own planted faults, ``--fault``; tests/command_faults.py).
 """
 
 from __future__ import annotations
 
-import sys
 import tomllib
 from pathlib import Path
 
@@ -24,22 +24,11 @@ import pytest
 
 from core.events import RunFinished
 from core.stages.noise import NOISE_MULTIPLE
+from tests.command_faults import JITTER, by_name, tolerance
 
-ROOT = Path(__file__).resolve().parents[2]
-PY = sys.executable
-JITTER = "1e-3"
 #: LoRA with dropout (the RNG fault shows only where something draws random numbers), killed after checkpoint 4 of 6
 SMALL = dict(mode="lora", lora_dropout=0.1, steps=6, resume_checkpoint_every=2, resume_kill_after_checkpoint=2,
              batch_size=2, seq_len=32, eval_max_blocks=4)
-
-
-def by_name(checks) -> dict:
-    return {(c["name"] if isinstance(c, dict) else c.name): c for c in checks}
-
-
-def tolerance(checks) -> dict:
-    return {name: c for name, c in by_name(checks).items()
-            if (c["kind"] if isinstance(c, dict) else c.kind) == "tolerance"}
 
 
 # ------------------------------------------------------------------------------- gpuaccept's own recipe: passes
@@ -154,108 +143,3 @@ def test_each_planted_fault_fails_the_resume_naming_it(fault, jittered_reference
         assert "lora" in checks["final_weights"].evidence
     if fault == "rng_not_restored":
         assert "never restored" in checks["rng_restored"].evidence
-
-
-# ------------------------------------------------------------------------------------------------ command mode
-PLAIN = ROOT / "examples" / "train_plain.py"
-HF = ROOT / "examples" / "train_hf.py"
-PLAIN_FILES = ["config.json", "model.safetensors", "optimizer.pt", "scheduler.pt", "rng.pt", "progress.json"]
-
-
-def command_specs(example: str, tiny_model_dir: Path) -> dict:
-    """The [command] table of an example, killed after its 2nd checkpoint of 3 (dropout on: the RNG fault shows)."""
-    if example == "plain":
-        return {"train": f"{PY} {PLAIN} --model {{model}} --out {{out}} --text {{train_data}} --steps 6 "
-                         "--checkpoint-every 2 --lr 1e-3 --dropout 0.1", "resume": "{command} --resume {checkpoint}",
-                "metrics": "metrics.jsonl", "checkpoint_files": PLAIN_FILES, "model": str(tiny_model_dir),
-                "eval": "none", "kill_after_checkpoint": 2, "workdir": str(ROOT)}
-    return {"train": f"{PY} {HF} --model {{model}} --out {{out}} --text {{train_data}} --max_steps 6 --save_steps 2 "
-                     "--lora_dropout 0.1", "model": str(tiny_model_dir), "eval": "none", "kill_after_checkpoint": 2,
-            "workdir": str(ROOT)}
-
-
-def drive(gen):
-    while True:
-        try:
-            next(gen)
-        except StopIteration as done:
-            return done.value
-
-
-@pytest.fixture(scope="module", params=["plain", "hf"])
-def command_reference(request, tiny_model_dir, tmp_path_factory):
-    """One example's uninterrupted run (the probe's: the reference), its twin and a run of another seed (whose
-    checkpoint the ``other_run`` fault resumes from), all under the jitter."""
-    import os
-
-    from core.command.pipeline import CommandRun
-    from core.command.resume import run_twin
-    from core.command.spec import CommandSpec
-
-    os.environ["GPUACCEPT_TEST_JITTER"] = JITTER
-    try:
-        raw = command_specs(request.param, tiny_model_dir)
-        run = CommandRun(CommandSpec.from_dict(raw), tmp_path_factory.mktemp(f"cmd-{request.param}"))
-        drive(run.probe_stage())
-        assert run.reference is not None and run.reference.exit_code == 0
-        twin = drive(run_twin(run.spec, run.reference, run.run_dir, run.values))
-        other = CommandRun(CommandSpec.from_dict({**raw, "train": raw["train"] + " --seed 7"}),
-                           tmp_path_factory.mktemp(f"other-{request.param}"))
-        drive(other.probe_stage())
-    finally:
-        os.environ.pop("GPUACCEPT_TEST_JITTER", None)
-    yield request.param, raw, run, twin, other
-    run.close()
-    other.close()
-
-
-#: example -> fault -> the checks that must fail (a fault the example cannot commit is left out: the plain loop
-#: trains every weight, so it has no adapters)
-COMMAND_FAULTS = {
-    "plain": {"fresh_optimizer": ("optimizer_moments", "final_weights"), "scheduler_restart": ("learning_rate", "states"),
-              "rng_not_restored": ("states", "loss"), "data_restart": ("sample_ids", "loss"),
-              "other_run": ("loss", "final_weights")},
-    "hf": {"fresh_optimizer": ("optimizer_progress", "optimizer_moments"), "data_restart": ("sample_ids", "loss"),
-           "adapters_not_restored": ("loss", "final_weights"), "other_run": ("loss", "final_weights")},
-}
-
-
-def command_resume(run, raw: dict, twin, resume: str, tmp_path: Path, monkeypatch):
-    from core.command.resume import resume_stage
-    from core.command.spec import CommandSpec
-
-    monkeypatch.setenv("GPUACCEPT_TEST_JITTER", JITTER)
-    spec = CommandSpec.from_dict({**raw, "resume": resume})
-    return drive(resume_stage(spec, run.reference, tmp_path, run.values, run.tier(), twin=twin))
-
-
-def test_the_examples_resume_correctly_under_the_noise(command_reference, tmp_path, monkeypatch):
-    example, raw, run, twin, _ = command_reference
-    default = "{command} --resume {checkpoint}" if example == "plain" else "{command} --resume_from_checkpoint {checkpoint}"
-    result = command_resume(run, raw, twin, default, tmp_path, monkeypatch)
-    assert result.status == "pass", [(c.name, c.evidence) for c in result.checks if c.status != "pass"]
-    assert result.tier.method == "twin" and "twin" in result.runs
-    rows = tolerance(result.checks)
-    assert {"loss", "final_weights", "optimizer_moments", "reproducible"} <= set(rows)
-    assert all(c.noise is not None and c.largest_difference <= c.bound for c in rows.values())
-
-
-@pytest.mark.parametrize("command_reference, fault", [(example, fault) for example, faults in COMMAND_FAULTS.items()
-                                                        for fault in faults], indirect=["command_reference"])
-def test_each_planted_fault_of_an_example_fails_its_resume(command_reference, fault, tmp_path, monkeypatch):
-    """Between them the two examples commit every fault (the plain loop trains every weight: it has no adapters)."""
-    example, raw, run, twin, other = command_reference
-    flag = "--resume" if example == "plain" else "--resume_from_checkpoint"
-    if fault == "other_run":  # the resume command ends with a hard-coded checkpoint of another run (the last flag wins)
-        ckpt = next(x for x in other.reference.checkpoints if x.step == 4)
-        resume = f"{{command}} {flag} {{checkpoint}} {flag} {ckpt.path}"
-    else:
-        resume = f"{{command}} {flag} {{checkpoint}} --fault {fault}"
-    result = command_resume(run, raw, twin, resume, tmp_path, monkeypatch)
-    checks = by_name(result.checks)
-    failed = [name for name, c in checks.items() if c.status != "pass"]
-    assert result.status == "fail" and set(COMMAND_FAULTS[example][fault]) <= set(failed), (fault, failed)
-    for name in COMMAND_FAULTS[example][fault]:
-        c = checks[name]
-        if c.kind == "tolerance":
-            assert c.largest_difference > 5 * c.bound, (name, c.evidence)
