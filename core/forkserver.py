@@ -101,9 +101,7 @@ def _reap(pid: int) -> int | None:
         except PermissionError:
             return None
         return None
-    if done == 0:
-        return None
-    return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+    return None if done == 0 else os.waitstatus_to_exitcode(status)
 
 
 def _subreaper() -> None:

@@ -544,11 +544,12 @@ def convert_in_child(log_path: Path) -> None:
     import sys
 
     from core.errors import StageError
+    from core.interpreter import python_env
 
     with open(log_path, "wb") as log, open(os.devnull, "rb") as devnull:
         rc = subprocess.call(
             [sys.executable, "-P", "-c", "from core.models import ensure_embedded_cache; ensure_embedded_cache()"],
-            stdin=devnull, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            stdin=devnull, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=python_env(os.environ),
         )
     if rc != 0:
         raise StageError(f"converting the embedded model failed (see {log_path})")

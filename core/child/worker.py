@@ -102,12 +102,8 @@ def run_job(job: dict[str, Any], events: EventWriter) -> None:
     hf_logging.disable_progress_bar()
     spec = RunSpec.from_dict(job["spec"])
     role = job["role"]
-    if role != "probe" and spec.training:
-        _test_only_noise_and_faults(role)
-        from core.child import faults
-
-        if faults.active(role) == "other_run":  # planted: this run is another run (another seed)
-            spec = RunSpec.from_dict({**job["spec"], "seed": spec.seed + 1})
+    if role != "probe" and spec.training and _test_only_noise_and_faults(role) == "other_run":
+        spec = RunSpec.from_dict({**job["spec"], "seed": spec.seed + 1})  # planted: another run (another seed)
     device, name = rank_device(job)
     rss_start = rss_bytes()
     place = rank_info()
@@ -138,16 +134,16 @@ def run_job(job: dict[str, Any], events: EventWriter) -> None:
         train(spec, model, train_blocks, heldout_blocks, device, events, job)
 
 
-def _test_only_noise_and_faults(role: str) -> None:
-    """Install the test jitter when ``GPUACCEPT_TEST_JITTER`` asks for it, and check ``GPUACCEPT_TEST_FAULT`` names a
-    fault (:mod:`core.child.faults` raises otherwise)."""
+def _test_only_noise_and_faults(role: str) -> str | None:
+    """Install the test jitter when ``GPUACCEPT_TEST_JITTER`` asks for it; the fault ``GPUACCEPT_TEST_FAULT`` plants
+    in ``role`` (:func:`core.child.faults.active`: it raises for a name that is no fault), or None."""
     from core.child import faults
     from core.child.inject.jitter import amplitude, install
 
     relative = amplitude()
     if relative:
         install(relative)
-    faults.active(role)
+    return faults.active(role)
 
 
 def train(spec: RunSpec, model: Any, train_blocks: list[dict[str, Any]], heldout_blocks: list[dict[str, Any]],

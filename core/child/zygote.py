@@ -107,10 +107,6 @@ def _reply(message: dict[str, Any]) -> None:
     os.write(_PROTOCOL[0], (json.dumps(message) + "\n").encode("utf-8"))
 
 
-def _exit_code(status: int) -> int:
-    return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
-
-
 def _child(request: dict[str, Any]) -> None:
     """In the forked child: become a session leader with the request's files, environment and directory, run its
     module's ``main`` (or its script), leave with its status. Never returns."""
@@ -135,23 +131,19 @@ def _child(request: dict[str, Any]) -> None:
         _verbosity(os.environ.get("TRANSFORMERS_VERBOSITY"))
         os.chdir(request.get("cwd") or "/")
         argv = [str(a) for a in request.get("argv", [])]
-        if request.get("path"):
-            import runpy
+        sys.argv = [request.get("path") or request["module"], *argv]
+        try:
+            if request.get("path"):
+                import runpy
 
-            sys.argv = [request["path"], *argv]
-            try:
                 runpy.run_path(request["path"], run_name="__main__")
                 code = 0
-            except SystemExit as exc:
-                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-        else:
-            import importlib
+            else:
+                import importlib
 
-            sys.argv = [request["module"], *argv]
-            try:
                 code = int(importlib.import_module(request["module"]).main(argv) or 0)
-            except SystemExit as exc:
-                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except BaseException:  # noqa: BLE001 - the traceback goes to the child's log; the status says it failed
         import traceback
 
@@ -211,7 +203,7 @@ def serve(owner: int) -> int:
             if pid == 0:
                 break
             children.discard(pid)
-            _reply({"exit": pid, "code": _exit_code(status)})
+            _reply({"exit": pid, "code": os.waitstatus_to_exitcode(status)})
         if not owner_alive(owner):
             return 0
         if not reading:

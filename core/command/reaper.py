@@ -27,9 +27,12 @@ INTERVAL_S = 1.0
 
 def start_reaper(run_dir: Path) -> subprocess.Popen[bytes]:
     """Start the reaper of ``run_dir``'s jobs for this process (see the module docstring)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUACCEPT_")}
+    from core.interpreter import python_argv, python_env
+
+    # gpuaccept importable from where this process imported it (a tree that is not installed: the GPU box's case)
+    env = python_env({k: v for k, v in os.environ.items() if not k.startswith("GPUACCEPT_")})
     with open(os.devnull, "rb") as devnull, open(run_dir / "reaper.log", "ab") as log:
-        return subprocess.Popen([sys.executable, "-P", "-m", "core.command.reaper", str(os.getpid()), str(run_dir)],
+        return subprocess.Popen(python_argv("core.command.reaper", str(os.getpid()), str(run_dir)),
                                 stdin=devnull, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env,
                                 cwd=str(Path(__file__).resolve().parents[2]))
 

@@ -472,9 +472,7 @@ def _noise(ref: dict[tuple[int, int], StepRecord], twin_steps: list[StepRecord] 
     if twin_steps is None or missing:
         return None, (f"the twin run logged no loss at steps {_span(missing)}, so no noise bound could be measured"
                       if twin_steps is not None else "no twin run to measure the noise with")
-    indices = list(range(len(keys)))  # each (rank, step) compared, as one "step" of core.stages.noise.loss_noise
-    return loss_noise({i: [ref[key].loss] for i, key in zip(indices, keys)},
-                      {i: [twins[key].loss] for i, key in zip(indices, keys)}, indices), ""
+    return loss_noise([(twins[key].loss, ref[key].loss) for key in keys]), ""
 
 
 def _reproducible(before: list[tuple[StepRecord, StepRecord]], tier: Tier, noise: float | None) -> Check:

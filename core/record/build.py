@@ -95,8 +95,9 @@ def test_settings(environ: Any = None) -> dict[str, Any]:
 
     environ = os.environ if environ is None else environ
     out: dict[str, Any] = {}
-    if amplitude(environ):
-        out["test_jitter"] = amplitude(environ)
+    jitter = amplitude(environ)
+    if jitter:
+        out["test_jitter"] = jitter
     if environ.get(FAULT_ENV, "").strip():
         out["test_fault"] = environ[FAULT_ENV].strip()
     return out

@@ -198,18 +198,13 @@ def float32_spacing(value: float) -> float:
     return math.ulp(abs(value)) * 2.0 ** 29 if math.isfinite(value) and value else 0.0
 
 
-def loss_noise(reference: dict[int, list[float]], twin: dict[int, list[float]], steps: list[int]) -> float:
-    """The twin's largest ``|twin - reference|`` loss difference over ``steps`` (every rank's loss of a step), and at
-    least the last bit of the largest reference loss (:func:`float32_spacing`): where runs drift at all, a float32 loss
-    rounds either way, and a twin whose few losses happened to round alike has not measured that there is no noise.
-
-    Raises:
-        KeyError: a step the twin or the reference did not log."""
-    worst = 0.0
-    for step in steps:
-        for a, b in zip(twin[step], reference[step]):
-            worst = max(worst, abs(a - b))
-    largest = max((abs(b) for step in steps for b in reference[step] if math.isfinite(b)), default=0.0)
+def loss_noise(pairs: list[tuple[float, float]]) -> float:
+    """The twin's largest ``|twin - reference|`` over ``pairs`` of (twin loss, reference loss) of the steps (and ranks)
+    compared, and at least the last bit of the largest reference loss (:func:`float32_spacing`): where runs drift at
+    all, a float32 loss rounds either way, and a twin whose few losses happened to round alike has not measured that
+    there is no noise."""
+    worst = max((abs(a - b) for a, b in pairs), default=0.0)
+    largest = max((abs(b) for _, b in pairs if math.isfinite(b)), default=0.0)
     return max(worst, float32_spacing(largest))
 
 

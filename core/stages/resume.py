@@ -731,8 +731,7 @@ def _loss_noise(ref: dict[int, dict[str, Any]], twin: dict[int, dict[str, Any]] 
     missing = [s for s in steps if s not in twin]
     if missing:
         return None, f"the twin run logged no loss at steps {_span(missing)}, so no noise bound could be measured"
-    noise = loss_noise({s: _rank_losses(ref[s]) for s in steps}, {s: _rank_losses(twin[s]) for s in steps}, steps)
-    return noise, ""
+    return loss_noise([pair for s in steps for pair in zip(_rank_losses(twin[s]), _rank_losses(ref[s]))]), ""
 
 
 def _reproducible(pairs: list[tuple[dict[str, Any], dict[str, Any]]], before: list[int], tier: Tier,

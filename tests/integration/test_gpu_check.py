@@ -207,3 +207,15 @@ def test_the_carried_bitsandbytes_is_the_tested_version_for_any_cpython_on_x86_6
     ran.clear()
     gpu_wheels.download(tmp_path, platform_wheels=False)
     assert len(ran) == 1
+
+
+def test_the_reaper_of_command_mode_starts_from_the_tree_as_it_travels(bare_tree, tmp_path):
+    """On the H200 the reaper (which ends every process of a user's job if gpuaccept is killed) failed at once from the
+    uninstalled tree: "No module named 'core'" in reaper.log. It now imports gpuaccept from where its parent did."""
+    tree, python = bare_tree
+    code = ("import sys, time; from pathlib import Path; from core.command.reaper import start_reaper; "
+            "p = start_reaper(Path(sys.argv[1])); time.sleep(3); print(p.poll()); p.kill()")
+    done = subprocess.run([str(python), "-c", code, str(tmp_path)], cwd=tree, capture_output=True, text=True,
+                          timeout=60)
+    assert done.stdout.strip() == "None", done.stdout + done.stderr + (tmp_path / "reaper.log").read_text()
+    assert "No module named" not in (tmp_path / "reaper.log").read_text()
