@@ -429,9 +429,14 @@ def drop_weights(run_dir: Path) -> None:
 
 def step_wizard(check: Check, model: Path) -> dict[str, Any]:
     devices = "0" if check.cuda else "cpu"
-    size = ["--batch-size", "4", "--seq-len", "256"] if check.cuda else ["--batch-size", "1", "--seq-len", "128"]
+    # the dry run (no CUDA) checks the screens and control flow only: fp32 (bf16 matmuls are slow on a CPU), the
+    # shortest sequence and two probe steps, with room for a loaded 2-core machine (it stopped at 200 s there)
+    size = ["--batch-size", "4", "--seq-len", "256"] if check.cuda else \
+        ["--batch-size", "1", "--seq-len", "64", "--dtype", "fp32", "--probe-steps", "2"]
+    limit_s = 200 if check.cuda else 420
     rc, output = check.child("wizard", [PY, "benchmarks/gpu_wizard.py", "--model", str(model), "--devices", devices,
-                                        *size, "--out", str(check.work / "wizard"), "--timeout-s", "150"], 200)
+                                        *size, "--out", str(check.work / "wizard"), "--timeout-s",
+                                        str(limit_s - 50)], limit_s)
     found = last_json(output) if rc is not None and "{" in output else {"error": "stopped at its time limit"}
     status = "failed" if rc != 0 else ("measured" if check.cuda else "not_run")
     why = found.get("error") or (None if check.cuda else "no CUDA here: the wizard ran on the CPU with the host "

@@ -60,7 +60,7 @@ async def drive(args) -> dict:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     fields = {"model": args.model, "devices": args.devices, "batch_size": args.batch_size, "seq_len": args.seq_len,
-              "dtype": args.dtype}
+              "dtype": args.dtype, "probe_steps": args.probe_steps}
     app = GpuAcceptApp(runs_root=out / "runs", fields=fields, mode="lora")
     result: dict = {"fields": fields, "saved": []}
 
@@ -109,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--probe-steps", type=int, default=3)
     parser.add_argument("--timeout-s", type=float, default=240)
     args = parser.parse_args(argv)
     started = time.monotonic()

@@ -50,8 +50,10 @@ class AcceptCriteria:
             after training (inference: of the fixed weights) must be >= this. In (0, 1].
         max_device_share: each device's measured use (CUDA: peak allocated; CPU: the larger of peak tensors and
             peak RSS) must be <= this share of that device's capacity. In (0, 1]; 1.0 is "fits".
-        max_step_time_s: the probe's step time (seconds per optimizer step, the slowest rank) must be <= this.
-        min_tokens_per_s: the probe's tokens per second (summed over ranks) must be >= this.
+        max_step_time_s: the probe's step time (seconds per optimizer step, the slowest rank) must be <= this: the
+            mean of its untracked steps after the warm-up (core/child/probe.py ``step_timing``; the memory tracker's
+            steps are slower and not judged).
+        min_tokens_per_s: the probe's tokens per second (summed over ranks) must be >= this, over the same steps.
         resume_tier: one of :data:`RESUME_TIERS`.
         max_plan_error_pct: per device, ``|measured - planned| / planned x 100`` (the probe's plan comparison) must
             be <= this; the plan stage fails otherwise (an under-estimate is also named as a finding).
@@ -268,14 +270,14 @@ class DeviceUse:
 
 
 def judge_probe(c: AcceptCriteria, devices: Sequence[DeviceUse], step_time_s: float | None,
-                tokens_per_s: float | None) -> list[Judgement]:
+                tokens_per_s: float | None, on: str | None = None) -> list[Judgement]:
     """The probe stage's criteria: ``max_device_share`` on every device by itself (its measured use over its own
     capacity; a device of unknown capacity is not judged), and ``max_step_time_s`` / ``min_tokens_per_s`` when set.
 
     The share rule is ``used_bytes <= max_device_share x capacity_bytes`` (at 1.0: the fit rule of core/plan/fit.py);
     the row's value is the share used, ``used / capacity``.
     """
-    return judge_shares(c, devices) + judge_speed(c, step_time_s, tokens_per_s)
+    return judge_shares(c, devices) + judge_speed(c, step_time_s, tokens_per_s, on)
 
 
 def judge_shares(c: AcceptCriteria, devices: Sequence[DeviceUse]) -> list[Judgement]:
@@ -291,9 +293,28 @@ def judge_shares(c: AcceptCriteria, devices: Sequence[DeviceUse]) -> list[Judgem
     return rows
 
 
-def judge_speed(c: AcceptCriteria, step_time_s: float | None, tokens_per_s: float | None) -> list[Judgement]:
+def step_list(steps: Sequence[int]) -> str:
+    """``step 3``, ``steps 2–3`` (a run), ``steps 1, 3``: 1-based step numbers in words."""
+    steps = list(steps)
+    if len(steps) == 1:
+        return f"step {steps[0]}"
+    if steps and steps == list(range(steps[0], steps[-1] + 1)):
+        return f"steps {steps[0]}–{steps[-1]}"
+    return "steps " + ", ".join(map(str, steps))
+
+
+def speed_on(timed_steps: Sequence[int], tracked: bool) -> str:
+    """What a speed row is judged on: ``the probe's untracked steps 2–3`` (the steps its step time is the mean of,
+    and whether the memory tracker slowed them); the stage and ``gpuaccept verify`` say it alike."""
+    return f"the probe's {'tracked' if tracked else 'untracked'} {step_list(timed_steps)}"
+
+
+def judge_speed(c: AcceptCriteria, step_time_s: float | None, tokens_per_s: float | None,
+                on: str | None = None) -> list[Judgement]:
     """``max_step_time_s`` and ``min_tokens_per_s``, when set (:func:`judge_probe`'s last rows); a speed asked for
-    and not measured is missed."""
+    and not measured is missed. ``on``: the steps judged (:func:`speed_on`; by default "the probe's steps", as
+    records that do not say how the probe was timed are judged)."""
+    on = on or "the probe's steps"
     rows: list[Judgement] = []
     for name, value, ok in (("max_step_time_s", step_time_s, lambda v, t: v <= t),
                             ("min_tokens_per_s", tokens_per_s, lambda v, t: v >= t)):
@@ -301,9 +322,9 @@ def judge_speed(c: AcceptCriteria, step_time_s: float | None, tokens_per_s: floa
         if threshold is None:
             continue
         if value is None or not math.isfinite(value):
-            rows.append(Judgement(name, threshold, None, False, on="the probe's steps", why="not measured"))
+            rows.append(Judgement(name, threshold, None, False, on=on, why="not measured"))
         else:
-            rows.append(Judgement(name, threshold, float(value), ok(float(value), threshold), on="the probe's steps"))
+            rows.append(Judgement(name, threshold, float(value), ok(float(value), threshold), on=on))
     return rows
 
 

@@ -43,13 +43,37 @@ class StageFinished(Event):
 
 @dataclass(frozen=True)
 class Progress(Event):
-    """A step inside a stage: training/probe step ``step`` of ``total`` (the run is named by ``run``)."""
+    """A step inside a stage: training/probe step ``step`` of ``total`` (the run is named by ``run``).
+
+    A stage of several runs (the resume check: twin, interrupted, resumed) also says where the whole stage stands:
+    ``work_done`` of ``work_total`` steps over all its runs (each run counts the steps it trains, so the bar is
+    proportional to the work and never goes back) and ``part`` = (this run's place, the runs), 1-based."""
 
     run: str
     step: int
     total: int
     loss: float | None = None
     learning_rate: float | None = None
+    work_done: int | None = None
+    work_total: int | None = None
+    part: tuple[int, int] | None = None
+
+
+@dataclass(frozen=True)
+class Waiting(Event):
+    """A child is working towards its first step and says nothing yet (imports, loading the model, the data, an
+    evaluation): ``what`` it is doing, in words ("loading the model"), in child ``pid`` of run ``run``, since
+    ``since`` (seconds since the epoch: when the child started). A screen shows it with the seconds elapsed until
+    the run's first :class:`Progress` (:func:`waiting_for` says what each child event means)."""
+
+    run: str
+    pid: int
+    what: str
+    since: float
+
+    def line(self, now: float) -> str:
+        """``probe: loading the model in child 1234… 12 s`` at time ``now``."""
+        return f"{self.run}: {self.what} in child {self.pid}… {max(0.0, now - self.since):.0f} s"
 
 
 @dataclass(frozen=True)
@@ -92,6 +116,74 @@ class RunFinished(Event):
     status: str
     record_path: str
     run_dir: str
+
+
+def waiting_for(event: ChildEvent | None, role: str, resumes: bool = False, tracked: bool = False) -> str | None:
+    """What a child is doing after ``event``, its latest event before its first step (None: the child was just
+    started), in words for :class:`Waiting`; None when ``event`` starts no new phase (a step, a placement of another
+    role...).
+
+    Args:
+        role: the child's (``probe``, ``train``, ``evaluate``, ``twin``, ``interrupted``, ``resumed``).
+        resumes: it starts from a checkpoint (Trainer loads it before its first step).
+        tracked: the probe's first step runs under the memory tracker (the CPU).
+    """
+    from core.child.events import DataInfo, Evaluation, ModelBuilt, Placement, Started, Trainable
+
+    if event is None:
+        return "starting (importing torch and transformers)"
+    if isinstance(event, Started):
+        return "loading the model"
+    if isinstance(event, ModelBuilt):
+        return "preparing the data"
+    if isinstance(event, DataInfo):
+        if role == "train":
+            return "evaluating the held-out text before training"
+        if role == "evaluate":
+            return "evaluating the held-out text"
+        return "placing the model" if role == "probe" else "building the trainer"
+    if isinstance(event, Placement) and role == "probe":
+        return "running its first step" + (" (tracked for memory: slower than the steps after it)" if tracked else "")
+    if isinstance(event, Evaluation) and role == "train" and event.when == "before":
+        return "building the trainer"
+    if isinstance(event, Trainable):
+        return ("loading the checkpoint and running its first step" if resumes else
+                "building the trainer and running its first step")
+    return None
+
+
+class FirstStepWait:
+    """Says what a child is doing until its first step (:class:`Waiting` events for a stage to yield): one as it
+    starts, then one each time a child event starts a new phase (:func:`waiting_for`), none after its first step.
+
+    Args:
+        stage, run, pid: the stage, the run and the child's pid as :class:`ChildStarted` names them.
+        role, resumes, tracked: as :func:`waiting_for` takes them.
+    """
+
+    def __init__(self, stage: str, run: str, pid: int, role: str, resumes: bool = False, tracked: bool = False) -> None:
+        self.stage, self.run, self.pid, self.role = stage, run, pid, role
+        self.resumes, self.tracked = resumes, tracked
+        self.since = time.time()
+        self.stepped = False
+
+    def started(self) -> Waiting:
+        """The wait as the child starts (importing)."""
+        return self._waiting(waiting_for(None, self.role))
+
+    def see(self, event: ChildEvent) -> Waiting | None:
+        """The wait's new phase after ``event`` (the lead rank's), or None: no new phase, or the run has stepped."""
+        from core.child.events import ProbeStep, Step
+
+        if isinstance(event, (Step, ProbeStep)):
+            self.stepped = True
+        if self.stepped or not event.leads:
+            return None
+        what = waiting_for(event, self.role, self.resumes, self.tracked)
+        return self._waiting(what) if what is not None else None
+
+    def _waiting(self, what: str | None) -> Waiting:
+        return Waiting(self.stage, run=self.run, pid=self.pid, what=what or "", since=self.since)
 
 
 def rank_events_path(path: Path, rank: int | None) -> Path:

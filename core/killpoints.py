@@ -6,8 +6,9 @@ describes by it (:class:`core.spec.ResumeSettings`), and the screens and the CLI
 Terms: ``c`` is the checkpoint the resume starts from (a global step), ``every`` the checkpoint interval, ``k`` the
 optimizer step the kill is placed by (:func:`kill_step`). The child reports where it is as ``where``: ``step_begin``
 (a step starts), ``micro`` (a micro-batch's backward is done), ``step_end`` (an optimizer step is done), ``save`` (a
-checkpoint's weights are written, its optimizer, scheduler, RNG and trainer state not yet). Imports nothing: the child
-and the parent both use it.
+checkpoint's weights are written, its optimizer, scheduler, RNG and trainer state not yet). A place is said in one
+wording, :func:`words` (the plan, the child's report, the timeline and the progress line all use it). Imports nothing:
+the child and the parent both use it.
 """
 
 from __future__ import annotations
@@ -84,35 +85,80 @@ def holds(kill_at: str, k: int, step: int, where: str | None, micro_done: int | 
     return False
 
 
-def position(step: int, where: str | None, micro_done: int = 0, micro_in_step: int = 1) -> str:
-    """Where a run was when it held (the child's report: ``step`` done, ``where``, micro-batches), in words."""
+def words(step: int, where: str | None, micro_done: int | None = 0, micro_in_step: int | None = None,
+          short: bool = False) -> str:
+    """A kill point in words: the one wording of a place in the training loop, for the planned kill
+    (:func:`describe`, via :func:`planned_point`), where the child held (:func:`position`), the resume screen's timeline
+    (:func:`timeline_label`) and its progress line.
+
+    Args:
+        step: the optimizer steps done (the child's ``global_step``).
+        where: ``step_begin`` | ``micro`` | ``step_end`` | ``save`` (see the module's docstring).
+        micro_done: micro-batches of step ``step + 1`` done (their backward run); None: all but the last (the plan of
+            ``boundary-1`` when the count per step is not known).
+        micro_in_step: micro-batches per optimizer step (gradient accumulation), when known: said as "of n".
+        short: without the clause that repeats what is implied (no optimizer step; what is on disk).
+
+    Example: ``words(25, "micro", 1, 1)`` -> "inside step 26, after micro-batch 1 of 1, before its optimizer step".
+    """
     if where == "save":
-        return f"while checkpoint-{step} was being written (weights saved, optimizer not)"
+        return f"while checkpoint-{step} is written" + ("" if short else " (weights saved, optimizer not)")
     if where == "step_end":
         return f"right after optimizer step {step}"
-    if where == "step_begin":
-        return f"at the start of step {step + 1}, before its micro-batch (no accumulation: one per step)"
-    if micro_in_step == 1:
-        return f"inside step {step + 1} after its only micro-batch's backward, before its optimizer step"
-    return f"inside step {step + 1} after {micro_done} of its {micro_in_step} micro-batches, before its optimizer step"
+    inside = f"inside step {step + 1}"
+    if micro_done == 0:
+        return f"{inside}, before its first micro-batch"
+    if micro_done is None:
+        at = "before its last micro-batch"
+    else:
+        at = f"after micro-batch {micro_done}" + (f" of {micro_in_step}" if micro_in_step else "")
+    return f"{inside}, {at}" + ("" if short else ", before its optimizer step")
 
 
-def describe(kill_at: str, k: int, c: int, short: bool = False) -> str:
-    """The planned kill in words, with its step numbers (``short``: without what is on disk at that moment)."""
-    where, disk = {
-        "boundary": (f"right after optimizer step {k}", f"checkpoint-{c} written, the next not yet"),
-        "boundary-1": (f"inside step {k}, before its last micro-batch", f"the others done, no optimizer step; "
-                                                                       f"checkpoint-{c} written"),
-        "boundary+1": (f"inside step {k + 1}, after its first micro-batch, before its optimizer step",
-                       f"checkpoint-{c} written"),
-        "checkpoint-write": (f"while checkpoint-{k} is written", f"weights saved, optimizer not: resume must take "
-                                                                 f"checkpoint-{c}"),
-    }[kill_at]
-    return where if short else f"{where} ({disk})"
+def planned_point(kill_at: str, k: int, micro_in_step: int | None = None) -> tuple[int, str, int | None]:
+    """Where the child holds for ``kill_at`` placed by step ``k``, as it reports it: (optimizer steps done, ``where``,
+    micro-batches done; None: all but the last, when ``micro_in_step`` is not known). The inverse of :func:`holds`'s
+    first place. Raises KeyError for an unknown ``kill_at``."""
+    if kill_at == "boundary":
+        return k, "step_end", 0
+    if kill_at == "boundary-1":
+        return k - 1, "micro", (micro_in_step - 1 if micro_in_step else None)
+    if kill_at == "boundary+1":
+        return k, "micro", 1
+    if kill_at == "checkpoint-write":
+        return k, "save", 0
+    raise KeyError(kill_at)
 
 
-def timeline_label(kill_at: str | None, k: int) -> str:
-    """Where the interrupted run was killed, short enough for the resume screen's 80-column timeline."""
-    return {"boundary": f"after step {k}", "boundary-1": f"in step {k}, before last micro",
-            "boundary+1": f"in step {k + 1}, micro 1",
-            "checkpoint-write": f"writing ckpt {k}"}.get(kill_at or "", f"at step {k}")
+def position(step: int, where: str | None, micro_done: int = 0, micro_in_step: int = 1) -> str:
+    """Where a run was when it held (the child's report: ``step`` done, ``where``, micro-batches), in
+    :func:`words`."""
+    return words(step, where, micro_done, micro_in_step)
+
+
+def planned(kill_at: str, k: int, micro_in_step: int | None = None, short: bool = False) -> str:
+    """The planned kill's place in :func:`words` (``micro_in_step``: the spec's gradient accumulation, when the
+    caller has it): ``inside step 26, after micro-batch 1 of 1, before its optimizer step``."""
+    step, where, done = planned_point(kill_at, k, micro_in_step)
+    return words(step, where, done, micro_in_step, short)
+
+
+def describe(kill_at: str, k: int, c: int, short: bool = False, micro_in_step: int | None = None) -> str:
+    """The planned kill in :func:`words` (short), with its step numbers and, unless ``short``, what is on disk at
+    that moment (``micro_in_step``: the spec's gradient accumulation, when the caller has it)."""
+    at = planned(kill_at, k, micro_in_step, short=True)
+    if short:
+        return at
+    disk = {"boundary": f"checkpoint-{c} written, the next not yet",
+            "boundary-1": f"no optimizer step; checkpoint-{c} written",
+            "boundary+1": f"no optimizer step; checkpoint-{c} written",
+            "checkpoint-write": f"weights saved, optimizer not: resume must take checkpoint-{c}"}[kill_at]
+    return f"{at} ({disk})"
+
+
+def timeline_label(kill_at: str | None, k: int, micro_in_step: int | None = None) -> str:
+    """Where the interrupted run is killed, for the resume screen's timeline: :func:`words` in short."""
+    try:
+        return planned(kill_at or "", k, micro_in_step, short=True)
+    except KeyError:
+        return f"at step {k}"

@@ -666,10 +666,16 @@ def _plan_summary(plan: Any, traced: dict[str, Any] | None = None) -> str:
     from core.plan.fit import fit_verdicts
 
     parts = []
+    from core.plan.memory import component_label
+
     for d, fit in zip(plan.devices, fit_verdicts(plan, traced)):
-        cap = f"{d.device.capacity_bytes / 2**30:.1f} GiB" if d.device.capacity_bytes else "unknown"
         verdict = {True: "fits", False: "does not fit", None: "fit unknown"}[fit.fits]
         peak = d.peak_phase.name.replace("_", " ") if d.peak_phase else ""
-        parts.append(f"{d.device.name}: {fit.bytes / 2**30:.2f} GiB of {cap}, {verdict} ({fit.untraced_note}; the "
-                     f"analytic peak is in the {peak})")
+        # the peak the fit is judged by, split as the probe compares it: its tensors (`gpuaccept diff`'s "planned
+        # tensors", the record's probe.plan_comparison planned_bytes) and the overhead line
+        overhead = d.lines["overhead"].bytes
+        parts.append(f"{d.device.name}: plan peak {fit.bytes / 2**30:.2f} GiB (tensors "
+                     f"{(fit.bytes - overhead) / 2**30:.2f} GiB + {component_label('overhead', d.device.kind)} "
+                     f"{overhead / 2**30:.2f} GiB) of {d.device.capacity_text()}, {verdict} ({fit.untraced_note}; "
+                     f"the analytic peak is in the {peak})")
     return "; ".join(parts)

@@ -88,9 +88,10 @@ ADAPTER_MODES: tuple[Mode, ...] = ("lora", "qlora")
 #: 2305.14314) or a 4-bit float
 QuantType = Literal["nf4", "fp4"]
 QUANT_TYPES: tuple[QuantType, ...] = get_args(QuantType)
-#: How the dtype is used (README "Precision"): ``pure`` loads the model in ``dtype`` (parameters, gradients and
-#: optimizer states in it; LoRA adapters fp32, as peft keeps them); ``amp`` keeps fp32 parameters, gradients and
-#: optimizer states and runs forward and backward under autocast in ``dtype`` (Trainer's bf16=True on an fp32 model).
+#: How the dtype is used (docs/reference.md "Precision"): ``pure`` loads the model in ``dtype`` (parameters,
+#: gradients and optimizer states in it; LoRA adapters fp32, as peft keeps them); ``amp`` keeps fp32 parameters,
+#: gradients and optimizer states and runs forward and backward under autocast in ``dtype`` (Trainer's bf16=True on an
+#: fp32 model).
 Precision = Literal["pure", "amp"]
 PRECISIONS: tuple[Precision, ...] = get_args(Precision)
 #: Attention implementations passed to ``from_pretrained(attn_implementation=...)``.

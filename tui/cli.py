@@ -108,8 +108,8 @@ def _spec_flags(p: argparse.ArgumentParser) -> None:
                         "off (bit-exact required)")
 
 
-    g = p.add_argument_group("acceptance criteria (the [accept] table; unset: the default rules; README \"Acceptance "
-                             "criteria\")")
+    g = p.add_argument_group("acceptance criteria (the [accept] table; unset: the default rules; docs/reference.md "
+                             "\"Acceptance criteria\")")
     g.add_argument("--max-perplexity", type=float, dest="accept_max_perplexity", metavar="P",
                    help="held-out perplexity after training (inference: of the fixed weights) at most P")
     g.add_argument("--min-improvement", type=float, dest="accept_min_improvement", metavar="F",
@@ -131,7 +131,7 @@ def _spec_flags(p: argparse.ArgumentParser) -> None:
 def _command_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group(
         "your own command (command mode: accept your training command as you run it; or a [command] table in the "
-        "spec file; placeholders {out} {checkpoint} {command} {train_data} {model}, see README \"Your own command\")")
+        "spec file; placeholders {out} {checkpoint} {command} {train_data} {model}, see docs/command-mode.md)")
     g.add_argument("--command", dest="command_train", metavar="COMMAND",
                    help="the training command, e.g. \"torchrun --nproc-per-node 2 train.py --output_dir {out}\" "
                         "(run without a shell; {out} is required: each run gets its own folder)")
@@ -186,8 +186,8 @@ def command_spec_from_args(args: argparse.Namespace) -> Any:
     for key in _SPEC_KEYS:
         if getattr(args, key, None) is not None and key in ACCEPT_KEYS:
             raise SpecError(key, f"{flags.get(key, key)}: acceptance criteria apply to gpuaccept's own recipe for "
-                                 "now; your own command is judged by the default rules (README \"Acceptance "
-                                 "criteria\"): remove it")
+                                 "now; your own command is judged by the default rules (docs/reference.md "
+                                 "\"Acceptance criteria\"): remove it")
         if getattr(args, key, None) is not None and key not in _SHARED_WITH_COMMAND:
             raise SpecError(key, f"{flags.get(key, key)} applies to gpuaccept's own recipe, not to your own command "
                                  "(the command sets what it trains with; the kill point is placed after its "
@@ -284,6 +284,34 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def unknown_arguments(parser: argparse.ArgumentParser, command: str | None, unknown: list[str]) -> None:
+    """Refuse arguments the subcommand does not take, as argparse does (its usage, one error line, exit 2), but with
+    the subcommand's own usage (not the top level's) and, for a mistyped flag, the closest flags it does take
+    (``--bacth-size``: did you mean --batch-size?).
+
+    Raises:
+        SystemExit: always, code 2.
+    """
+    import difflib
+
+    sub = parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and command in action.choices:
+            sub = action.choices[command]
+    flags = [s for a in sub._actions for s in a.option_strings if s.startswith("--")]
+    hints = []
+    for arg in unknown:
+        if arg.startswith("-"):
+            name = arg.split("=", 1)[0]
+            close = difflib.get_close_matches(name, flags, n=3, cutoff=0.6)
+            where = f"gpuaccept {command}" if command else "gpuaccept"
+            hints.append(f"{name} (did you mean {' or '.join(close)}?)" if close else
+                         f"{name} (no flag of {where} is close: see {where} --help)")
+        else:
+            hints.append(arg)
+    sub.error(f"unrecognized arguments: {' '.join(hints)}")
+
+
 def spec_from_args(args: argparse.Namespace) -> Any:
     from core.spec import RunSpec
 
@@ -297,7 +325,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv:
         argv = ["run"]
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        unknown_arguments(parser, getattr(args, "command", None), unknown)  # exits 2, as argparse does
     from core.errors import GpuAcceptError
 
     try:
@@ -433,15 +464,16 @@ def cmd_plan(args: argparse.Namespace) -> int:
         if traced is not None:
             out["traced"] = traced
         if largest:
-            out["largest_fitting"] = {axis: [dataclasses.asdict(x) | {"headroom_bytes": x.headroom_bytes}
-                                             for x in rows] for axis, rows in largest.items()}
+            out["largest_fitting"] = {axis: [dataclasses.asdict(x) | {
+                "headroom_bytes": x.headroom_bytes, "recommended_headroom_bytes": x.recommended_headroom_bytes}
+                for x in rows] for axis, rows in largest.items()}
         print(json.dumps(out, indent=2))
     else:
         print(format_plan(ctx.plan, spec, fits))
         if traced is not None:
             print("\n" + format_traced(traced))
         for rows in largest.values():
-            print("\n" + format_largest(rows, spec))
+            print("\n" + format_largest(rows, spec, ctx.devices))
     if not all_fit(fits):
         return EXIT_DOES_NOT_FIT
     return EXIT_FIT_UNKNOWN if any(f.fits is None for f in fits) else EXIT_OK
@@ -466,23 +498,37 @@ def _largest(spec: Any, ctx: Any, args: argparse.Namespace) -> dict[str, list[An
     return {axis: largest_fitting(spec, ctx.config, ctx.devices, axis, limit, trace) for axis in axes}
 
 
-def format_largest(rows: list[Any], spec: Any) -> str:
-    """The fit search as text: per device the largest value, its plan, the headroom and why it stops."""
+def format_largest(rows: list[Any], spec: Any, devices: list[Any] | None = None) -> str:
+    """The fit search as text: per device the recommended value (the largest whose plan leaves the headroom of
+    :func:`core.plan.search.headroom_rule`), its plan against the capacity (which capacity, and when it was read),
+    its headroom, then the last value that fits at all and why the search stops there. A headroom below 0.1 GiB is
+    in MiB (:func:`core.plan.search.headroom_text`): it never reads 0.00 while it is positive."""
+    from core.plan.search import headroom_text
+
     what = "micro-batch" if rows[0].axis == "batch_size" else "sequence length"
     other = f"sequence length {spec.seq_len}" if rows[0].axis == "batch_size" else f"micro-batch {spec.batch_size}"
     checked = any("traced plan" in r.limit for r in rows)
-    lines = [f"largest {what} that fits ({other}, the rest of the spec unchanged; "
-             + ("analytic plan checked with traces" if checked else "analytic plan") + "):"]
+    by_name = {d.name: d for d in devices or []}
+    lines = [f"largest {what} that fits, leaving the headroom ({other}, the rest of the spec unchanged; "
+             + ("analytic plan checked with traces" if checked else "analytic plan") + f"; headroom: {rows[0].rule}):"]
     for r in rows:
+        device = by_name.get(r.device)
+        capacity = device.capacity_text() if device is not None else f"{r.capacity_bytes / 2**30:.2f} GiB capacity" \
+            if r.capacity_bytes else "unknown capacity"
         if r.value is None:
             lines.append(f"  {r.device}: unknown ({r.limit})")
         elif r.value == 0:
             lines.append(f"  {r.device}: none: {r.limit}")
         else:
-            lines.append(f"  {r.device}: {r.value} (plan {r.plan_bytes / 2**30:.2f} GiB of {r.capacity_bytes / 2**30:.2f}"
-                         f" GiB, headroom {r.headroom_bytes / 2**30:.2f} GiB; {r.limit})")
+            if r.recommended:
+                lines.append(f"  {r.device}: {r.recommended} (plan {r.recommended_bytes / 2**30:.2f} GiB of {capacity};"
+                             f" headroom {headroom_text(r.recommended_headroom_bytes)})")
+            else:
+                lines.append(f"  {r.device}: none leaves the headroom (of {capacity})")
+            lines.append(f"    the largest that fits at all: {r.value} (plan {r.plan_bytes / 2**30:.2f} GiB, headroom "
+                         f"{headroom_text(r.headroom_bytes)}; {r.limit})")
             if r.thin:
-                lines.append("    less than 5 % of the device is left: " + (
+                lines.append("    at that one less than 5 % of the device is left: " + (
                     "the host's available memory moves as other processes run" if r.device.startswith("cpu") else
                     "CUDA's caching allocator reserves more than it allocates (fragmentation)") + "; keep a margin")
     return "\n".join(lines)
@@ -528,6 +574,7 @@ def format_plan(plan: Any, spec: Any, fits: list[Any] | None = None) -> str:
     value over the phases; GiB = 2^30 bytes), the phases with the bytes alive at each one's peak, and the device's
     own fit verdict (``fits``: :func:`core.plan.fit.fit_verdicts`, by default the analytic plan's)."""
     from core.plan.fit import fit_verdicts
+    from core.plan.memory import component_label
 
     fits = fits if fits is not None else fit_verdicts(plan)
     strategy = plan.strategy + (f" (tp={spec.tp})" if plan.strategy == "tp" else "")
@@ -545,12 +592,11 @@ def format_plan(plan: Any, spec: Any, fits: list[Any] | None = None) -> str:
                      "architecture here: that is the Llama family's); traced on GPT-2, Phi-2, OPT and Gemma shapes the "
                      "activations were within -19 % to +27 % of it: add --traced, and the fit uses the larger")
     for d, fit in zip(plan.devices, fits):
-        cap = f"{d.device.capacity_bytes / 2**30:.2f} GiB ({d.device.capacity_source})" if d.device.capacity_bytes \
-            else "unknown capacity"
-        lines.append(f"\n{d.device.name} {d.device.label}: capacity {cap}")
+        # the one wording of a capacity (core/plan/memory.py): which quantity, its source, when it was read
+        lines.append(f"\n{d.device.name} {d.device.label}: capacity {d.device.capacity_text()}")
         lines.append("  each component's largest value over the step:")
         for name, line in d.lines.items():
-            lines.append(f"  {name:<17} {line.bytes / 2**30:9.3f} GiB  {line.method}")
+            lines.append(f"  {component_label(name, d.device.kind):<17} {line.bytes / 2**30:9.3f} GiB  {line.method}")
         peak = d.peak_phase
         if len(d.phases) > 1:
             lines.append(f"  {'(their sum':<17} {d.sum_of_lines / 2**30:9.3f} GiB  no moment of the step holds them "

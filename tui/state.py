@@ -42,6 +42,8 @@ class WizardState:
     probe_anyway: bool = False
     probe_bar_peaks: dict[str, int | None] | None = None  # the live bars' probe peaks when the probe ended
     signoff_draft: dict[str, str] = field(default_factory=dict)
+    #: traced plans already made in this session, by ``traced_key`` (b / B / s / S back to a traced setting: no retrace)
+    traced_cache: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: command mode: the form's values as typed ([command] keys; prefilled from --command and a [command] spec) and
     #: the CommandSpec once they are valid
     command_fields: dict[str, Any] = field(default_factory=dict)

@@ -138,12 +138,14 @@ class DeviceMap(ChildEvent):
 
 @dataclass(frozen=True)
 class ProbeStep(ChildEvent):
-    """Probe step ``step`` of ``total`` took ``seconds``."""
+    """Probe step ``step`` of ``total`` took ``seconds``; ``tracked``: it ran under the CPU's live-tensor tracker
+    (measured for memory, slower for it; false in lines written before it was said)."""
 
     KIND: ClassVar[str] = "probe_step"
     step: int
     total: int
     seconds: float
+    tracked: bool = False
 
 
 @dataclass(frozen=True)
@@ -152,7 +154,11 @@ class Ledger(ChildEvent):
 
     CUDA ledgers hold ``peak_allocated_bytes`` / ``peak_reserved_bytes`` (and ``per_device``: one dict per device of
     a device_map, with ``device``, ``weights_bytes``, ``peak_allocated_bytes``, ``peak_reserved_bytes``); CPU ones
-    ``peak_tracked_tensor_bytes`` and ``tracked_method``. The local rank is the envelope's ``local_rank``."""
+    ``peak_tracked_tensor_bytes`` and ``tracked_method``. The local rank is the envelope's ``local_rank``.
+
+    ``step_time_s`` and ``tokens_per_s`` are of the ``timed_steps`` (:func:`core.child.probe.step_timing`: untracked,
+    after the warm-up step 1); ``step_times_s`` holds every step's seconds, ``tracked_steps`` the steps the CPU's
+    tracker followed, ``tracked_step_time_s`` their time (lines written before they were kept lack the four)."""
 
     KIND: ClassVar[str] = "ledger"
     device: str
@@ -179,6 +185,10 @@ class Ledger(ChildEvent):
     tracked_method: str | None = _omit_if_none()
     #: QLoRA: the 4-bit weights as stored (packed weights and their quantisation constants)
     quantised_weights_bytes: int | None = _omit_if_none()
+    step_times_s: list[float] | None = _omit_if_none()
+    tracked_steps: list[int] | None = _omit_if_none()
+    timed_steps: list[int] | None = _omit_if_none()
+    tracked_step_time_s: float | None = _omit_if_none()
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,12 @@ for (:func:`trainer_steps` with Trainer and a measuring callback, :func:`inferen
 :func:`fsdp2_cpu_steps` for zero3 on CPU ranks), then writes the :class:`~core.child.events.Ledger`
 (:func:`measured_ledger`) and, under torchrun, rank 0 gathers every rank's (:func:`gather_ledgers`). What a step saw
 is kept in :class:`Seen`.
+
+Memory and speed are measured on different steps (:data:`TRACKED_STEPS`): on the CPU the live-tensor tracker (a
+TorchDispatchMode: Python code at every op) slows a step several times over, so only the first steps run under it, and
+the step time is the mean of the untracked steps after them (:func:`step_timing`); the first step (the warm-up: one-off
+allocations, the optimizer's states created) is never timed when another ran. On CUDA no step is tracked (the
+allocator's own counters are read), so every step after the first is timed.
 """
 
 from __future__ import annotations
@@ -22,21 +28,35 @@ from core.child.recipe import build_trainer, collate
 from core.events import EventWriter
 from core.spec import EIGHT_BIT_OPTIMIZERS, RunSpec
 
+#: The probe's steps that run under the CPU's live-tensor tracker (the first ones): step 1, the warm-up, which creates
+#: the optimizer's states inside its optimizer step, and step 2, the first that starts with them alive (the steady
+#: step's peak: weights, optimizer states, gradients and activations at once; every later step is the same shape).
+#: The steps after them run untracked and are the ones timed; ``probe_steps`` counts all of them.
+TRACKED_STEPS = 2
+
 
 @dataclass
 class Seen:
     """What the probe's steps saw: the CPU's live-tensor tracker (None on CUDA: the allocator's peaks are read), the
-    largest gradient bytes at an optimizer step, the optimizer-state bytes after the last step, each step's seconds."""
+    largest gradient bytes at an optimizer step, the optimizer-state bytes after the last step, each step's seconds,
+    and the steps that ran under the tracker."""
 
     tracker: Any = None
     gradients: int = 0
     optimizer_states: int = 0
     step_times: list[float] = field(default_factory=list)
+    tracked_steps: list[int] = field(default_factory=list)
 
-    def step_done(self, seconds: float, step: int, total: int, events: EventWriter) -> None:
-        """Keep a step's time and report it (``probe_step``)."""
+    def tracks(self, step: int) -> bool:
+        """Whether step ``step`` (1-based) runs under the tracker: the first :data:`TRACKED_STEPS` on the CPU."""
+        return self.tracker is not None and step <= TRACKED_STEPS
+
+    def step_done(self, seconds: float, step: int, total: int, events: EventWriter, tracked: bool = False) -> None:
+        """Keep a step's time and report it (``probe_step``, saying whether the tracker followed it)."""
         self.step_times.append(seconds)
-        events.write(ProbeStep(step=step, total=total, seconds=seconds))
+        if tracked:
+            self.tracked_steps.append(step)
+        events.write(ProbeStep(step=step, total=total, seconds=seconds, tracked=tracked))
 
 
 def probe(spec: RunSpec, model: Any, blocks: list[dict[str, Any]], out_dir: Path, device: str, events: EventWriter,
@@ -114,7 +134,8 @@ def report_placement(spec: RunSpec, model: Any, device: str, name: str | None, n
 def trainer_steps(spec: RunSpec, model: Any, blocks: list[dict[str, Any]], out_dir: Path, device: str,
                   events: EventWriter, job: dict[str, Any], seen: Seen, weights: int) -> tuple[str, int]:
     """``probe_steps`` Trainer steps (no checkpoints) with a callback that measures each: the tracker restarted from
-    the live tensors as the step starts, gradients at the optimizer step, optimizer states after it.
+    the live tensors as each of the first :data:`TRACKED_STEPS` starts (:meth:`Seen.tracks`), gradients at the
+    optimizer step, optimizer states after it, the seconds of each step.
 
     Returns:
         (wrapper, local weight bytes): the class Trainer actually wrapped the model in (it may fall back: FSDP asked
@@ -135,10 +156,11 @@ def trainer_steps(spec: RunSpec, model: Any, blocks: list[dict[str, Any]], out_d
     class ProbeCallback(TrainerCallback):
         def on_step_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                           model: Any = None, optimizer: Any = None, **kw: Any) -> None:  # a torch module, optimizer
-            self.started = time.perf_counter()
-            if tracker is not None:  # what is alive as the step starts, counted once from the live tensors
+            self.tracked = tracker is not None and seen.tracks(state.global_step + 1)
+            if self.tracked:  # what is alive as the step starts, counted once from the live tensors
                 tracker.restart(weights + optimizer_state_bytes(optimizer) + gradient_bytes(model))
                 tracker.__enter__()
+            self.started = time.perf_counter()  # after the tracker's own counting: a tracked step's time is its ops'
 
         def on_pre_optimizer_step(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                                   model: Any = None, **kw: Any) -> None:
@@ -146,13 +168,13 @@ def trainer_steps(spec: RunSpec, model: Any, blocks: list[dict[str, Any]], out_d
 
         def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                         optimizer: Any = None, **kw: Any) -> None:
-            if tracker is not None:
-                tracker.__exit__(None, None, None)
             if is_cuda:
                 torch.cuda.synchronize()
             seconds = time.perf_counter() - self.started
+            if self.tracked:
+                tracker.__exit__(None, None, None)
             seen.optimizer_states = optimizer_state_bytes(optimizer)
-            seen.step_done(seconds, state.global_step, n, events)
+            seen.step_done(seconds, state.global_step, n, events, tracked=self.tracked)
 
     trainer = build_trainer(spec, model, blocks, out_dir, device, events, job, max_steps=n, save=False,
                             extra_callbacks=[ProbeCallback()])
@@ -163,7 +185,7 @@ def trainer_steps(spec: RunSpec, model: Any, blocks: list[dict[str, Any]], out_d
 def inference_steps(spec: RunSpec, model: Any, blocks: list[dict[str, Any]], device: str, events: EventWriter,
                     seen: Seen) -> None:
     """``probe_steps`` forward passes of one batch under ``torch.no_grad`` (see :func:`probe` for why not
-    ``inference_mode``), each followed by the tracker on the CPU."""
+    ``inference_mode``), the first :data:`TRACKED_STEPS` followed by the tracker on the CPU."""
     import torch
 
     tracker = seen.tracker
@@ -173,29 +195,31 @@ def inference_steps(spec: RunSpec, model: Any, blocks: list[dict[str, Any]], dev
     model.eval()
     with torch.no_grad():  # not inference_mode: see probe's docstring
         for step in range(1, spec.probe_steps + 1):
+            tracked = seen.tracks(step)
             started = time.perf_counter()
-            if tracker is not None:
+            if tracked:
                 tracker.__enter__()
             try:
                 out = model(**batch)
                 del out
             finally:
-                if tracker is not None:
+                if tracked:
                     tracker.__exit__(None, None, None)
             if device.startswith("cuda"):
                 torch.cuda.synchronize()
-            seen.step_done(time.perf_counter() - started, step, spec.probe_steps, events)
+            seen.step_done(time.perf_counter() - started, step, spec.probe_steps, events, tracked=tracked)
 
 
 def measured_ledger(spec: RunSpec, seen: Seen, device: str, name: str | None, weights: int, local_weights: int,
                     wrapper: str, rss_start: int, rss_loaded: int) -> dict[str, Any]:
     """The ledger's fields (:class:`~core.child.events.Ledger`) from what the steps saw: bytes per component, the
-    mean step time (seconds) without the first step (it pays one-off allocations and kernel choices), tokens per
-    second, the process's RSS, and the peak: the allocator's on CUDA, the tracked live tensors' on the CPU."""
+    step time (seconds) and tokens per second of the timed steps (:func:`step_timing`: untracked, without the first),
+    each step's seconds and which ran tracked, the process's RSS, and the peak: the allocator's on CUDA, the tracked
+    live tensors' on the CPU (the steps the tracker followed; the process's peak RSS covers every step)."""
     import torch
 
-    steady = seen.step_times[1:] or seen.step_times
-    step_s = sum(steady) / len(steady)
+    timing = step_timing(seen.step_times, seen.tracked_steps)
+    step_s = timing["step_time_s"]
     tokens = spec.batch_size * spec.seq_len * (spec.grad_accum if spec.training else 1)
     ledger: dict[str, Any] = {
         "device": name or device,
@@ -208,6 +232,11 @@ def measured_ledger(spec: RunSpec, seen: Seen, device: str, name: str | None, we
         "step_time_s": step_s,
         "tokens_per_s": tokens / step_s if step_s > 0 else 0.0,
         "steps": spec.probe_steps,
+        "step_times_s": list(seen.step_times),
+        "tracked_steps": list(seen.tracked_steps),
+        "timed_steps": timing["timed_steps"],
+        **({"tracked_step_time_s": timing["tracked_step_time_s"]} if timing["tracked_step_time_s"] is not None
+           else {}),
         "rss_start_bytes": rss_start,
         "rss_after_load_bytes": rss_loaded,
         "peak_rss_bytes": peak_rss_bytes(),
@@ -220,8 +249,33 @@ def measured_ledger(spec: RunSpec, seen: Seen, device: str, name: str | None, we
     else:
         assert seen.tracker is not None  # no CUDA: the CPU tracker followed the step
         ledger["peak_tracked_tensor_bytes"] = seen.tracker.peak_bytes
-        ledger["tracked_method"] = seen.tracker.method
+        ledger["tracked_method"] = (f"{seen.tracker.method}; in step{'s' * (len(seen.tracked_steps) > 1)} "
+                                    f"{', '.join(map(str, seen.tracked_steps))} (the later steps, the same shape, "
+                                    "ran untracked to be timed)" if len(seen.step_times) > len(seen.tracked_steps)
+                                    else seen.tracker.method)
     return ledger
+
+
+def step_timing(step_times: list[float], tracked_steps: list[int]) -> dict[str, Any]:
+    """Which of the probe's steps its speed is the mean of, and that mean (seconds per step).
+
+    The timed steps are the untracked ones after step 1 (the warm-up: one-off allocations, kernel choices, the
+    optimizer's states created); when none ran untracked after it (on the CPU with ``probe_steps`` <=
+    :data:`TRACKED_STEPS`) the tracked ones after it, and a single step is timed by itself. Steps are 1-based.
+
+    Returns:
+        ``timed_steps``, ``step_time_s`` (their mean; 0.0 without a step), ``tracked_step_time_s`` (the mean of the
+        tracked steps after the warm-up, or of the warm-up when it was the only one tracked; None when no step was
+        tracked).
+    """
+    def mean(steps: list[int]) -> float:
+        return sum(step_times[s - 1] for s in steps) / len(steps) if steps else 0.0
+
+    steps = list(range(1, len(step_times) + 1))
+    after_warmup = steps[1:] or steps
+    timed = [s for s in after_warmup if s not in tracked_steps] or after_warmup
+    tracked = [s for s in after_warmup if s in tracked_steps] or [s for s in steps if s in tracked_steps]
+    return {"timed_steps": timed, "step_time_s": mean(timed), "tracked_step_time_s": mean(tracked) if tracked else None}
 
 
 def padded_blocks(blocks: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -246,7 +300,7 @@ def fsdp2_cpu_steps(spec: RunSpec, model: Any, blocks: list[dict[str, Any]], see
     layer, ``_no_split_modules``, then the root, as Trainer's transformer-based wrap does) and runs the spec's
     optimizer over this rank's shard: rank r takes blocks r, r + N, ... (as a DistributedSampler without shuffling).
     Measured as the Trainer path is: gradients before the optimizer step, optimizer states after it, live tensors
-    (local shards) in the step.
+    (local shards) in the first :data:`TRACKED_STEPS` steps.
 
     This path runs the whole loop in one function on purpose (about 75 lines): the sharding, the optimizer and the
     steps are one recipe, read top to bottom as FSDP2's own examples are.
@@ -291,11 +345,13 @@ def fsdp2_cpu_steps(spec: RunSpec, model: Any, blocks: list[dict[str, Any]], see
     model.train()
     i = 0
     for step in range(1, spec.probe_steps + 1):
-        started = time.perf_counter()
         tracker = seen.tracker
         assert tracker is not None  # the CPU: live tensors are tracked
-        tracker.restart(local_weights + optimizer_state_bytes(opt) + gradient_bytes(model))
-        tracker.__enter__()
+        tracked = seen.tracks(step)
+        if tracked:
+            tracker.restart(local_weights + optimizer_state_bytes(opt) + gradient_bytes(model))
+            tracker.__enter__()
+        started = time.perf_counter()
         try:
             for _ in range(spec.grad_accum):
                 batch = collate([mine[(i + j) % len(mine)] for j in range(spec.batch_size)])
@@ -310,10 +366,11 @@ def fsdp2_cpu_steps(spec: RunSpec, model: Any, blocks: list[dict[str, Any]], see
             opt.step()
             opt.zero_grad(set_to_none=True)
         finally:
-            tracker.__exit__(None, None, None)
-        seconds = time.perf_counter() - started
+            seconds = time.perf_counter() - started
+            if tracked:
+                tracker.__exit__(None, None, None)
         seen.optimizer_states = optimizer_state_bytes(opt)
-        seen.step_done(seconds, step, spec.probe_steps, events)
+        seen.step_done(seconds, step, spec.probe_steps, events, tracked=tracked)
     units = "/".join(sorted(unit_names)) or "no decoder layer class"
     wrapper = (f"{type(model).__name__} (torch FSDP2 fully_shard over gloo: each {units} and the root; outside "
                "Trainer, which runs FSDP only on accelerators)")

@@ -37,9 +37,9 @@ def build_model(spec: RunSpec, model_path: str, device: str, device_map: Any = N
     ``from_pretrained(device_map=...)`` does (``"balanced"``: whole decoder layers spread over the visible devices), not
     moved to ``device``.
 
-    The parameters are loaded in ``spec.param_dtype`` (README "Precision"): the dtype under ``pure`` (LoRA adapters
-    fp32: peft's ``autocast_adapter_dtype``), fp32 under ``amp`` (the master copy; Trainer autocasts to the 16-bit
-    dtype with ``bf16=True`` / ``fp16=True``). ``attn_implementation`` is passed to ``from_pretrained``.
+    The parameters are loaded in ``spec.param_dtype`` (docs/reference.md "Precision"): the dtype under ``pure`` (LoRA
+    adapters fp32: peft's ``autocast_adapter_dtype``), fp32 under ``amp`` (the master copy; Trainer autocasts to the
+    16-bit dtype with ``bf16=True`` / ``fp16=True``). ``attn_implementation`` is passed to ``from_pretrained``.
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer

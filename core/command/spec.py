@@ -300,8 +300,8 @@ def read_command_table(path: Path) -> dict[str, Any]:
     others = sorted(set(raw) - {"command"})
     if "accept" in others:
         raise SpecError("accept", f"{path}: the [accept] criteria apply to gpuaccept's own recipe for now; your own "
-                                  "command is judged by the default rules (README \"Acceptance criteria\"): remove "
-                                  "the table")
+                                  "command is judged by the default rules (docs/reference.md \"Acceptance criteria\"): "
+                                  "remove the table")
     if others:
         raise SpecError(others[0], f"{path}: command mode takes its settings in the [command] table alone; "
                                    f"{', '.join(others)} belong to gpuaccept's own recipe: move what applies into "

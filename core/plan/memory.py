@@ -21,7 +21,8 @@ Accounting convention (also in :attr:`MemoryPlan.convention`, shown on screen an
   (arXiv 2205.05198) otherwise; the loss's logits; under amp the 16-bit weight copies autocast keeps;
 - temporaries: the loss's gradients at the start of backward, the optimizer step's buffers (:func:`_step_temporaries`);
   one layer's working set for inference;
-- overhead: the CUDA context and cuBLAS workspace, a line of its own (never hidden in another);
+- overhead: a line of its own (never hidden in another): the CUDA context and cuBLAS workspace on a CUDA device, the
+  process's runtime (Python, torch, the libraries) on the CPU (:data:`OVERHEAD_NAMES`);
 - kv_cache: inference only.
 
 The total of a device is the peak of the step: the largest of its phases (:mod:`core.plan.phases`: forward, backward,
@@ -111,8 +112,14 @@ class DeviceInfo:
         name: ``"cpu"`` or ``"cuda:N"`` (CUDA order, as torch numbers devices in this process).
         kind: ``"cpu"`` | ``"cuda"``.
         label: for people, e.g. ``"host CPU"`` or ``"NVIDIA H200"``.
-        capacity_bytes: memory the plan must fit in, in bytes; ``None`` when it cannot be known here.
+        capacity_bytes: memory the plan must fit in, in bytes; ``None`` when it cannot be known here. The one rule
+            (:func:`detect_devices`; the host's in :func:`host_capacity`): a GPU's total memory; on the host the
+            memory available to a new process when it was read (or a cgroup's headroom), never the host's total.
         capacity_source: where ``capacity_bytes`` came from (or why it is unknown).
+        total_bytes: the device's whole memory (what a live bar is drawn against), or None when not read; equal to
+            ``capacity_bytes`` on a GPU.
+        read_at: when a capacity that moves (host memory available now) was read, as ``time.time()``; None for one
+            that does not move (a GPU's total, a box given).
     """
 
     name: str
@@ -120,6 +127,28 @@ class DeviceInfo:
     label: str
     capacity_bytes: int | None
     capacity_source: str
+    # not compared: two readings of one device with the same capacity are the same device to plan for
+    total_bytes: int | None = field(default=None, compare=False)
+    read_at: float | None = field(default=None, compare=False)
+
+    def capacity_text(self, digits: int = 2) -> str:
+        """The capacity as every screen and command line says it, e.g. ``23.04 GiB (available host memory (psutil),
+        read at 14:02:11)`` or ``139.81 GiB (torch.cuda total memory)``: GiB = 2^30 bytes with ``digits`` decimals,
+        the source, and the time of a reading that moves (two readings of available memory differ)."""
+        if self.capacity_bytes is None:
+            return f"unknown capacity ({self.capacity_source})"
+        return f"{self.capacity_bytes / 2**30:.{digits}f} GiB ({self.capacity_source}{self.read_at_text()})"
+
+    def capacity_short(self) -> str:
+        """The capacity in a few words for a bar or a line: ``23.04 GiB available (read at 14:02:11)``."""
+        if self.capacity_bytes is None:
+            return "unknown capacity"
+        when = f" (read at {_clock(self.read_at)})" if self.read_at is not None else ""
+        return f"{self.capacity_bytes / 2**30:.2f} GiB {self.capacity_kind}{when}"
+
+    def read_at_text(self) -> str:
+        """``, read at 14:02:11`` for a capacity that moves, else empty."""
+        return f", read at {_clock(self.read_at)}" if self.read_at is not None else ""
 
     @property
     def capacity_kind(self) -> str:
@@ -136,6 +165,32 @@ class DeviceInfo:
             if marker in source:
                 return kind
         return source
+
+
+def _clock(t: float | None) -> str:
+    """A reading's local time of day, ``14:02:11``."""
+    import time
+
+    return time.strftime("%H:%M:%S", time.localtime(t))
+
+
+#: What the ``overhead`` line is on each kind of device, for people: (short, words). The record's key stays
+#: ``overhead`` on both: on CUDA the CUDA context and cuBLAS workspace; on the CPU no CUDA context, the process's
+#: runtime (Python, torch and the libraries, the allocator's free memory).
+OVERHEAD_NAMES: dict[str, tuple[str, str]] = {"cuda": ("CTX", "CUDA context"), "cpu": ("RT", "process runtime")}
+
+
+def overhead_name(kind: str) -> tuple[str, str]:
+    """(short, words) for the ``overhead`` line on a device of ``kind`` (``cpu`` or ``cuda``)."""
+    return OVERHEAD_NAMES.get(kind, OVERHEAD_NAMES["cuda"])
+
+
+def component_label(name: str, kind: str = "cuda") -> str:
+    """A component's name for a table row on a device of ``kind``: its record key, but the ``overhead`` line named
+    for what it is there: ``CUDA context`` on CUDA, ``runtime overhead`` on the CPU (never "CUDA context")."""
+    if name == "overhead":
+        return "CUDA context" if kind == "cuda" else "runtime overhead"
+    return name
 
 
 @dataclass(frozen=True)
@@ -303,8 +358,9 @@ CONVENTION = (
     "the model's code for the Llama family (RMSNorm's fp32 copies, the gated MLP, the attention kernel's saved "
     "tensors, autocast's 16-bit copies), Korthikanti et al. 2022 otherwise; a frozen linear layer saves no input; "
     "the loss keeps fp32 logits and log_softmax. Inference holds weights and the KV cache, with the logits at the end of "
-    "the forward or one layer's working set before it, whichever is larger. The CUDA context and cuBLAS workspace are "
-    "a separate overhead line (estimate)."
+    "the forward or one layer's working set before it, whichever is larger. The overhead line is a separate estimate: "
+    "on a CUDA device the CUDA context and cuBLAS workspace; on the CPU, which has no CUDA context, the process's "
+    "runtime (Python, torch and the libraries)."
 )
 
 _SINGLE_RULE = "(strategy 'single': every device holds the whole run)"
@@ -634,7 +690,7 @@ def detect_devices(devices: str, cpu_ranks: int = 1) -> list[DeviceInfo]:
     capacities = parse_device_capacities(devices)
     if capacities is not None:
         given = f"given: {devices.strip()}"
-        return [DeviceInfo(f"cuda:{i}", "cuda", "planned GPU", cap, given) for i, cap in enumerate(capacities)]
+        return [DeviceInfo(f"cuda:{i}", "cuda", "planned GPU", cap, given, cap) for i, cap in enumerate(capacities)]
     names = parse_devices(devices)
     if names == ["cpu"]:
         return _host_devices(cpu_ranks)
@@ -655,7 +711,8 @@ def detect_devices(devices: str, cpu_ranks: int = 1) -> list[DeviceInfo]:
             out.append(DeviceInfo(name, "cuda", f"{name} (not visible)", None, f"unknown: only {count} CUDA device(s) visible"))
         else:
             props = torch.cuda.get_device_properties(index)
-            out.append(DeviceInfo(name, "cuda", props.name, int(props.total_memory), "torch.cuda total memory"))
+            out.append(DeviceInfo(name, "cuda", props.name, int(props.total_memory), "torch.cuda total memory",
+                                  int(props.total_memory)))
     return out
 
 
@@ -665,14 +722,47 @@ def _host_devices(ranks: int) -> list[DeviceInfo]:
         return [host]
     share = None if host.capacity_bytes is None else host.capacity_bytes // ranks
     return [DeviceInfo(f"cpu:{r}", "cpu", f"host CPU, rank {r} of {ranks}", share,
-                       f"{host.capacity_source} / {ranks} ranks sharing it") for r in range(ranks)]
+                       f"{host.capacity_source} / {ranks} ranks sharing it", host.total_bytes, host.read_at)
+            for r in range(ranks)]
 
 
-def _host_device() -> DeviceInfo:
+def host_capacity() -> DeviceInfo:
+    """The host CPU as a device, with the capacity plans are judged against: the one rule, read once per call.
+
+    The capacity is the memory *available* to a new process now (``psutil.virtual_memory().available``), or the
+    headroom under a cgroup memory limit where that is smaller (:func:`core.monitor.hostmem.host_memory`); never the
+    host's total, which other processes share. ``capacity_source`` says which ("available host memory (psutil)"),
+    ``total_bytes`` is the host's whole memory (what a live bar is drawn against) and ``read_at`` when it was read:
+    available memory moves, so two readings a minute apart differ (a screen says when each was read)."""
+    import time
+
     from core.monitor.hostmem import host_memory
 
+    read_at = time.time()
     host = host_memory()  # the cgroup's headroom where a cgroup limit is tighter than the machine
-    return DeviceInfo("cpu", "cpu", "host CPU", host.available_bytes, host.source)
+    return DeviceInfo("cpu", "cpu", "host CPU", host.available_bytes, host.source, host.total_bytes, read_at)
+
+
+_host_device = host_capacity
+
+
+def judged_capacity(devices: list[DeviceInfo], name: str) -> str:
+    """The capacity the plan judged device ``name`` (a live bar's ``cpu`` or ``cuda:N``) by, in a few words for
+    beside the bar's total: ``22.87 GiB available when planned (14:02:11)``; CPU ranks (``cpu:0`` ...) share the
+    host, so ``cpu`` is their shares together. Empty when the plan has no such device or its capacity is unknown."""
+    found = [d for d in devices if d.name == name]
+    if name == "cpu" and not found:
+        ranks = [d for d in devices if d.kind == "cpu"]
+        if ranks and all(d.capacity_bytes is not None for d in ranks):
+            found = [dataclasses.replace(ranks[0], name="cpu",
+                                         capacity_bytes=sum(d.capacity_bytes or 0 for d in ranks),
+                                         capacity_source=ranks[0].capacity_source.split(" / ")[0])]
+    capacity = found[0].capacity_bytes if found else None
+    if capacity is None:
+        return ""
+    d = found[0]
+    when = f" ({_clock(d.read_at)})" if d.read_at is not None else ""
+    return f"{capacity / 2**30:.2f} GiB {d.capacity_kind} when planned{when}"
 
 
 # ------------------------------------------------------------------------------------------------------------- plan

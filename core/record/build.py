@@ -186,6 +186,7 @@ def _probe_table(probe: Any) -> dict[str, Any]:
         "steps": probe.steps,
         "step_time_s": probe.step_time_s,
         "tokens_per_s": probe.tokens_per_s,
+        **({"timing": _probe_timing(probe.timing)} if getattr(probe, "timing", None) is not None else {}),
         "log": probe.log_path,
         "devices": [dataclasses.asdict(d) for d in probe.devices],
         "placement": probe.placement,
@@ -204,6 +205,21 @@ def _probe_table(probe: Any) -> dict[str, Any]:
                             for k, (p, m) in c.components.items()}}
             for c in probe.comparisons
         ],
+    }
+
+
+def _probe_timing(timing: Any) -> dict[str, Any]:
+    """``probe.timing``: which steps ``step_time_s`` and ``tokens_per_s`` are the mean of, whether the memory tracker
+    ran in them, whether the warm-up step 1 was left out, the steps tracked for memory and their time
+    (:class:`core.stages.probe.ProbeTiming`; each rank's seconds per step are in ``devices[].step_times_s``)."""
+    return {
+        "method": "wall-clock seconds of each optimizer step (time.perf_counter, after a CUDA synchronize); "
+                  "step_time_s is the mean of timed_steps per rank, the slowest rank's",
+        "timed_steps": list(timing.timed_steps),
+        "timed_tracked": bool(timing.timed_tracked),
+        "warmup_excluded": bool(timing.warmup_excluded),
+        "tracked_steps": list(timing.tracked_steps),
+        **({"tracked_step_time_s": timing.tracked_step_time_s} if timing.tracked_step_time_s is not None else {}),
     }
 
 

@@ -172,14 +172,37 @@ def _criteria_rows(recs: list[dict[str, Any]]) -> list[Row]:
             if any(t.get(key) != tables[0].get(key) for t in tables[1:])]
 
 
+#: The memory rows per device: (field, name). ``plan peak`` is what the plan's fit is judged by, its overhead line
+#: included (the ``[plan]`` line of a headless run says the same number); ``planned tensors`` is that peak without the
+#: overhead line, as the probe compares it with the measured peak of tensors (``probe.plan_comparison``).
+MEMORY_ROWS = (("plan_peak_bytes", "plan peak"), ("planned_bytes", "planned tensors"),
+               ("peak_bytes", "measured peak"), ("peak_rss_bytes", "peak RSS"), ("capacity_bytes", "capacity"))
+
+
+def _memory_of(rec: dict[str, Any]) -> dict[tuple[str, int], dict[str, Any]]:
+    """:func:`core.record.summary.device_rows` by (device, rank), with ``plan_peak_bytes`` (the bytes the fit was
+    judged by: ``fit_bytes``, or ``total_bytes`` in a record without it) and, without a probe's comparison,
+    ``planned_bytes`` as the probe would compare it: that peak less the overhead line."""
+    plan = {str(d.get("name")): d for d in rec.get("plan", {}).get("devices", []) if isinstance(d, dict)}
+    measured = rec.get("probe", {}).get("provenance") == "measured"
+    out = {}
+    for row in device_rows(rec):
+        d = plan.get(row["device"], {})
+        peak: Any = d.get("fit_bytes", d.get("total_bytes"))
+        overhead: Any = (d.get("components") or {}).get("overhead")
+        if not measured:
+            row = {**row, "planned_bytes": peak - overhead if _numeric(peak) and _numeric(overhead) else None}
+        out[(row["device"], row["rank"])] = {**row, "plan_peak_bytes": peak}
+    return out
+
+
 def _device_rows(recs: list[dict[str, Any]]) -> list[Row]:
-    per = [{(d["device"], d["rank"]): d for d in device_rows(r)} for r in recs]
+    per = [_memory_of(r) for r in recs]
     keys = sorted(set().union(*per), key=lambda k: (k[1], k[0]))
     rows = []
     for key in keys:
         where = key[0] if key[1] == 0 else f"rank {key[1]} ({key[0]})"
-        for field_name, name in (("planned_bytes", "planned"), ("peak_bytes", "measured peak"),
-                                 ("peak_rss_bytes", "peak RSS"), ("capacity_bytes", "capacity")):
+        for field_name, name in MEMORY_ROWS:
             values = [p.get(key, {}).get(field_name) for p in per]
             if any(v is not None for v in values):
                 rows.append(Row("memory", f"{where} {name}", values, "bytes"))
@@ -191,8 +214,7 @@ def _result_rows(recs: list[dict[str, Any]]) -> list[Row]:
     rows = [Row("speed", "step time", [_json_number(r.get("probe", {}).get("step_time_s")) for r in recs], "s"),
             Row("speed", "tokens/s", [_json_number(r.get("probe", {}).get("tokens_per_s")) for r in recs], "/s"),
             Row("quality", "metric", [x["metric"] for x in q])]
-    for key, name in (("before", "before training"), ("after", "after training"),
-                      ("accuracy_before", "accuracy before"), ("accuracy_after", "accuracy after")):
+    for key, name in _quality_names(recs):
         rows.append(Row("quality", name, [x[key] for x in q]))
     rows.append(Row("quality", "training time", [_json_number(r.get("evaluation", {}).get("training_time_s"))
                                                  for r in recs], "s"))
@@ -208,11 +230,26 @@ def _result_rows(recs: list[dict[str, Any]]) -> list[Row]:
     return rows
 
 
+def _quality_names(recs: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """(key of :func:`core.record.summary.quality`, row name): an inference record has no training, so its one
+    measurement (stored as ``before``) is the held-out perplexity of the fixed weights; a row beside a training
+    record says what holds for both: not fine-tuned (yet)."""
+    inference = [r.get("spec", {}).get("mode") == "inference" for r in recs]
+    if all(inference):
+        return [("before", "held-out perplexity"), ("after", "after training"),
+                ("accuracy_before", "held-out accuracy"), ("accuracy_after", "accuracy after")]
+    if any(inference):
+        return [("before", "held-out, not fine-tuned"), ("after", "after training"),
+                ("accuracy_before", "accuracy, not fine-tuned"), ("accuracy_after", "accuracy after")]
+    return [("before", "before training"), ("after", "after training"),
+            ("accuracy_before", "accuracy before"), ("accuracy_after", "accuracy after")]
+
+
 def _cell(value: Any, unit: str) -> str:
     if value is None:
         return "-"
     if unit == "bytes" and _numeric(value):
-        return f"{value / GIB:.3f} GiB"
+        return f"{value / GIB:.2f} GiB"  # as on every screen and the [plan] line: GiB = 2^30, 2 decimals
     if isinstance(value, float):
         return f"{value:.6g}{' ' + unit if unit else ''}"
     if isinstance(value, list):
@@ -224,7 +261,10 @@ def _change(change: dict[str, Any] | None, unit: str) -> str:
     if change is None:
         return ""
     by = change["by"]
-    size = f"{by / GIB:+.3f} GiB" if unit == "bytes" else f"{by:+.6g}" + (f" {unit}" if unit else "")
+    if unit == "bytes":  # below 0.1 GiB in MiB: a small change never reads +0.00 GiB
+        size = f"{by / GIB:+.2f} GiB" if abs(by) >= 0.1 * GIB else f"{by / 2**20:+.1f} MiB"
+    else:
+        size = f"{by:+.6g}" + (f" {unit}" if unit else "")
     return f" ({size}" + (f", {change['pct']:+.1f} %)" if change["pct"] is not None else ")")
 
 
@@ -245,6 +285,10 @@ def format_comparison(c: Comparison, everything: bool = False) -> str:
         cells += [_short(_cell(v, r.unit)) + _change(ch, r.unit) for v, ch in zip(r.values[1:], r.changes())]
         lines.append(f"{'*' if r.differs else ' '} {r.name:<{width}} " + " | ".join(cells))
     lines += ["", "* differs from A; a change is (B - A, and its size in % of A)"]
+    if any(r.section == "memory" for r in shown):
+        lines.append("plan peak: what the plan's fit is judged by, its overhead line (CUDA context, or the CPU's "
+                     "runtime) included, as the [plan] line says; planned tensors: that peak without the overhead "
+                     "line, compared with the measured peak of tensors")
     return "\n".join(lines)
 
 

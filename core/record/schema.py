@@ -89,6 +89,9 @@ RULES: tuple[tuple[str, str], ...] = (
     ("plan.traced.components.*", "count"), ("plan.traced.categories.*", "count"),
     ("plan.traced.phases.*", "count"),
     ("probe.placement.*.bytes", "count"), ("*.findings[]", "str"), ("*.problems[]", "str"),
+    # how the probe's speed was timed: 1-based steps, seconds per step, and two yes/no facts
+    ("probe.timing.*_steps[]", "count"), ("probe.timing.timed_tracked", "bool"),
+    ("probe.timing.warmup_excluded", "bool"), ("probe.devices*.step_times_s[]", "nonneg"),
     ("*lora_targets_resolved[]", "str"), ("spec.lora.targets[]", "str"),
     ("plan.devices[].methods.*", "str"), ("plan.sources.*", "str"), ("resume.checkpoint_manifest.*", "sha256"),
     ("spec.hash", "sha256"), ("data.*_hash", "sha256"),

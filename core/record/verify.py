@@ -35,6 +35,7 @@ from core.criteria import (
     judge_quality,
     judge_resume_tier,
     missed,
+    speed_on,
 )
 from core.errors import SpecError
 from core.plan.fit import fit_of, measured_use_bytes, traced_peak, under_estimate
@@ -386,8 +387,8 @@ def judgements_of(rec: dict[str, Any], crit: AcceptCriteria, capacity: dict[str,
                                       count(d.get("peak_rss_bytes", 0), f"probe.devices[{i}].peak_rss_bytes"))
             uses.append(DeviceUse(device_label(name, d.get("rank", 0), d.get("world_size", 1)), used,
                                   capacity.get(name)))
-        out["probe"] = judge_probe(crit, uses, num(probe.get("step_time_s"), "probe.step_time_s"),
-                                   num(probe.get("tokens_per_s"), "probe.tokens_per_s"))
+        step_time_s, tokens_per_s, on, _ = probe_speed(rec)
+        out["probe"] = judge_probe(crit, uses, step_time_s, tokens_per_s, on)
     if ev.get("provenance") == "measured":
         before = ev.get("before", {})
         after = ev.get("after", {}) if training else {}
@@ -461,12 +462,84 @@ def _probe_verdict(rec: dict[str, Any], capacity: dict[str, int | None], planned
             problems.append("probe.status is pass, but probe.problems lists why it fails: "
                             + "; ".join(map(str, probe["problems"]))[:200])
         _plan_comparison_problems(rec, probe, planned_tensors, problems)
+        problems.extend(probe_speed(rec)[3])
         if rec.get("schema_version", 1) >= 2:
             problems.extend(_ran_as_planned(spec, probe))
         computed["probe"] = "pass" if ok else "fail"
         _same(problems, "probe table", probe.get("status"), computed["probe"])
     elif probe.get("provenance") != "not_run":
         problems.append(f"probe.provenance is {probe.get('provenance')!r}: a probe is measured or not_run")
+
+
+def probe_speed(rec: dict[str, Any]) -> tuple[float, float, str | None, list[str]]:
+    """The probe's speed as its criteria judge it, recomputed from the record: (seconds per step, tokens per second,
+    what the rows are judged on (:func:`core.criteria.speed_on`; None: "the probe's steps"), what is wrong).
+
+    With a ``probe.timing`` table: per rank, the mean of its ``devices[].step_times_s`` at ``timing.timed_steps``
+    (the steps run without the memory tracker, after the warm-up), the slowest rank's; tokens per second summed over
+    the ranks from the spec's tokens per step. It must be the recorded ``step_time_s`` / ``tokens_per_s``, the timed
+    steps must be untracked whenever an untracked step ran after step 1, and ``timed_tracked`` / ``warmup_excluded``
+    must say what the steps say. Without one (a record written before the probe said how it timed): the recorded
+    figures, judged as they are."""
+    probe, spec = rec["probe"], rec.get("spec", {})
+    step_s = num(probe.get("step_time_s"), "probe.step_time_s")
+    tokens_s = num(probe.get("tokens_per_s"), "probe.tokens_per_s")
+    timing = probe.get("timing")
+    if timing is None:
+        return step_s, tokens_s, None, []
+    if not isinstance(timing, dict):
+        return step_s, tokens_s, None, ["probe.timing is not a table"]
+    timed = [count(s, "probe.timing.timed_steps[]") for s in timing.get("timed_steps", [])]
+    tracked = [count(s, "probe.timing.tracked_steps[]") for s in timing.get("tracked_steps", [])]
+    if not timed:
+        return step_s, tokens_s, None, ["probe.timing.timed_steps is empty: the speed was timed on no step"]
+    problems: list[str] = []
+    overlap = [s for s in timed if s in tracked]
+    if timing.get("timed_tracked") is not bool(overlap):
+        problems.append(f"probe.timing.timed_tracked is {timing.get('timed_tracked')!r}, but the timed steps {timed} "
+                        f"{'include' if overlap else 'are none of'} the tracked steps {tracked}")
+    if timing.get("warmup_excluded") is not (1 not in timed):
+        problems.append(f"probe.timing.warmup_excluded is {timing.get('warmup_excluded')!r}, but the timed steps are "
+                        f"{timed}")
+    times: dict[int, list[float]] = {}  # rank -> seconds per step (a device map's devices share their rank's)
+    for i, d in enumerate(probe.get("devices", [])):
+        got = d.get("step_times_s")
+        if not isinstance(got, list) or not got:
+            return step_s, tokens_s, speed_on(timed, bool(overlap)), problems + [
+                f"probe.devices[{i}].step_times_s is missing: the timed steps' seconds cannot be recomputed"]
+        times.setdefault(d.get("rank", 0), [num(t, f"probe.devices[{i}].step_times_s[]") for t in got])
+    if not times:
+        return step_s, tokens_s, speed_on(timed, bool(overlap)), problems
+    ran = min(len(t) for t in times.values())
+    if max(timed) > ran:
+        return step_s, tokens_s, speed_on(timed, bool(overlap)), problems + [
+            f"probe.timing.timed_steps {timed} name a step the probe did not run ({ran} ran)"]
+    untracked = [s for s in range(2, ran + 1) if s not in tracked]
+    if overlap and untracked:
+        problems.append(f"the probe's speed is timed on tracked step(s) {overlap} (slowed by the memory tracker) "
+                        f"while untracked step(s) {untracked} ran: the criteria judge the untracked ones")
+        timed, overlap = untracked, []
+    means = [sum(t[s - 1] for s in timed) / len(timed) for t in times.values()]
+    recomputed = max(means)
+    if not math.isclose(recomputed, step_s, rel_tol=1e-9, abs_tol=1e-12):
+        problems.append(f"probe.step_time_s is {step_s!r}, but the mean of steps {timed} of the slowest rank's "
+                        f"step_times_s is {recomputed!r}")
+    per_step = _tokens_per_step(spec)
+    tokens = sum(per_step / m for m in means if m > 0) if per_step is not None else tokens_s
+    if per_step is not None and not math.isclose(tokens, tokens_s, rel_tol=1e-9, abs_tol=1e-9):
+        problems.append(f"probe.tokens_per_s is {tokens_s!r}, but the spec's {per_step} tokens per step over the "
+                        f"timed steps' seconds give {tokens!r}")
+    return recomputed, tokens, speed_on(timed, bool(overlap)), problems
+
+
+def _tokens_per_step(spec: dict[str, Any]) -> int | None:
+    """Tokens one rank's optimizer step takes: micro-batch x sequence length (x accumulation when training); None
+    when the spec table lacks one of them."""
+    try:
+        n = count(spec["batch_size"], "spec.batch_size") * count(spec["seq_len"], "spec.seq_len")
+        return n * (count(spec.get("grad_accum", 1), "spec.grad_accum") if spec.get("mode") != "inference" else 1)
+    except (KeyError, TypeError):
+        return None
 
 
 def _probe_devices_ok(spec: dict[str, Any], plan: dict[str, Any], probe: dict[str, Any],

@@ -21,9 +21,18 @@ from core.child.events import (
     Placement,
     ProbeStep,
 )
-from core.criteria import DeviceUse, Judgement, device_label, judge_shares, judge_speed, missed
+from core.criteria import (
+    DeviceUse,
+    Judgement,
+    device_label,
+    judge_shares,
+    judge_speed,
+    missed,
+    speed_on,
+    step_list,
+)
 from core.errors import StageError
-from core.events import ChildStarted, DeviceBound, Event, Message, Progress
+from core.events import ChildStarted, DeviceBound, Event, FirstStepWait, Message, Progress
 from core.plan.fit import UNDER_ESTIMATE_TOLERANCE, under_estimate
 from core.spec import RunSpec
 from core.stages.childproc import SINGLE, Launch, check_exit, start_child, watch
@@ -55,6 +64,46 @@ class DeviceMeasurement:
     wrapper: str = ""
     threads: int = 0  # torch's CPU threads in this rank's process (torchrun sets 1 per rank unless told)
     quantised_weights_bytes: int | None = None  # QLoRA: the 4-bit weights as stored (packed and constants)
+    step_times_s: list[float] = field(default_factory=list)  # this rank's seconds of each probe step, step 1 first
+
+
+@dataclass(frozen=True)
+class ProbeTiming:
+    """How the probe's speed (``step_time_s``, ``tokens_per_s``) was timed: the mean of ``timed_steps`` (1-based);
+    ``timed_tracked``: those ran under the CPU's memory tracker (only when no untracked step ran after the warm-up);
+    ``warmup_excluded``: step 1 (one-off allocations, the optimizer's states created) is not among them;
+    ``tracked_steps``: the steps the tracker followed for memory (none on CUDA); ``tracked_step_time_s``: their time,
+    after the warm-up when one ran after it (the slowest rank's; None when no step was tracked)."""
+
+    timed_steps: list[int]
+    timed_tracked: bool
+    warmup_excluded: bool
+    tracked_steps: list[int]
+    tracked_step_time_s: float | None = None
+
+    def words(self, step_time_s: float) -> str:
+        """``0.15 s/step (step 3 untracked, warm-up step 1 left out; steps 1–2 tracked for memory: 0.90 s at step
+        2)``: the figure and how it was timed, for the screen and the headless summary."""
+        how = [f"{step_list(self.timed_steps)} {'tracked for memory' if self.timed_tracked else 'untracked'}"]
+        how.append("warm-up step 1 left out" if self.warmup_excluded else "the warm-up included: the only step")
+        if self.tracked_steps and not self.timed_tracked and self.tracked_step_time_s is not None:
+            after = [s for s in self.tracked_steps if s > 1] or self.tracked_steps
+            how[-1] += (f"; {step_list(self.tracked_steps)} tracked for memory: {self.tracked_step_time_s:.2f} s"
+                        + (f" at {step_list(after)}" if after != self.tracked_steps else ""))
+        return f"{step_time_s:.2f} s/step ({', '.join(how)})"
+
+
+def probe_timing(ledgers: list[Ledger]) -> ProbeTiming | None:
+    """How the ledgers' speed was timed (every rank runs the same steps the same way), from the slowest rank's ledger;
+    None for ledgers that do not say (written before the probe kept it)."""
+    slowest = max(ledgers, key=lambda e: e.step_time_s, default=None)
+    if slowest is None or slowest.timed_steps is None or slowest.tracked_steps is None:
+        return None
+    tracked_times = [e.tracked_step_time_s for e in ledgers if e.tracked_step_time_s is not None]
+    timed, tracked = list(slowest.timed_steps), list(slowest.tracked_steps)
+    return ProbeTiming(timed_steps=timed, timed_tracked=any(s in tracked for s in timed),
+                       warmup_excluded=1 not in timed, tracked_steps=tracked,
+                       tracked_step_time_s=max(tracked_times) if tracked_times else None)
 
 
 @dataclass(frozen=True)
@@ -97,6 +146,7 @@ class ProbeResult:
     lora_targets: list[str] = field(default_factory=list)  # LoRA: the modules peft adapted (all-linear resolved)
     lora_modules: int = 0  # LoRA: how many modules carry an adapter
     judgements: list[Judgement] = field(default_factory=list)  # the criteria it was judged by (core/criteria.py)
+    timing: ProbeTiming | None = None  # which steps step_time_s is the mean of, and whether tracked
 
 
 #: The wrapper Trainer must have put the model in for each torchrun strategy (the class name of
@@ -153,7 +203,11 @@ def run_probe(
     child = start_child("probe", job_dir, {"role": "probe", "spec": spec.to_dict(), "model_path": str(model_path),
                                            "device": device, "devices": names}, launch)
     yield ChildStarted("probe", run="probe", pid=child.pid, log_path=str(child.log_path))
+    wait = FirstStepWait("probe", "probe", child.pid, "probe", tracked=not device.startswith("cuda"))
+    yield wait.started()
     for event in watch(child, cancelled=cancelled):
+        if (waiting := wait.see(event)) is not None:
+            yield waiting
         if isinstance(event, DeviceUuid):
             yield DeviceBound("probe", device=event.device, uuid=event.uuid)
         if isinstance(event, ProbeStep) and event.leads:
@@ -180,9 +234,12 @@ def probe_result(spec: RunSpec, events: list[ChildEvent], ledgers: list[Ledger],
     placement = dict(sorted(placement.items()))  # ranks' events arrive in any order: list devices in order
     measurements = [_measurement(ledger, placement) for ledger in _per_device(ledgers)]
     comparisons, problems, findings, judgements = judge_devices(spec, plan, traced, measurements)
-    step_time_s = max(e.step_time_s for e in ledgers)  # the slowest rank sets the pace of a synchronous step
+    # the slowest rank sets the pace of a synchronous step; each rank's time is of its untracked steps (ProbeTiming)
+    step_time_s = max(e.step_time_s for e in ledgers)
     tokens_per_s = sum(e.tokens_per_s for e in ledgers)
-    speed = judge_speed(spec.accept, step_time_s, tokens_per_s)
+    timing = probe_timing(ledgers)
+    speed = judge_speed(spec.accept, step_time_s, tokens_per_s,
+                        on=speed_on(timing.timed_steps, timing.timed_tracked) if timing is not None else None)
     problems.extend(f"the probe's steps: {r.words()}" for r in missed(speed))
     judgements += speed
     used = next((e for e in events if isinstance(e, ModelBuilt)), None)
@@ -201,7 +258,7 @@ def probe_result(spec: RunSpec, events: list[ChildEvent], ledgers: list[Ledger],
         placement=placement,
         comparisons=comparisons,
         log_path=log_path,
-        summary=_summary(first, measurements, comparisons, problems, findings),
+        summary=_summary(first, measurements, comparisons, problems, findings, timing, step_time_s),
         problems=problems,
         layers=next((e.layers for e in events if isinstance(e, DeviceMap)), {}),
         findings=findings,
@@ -209,6 +266,7 @@ def probe_result(spec: RunSpec, events: list[ChildEvent], ledgers: list[Ledger],
         lora_targets=list((used.lora_targets if used is not None else None) or []),
         lora_modules=int((used.lora_modules if used is not None else None) or 0),
         judgements=judgements,
+        timing=timing,
     )
 
 
@@ -249,8 +307,11 @@ def judge_devices(spec: RunSpec, plan: Any, traced: dict[str, Any] | None, measu
 
 
 def _summary(first: Ledger, measurements: list[DeviceMeasurement], comparisons: list[PlanComparison],
-             problems: list[str], findings: list[str]) -> str:
-    summary = (f"{first.steps} steps on {_span_names(measurements)}, {first.step_time_s:.2f} s/step, "
+             problems: list[str], findings: list[str], timing: ProbeTiming | None = None,
+             step_time_s: float | None = None) -> str:
+    step_s = first.step_time_s if step_time_s is None else step_time_s
+    speed = timing.words(step_s) if timing is not None else f"{step_s:.2f} s/step"
+    summary = (f"{first.steps} steps on {_span_names(measurements)}, {speed}, "
                + "; ".join(f"{_where(m)} measured peak {_gib(m.peak_bytes)}"
                            + (f", plan {_gib(c.planned_bytes)} ({_relation(c)})" if c else "")
                            for m, c in ((m, next((c for c in comparisons if c.rank == m.rank), None))
@@ -312,6 +373,7 @@ def _measurement(ledger: Ledger, placement: dict[str, dict[str, int]]) -> Device
         wrapper=ledger.wrapper,
         threads=ledger.torch_threads,
         quantised_weights_bytes=ledger.quantised_weights_bytes,
+        step_times_s=list(ledger.step_times_s or []),
     )
 
 

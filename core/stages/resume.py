@@ -30,7 +30,7 @@ from core.child.events import ChildEvent, KillPoint, ManifestChecked, RngRestore
 from core.child.manifest import verify_manifest, write_manifest
 from core.child.rng import rng_digest
 from core.errors import StageError
-from core.events import ChildStarted, Event, Message, Progress, lead_events
+from core.events import ChildStarted, Event, FirstStepWait, Message, Progress, lead_events
 from core.spec import RunSpec
 from core.stages.childproc import (
     KILL_SETTLE_S,
@@ -315,6 +315,47 @@ def _rank_digests(digests: dict[int, dict[str, str]]) -> dict[str, str]:
     return {f"{k}@rank{r}": v for r in sorted(digests) for k, v in digests[r].items()}
 
 
+def planned_kill(spec: RunSpec, short: bool = False) -> str:
+    """The spec's kill in the one wording of :mod:`core.killpoints` (its place with the micro-batch count, and unless
+    ``short`` what is on disk then): what the log, the result, the screen's progress line and timeline say."""
+    r = spec.resume
+    return killpoints.describe(r.kill_at, r.kill_step(), r.kill_checkpoint_step(), short, spec.grad_accum)
+
+
+@dataclass(frozen=True)
+class CheckWork:
+    """The resume check's work, in optimizer steps, run by run in the order they run: (run, the step it starts after,
+    its last step). The twin trains 1..end, the interrupted run from its start to the step it is killed in, the
+    resumed run c+1..end. A run's progress is its steps done on top of the runs before it (:meth:`progress`), so
+    the stage's bar is proportional to the steps trained and never goes back."""
+
+    runs: tuple[tuple[str, int, int], ...]
+
+    @classmethod
+    def of(cls, spec: RunSpec, twin: bool) -> CheckWork:
+        r = spec.resume
+        end = r.compared_until(spec.steps)
+        runs = ((("twin", 0, end),) if twin else ()) + (
+            ("interrupted", r.interrupted_start(), r.last_step_needed()), ("resumed", r.kill_checkpoint_step(), end))
+        return cls(runs)
+
+    @property
+    def total(self) -> int:
+        """Steps over every run."""
+        return sum(last - after for _, after, last in self.runs)
+
+    def progress(self, run: str, step: int, loss: float | None = None) -> Progress:
+        """The Progress of ``run`` once its optimizer step ``step`` is done: the run's step of its last step, the
+        stage's steps done of :attr:`total`, and the run's place among the runs."""
+        names = [name for name, _, _ in self.runs]
+        i = names.index(run)
+        _, after, last = self.runs[i]
+        before = sum(b - a for _, a, b in self.runs[:i])
+        done = before + min(max(step - after, 0), last - after)
+        return Progress("resume", run=run, step=step, total=last, loss=loss, work_done=done, work_total=self.total,
+                        part=(i + 1, len(self.runs)))
+
+
 def not_applicable(spec: RunSpec) -> ResumeResult:
     """The result for inference (nothing is trained, nothing resumes) or when the check is switched off."""
     why = "inference: fixed weights, no training state to resume" if not spec.training else "switched off in the spec"
@@ -355,12 +396,14 @@ def run_resume_check(
     base = {"spec": spec.to_dict(), "model_path": str(model_path), "device": device, "devices": launch.names(device),
             "save_total_limit": None}
 
+    work = CheckWork.of(spec, twin=not tier.exact)
+
     # 0. the twin: the same training from step 0, uninterrupted, to the last compared step (its distance from the
     #    reference is the noise the tolerance checks are bounded by)
-    twin = (yield from run_twin(spec, run_dir, base, launch, cancelled)) if not tier.exact else None
+    twin = (yield from run_twin(spec, run_dir, base, launch, cancelled, work)) if not tier.exact else None
 
     # 1. the interrupted run, killed at the kill point (after checkpoint c, before the next is complete)
-    interrupted, held = yield from run_interrupted(spec, run_dir, reference, base, launch, cancelled)
+    interrupted, held = yield from run_interrupted(spec, run_dir, reference, base, launch, cancelled, work)
     pgid, checks = kill_checks(spec, interrupted, held, launch.nproc)
 
     # 2. which checkpoint to resume from; completeness, manifest and safe loading, before anything loads it
@@ -377,7 +420,7 @@ def run_resume_check(
 
     # 3. the resumed run
     job = {**base, "devices": resume_launch.names(device), "resume_from": str(ckpt), "manifest": str(manifest_path)}
-    resumed = yield from run_resumed(spec, run_dir, job, resume_launch, cancelled)
+    resumed = yield from run_resumed(spec, run_dir, job, resume_launch, cancelled, work)
     checks.append(loaded_manifest_check(resumed.events, resume_launch.nproc, len(manifest)))
     if checks[-1].status != "pass":
         return _finish(spec, checks, c, k, pgid, tier, [], manifest, 0, started, twin)
@@ -389,7 +432,8 @@ def run_resume_check(
 
 
 def run_twin(spec: RunSpec, run_dir: Path, base: dict[str, Any], launch: Launch,
-             cancelled: Callable[[], bool] | None = None) -> Generator[Event, None, ChildJob]:
+             cancelled: Callable[[], bool] | None = None, work: CheckWork | None = None,
+             ) -> Generator[Event, None, ChildJob]:
     """The twin (:mod:`core.stages.noise`): the reference's training again, from step 0, uninterrupted and never
     resumed, to the last compared step, checkpointed there only.
 
@@ -399,26 +443,32 @@ def run_twin(spec: RunSpec, run_dir: Path, base: dict[str, Any], launch: Launch,
     yield Message("resume", text=f"twin run from step 0 to step {end}, uninterrupted: its distance from the "
                                  "uninterrupted run is the run-to-run noise the comparison is bounded by")
     return (yield from _run_to_end(start_child("twin", run_dir / "resume-twin", {
-        **base, "role": "twin", "stop_after_step": end, "save_steps": end}, launch), end, launch, cancelled))
+        **base, "role": "twin", "stop_after_step": end, "save_steps": end}, launch), launch, cancelled,
+        work or CheckWork.of(spec, twin=True)))
 
 
-def _run_to_end(child: ChildJob, end: int, launch: Launch, cancelled: Callable[[], bool] | None,
+def _run_to_end(child: ChildJob, launch: Launch, cancelled: Callable[[], bool] | None, work: CheckWork,
                 ) -> Generator[Event, None, ChildJob]:
-    """Follow a started child of the check (its ``name`` is the run's) to its end, its progress towards step ``end``.
+    """Follow a started child of the check (its ``name`` is the run's) to its end: what it does until its first step
+    (:class:`~core.events.FirstStepWait`), then its progress in the check's ``work``.
 
     Raises:
         StageError: the child failed."""
     yield ChildStarted("resume", run=child.name, pid=child.pid, log_path=str(child.log_path))
+    wait = FirstStepWait("resume", child.name, child.pid, child.name, resumes=bool(child.job.get("resume_from")))
+    yield wait.started()
     mean = StepMean(launch.nproc)
     for event in watch(child, cancelled=cancelled):
+        if (waiting := wait.see(event)) is not None:
+            yield waiting
         if isinstance(event, Step) and (averaged := mean.add(event)) is not None:
-            yield Progress("resume", run=child.name, step=averaged.step, total=end, loss=averaged.loss)
+            yield work.progress(child.name, averaged.step, averaged.loss)
     check_exit(child)
     return child
 
 
 def run_interrupted(spec: RunSpec, run_dir: Path, reference: Any, base: dict[str, Any], launch: Launch,
-                    cancelled: Callable[[], bool] | None = None,
+                    cancelled: Callable[[], bool] | None = None, work: CheckWork | None = None,
                     ) -> Generator[Event, None, tuple[ChildJob, dict[int, KillPoint]]]:
     """Start the interrupted run and follow it until every rank of this node holds at its kill point (it is not
     killed here). It starts from a copy of the reference's checkpoint before c (itself a resume) unless c is the
@@ -436,11 +486,14 @@ def run_interrupted(spec: RunSpec, run_dir: Path, reference: Any, base: dict[str
         first = {"resume_from": str(copy_reference_checkpoint(Path(reference.output_dir), start,
                                                               run_dir / "resume-interrupted" / "output"))}
     origin = f"checkpoint-{start} of the uninterrupted run" if start else "step 0"
-    yield Message("resume", text=f"interrupted run from {origin}: SIGKILL {spec.resume.describe()}")
+    yield Message("resume", text=f"interrupted run from {origin}: SIGKILL {planned_kill(spec)}")
     interrupted = start_child("interrupted", run_dir / "resume-interrupted", {
         **base, **first, "role": "interrupted", "kill_step": spec.resume.kill_step(),
         "kill_at": spec.resume.kill_at}, launch)
     yield ChildStarted("resume", run="interrupted", pid=interrupted.pid, log_path=str(interrupted.log_path))
+    work = work or CheckWork.of(spec, twin=False)
+    wait = FirstStepWait("resume", "interrupted", interrupted.pid, "interrupted", resumes=start > 0)
+    yield wait.started()
     held: dict[int, KillPoint] = {}  # rank -> its kill_point event: kill once every rank of this node holds there
 
     def all_held(e: ChildEvent) -> bool:
@@ -450,9 +503,10 @@ def run_interrupted(spec: RunSpec, run_dir: Path, reference: Any, base: dict[str
 
     mean = StepMean(launch.nproc)
     for event in watch(interrupted, stop_when=all_held, cancelled=cancelled):
+        if (waiting := wait.see(event)) is not None:
+            yield waiting
         if isinstance(event, Step) and (averaged := mean.add(event)) is not None:
-            yield Progress("resume", run="interrupted", step=averaged.step, total=spec.resume.last_step_needed(),
-                           loss=averaged.loss)
+            yield work.progress("interrupted", averaged.step, averaged.loss)
     if len(held) < launch.nproc:
         check_exit(interrupted)
         raise StageError(f"the interrupted run ended before its kill point (see {interrupted.log_path})")
@@ -519,7 +573,8 @@ def checkpoint_checks(spec: RunSpec, output_dir: Path, ckpt: Path, manifest: dic
 
 
 def run_resumed(spec: RunSpec, run_dir: Path, job: dict[str, Any], launch: Launch,
-                cancelled: Callable[[], bool] | None = None) -> Generator[Event, None, ChildJob]:
+                cancelled: Callable[[], bool] | None = None, work: CheckWork | None = None,
+                ) -> Generator[Event, None, ChildJob]:
     """Start the resumed run (``job``: from checkpoint-c, with its manifest), follow it to its last compared step.
 
     Raises:
@@ -528,7 +583,8 @@ def run_resumed(spec: RunSpec, run_dir: Path, job: dict[str, Any], launch: Launc
     yield Message("resume", text=f"resumed run from checkpoint-{c} to step {end}, compared with the uninterrupted "
                                  f"run at steps {c + 1}-{end}")
     return (yield from _run_to_end(start_child("resumed", run_dir / "resume-resumed", {
-        **job, "role": "resumed", "stop_after_step": end}, launch), end, launch, cancelled))
+        **job, "role": "resumed", "stop_after_step": end}, launch), launch, cancelled,
+        work or CheckWork.of(spec, twin=False)))
 
 
 def compare_runs(spec: RunSpec, reference: Any, interrupted: ChildJob, resumed: ChildJob, saved_rng: dict[str, str],
@@ -584,12 +640,12 @@ def _finish(spec: RunSpec, checks: list[Check], c: int, k: int, pgid: int, tier:
     status = "pass" if checks and all(ch.status == "pass" for ch in checks) else "fail"
     failed = [ch.name for ch in checks if ch.status != "pass"]
     end = spec.resume.compared_until(spec.steps)
-    summary = (f"killed {spec.resume.describe(short=True)}, resumed from checkpoint-{c}, compared at steps "
+    summary = (f"killed {planned_kill(spec, short=True)}, resumed from checkpoint-{c}, compared at steps "
                f"{c + 1}-{end}: {len(checks)} checks passed ({tier.name})"
                if status == "pass" else f"failed: {', '.join(failed)}")
     return ResumeResult(status=status, checks=checks, checkpoint_step=c, kill_step=k, killed_pgid=pgid, tier=tier,
                         comparison=comparison, manifest=manifest, extra_steps=extra_steps,
-                        kill_at=spec.resume.kill_at, kill_planned=spec.resume.describe(),
+                        kill_at=spec.resume.kill_at, kill_planned=planned_kill(spec),
                         seconds=time.perf_counter() - started, summary=summary,
                         interrupted_start=spec.resume.interrupted_start(), compared_steps=(c + 1, end),
                         twin_steps=(1, end) if twin is not None else None)
@@ -644,7 +700,7 @@ def kill_point_check(spec: RunSpec, event: KillPoint) -> Check:
     expected = killpoints.holds(at, spec.resume.kill_step(), event.step, event.where, event.micro_done,
                                 event.micro_in_step)
     return Check("kill_point", "pass" if expected else "fail",
-                 f"{at}: killed {kill_position(event)}" + ("" if expected else f"; planned {spec.resume.describe()}"))
+                 f"{at}: killed {kill_position(event)}" + ("" if expected else f"; planned {planned_kill(spec)}"))
 
 
 def selection_check(selection: Selection, c: int) -> Check:

@@ -24,7 +24,7 @@ from core.child.events import (
 )
 from core.criteria import Judgement, judge_quality, missed, quality_criterion
 from core.criteria import summary as criteria_summary
-from core.events import ChildStarted, Evaluated, Event, Message, Progress, lead_events
+from core.events import ChildStarted, Evaluated, Event, FirstStepWait, Message, Progress, lead_events
 from core.spec import RunSpec
 from core.stages.childproc import SINGLE, ChildJob, Launch, check_exit, start_child, watch
 
@@ -146,8 +146,12 @@ def run_train_eval(
     child = start_child(role, job_dir, {"role": role, "spec": spec.to_dict(), "model_path": str(model_path),
                                         "device": device, "devices": names, "save_total_limit": None}, launch)
     yield ChildStarted("train_eval", run="train", pid=child.pid, log_path=str(child.log_path))
+    wait = FirstStepWait("train_eval", "train", child.pid, role)  # what it does before its first step, said
+    yield wait.started()
     mean = StepMean(launch.nproc)
     for event in watch(child, cancelled=cancelled):
+        if (waiting := wait.see(event)) is not None:
+            yield waiting
         if isinstance(event, Step):
             step = mean.add(event)
             if step is not None:

@@ -370,3 +370,23 @@ def test_the_quiz_with_answers_piped_in_is_refused_not_drawn(tmp_path):
     out = gpuaccept("quiz", str(records.path_of("qlora")), cwd=tmp_path)  # stdin and stdout are pipes here
     assert out.returncode == 2 and "Traceback" not in out.stderr and "\x1b[" not in out.stdout
     assert "answered with the keyboard at a terminal" in out.stderr
+
+
+# ------------------------------------------------------------------------------------- a mistyped flag (issue 34)
+@pytest.mark.parametrize(("argv", "says"), [
+    (["run", "--bacth-size", "4"], "gpuaccept run: error: unrecognized arguments: --bacth-size (did you mean "
+                                   "--batch-size?)"),
+    (["plan", "--max-sq"], "gpuaccept plan: error: unrecognized arguments: --max-sq (did you mean --max-seq"),
+    (["run", "--zzzzzz"], "--zzzzzz (no flag of gpuaccept run is close: see gpuaccept run --help)"),
+    (["verify", "a.toml", "b.toml"], "gpuaccept verify: error: unrecognized arguments: b.toml"),
+])
+def test_a_mistyped_flag_is_named_with_the_closest_flags_of_its_subcommand(argv, says, capsys):
+    """`gpuaccept run --bacth-size 4` printed the top-level usage and suggested nothing: now the subcommand's usage,
+    the flag named, the closest flags of that subcommand (difflib), exit 2 as argparse."""
+    from tui.cli import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and says in err, err
+    assert err.startswith(f"usage: gpuaccept {argv[0]} "), err  # the subcommand's usage, not the top level's

@@ -37,6 +37,30 @@ def test_lora_record_has_every_table_and_passes(lora_run):
     assert record["created_utc"].tzinfo is not None
 
 
+def test_lora_probe_times_its_untracked_steps_and_every_wait_is_named(lora_run):
+    """Issue 34: the probe's speed is its untracked steps' (the tracker slows a step several times over on the CPU);
+    each child's wait before its first step is said; the resume check's bar counts the steps of all its runs."""
+    from core.events import Waiting
+
+    spec, record, events = lora_run
+    probe = record["probe"]
+    assert spec.probe_steps == 3
+    assert probe["timing"] | {"tracked_step_time_s": 0, "method": ""} == {
+        "timed_steps": [3], "timed_tracked": False, "warmup_excluded": True, "tracked_steps": [1, 2],
+        "tracked_step_time_s": 0, "method": ""}
+    times = probe["devices"][0]["step_times_s"]
+    assert len(times) == 3 and probe["step_time_s"] == times[2] and probe["timing"]["tracked_step_time_s"] == times[1]
+    assert "step 3 untracked, warm-up step 1 left out; steps 1–2 tracked for memory" in \
+        next(e.summary for e in events if isinstance(e, StageFinished) and e.stage == "probe")
+    waits = [(e.stage, e.run, e.what) for e in events if isinstance(e, Waiting)]
+    for stage, run in (("probe", "probe"), ("train_eval", "train"), ("resume", "interrupted"), ("resume", "resumed")):
+        assert (stage, run, "loading the model") in waits, waits
+    assert ("resume", "resumed", "loading the checkpoint and running its first step") in waits
+    work = [e for e in events if isinstance(e, Progress) and e.stage == "resume"]
+    done = [e.work_done for e in work]
+    assert done == sorted(set(done)) and done[-1] == work[-1].work_total, done  # never back, to the end
+
+
 def test_lora_resume_compares_every_resumed_step_exactly(lora_run):
     spec, record, _ = lora_run
     resume = record["resume"]

@@ -26,7 +26,8 @@ class Tmux:
         return self.tmux("capture-pane", "-p", "-t", self.session)
 
     def wait_for(self, *texts: str, timeout_s: float = 90.0) -> str:
-        """The screen once every one of ``texts`` is on it (a slow machine may show a screen half drawn)."""
+        """The screen once every one of ``texts`` is on it (a slow machine may show a screen half drawn, its footer
+        last: a footer's key is waited for, then asserted to be in the footer)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             shown = self.screen()
@@ -36,25 +37,87 @@ class Tmux:
         raise AssertionError(f"{texts!r} not all on screen after {timeout_s} s; screen:\n{self.screen()}")
 
 
-def test_walk_to_the_plan_screen_with_keys(tmp_path, tiny_model_dir):
+def keys(term: Tmux, *keys: str, pause_s: float = 0.3) -> None:
+    """Type ``keys`` (tmux key names, or text) one at a time, as a person does."""
+    for key in keys:
+        term.tmux("send-keys", "-t", term.session, key)
+        time.sleep(pause_s)
+
+
+def footer(screen: str) -> str:
+    """The screen's last line: the footer, where every key of the screen is named."""
+    return screen.rstrip("\n").splitlines()[-1]
+
+
+#: the walk's settings: the tiny model, the shortest runs that still reach every stage
+WALK = ("--devices cpu --seq-len 64 --steps 6 --probe-steps 2 --eval-max-blocks 4 --checkpoint-every 2 "
+        "--kill-after-checkpoint 1")
+
+
+def test_a_cold_walk_with_keys_only_to_a_signed_record_and_the_quiz(tmp_path, tiny_model_dir):
+    """Issue 34: the installed binary, started cold in a real terminal at 80x24, driven by keys alone from the mode to
+    a signed record and the quiz; what each screen shows is read off the terminal, and the record is verified after.
+    Each step waits for what a person waits for, and each footer names the key pressed next."""
     exe = Path(sys.executable).parent / "gpuaccept"
+    key = tmp_path / "signing-key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "walker", "-f", str(key)], check=True)
     term = Tmux(tmp_path)
-    command = f"cd {tmp_path} && {exe} run --model {tiny_model_dir} --devices cpu --seq-len 64; sleep 5"
+    command = f"cd {tmp_path} && {exe} run --model {tiny_model_dir} {WALK}; echo exit=$? > {tmp_path}/rc; sleep 60"
     term.tmux("new-session", "-d", "-s", term.session, "-x", "80", "-y", "24", command)
     try:
-        term.wait_for("Step 1 · Mode", "Inference", "Full fine-tuning", "LoRA", "Your own command")  # fails after 90 s if one is missing
-        term.tmux("send-keys", "-t", term.session, "Enter")
-        term.wait_for("Step 2/7 · Setup (lora)", "Micro-batch / device", "Precision")
-        term.tmux("send-keys", "-t", term.session, "C-n")
-        plan = term.wait_for("Step 3/7 · Plan (estimates)", "→ fits", "ACT activations")
+        mode = term.wait_for("Step 1/7 · Mode", "Inference", "Full fine-tuning", "LoRA", "Your own command", "⏎ Next")
+        assert "⏎ Next" in footer(mode)
+        keys(term, "Enter")
+        # the setup opens checked, not broken: its two workers (devices, model and data) import side by side
+        setup = term.wait_for("Step 2/7 · Setup (lora)", "documents:", "^o Own command", timeout_s=120)
+        assert "Error" not in setup and "↑" not in setup, setup
+        assert "^n Next" in footer(setup) and "^o Own command" in footer(setup)
+        keys(term, "C-n")
+        plan = term.wait_for("Step 3/7 · Plan (estimates)", "→ fits", "^n Probe")
         assert "micro-batch 4 × 64 tokens" in " ".join(plan.split())  # the line may wrap at 80 columns
-        assert "W weights" in plan and "ACT activations" in plan
-        term.tmux("send-keys", "-t", term.session, "q")
-        time.sleep(1.0)
-        assert "Step 3/7" not in term.screen()  # the app has quit; no stage was running
-        assert not (tmp_path / "runs").exists()  # nothing ran: no run directory
+        assert "^n Probe" in footer(plan)
+        keys(term, "C-n")
+        probe = term.wait_for("Step 4/7 · Probe (measured)", "PASS ·", "^n Next", timeout_s=180)
+        assert "^n Next" in footer(probe)
+        keys(term, "C-n")
+        term.wait_for("Step 5/7 · Train + evaluate (measured)", "PASS · criterion", timeout_s=180)
+        keys(term, "C-n")
+        term.wait_for("Step 6/7 · Kill and resume (measured)", "PASS · killed", timeout_s=240)
+        keys(term, "C-n")
+        export = term.wait_for("Step 7/7 · Sign off", "overall: PASS", "^n Write record")
+        assert "^n Write record" in footer(export) and "^q Quit" in footer(export), footer(export)
+        # operator; Tab to the role, Tab to the decision, Enter opens its menu, ↓ Enter picks "accept"
+        keys(term, "walker", "Tab", "Tab", "Enter", "Down", "Enter", "Tab", "Tab", str(key))
+        term.wait_for("key: 256 SHA256:", "walker (ED25519)")
+        keys(term, "C-n")
+        written = term.wait_for("record written, signed:", "^n Quiz")
+        assert "^n Quiz" in footer(written), footer(written)
+        keys(term, "C-n")
+        term.wait_for("Onboarding check · question 1 of")
+        for _ in range(12):  # answer 1 to each question, then n, until the score
+            if "Onboarding check · score" in term.screen():
+                break
+            keys(term, "1", "n")
+        score = term.wait_for("Onboarding check · score", " right.")
+        assert "The record is signed, so it is never rewritten" in score
+        keys(term, "Escape")
+        term.wait_for("Step 7/7 · Sign off")
+        keys(term, "C-q")
+        deadline = time.monotonic() + 20
+        while not (tmp_path / "rc").exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert (tmp_path / "rc").read_text().strip() == "exit=0"
     finally:
         subprocess.run([TMUX, "-L", term.socket, "kill-server"], capture_output=True)
+    (record,) = (tmp_path / "runs").glob("*/record.toml")
+    text = record.read_text()
+    assert 'operator = "walker"' in text and 'decision = "accept"' in text
+    assert record.with_name("record.toml.sig").is_file()
+    signers = tmp_path / "allowed_signers"
+    signers.write_text("walker " + " ".join(Path(f"{key}.pub").read_text().split()[:2]) + "\n")
+    verified = subprocess.run([str(exe), "verify", str(record), "--allowed-signers", str(signers), "--identity",
+                               "walker"], capture_output=True, text=True)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
 
 
 def test_a_dropped_terminal_during_the_probe_ends_the_wizard_and_its_child_and_keeps_the_record(tmp_path, tiny_model_dir):
@@ -81,7 +144,7 @@ def test_a_dropped_terminal_during_the_probe_ends_the_wizard_and_its_child_and_k
                "sleep 30")
     term.tmux("new-session", "-d", "-s", term.session, "-x", "80", "-y", "24", command)
     try:
-        term.wait_for("Step 1 · Mode")
+        term.wait_for("Step 1/7 · Mode")
         term.tmux("send-keys", "-t", term.session, "Enter")
         term.wait_for("Step 2/7")
         term.tmux("send-keys", "-t", term.session, "C-n")
@@ -99,3 +162,51 @@ def test_a_dropped_terminal_during_the_probe_ends_the_wizard_and_its_child_and_k
     (record,) = (tmp_path / "runs").glob("*/record.toml")
     text = record.read_text()
     assert 'status = "unsigned"' in text and "cancelled" in text
+
+
+def test_the_readmes_command_mode_example_walked_as_written(tmp_path):
+    """Issue 34: the README's command-mode line, exactly as written (tests/readme_commands.py), typed in a shell at
+    the repository's root with the venv not activated (the README's example once ran the system's python), then
+    walked with keys: Mode (your own command, chosen by the flags) → the filled-in form → every stage → the sign-off,
+    written with ^n; the record is consistent (verify: exit 3, unsigned)."""
+    import shlex
+
+    from tests.readme_commands import command_mode_line, user_env, user_root
+
+    root = user_root(tmp_path / "repo")
+    line = command_mode_line()
+    env = user_env()
+    term = Tmux(tmp_path)
+    shell = f"cd {shlex.quote(str(root))} && PATH={shlex.quote(env['PATH'])} {line}; echo exit=$? > {tmp_path}/rc; sleep 60"
+    term.tmux("new-session", "-d", "-s", term.session, "-x", "80", "-y", "24", "-e", "VIRTUAL_ENV=", shell)
+    try:
+        term.wait_for("Step 1/4 · Mode", "▐●▌ 5  Your own command", "⏎ Next")
+        keys(term, "Enter")
+        form = term.wait_for("Step 2/4 · Your own command", "Resume command", "^n Next")
+        assert "{command} --resume {checkpoint}" in form
+        keys(term, "C-n")
+        done = term.wait_for("Step 3/4", "✓ kill and resume pass", "^n Next", timeout_s=600)
+        assert "✓ uninterrupted run (probe) pass" in done and "✓ evaluation pass" in done, done
+        keys(term, "C-n")
+        term.wait_for("Step 4/4 · Sign off", "overall: PASS", "^n Write record")
+        keys(term, "walker", "Tab", "Tab", "Enter", "Down", "Enter")
+        keys(term, "C-n")
+        written = term.wait_for("^o Compare runs")
+        deadline = time.monotonic() + 30
+        while "^n Write record" in footer(written) and time.monotonic() < deadline:
+            time.sleep(0.2)
+            written = term.screen()
+        assert "^n Write record" not in footer(written) and "^n Quiz" not in footer(written)  # no quiz in command mode
+        keys(term, "C-q")
+        deadline = time.monotonic() + 20
+        while not (tmp_path / "rc").exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert (tmp_path / "rc").read_text().strip() == "exit=0"
+    finally:
+        subprocess.run([TMUX, "-L", term.socket, "kill-server"], capture_output=True)
+    (record,) = (root / "runs" / "command").glob("*/record.toml")
+    text = record.read_text()
+    assert 'operator = "walker"' in text and 'decision = "accept"' in text
+    exe = Path(sys.executable).parent / "gpuaccept"
+    verified = subprocess.run([str(exe), "verify", str(record)], capture_output=True, text=True)
+    assert verified.returncode == 3, verified.stdout + verified.stderr  # consistent, unsigned

@@ -19,7 +19,7 @@ async def test_probe_anyway_probes_and_the_plan_stage_still_fails(tiny_model_dir
         await pilot.press("enter", "ctrl+n")
         assert isinstance(app.screen, PlanScreen)
         nxt = app.screen.query_one("#next", Button)
-        await wait_for(pilot, lambda: str(nxt.label) == "Probe anyway →", 60)
+        await wait_for(pilot, lambda: str(nxt.label) == "p: Probe anyway →", 60)
         await pilot.click("#next")
         assert isinstance(app.screen, ProbeScreen)
         assert app.screen.check_action("next", ()) is None  # ^n dimmed while the probe runs

@@ -34,9 +34,17 @@ def test_the_first_place_the_child_holds_is_where_the_stage_expects_it(at, every
     check = kill_point_check(spec, event)
     assert check.status == "pass", (held, check.evidence)
     assert check.evidence.startswith(f"{at}: killed ")
+    # where it held and where it was planned are said in the same words (issue 34: "after its first micro-batch"
+    # planned, "after its only micro-batch's backward" reported, "micro 1" on the timeline, for one kill)
+    said = killpoints.position(held[0], held[1], held[2], accum)
+    assert said == killpoints.planned(at, k, accum) == killpoints.words(*killpoints.planned_point(at, k, accum), accum)
+    assert killpoints.timeline_label(at, k, accum) == killpoints.planned(at, k, accum, short=True)
+    assert said.startswith(killpoints.timeline_label(at, k, accum))
     # one step off is another place, and the stage says so with the plan in words
+    from core.stages.resume import planned_kill
+
     off = kill_point_check(spec, KillPoint(step=held[0] + 1, where=held[1], micro_done=held[2], micro_in_step=accum))
-    assert off.status == "fail" and f"; planned {spec.resume.describe()}" in off.evidence
+    assert off.status == "fail" and f"; planned {planned_kill(spec)}" in off.evidence
 
 
 def test_the_kill_switch_writes_where_it_holds_and_holds(monkeypatch):
@@ -77,9 +85,26 @@ def test_the_kill_switch_writes_where_it_holds_and_holds(monkeypatch):
 def test_an_unknown_kill_point_never_holds_and_the_words_are_kept():
     assert not any(killpoints.holds("halfway", 5, s, w, 1, 1) for s in range(8) for w in ("micro", "step_end", "save"))
     assert killpoints.timeline_label("halfway", 7) == "at step 7"
-    assert killpoints.timeline_label("boundary+1", 7) == "in step 8, micro 1"
+    assert killpoints.timeline_label("boundary+1", 7, 1) == "inside step 8, after micro-batch 1 of 1"
     assert killpoints.describe("checkpoint-write", 30, 20) == (
         "while checkpoint-30 is written (weights saved, optimizer not: resume must take checkpoint-20)")
-    assert killpoints.position(3, "save") == "while checkpoint-3 was being written (weights saved, optimizer not)"
+    assert killpoints.position(3, "save") == "while checkpoint-3 is written (weights saved, optimizer not)"
     assert list(KILL_POINTS) == ["boundary", "boundary-1", "boundary+1", "checkpoint-write"]
     assert set(killpoints.CHOICE_LABELS) == set(KILL_POINTS)
+
+
+def test_one_wording_for_a_kill_point_planned_reported_and_on_the_timeline():
+    """Issue 34: the same kill read "after its first micro-batch, before its optimizer step" (planned), "after its only
+    micro-batch's backward, before its optimizer step" (reported) and "in step 26, micro 1" (timeline)."""
+    assert killpoints.planned("boundary+1", 25, 1) == "inside step 26, after micro-batch 1 of 1, before its optimizer step"
+    assert killpoints.position(25, "micro", 1, 1) == killpoints.planned("boundary+1", 25, 1)
+    assert killpoints.timeline_label("boundary+1", 25, 1) == "inside step 26, after micro-batch 1 of 1"
+    assert killpoints.describe("boundary+1", 25, 20, micro_in_step=4) == (
+        "inside step 26, after micro-batch 1 of 4 (no optimizer step; checkpoint-20 written)")
+    # without the count (the spec's own describe, which has no accumulation) the words are a prefix of the same
+    assert killpoints.planned("boundary+1", 25, 4).startswith(killpoints.describe("boundary+1", 25, 20, short=True))
+    # boundary-1 without accumulation holds before the step's only micro-batch; with 3, after 2 of them
+    assert killpoints.planned("boundary-1", 25, 1) == killpoints.position(24, "step_begin", 0, 1) == (
+        "inside step 25, before its first micro-batch")
+    assert killpoints.planned("boundary-1", 25, 3) == (
+        "inside step 25, after micro-batch 2 of 3, before its optimizer step")

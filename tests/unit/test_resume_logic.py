@@ -425,7 +425,7 @@ def test_kill_point_check_compares_where_the_run_died_with_the_spec():
     assert spec.resume.kill_step() == 25
     inside = KillPoint(step=25, where="micro", micro_done=1, micro_in_step=4)
     assert kill_point_check(spec, inside).status == "pass"
-    assert "inside step 26 after 1 of its 4 micro-batches" in kill_point_check(spec, inside).evidence
+    assert "inside step 26, after micro-batch 1 of 4" in kill_point_check(spec, inside).evidence
     assert kill_point_check(spec, replace(inside, micro_done=2)).status == "fail"
     assert kill_point_check(spec, KillPoint(step=25, where="step_end")).status == "fail"
     minus = RunSpec.build(None, mode="lora", steps=30, grad_accum=4, resume_kill_at="boundary-1")
@@ -474,7 +474,7 @@ def test_every_kill_point_lands_between_checkpoint_c_and_the_next_for_every_inte
                     complete = _complete_checkpoints_at_the_kill(at, spec.resume.kill_step(), every)
                     assert max(complete) == c, (every, after, at, accum, spec.resume.kill_step(), complete)
     every_step = RunSpec.build(None, mode="lora", steps=6, resume_checkpoint_every=1, resume_kill_after_checkpoint=2)
-    assert every_step.resume.kill_step() == 2 and "inside step 3, after its first micro-batch" in \
+    assert every_step.resume.kill_step() == 2 and "inside step 3, after micro-batch 1" in \
         every_step.resume.describe()
 
 
@@ -493,8 +493,8 @@ def test_kill_position_reads_right_without_accumulation():
     from core.stages.resume import kill_position
 
     assert kill_position(KillPoint(step=3, where="micro", micro_done=1, micro_in_step=1)) == (
-        "inside step 4 after its only micro-batch's backward, before its optimizer step")
-    assert kill_position(KillPoint(step=2, where="step_begin", micro_done=0, micro_in_step=1)).startswith(
-        "at the start of step 3")
+        "inside step 4, after micro-batch 1 of 1, before its optimizer step")
+    assert kill_position(KillPoint(step=2, where="step_begin", micro_done=0, micro_in_step=1)) == (
+        "inside step 3, before its first micro-batch")
     assert kill_position(KillPoint(step=3, where="micro", micro_done=1, micro_in_step=4)) == (
-        "inside step 4 after 1 of its 4 micro-batches, before its optimizer step")
+        "inside step 4, after micro-batch 1 of 4, before its optimizer step")

@@ -20,8 +20,8 @@ from core.pipeline import AcceptanceRun
 from core.spec import RunSpec
 from core.stages.childproc import SINGLE, Launch
 from core.stages.noise import required_tier
-from core.stages.probe import DeviceMeasurement, PlanComparison, ProbeResult, compare_with_plan
-from core.stages.resume import Check, ResumeResult
+from core.stages.probe import DeviceMeasurement, PlanComparison, ProbeResult, ProbeTiming, compare_with_plan
+from core.stages.resume import Check, ResumeResult, planned_kill
 from core.stages.train import EvalPoint, TrainEvalResult
 from tests.paths import REPO
 from tests.wizard_helpers import TEST_HOST, GiB
@@ -105,7 +105,9 @@ def finished_run(app: GpuAcceptApp) -> SimpleNamespace:
     comparison = compare_with_plan(plan_dev, m)  # as the probe stage compares
     probe = ProbeResult("pass", 3, 0.42, 610.0, [m], {"cpu": {"parameters": m.parameters, "bytes": m.weights_bytes,
                                                                "trainable": m.trainable_parameters}},
-                        [comparison], "runs/x/probe/child.log", "3 steps on cpu, 0.42 s/step")
+                        [comparison], "runs/x/probe/child.log", "3 steps on cpu, 0.42 s/step",
+                        timing=ProbeTiming(timed_steps=[3], timed_tracked=False, warmup_excluded=True,
+                                           tracked_steps=[1, 2], tracked_step_time_s=1.93))
     losses = [10.83, 10.81, 10.80, 10.79, 10.79, 10.78]
     steps = [{"step": i + 1, "epoch": 0.01 * (i + 1), "learning_rate": 1e-3 * (1 - i / 6), "loss": loss,
               "sample_ids": [i]} for i, loss in enumerate(losses)]
@@ -138,9 +140,9 @@ def finished_run(app: GpuAcceptApp) -> SimpleNamespace:
                         "difference": 9.5e-7 if s["step"] == 4 else 0.0, "loss_twin": s["loss"]} for s in steps[2:4]]
     resume = ResumeResult("pass", checks, checkpoint_step=2, kill_step=3, killed_pgid=4242, tier=tier,
                           comparison=comparison_rows, manifest={}, extra_steps=5, seconds=12.0,
-                          summary=f"killed {spec.resume.describe(short=True)}, resumed from checkpoint-2, compared at "
+                          summary=f"killed {planned_kill(spec, short=True)}, resumed from checkpoint-2, compared at "
                                   "steps 3-4: 9 checks passed (cpu-fp32-twin-noise)",
-                          kill_at="boundary+1", kill_planned=spec.resume.describe(), interrupted_start=0,
+                          kill_at="boundary+1", kill_planned=planned_kill(spec), interrupted_start=0,
                           compared_steps=(3, 4), twin_steps=(1, 4))
     app.state.spec, app.state.ctx = spec, ctx
     run_dir = Path("runs/20261130T000000Z-lora-tiny-llama")
@@ -249,7 +251,7 @@ def test_plan_screen_that_does_not_fit(snap, size):
     fold at 80x24."""
     async def run_before(pilot) -> None:
         await pilot.press("enter", "ctrl+n")
-        await until(pilot, lambda: str(pilot.app.screen.query_one("#next").label) == "Probe anyway →")
+        await until(pilot, lambda: str(pilot.app.screen.query_one("#next").label) == "p: Probe anyway →")
         await until(pilot, lambda: bool(pilot.app.screen.query(".traced-table")))
         await pilot.pause()
 

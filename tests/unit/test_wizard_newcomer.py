@@ -125,11 +125,12 @@ async def test_a_plan_that_does_not_fit_offers_the_largest_batch_that_fits_and_a
         assert isinstance(app.screen, PlanScreen)
         nxt = app.screen.query_one("#next", Button)
         await wait_for(pilot, lambda: str(nxt.label) != "Run the probe →" or not nxt.disabled, 60)
-        assert str(nxt.label) == "Probe anyway →" and not nxt.disabled
+        assert str(nxt.label) == "p: Probe anyway →" and not nxt.disabled
+        assert app.screen.check_action("probe_anyway", ()) is True  # its key, named in the footer
         error = str(app.screen.query_one("#plan-error").content)
         # the host lies between the plans of 2 and 3: micro-batch 2 leaves a thin margin, and the offer says so
         assert ("the plan does not fit: micro-batch 2 fits (f) with under 5 % of the device left: a little less free "
-                "memory and it does not; or probe anyway") in error, error
+                "memory and it does not; or probe anyway (p)") in error, error
         assert app.screen.check_action("next", ()) is None  # ^n dimmed: only the button probes an unfit plan
         await pilot.press("ctrl+n")
         assert isinstance(app.screen, PlanScreen)
@@ -137,6 +138,7 @@ async def test_a_plan_that_does_not_fit_offers_the_largest_batch_that_fits_and_a
         await wait_for(pilot, lambda: app.state.spec.batch_size == 2 and str(nxt.label) == "Run the probe →", 60)
         assert not nxt.disabled and app.screen.check_action("next", ()) is True
         assert not app.screen.query_one("#use-largest").display
+        assert app.screen.check_action("probe_anyway", ()) is False  # a plan that fits: ^n probes, p is not offered
 
 
 # ------------------------------------------------------------------------- the setup checks what the plan would
@@ -266,20 +268,24 @@ async def test_at_60_columns_the_probe_bar_keeps_its_peak():
         bar.show(ours=3 * 2**30, others=10 * 2**30, total=140 * 2**30, peak=5 * 2**30, note="a long reason " * 4)
         await pilot.pause()
         line = str(bar.render()).splitlines()[1]
-        assert len(line) <= 60 and line.startswith("■ probe 3.00 (peak 5.00) ■ others 10.00"), line
+        # every number with its unit (issue 34): at 60 columns the probe's share, its peak and the total fit, the
+        # others' share is left to the bar
+        assert len(line) <= 60 and line.startswith("■ probe 3.00 GiB (peak 5.00 GiB) / 140.00 GiB"), line
         # the note is what is cut, and it says so
-        assert "of 140.00 GiB total" in line and line.rstrip().endswith("…"), line
+        assert line.rstrip().endswith("…"), line
         # narrower still (a finished probe beside a scrollbar): the compact words, never a word cut ("GiB tot")
         bar.styles.width = 54
         bar.show(ours=None, others=int(1.5 * 2**30), total=int(23.54 * 2**30), peak=int(3.03 * 2**30), ended=True)
         await pilot.pause()
         line = str(bar.render()).splitlines()[1]
-        assert line.rstrip() == "■ probe ended (peak 3.03) ■ others 1.50 / 23.54 GiB", line
+        assert line.rstrip() == "■ probe ended (peak 3.03 GiB) / 23.54 GiB", line
 
 
 async def test_the_perplexity_before_stays_on_screen_while_the_training_runs(tiny_model_dir, tmp_path):
     """It was a status line, replaced by the first training step."""
-    from core.events import Evaluated, Progress
+    import time
+
+    from core.events import Evaluated, Progress, Waiting
     from tests.wizard_helpers import text_of
     from tui.screens.stages import EvaluateScreen, StageEvent
 
@@ -289,12 +295,16 @@ async def test_the_perplexity_before_stays_on_screen_while_the_training_runs(tin
         screen.run_stage = lambda: None  # drawn from events sent here, no child process
         await app.push_screen(screen)
         line = "held-out perplexity before training: 23.508 (4064 tokens, 4.9 s of evaluation)"
+        # the stage says the child's next phase, then the evaluation that ended the one before (its order)
+        screen.post_message(StageEvent(Waiting("train_eval", run="train", pid=4242, what="building the trainer",
+                                               since=time.time() - 12.4)))
         screen.post_message(StageEvent(Evaluated("train_eval", text=line, when="before", perplexity=23.508)))
         await pilot.pause()
         # said once: it was both the status line and the result line until the first step ended
         shown = [text_of(w) for w in screen.query("Static")]
         assert sum(line in t for t in shown) == 1, shown
-        assert text_of(screen.query_one("#status")) == "training: the first step is running…"
+        # what the child does until its first step is the status line, with the seconds elapsed (issue 34)
+        assert text_of(screen.query_one("#status")) == "train: building the trainer in child 4242… 12 s"
         for step, loss in ((1, 3.4), (2, 3.1)):
             screen.post_message(StageEvent(Progress("train_eval", run="train", step=step, total=6, loss=loss)))
             await pilot.pause()
@@ -312,8 +322,9 @@ def test_the_resume_progress_names_the_kill_point_as_the_check_does():
 
     spec = RunSpec.build(mode="lora", steps=30, resume_checkpoint_every=10, resume_kill_after_checkpoint=2)
     line = progress_text(Progress("resume", run="interrupted", step=24, total=26, loss=1.5), spec)
-    assert line == ("interrupted run (1 of 2): step 24 (SIGKILL inside step 26, after its first micro-batch, before its optimizer "
-                    "step), loss 1.5000")
+    # the step done and the planned kill apart (issue 34: "step 11 (SIGKILL inside step 26, …)" mixed them)
+    assert line == ("interrupted run (1 of 2): step 24 of 26 (to be SIGKILLed inside step 26, after micro-batch 1 of 1, "
+                    "before its optimizer step), loss 1.5000")
     assert spec.resume.describe(short=True) in line
     assert progress_text(Progress("resume", run="resumed", step=22, total=30, loss=None), spec) == \
         "resumed run (2 of 2): step 22 (of 30)"
@@ -451,12 +462,12 @@ async def test_ctrl_n_on_a_plan_that_does_not_fit_names_f_and_probe_anyway(tiny_
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.press("enter", "ctrl+n")
         nxt = app.screen.query_one("#next", Button)
-        await wait_for(pilot, lambda: str(nxt.label) == "Probe anyway →", 60)
+        await wait_for(pilot, lambda: str(nxt.label) == "p: Probe anyway →", 60)
         await pilot.press("ctrl+n")
         await pilot.pause()
         assert isinstance(app.screen, PlanScreen)
         said = [str(n.message) for n in app._notifications]
-        assert ("^n probes only a plan that fits: f takes micro-batch 2, which fits; the Probe anyway button measures "
+        assert ("^n probes only a plan that fits: f takes micro-batch 2, which fits; p (Probe anyway) measures "
                 "this one") in said, said
 
 

@@ -76,3 +76,41 @@ class ConfirmQuit(ModalScreen[bool]):
 
     def action_no(self) -> None:
         self.dismiss(False)
+
+
+class ConfirmDropSignoff(ModalScreen[str]):
+    """^q on the sign-off screen with a sign-off typed but not written: write it and quit, quit without it (the record
+    is still written, unsigned and without a decision), or stay. Dismissed with "write", "drop" or "stay"."""
+
+    BINDINGS = [("w", "choose('write')", "Write and quit"), ("d", "choose('drop')", "Quit without it"),
+                ("escape", "choose('stay')", "Stay")]
+
+    def __init__(self, typed: str, complete: bool) -> None:
+        super().__init__()
+        self.typed, self.complete = typed, complete
+
+    def compose(self) -> ComposeResult:
+        with VerticalScroll(id="dialog"):
+            if self.complete:
+                text = (f"You typed a sign-off ({self.typed}) that is not in a written record yet. w writes the record "
+                        "with it and quits; d quits without it (the record is written unsigned, with no decision); "
+                        "Esc stays.")
+            else:
+                text = (f"You typed part of a sign-off ({self.typed}); a record needs both the operator and the "
+                        "decision. d quits without it (the record is written unsigned, with no decision); Esc stays "
+                        "to complete it.")
+            yield Static(text, id="drop-text")
+            with Horizontal(classes="nav"):
+                if self.complete:
+                    yield Button("Write and quit (w)", id="write", variant="primary")
+                yield Button("Quit without (d)", id="drop", variant="error")
+                yield Button("Stay (esc)", id="stay")
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        return False if parameters == ("write",) and not self.complete else True
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        self.dismiss(str(event.button.id))
+
+    def action_choose(self, choice: str) -> None:
+        self.dismiss(choice)

@@ -26,7 +26,14 @@ DRAFT_FIELDS = ("operator", "role", "decision", "comment", "key")
 class ExportScreen(Screen):
     """Every stage's status and evidence; operator, decision and comment; write record.toml."""
 
-    BINDINGS = [Binding("ctrl+q", "app.quit_typed", "Quit")]  # q types into the fields here
+    # letters type into the fields here, so every action is a control key, each named in the footer; ^n is the
+    # next thing to do: write the record, then take the quiz (the footer shows the one that applies)
+    BINDINGS = [
+        Binding("ctrl+n", "write", "Write record"),
+        Binding("ctrl+n", "quiz", "Quiz"),
+        Binding("ctrl+o", "compare", "Compare runs"),
+        Binding("ctrl+q", "quit_export", "Quit"),
+    ]
     DEFAULT_CSS = "ExportScreen .nav Button { min-width: 12; }"  # five buttons in 80 columns
     q_types = True  # the app's q Quit is not offered here (tui.app.GpuAcceptApp.check_action)
 
@@ -65,7 +72,7 @@ class ExportScreen(Screen):
         yield Static("", classes="error", id="export-error")
         with Horizontal(classes="nav"):
             yield Button("← Back", id="back")
-            yield Button("Write record", id="write", variant="primary")
+            yield Button("Write record", id="write")  # no variant: the focused button is the one highlighted
             yield Button("Quiz →", id="quiz", disabled=True)
             yield Button("Compare…", id="compare")
             yield Button("Quit", id="quit")
@@ -124,27 +131,81 @@ class ExportScreen(Screen):
         # at 80x24 the key's fingerprint sits below the fold: bring it into view as it appears
         self.app.call_from_thread(self.query_one("#key-info", Static).scroll_visible)
 
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """^n writes the record until it is written, then opens the quiz (where there is one)."""
+        written = self.app.state.record_path is not None and self._button("write").disabled
+        if action == "write":
+            return False if written or self.app.state.run is None else True
+        if action == "quiz":
+            return True if written and self._button("quiz").display else False
+        return True
+
+    def _button(self, name: str) -> Button:
+        return self.query_one(f"#{name}", Button)
+
     def on_button_pressed(self, event: Button.Pressed) -> None:
-        if event.button.id == "write":
+        actions = {"write": self.action_write, "back": self.app.action_back, "quit": self.action_quit_export,
+                   "compare": self.action_compare, "quiz": self.action_quiz}
+        if event.button.id in actions:
+            actions[event.button.id]()
+
+    def action_write(self) -> None:
+        if not self._button("write").disabled:
             self.write()
-        elif event.button.id == "back":
-            self.app.action_back()
-        elif event.button.id == "quit":
-            self.app.exit(0)
-        elif event.button.id == "compare":  # this run beside the others of the runs folder (gpuaccept diff)
-            from tui.screens.compare import CompareScreen
 
-            self.app.push_screen(CompareScreen(self.app.state.runs_root, self.app.state.record_path))
-        elif event.button.id == "quiz" and self.app.state.record_path is not None:
-            from core.errors import GpuAcceptError
-            from tui.screens.quiz import QuizScreen
+    def action_compare(self) -> None:
+        """This run beside the others of the runs folder (gpuaccept diff)."""
+        from tui.screens.compare import CompareScreen
 
-            try:
-                screen = QuizScreen(self.app.state.record_path)
-            except (GpuAcceptError, OSError, ValueError) as exc:  # shown, never a traceback
-                self.query_one("#export-error", Static).update(Content(f"no quiz: {exc}"))
-                return
-            self.app.push_screen(screen)
+        self.app.push_screen(CompareScreen(self.app.state.runs_root, self.app.state.record_path))
+
+    def action_quiz(self) -> None:
+        if self.app.state.record_path is None or self._button("quiz").disabled:
+            return
+        from core.errors import GpuAcceptError
+        from tui.screens.quiz import QuizScreen
+
+        try:
+            screen = QuizScreen(self.app.state.record_path)
+        except (GpuAcceptError, OSError, ValueError) as exc:  # shown, never a traceback
+            self.query_one("#export-error", Static).update(Content(f"no quiz: {exc}"))
+            return
+        self.app.push_screen(screen)
+
+    def unwritten_signoff(self) -> str | None:
+        """The sign-off typed here but not in a written record, in words; None when nothing would be dropped."""
+        if self.app.state.run is None or self._button("write").disabled:
+            return None
+        operator = self.query_one("#operator", Input).value.strip()
+        decision = self.query_one("#decision", Select).value
+        if not operator and decision not in ("accept", "reject"):
+            return None
+        said = ", ".join(part for part in (f"operator {operator}" if operator else "",
+                                           f"decision {decision}" if decision in ("accept", "reject") else "") if part)
+        return said
+
+    def action_quit_export(self) -> None:
+        """^q: quit, but never drop a typed sign-off without a word: ask whether to write it first."""
+        typed = self.unwritten_signoff()
+        if typed is None:
+            self.app.action_quit_app()  # an unwritten record is still written, unsigned (GpuAcceptApp.finish_run)
+            return
+        from tui.screens.dialogs import ConfirmDropSignoff
+
+        complete = self.signoff_complete()
+
+        def answer(choice: str | None) -> None:
+            if choice == "write":
+                self._quit_after_write = True
+                self.write()
+            elif choice == "drop":
+                self.app.action_quit_app()
+
+        self.app.push_screen(ConfirmDropSignoff(typed, complete), answer)
+
+    def signoff_complete(self) -> bool:
+        return bool(self.query_one("#operator", Input).value.strip()) and \
+            self.query_one("#decision", Select).value in ("accept", "reject")
 
     def signoff(self) -> dict | None:
         from core.record.signoff import make_signoff
@@ -166,6 +227,7 @@ class ExportScreen(Screen):
     def write(self) -> None:
         from core.record.signing import SigningError, can_sign
 
+        quit_after, self._quit_after_write = getattr(self, "_quit_after_write", False), False
         signoff = self.app.call_from_thread(self.signoff)
         if signoff is None:
             return
@@ -184,6 +246,7 @@ class ExportScreen(Screen):
             return
         self.app.state.record_path = path
         self.app.call_from_thread(setattr, self.query_one("#write", Button), "disabled", True)
+        self.app.call_from_thread(self.refresh_bindings)  # ^n now opens the quiz
         # the quiz is built from gpuaccept's own recipe records (core.quiz); a command record has no such ledger
         self.app.call_from_thread(setattr, self.query_one("#quiz", Button), "disabled",
                                   self.app.state.run.spec.mode == "command")
@@ -194,6 +257,8 @@ class ExportScreen(Screen):
                                   f"decision {signoff['decision']} by {signoff['operator']}; {signed})")
         # at 80x24 the confirmation sits below the form: bring it into view
         self.app.call_from_thread(self.query_one("#written", Static).scroll_visible)
+        if quit_after:  # ^q, then "write it and quit"
+            self.app.call_from_thread(self.app.exit, 0)
 
     def sign(self, path: Path) -> str:
         """Sign the written record with the key given, if any; what happened, in words (never raises)."""

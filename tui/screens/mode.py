@@ -67,6 +67,11 @@ class ModeChoice(RadioSet):
         return None
 
 
+def mode_title(mode: str) -> str:
+    """The first screen's title, counted as the screens that follow count (your own command has four steps)."""
+    return f"Step 1/{4 if mode == 'command' else 7} · Mode"
+
+
 class ModeScreen(Screen):
     """Choose inference, full fine-tuning, LoRA or its 4-bit variant QLoRA, or your own training command."""
 
@@ -80,7 +85,7 @@ class ModeScreen(Screen):
 
     def compose(self) -> ComposeResult:
         yield Header()
-        yield Static("Step 1 · Mode", classes="title")
+        yield Static(mode_title(self.app.state.mode), classes="title", id="mode-title")
         yield Static("What will this setup do on the GPU? The mode decides which memory exists at all: "
                      "gradients and optimizer states only when training, and what is trained.", classes="intro")
         with Vertical(classes="body"):
@@ -98,6 +103,7 @@ class ModeScreen(Screen):
         keys already queued: "4" then Enter typed together ran the mode chosen before "4"."""
         self.app.state.mode = mode
         self.query_one("#mode-help", Static).update(MODES[mode][1])
+        self.query_one("#mode-title", Static).update(mode_title(mode))
 
     def on_radio_set_changed(self, event: RadioSet.Changed) -> None:
         self.choose(str(event.pressed.id))

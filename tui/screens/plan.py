@@ -11,8 +11,9 @@ from textual.containers import Horizontal, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Button, Footer, Header, LoadingIndicator, Static
 
+from core.plan.memory import component_label
 from tui.screens.nav import NavButtons
-from tui.widgets.bars import SHORT, PlanBar, gib
+from tui.widgets.bars import PlanBar, gib, short_name
 from tui.widgets.tables import ReadTable, wrapped_table
 
 BATCH = Binding.Group("batch ÷2 ×2")
@@ -28,6 +29,7 @@ class PlanScreen(NavButtons, Screen):
         Binding("s", "seq(0.5)", "seq ÷2", group=SEQ), Binding("S", "seq(2)", "seq ×2", group=SEQ),
         Binding("ctrl+n", "next", "Probe"),
         Binding("f", "use_largest", "fits"),
+        Binding("p", "probe_anyway", "probe anyway"),
     ]
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
@@ -35,7 +37,14 @@ class PlanScreen(NavButtons, Screen):
         button is the deliberate way on; ^n then says so), f shows only when a smaller micro-batch would fit."""
         if action == "use_largest":
             return True if getattr(self, "_largest_batch", None) else False
+        if action == "probe_anyway":  # the key of the "Probe anyway" button, offered only where ^n is not
+            return True if getattr(self, "_unfit", False) else False
         return super().check_action(action, parameters)
+
+    def action_probe_anyway(self) -> None:
+        if getattr(self, "_unfit", False) and not self.query_one("#next", Button).disabled:
+            self.app.state.probe_anyway = True  # the deliberate choice: probe to learn what the step really needs
+            self._start_probe()
 
     def next_blocked(self) -> str | None:
         """Why ^n does not probe: the plan is being made, cannot run here, or does not fit (then what does)."""
@@ -46,7 +55,7 @@ class PlanScreen(NavButtons, Screen):
         if getattr(self, "_unfit", False):
             largest = getattr(self, "_largest_batch", None)
             fits = f"f takes micro-batch {largest}, which fits; " if largest else "b / s lower the micro-batch / sequence; "
-            return f"^n probes only a plan that fits: {fits}the Probe anyway button measures this one"
+            return f"^n probes only a plan that fits: {fits}p (Probe anyway) measures this one"
         if button.disabled:
             error = str(self.query_one("#plan-error", Static).content)
             return error or "the plan is being made"
@@ -77,8 +86,7 @@ class PlanScreen(NavButtons, Screen):
         if event.button.id == "use-largest":
             self.action_use_largest()
         elif event.button.id == "next" and getattr(self, "_unfit", False):
-            self.app.state.probe_anyway = True  # the deliberate click: probe to learn what the step really needs
-            self._start_probe()
+            self.action_probe_anyway()
         else:
             super().on_button_pressed(event)
 
@@ -93,7 +101,7 @@ class PlanScreen(NavButtons, Screen):
         self._largest_batch = largest_batch if unfit and largest_batch and largest_batch != spec.batch_size else None
         nxt = self.query_one("#next", Button)
         nxt.disabled = refusal is not None
-        nxt.label = "Probe anyway →" if self._unfit else "Run the probe →"
+        nxt.label = "p: Probe anyway →" if self._unfit else "Run the probe →"
         nxt.variant = "warning" if self._unfit else "primary"
         use = self.query_one("#use-largest", Button)
         use.display = self._largest_batch is not None
@@ -107,7 +115,7 @@ class PlanScreen(NavButtons, Screen):
             hint = (f"micro-batch {self._largest_batch} fits (f){thin}" if self._largest_batch else
                     "lower the micro-batch (b) or the sequence length (s)")
             self.query_one("#plan-error", Static).update(
-                f"the plan does not fit: {hint}; or probe anyway to measure what the step really needs")
+                f"the plan does not fit: {hint}; or probe anyway (p) to measure what the step really needs")
         self.refresh_bindings()
 
     def action_use_largest(self) -> None:
@@ -121,7 +129,10 @@ class PlanScreen(NavButtons, Screen):
         from core.plan.search import largest_fitting
 
         try:
-            ctx = make_plan(spec, self.app.state.devices_override)
+            ctx = make_plan(spec, self._devices_for(spec))
+            # the capacity is read once for this screen: b / B / s / S replan against the same reading, so the
+            # largest micro-batch that fits does not move with free memory between key presses
+            self._devices_read = (_devices_key(spec), ctx.devices)
             largest = largest_fitting(spec, ctx.config, ctx.devices, "batch_size")
             refusal = runnable_reason(spec, ctx, allow_unfit=True)  # a plan that does not fit can be probed anyway
         except GpuAcceptError as exc:
@@ -131,6 +142,14 @@ class PlanScreen(NavButtons, Screen):
             self.app.call_from_thread(self.show_error, f"{type(exc).__name__}: {exc}")
             return
         self.app.call_from_thread(self.show_plan, spec, ctx, largest, refusal)
+
+    def _devices_for(self, spec: Any) -> list[Any] | None:
+        """The devices to plan ``spec`` for: the app's override, else those this screen read for the same devices
+        setting (their capacity read once, its time shown beside it), else None: make_plan reads them now."""
+        if self.app.state.devices_override is not None:
+            return self.app.state.devices_override
+        read = getattr(self, "_devices_read", None)
+        return read[1] if read is not None and read[0] == _devices_key(spec) else None
 
     def show_error(self, message: str) -> None:
         self.query_one("#loading").display = False
@@ -155,8 +174,7 @@ class PlanScreen(NavButtons, Screen):
         widgets.extend(_several_devices_note(plan))
         widgets.append(Static(f"[dim]convention: {plan.convention}[/]"))
         # no ids inside the body: its old children are still being removed when the new ones mount
-        self._traced_slot = Static("[dim]traced plan: tracing one step on fake tensors (torch MemTracker) in a child "
-                                   "process…[/]", classes="traced")
+        self._traced_slot = Static(f"[dim]{TRACING}…[/]", classes="traced")
         widgets.append(self._traced_slot)
         body.mount_all(widgets)
         body.scroll_home(animate=False)  # after b/B/s/S the new total is the first thing seen, not scrolled away
@@ -164,7 +182,12 @@ class PlanScreen(NavButtons, Screen):
             self._focused_once = True
             body.focus()  # ↑/↓/PgUp/PgDn scroll the plan (the traced plan and the convention are below the fold)
         self.app.state.traced = None
-        self.trace(spec, ctx)
+        cached = self.app.state.traced_cache.get(traced_key(spec, ctx))
+        if cached is not None:  # b / B / s / S back to a setting traced before: the same trace, at once
+            self.show_traced(spec, cached)
+        else:
+            self._start_trace_timer()
+            self.trace(spec, ctx)
         values = [x.value for x in largest or [] if x.value is not None]
         self._thin = any(x.thin for x in largest or [] if x.value == min(values or [0]))
         from core.plan.fit import plan_fits
@@ -179,13 +202,15 @@ class PlanScreen(NavButtons, Screen):
         widgets: list[Any] = []
         verdict = {True: "fits", False: "DOES NOT FIT", None: "fit unknown"}[d.fits]
         # which capacity, said once per device on every screen: total, available, a cgroup limit, given
-        cap = (f"{gib(d.device.capacity_bytes)} {d.device.capacity_kind}" if d.device.capacity_bytes
-               else "unknown capacity")
+        # (core/plan/memory.py DeviceInfo.capacity_short: "23.04 GiB available (read at 14:02:11)")
+        cap = d.device.capacity_short()
+        kind = d.device.kind
         peak = d.peak_phase
         widgets.append(Static(f"[b]{d.device.name}[/b] {d.device.label}: peak {gib(d.total_bytes)} of {cap} → "
                               f"[{'green' if d.fits is not False else 'red'}]{verdict}[/]"))
         alive = peak.components if peak else {k: line.bytes for k, line in d.lines.items()}
-        widgets.append(PlanBar(alive, d.device.capacity_bytes))
+        widgets.append(PlanBar(alive, d.device.capacity_bytes, lines={k: line.bytes for k, line in d.lines.items()},
+                               kind=kind))
         if len(d.phases) > 1:
             widgets.append(Static("phases: " + " · ".join(
                 f"{p.name.replace('_', ' ')} {p.total_bytes / 2**30:.2f}"
@@ -199,15 +224,16 @@ class PlanScreen(NavButtons, Screen):
         table.add_columns("component", "GiB", "share of the sum")
         total = sum(line.bytes for line in d.lines.values()) or 1
         for name, line in d.lines.items():
-            table.add_row(f"{SHORT[name]} {name}", f"{line.bytes / 2**30:.3f}", f"{100 * line.bytes / total:.0f} %")
+            table.add_row(f"{short_name(name, kind)} {component_label(name, kind)}", f"{line.bytes / 2**30:.3f}",
+                          f"{100 * line.bytes / total:.0f} %")
         widgets.append(table)
         widgets.append(Static(wrapped_table(
             ["", "how each is estimated (its largest value in the step)"],
-            [[SHORT[name], line.method] for name, line in d.lines.items()]), classes="methods"))
+            [[short_name(name, kind), line.method] for name, line in d.lines.items()]), classes="methods"))
         if len(d.phases) > 1:
             rows = []
             for p in d.phases.values():
-                parts = ", ".join(f"{SHORT[k]} {v / 2**30:.2f}" for k, v in p.components.items() if v)
+                parts = ", ".join(f"{short_name(k, kind)} {v / 2**30:.2f}" for k, v in p.components.items() if v)
                 rows.append([p.name.replace("_", " ") + (" ◀ peak" if p is peak else ""),
                              f"{p.total_bytes / 2**30:.3f}", f"{parts} (at {p.at})"])
             # wrapped: what is alive at each phase's peak was cut at 80 columns
@@ -227,13 +253,35 @@ class PlanScreen(NavButtons, Screen):
         worker = get_current_worker()
         tracer = self.app.tracer or traced_table
         traced = tracer(spec, ctx, cancelled=lambda: worker.is_cancelled)
+        if traced.get("status") == "estimated":  # a failed or cancelled trace is tried again next time
+            self.app.state.traced_cache[traced_key(spec, ctx)] = traced
         if not worker.is_cancelled:
             self.app.call_from_thread(self.show_traced, spec, traced)
+
+    def _start_trace_timer(self) -> None:
+        """The traced plan takes seconds to minutes (a child imports torch, then traces the step): say so, with a
+        clock, until it arrives."""
+        import time
+
+        old = getattr(self, "_trace_timer", None)
+        if old is not None:
+            old.stop()
+        started = time.monotonic()
+
+        def tick() -> None:
+            slot = getattr(self, "_traced_slot", None)
+            if slot is not None and slot.is_attached and self.app.state.traced is None:
+                slot.update(f"[dim]{TRACING}… {time.monotonic() - started:.0f} s[/]")
+
+        self._trace_timer = self.set_interval(1.0, tick)
 
     def show_traced(self, spec: Any, traced: dict[str, Any]) -> None:
         state = self.app.state
         if spec != state.spec:
             return  # a what-if change made this trace stale; its own trace follows
+        timer = getattr(self, "_trace_timer", None)
+        if timer is not None:
+            timer.stop()
         state.traced = traced
         if state.run is not None and state.run.spec == spec and state.run.traced is None:
             state.run.traced = traced  # the probe started before the trace finished: the record still gets it
@@ -257,7 +305,9 @@ class PlanScreen(NavButtons, Screen):
         for name, row in traced["lines"].items():
             a, t = row["analytic_bytes"], row["traced_bytes"]
             rel = relative_text(a, t)
-            table.add_row(f"{SHORT[name]} {name}", f"{a / 2**30:.3f}", f"{t / 2**30:.3f}", rel)
+            kind = state.ctx.devices[0].kind if state.ctx is not None and state.ctx.devices else "cuda"
+            table.add_row(f"{short_name(name, kind)} {component_label(name, kind)}", f"{a / 2**30:.3f}",
+                          f"{t / 2**30:.3f}", rel)
         for name, row in traced.get("phase_totals", {}).items():
             a, t = row["analytic_bytes"], row["traced_bytes"]
             table.add_row(f"phase {name.replace('_', ' ')}", f"{a / 2**30:.3f}", f"{t / 2**30:.3f}", relative_text(a, t))
@@ -331,12 +381,39 @@ class PlanScreen(NavButtons, Screen):
         self.app.push_screen(ProbeScreen())
 
 
+#: what the traced plan's slot says while the trace runs (a clock follows)
+TRACING = ("traced plan: tracing one step on fake tensors (torch MemTracker) in a child process; the plan above "
+           "is usable meanwhile")
+
+
+def traced_key(spec: Any, ctx: Any) -> str:
+    """What a traced plan depends on: the whole spec and the devices planned for (a trace of an equal key is equal)."""
+    import json
+
+    return json.dumps([spec.to_dict(), [d.name for d in ctx.devices]], sort_keys=True, default=str)
+
+
+def _devices_key(spec: Any) -> tuple[str, int]:
+    """What the devices planned for depend on: the devices setting and the CPU ranks (not batch or sequence)."""
+    return spec.devices, spec.local_world_size(1)
+
+
 def largest_text(largest: Any) -> str:
-    """One line on the fit search: the largest micro-batch whose plan fits the device, with its headroom."""
+    """One line on the fit search: the largest micro-batch whose plan leaves the headroom (core.plan.search's
+    headroom_rule), then the largest that fits at all, each with its headroom (in MiB below 0.1 GiB: never 0.00)."""
+    from core.plan.search import headroom_text
+
     if largest.value == 0:
         return "[red]not even a micro-batch of 1 fits[/]"
-    return (f"largest micro-batch that fits: [b]{largest.value}[/b] (plan {gib(largest.plan_bytes)}, headroom "
-            f"{gib(largest.headroom_bytes)}; {largest.limit})")
+    if largest.recommended is None:  # a search without a headroom rule
+        return (f"largest micro-batch that fits: [b]{largest.value}[/b] (plan {gib(largest.plan_bytes)}, headroom "
+                f"{headroom_text(largest.headroom_bytes)}; {largest.limit})")
+    keep = f"{100 * (1 - largest.share):g} % headroom"
+    first = (f"largest micro-batch that leaves {keep}: [b]{largest.recommended}[/b] (plan "
+             f"{gib(largest.recommended_bytes)}, headroom {headroom_text(largest.recommended_headroom_bytes)})"
+             if largest.recommended else f"no micro-batch leaves {keep}")
+    return (f"{first}; that fits at all: {largest.value} (headroom {headroom_text(largest.headroom_bytes)}; "
+            f"{largest.limit})")
 
 
 

@@ -30,6 +30,9 @@ class QuizScreen(Screen):
         Binding("c", "answer(2)", "C", show=False), Binding("d", "answer(3)", "D", show=False),
         Binding("n", "next", "Next question"),
         Binding("ctrl+n", "next", "Next", show=False),
+        # the score: ^s adds the answers to an unsigned record (Enter in the operator field does too); Esc closes
+        Binding("ctrl+s", "add", "Add to record"),
+        Binding("escape", "close", "Close"),
     ]
 
     def __init__(self, record_path: Path, operator: str = "") -> None:
@@ -127,7 +130,23 @@ class QuizScreen(Screen):
     def check_action(self, action: str, parameters: tuple) -> bool | None:
         if action in ("next", "answer") and self.index >= len(self.questions):
             return False  # the score screen: nothing left to answer (and the footer stops offering it)
+        if action == "add":
+            try:
+                add = self.query_one("#add", Button)
+            except Exception:  # noqa: BLE001 - before compose
+                return False
+            return True if add.display and not add.disabled else False
         return True
+
+    def action_add(self) -> None:
+        if self.check_action("add", ()):
+            self.add_to_record()
+
+    def action_close(self) -> None:
+        if isinstance(self.app, QuizApp):  # `gpuaccept quiz`: the quiz is the whole app
+            self.app.exit(0)
+        else:  # from the wizard's export screen: back to it
+            self.dismiss(self.score)
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         if event.input.id == "operator" and not self.query_one("#add", Button).disabled:
@@ -155,6 +174,7 @@ class QuizScreen(Screen):
         add.display = not signed  # a signed record is never rewritten: no button that cannot act
         add.disabled = signed
         self.query_one("#operator-field").display = not signed
+        self.refresh_bindings()
         (self.query_one("#operator", Input) if not signed else self.query_one("#close", Button)).focus()
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
@@ -163,10 +183,7 @@ class QuizScreen(Screen):
         elif event.button.id == "add":
             self.add_to_record()
         elif event.button.id == "close":
-            if isinstance(self.app, QuizApp):  # `gpuaccept quiz`: the quiz is the whole app
-                self.app.exit(0)
-            else:  # from the wizard's export screen: back to it
-                self.dismiss(self.score)
+            self.action_close()
 
     def add_to_record(self) -> None:
         from core.errors import GpuAcceptError
@@ -182,6 +199,7 @@ class QuizScreen(Screen):
         self.query_one("#added", Static).update(Content(f"added to {path} as [onboarding] ({table['score']} of "
                                                         f"{table['questions_asked']}, {table['operator']})"))
         self.query_one("#add", Button).disabled = True
+        self.refresh_bindings()
         self.query_one("#added", Static).scroll_visible()
 
 

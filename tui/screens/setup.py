@@ -24,7 +24,8 @@ from tui.widgets.inputs import OrderedInput
 #: 'transformers'" (transformers 5.24's lazy module is not thread-safe while it initialises)
 _IMPORTING = threading.Lock()
 
-# (flag name, label, kind, choices, modes it applies to)
+# (flag name, label, kind, choices, modes it applies to); kinds: "int", "float", "str", "choice", "optfloat" (blank:
+# not set) and "autoint" (blank, shown as the placeholder "auto": 0, which the spec reads as chosen for you)
 FIELDS: list[tuple[str, str, str, tuple[str, ...], tuple[str, ...]]] = [
     ("model", "Model", "str", (), ("inference", "full", "lora", "qlora")),
     ("data", "Data", "str", (), ("inference", "full", "lora", "qlora")),
@@ -42,7 +43,7 @@ FIELDS: list[tuple[str, str, str, tuple[str, ...], tuple[str, ...]]] = [
     ("resume_checkpoint_every", "Checkpoint every", "int", (), ("full", "lora", "qlora")),
     ("resume_kill_after_checkpoint", "Kill after ckpt #", "int", (), ("full", "lora", "qlora")),
     ("resume_kill_at", "Kill point", "choice", tuple(KILL_POINTS), ("full", "lora", "qlora")),
-    ("resume_compare_steps", "Compare steps, 0=auto", "int", (), ("full", "lora", "qlora")),
+    ("resume_compare_steps", "Compare steps", "autoint", (), ("full", "lora", "qlora")),
     ("lora_r", "LoRA rank r", "int", (), ("lora", "qlora")),
     ("lora_alpha", "LoRA alpha", "int", (), ("lora", "qlora")),
     ("lora_targets", "LoRA targets", "str", (), ("lora", "qlora")),
@@ -50,7 +51,7 @@ FIELDS: list[tuple[str, str, str, tuple[str, ...], tuple[str, ...]]] = [
     ("qlora_double_quant", "Double quant", "choice", ("on", "off"), ("qlora",)),
     ("devices", "Devices", "str", (), ("inference", "full", "lora", "qlora")),
     ("strategy", "Strategy", "choice", ("single", "ddp", "zero3"), ("full", "lora")),
-    ("torchrun_nproc_per_node", "Ranks/node, 0=auto", "int", (), ("full", "lora")),
+    ("torchrun_nproc_per_node", "Ranks per node", "autoint", (), ("full", "lora")),
     # the acceptance criteria (core/criteria.py); "optfloat": blank is not set
     ("accept_max_perplexity", "Max perplexity", "optfloat", (), ("inference", "full", "lora", "qlora")),
     ("accept_min_improvement", "Min improvement 0-1", "float", (), ("full", "lora", "qlora")),
@@ -61,6 +62,8 @@ FIELDS: list[tuple[str, str, str, tuple[str, ...], tuple[str, ...]]] = [
     ("accept_resume_tier", "Resume tier", "choice", ("auto", "exact"), ("full", "lora", "qlora")),
     ("accept_max_plan_error_pct", "Max plan error %", "optfloat", (), ("inference", "full", "lora", "qlora")),
 ]
+#: what a blank field of a kind means, shown in it
+PLACEHOLDERS = {"optfloat": "not set", "autoint": "auto"}
 #: the first field of the criteria: a heading goes above it
 FIRST_CRITERION = "accept_max_perplexity"
 
@@ -127,7 +130,9 @@ def current_value(spec: Any, name: str) -> str:
 class SetupScreen(NavButtons, Screen):
     """Model, dtype, batch, sequence, accumulation, optimizer, steps, LoRA and devices; Next only when valid."""
 
-    BINDINGS = [Binding("ctrl+n", "next", "Next"), Binding("ctrl+q", "app.quit_typed", "Quit")]  # q types here
+    # q types here: ^q quits; ^o is the "Your own command…" button
+    BINDINGS = [Binding("ctrl+n", "next", "Next"), Binding("ctrl+o", "own_command", "Own command"),
+                Binding("ctrl+q", "app.quit_typed", "Quit")]
     q_types = True  # the app's q Quit is not offered here (tui.app.GpuAcceptApp.check_action)
 
     def compose(self) -> ComposeResult:
@@ -169,8 +174,10 @@ class SetupScreen(NavButtons, Screen):
                                      allow_blank=False, id=name, compact=True)
                     else:
                         # paths and lists are edited, numbers replaced: the cursor goes to the end of a path
+                        if kind == "autoint" and value == "0":
+                            value = ""
                         yield OrderedInput(value=value, id=name, compact=True, select_on_focus=kind != "str",
-                                           placeholder="not set" if kind == "optfloat" else "")
+                                           placeholder=PLACEHOLDERS.get(kind, ""))
                 yield Static("", classes="field-error", id=f"err-{name}")
                 if name == "data":
                     yield Static("", id="data-info", classes="dim")
@@ -210,7 +217,7 @@ class SetupScreen(NavButtons, Screen):
                 devices = self.app.state.devices_override or detect_devices("auto")
             text = "devices detected: " + "; ".join(
                 f"{d.name} {d.label} "
-                + (f"{d.capacity_bytes / 2**30:.1f} GiB ({d.capacity_source})" if d.capacity_bytes else "capacity unknown")
+                + d.capacity_text()  # the one wording (core/plan/memory.py): which capacity, 2 decimals, when read
                 for d in devices)
         except Exception as exc:  # noqa: BLE001 - shown, never raised into the UI
             text = f"devices detected: none ({exc})"
@@ -225,7 +232,9 @@ class SetupScreen(NavButtons, Screen):
                 continue
             widget = self.query_one(f"#{name}")
             raw = str(widget.value).strip()
-            if kind == "int":
+            if kind == "autoint" and not raw:
+                out[name] = 0  # blank: auto
+            elif kind in ("int", "autoint"):
                 try:
                     out[name] = int(raw)
                 except ValueError:
@@ -387,12 +396,16 @@ class SetupScreen(NavButtons, Screen):
         self._show_errors()
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
-        if event.button.id == "own-command":  # the choice "your own command": the user's script, not this recipe
-            from tui.screens.command import CommandSetupScreen
-
-            self.app.push_screen(CommandSetupScreen())
+        if event.button.id == "own-command":
+            self.action_own_command()
             return
         super().on_button_pressed(event)
+
+    def action_own_command(self) -> None:
+        """The choice "your own command": the user's script, not this recipe."""
+        from tui.screens.command import CommandSetupScreen
+
+        self.app.push_screen(CommandSetupScreen())
 
     def on_input_changed(self, event: Input.Changed) -> None:
         self.validate()

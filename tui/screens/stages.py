@@ -47,6 +47,9 @@ class StageScreen(NavButtons, Screen):
     step = ""
     intro = ""
     BINDINGS = [Binding("ctrl+n", "next", "Next")]
+    #: what the stage's child is doing before its first step (core.events.Waiting), shown with the seconds elapsed
+    _waiting: Any = None
+    _wait_timer: Any = None
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -109,11 +112,17 @@ class StageScreen(NavButtons, Screen):
         self.post_message(StageDone(result, error))
 
     def on_stage_event(self, message: StageEvent) -> None:
-        from core.events import ChildStarted, Progress
+        from core.events import ChildStarted, Progress, Waiting
         from core.events import Message as CoreMessage
 
         event = message.event
-        if isinstance(event, Progress):
+        if isinstance(event, Waiting):
+            self._waiting = event
+            self.show_wait()
+            if self._wait_timer is None:
+                self._wait_timer = self.set_interval(1.0, self.show_wait)
+        elif isinstance(event, Progress):
+            self._waiting = None  # the first step came: the wait is over
             total, done = self.bar_progress(event)
             self.query_one("#progress", ProgressBar).update(total=total, progress=done)
             run = self.app.state.run
@@ -127,11 +136,29 @@ class StageScreen(NavButtons, Screen):
     def on_core_event(self, event: Any) -> None:
         """Subclasses draw what they need from each event."""
 
+    def show_wait(self) -> None:
+        """The status line while a child works towards its first step: ``probe: loading the model in child 1234…
+        12 s``, every second (nothing once the step came, or the stage ended)."""
+        import time
+
+        if self._waiting is not None:
+            self.query_one("#status", Static).update(self._waiting.line(time.time()))
+
+    def stop_wait(self) -> None:
+        self._waiting = None
+        if self._wait_timer is not None:
+            self._wait_timer.stop()
+            self._wait_timer = None
+
     def bar_progress(self, event: Any) -> tuple[float, float]:
-        """(total, done) of the progress bar for a Progress event: the event's steps, unless a stage runs several."""
+        """(total, done) of the progress bar for a Progress event: the stage's work over all its runs when it says
+        (``work_done`` of ``work_total``: the resume check), else the event's steps."""
+        if event.work_total:
+            return float(event.work_total), float(event.work_done or 0)
         return event.total, event.step
 
     def on_stage_done(self, message: StageDone) -> None:
+        self.stop_wait()
         bar = self.query_one("#progress", ProgressBar)
         if bar.total is None:  # never got a step (inference, or stopped early): no spinner forever
             bar.update(total=1, progress=1 if message.error is None else 0)
@@ -232,8 +259,13 @@ class ProbeScreen(StageScreen):
             peak = kept.get(sample.device) if ended and sample.device in kept else self.sampler.peak_ours(sample.device)
             reasons = [r.reason for r in (sample.ours_bytes, sample.total_bytes) if r.reason and not ended]
             note = "; ".join(([sample.note] if sample.note else []) + reasons)
+            # the bar is drawn against the device's total; beside it, the capacity the plan was judged by
+            from core.plan.memory import judged_capacity
+
+            ctx = self.app.state.ctx
+            judged = judged_capacity(ctx.devices, sample.device) if ctx is not None else ""
             bar.show(ours=None if ended else sample.ours_bytes.value, others=sample.others_bytes.value,
-                     total=sample.total_bytes.value, peak=peak, note=note, ended=ended)
+                     total=sample.total_bytes.value, peak=peak, note=note, ended=ended, judged=judged)
 
     def stage_result(self) -> Any:
         run = self.app.state.run
@@ -271,8 +303,10 @@ class ProbeScreen(StageScreen):
                     + rss_note(d.peak_bytes, d.peak_rss_bytes))
         problems = "".join(f"\n[red]✗ {p}[/]" for p in getattr(result, "problems", []))
         problems += "".join(f"\n[yellow]! {f}[/]" for f in getattr(result, "findings", []))
+        timing = getattr(result, "timing", None)
+        speed = timing.words(result.step_time_s) if timing is not None else f"{result.step_time_s:.2f} s/step"
         self.query_one("#measured-title", Static).update(
-            f"[b]{result.status.upper()}[/b] · {result.steps} steps, {result.step_time_s:.2f} s/step, "
+            f"[b]{result.status.upper()}[/b] · {result.steps} steps, {speed}, "
             f"{result.tokens_per_s:.0f} tokens/s · {peak}. Plan error = (planned − measured) / measured: "
             "+ means the plan is above what was measured." + problems)
         layers = getattr(result, "layers", {}) or {}
@@ -286,13 +320,19 @@ class ProbeScreen(StageScreen):
 
 
 def progress_text(event: Any, spec: Any) -> str:
-    """A stage's progress line; the interrupted run's kill point in the words the resume check uses ("SIGKILL inside
-    step 26, after its first micro-batch, before its optimizer step"), not a step count of its own."""
+    """A stage's progress line: the step done of the run's last; the interrupted run's planned kill apart from it,
+    in the words the resume check uses (:func:`core.killpoints.planned`): "interrupted run (1 of 2): step 11
+    of 26 (to be SIGKILLed inside step 26, after micro-batch 1 of 1, before its optimizer step)"."""
+    from core.killpoints import planned
+
     loss = f", loss {event.loss:.4f}" if event.loss is not None else ""
-    of = (f"SIGKILL {spec.resume.describe(short=True)}" if event.run == "interrupted" and spec is not None
-          else f"of {event.total}")
-    which = {"interrupted": " run (1 of 2)", "resumed": " run (2 of 2)"}.get(event.run, "")
-    return f"{event.run}{which}: step {event.step} ({of}){loss}"
+    part = getattr(event, "part", None)
+    which = (f" run ({part[0]} of {part[1]})" if part else
+             {"interrupted": " run (1 of 2)", "resumed": " run (2 of 2)"}.get(event.run, ""))
+    if event.run == "interrupted" and spec is not None:
+        kill = planned(spec.resume.kill_at, spec.resume.kill_step(), spec.grad_accum)
+        return f"{event.run}{which}: step {event.step} of {event.total} (to be SIGKILLed {kill}){loss}"
+    return f"{event.run}{which}: step {event.step} (of {event.total}){loss}"
 
 
 def capacity_note(ctx: Any) -> str:
@@ -301,9 +341,7 @@ def capacity_note(ctx: Any) -> str:
     plan = getattr(ctx, "plan", None)
     if plan is None:
         return ""
-    parts = [f"{d.device.name} plan {gib(d.total_bytes)} of "
-             + (f"{gib(d.device.capacity_bytes)} ({d.device.capacity_source})" if d.device.capacity_bytes
-                else "unknown capacity") for d in plan.devices]
+    parts = [f"{d.device.name} plan {gib(d.total_bytes)} of {d.device.capacity_text()}" for d in plan.devices]
     return "[dim]the bars are each device's total memory; the plan was judged by: " + "; ".join(parts) + "[/]"
 
 
@@ -366,7 +404,7 @@ class EvaluateScreen(StageScreen):
             self.query_one("#loss-title", Static).update(loss_title(self._losses))  # the scale as it grows
         elif isinstance(event, Evaluated) and event.when == "before":  # kept on screen while the training runs
             self.query_one("#eval-result", Static).update(event.text)
-            self.query_one("#status", Static).update("training: the first step is running…")  # said once, above
+            self.show_wait()  # the status line goes back to what the child does now, not the line said above
 
     def show_result(self, result: Any) -> None:
         losses = [s["loss"] for s in result.steps]
@@ -422,8 +460,11 @@ class ResumeScreen(StageScreen):
     RUNS = ("twin", "interrupted", "resumed")
 
     def bar_progress(self, event: Any) -> tuple[float, float]:
-        """Each run of the check fills its share of the bar: the twin (when one runs, it runs first), the interrupted
-        run, the resumed run."""
+        """The steps done over every run of the check (:class:`core.stages.resume.CheckWork`); for events that do not
+        say (command mode), each run of the check fills its share of the bar: the twin (when one runs, it runs
+        first), the interrupted run, the resumed run."""
+        if event.work_total:
+            return super().bar_progress(event)
         if event.run == "twin":
             self._with_twin = True
         runs = self.RUNS if getattr(self, "_with_twin", False) else self.RUNS[1:]
@@ -442,9 +483,13 @@ class ResumeScreen(StageScreen):
         start = result.interrupted_start
         end = result.compared_steps[1] if result.compared_steps else n
         origin = f"ckpt {start} (copy)" if start else "1"
+        killed = f"interrupted  {origin} {'━' * 4}● ckpt {c} ━ ✕ SIGKILL"
+        label = _kill_label(result.kill_at, k, spec.grad_accum)
+        width = self.app.size.width - TIMELINE_MARGIN  # the timeline's columns: the terminal's, less the padding
+        killed += f" {label}" if len(killed) + 1 + len(label) <= width else f"\n{' ' * 13}{label}"
         self.query_one("#timeline", Static).update(
             f"reference    1 {'━' * 20} {n}\n"
-            f"interrupted  {origin} {'━' * 4}● ckpt {c} ━ ✕ SIGKILL {_kill_label(result.kill_at, k)}\n"
+            f"{killed}\n"
             f"resumed                  ckpt {c} → {c + 1} {'━' * 8} {end}"
             + (f" (compared {c + 1}-{end} of {n})" if end < n else "")
             + (f"\ntwin         1 {'━' * 12} {result.twin_steps[1]} (uninterrupted: measures the noise)"
@@ -485,8 +530,12 @@ def tolerance_line(result: Any) -> str:
     return f"tolerance: {tier.multiple:g} x the noise a {where} measured, per tensor and step{said}"
 
 
-def _kill_label(kill_at: str | None, k: int) -> str:
-    """Where the interrupted run was killed, short enough for the 80-column timeline."""
+#: the columns of the terminal a line of the resume timeline leaves to the screen's padding and scroll bar
+TIMELINE_MARGIN = 6
+
+
+def _kill_label(kill_at: str | None, k: int, micro_in_step: int | None = None) -> str:
+    """Where the interrupted run was killed, in the check's words, short (:func:`core.killpoints.timeline_label`)."""
     from core.killpoints import timeline_label
 
-    return timeline_label(kill_at, k)
+    return timeline_label(kill_at, k, micro_in_step)

@@ -27,6 +27,16 @@ SHORT = {"weights": "W", "gradients": "G", "optimizer_states": "OPT", "activatio
          "overhead": "CTX", "kv_cache": "KV"}
 
 
+def short_name(name: str, kind: str = "cuda") -> str:
+    """A component's short name on a device of ``kind``: the ``overhead`` line is ``CTX`` (CUDA context) on CUDA and
+    ``RT`` (the process's runtime) on the CPU, which has no CUDA context (core.plan.memory.OVERHEAD_NAMES)."""
+    if name == "overhead":
+        from core.plan.memory import overhead_name
+
+        return overhead_name(kind)[0]
+    return SHORT[name]
+
+
 def gib(n: int | float | None) -> str:
     """Bytes as GiB with two decimals, or N/A."""
     return "N/A" if n is None else f"{n / GiB:.2f} GiB"
@@ -62,23 +72,51 @@ class PlanBar(Widget):
     components: reactive[dict[str, int]] = reactive(dict, layout=True)
     capacity: reactive[int | None] = reactive(None)
 
-    def __init__(self, components: dict[str, int] | None = None, capacity: int | None = None, **kw) -> None:
+    def __init__(self, components: dict[str, int] | None = None, capacity: int | None = None,
+                 lines: dict[str, int] | None = None, kind: str = "cuda", **kw) -> None:
+        """``components``: the bytes alive at the peak (the bar); ``lines``: each component's largest value (the
+        plan's table), so the legend names every component the table lists, drawn or not; ``kind``: the device's
+        (``cpu``: the overhead line is the process's runtime, RT, not a CUDA context)."""
         super().__init__(**kw)
         self.set_reactive(PlanBar.components, dict(components or {}))
         self.set_reactive(PlanBar.capacity, capacity)
+        self.lines = dict(lines or {})
+        self.kind = kind
+
+    def legend_items(self, width: int) -> list[tuple[str, str, str]]:
+        """(component, short name, note) for the legend: every component with bytes at the peak or in the table,
+        in stacking order; note ``0 at peak`` for one the table lists but not alive at the bar's peak (gradients
+        when the peak is the forward's), ``<1 col`` for one under half a cell (drawn one cell wide)."""
+        alive = self.components
+        scale_to = max(self.capacity or 0, sum(alive.values()), 1)
+        out = []
+        for name in COMPONENT_STYLES:
+            now, largest = alive.get(name, 0), self.lines.get(name, 0)
+            if now <= 0 and largest <= 0:
+                continue
+            note = "0 at peak" if now <= 0 else "<1 col" if now / scale_to * width < 0.5 else ""
+            out.append((name, short_name(name, self.kind), note))
+        return out
 
     def render(self) -> Text:
         width = max(10, self.size.width)
         segments = [(self.components.get(k, 0), style) for k, style in COMPONENT_STYLES.items()]
         bar = stacked_bar(segments, self.capacity, width)
         legend = Text()
-        for name, style in COMPONENT_STYLES.items():
-            if self.components.get(name, 0) > 0:
-                legend.append("■ ", style=style)
-                legend.append(f"{SHORT[name]} ")
+        items = self.legend_items(width)
+        for name, short, _note in items:
+            legend.append("■ ", style=COMPONENT_STYLES[name])
+            legend.append(f"{short} ")
         if self.capacity and not fits_in(sum(b for b, _ in segments), self.capacity):  # the red marker, said in the legend
             legend.append("▏", style="bold red")
             legend.append(f"capacity {self.capacity / GiB:.2f} GiB ")
+        # what the bar cannot show, after the names (a narrow terminal cuts it, never a name)
+        notes = [f"{' '.join(s for _, s, n in items if n == note)} {note}" for note in ("0 at peak", "<1 col")
+                 if any(n == note for _, _, n in items)]
+        if notes:
+            legend.append("· " + "; ".join(notes), style="dim")
+        if self.size.width:  # laid out: cut with an ellipsis at the widget's edge
+            legend.truncate(self.size.width, overflow="ellipsis")
         return Text.assemble(bar, "\n", legend)
 
 
@@ -98,12 +136,16 @@ class LiveBar(Widget):
         self.peak: int | None = None
         self.note = ""
         self.ended = False
+        self.judged = ""
 
     def show(self, *, ours: int | None, others: int | None, total: int | None, peak: int | None, note: str = "",
-             ended: bool = False) -> None:
-        """``ended``: the probe has finished; its share is no longer read, its peak is kept."""
+             ended: bool = False, judged: str = "") -> None:
+        """``ended``: the probe has finished; its share is no longer read, its peak is kept. ``judged``: the capacity
+        the plan was judged by, in words (``22.87 GiB available when planned (14:02:11)``, from
+        core.plan.memory.judged_capacity), said beside the total the bar is drawn against so the two reconcile."""
         self.ours, self.others, self.total, self.peak, self.note = ours, others, total, peak, note
         self.ended = ended
+        self.judged = judged
         self.refresh()
 
     def render(self) -> Text:
@@ -115,8 +157,8 @@ class LiveBar(Widget):
         segments = [(self.ours or 0, "#e15759"), (self.others or 0, "#7f7f7f")]
         bar = stacked_bar(segments, self.total, max(4, width - len(label) - 1))
 
-        def n(v: int | None) -> str:
-            return "N/A" if v is None else f"{v / GiB:.2f}"
+        def n(v: int | None) -> str:  # every number with its unit
+            return "N/A" if v is None else f"{v / GiB:.2f} GiB"
 
         note = (f" · {self.note}" if self.note else "", "italic")
         if self.whole_device:
@@ -125,9 +167,18 @@ class LiveBar(Widget):
             probe = "ended" if getattr(self, "ended", False) else n(self.ours)
             head = (("■ ", "#e15759"), f"probe {probe} (peak {n(self.peak)}) ", ("■ ", "#7f7f7f"),
                     f"others {n(self.others)} ")
-        full = Text.assemble(*head, f"of {n(self.total)} GiB total")
-        # the full words while they fit (a note too long is cut with an ellipsis), else the compact ones: a narrow
-        # terminal never shows "GiB tot"
-        line = Text.assemble(full, note) if full.cell_len <= width else Text.assemble(*head, f"/ {n(self.total)} GiB")
+        judged = getattr(self, "judged", "")
+        # the longest words that fit (a note too long is cut with an ellipsis): the total with the capacity the plan
+        # was judged by beside it; the total; the compact "/ total"; last the probe's share and peak with "/ total"
+        # (other processes left to the bar): a narrow terminal never cuts a number or a word ("GiB tot")
+        tails = ([(head, f"of {n(self.total)} total ({judged})")] if judged else []) + [
+            (head, f"of {n(self.total)} total"), (head, f"/ {n(self.total)}"), (head[:2], f"/ {n(self.total)}")]
+        for words, tail in tails:
+            full = Text.assemble(*words, tail)
+            if full.cell_len <= width:
+                line = Text.assemble(full, note)
+                break
+        else:
+            line = Text.assemble(*tails[-1][0], tails[-1][1])
         line.truncate(width, overflow="ellipsis")
         return Text.assemble((label, "bold"), " ", bar, "\n", line)
