@@ -35,9 +35,9 @@ def reference(tiny_model_dir, tmp_path_factory):
 
 @pytest.mark.parametrize("kill_at, killed, interrupted_steps", [
     ("boundary", "right after optimizer step 3", 3),
-    ("boundary-1", "inside step 3 after 1 of its 2 micro-batches, before its optimizer step", 2),
-    ("boundary+1", "inside step 4 after 1 of its 2 micro-batches, before its optimizer step", 3),
-    ("checkpoint-write", "while checkpoint-4 was being written (weights saved, optimizer not)", 4),
+    ("boundary-1", "inside step 3, after micro-batch 1 of 2, before its optimizer step", 2),
+    ("boundary+1", "inside step 4, after micro-batch 1 of 2, before its optimizer step", 3),
+    ("checkpoint-write", "while checkpoint-4 is written (weights saved, optimizer not)", 4),
 ])
 def test_each_kill_point_resumes_from_checkpoint_2_exactly(tiny_model_dir, reference, tmp_path, kill_at, killed,
                                                            interrupted_steps):
