@@ -717,7 +717,7 @@ def detect_devices(devices: str, cpu_ranks: int = 1) -> list[DeviceInfo]:
 
 
 def _host_devices(ranks: int) -> list[DeviceInfo]:
-    host = _host_device()
+    host = host_capacity()
     if ranks < 2:
         return [host]
     share = None if host.capacity_bytes is None else host.capacity_bytes // ranks
@@ -741,9 +741,6 @@ def host_capacity() -> DeviceInfo:
     read_at = time.time()
     host = host_memory()  # the cgroup's headroom where a cgroup limit is tighter than the machine
     return DeviceInfo("cpu", "cpu", "host CPU", host.available_bytes, host.source, host.total_bytes, read_at)
-
-
-_host_device = host_capacity
 
 
 def judged_capacity(devices: list[DeviceInfo], name: str) -> str:

@@ -44,6 +44,14 @@ def keys(term: Tmux, *keys: str, pause_s: float = 0.3) -> None:
         time.sleep(pause_s)
 
 
+def exit_status(rc: Path, timeout_s: float = 20.0) -> str:
+    """What the shell wrote to ``rc`` after gpuaccept ended ("exit=N"), once it is there."""
+    deadline = time.monotonic() + timeout_s
+    while not rc.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return rc.read_text().strip()
+
+
 def footer(screen: str) -> str:
     """The screen's last line: the footer, where every key of the screen is named."""
     return screen.rstrip("\n").splitlines()[-1]
@@ -103,10 +111,7 @@ def test_a_cold_walk_with_keys_only_to_a_signed_record_and_the_quiz(tmp_path, ti
         keys(term, "Escape")
         term.wait_for("Step 7/7 · Sign off")
         keys(term, "C-q")
-        deadline = time.monotonic() + 20
-        while not (tmp_path / "rc").exists() and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert (tmp_path / "rc").read_text().strip() == "exit=0"
+        assert exit_status(tmp_path / "rc") == "exit=0"
     finally:
         subprocess.run([TMUX, "-L", term.socket, "kill-server"], capture_output=True)
     (record,) = (tmp_path / "runs").glob("*/record.toml")
@@ -198,10 +203,7 @@ def test_the_readmes_command_mode_example_walked_as_written(tmp_path):
             written = term.screen()
         assert "^n Write record" not in footer(written) and "^n Quiz" not in footer(written)  # no quiz in command mode
         keys(term, "C-q")
-        deadline = time.monotonic() + 20
-        while not (tmp_path / "rc").exists() and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert (tmp_path / "rc").read_text().strip() == "exit=0"
+        assert exit_status(tmp_path / "rc") == "exit=0"
     finally:
         subprocess.run([TMUX, "-L", term.socket, "kill-server"], capture_output=True)
     (record,) = (root / "runs" / "command").glob("*/record.toml")

@@ -62,7 +62,7 @@ def test_the_cli_plan_says_the_capacity_as_the_screens_do(monkeypatch, tmp_path,
 
     host = _host(int(19.8 * GiB))
     monkeypatch.setattr(memory, "host_capacity", lambda: host)
-    monkeypatch.setattr(memory, "_host_device", lambda: host)
+    monkeypatch.setattr(memory, "host_capacity", lambda: host)
     path = tmp_path / "config.json"
     path.write_text(json.dumps(TINY))
     assert main(["plan", "--model", str(path), "--devices", "cpu"]) == 0

@@ -5,6 +5,7 @@ unsigned with the operator and decision typed lost)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 from pathlib import Path
 
@@ -51,6 +52,19 @@ async def _type_signoff(pilot, operator: str, decision: str | None) -> None:
     await pilot.pause()
 
 
+@contextlib.asynccontextmanager
+async def export_screen(tmp_path: Path):
+    """The wizard on the sign-off screen of a finished run: (app, pilot, run)."""
+    from tui.screens.export import ExportScreen
+
+    app = app_for()
+    async with app.run_test(size=(80, 24)) as pilot:
+        app.state.run = run = _written_run(app, tmp_path)
+        await app.push_screen(ExportScreen())
+        await pilot.pause()
+        yield app, pilot, run
+
+
 async def _press_and_let_it_quit(pilot, key: str) -> None:
     """Press a key that ends the app: Pilot.press waits for the app to be idle after the key, which an app that exited
     never is, so the press is not awaited; the app's exit is."""
@@ -64,13 +78,8 @@ async def _press_and_let_it_quit(pilot, key: str) -> None:
 
 
 async def test_ctrl_n_writes_the_record_then_opens_the_quiz(tmp_path):
-    from tui.screens.export import ExportScreen
 
-    app = app_for()
-    async with app.run_test(size=(80, 24)) as pilot:
-        app.state.run = run = _written_run(app, tmp_path)
-        await app.push_screen(ExportScreen())
-        await pilot.pause()
+    async with export_screen(tmp_path) as (app, pilot, run):
         keys = footer_keys(app.screen)
         assert keys.get("ctrl+n") == "Write record" and keys.get("ctrl+o") == "Compare runs", keys
         await pilot.press("ctrl+n")  # nothing typed: says what is missing, writes nothing
@@ -92,11 +101,7 @@ async def test_ctrl_q_with_a_typed_signoff_asks_and_w_writes_it_before_quitting(
     from tui.screens.dialogs import ConfirmDropSignoff
     from tui.screens.export import ExportScreen
 
-    app = app_for()
-    async with app.run_test(size=(80, 24)) as pilot:
-        app.state.run = run = _written_run(app, tmp_path)
-        await app.push_screen(ExportScreen())
-        await pilot.pause()
+    async with export_screen(tmp_path) as (app, pilot, run):
         await _type_signoff(pilot, "grace", "reject")
         await pilot.press("ctrl+q")
         await pilot.pause()
@@ -114,13 +119,8 @@ async def test_ctrl_q_with_a_typed_signoff_asks_and_w_writes_it_before_quitting(
 
 async def test_ctrl_q_with_half_a_signoff_offers_no_write_and_d_quits_without_it(tmp_path):
     from tui.screens.dialogs import ConfirmDropSignoff
-    from tui.screens.export import ExportScreen
 
-    app = app_for()
-    async with app.run_test(size=(80, 24)) as pilot:
-        app.state.run = run = _written_run(app, tmp_path)
-        await app.push_screen(ExportScreen())
-        await pilot.pause()
+    async with export_screen(tmp_path) as (app, pilot, run):
         await _type_signoff(pilot, "lin", None)  # an operator, no decision: cannot be written as a sign-off
         await pilot.press("ctrl+q")
         await pilot.pause()
