@@ -244,21 +244,25 @@ class ExportScreen(Screen):
         except Exception as exc:  # noqa: BLE001 - shown, never a traceback
             self.app.call_from_thread(self.query_one("#export-error", Static).update, f"not written: {exc}")
             return
-        self.app.state.record_path = path
-        self.app.call_from_thread(setattr, self.query_one("#write", Button), "disabled", True)
-        self.app.call_from_thread(self.refresh_bindings)  # ^n now opens the quiz
-        # the quiz is built from gpuaccept's own recipe records (core.quiz); a command record has no such ledger
-        self.app.call_from_thread(setattr, self.query_one("#quiz", Button), "disabled",
-                                  self.app.state.run.spec.mode == "command")
         signed = self.sign(path)
-        how = "signed" if signed.startswith("signed into") else "UNSIGNED"
-        self.app.call_from_thread(self.query_one("#written", Static).update,
-                                  f"[b]record written, {how}:[/b] {path}\n(verdict {self.app.state.run.verdict}; "
-                                  f"decision {signoff['decision']} by {signoff['operator']}; {signed})")
-        # at 80x24 the confirmation sits below the form: bring it into view
-        self.app.call_from_thread(self.query_one("#written", Static).scroll_visible)
+        self.app.call_from_thread(self._show_written, path, signoff, signed)
         if quit_after:  # ^q, then "write it and quit"
             self.app.call_from_thread(self.app.exit, 0)
+
+    def _show_written(self, path: Path, signoff: dict, signed: str) -> None:
+        """The record is written: say where and how signed, and make ^n the quiz (on the event loop, at once)."""
+        self.app.state.record_path = path  # with the screen's change, in one turn of the event loop
+        if not self.is_attached:
+            return  # the screen was left meanwhile; the record is written all the same
+        self.query_one("#write", Button).disabled = True
+        # the quiz is built from gpuaccept's own recipe records (core.quiz); a command record has no such ledger
+        self.query_one("#quiz", Button).disabled = self.app.state.run.spec.mode == "command"
+        how = "signed" if signed.startswith("signed into") else "UNSIGNED"
+        written = self.query_one("#written", Static)
+        written.update(f"[b]record written, {how}:[/b] {path}\n(verdict {self.app.state.run.verdict}; "
+                       f"decision {signoff['decision']} by {signoff['operator']}; {signed})")
+        written.scroll_visible()  # at 80x24 the confirmation sits below the form
+        self.refresh_bindings()  # ^n now opens the quiz
 
     def sign(self, path: Path) -> str:
         """Sign the written record with the key given, if any; what happened, in words (never raises)."""
