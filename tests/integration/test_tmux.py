@@ -44,6 +44,12 @@ def keys(term: Tmux, *keys: str, pause_s: float = 0.3) -> None:
         time.sleep(pause_s)
 
 
+def burst(term: Tmux, *keys: str) -> None:
+    """Type ``keys`` in one burst (one ``send-keys``): as fast as a paste, a macro or a practised hand, faster than the
+    screen draws."""
+    term.tmux("send-keys", "-t", term.session, *keys)
+
+
 def exit_status(rc: Path, timeout_s: float = 20.0) -> str:
     """What the shell wrote to ``rc`` after gpuaccept ended ("exit=N"), once it is there."""
     deadline = time.monotonic() + timeout_s
@@ -94,8 +100,9 @@ def test_a_cold_walk_with_keys_only_to_a_signed_record_and_the_quiz(tmp_path, ti
         keys(term, "C-n")
         export = term.wait_for("Step 7/7 · Sign off", "overall: PASS", "^n Write record")
         assert "^n Write record" in footer(export) and "^q Quit" in footer(export), footer(export)
-        # operator; Tab to the role, Tab to the decision, Enter opens its menu, ↓ Enter picks "accept"
-        keys(term, "walker", "Tab", "Tab", "Enter", "Down", "Enter", "Tab", "Tab", str(key))
+        # operator; Tab to the role, Tab to the decision, Enter opens its menu, ↓ Enter picks "accept"; all in one
+        # burst (keys typed after Enter on the menu were lost: the signing key stayed empty, the record unsigned)
+        burst(term, "walker", "Tab", "Tab", "Enter", "Down", "Enter", "Tab", "Tab", str(key))
         term.wait_for("key: 256 SHA256:", "walker (ED25519)")
         keys(term, "C-n")
         written = term.wait_for("record written, signed:", "^n Quiz")

@@ -130,3 +130,24 @@ async def test_ctrl_q_with_half_a_signoff_offers_no_write_and_d_quits_without_it
         assert isinstance(app.screen, ConfirmDropSignoff) and run.written == []
         await _press_and_let_it_quit(pilot, "d")
     assert run.written == [None]  # the record is still written when the wizard ends, unsigned, with no decision
+
+
+async def test_keys_typed_at_full_speed_through_the_decision_menu_land_where_they_were_meant(tmp_path):
+    """Walked in tmux: keys sent in one burst right after Enter chose the decision were lost (the menu still had the
+    focus when they came), so the signing key typed after them stayed empty and the record was written unsigned. All
+    keys are queued here before the app handles any, as a burst from the terminal is."""
+    from textual import events
+    from textual.widgets import Input, Select
+
+    from tests.wizard_helpers import wait_for
+
+    async with export_screen(tmp_path) as (app, pilot, run):
+        screen = app.screen
+        burst = [*"ada", "tab", "tab", "enter", "down", "down", "enter", "tab", "tab", *"/k.pub"]
+        for key in burst:
+            app.post_message(events.Key(key, key if len(key) == 1 else None))
+        await wait_for(pilot, lambda: screen.query_one("#key", Input).value == "/k.pub", 10)
+        assert screen.query_one("#operator", Input).value == "ada"
+        assert screen.query_one("#decision", Select).value == "reject"  # the menu opens on "choose"
+        assert screen.query_one("#comment", Input).value == ""
+        assert app.focused is screen.query_one("#key", Input)

@@ -12,7 +12,7 @@ from textual.content import Content
 from textual.screen import Screen
 from textual.widgets import Button, Footer, Header, Input, Label, Select, Static
 
-from tui.widgets.inputs import OrderedInput
+from tui.widgets.inputs import OrderedInput, OrderedSelect
 
 #: said before anyone signs: a signed record is never rewritten (core.record.build), so what is not in it then never will be
 SIGNING_FREEZES = ("Signing freezes record.toml: nothing is added after, not even the quiz's score (for that: "
@@ -58,7 +58,7 @@ class ExportScreen(Screen):
                                    compact=True)
             with Horizontal(classes="field"):
                 yield Label("Decision")
-                yield Select([("accept", "accept"), ("reject", "reject")], prompt="choose", id="decision", compact=True,
+                yield OrderedSelect([("accept", "accept"), ("reject", "reject")], prompt="choose", id="decision", compact=True,
                              value=draft.get("decision", Select.NULL))
             with Horizontal(classes="field"):
                 yield Label("Comment")

@@ -17,7 +17,7 @@ from core import killpoints
 from core.dtypes import DTYPES
 from core.spec import ATTN_IMPLEMENTATIONS, KILL_POINTS, OPTIMIZERS, PADDINGS, PRECISIONS, QUANT_TYPES
 from tui.screens.nav import NavButtons
-from tui.widgets.inputs import OrderedInput
+from tui.widgets.inputs import OrderedInput, OrderedSelect
 
 #: held by each of Setup's worker threads while it imports and reads (device detection imports torch, the inputs check
 #: transformers): importing transformers from two threads at once fails with "cannot import name 'AutoConfig' from
@@ -170,7 +170,7 @@ class SetupScreen(NavButtons, Screen):
                     yield Label(label)
                     if kind == "choice":
                         options = choices if value in choices else (*choices, value)  # e.g. --strategy tp: kept
-                        yield Select([(CHOICE_LABELS.get(c, c), c) for c in options], value=value,
+                        yield OrderedSelect([(CHOICE_LABELS.get(c, c), c) for c in options], value=value,
                                      allow_blank=False, id=name, compact=True)
                     else:
                         # paths and lists are edited, numbers replaced: the cursor goes to the end of a path

@@ -234,8 +234,13 @@ class ProbeScreen(StageScreen):
 
         state = self.app.state
         if state.run is None or state.run.spec != state.spec:
-            state.run = AcceptanceRun(state.spec, state.runs_root, ctx=state.ctx, traced=state.traced,
-                                      probe_unfit=state.probe_anyway)
+            state.run = run = AcceptanceRun(state.spec, state.runs_root, ctx=state.ctx, traced=state.traced,
+                                            probe_unfit=state.probe_anyway)
+            # the plan screen's trace may have finished while the run was made: PlanScreen.show_traced sets
+            # state.traced, then looks for state.run; this sets state.run, then looks for state.traced, so one of the
+            # two sees the other whatever the order (a record once said "the trace did not run before the probe")
+            if run.traced is None and state.traced is not None:
+                run.traced = state.traced
         return state.run.probe_stage(cancelled)
 
     def on_core_event(self, event: Any) -> None:

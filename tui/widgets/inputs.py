@@ -1,36 +1,116 @@
-"""Text inputs whose keys take effect in the order they were typed."""
+"""Inputs and menus whose keys take effect in the order they were typed.
+
+Textual inserts printable characters as soon as the focused widget gets them, but resolves bound keys (Tab, Enter,
+Ctrl+U, ...) only when the key has bubbled up to the App, a few messages later, against the focus of that moment; and
+the App hands every key of a burst to the widget that had the focus when the key arrived. Typed fast (a paste over SSH
+without bracketed paste, tmux ``send-keys``, a keyboard macro) keys then landed in a field already left, or were lost.
+This is Textual issue 6605 (open; PR 6631 runs the Input's own bindings inline). The widgets here resolve each bound key
+inline, as the App would resolve it, and pass a key that reached them after an earlier key moved the focus on to the
+widget that has the focus now.
+"""
 
 from __future__ import annotations
 
+from typing import Any
+
 from textual import events
-from textual.widgets import Input
+from textual.widget import Widget
+from textual.widgets import Input, Select
+from textual.widgets._select import SelectCurrent, SelectOverlay
+
+
+async def _ordered_key(widget: Widget, event: events.Key) -> bool:
+    """Handle ``event`` at ``widget`` in typing order; True where it was handled here (and stopped).
+
+    A key that reaches ``widget`` after an earlier key moved the focus away (the App had already handed it over) goes
+    on to the focused widget: printable keys and keys for an ordered widget as the key itself, other keys as the
+    bindings seen from the focused widget. A bound key for ``widget`` itself runs its binding now. Raises nothing.
+    """
+    focused = widget.screen.focused
+    if focused is not None and focused is not widget and widget not in focused.ancestors:
+        event.stop()
+        event.prevent_default()
+        if isinstance(focused, ORDERED) or event.is_printable:
+            focused.post_message(events.Key(event.key, event.character))  # after what it was already sent
+        else:
+            await widget.app._check_bindings(event.key)  # noqa: SLF001 - resolved from the focused widget, now
+        return True
+    if focused is widget and not event.is_printable and await widget.app._check_bindings(event.key):  # noqa: SLF001
+        event.stop()
+        event.prevent_default()
+        return True
+    return False
 
 
 class OrderedInput(Input):
-    """:class:`textual.widgets.Input` that runs a bound key (Ctrl+U, Backspace, Tab, Ctrl+N) when it arrives.
+    """:class:`textual.widgets.Input` whose keys take effect in the order they were typed (see the module).
 
-    Textual inserts printable characters as soon as the focused Input gets them, but resolves bound keys only when the
-    key has bubbled up to the App, a few messages later. Typed fast (a paste over SSH without bracketed paste, tmux
-    ``send-keys``, a keyboard macro) "Ctrl+U then a path" cleared the path typed after it, and characters typed after
-    Tab landed in the field being left. This is Textual issue 6605 (open; PR 6631 runs the Input's own bindings
-    inline). Here every binding of the chain is resolved inline, as the App would resolve it, and the key is then
-    stopped so it is not handled twice; a key that reaches this input after a key before it moved the focus (the App
-    had already forwarded it here) goes on to the widget that has the focus now. Shape: a drop-in for ``Input``;
-    raises nothing of its own.
+    "Ctrl+U then a path" typed at once cleared the path typed after it, and characters typed after Tab landed in the
+    field being left. Shape: a drop-in for ``Input``; raises nothing of its own.
     """
 
     async def _on_key(self, event: events.Key) -> None:
-        focused = self.screen.focused
-        if focused is not None and focused is not self:  # a key before this one (Tab, Enter) moved the focus
-            event.stop()
-            event.prevent_default()
-            if isinstance(focused, OrderedInput) or event.is_printable:
-                focused.post_message(events.Key(event.key, event.character))  # after what it was already sent
-            else:
-                await self.app._check_bindings(event.key)  # noqa: SLF001 - resolved from the focused widget, now
-            return
-        if not event.is_printable and await self.app._check_bindings(event.key):  # noqa: SLF001 - see the docstring
-            event.stop()
-            event.prevent_default()
+        if await _ordered_key(self, event):
             return
         await super()._on_key(event)
+
+
+class _OrderedOverlay(SelectOverlay):
+    """The open menu of an :class:`OrderedSelect`: Enter chooses and Escape closes at once, so the keys typed after
+    them go where the focus is then, not into the closing menu."""
+
+    async def _on_key(self, event: events.Key) -> None:
+        if await _ordered_key(self, event):
+            return
+        await super()._on_key(event)
+
+    def action_select(self) -> None:
+        index = self.highlighted
+        if index is None or self._options[index].disabled or not isinstance(self.parent, OrderedSelect):
+            super().action_select()
+            return
+        self.parent.choose(index)
+
+    def action_dismiss(self) -> None:
+        if isinstance(self.parent, OrderedSelect):
+            self.parent.close_menu()
+        else:
+            super().action_dismiss()
+
+
+class OrderedSelect(Select[Any]):
+    """:class:`textual.widgets.Select` whose keys take effect in the order they were typed (see the module).
+
+    Walked in tmux: the keys sent right after Enter chose an entry went to the closing menu and were lost, so a signing
+    key typed after them stayed empty. Here the menu opens, chooses and closes within the key that asks for it, and
+    the focus moves with it. Shape: a drop-in for ``Select``; raises nothing of its own.
+    """
+
+    def compose(self) -> Any:
+        yield SelectCurrent(self.prompt)
+        yield _OrderedOverlay(type_to_search=self._type_to_search).data_bind(compact=Select.compact)
+
+    async def _on_key(self, event: events.Key) -> None:
+        if await _ordered_key(self, event):
+            return
+        await super()._on_key(event)
+
+    def _watch_expanded(self, expanded: bool) -> None:
+        super()._watch_expanded(expanded)
+        if expanded and self.is_mounted:  # focused now: the keys after Enter move in the menu
+            self.screen.set_focus(self.query_one(_OrderedOverlay), scroll_visible=False)
+
+    def choose(self, index: int) -> None:
+        """Set the value to the option at ``index`` (of the menu), close the menu and focus this Select now."""
+        value = self._options[index][1]
+        if value != self.value:
+            self.value = value
+        self.close_menu()
+
+    def close_menu(self) -> None:
+        """Close the menu and give the focus back to this Select now."""
+        self.expanded = False
+        self.screen.set_focus(self, scroll_visible=False)
+
+
+ORDERED = (OrderedInput, OrderedSelect, _OrderedOverlay)
