@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from core.bounds import special_file_kind
 from core.errors import DataError, SpecError
 
 EMBEDDED = "embedded"
@@ -67,8 +68,9 @@ def load_documents(data: str) -> list[Document]:
         The documents in a fixed order: by topic name for ``"embedded"``, file order otherwise.
 
     Raises:
-        DataError: unreadable file, a bad JSON line (naming its line number and what to fix), duplicate ids, an
-            unsupported suffix, or no documents at all.
+        DataError: unreadable file, a path that is not a regular file (a directory, a FIFO, a device: named, never
+            opened), a bad JSON line (naming its line number and what to fix), duplicate ids, an unsupported suffix,
+            or no documents at all.
     """
     if data == EMBEDDED:
         from pydoc_data.topics import topics
@@ -77,6 +79,9 @@ def load_documents(data: str) -> list[Document]:
         source = "the embedded pydoc_data.topics"
     else:
         path = Path(data)
+        kind = special_file_kind(path)  # os.stat only: a FIFO opened for reading would block until a writer came
+        if kind is not None:
+            raise DataError(f"{data} is {kind}, not a file; give 'embedded' or a .txt / .jsonl file")
         if path.suffix not in (".txt", ".jsonl"):
             raise DataError(f"{data}: give 'embedded' or a .txt / .jsonl file")
         try:

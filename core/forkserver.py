@@ -107,14 +107,10 @@ def _reap(pid: int) -> int | None:
 def _subreaper() -> None:
     """Make this process the child subreaper of its descendants (Linux ``PR_SET_CHILD_SUBREAPER``): a forked stage
     child whose server ends (the OOM killer may choose the server) becomes this process's child, so its exit status is
-    still known. Nothing happens elsewhere."""
-    try:
-        import ctypes
+    still known. Nothing happens elsewhere (one home for the call: command mode's keeper, core/command/keeper.py)."""
+    from core.command.keeper import become_subreaper
 
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
-    except (OSError, AttributeError):
-        pass
+    become_subreaper()
 
 
 def _comparable(env: Mapping[str, str]) -> dict[str, str]:

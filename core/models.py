@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from core.bounds import check_path
 from core.errors import ModelNotFoundError
 from core.spec import EMBEDDED_MODEL
 
@@ -84,12 +85,22 @@ def resolve_model(name: str) -> ModelSource:
     """Find the model named in a spec, offline.
 
     Raises:
-        ModelNotFoundError: the name is none of the accepted forms; the message lists them.
+        ModelNotFoundError: the name is none of the accepted forms (the message lists them), or a path that cannot be
+            looked up (permission denied, a loop of links).
+        SpecError: ``model``, a name longer than a path may be (:func:`core.bounds.check_path`).
     """
     if name == EMBEDDED_MODEL:
         cached = embedded_cache_path()
         return ModelSource(name, "embedded", cached, runnable=True)
+    check_path("model", name)  # before any stat: a name the file system refuses is named, with the limit
     path = Path(name).expanduser()
+    try:
+        path.stat()
+    except (FileNotFoundError, NotADirectoryError):
+        pass  # not a path: an id of the hub cache, or not found (below)
+    except OSError as exc:
+        raise ModelNotFoundError(f"model {name!r} cannot be looked up ({exc.strerror or exc}); give a model folder, "
+                                 "config.json or cached Hugging Face id that can be read") from None
     if path.is_file() and path.name.endswith(".json"):
         return ModelSource(name, "config_only", path.parent if path.name == "config.json" else path, runnable=False)
     if path.is_file():

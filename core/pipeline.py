@@ -250,12 +250,16 @@ class StagedRun:
 
         Raises:
             GpuAcceptError: the record is already signed (a signed record is never overwritten).
+            core.record.signoff.SignoffRefused: an accept of a verdict that is not pass without the operator's reason
+                (:func:`core.record.signoff.checked_signoff`, the rule ``gpuaccept sign`` applies too); nothing is
+                written.
         """
         from core.record.build import write_record
+        from core.record.signoff import checked_signoff
 
         if self.signed:
             raise GpuAcceptError(f"{self.record_path} is already signed; start a new run to sign again")
-        record["signoff"] = signoff if signoff else {"status": "unsigned"}
+        record["signoff"] = checked_signoff(record["verdict"], signoff) if signoff else {"status": "unsigned"}
         reserve = self.run_dir / RESERVE_NAME
         try:
             self.record_path = write_record(record, self.run_dir / "record.toml")

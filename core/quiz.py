@@ -440,8 +440,8 @@ def add_onboarding(record_path: Path, table: dict[str, Any]) -> Path:
         GpuAcceptError: the record is signed (a signed record is never rewritten: its signature covers its bytes), or
             unreadable.
     """
-    import tomllib
 
+    from core.bounds import loads_bounded
     from core.record.build import write_record
     from core.record.signing import signature_path
 
@@ -450,7 +450,7 @@ def add_onboarding(record_path: Path, table: dict[str, Any]) -> Path:
         raise GpuAcceptError(f"{path} is signed; a signed record is never rewritten (its signature covers every "
                              "byte): the quiz result was not added")
     try:
-        record = tomllib.loads(path.read_text(encoding="utf-8"))
+        record = loads_bounded(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise GpuAcceptError(f"{path}: cannot read the record ({exc})") from None
     earlier = record.get("onboarding", [])

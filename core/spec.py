@@ -74,6 +74,7 @@ from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
 from core import killpoints
+from core.bounds import TomlBoundsError, check_path, loads_bounded, special_file_kind
 from core.criteria import AcceptCriteria
 from core.dtypes import DTYPES, Dtype, dtype_bytes
 from core.errors import SpecError
@@ -336,8 +337,9 @@ class RunSpec:
         raw: dict[str, Any] = {}
         if toml_path is not None:
             path = Path(toml_path)
+            check_path("spec", str(toml_path))
             try:
-                raw = tomllib.loads(path.read_text(encoding="utf-8"))
+                raw = loads_bounded(path.read_text(encoding="utf-8"))
             except FileNotFoundError:
                 raise SpecError("spec", f"file {path} not found; give the path of a TOML spec") from None
             except IsADirectoryError:
@@ -347,6 +349,8 @@ class RunSpec:
                                         "UTF-8") from None
             except OSError as exc:
                 raise SpecError("spec", f"{path} cannot be read ({exc.strerror or exc})") from None
+            except TomlBoundsError as exc:
+                raise SpecError("spec", f"{path}: {exc}") from None
             except tomllib.TOMLDecodeError as exc:
                 raise SpecError("spec", f"{path} is not valid TOML ({exc}); fix the file") from None
         for key, value in overrides.items():
@@ -430,7 +434,11 @@ class RunSpec:
             self._check_resume()
         self._check_devices()
         if self.data != EMBEDDED_DATA:
+            check_path("data", self.data)
             path = Path(self.data)
+            kind = special_file_kind(path)
+            if kind is not None:
+                raise SpecError("data", f"{self.data} is {kind}, not a file; give 'embedded' or a .txt / .jsonl file")
             if path.suffix not in (".txt", ".jsonl"):
                 raise SpecError("data", f"{self.data!r}: give 'embedded' or a .txt / .jsonl file")
             if not path.is_file():
@@ -438,6 +446,7 @@ class RunSpec:
 
     def _check_values(self) -> None:
         """Each value on its own (and the dtype with the precision and attention implementation)."""
+        check_path("model", self.model)  # a name or a path: one the file system can look up (core/bounds.py)
         if self.dtype not in DTYPES:
             raise SpecError("dtype", f"{self.dtype!r} is not supported; choose one of {', '.join(DTYPES)}")
         self._check_precision()

@@ -12,7 +12,7 @@
   none fails but a capacity is unknown.
 
 torch and transformers are imported only when a command needs them. Bad input prints one named error line (exit 2),
-never a traceback.
+never a traceback; standard output that cannot be written (a full disk) one line too, exit 74 (EX_IOERR).
 """
 
 from __future__ import annotations
@@ -35,6 +35,42 @@ EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 EXIT_DOES_NOT_FIT, EXIT_FIT_UNKNOWN = 3, 4
 #: The reader of stdout closed the pipe: 128 + SIGPIPE, as a shell reports a tool that SIGPIPE ended.
 EXIT_BROKEN_PIPE = 141
+#: Standard output cannot be written (a full disk, an I/O error): EX_IOERR of sysexits.h, distinct from every verdict
+#: code (0-8), from 2 (bad input) and from 128 + n (a signal).
+EXIT_STDOUT_ERROR = 74
+
+
+class StdoutWriteError(OSError):
+    """Writing or flushing standard output failed (``errno`` and ``strerror`` are the write's): not a failure of the
+    command itself, so :func:`main` names it and exits :data:`EXIT_STDOUT_ERROR`."""
+
+
+class _CheckedStdout:
+    """``sys.stdout`` while a command runs: a write or flush that fails with an ``OSError`` (``ENOSPC`` on a full
+    disk, ``EIO``) raises :class:`StdoutWriteError` instead, so that it is told from an ``OSError`` of the command's own
+    files; a closed pipe (``BrokenPipeError``) is left as it is (exit 141). Everything else is the stream's."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self.stream.write(text)  # type: ignore[no-any-return]
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise StdoutWriteError(exc.errno, exc.strerror or str(exc)) from exc
+
+    def flush(self) -> None:
+        try:
+            self.stream.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise StdoutWriteError(exc.errno, exc.strerror or str(exc)) from exc
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
 
 
 def _spec_flags(p: argparse.ArgumentParser) -> None:
@@ -262,6 +298,9 @@ def build_parser() -> argparse.ArgumentParser:
     sign.add_argument("--role", default="", help="the operator's role, e.g. 'ML infra on-call'")
     sign.add_argument("--decision", choices=("accept", "reject"), help="with --operator")
     sign.add_argument("--comment", default="", help="why (optional)")
+    sign.add_argument("--override", metavar="REASON",
+                      help="with --decision accept on a record whose verdict is not pass: why it is accepted anyway "
+                           "(kept in the sign-off; verify and diff show it)")
     verify = sub.add_parser("verify", help="check a record: signature, schema, and every verdict against its data")
     verify.add_argument("record", help="record.toml (its signature is record.toml.sig beside it), or a folder: "
                                        "every record.toml below it, one line each")
@@ -331,10 +370,21 @@ def main(argv: list[str] | None = None) -> int:
         unknown_arguments(parser, getattr(args, "command", None), unknown)  # exits 2, as argparse does
     from core.errors import GpuAcceptError
 
+    stdout = sys.stdout
+    if not _draws_a_screen(args):  # a Textual screen owns the terminal: its app redirects stdout itself
+        sys.stdout = _CheckedStdout(stdout)  # type: ignore[assignment]
     try:
         code = _command(args)
         sys.stdout.flush()  # here, not at exit: a reader that went away is caught below
         return code
+    except StdoutWriteError as exc:  # `gpuaccept plan > /dev/full`: named, not an internal error, not a verdict
+        _silence(stdout)  # what is left in its buffer is dropped at exit, not written (nor failed on) again
+        try:
+            print(f"gpuaccept: cannot write to standard output: {exc.strerror} (exit {EXIT_STDOUT_ERROR})",
+                  file=sys.stderr)
+        except OSError:
+            pass
+        return EXIT_STDOUT_ERROR
     except GpuAcceptError as exc:
         print(f"gpuaccept: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -351,6 +401,27 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpuaccept: internal error: {type(exc).__name__}: {exc} (GPUACCEPT_DEBUG=1 shows the traceback)",
               file=sys.stderr)
         return EXIT_FAIL
+    finally:
+        if isinstance(sys.stdout, _CheckedStdout):
+            sys.stdout = stdout
+
+
+def _draws_a_screen(args: argparse.Namespace) -> bool:
+    """The command runs a Textual app (the wizard, the quiz, the live monitor) rather than printing to stdout."""
+    return (args.command == "run" and not args.headless) or args.command == "quiz" or \
+        (args.command == "monitor" and not args.once)
+
+
+def _silence(stream: Any) -> None:
+    """Point ``stream``'s file descriptor at /dev/null (when it has one), so that the interpreter's flush of it at
+    exit neither writes nor fails again (a failed flush at exit would make the exit status 120)."""
+    try:
+        fd = stream.fileno()
+    except (OSError, ValueError, AttributeError):  # a stream without a descriptor (a test's capture)
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
 
 
 def _command(args: argparse.Namespace) -> int:
@@ -368,6 +439,9 @@ def _command(args: argparse.Namespace) -> int:
 
         return monitor_main(args)
     if args.command == "run":
+        from core.bounds import check_path
+
+        check_path("runs_dir", args.runs_dir)  # a name the file system refuses is named here, with its limit
         if args.json and not args.headless:
             print("gpuaccept: error: --json goes with --headless (the wizard is the other way to run)",
                   file=sys.stderr)
@@ -389,15 +463,15 @@ def _command(args: argparse.Namespace) -> int:
 
 def cmd_quiz(args: argparse.Namespace) -> int:
     """The onboarding quiz over one record (keyboard only); its questions are checked before any screen opens."""
-    import tomllib
-
+    from core.bounds import check_path, loads_bounded
     from core.errors import GpuAcceptError
     from core.quiz import build_quiz
 
+    check_path("record", args.record)
     path = Path(args.record)
     try:
-        record = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:  # ValueError: not TOML, not UTF-8
+        record = loads_bounded(path.read_text(encoding="utf-8"))  # nesting and strings bounded (core/bounds.py)
+    except (OSError, ValueError) as exc:  # ValueError: not TOML, not UTF-8, beyond the bounds
         raise GpuAcceptError(f"{path}: cannot read the record ({exc}); give the record.toml of a run") from None
     if record.get("kind") == "command":
         raise GpuAcceptError(f"{path} is the record of your own command (kind = \"command\"): the quiz's questions are "
@@ -620,7 +694,9 @@ def format_plan(plan: Any, spec: Any, fits: list[Any] | None = None) -> str:
 
 def cmd_sign(args: argparse.Namespace) -> int:
     """Add the sign-off (when the record has none) and sign the record's bytes; prints the key's fingerprint.
-    Nothing is changed unless the key can sign and the record (with its sign-off) verifies."""
+    Nothing is changed unless the key can sign and the record (with its sign-off) verifies. An accept of a record
+    whose verdict is not pass is refused (exit 2) without ``--override "reason"``
+    (:func:`core.record.signoff.checked_signoff`)."""
     from core.record.signing import fingerprint
     from core.record.signoff import make_signoff, sign_record
 
@@ -630,10 +706,14 @@ def cmd_sign(args: argparse.Namespace) -> int:
     if bool(args.operator) != bool(args.decision):
         print("gpuaccept: error: --operator and --decision go together", file=sys.stderr)
         return EXIT_USAGE
+    if args.override is not None and not args.operator:
+        print("gpuaccept: error: --override goes with --operator and --decision accept (a record written without a "
+              "sign-off)", file=sys.stderr)
+        return EXIT_USAGE
     signoff = None
     if args.operator:
         try:
-            signoff = make_signoff(args.operator, args.decision, args.role, args.comment)
+            signoff = make_signoff(args.operator, args.decision, args.role, args.comment, args.override)
         except ValueError as exc:
             print(f"gpuaccept: error: {exc}", file=sys.stderr)
             return EXIT_USAGE
@@ -647,6 +727,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     """Exit codes: 0 verified and signed by an allowed signer, 7 the same with the signer not checked, 8 the signature
     intact but the identity not allowed, 3 consistent but unsigned, 4 bad signature, 5 schema, 6 verdict, 2 usage
     (docs/record.md)."""
+    from core.bounds import check_path
     from core.record.summary import verification_summary
     from core.record.verify import verify
 
@@ -654,6 +735,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         print("gpuaccept: error: --allowed-signers and --identity go together", file=sys.stderr)
         return EXIT_USAGE
     signers = Path(args.allowed_signers) if args.allowed_signers else None
+    check_path("record", args.record)  # before any stat: a path too long for the file system is bad input (exit 2)
     if Path(args.record).is_dir():
         return _verify_folder(Path(args.record), signers, args.identity, args.json)
     try:
@@ -695,8 +777,11 @@ def _verify_folder(folder: Path, signers: Path | None, identity: str | None, as_
 def cmd_diff(args: argparse.Namespace) -> int:
     """``gpuaccept diff RECORD...``: exit 0 when the records are comparable (the same spec), 1 when they are shown
     but not comparable, 2 on a record that cannot be read."""
+    from core.bounds import check_path
     from core.record.diff import compare, format_comparison
 
+    for record in args.records:
+        check_path("record", record)  # a path too long for the file system: one that cannot be read (exit 2)
     try:
         comparison = compare([Path(p) for p in args.records])
     except (FileNotFoundError, ValueError) as exc:
@@ -772,9 +857,11 @@ def _judged_after(final: Any) -> list[str]:
     missed, when the record's differs from the pass printed when the plan ran."""
     import tomllib
 
+    from core.bounds import loads_bounded
+
     path = Path(final.record_path) if final.record_path else None
     try:
-        stage = tomllib.loads(path.read_text(encoding="utf-8"))["verdict"]["stages"]["plan"] if path else {}
+        stage = loads_bounded(path.read_text(encoding="utf-8"))["verdict"]["stages"]["plan"] if path else {}
     except (OSError, KeyError, TypeError, tomllib.TOMLDecodeError):
         return []
     rows = [r for r in stage.get("criteria", []) if isinstance(r, dict) and r.get("met") is False]
@@ -787,12 +874,11 @@ def _judged_after(final: Any) -> list[str]:
 
 def _print_run_json(final: Any) -> None:
     """The run's summary object on stdout, from its record (what was written; a run without one says so)."""
-    import tomllib
-
+    from core.bounds import loads_bounded
     from core.record.summary import run_summary
 
     path = Path(final.record_path) if final.record_path else None
-    rec = tomllib.loads(path.read_text(encoding="utf-8")) if path is not None and path.is_file() else None
+    rec = loads_bounded(path.read_text(encoding="utf-8")) if path is not None and path.is_file() else None
     print(json.dumps(run_summary(rec, path, final.status), indent=2), flush=True)
 
 

@@ -64,6 +64,7 @@ class CommandProbe:
     argv: list[str]
     problems: list[str] = field(default_factory=list)
     findings: list[str] = field(default_factory=list)
+    containment: str = ""  # how its processes were held: a cgroup, a subreaper (core/command/keeper.py)
 
 
 def rank_peaks(outcome: RunOutcome) -> dict[int, dict[str, int]]:
@@ -120,6 +121,9 @@ def build_probe(outcome: RunOutcome, capacities: dict[str, tuple[int | None, str
                         "check's step comparison have nothing to read")
     if not outcome.checkpoints:
         findings.append("the run wrote no checkpoint matching the spec's glob in its output folder")
+    if outcome.log_cut_bytes:
+        findings.append(f"its output passed the log's cap: the first {outcome.log_cut_bytes} bytes were cut from "
+                        f"{outcome.log_path}, its tail kept")
     view = ("inside (the Trainer hook: arguments, model, steps, peaks per rank) and outside (the process tree's RSS, "
             "sampled every 0.25 s; NVML per process on GPUs)" if trainer else
             "outside only (the process tree's RSS sampled every 0.25 s, NVML per process on GPUs): no transformers "
@@ -138,7 +142,8 @@ def build_probe(outcome: RunOutcome, capacities: dict[str, tuple[int | None, str
                         tokens_per_s=tokens, devices=rows, placement=placement,
                         metrics_source=outcome.metrics_source, checkpoints=[c.name for c in outcome.checkpoints],
                         tree_peak_bytes=int(outcome.peaks.get("tree", 0)), log_path=str(outcome.log_path),
-                        argv=list(outcome.argv), problems=problems, findings=findings)
+                        argv=list(outcome.argv), problems=problems, findings=findings,
+                        containment=outcome.containment)
 
 
 def _row(device: str, rank: int, inside: dict[str, int], outside: dict[str, int],
@@ -172,8 +177,9 @@ def _problems(outcome: RunOutcome, rows: list[DeviceUse], expected: int | None, 
     elif outcome.exit_code is None:
         out.append("the command was killed before it ended")
     elif outcome.exit_code != 0:
-        out.append(f"the command exited with status {outcome.exit_code} after {outcome.seconds:.1f} s: "
-                   f"{failure_lines(outcome.log_path)} (see {outcome.log_path})")
+        said = failure_lines(outcome.log_path) or "it wrote nothing to its log"
+        out.append(f"the command exited with status {outcome.exit_code}{outcome.exit_note} after "
+                   f"{outcome.seconds:.1f} s; its last words: {said} (see {outcome.log_path})")
     elif expected and steps < expected:
         out.append(f"the command exited 0 after {steps} of the {expected} steps its Trainer was asked for "
                    "(max_steps): it ended early")

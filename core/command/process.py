@@ -1,15 +1,17 @@
 """The user's command as a process tree: started in a session of its own, every process of it found, measured from
 outside, and killed, every rank.
 
-- **Start** (:func:`start_job`): ``subprocess.Popen`` of the command's words (no shell) in its ``workdir``, stdin from
-  /dev/null, stdout and stderr appended to ``command.log`` (nothing reaches the terminal), ``start_new_session``.
+- **Start** (:func:`start_job`): the command's words (no shell) in its ``workdir``, stdin from /dev/null, stdout and
+  stderr appended to ``command.log`` (nothing reaches the terminal; capped at :data:`LOG_CAP_BYTES`, the tail kept), in
+  a session of its own, as the child of a keeper (core/command/keeper.py): the command's processes are held by a cgroup
+  of their own where one can be made, and by the keeper as their subreaper everywhere, so that none outlives gpuaccept.
+  ``GPUACCEPT_CONTAINMENT`` (``auto``, ``cgroup``, ``subreaper``) chooses; the record's ``containment`` says which.
   Its environment is the user's, plus ``PYTHONPATH`` led by ``core/child/inject`` (the Trainer hook, installed only in
   a Python that imports transformers' Trainer), ``GPUACCEPT_EVENTS`` (the hook's events file), ``GPUACCEPT_JOB`` (a
   token naming this run), ``GPUACCEPT_PARENT_PID`` (every Python process of the job ends itself when gpuaccept is
   gone) and ``PYTHONUNBUFFERED=1``.
-- **Members** (:func:`members`): the root's descendants, and every process whose environment holds the job's token:
-  torchrun starts each rank in a session of its own, and a process that daemonised left the tree, but both inherited
-  the token.
+- **Members** (:func:`members`): the keeper's descendants (a process that daemonised is re-parented to the keeper),
+  the members of the job's cgroup, and every process whose environment holds the job's token; never the keeper.
 - **Memory from outside** (:func:`sample_memory`): the RSS of every member, summed per rank (the ``LOCAL_RANK`` of its
   environment: ``cpu:<r>``; ``cpu`` without ranks; the launcher apart) and, where NVML runs, each CUDA device's memory
   held by the members (NVML's per-process list). A sampled peak: a spike shorter than the interval can be missed.
@@ -38,6 +40,13 @@ JOB_ENV, EVENTS_ENV, HOLD_ENV, OWNER_ENV = "GPUACCEPT_JOB", "GPUACCEPT_EVENTS", 
     "GPUACCEPT_PARENT_PID"
 #: how often the environments of every process on the machine are read to find members that left the tree
 ENV_SCAN_S = 1.0
+#: the cap of a run's command.log in bytes (the tail is kept, with a line saying how much was cut)
+LOG_CAP_BYTES = 64 * 2**20
+#: how the command's processes are held: auto (a cgroup where one can be made, else the keeper as subreaper), cgroup, or
+#: subreaper (core/command/keeper.py)
+CONTAINMENT_ENV = "GPUACCEPT_CONTAINMENT"
+#: seconds gpuaccept waits for the keeper to say the command started
+KEEPER_START_S = 30.0
 
 
 @dataclass
@@ -53,9 +62,13 @@ class Job:
     name: str
     argv: list[str]
     job_dir: Path
-    proc: subprocess.Popen[bytes]
+    proc: subprocess.Popen[bytes]  # the keeper: it exits with the command's status
     token: str
     started: float
+    root_pid: int = 0  # the command's first process (the keeper's child)
+    oom_kills_at_start: int | None = None  # /proc/vmstat's oom_kill when it started (core.stages.childproc)
+    containment: str = ""  # how its processes are held (the keeper's words)
+    cgroup: Path | None = None
     known: dict[int, float] = field(default_factory=dict)
     ranks: dict[int, str] = field(default_factory=dict)
     peaks: dict[str, int] = field(default_factory=dict)
@@ -72,6 +85,17 @@ class Job:
     @property
     def memory_path(self) -> Path:
         return self.job_dir / "memory.jsonl"
+
+    @property
+    def report_path(self) -> Path:
+        return self.job_dir / "keeper.json"
+
+    def report(self) -> dict[str, Any]:
+        """What the keeper wrote when the command ended (core/command/keeper.py); {} before, or where it could not."""
+        try:
+            return dict(json.loads(self.report_path.read_text(encoding="utf-8")))
+        except (OSError, ValueError):
+            return {}
 
 
 def job_env(base: Mapping[str, str], extra: Mapping[str, str], events: Path, token: str,
@@ -102,19 +126,75 @@ def start_job(name: str, argv: list[str], cwd: Path, job_dir: Path, extra_env: M
     token = uuid.uuid4().hex
     events = job_dir / "hook-events.jsonl"
     env = job_env(os.environ, extra_env, events, token, hold_at_step)
+    containment = os.environ.get(CONTAINMENT_ENV, "auto") or "auto"
+    if containment not in ("auto", "cgroup", "subreaper"):
+        raise StageError(f"{CONTAINMENT_ENV}={containment!r} is not auto, cgroup or subreaper; unset it or choose one")
     added = {k: env[k] for k in (*extra_env, "PYTHONPATH", EVENTS_ENV, JOB_ENV, OWNER_ENV, HOLD_ENV) if k in env}
-    (job_dir / "job.json").write_text(json.dumps({"argv": argv, "cwd": str(cwd), "env_added": added}, indent=2),
-                                      encoding="utf-8")
-    with open(job_dir / "command.log", "ab") as log, open(os.devnull, "rb") as devnull:
+    job_json = job_dir / "job.json"
+    job_json.write_text(json.dumps({"argv": argv, "cwd": str(cwd), "env_added": added}, indent=2), encoding="utf-8")
+    from core.stages.childproc import oom_kill_count
+
+    oom_kills = oom_kill_count()
+    proc, said = _start_keeper(argv, cwd, env, job_dir, token, containment)
+    if "start_error" in said or "root_pid" not in said:
+        why = said.get("start_error") or said.get("keeper_error", "the keeper said nothing")
+        raise StageError(f"{name}: {why}; check the command's program")
+    cgroup = Path(said["cgroup"]) if said.get("cgroup") else None
+    job = Job(name=name, argv=list(argv), job_dir=job_dir, proc=proc, token=token, started=time.monotonic(),
+              root_pid=int(said["root_pid"]), containment=str(said.get("containment", "")), cgroup=cgroup,
+              oom_kills_at_start=oom_kills)
+    job_json.write_text(json.dumps({"argv": argv, "cwd": str(cwd), "env_added": added, "keeper_pid": proc.pid,
+                                    "root_pid": job.root_pid, "cgroup": str(cgroup) if cgroup else None,
+                                    "containment": job.containment}, indent=2), encoding="utf-8")
+    job.known[job.root_pid] = _create_time(job.root_pid) or 0.0
+    return job
+
+
+def _start_keeper(argv: list[str], cwd: Path, env: dict[str, str], job_dir: Path, token: str,
+                  containment: str) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
+    """Start the keeper of ``argv`` (core/command/keeper.py) and read its first line: (its process, what it said:
+    ``root_pid``, ``containment``, ``cgroup``, or ``start_error``; ``keeper_error`` when it said nothing in time)."""
+    import select
+    import sys
+
+    keeper = Path(__file__).with_name("keeper.py")
+    words = [sys.executable, "-I", str(keeper), "--owner", str(os.getpid()), "--token", token,
+             "--log", str(job_dir / "command.log"), "--log-cap", str(LOG_CAP_BYTES),
+             "--report", str(job_dir / "keeper.json"), "--containment", containment, "--", *argv]
+    with open(job_dir / "keeper.log", "ab") as err, open(os.devnull, "rb") as devnull:
         try:
-            proc = subprocess.Popen(argv, cwd=cwd, stdin=devnull, stdout=log, stderr=subprocess.STDOUT,
+            proc = subprocess.Popen(words, cwd=cwd, stdin=devnull, stdout=subprocess.PIPE, stderr=err,
                                     start_new_session=True, env=env)
         except OSError as exc:
-            raise StageError(f"{name}: cannot start {argv[0]} ({exc.strerror or exc}); check the command's "
-                             "program") from None
-    job = Job(name=name, argv=list(argv), job_dir=job_dir, proc=proc, token=token, started=time.monotonic())
-    job.known[proc.pid] = _create_time(proc.pid) or 0.0
-    return job
+            return _dead_keeper(), {"start_error": f"cannot start in {cwd} ({exc.strerror or exc})"}
+    assert proc.stdout is not None
+    line = b""
+    deadline = time.monotonic() + KEEPER_START_S
+    while not line.endswith(b"\n") and time.monotonic() < deadline:
+        ready, _, _ = select.select([proc.stdout], [], [], 0.1)
+        if ready:
+            chunk = os.read(proc.stdout.fileno(), 4096)
+            if not chunk:
+                break
+            line += chunk
+    proc.stdout.close()
+    try:
+        said = dict(json.loads(line.decode("utf-8", errors="replace")))
+    except ValueError:
+        said = {"keeper_error": f"the keeper of the command did not start (see {job_dir / 'keeper.log'})"}
+    if "root_pid" not in said:
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    return proc, said
+
+
+def _dead_keeper() -> subprocess.Popen[bytes]:
+    """A finished process in place of a keeper that could not start (its status is never read)."""
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc
 
 
 def _create_time(pid: int) -> float | None:
@@ -132,17 +212,26 @@ def members(job: Job, scan_env: bool = False) -> list[Any]:
     import psutil
 
     found: dict[int, Any] = {}
+    keeper = job.proc.pid
     try:
-        root = psutil.Process(job.proc.pid)
-        for p in [root, *root.children(recursive=True)]:
+        for p in psutil.Process(keeper).children(recursive=True):  # the root and what it left behind, adopted
             found[p.pid] = p
     except psutil.Error:
         pass
+    if job.cgroup is not None:
+        from core.command.keeper import cgroup_members
+
+        for pid in cgroup_members(job.cgroup):
+            if pid not in found and pid != keeper:
+                try:
+                    found[pid] = psutil.Process(pid)
+                except psutil.Error:
+                    continue
     now = time.monotonic()
     if scan_env or now - job._scanned >= ENV_SCAN_S:
         job._scanned = now
         for p in psutil.process_iter():
-            if p.pid in found or p.pid == os.getpid():
+            if p.pid in found or p.pid in (os.getpid(), keeper):
                 continue
             try:
                 if p.environ().get(JOB_ENV) == job.token:
@@ -243,6 +332,11 @@ def kill_job(job: Job, settle_s: float | None = None) -> KillResult:
 
     settle_s = KILL_SETTLE_S if settle_s is None else settle_s
     own_group = os.getpgrp()
+    in_cgroup: list[int] = []
+    if job.cgroup is not None:  # all of it at once, whatever left the tree (the keeper is kept: it reports the end)
+        from core.command.keeper import kill_cgroup
+
+        in_cgroup = kill_cgroup(job.cgroup, job.proc.pid)
     first, first_groups = _kill_known(job, own_group)  # what is known, at once: the scan below reads every process
     procs = members(job, scan_env=True)
     groups = sorted({g for g in (_pgid(p.pid) for p in procs) if g and g != own_group and g == _leader(g, procs)})
@@ -271,8 +365,8 @@ def kill_job(job: Job, settle_s: float | None = None) -> KillResult:
             except (ProcessLookupError, PermissionError):
                 pass
         time.sleep(0.05)
-    return KillResult(pids=sorted({*first, *(p.pid for p in procs)}), groups=sorted({*first_groups, *groups}),
-                      left=left)
+    return KillResult(pids=sorted({*in_cgroup, *first, *(p.pid for p in procs)}),
+                      groups=sorted({*first_groups, *groups}), left=left)
 
 
 def _kill_known(job: Job, own_group: int) -> tuple[list[int], list[int]]:

@@ -1,6 +1,7 @@
 """The reaper of command mode: when gpuaccept is gone, every process of the user's job goes too, Python or not.
 
-The ``sitecustomize`` lifeline (core/child/inject) ends the job's Python processes when gpuaccept is gone; a process of
+Each run's keeper (core/command/keeper.py) ends the processes of its run when gpuaccept is gone; the ``sitecustomize``
+lifeline (core/child/inject) ends the job's Python processes; a process of
 another program (a shell wrapper's ``sleep``, ``nvidia-smi`` in a loop, a logger a launcher started with ``setsid``)
 has no such thread. :func:`start_reaper` starts ``python -m core.command.reaper OWNER RUN_DIR`` in a session of its
 own, with none of the job's variables (so no kill of the job reaches it): once a second it checks that gpuaccept
@@ -61,12 +62,32 @@ def tokens(run_dir: Path) -> set[str]:
     return out
 
 
+def cgroups(run_dir: Path) -> list[Path]:
+    """The cgroup of every run of the command under ``run_dir`` that had one (their ``job.json``) and still exists."""
+    out = []
+    for path in run_dir.rglob("job.json"):
+        try:
+            folder = json.loads(path.read_text(encoding="utf-8")).get("cgroup")
+        except (OSError, ValueError):
+            continue
+        if folder and Path(folder).is_dir():
+            out.append(Path(folder))
+    return out
+
+
 def reap(run_dir: Path) -> list[int]:
-    """SIGKILL every process holding a token of ``run_dir``'s jobs (and the groups they lead); the pids killed."""
+    """SIGKILL every process of ``run_dir``'s jobs: the members of their cgroups (removed after), and every process
+    holding a token of theirs (and the groups they lead); the pids killed. Each job's keeper does the same when
+    gpuaccept is gone (core/command/keeper.py): this is for a keeper that was itself killed."""
     import psutil
 
-    wanted = tokens(run_dir)
+    from core.command.keeper import kill_cgroup, remove_cgroup
+
     killed: list[int] = []
+    for folder in cgroups(run_dir):
+        killed += kill_cgroup(folder)
+        remove_cgroup(folder)
+    wanted = tokens(run_dir)
     if not wanted:
         return killed
     for p in psutil.process_iter():

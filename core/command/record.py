@@ -124,6 +124,7 @@ def probe_table(probe: Any) -> dict[str, Any]:
             **({"tokens_per_s": probe.tokens_per_s} if probe.tokens_per_s else {}),
             "tree_peak_rss_bytes": probe.tree_peak_bytes, "metrics_source": probe.metrics_source,
             "checkpoints": probe.checkpoints, "log": probe.log_path,
+            **({"containment": probe.containment} if probe.containment else {}),
             "devices": [dataclasses.asdict(d) for d in probe.devices], "placement": probe.placement,
             "problems": probe.problems, "findings": probe.findings}
 

@@ -303,7 +303,7 @@ def _kill_checks(o: RunOutcome, trainer: bool, world: int, c: int, n: int, k: in
     """``kill``: the run was killed (it had not ended) and no process of it is left; ``kill_point``: where it was
     killed is after checkpoint c and before checkpoint n was complete. Returns them and checkpoint c, if there."""
     if o.kill is None:
-        why = "timed out" if o.timed_out else f"exited with status {o.exit_code}"
+        why = "timed out" if o.timed_out else f"exited with status {o.exit_code}{o.exit_note}"
         return (Check("kill", "fail", f"the interrupted run {why} before step {k} ({last_lines(o.log_path, 3)}); "
                                       "nothing was killed"),
                 Check("kill_point", "fail", "no kill"), None)

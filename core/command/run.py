@@ -9,6 +9,7 @@ The run directory keeps the log, the hook's events, the memory samples and the c
 
 from __future__ import annotations
 
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Generator
@@ -30,6 +31,7 @@ from core.command.reports import (
 from core.command.spec import CommandSpec
 from core.errors import StageCancelled
 from core.events import ChildStarted, Event, Progress
+from core.stages.childproc import killed_note
 
 #: how often the metrics and the hook's events are read, and the kill decided (seconds)
 POLL_S = 0.02
@@ -92,6 +94,9 @@ class RunOutcome:
     timed_out: bool = False
     problems: list[str] = field(default_factory=list)
     pid: int = 0
+    containment: str = ""  # how its processes were held (core/command/keeper.py)
+    exit_note: str = ""  # what the exit status means where it is a kill gpuaccept did not send (killed_note)
+    log_cut_bytes: int = 0  # bytes of output cut from command.log (its cap: core/command/process.LOG_CAP_BYTES)
 
     @property
     def trainer(self) -> dict[str, Any] | None:
@@ -152,8 +157,8 @@ def run_command(spec: CommandSpec, name: str, argv: list[str], out_dir: Path, jo
     if spec.metrics != "auto":
         outcome.metrics = MetricsFile(out_dir / spec.metrics)
     job = start_job(name, argv, spec.workdir_path, job_dir, spec.env, hold_at_step)
-    outcome.pid = job.proc.pid
-    yield ChildStarted(stage, run=name, pid=job.proc.pid, log_path=str(job.log_path))
+    outcome.pid, outcome.containment = job.root_pid, job.containment
+    yield ChildStarted(stage, run=name, pid=job.root_pid, log_path=str(job.log_path))
     started = time.monotonic()
     listed = 0.0
     finished = False
@@ -210,15 +215,22 @@ def run_command(spec: CommandSpec, name: str, argv: list[str], out_dir: Path, jo
 
 def _end_leftovers(job: Job, outcome: RunOutcome) -> None:
     """Kill what the command left running after it exited (a daemonised helper, a data-loader worker that outlived
-    its rank): nothing of one run may hold memory while the next is measured. Named in the run's problems."""
+    its rank): nothing of one run may hold memory while the next is measured. Named in the run's problems: those the
+    keeper killed as the command's first process ended (its report), then any found after."""
     if outcome.kill is not None:
         return
+    try:
+        job.proc.wait(timeout=15)  # the keeper ends what is left, then exits with the command's status
+    except subprocess.TimeoutExpired:
+        pass
+    pids = [int(p) for p in job.report().get("leftovers", [])]
     left = members(job, scan_env=True)
-    if left:
-        result = kill_job(job)
-        outcome.problems.append(f"the command left {len(left)} process(es) running after it exited (pids "
-                                f"{', '.join(str(p.pid) for p in left[:8])}): gpuaccept killed them"
-                                + ("" if result.clean else f"; still alive: {result.left}"))
+    result = kill_job(job) if left else None
+    pids += [p.pid for p in left if p.pid not in pids]
+    if pids:
+        outcome.problems.append(f"the command left {len(pids)} process(es) running after it exited (pids "
+                                f"{', '.join(map(str, pids[:8]))}): gpuaccept killed them"
+                                + ("" if result is None or result.clean else f"; still alive: {result.left}"))
 
 
 def _read(job: Job, outcome: RunOutcome) -> list[StepRecord]:
@@ -236,6 +248,13 @@ def _finish(spec: CommandSpec, job: Job, outcome: RunOutcome) -> None:
     outcome.checkpoints, outcome.skipped_checkpoints = list_checkpoints(outcome.out_dir, spec.checkpoints)
     outcome.steps, outcome.metrics_source = chosen_steps(spec, outcome)
     outcome.peaks = dict(job.peaks)
+    if outcome.kill is None and outcome.exit_code not in (None, 0):
+        outcome.exit_note = killed_note(outcome.exit_code, job.oom_kills_at_start, job.peaks.get("tree", 0))
+        in_cgroup = job.report().get("oom_kill")
+        if in_cgroup:  # the job's own cgroup counted it (memory.events, where it has a memory controller)
+            outcome.exit_note += f"; the job's cgroup counted {in_cgroup} OOM kill(s) (memory.events oom_kill)"
+    report = job.report()
+    outcome.log_cut_bytes = int(report.get("log_cut_bytes") or 0)
     if outcome.metrics is not None:
         outcome.problems.extend(outcome.metrics.problems)
     outcome.problems.extend(f"Trainer hook: {e}" for e in outcome.hook.errors)

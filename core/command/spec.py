@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from core.bounds import check_path, loads_bounded, special_file_kind
 from core.dtypes import DTYPES
 from core.errors import SpecError
 from core.spec import EMBEDDED_DATA, EMBEDDED_MODEL, MAX_STEPS, canonical_sha256
@@ -191,6 +192,7 @@ class CommandSpec:
         if not any("{out}" in w for w in self.resume_words()):
             raise SpecError("command.resume", "the resumed run must write into its own folder too: put {out} (or "
                                               "{command}, which holds it) in the resume command")
+        check_path("command.workdir", self.workdir)  # before any stat (core/bounds.py)
         if not self.workdir_path.is_dir():
             raise SpecError("command.workdir", f"{self.workdir} is not a folder; give the folder the command runs in")
         program = words[0]
@@ -213,12 +215,18 @@ class CommandSpec:
                 raise SpecError("command.checkpoint_files", f"{name!r}: name files by their path inside a checkpoint")
         if self.uses("{model}") and not self.model:
             raise SpecError("command.model", "the command holds {model}: give the base model folder as model")
+        check_path("command.model", self.model)
         if self.model and self.model != EMBEDDED_MODEL and not Path(self.model).expanduser().is_dir():
             raise SpecError("command.model", f"{self.model} is not a folder; give the base model's Hugging Face "
                                              f"folder (its tokenizer and weights), {EMBEDDED_MODEL} (the embedded "
                                              "model), or leave model empty")
         if self.data != EMBEDDED_DATA:
+            check_path("command.data", self.data)
             path = Path(self.data)
+            kind = special_file_kind(path)  # os.stat only: a FIFO is never opened
+            if kind is not None:
+                raise SpecError("command.data", f"{self.data} is {kind}, not a file; give 'embedded' or a .txt / "
+                                                ".jsonl file")
             if path.suffix not in (".txt", ".jsonl") or not path.is_file():
                 raise SpecError("command.data", f"{self.data!r}: give 'embedded' or an existing .txt / .jsonl file")
         if self.eval not in EVAL_CHOICES:
@@ -287,7 +295,7 @@ def read_command_table(path: Path) -> dict[str, Any]:
         SpecError: the file is missing or not TOML, has no ``[command]`` table, or holds other settings beside it.
     """
     try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+        raw = loads_bounded(path.read_text(encoding="utf-8"))  # nesting and strings bounded (core/bounds.py)
     except FileNotFoundError:
         raise SpecError("spec", f"file {path} not found; give the path of a TOML spec") from None
     except (OSError, UnicodeDecodeError) as exc:
@@ -312,7 +320,7 @@ def read_command_table(path: Path) -> dict[str, Any]:
 def is_command_file(path: str | Path) -> bool:
     """The TOML file ``path`` holds a ``[command]`` table (command mode), read without validating it."""
     try:
-        return isinstance(tomllib.loads(Path(path).read_text(encoding="utf-8")).get("command"), dict)
+        return isinstance(loads_bounded(Path(path).read_text(encoding="utf-8")).get("command"), dict)
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
         return False
 

@@ -344,6 +344,8 @@ PROVENANCES = ("measured", "estimated", "not_run")
 TABLES = ("spec", "environment", "model", "seeds", "plan", "probe", "data", "evaluation", "resume", "verdict",
           "signoff")
 STAGE_STATUSES = ("pass", "fail", "not_applicable", "not_run", "cancelled", "error")
+#: the stage statuses an overall pass allows; any other (fail, error, cancelled, not_run) is a stage not passed
+PASSING_STATUSES = ("pass", "not_applicable")
 VERDICT_STAGES = ("plan", "probe", "evaluation", "resume")
 TOP_LEVEL = ("schema_version", "tool", "tool_version", "created_utc", "started_utc", "run_dir")
 OPTIONAL_TABLES = ("onboarding",)  # the onboarding quiz's answers, when the operator adds them
@@ -502,7 +504,8 @@ def _onboarding_problems(attempts: Any) -> list[str]:
 
 def _verdict_and_signoff_problems(rec: dict[str, Any]) -> list[str]:
     """The verdict (pass or fail, exactly the stages of :data:`VERDICT_STAGES`, each with a status and its evidence)
-    and the sign-off (``status = "unsigned"`` alone, or operator, role, decision accept / reject, comment, time)."""
+    and the sign-off (``status = "unsigned"`` alone, or operator, role, decision accept / reject, comment, time, and
+    for an accept of a verdict that is not pass the override: :func:`_override_problems`)."""
     out: list[str] = []
     if rec["verdict"].get("status") not in ("pass", "fail"):
         out.append(f"verdict.status is {rec['verdict'].get('status')!r}; pass or fail")
@@ -524,6 +527,43 @@ def _verdict_and_signoff_problems(rec: dict[str, Any]) -> list[str]:
             out.append("signoff.operator is empty")
         if so.get("decision") not in ("accept", "reject"):
             out.append(f"signoff.decision is {so.get('decision')!r}; accept or reject")
+        out.extend(_override_problems(rec["verdict"], so))
+    return out
+
+
+def stages_not_passed(verdict: Any) -> list[str]:
+    """The stages of a record's ``verdict`` table that did not pass: each of :data:`VERDICT_STAGES` whose status is
+    not one of :data:`PASSING_STATUSES` (fail, error, cancelled, not_run, or missing), in that order. These are what a
+    sign-off that accepts the record overrides (``signoff.overridden``). Empty for a verdict that is not a table."""
+    stages = verdict.get("stages") if isinstance(verdict, dict) else None
+    if not isinstance(stages, dict):
+        return []
+    return [name for name in VERDICT_STAGES
+            if not (isinstance(stages.get(name), dict) and stages[name].get("status") in PASSING_STATUSES)]
+
+
+def verdict_passes(verdict: Any) -> bool:
+    """Whether a record's ``verdict`` table says pass: ``status = "pass"`` and every stage pass or not_applicable."""
+    return isinstance(verdict, dict) and verdict.get("status") == "pass" and not stages_not_passed(verdict)
+
+
+def _override_problems(verdict: dict[str, Any], so: dict[str, Any]) -> list[str]:
+    """The sign-off's override, when it has one (docs/record.md, ``signoff``): the operator's reason to accept a record
+    whose verdict is not pass (``override``, a non-empty string, with the decision accept) and the stages it accepted
+    although they did not pass (``overridden``: exactly :func:`stages_not_passed`)."""
+    if "override" not in so and "overridden" not in so:
+        return []
+    out = []
+    reason = so.get("override")
+    if not isinstance(reason, str) or not reason.strip():
+        out.append(f"signoff.override is {reason!r}; the operator's reason to accept, a non-empty string")
+    if so.get("decision") != "accept":
+        out.append(f"signoff.override goes with the decision accept, not {so.get('decision')!r}")
+    if verdict_passes(verdict):
+        out.append("signoff.override overrides nothing: the verdict is pass")
+    elif so.get("overridden") != stages_not_passed(verdict):
+        out.append(f"signoff.overridden is {so.get('overridden')!r}; the stages that did not pass are "
+                   f"{stages_not_passed(verdict)!r}")
     return out
 
 

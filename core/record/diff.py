@@ -8,7 +8,8 @@ number its size in percent). What is compared (docs/record.md, "Comparing record
   thresholds still compare);
 - per device: the plan's bytes and the measured peak (and, on the CPU, peak RSS), against the capacity;
 - the probe's step time and tokens per second; held-out quality before and after training, next-token accuracy;
-  the resume result and its tier; each stage's verdict.
+  the resume result and its tier; each stage's verdict; the sign-off's override of a verdict that did not pass,
+  when a record holds one.
 
 **Comparable** means the same spec hash (and the same kind of record): then a difference in a measurement is the box's,
 the driver's or a library's. With another spec it is marked NOT COMPARABLE, with the settings that differ: the numbers
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from core.bounds import loads_bounded
 from core.record.summary import _json_number, box_of, device_rows, quality
 
 GIB = 2**30
@@ -83,7 +85,8 @@ def load(path: Path) -> dict[str, Any]:
 
     Raises:
         FileNotFoundError: no such file (a folder: the ``record.toml`` in it).
-        ValueError: not a TOML file, or not a gpuaccept record.
+        ValueError: not a TOML file (or one nested deeper, or holding a longer string, than core.bounds reads),
+            or not a gpuaccept record.
     """
     path = Path(path)
     if path.is_dir():
@@ -91,7 +94,7 @@ def load(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise FileNotFoundError(f"record {path} not found")
     try:
-        rec = tomllib.loads(path.read_text(encoding="utf-8"))
+        rec = loads_bounded(path.read_text(encoding="utf-8"))  # bounded: core/bounds.py
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ValueError(f"{path} is not a TOML record ({exc})") from None
     if rec.get("tool") != "gpuaccept" or not isinstance(rec.get("spec"), dict):
@@ -227,7 +230,19 @@ def _result_rows(recs: list[dict[str, Any]]) -> list[Row]:
         rows.append(Row("verdict", stage, [r.get("verdict", {}).get("stages", {}).get(stage, {}).get("status")
                                            for r in recs]))
     rows.append(Row("verdict", "overall", [r.get("verdict", {}).get("status") for r in recs]))
-    return rows
+    return rows + _signoff_rows(recs)
+
+
+def _signoff_rows(recs: list[dict[str, Any]]) -> list[Row]:
+    """When a record's sign-off overrides its verdict (accepted although a stage did not pass): each record's
+    decision, the override's reason and the stages it overrode (None: no sign-off, no override). No rows when no
+    record holds an override."""
+    offs: list[dict[str, Any]] = [r["signoff"] if isinstance(r.get("signoff"), dict) else {} for r in recs]
+    if not any("override" in so for so in offs):
+        return []
+    return [Row("signoff", "decision", [so.get("decision", so.get("status")) for so in offs]),
+            Row("signoff", "override", [so.get("override") for so in offs]),
+            Row("signoff", "overridden", [so.get("overridden") for so in offs])]
 
 
 def _quality_names(recs: list[dict[str, Any]]) -> list[tuple[str, str]]:

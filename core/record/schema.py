@@ -84,6 +84,8 @@ RULES: tuple[tuple[str, str], ...] = (
     ("resume.comparison[].difference", "measured"), ("resume.checks[].largest_difference", "measured"),
     ("resume.checks[].noise", "measured"), ("resume.checks[].bound", "measured"), ("resume.twin_steps[]", "count"),
     ("resume.tier.multiple", "nonneg"), ("environment.test_jitter", "nonneg"), ("environment.test_fault", "str"),
+    # the sign-off's override of a verdict that is not pass: the operator's reason, the stages it accepted
+    ("signoff.override", "str"), ("signoff.overridden[]", "str"),
     # bytes keyed by component or category name
     ("plan.devices[].components.*", "count"), ("plan.devices[].phases.*.components.*", "count"),
     ("plan.traced.components.*", "count"), ("plan.traced.categories.*", "count"),

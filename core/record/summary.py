@@ -16,6 +16,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from core.bounds import loads_bounded
 from core.record.verify import EXIT_VERIFIED, Verification, verify
 
 RUN_SCHEMA = "gpuaccept.run/1"
@@ -100,14 +101,18 @@ def run_summary(rec: dict[str, Any] | None, record_path: Path | None, status: st
 
 
 def verification_summary(path: Path, result: Verification) -> dict[str, Any]:
-    """The ``gpuaccept verify --json`` object: the record, the exit code and its meaning, and each check's
-    findings."""
+    """The ``gpuaccept verify --json`` object: the record, the exit code and its meaning, each check's findings, and
+    the sign-off as the record states it (``signoff``: null when unsigned; its ``override``, null without one)."""
     sig = result.signature
+    so = result.signoff
+    signoff = None if not so or so.get("status") == "unsigned" else {
+        "operator": so.get("operator"), "role": so.get("role"), "decision": so.get("decision"),
+        "comment": so.get("comment"), "override": result.override()}
     return {"schema": VERIFY_SCHEMA, "record": str(path), "exit_code": result.exit_code,
             "result": RESULTS[result.exit_code],
             "signature": {"status": sig.status, "detail": sig.detail, "signer_checked": bool(sig.signer_checked)},
             "schema_problems": list(result.schema), "verdict_problems": list(result.verdicts),
-            "verified": result.exit_code == EXIT_VERIFIED}
+            "signoff": signoff, "verified": result.exit_code == EXIT_VERIFIED}
 
 
 def records_below(folder: Path) -> list[Path]:
@@ -129,7 +134,7 @@ def records_below(folder: Path) -> list[Path]:
             found.append(path)
             continue
         try:
-            rec = tomllib.loads(path.read_text(encoding="utf-8"))
+            rec = loads_bounded(path.read_text(encoding="utf-8"))
         except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
             continue
         if rec.get("tool") == "gpuaccept" and "verdict" in rec:
@@ -157,7 +162,7 @@ def folder_rows(folder: Path, allowed_signers: Path | None = None, identity: str
     for path in records_below(folder):
         result = verify(path, allowed_signers, identity)
         try:
-            rec = tomllib.loads(path.read_text(encoding="utf-8"))
+            rec = loads_bounded(path.read_text(encoding="utf-8"))
         except (tomllib.TOMLDecodeError, UnicodeDecodeError):
             rec = {}
         verdict = rec.get("verdict", {}) if isinstance(rec.get("verdict"), dict) else {}

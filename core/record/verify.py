@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
+from core.bounds import TomlBoundsError, loads_bounded
 from core.criteria import (
     AcceptCriteria,
     DeviceUse,
@@ -59,6 +60,8 @@ class Verification:
     signature: Any
     schema: list[str] = field(default_factory=list)
     verdicts: list[str] = field(default_factory=list)
+    #: the record's ``signoff`` table as it reads (empty when there is none to read)
+    signoff: dict[str, Any] = field(default_factory=dict)
 
     @property
     def exit_code(self) -> int:
@@ -85,11 +88,26 @@ class Verification:
             out.append("verdicts: every verdict follows from the record's data")
         else:
             out += [f"verdict: {p}" for p in self.verdicts]
+        override = self.override()
+        if override is not None:
+            out.append(f"sign-off: OVERRIDE by {self.signoff.get('operator', '?')}: accepted although "
+                       f"{', '.join(override['overridden']) or 'the verdict'} did not pass; reason: "
+                       f"{override['reason']!r}")
         return out
+
+    def override(self) -> dict[str, Any] | None:
+        """The sign-off's override, when it has one: ``reason`` (``signoff.override``) and ``overridden`` (the stages
+        it accepted although they did not pass; only the strings of ``signoff.overridden``); None without one."""
+        if "override" not in self.signoff:
+            return None
+        stages = self.signoff.get("overridden")
+        return {"reason": str(self.signoff["override"]),
+                "overridden": [s for s in stages if isinstance(s, str)] if isinstance(stages, list) else []}
 
 
 def verify(record_path: Path, allowed_signers: Path | None = None, identity: str | None = None) -> Verification:
-    """Check signature, schema and verdicts of ``record_path``.
+    """Check signature, schema and verdicts of ``record_path``. A record that is not TOML, or nested deeper or holding
+    a longer string than :mod:`core.bounds` reads, is a schema finding (exit 5).
 
     Raises:
         FileNotFoundError: no such record.
@@ -100,11 +118,14 @@ def verify(record_path: Path, allowed_signers: Path | None = None, identity: str
         raise FileNotFoundError(f"record {record_path} not found")
     signature = check_signature(record_path, allowed_signers, identity)
     try:
-        record = tomllib.loads(record_path.read_text(encoding="utf-8"))
+        record = loads_bounded(record_path.read_text(encoding="utf-8"))
+    except TomlBoundsError as exc:  # nested too deep, a string too long: a schema finding (exit 5), never a crash
+        return Verification(signature, [f"beyond what gpuaccept reads: {exc}"], [])
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         return Verification(signature, [f"not a TOML file: {exc}"], [])
     schema, verdicts = record_problems(record)
-    return Verification(signature, schema, verdicts)
+    signoff = record.get("signoff")
+    return Verification(signature, schema, verdicts, signoff if isinstance(signoff, dict) else {})
 
 
 def record_problems(rec: dict[str, Any]) -> tuple[list[str], list[str]]:

@@ -331,6 +331,42 @@ def test_a_headless_run_stopped_by_a_signal_keeps_what_it_measured(tmp_path, tin
     assert record["signoff"]["status"] == "unsigned"
 
 
+def test_a_kill_9_of_a_headless_run_leaves_no_child_running(tmp_path, tiny_model_dir):
+    """What docs/reference.md ("Interrupted runs") claims: after ``kill -9`` of gpuaccept, which can clean up nothing,
+    every child (here the probe's, stepping) ends itself within a second or two (core/child/lifeline.py)."""
+    import signal
+    import time
+
+    import psutil
+
+    exe = shutil.which("gpuaccept", path=str(Path(sys.executable).parent))
+    proc = subprocess.Popen([exe, "run", "--headless", "--model", str(tiny_model_dir), "--devices", "cpu",
+                             "--seq-len", "32", "--probe-steps", "2000", "--runs-dir", str(tmp_path / "runs")],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=tmp_path)
+    deadline = time.monotonic() + 240
+    for line in proc.stdout:  # wait until the probe child is stepping
+        if "probe step 3/" in line or time.monotonic() > deadline:
+            break
+
+    def children() -> list[int]:
+        found = []
+        for p in psutil.process_iter():
+            try:
+                if p.environ().get("GPUACCEPT_PARENT_PID") == str(proc.pid) and p.status() != psutil.STATUS_ZOMBIE:
+                    found.append(p.pid)
+            except psutil.Error:
+                continue
+        return found
+
+    assert children(), "the probe's child was not found"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    deadline = time.monotonic() + 10
+    while children() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not children()
+
+
 @pytest.mark.parametrize(("stage", "flags", "wait_for", "table"), [
     ("train", ["--steps", "400", "--no-resume-check"], "train step 3/", "evaluation"),
     ("resume", ["--steps", "8", "--checkpoint-every", "2", "--kill-after-checkpoint", "2"], "interrupted step ",

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -244,12 +245,13 @@ def test_no_process_of_the_job_outlives_a_kill_or_the_run_that_started_it(tmp_pa
     assert any("left 1 process(es) running after it exited" in f for f in record["probe"]["findings"])
 
 
-def _start_headless(tmp_path: Path, extra: str) -> tuple[subprocess.Popen, Path]:
+def _start_headless(tmp_path: Path, extra: str, env: dict | None = None) -> tuple[subprocess.Popen, Path]:
     runs = tmp_path / "runs"
     proc = subprocess.Popen([GPUACCEPT, "run", "--headless", "--runs-dir", str(runs), "--command",
                              f"{PY} {FAKE} --out {{out}} {extra}", "--metrics", "metrics.jsonl", "--eval", "none",
                              "--checkpoint-files", "state.json"], cwd=tmp_path, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env=None if env is None else {**os.environ, **env})
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         found = list(runs.glob("*/reference/out/detached.pid"))
@@ -307,6 +309,80 @@ def test_a_kill_9_of_gpuaccept_leaves_no_process_of_the_job(tmp_path):
         time.sleep(0.1)
     assert not alive(helper) and not [p.pid for p in psutil.process_iter() if _holds_token(p, command)]
     assert not alive(shell)  # `sleep` has no lifeline: gpuaccept's reaper (core/command/reaper.py) ended it
+
+
+@pytest.mark.parametrize("containment", ["auto", "subreaper"])
+def test_a_daemon_that_leaves_no_trace_dies_with_a_kill_9_of_gpuaccept(tmp_path, containment):
+    """Issue 35: a grandchild that double-forks, calls setsid(), closes its descriptors, clears its environment and
+    execs ``sleep 2222`` survived ``kill -9`` of gpuaccept, re-parented to PID 1. It is held by the job's cgroup where
+    one can be made (root here: ``auto``), else by the keeper as its subreaper (``subreaper``): gone either way."""
+    proc, pid_file = _start_headless(tmp_path, "--detach --detach-clean --steps 400 --sleep 0.05",
+                                     env={"GPUACCEPT_CONTAINMENT": containment})
+    daemon_file = pid_file.with_name("clean.pid")
+    deadline = time.monotonic() + 30
+    while not (daemon_file.is_file() and daemon_file.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    daemon = int(daemon_file.read_text())
+    assert alive(daemon) and psutil.Process(daemon).ppid() != 1  # adopted by the keeper, not by init
+    job = json.loads((pid_file.parents[1] / "job.json").read_text())
+    if containment == "subreaper":
+        assert job["cgroup"] is None and job["containment"].startswith("subreaper (PR_SET_CHILD_SUBREAPER)")
+    elif job["cgroup"]:
+        assert job["containment"].startswith("cgroup v2") and daemon in _cgroup_pids(job["cgroup"])
+    proc.kill()
+    proc.wait(timeout=30)
+    deadline = time.monotonic() + 10
+    while (alive(daemon) or job["cgroup"] and Path(job["cgroup"]).exists()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not alive(daemon), f"{daemon} outlived gpuaccept ({job['containment']})"
+    assert not job["cgroup"] or not Path(job["cgroup"]).exists()  # the job's cgroup is removed with it
+
+
+@pytest.fixture
+def memory_cgroup():
+    """A memory cgroup limited to 64 MiB, no swap (cgroup v1's memory controller, or v2's), removed after; skipped
+    where none can be made (not root)."""
+    import uuid
+
+    name = f"gpuaccept-test-oom-{uuid.uuid4().hex[:8]}"
+    for base, limits in ((Path("/sys/fs/cgroup/memory"), ("memory.limit_in_bytes", "memory.memsw.limit_in_bytes")),
+                         (Path("/sys/fs/cgroup"), ("memory.max", "memory.swap.max"))):
+        folder = base / name
+        try:
+            folder.mkdir()
+        except OSError:
+            continue
+        try:
+            for limit in limits:
+                (folder / limit).write_text("0" if limit == "memory.swap.max" else str(64 * 2**20))
+        except OSError:
+            folder.rmdir()
+            continue
+        yield folder
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                folder.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
+        return
+    pytest.skip("no memory cgroup with a limit can be made here (needs root)")
+
+
+def test_a_command_the_oom_killer_ends_is_named_out_of_memory(tmp_path, memory_cgroup):
+    """Issue 35: an OOM kill in command mode read "the command exited with status -9 after 3.5 s: " with nothing
+    after the colon, while the cgroup's oom_kill rose."""
+    record, _ = accept(fake(f"--oom-in {memory_cgroup}"), tmp_path / "runs")
+    probe = record["verdict"]["stages"]["probe"]
+    assert probe["status"] == "fail", probe
+    assert "exited with status -9 (SIGKILL): out of memory: the kernel's OOM killer ended a process" in \
+        probe["evidence"], probe["evidence"]
+    assert "its last words: fake_train: allocating until the OOM killer ends me" in probe["evidence"]
+
+
+def _cgroup_pids(folder: str) -> list[int]:
+    return [int(x) for x in (Path(folder) / "cgroup.procs").read_text().split()]
 
 
 # ------------------------------------------------------------------------------------- the record and verify

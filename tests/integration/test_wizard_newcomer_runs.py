@@ -36,8 +36,14 @@ async def test_every_footer_key_is_on_screen_at_80_columns(tiny_model_dir, tmp_p
     app = make_app(tiny_model_dir, tmp_path, mode="lora")
     async with app.run_test(size=(80, 24)) as pilot:
         await to_plan(pilot, app)
-        await pilot.pause(0.2)
-        keys = list(app.screen.query(FooterKey)) + list(app.screen.query(FooterLabel))
+        from tests.wizard_helpers import wait_for
+
+        def laid_out() -> list:  # under load the footer is drawn a while after the screen (no fixed pause)
+            found = list(app.screen.query(FooterKey)) + list(app.screen.query(FooterLabel))
+            return found if found and all(k.region.width > 0 for k in found) else []
+
+        await wait_for(pilot, lambda: bool(laid_out()), 30)
+        keys = laid_out()
         assert keys and all(k.region.right <= 80 and k.region.width > 0 for k in keys), [
             (str(k.render()), k.region) for k in keys]
         assert any("Terms" in str(k.render()) for k in keys)
@@ -52,8 +58,9 @@ async def test_the_plan_says_how_each_line_is_estimated_in_full_at_80_columns(ti
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.press("enter", "ctrl+n")
         assert isinstance(app.screen, PlanScreen)
-        await wait_for(pilot, lambda: bool(app.screen.query(".methods")), 60)
-        await pilot.pause(0.2)
+        # under load the table is laid out a while after it is mounted: wait for its region, not a fixed pause
+        await wait_for(pilot, lambda: bool(app.screen.query(".methods"))
+                       and app.screen.query_one(".methods").region.width > 0, 60)
         methods = app.screen.query_one(".methods")
         shown = " ".join(line.text for line in methods.render_lines(methods.region.reset_offset)).split()
         plan = app.state.ctx.plan.devices[0]

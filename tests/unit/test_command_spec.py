@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -268,12 +269,20 @@ def test_outside_the_gpus_memory_of_the_job_comes_from_nvmls_per_process_list(tm
             return [DeviceSample(0.0, "cuda:0", "GPU", "nvml", Reading(80 * 2**30), r, r, r, Reading(0)),
                     DeviceSample(0.0, "nvml:1", "GPU", "nvml", Reading(80 * 2**30), r, r, r, Reading(0))]
 
-    proc = sp.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    import psutil
+
+    # in the keeper's place (core/command/keeper.py), a process whose child is the job's
+    proc = sp.Popen([sys.executable, "-c", "import subprocess, sys; "
+                     "subprocess.run([sys.executable, '-c', 'import time; time.sleep(30)'])"])
     try:
+        while not psutil.Process(proc.pid).children():
+            time.sleep(0.02)
         job = Job("x", [], tmp_path, proc, "token", 0.0)
         sample = sample_memory(job, FakeNvml())
         assert sample["cuda:0"] == 3 * 2**30 and "nvml:1" not in sample and sample["cpu"] > 0
     finally:
+        for child in psutil.Process(proc.pid).children():
+            child.kill()
         proc.kill()
         proc.wait()
     outcome = RunOutcome("reference", [], tmp_path, tmp_path, tmp_path / "log", exit_code=0, peaks=job.peaks)

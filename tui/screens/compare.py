@@ -17,6 +17,8 @@ from textual.containers import VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Footer, Header, SelectionList, Static
 
+from core.bounds import loads_bounded
+
 
 def record_choices(runs_root: Path, current: Path | None) -> list[tuple[str, str, bool]]:
     """(label, path, selected) for every record below ``runs_root``, newest first: ``current`` (the record just
@@ -30,7 +32,7 @@ def record_choices(runs_root: Path, current: Path | None) -> list[tuple[str, str
     info: list[tuple[Path, str, str]] = []
     for path in paths:
         try:
-            rec = tomllib.loads(path.read_text(encoding="utf-8"))
+            rec = loads_bounded(path.read_text(encoding="utf-8"))
         except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
             continue
         spec = rec.get("spec", {}) if isinstance(rec.get("spec"), dict) else {}

@@ -9,6 +9,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, VerticalScroll
 from textual.content import Content
+from textual.markup import escape
 from textual.screen import Screen
 from textual.widgets import Button, Footer, Header, Input, Label, Select, Static
 
@@ -115,6 +116,32 @@ class ExportScreen(Screen):
                 self.app.state.signoff_draft["decision"] = str(event.value)
             else:
                 self.app.state.signoff_draft.pop("decision", None)
+            self._say_override(str(event.value))
+
+    def _override_needed(self, decision: str) -> str | None:
+        """What to say when ``decision`` would accept a run whose verdict is not pass (the rule of
+        :func:`core.record.signoff.checked_signoff`, which ``gpuaccept sign`` applies too); None when it would not."""
+        from core.record.signoff import needs_override, verdict_in_words
+
+        run = self.app.state.run
+        if run is None:
+            return None
+        verdict = run.current_verdict()
+        if not needs_override(verdict, decision):
+            return None
+        return (f"the verdict is {verdict_in_words(verdict)}: to accept it anyway, type your reason in Comment; it is "
+                "kept in the record as the override (as gpuaccept sign --override), or choose reject")
+
+    def _say_override(self, decision: str) -> None:
+        """Choosing accept on a run that did not pass says at once that the Comment becomes the override's reason."""
+        error = self.query_one("#export-error", Static)
+        said = self._override_needed(decision)
+        if said is not None:
+            error.update(Content(said))
+            self._override_said = said
+        elif getattr(self, "_override_said", None) is not None and str(error.content) == self._override_said:
+            error.update("")
+            self._override_said = None
 
     @work(thread=True, exclusive=True, group="fingerprint")
     def show_fingerprint(self, key: str) -> None:
@@ -208,7 +235,9 @@ class ExportScreen(Screen):
             self.query_one("#decision", Select).value in ("accept", "reject")
 
     def signoff(self) -> dict | None:
-        from core.record.signoff import make_signoff
+        """The sign-off typed here, or None (the error line says what is missing). An accept of a run whose verdict is
+        not pass needs a reason: the Comment, kept as the override (:func:`core.record.signoff.checked_signoff`)."""
+        from core.record.signoff import SignoffRefused, checked_signoff, make_signoff
 
         operator = self.query_one("#operator", Input).value.strip()
         decision = self.query_one("#decision", Select).value
@@ -219,9 +248,19 @@ class ExportScreen(Screen):
         if decision not in ("accept", "reject"):
             error.update("choose a decision: accept or reject")
             return None
+        comment = self.query_one("#comment", Input).value
+        override_said = self._override_needed(str(decision))
+        if override_said is not None and not comment.strip():
+            error.update(Content(f"not written: {override_said}"))
+            return None
         error.update("")
-        return make_signoff(operator, decision, self.query_one("#role", Input).value,
-                            self.query_one("#comment", Input).value)
+        signoff = make_signoff(operator, decision, self.query_one("#role", Input).value, comment,
+                               comment if override_said is not None else None)
+        try:
+            return checked_signoff(self.app.state.run.current_verdict(), signoff)
+        except SignoffRefused as exc:  # shown, never a traceback
+            error.update(Content(f"not written: {exc}"))
+            return None
 
     @work(thread=True, exclusive=True, group="record")
     def write(self) -> None:
@@ -259,8 +298,10 @@ class ExportScreen(Screen):
         self.query_one("#quiz", Button).disabled = self.app.state.run.spec.mode == "command"
         how = "signed" if signed.startswith("signed into") else "UNSIGNED"
         written = self.query_one("#written", Static)
+        override = (f"; OVERRIDE of {', '.join(signoff.get('overridden', []))}: {escape(signoff['override'])}"
+                    if signoff.get("override") else "")
         written.update(f"[b]record written, {how}:[/b] {path}\n(verdict {self.app.state.run.verdict}; "
-                       f"decision {signoff['decision']} by {signoff['operator']}; {signed})")
+                       f"decision {signoff['decision']} by {signoff['operator']}{override}; {signed})")
         written.scroll_visible()  # at 80x24 the confirmation sits below the form
         self.refresh_bindings()  # ^n now opens the quiz
 

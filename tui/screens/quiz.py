@@ -37,12 +37,12 @@ class QuizScreen(Screen):
 
     def __init__(self, record_path: Path, operator: str = "") -> None:
         super().__init__()
-        import tomllib
 
+        from core.bounds import loads_bounded
         from core.quiz import build_quiz
 
         self.record_path = Path(record_path)
-        self.record = tomllib.loads(self.record_path.read_text(encoding="utf-8"))
+        self.record = loads_bounded(self.record_path.read_text(encoding="utf-8"))
         self.questions = build_quiz(self.record)
         self.chosen: list[int] = []
         self.index = 0

@@ -5,7 +5,10 @@ it "trains" ``--steps`` steps in milliseconds, writes ``metrics.jsonl`` and ``ch
 Switches, each a way a real job fails: ``--exit-after N CODE`` exits with CODE after step N; ``--no-checkpoint``;
 ``--no-metrics``; ``--bad-metrics`` (every line's step a string); ``--detach`` starts a Python process in a session of its
 own that sleeps (a daemonised helper, which a kill of the command's process group alone would leave behind) and writes
-its pid to ``OUT/detached.pid``; ``--detach-shell`` the same with ``sleep`` (no Python: ``OUT/sleep.pid``); ``--sleep S``
+its pid to ``OUT/detached.pid``; ``--detach-shell`` the same with ``sleep`` (no Python: ``OUT/sleep.pid``); ``--detach-clean`` a daemon that leaves
+no trace to follow (double fork, ``setsid``, its descriptors closed, its environment cleared, then ``sleep``:
+``OUT/clean.pid``); ``--oom-in DIR`` joins the memory cgroup DIR (its limit set by the test) and allocates until
+the kernel's OOM killer ends it; ``--sleep S``
 per step; ``--forget-sum`` resumes with the running sum reset (a checkpoint that misses part of the state).
 Standard library only.
 """
@@ -19,6 +22,24 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+
+def detach_clean(pid_file: Path) -> None:
+    """A daemon no environment or tree leads back to: fork, ``setsid``, fork again, close every descriptor, clear the
+    environment and exec ``sleep``; its pid in ``pid_file`` (written before the exec)."""
+    first = os.fork()
+    if first:
+        os.waitpid(first, 0)
+        while not pid_file.is_file() or not pid_file.read_text():
+            time.sleep(0.01)
+        return
+    os.setsid()
+    if os.fork():
+        os._exit(0)
+    pid_file.write_text(str(os.getpid()))
+    os.closerange(0, 1024)
+    os.environ.clear()
+    os.execve("/bin/sleep", ["sleep", "2222"], {})
 
 
 def main() -> int:
@@ -36,6 +57,8 @@ def main() -> int:
     p.add_argument("--forget-sum", action="store_true")
     p.add_argument("--detach-shell", action="store_true")
     p.add_argument("--bad-metrics", action="store_true")
+    p.add_argument("--detach-clean", action="store_true")
+    p.add_argument("--oom-in")
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -47,6 +70,14 @@ def main() -> int:
         helper = subprocess.Popen(["sleep", "300"], start_new_session=True, stdin=subprocess.DEVNULL,
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         (out / "sleep.pid").write_text(str(helper.pid))
+    if args.detach_clean:
+        detach_clean(out / "clean.pid")
+    if args.oom_in:
+        print("fake_train: allocating until the OOM killer ends me", flush=True)
+        Path(args.oom_in, "cgroup.procs").write_text(str(os.getpid()))
+        held = []
+        while True:
+            held.append(b"x" * (16 << 20))
     start, total = 0, 0.0
     if args.resume:
         state = json.loads((Path(args.resume) / "state.json").read_text())
