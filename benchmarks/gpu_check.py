@@ -72,7 +72,7 @@ ACCEPTANCE: dict[str, list[str]] = {
               "--steps", "12", "--checkpoint-every", "4", "--kill-after-checkpoint", "2"],
 }
 COMMON = ["--batch-size", "4", "--seq-len", "512", "--eval-max-blocks", "32"]
-#: the planted fault run on the GPU (core/child/faults.py): the resume check must fail it under the twin's noise bound
+#: the planted fault run on the GPU (core/protocol/faults.py): the resume check must fail it under the twin's noise bound
 FAULT = "fresh_optimizer"
 #: the real acceptance the dry run makes on the CPU, through the same path as the GPU's (a stage child of a tree that
 #: is not installed), under the test jitter so that its twin runs too (core/child/inject/jitter.py)
@@ -277,7 +277,7 @@ def run_acceptance(check: Check, name: str, args: list[str], limit_s: float,
 
 
 def step_fault(check: Check, model: Path) -> dict[str, Any]:
-    """A planted fault on the GPU (``GPUACCEPT_TEST_FAULT``, core/child/faults.py): LoRA bf16 on the small model whose
+    """A planted fault on the GPU (``GPUACCEPT_TEST_FAULT``, core/protocol/faults.py): LoRA bf16 on the small model whose
     resumed run starts AdamW afresh; the resume check must fail naming the optimizer, its moments judged against the
     twin's measured noise."""
     args = [*ACCEPTANCE["lora"], "--batch-size", "4", "--seq-len", "256", "--eval-max-blocks", "8", "--model",

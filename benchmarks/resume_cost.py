@@ -54,16 +54,16 @@ def drain(gen, stamps: list | None = None):
 
 
 def step_times(events: list) -> list[float]:
-    from core.child.events import Step
+    from core.protocol.events import Step
 
     ts = [e.t for e in events if isinstance(e, Step)]
     return [b - a for a, b in zip(ts, ts[1:])]
 
 
 def main() -> None:
-    from core.child.events import KillPoint, Step
-    from core.events import ChildStarted, read_events
+    from core.events import ChildStarted
     from core.models import resolve_model, runnable_path
+    from core.protocol.events import KillPoint, Step, read_events
     from core.spec import RunSpec
     from core.stages.childproc import ChildJob
     from core.stages.resume import run_resume_check

@@ -9,7 +9,7 @@ the child's differs from (a variable read at import time could differ; only :dat
 starts the server and waits for its preload; :func:`warm` starts it early, so the imports overlap the plan.
 
 A forked child is a session leader like a spawned one (its process group is what the resume check kills), its parent is
-the server, and it ends itself when gpuaccept is gone (``GPUACCEPT_PARENT_PID``, :mod:`core.child.lifeline`), as the
+the server, and it ends itself when gpuaccept is gone (``GPUACCEPT_PARENT_PID``, :mod:`core.protocol.lifeline`), as the
 server does. Torchrun's ranks are spawned by torchrun, never forked from here.
 """
 

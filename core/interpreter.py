@@ -46,7 +46,7 @@ def python_env(env: Mapping[str, str]) -> dict[str, str]:
 def child_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment of gpuaccept's own children (a stage's worker, the traced plan, the fork server): offline,
     unbuffered, gpuaccept importable from where this process imported it (:func:`python_env`), ending themselves when
-    this process is gone (``GPUACCEPT_PARENT_PID``, :mod:`core.child.lifeline`), and every ``torch.load`` in them
+    this process is gone (``GPUACCEPT_PARENT_PID``, :mod:`core.protocol.lifeline`), and every ``torch.load`` in them
     (Trainer's, peft's, ours) forced to ``weights_only=True`` whatever its call site passes or ``base`` says
     (docs/architecture.md §4: no pickle of arbitrary objects is ever loaded from a checkpoint)."""
     env = python_env(os.environ if base is None else base)

@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import GpuAcceptError, SpecError, StageError
-from core.events import Event, EventWriter, Message, RunFinished, StageFinished, StageStarted
+from core.events import Event, Message, RunFinished, StageFinished, StageStarted
+from core.protocol.events import EventWriter
 from core.spec import EIGHT_BIT_OPTIMIZERS, RunSpec, parse_devices
 from core.stages.childproc import launch_options
 from core.status import StageStatus, Stopped
@@ -608,7 +609,7 @@ def check_runnable(spec: RunSpec, ctx: PlanContext, device: str, allow_unfit: bo
     missing = attention_unavailable(spec.attn_implementation, device)
     if missing:
         raise GpuAcceptError(f"attn_implementation: {missing}")
-    needs_bnb = "mode: qlora" if spec.mode == "qlora" else (
+    needs_bnb = f"mode: {spec.mode}" if spec.method.takes("quant") else (
         f"optimizer: {spec.optimizer}" if spec.training and spec.optimizer in EIGHT_BIT_OPTIMIZERS else None)
     if needs_bnb and importlib.util.find_spec("bitsandbytes") is None:
         raise GpuAcceptError(f"{needs_bnb} runs on bitsandbytes, which is not installed here: pip install -e "

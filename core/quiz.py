@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import GpuAcceptError
+from core.methods import METHODS, trains
 from core.plan.fit import fits_in
 
 GiB = 2**30
@@ -87,10 +88,11 @@ def build_quiz(record: dict[str, Any]) -> list[Question]:
     found = record.get("spec")
     spec: dict[str, Any] = found if isinstance(found, dict) else {}
     seed = str(spec.get("hash", ""))
-    training = spec.get("mode") in ("full", "lora", "qlora")
+    method = METHODS.get(str(spec.get("mode")))
+    training = method is not None and method.trains
     makers = [_fit_by_device, _batch_doubles]
     if training:
-        makers.append(_qlora_saves if spec.get("mode") == "qlora" else _lora_vs_full)
+        makers.append(_qlora_saves if method is not None and method.takes("quant") else _lora_vs_full)
     makers += [_memory_readings, _finished_vs_quality]
     if training:
         makers.append(_checkpoint_vs_resume)
@@ -187,7 +189,7 @@ def _batch_doubles(rec: dict[str, Any], seed: str) -> Question | None:
     if not comps.get("activations"):
         return None
     dominant = max(comps, key=lambda k: comps[k])
-    inference = rec.get("spec", {}).get("mode") == "inference"
+    inference = not trains(rec.get("spec", {}).get("mode"))
     act = comps["activations"]
     kv = comps.get("kv_cache", 0)
     methods = d.get("methods", {}) if isinstance(d.get("methods"), dict) else {}
@@ -225,7 +227,8 @@ def _lora_vs_full(rec: dict[str, Any], seed: str) -> Question | None:
     if not isinstance(total_p, int) or not isinstance(trained_p, int) or not total_p or not trained_p:
         return None
     per_param, how = _state_bytes_per_parameter(rec["spec"])
-    if mode == "full":
+    method = METHODS.get(str(mode))
+    if method is not None and method.trains_base:
         prompt = (f"This full fine-tuning trains all {total_p:,} parameters. If LoRA replaced it (frozen base, small "
                   "adapters), which lines would shrink most?")
         right = f"Gradients and optimizer states ({_gib(grads_opt)} now): only trained parameters have them"
@@ -349,7 +352,7 @@ def _finished_vs_quality(rec: dict[str, Any], seed: str) -> Question | None:
         return None
     b = float(before["perplexity"])
     tokens = int(before["tokens"])
-    if rec["spec"].get("mode") == "inference":
+    if not trains(rec["spec"].get("mode")):
         prompt = "The fixed weights ran over the held-out split without an error. What does the record say about them?"
         right = (f"Held-out perplexity {b:.3f} on {tokens:,} tokens: how they predict this text, nothing beyond it"
                  if math.isfinite(b) else f"Their held-out perplexity is {b}: not finite, so their outputs are broken")

@@ -71,24 +71,23 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin
+from typing import Any, Literal, cast, get_args, get_origin
 
 from core import killpoints
 from core.bounds import TomlBoundsError, check_path, loads_bounded, special_file_kind
 from core.criteria import AcceptCriteria
 from core.dtypes import DTYPES, Dtype, dtype_bytes
 from core.errors import SpecError
+from core.methods import METHODS, Method, method_of
+from core.methods.lora import ALL_LINEAR, QUANT_TYPES, QuantType  # noqa: F401 - re-exported: the spec's values
 
 #: What a run does: ``inference`` (forward only), ``full`` fine-tuning, ``lora`` adapters, ``qlora`` (a LoRA variant:
-#: the same adapters over a base stored in 4 bits by bitsandbytes and dequantised layer by layer as it runs).
+#: the same adapters over a base stored in 4 bits by bitsandbytes and dequantised layer by layer as it runs). Each is
+#: a method object (core/methods/): ``RunSpec.method``; tests/unit/test_methods.py keeps this list and theirs equal.
 Mode = Literal["inference", "full", "lora", "qlora"]
 MODES: tuple[Mode, ...] = get_args(Mode)
 #: The modes that train LoRA adapters over a frozen base: basic LoRA and its 4-bit variant (QLoRA)
-ADAPTER_MODES: tuple[Mode, ...] = ("lora", "qlora")
-#: The 4-bit data types of bitsandbytes (``bnb_4bit_quant_type``): NormalFloat4 (Dettmers et al. 2023, arXiv
-#: 2305.14314) or a 4-bit float
-QuantType = Literal["nf4", "fp4"]
-QUANT_TYPES: tuple[QuantType, ...] = get_args(QuantType)
+ADAPTER_MODES: tuple[Mode, ...] = tuple(m for m in MODES if METHODS[m].adapters)
 #: How the dtype is used (docs/reference.md "Precision"): ``pure`` loads the model in ``dtype`` (parameters,
 #: gradients and optimizer states in it; LoRA adapters fp32, as peft keeps them); ``amp`` keeps fp32 parameters,
 #: gradients and optimizer states and runs forward and backward under autocast in ``dtype`` (Trainer's bf16=True on an
@@ -103,8 +102,6 @@ ATTN_IMPLEMENTATIONS: tuple[AttnImplementation, ...] = get_args(AttnImplementati
 #: without a mask). gpuaccept's own data is packed but for its last, padded block (dropped from training when packed).
 Padding = Literal["padded", "packed"]
 PADDINGS: tuple[Padding, ...] = get_args(Padding)
-#: peft's keyword for "every linear layer but the output layer" (``LoraConfig(target_modules="all-linear")``).
-ALL_LINEAR = "all-linear"
 #: ``adamw_8bit`` and ``paged_adamw_8bit``: bitsandbytes' AdamW with 8-bit states (a variant; core/plan/quant.py);
 #: paged is CUDA only (its states in unified memory the driver may page to the host): planned anywhere, run on CUDA
 Optimizer = Literal["adamw", "sgd", "adafactor", "adamw_8bit", "paged_adamw_8bit"]
@@ -124,16 +121,6 @@ MAX_PLANNED_DEVICES = 1024
 EMBEDDED_MODEL = "smollm2-135m"
 EMBEDDED_DATA = "embedded"
 
-# Per-mode defaults chosen so the embedded run finishes on a 2-core CPU in minutes (docs/architecture.md §6: LoRA step ~1.6 s,
-# full fine-tuning step ~4.2 s at 4 x 128 tokens, fp32).
-_MODE_DEFAULTS: dict[Mode, dict[str, Any]] = {
-    "inference": {"steps": 0, "learning_rate": 0.0},
-    "lora": {"steps": 30, "learning_rate": 1e-3},
-    "qlora": {"steps": 30, "learning_rate": 1e-3},
-    "full": {"steps": 12, "learning_rate": 5e-5},
-}
-_RESUME_DEFAULTS: dict[Mode, tuple[int, int]] = {"lora": (10, 2), "qlora": (10, 2), "full": (4, 2),
-                                                  "inference": (10, 1)}
 
 
 @dataclass(frozen=True)
@@ -383,21 +370,20 @@ class RunSpec:
                 where = f"; {key} belongs in the [{tables[0]}] table" if tables else ""
                 raise SpecError(key, f"unknown setting{where}; known settings are: {', '.join(sorted(known))}")
         mode = raw.get("mode", cls.mode)
-        if mode not in MODES:
+        if not isinstance(mode, str) or mode not in MODES:
             raise SpecError("mode", f"{mode!r} is not a mode; choose one of {', '.join(MODES)}")
-        defaults = _MODE_DEFAULTS[mode]
-        for key, value in defaults.items():
-            raw.setdefault(key, value)
+        method = method_of(mode)  # its defaults (core/methods/)
+        raw.setdefault("steps", method.steps)
+        raw.setdefault("learning_rate", method.learning_rate)
         lora_raw = _table(raw, "lora")
         resume_raw = _table(raw, "resume")
-        every, kill_after = _RESUME_DEFAULTS[mode]
-        resume_raw.setdefault("checkpoint_every", every)
-        resume_raw.setdefault("kill_after_checkpoint", kill_after)
+        resume_raw.setdefault("checkpoint_every", method.checkpoint_every)
+        resume_raw.setdefault("kill_after_checkpoint", method.kill_after_checkpoint)
         if "targets" in lora_raw:
             lora_raw["targets"] = _targets(lora_raw["targets"])
         lora = _sub(LoraSettings, lora_raw, "lora")
         qlora_raw = _table(raw, "qlora")
-        if qlora_raw and mode != "qlora":
+        if qlora_raw and "qlora" not in method.own_tables:
             raise SpecError("qlora", f"the [qlora] settings ({', '.join(sorted(qlora_raw))}) apply to mode qlora; "
                                      f"set mode = \"qlora\" or remove them")
         qlora = _sub(QloraSettings, qlora_raw, "qlora")
@@ -424,13 +410,8 @@ class RunSpec:
             SpecError: naming the first invalid field and what to change.
         """
         self._check_values()
-        self._check_mode()
-        if self.mode == "inference":  # criteria of training: refused, not stored unjudged
-            for name, default in (("min_improvement", 0.0), ("resume_tier", "auto")):
-                if getattr(self.accept, name) != default:
-                    raise SpecError(f"accept.{name}", "applies to training (inference trains nothing and resumes "
-                                                      "nothing); remove it or choose a training mode")
-        if self.mode != "inference" and self.resume.check:
+        self.method.check(self)  # what the method asks and refuses (core/methods/)
+        if self.training and self.resume.check:
             self._check_resume()
         self._check_devices()
         if self.data != EMBEDDED_DATA:
@@ -477,53 +458,6 @@ class RunSpec:
                                      "shorter run of the same setup")
         if not 0.0 < self.heldout_fraction < 1.0:
             raise SpecError("heldout_fraction", f"must be between 0 and 1, exclusive (got {self.heldout_fraction})")
-
-    def _check_mode(self) -> None:
-        """What the mode asks: no steps for inference; steps, a learning rate and warmup within the steps for training;
-        LoRA's rank, alpha, dropout and targets."""
-        if self.mode == "inference":
-            if self.steps != 0:
-                raise SpecError("steps", "inference runs no training steps; set steps = 0 or choose a training mode "
-                                         "(full, lora, qlora)")
-        else:
-            if self.steps < 1:
-                raise SpecError("steps", f"a training mode needs at least 1 step (got {self.steps})")
-            if self.learning_rate <= 0:
-                raise SpecError("learning_rate", f"must be positive for training (got {self.learning_rate})")
-            if self.warmup_steps > self.steps:
-                raise SpecError("warmup_steps", f"{self.warmup_steps} is more than steps ({self.steps}); lower it")
-        if self.mode == "qlora":
-            self._check_qlora()
-        if self.adapters:
-            if self.lora.r < 1:
-                raise SpecError("lora.r", f"the LoRA rank must be at least 1 (got {self.lora.r})")
-            if self.lora.alpha <= 0:
-                raise SpecError("lora.alpha", f"must be positive (got {self.lora.alpha})")
-            if not 0.0 <= self.lora.dropout < 1.0:
-                raise SpecError("lora.dropout", f"must be in [0, 1) (got {self.lora.dropout})")
-            if not self.lora.targets:
-                raise SpecError("lora.targets", "name at least one module, e.g. q_proj,v_proj")
-            repeated = sorted({t for t in self.lora.targets if self.lora.targets.count(t) > 1})
-            if repeated:
-                raise SpecError("lora.targets", f"{', '.join(repeated)} named twice; name each module once")
-            if ALL_LINEAR in self.lora.targets and len(self.lora.targets) > 1:
-                raise SpecError("lora.targets", f"{ALL_LINEAR} already names every linear layer but the LM head; give "
-                                                f"it alone, or list module names without it")
-
-    def _check_qlora(self) -> None:
-        """QLoRA's settings, and what this version runs it with: the pure precision (the 4-bit base has no fp32 master
-        copy) and one process (strategy single)."""
-        if self.qlora.quant_type not in QUANT_TYPES:
-            raise SpecError("qlora.quant_type", f"{self.qlora.quant_type!r}: choose nf4 (NormalFloat4, QLoRA's) or fp4")
-        if self.precision != "pure":
-            raise SpecError("precision", "qlora stores the base in 4 bits, with no fp32 master copy to keep: set "
-                                         "precision = \"pure\" (dtype is the compute dtype the 4-bit layers "
-                                         "dequantise to)")
-        if self.strategy != "single":
-            lora_runs = (f"; mode lora runs {self.strategy}" if self.strategy in ("ddp", "zero3")
-                         else f"; mode lora plans {self.strategy}")
-            raise SpecError("strategy", f"qlora runs in one process in this version (strategy single), not "
-                                        f"{self.strategy}: plan the 4-bit base on one device{lora_runs}")
 
     def _check_resume(self) -> None:
         """The resume check's settings (training with the check on): intervals, the kill point, where the
@@ -581,23 +515,12 @@ class RunSpec:
                                                     f"{self.steps - c} (to the last step)")
 
     def _check_precision(self) -> None:
-        """``precision`` is one of :data:`PRECISIONS`; what cannot run is refused here, naming the fix.
-
-        - pure fp16 full fine-tuning: every gradient would be fp16, and the GradScaler that fp16 training needs
-          refuses them (``torch.amp.GradScaler.unscale_``: "Attempting to unscale FP16 gradients."; checked in
-          tests/unit/test_precision.py). LoRA on an fp16 base is fine: its adapters and their gradients are fp32.
-        - amp for inference: there is no master copy to keep; inference loads the weights in ``dtype``.
-        """
+        """``precision`` is one of :data:`PRECISIONS`. What a method cannot run with is its own refusal
+        (core/methods/: pure fp16 full fine-tuning in full.py, amp for inference in inference.py, amp for QLoRA in
+        lora.py)."""
         if self.precision not in PRECISIONS:
             raise SpecError("precision", f"{self.precision!r} is not a precision; choose pure (the model loaded in "
                                          f"dtype) or amp (fp32 weights, autocast to dtype)")
-        if self.precision == "pure" and self.dtype == "fp16" and self.mode == "full":
-            raise SpecError("precision", "pure fp16 full fine-tuning makes every gradient fp16, and the GradScaler "
-                                         "fp16 training needs refuses them (\"Attempting to unscale FP16 gradients\"); "
-                                         "set precision = \"amp\" (fp32 master weights) or dtype = \"bf16\"")
-        if self.precision == "amp" and self.mode == "inference":
-            raise SpecError("precision", "amp keeps fp32 master weights for training; inference loads the weights in "
-                                         "dtype: set precision = \"pure\" (the default) or choose mode full or lora")
 
     def _check_torchrun(self, count: int | None) -> None:
         t = self.torchrun
@@ -643,20 +566,25 @@ class RunSpec:
 
     # ------------------------------------------------------------------ views
     @property
+    def method(self) -> Method:
+        """The method object of :attr:`mode` (core/methods/): every rule that depends on the method."""
+        return method_of(self.mode)
+
+    @property
     def training(self) -> bool:
         """True for full fine-tuning, LoRA and QLoRA (backward and optimizer steps run)."""
-        return self.mode != "inference"
+        return self.method.trains
 
     @property
     def adapters(self) -> bool:
         """LoRA adapters are trained over a frozen base: modes ``lora`` and ``qlora`` (:data:`ADAPTER_MODES`)."""
-        return self.mode in ADAPTER_MODES
+        return self.method.adapters
 
     @property
     def base_mode(self) -> Mode:
         """The mode the model's parameters are laid out by: ``lora`` for ``qlora`` (the same adapters and frozen base;
         which base parameters are stored in 4 bits is the plan's :mod:`core.plan.quant`), else :attr:`mode`."""
-        return "lora" if self.mode == "qlora" else self.mode
+        return cast(Mode, self.method.layout)
 
     @property
     def dtype_bytes(self) -> int:
@@ -671,7 +599,7 @@ class RunSpec:
         QLoRA: fp32 for every parameter not stored in 4 bits (embeddings, norms, LM head), whatever the dtype: peft's
         ``prepare_model_for_kbit_training`` casts every fp16 and bf16 parameter but the 4-bit ones to fp32
         (peft/utils/other.py, read in peft 0.21.2)."""
-        return "fp32" if self.precision == "amp" or self.mode == "qlora" else self.dtype
+        return "fp32" if self.precision == "amp" or self.method.fp32_params else self.dtype
 
     @property
     def autocast(self) -> bool:
@@ -691,8 +619,8 @@ class RunSpec:
         out = dataclasses.asdict(self)
         out["lora"]["targets"] = list(self.lora.targets)
         del out["accept"]
-        if self.mode != "qlora":  # the 4-bit settings belong to QLoRA alone: other specs hash as they always did
-            del out["qlora"]
+        if "qlora" not in self.method.own_tables:  # the 4-bit settings belong to QLoRA alone: other specs hash as
+            del out["qlora"]                     # they always did
         return out
 
     def to_file_dict(self) -> dict[str, Any]:

@@ -53,6 +53,19 @@ class GpuAcceptApp(App[int]):
         self.backend_note = ""
         self.sampler: Any = None
 
+    async def on_event(self, event: Any) -> None:
+        """A key from the terminal is handed on only once the keys before it have been handled
+        (:func:`tui.widgets.inputs.keys_settled`): the App hands a key to the widget focused when it arrives, and a
+        burst read in two chunks (a paste, tmux send-keys, a macro) otherwise sent the second chunk to the widget the
+        first chunk was still leaving, out of order."""
+        from textual import events
+
+        if isinstance(event, events.Key) and not event.is_forwarded:
+            from tui.widgets.inputs import keys_settled
+
+            await keys_settled(self)
+        await super().on_event(event)
+
     def on_mount(self) -> None:
         from tui.screens.mode import ModeScreen
 

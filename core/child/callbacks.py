@@ -4,9 +4,9 @@
   the random generators right after a checkpoint's RNG state is restored; and asks the kill switch at each micro-batch
   and before a checkpoint's optimizer is written (a private hook of Trainer each: ``_load_rng_state``,
   ``_save_optimizer_and_scheduler``).
-- :class:`StepReporter` emits one :class:`~core.child.events.Step` per optimizer step (global step, epoch, the
+- :class:`StepReporter` emits one :class:`~core.protocol.events.Step` per optimizer step (global step, epoch, the
   learning rate applied, the loss summed over the step's micro-batches, the sample ids, the generators' digests as
-  the step started), one :class:`~core.child.events.CheckpointSaved` per checkpoint, and stops the resumed run of the
+  the step started), one :class:`~core.protocol.events.CheckpointSaved` per checkpoint, and stops the resumed run of the
   resume check after its last compared step.
 - :class:`KillSwitch` holds the interrupted run at its kill point (:func:`core.killpoints.holds`) until the parent
   SIGKILLs its process group.
@@ -20,10 +20,9 @@ from typing import TYPE_CHECKING, Any, cast
 
 from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from core.child.events import CheckpointSaved, KillPoint, RngRestored, Step
-from core.child.rng import live_rng_state, rng_digest
-from core.events import EventWriter
 from core.killpoints import holds
+from core.protocol.events import CheckpointSaved, EventWriter, KillPoint, RngRestored, Step
+from core.protocol.rng import live_rng_state, rng_digest
 
 if TYPE_CHECKING:
     import torch
@@ -35,7 +34,7 @@ class KillSwitch:
 
     Args:
         job: the child's job (``role``, and for ``interrupted`` ``kill_at`` and ``kill_step``).
-        events: where the :class:`~core.child.events.KillPoint` is written before holding.
+        events: where the :class:`~core.protocol.events.KillPoint` is written before holding.
         grad_accum: micro-batches per step when Trainer does not say (``current_gradient_accumulation_steps``).
     """
 
@@ -63,7 +62,7 @@ class MeasuringTrainer(Trainer):
     """Trainer that keeps each micro-batch's sample ids and loss (``micro``, emptied by :class:`StepReporter` at each
     optimizer step), reports the generators right after a restore, and asks ``kill_switch`` where it may hold.
 
-    ``fault`` (tests only, :mod:`core.child.faults`): the resume bug this run commits when it loads a checkpoint."""
+    ``fault`` (tests only, :mod:`core.protocol.faults`): the resume bug this run commits when it loads a checkpoint."""
 
     def __init__(self, *args: Any, events: EventWriter, kill_switch: KillSwitch, fault: str | None = None,
                  **kwargs: Any) -> None:

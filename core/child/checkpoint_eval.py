@@ -22,9 +22,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from core.child.events import ChildError, DataInfo, Started
-from core.child.lifeline import exit_with_parent
-from core.events import EventWriter
+from core.protocol.events import ChildError, DataInfo, EventWriter, Started
+from core.protocol.lifeline import exit_with_parent
 
 
 def main(argv: list[str]) -> int:

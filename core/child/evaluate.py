@@ -25,10 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.errors import DataError
-
-METRIC = (
-    "token-weighted perplexity: exp(sum NLL / sum target tokens) over the held-out split, targets masked by attention mask"
-)
+from core.protocol.events import METRIC
 
 
 def masked_token_nll(logits: Any, input_ids: Any, attention_mask: Any) -> tuple[float, int]:
@@ -116,7 +113,7 @@ class EvalResult:
         blocks: number of blocks evaluated.
         seconds: wall-clock seconds of the evaluation loop.
         correct: targets that are the argmax of their logits (next-token accuracy = correct / tokens).
-        metric: the metric, in words (:data:`METRIC`).
+        metric: the metric, in words (:data:`core.protocol.events.METRIC`).
     """
 
     perplexity: float
@@ -200,8 +197,8 @@ def evaluate_perplexity(model: Any, blocks: Sequence[dict[str, Any]], batch_size
 
 
 def evaluation_event(when: str, result: EvalResult) -> Any:
-    """The ``evaluation`` event (:class:`core.child.events.Evaluation`) of ``result``, ``when`` "before" / "after"."""
-    from core.child.events import Evaluation
+    """The ``evaluation`` event (:class:`core.protocol.events.Evaluation`) of ``result``, ``when`` "before" / "after"."""
+    from core.protocol.events import Evaluation
 
     return Evaluation(when=when, perplexity=result.perplexity, mean_nll=result.mean_nll, nll_sum=result.nll_sum,
                       tokens=result.tokens, blocks=result.blocks, seconds=result.seconds, metric=result.metric,

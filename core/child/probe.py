@@ -2,7 +2,7 @@
 
 Read in order: :func:`probe` reports where the parameters are (:func:`report_placement`), runs the steps the spec asks
 for (:func:`trainer_steps` with Trainer and a measuring callback, :func:`inference_steps` under ``torch.no_grad``, or
-:func:`fsdp2_cpu_steps` for zero3 on CPU ranks), then writes the :class:`~core.child.events.Ledger`
+:func:`fsdp2_cpu_steps` for zero3 on CPU ranks), then writes the :class:`~core.protocol.events.Ledger`
 (:func:`measured_ledger`) and, under torchrun, rank 0 gathers every rank's (:func:`gather_ledgers`). What a step saw
 is kept in :class:`Seen`.
 
@@ -23,9 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from core.child.events import DeviceMap, Ledger, Ledgers, Placement, ProbeStep
 from core.child.recipe import build_trainer, collate
-from core.events import EventWriter
+from core.protocol.events import DeviceMap, EventWriter, Ledger, Ledgers, Placement, ProbeStep
 from core.spec import EIGHT_BIT_OPTIMIZERS, RunSpec
 
 #: The probe's steps that run under the CPU's live-tensor tracker (the first ones): step 1, the warm-up, which creates
@@ -147,7 +146,7 @@ def trainer_steps(spec: RunSpec, model: Any, blocks: list[dict[str, Any]], out_d
 
     is_cuda = device.startswith("cuda")
     tracker, n = seen.tracker, spec.probe_steps
-    if tracker is not None and (spec.optimizer in EIGHT_BIT_OPTIMIZERS or spec.mode == "qlora"):
+    if tracker is not None and (spec.optimizer in EIGHT_BIT_OPTIMIZERS or spec.method.takes("quant")):
         from core.child.measure import expose_bitsandbytes_cpu_kernels
 
         # the step's fp32 copies, and a 4-bit layer's dequantised weight, are made inside bitsandbytes' ops
@@ -212,7 +211,7 @@ def inference_steps(spec: RunSpec, model: Any, blocks: list[dict[str, Any]], dev
 
 def measured_ledger(spec: RunSpec, seen: Seen, device: str, name: str | None, weights: int, local_weights: int,
                     wrapper: str, rss_start: int, rss_loaded: int) -> dict[str, Any]:
-    """The ledger's fields (:class:`~core.child.events.Ledger`) from what the steps saw: bytes per component, the
+    """The ledger's fields (:class:`~core.protocol.events.Ledger`) from what the steps saw: bytes per component, the
     step time (seconds) and tokens per second of the timed steps (:func:`step_timing`: untracked, without the first),
     each step's seconds and which ran tracked, the process's RSS, and the peak: the allocator's on CUDA, the tracked
     live tensors' on the CPU (the steps the tracker followed; the process's peak RSS covers every step)."""
@@ -404,7 +403,7 @@ def gather_ledgers(ledger: Ledger, events: EventWriter) -> None:
     the ledgers of every node, not only the files written on its own disk."""
     import torch.distributed as dist
 
-    from core.child.events import payload
+    from core.protocol.events import payload
 
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
         return

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from core.dtypes import TORCH_DTYPE_NAMES
-from core.events import EventWriter
+from core.protocol.events import EventWriter
 from core.spec import RunSpec
 
 if TYPE_CHECKING:
@@ -44,11 +44,11 @@ def build_model(spec: RunSpec, model_path: str, device: str, device_map: Any = N
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from core.plan.memory import lora_config
+    from core.methods.lora import lora_config
 
     kwargs = {"dtype": getattr(torch, TORCH_DTYPE_NAMES[spec.param_dtype]),
               "attn_implementation": spec.attn_implementation}
-    if spec.mode == "qlora":
+    if spec.method.takes("quant"):  # a base stored in 4 bits (QLoRA)
         model = load_4bit(spec, model_path, device, kwargs)
     elif device_map is not None:
         model = AutoModelForCausalLM.from_pretrained(model_path, device_map=device_map, **kwargs)
@@ -60,7 +60,7 @@ def build_model(spec: RunSpec, model_path: str, device: str, device_map: Any = N
         from peft import get_peft_model
 
         model = get_peft_model(model, lora_config(spec.lora))
-    if spec.mode == "inference":
+    if not spec.training:
         model.requires_grad_(False)
     if spec.gradient_checkpointing and spec.training:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -190,8 +190,8 @@ def build_trainer(spec: RunSpec, model: Any, blocks: list[dict[str, Any]], out_d
     Checkpoints every ``resume.checkpoint_every`` steps (and at the last step) when ``save``; ``max_steps`` (the
     probe's) replaces the spec's ``steps``; ``extra_callbacks`` run after the reporter (the probe's measuring one).
     """
-    from core.child import faults
     from core.child.callbacks import KillSwitch, MeasuringTrainer, StepReporter
+    from core.protocol import faults
 
     fault = faults.active(job["role"])
     kill_switch = KillSwitch(job, events, spec.grad_accum)
@@ -216,7 +216,7 @@ def training_arguments(spec: RunSpec, out_dir: Path, device: str, job: dict[str,
     ``resume.checkpoint_every`` steps when ``save`` (``job["save_steps"]`` when given: the twin of the resume check
     saves only at its last step; at most ``job["save_total_limit"]`` kept), the seeds, autocast (``bf16`` / ``fp16``
     when the spec autocasts), gloo for CPU ranks under torchrun, FSDP2 for zero3. ``ignore_data_skip``: a resume
-    starts the data from its first sample (the planted fault ``data_restart``, :mod:`core.child.faults`)."""
+    starts the data from its first sample (the planted fault ``data_restart``, :mod:`core.protocol.faults`)."""
     from transformers import TrainingArguments
 
     every = job.get("save_steps") or (spec.resume.checkpoint_every if spec.resume.check else spec.steps)

@@ -20,7 +20,7 @@ Roles (``job["role"]``):
 
 The training roles run under the test-only gradient jitter when ``GPUACCEPT_TEST_JITTER`` asks for it
 (:mod:`core.child.inject.jitter`, a stand-in for a GPU's nondeterminism), and commit the planted fault
-``GPUACCEPT_TEST_FAULT`` names (:mod:`core.child.faults`).
+``GPUACCEPT_TEST_FAULT`` names (:mod:`core.protocol.faults`).
 
 Every training role emits one ``step`` event per optimizer step: global step, epoch, the learning rate applied, the loss
 (mean over the micro-batches of the step, unrounded) and the sample ids consumed.
@@ -28,7 +28,7 @@ Every training role emits one ``step`` event per optimizer step: global step, ep
 The recipe reads top to bottom across the package: here the roles (:func:`run_job`); :mod:`core.child.recipe` builds
 the model (LoRA wrapped), the data and the Trainer; :mod:`core.child.callbacks` measures each step, holds at the kill
 point (:mod:`core.killpoints`) and reports; :mod:`core.child.probe` runs the probe's steps; every event is a typed
-one of :mod:`core.child.events`.
+one of :mod:`core.protocol.events`.
 """
 
 from __future__ import annotations
@@ -41,18 +41,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-from core.child.events import (
+from core.protocol.events import (
     ChildError,
     DataInfo,
     DeviceUuid,
+    EventWriter,
     ManifestChecked,
     ModelBuilt,
     Started,
     Trainable,
     Trained,
 )
-from core.child.lifeline import exit_with_parent
-from core.events import EventWriter
+from core.protocol.lifeline import exit_with_parent
 from core.spec import RunSpec
 
 
@@ -136,9 +136,9 @@ def run_job(job: dict[str, Any], events: EventWriter) -> None:
 
 def _test_only_noise_and_faults(role: str) -> str | None:
     """Install the test jitter when ``GPUACCEPT_TEST_JITTER`` asks for it; the fault ``GPUACCEPT_TEST_FAULT`` plants
-    in ``role`` (:func:`core.child.faults.active`: it raises for a name that is no fault), or None."""
-    from core.child import faults
+    in ``role`` (:func:`core.protocol.faults.active`: it raises for a name that is no fault), or None."""
     from core.child.inject.jitter import amplitude, install
+    from core.protocol import faults
 
     relative = amplitude()
     if relative:
@@ -187,7 +187,7 @@ def _checkpoint_intact(job: dict[str, Any], events: EventWriter, when: str) -> b
     its run is over. Emits ``manifest`` {when, files, bad}; True when nothing changed (or there is nothing to check)."""
     if not job.get("resume_from") or not job.get("manifest"):
         return True
-    from core.child.manifest import read_manifest, verify_manifest
+    from core.protocol.manifest import read_manifest, verify_manifest
 
     manifest = read_manifest(Path(job["manifest"]))
     bad = verify_manifest(Path(job["resume_from"]), manifest)

@@ -34,7 +34,7 @@ import sys
 import time
 from typing import Any
 
-from core.child.lifeline import owner_alive
+from core.protocol.lifeline import owner_alive
 
 #: what the server imports before it is ready: what every stage child imports (the worker's roles, the traced plan,
 #: command mode's evaluation), so that none of it is imported again after a fork
@@ -127,7 +127,7 @@ def _child(request: dict[str, Any]) -> None:
                                          *map(str, request.get("argv", []))])
         os.environ.clear()
         os.environ.update(request["env"])
-        os.environ["GPUACCEPT_FORKED"] = "1"  # core.child.lifeline: it answers to gpuaccept, not to this server
+        os.environ["GPUACCEPT_FORKED"] = "1"  # core.protocol.lifeline: it answers to gpuaccept, not to this server
         _verbosity(os.environ.get("TRANSFORMERS_VERBOSITY"))
         os.chdir(request.get("cwd") or "/")
         argv = [str(a) for a in request.get("argv", [])]

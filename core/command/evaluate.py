@@ -28,12 +28,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from core.child.events import DataInfo, Evaluation, as_dict
 from core.command.process import kill_job, start_job
 from core.command.reports import Checkpoint, last_lines
 from core.command.spec import CommandSpec, substitute
 from core.errors import StageCancelled, StageError
 from core.events import ChildStarted, Evaluated, Event, Message
+from core.protocol.events import METRIC, DataInfo, Evaluation, as_dict
 from core.stages.childproc import check_exit, start_child, watch
 
 #: the sequence length of the evaluation when the spec gives none and no Trainer reported one
@@ -97,8 +97,6 @@ def evaluate_stage(spec: CommandSpec, final: Checkpoint | None, base: str, seq_l
 def _perplexity(spec: CommandSpec, final: Checkpoint, base: str, seq_len: int, job_dir: Path,
                 common: dict[str, Any], cancelled: Callable[[], bool] | None
                 ) -> Generator[Event, None, CommandEvaluation]:
-    from core.child.evaluate import METRIC
-
     yield Message("train_eval", text=f"held-out perplexity of {final.name}" + (f" and of its base {base}" if base
                                                                                else " (no base named: after only)"))
     child = start_child("evaluation", job_dir, {"checkpoint": str(final.path), "base": base, "data": spec.data,

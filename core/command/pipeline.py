@@ -21,8 +21,9 @@ from core.command.resume import CommandResume, not_applicable, resume_stage
 from core.command.run import RunOutcome, run_command
 from core.command.spec import CommandSpec, substitute
 from core.errors import GpuAcceptError, StageCancelled, StageError
-from core.events import Event, EventWriter, Message, StageFinished, StageStarted
+from core.events import Event, Message, StageFinished, StageStarted
 from core.pipeline import RESERVE_NAME, StagedRun, _reserve, new_run_dir, record_stage
+from core.protocol.events import EventWriter
 from core.status import StageStatus, Stopped
 
 STAGES = ("probe", "plan", "train_eval", "resume", "record")

@@ -12,8 +12,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from core.child.manifest import sha256_file
 from core.command.spec import CommandSpec, find_program
+from core.protocol.manifest import sha256_file
 
 
 def script_files(spec: CommandSpec) -> list[Path]:

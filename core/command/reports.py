@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from core.events import complete_lines
+from core.protocol.events import complete_lines
 
 
 @dataclass(frozen=True)

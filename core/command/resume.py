@@ -35,11 +35,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from core.child.manifest import verify_manifest, write_manifest
 from core.command.reports import Checkpoint, StepRecord, failure_lines, last_lines
 from core.command.run import RunOutcome, run_command
 from core.command.spec import CommandSpec, substitute
 from core.events import Event, Message
+from core.protocol.manifest import verify_manifest, write_manifest
 from core.stages.noise import Tier, judge_losses, judge_tensors, loss_noise
 from core.stages.resume import (
     Check,

@@ -43,7 +43,7 @@ import os
 import shlex
 import shutil
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -350,8 +350,9 @@ def _no_shell(name: str, text: str) -> None:
                               "words; put a pipeline or redirection in a script and give the script")
 
 
-#: each key's type in the [command] table: (test, words)
-_TYPES: dict[str, tuple[Any, str]] = {
+#: each key's type in the [command] table: (test, words); the spec checks a TOML file by it, verify a record's
+#: [spec.command] table (core/record/command.py)
+SETTING_TYPES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "train": (lambda v: isinstance(v, str), "a string"),
     "resume": (lambda v: isinstance(v, str), "a string"),
     "checkpoints": (lambda v: isinstance(v, str), "a string"),
@@ -377,6 +378,6 @@ _TYPES: dict[str, tuple[Any, str]] = {
 
 def _check_types(raw: Mapping[str, Any]) -> None:
     for key, value in raw.items():
-        test, words = _TYPES[key]
+        test, words = SETTING_TYPES[key]
         if not test(value):
             raise SpecError(f"command.{key}", f"{value!r} is not {words}")

@@ -49,6 +49,8 @@ from typing import Any, cast
 
 from core.dtypes import Dtype, dtype_bytes, dtype_name, torch_dtype_name
 from core.errors import SpecError
+from core.methods import method_of
+from core.methods.lora import lora_config
 from core.plan.activations import LLAMA_FAMILY, Adapter, Dims, Numerics, StepActivations, step_activations
 from core.plan.fit import fits_in
 from core.plan.phases import Phase, StepTerms, inference_moments, peak, phases_of, training_moments
@@ -61,7 +63,6 @@ from core.plan.quant import (
     quantised_4bit,
 )
 from core.spec import (
-    ALL_LINEAR,
     EIGHT_BIT_OPTIMIZERS,
     TORCHRUN_STRATEGIES,
     LoraSettings,
@@ -439,23 +440,13 @@ def build_meta_model(config: Any, mode: Mode, lora: LoraSettings | None, dtype: 
             except ValueError as exc:
                 model_type = getattr(config, "model_type", "?")
                 raise SpecError("model", f"{model_type!r} is not a causal language model; gpuaccept plans causal LMs ({exc})") from None
-            if mode == "lora":
+            if method_of(mode).adapters:
                 if lora is None:
                     raise SpecError("lora", "LoRA mode needs LoRA settings (r, alpha, dropout, targets)")
                 from peft import get_peft_model
 
                 model = get_peft_model(model, lora_config(lora))
     return model
-
-
-def lora_config(lora: LoraSettings) -> Any:
-    """peft's ``LoraConfig`` for these settings, as the probe and the plan both build it (``all-linear`` passed as
-    peft's keyword string, module names as a list)."""
-    from peft import LoraConfig
-
-    targets: Any = ALL_LINEAR if lora.targets == (ALL_LINEAR,) else list(lora.targets)
-    return LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=targets,
-                      task_type="CAUSAL_LM")
 
 
 #: Meta-model summaries already made in this process, by (config JSON, mode, LoRA settings, parameter dtype): the
@@ -474,10 +465,11 @@ def meta_summary(config: Any, mode: Mode, lora: LoraSettings | None, dtype: Dtyp
     (config, mode, LoRA settings, parameter dtype); see :func:`build_meta_model` for the arguments."""
     from core.plan.shapes import FastConfig, lora_supported
 
-    key = (_config_key(config), mode, lora if mode == "lora" else None, dtype)
+    adapters = method_of(mode).adapters
+    key = (_config_key(config), mode, lora if adapters else None, dtype)
     summary = _SUMMARIES.get(key)
     if summary is None:
-        if isinstance(config, FastConfig) and (mode != "lora" or (lora is not None and lora_supported(lora.targets))):
+        if isinstance(config, FastConfig) and (not adapters or (lora is not None and lora_supported(lora.targets))):
             summary = _summary_from_shapes(config, mode, lora, dtype)  # no torch, no transformers (core/plan/shapes.py)
         else:
             summary = _summarise(build_meta_model(config, mode, lora, dtype), mode)
@@ -571,6 +563,7 @@ class _Summary:
 
 
 def _summarise(model: Any, mode: Mode) -> _Summary:
+    trains = method_of(mode).trains
     weight_groups: dict[str, int] = {}
     grad_groups: dict[str, int] = {}
     shapes: list[tuple[int, ...]] = []
@@ -580,12 +573,12 @@ def _summarise(model: Any, mode: Mode) -> _Summary:
         total += n
         name = dtype_name(param.dtype)
         weight_groups[name] = weight_groups.get(name, 0) + n
-        if mode != "inference" and param.requires_grad:
+        if trains and param.requires_grad:
             grad_groups[name] = grad_groups.get(name, 0) + n
             shapes.append(tuple(param.shape))
     trainable = sum(grad_groups.values())
     adapters: list[_Adapter] = []
-    if mode == "lora":
+    if method_of(mode).adapters:
         trainable = int(model.get_nb_trainable_parameters()[0])
         for name, module in model.named_modules():
             lora_a = getattr(module, "lora_A", None)
@@ -618,11 +611,12 @@ def _summary_from_shapes(config: Any, mode: Mode, lora: LoraSettings | None, dty
     adapters: list[_Adapter] = []
     params: list[_Param] = []
     total = 0
+    trains = method_of(mode).trains
     for p in parameters(config, mode, lora, dtype):
         n = _numel(p["shape"])
         total += n
         weight_groups[p["dtype"]] = weight_groups.get(p["dtype"], 0) + n
-        trainable = mode != "inference" and p["trainable"]
+        trainable = trains and p["trainable"]
         if trainable:
             grad_groups[p["dtype"]] = grad_groups.get(p["dtype"], 0) + n
             shapes.append(p["shape"])
@@ -638,6 +632,7 @@ def _summary_from_shapes(config: Any, mode: Mode, lora: LoraSettings | None, dty
 
 def _params(model: Any, mode: Mode) -> tuple[_Param, ...]:
     """Every parameter once (the first module that registers a tied one owns it), in module order, with its place."""
+    trains = method_of(mode).trains
     import torch
 
     seen: set[int] = set()
@@ -662,7 +657,7 @@ def _params(model: Any, mode: Mode) -> tuple[_Param, ...]:
             else:
                 unit, layer = ("embeddings" if kind == "embedding" else "head"), None
             out.append(_Param(unit, layer, param.numel(), dtype_name(param.dtype),
-                              mode != "inference" and bool(param.requires_grad), tuple(param.shape), kind))
+                              trains and bool(param.requires_grad), tuple(param.shape), kind))
     return tuple(out)
 
 
@@ -820,7 +815,7 @@ def plan_memory(
     # precision: pure keeps the parameters in the dtype (LoRA adapters fp32), amp keeps fp32 master weights
     summary = meta_summary(config, spec.base_mode, spec.lora if spec.adapters else None, spec.param_dtype)
     counts = parameters if parameters is not None else summary.count
-    quantised = quantised_base(spec, shape, summary) if spec.mode == "qlora" else None
+    quantised = quantised_base(spec, shape, summary) if spec.method.takes("quant") else None
     steps = _strategy_steps(spec, shape, summary, devices, n)
     source = _quantised_source_bytes(spec, config, quantised)
     plans = [_device_plan(device, step, tag, _overhead(device, strategy, n, first=i == 0, quantised_source=source))
@@ -983,7 +978,7 @@ def _gradient_terms(spec: RunSpec, shape: _Shape, summary: _Summary) -> dict[str
 
 def _convention(spec: RunSpec) -> str:
     """:data:`CONVENTION` with the precision of this spec."""
-    if spec.mode == "qlora":
+    if spec.method.takes("quant"):
         precision = (f"QLoRA (a variant of LoRA): the decoder's linear weights stored in 4 bits "
                      f"({spec.qlora.quant_type}) and dequantised to the compute dtype {spec.dtype} layer by layer as "
                      f"they run; every other parameter, the adapters, their gradients and optimizer states in fp32"
@@ -1170,7 +1165,7 @@ def _part_step(spec: RunSpec, shape: _Shape, summary: _Summary, local: _Summary,
     """The step of a device holding ``n_layers`` decoder layers of the model and the parameters in ``local``
     (device_map: its own layers; tp: every layer's shards; the whole model: ``local`` is ``summary``, no ``scope``),
     with the first layer when ``first`` and the loss when ``head``."""
-    quantised = quantised_base(spec, shape, local) if spec.mode == "qlora" else None
+    quantised = quantised_base(spec, shape, local) if spec.method.takes("quant") else None
     weights = _qlora_weights(quantised) if quantised is not None else _weights(local, scope)
     if not spec.training:
         activations = _inference_activations(spec, shape, tp) if head else Line(
@@ -1449,7 +1444,7 @@ _MLP_OUT_NAMES = frozenset({"down_proj", "c_proj", "fc_out", "fc2", "w2", "dense
 def _numerics(spec: RunSpec) -> Numerics:
     param = dtype_bytes(spec.param_dtype)
     return Numerics(param_bytes=param, compute_bytes=spec.dtype_bytes if spec.autocast else param,
-                    autocast=spec.autocast, quantised_base=spec.mode == "qlora")
+                    autocast=spec.autocast, quantised_base=spec.method.takes("quant"))
 
 
 def _activation_terms(spec: RunSpec, shape: _Shape, summary: _Summary, kind: str,
@@ -1465,7 +1460,7 @@ def _activation_terms(spec: RunSpec, shape: _Shape, summary: _Summary, kind: str
     adapters = {a.module: Adapter(a.r, spec.lora.dropout > 0, mask) for a in summary.adapters}
     if shape.family in LLAMA_FAMILY and tp == 1:
         dims = Dims(b, s, h, shape.inter, shape.heads, shape.kv_heads, shape.head_dim, V, shape.layers, shape.tied)
-        act = step_activations(dims, num, full=spec.mode == "full", adapters=adapters, attention=shape.attention,
+        act = step_activations(dims, num, full=spec.method.trains_base, adapters=adapters, attention=shape.attention,
                                checkpointing=spec.gradient_checkpointing, biases=shape.biases,
                                masked=spec.padding == "padded")
         top = sorted(act.breakdown.items(), key=lambda kv: -kv[1])

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.dtypes import Dtype
+from core.methods import method_of
 from core.spec import ALL_LINEAR, Mode
 
 #: Families and their bias rules: (q/k/v bias, o bias, MLP bias) from the config, or fixed.
@@ -93,8 +94,9 @@ def parameters(config: FastConfig, mode: Mode, lora: Any, dtype: Dtype | None) -
     o_bias = bool(c.raw.get("attention_bias", False)) if family == "llama" else False
     mlp_bias = bool(c.raw.get("mlp_bias", False)) if family == "llama" else False
     base = dtype or "fp32"
-    train_base = mode == "full"
-    targets = (set(PROJECTIONS) if lora.targets == (ALL_LINEAR,) else set(lora.targets)) if mode == "lora" else set()
+    method = method_of(mode)
+    train_base = method.trains_base
+    targets = (set(PROJECTIONS) if lora.targets == (ALL_LINEAR,) else set(lora.targets)) if method.adapters else set()
     out: list[dict[str, Any]] = []
 
     def param(module: str, layer: int | None, shape: tuple[int, ...], kind: str, trainable: bool,

@@ -640,11 +640,38 @@ def traced_from_json(data: dict[str, Any]) -> TracedPlan:
                       phases={p: {k: int(v) for k, v in c.items()} for p, c in data.get("phases", {}).items()})
 
 
-def trace_in_child(spec: RunSpec, target: str, cancelled: Any = None, timeout_s: float = 600.0) -> TracedPlan:
+def config_json(config: Any) -> dict[str, Any]:
+    """``config`` as JSON for the traced plan's child: a :class:`core.plan.shapes.FastConfig`'s config.json as read
+    (``{"fast": ...}``), or every value of a ``transformers.PretrainedConfig`` (``{"transformers": ...}``);
+    :func:`config_from_json` reads it back."""
+    import json
+
+    from core.plan.shapes import FastConfig
+
+    if isinstance(config, FastConfig):
+        return {"fast": dict(config.raw)}
+    return {"transformers": json.loads(config.to_json_string(use_diff=False))}
+
+
+def config_from_json(data: dict[str, Any]) -> Any:
+    """The config :func:`config_json` wrote, of the same class with the same values."""
+    from core.plan.shapes import FastConfig
+
+    if "fast" in data:
+        return FastConfig(dict(data["fast"]))
+    from transformers import AutoConfig
+
+    return AutoConfig.for_model(**data["transformers"])
+
+
+def trace_in_child(spec: RunSpec, config: Any, target: str, cancelled: Any = None,
+                   timeout_s: float = 600.0) -> TracedPlan:
     """Run :func:`trace_plan` in a child process (``python -P -m core.plan.traced``), so the wizard stays responsive and a
-    crash in a model's code cannot take the caller down; the child resolves the model from ``spec.model`` itself.
+    crash in a model's code cannot take the caller down; the child traces ``config``, the config the caller resolved
+    (:func:`core.pipeline.make_plan`), written beside the spec (:func:`config_json`): the plan resolves no model.
 
     Args:
+        config: the model's config (a ``transformers.PretrainedConfig`` or a :class:`core.plan.shapes.FastConfig`).
         cancelled: polled twice a second; when it returns True the child's process group is killed.
 
     Raises:
@@ -665,9 +692,12 @@ def trace_in_child(spec: RunSpec, target: str, cancelled: Any = None, timeout_s:
         spec_path = os.path.join(tmp, "spec.json")
         with open(spec_path, "w", encoding="utf-8") as fh:
             json.dump(spec.to_dict(), fh)
+        config_path = os.path.join(tmp, "config.json")
+        with open(config_path, "w", encoding="utf-8") as fh:
+            json.dump(config_json(config), fh)
         out_path, err_path = os.path.join(tmp, "traced.json"), os.path.join(tmp, "stderr.log")
-        argv = [spec_path, "--target", target, "--out", out_path, "--orphan-cleanup", tmp]
-        # gpuaccept's pid: the child ends itself and removes `tmp` if this process is killed (core.child.lifeline)
+        argv = [spec_path, "--config", config_path, "--target", target, "--out", out_path, "--orphan-cleanup", tmp]
+        # gpuaccept's pid: the child ends itself and removes `tmp` if this process is killed (core.protocol.lifeline)
         env = {**child_env(), "TRANSFORMERS_VERBOSITY": "error"}
         child: Any = forkserver.start("core.plan.traced", argv, Path(err_path), env)
         with open(err_path, "a", encoding="utf-8") as err:
@@ -709,35 +739,36 @@ def traced_table(spec: RunSpec, ctx: Any, cancelled: Any = None) -> dict[str, An
         return {"status": "not_run", "reason": reason}
     device = plan.devices[0]
     try:
-        traced = trace_in_child(spec, device.device.kind, cancelled)
+        traced = trace_in_child(spec, ctx.config, device.device.kind, cancelled)
     except GpuAcceptError as exc:
         return {"status": str(Stopped.of(exc).status), "reason": str(exc)}
     return comparison_json(traced, compare(device, traced), device.device.name)
 
 
 def main(argv: list[str]) -> int:
-    """``python -m core.plan.traced SPEC.json --target cuda|cpu --out TRACED.json [--orphan-cleanup DIR]``: trace and write
-    the JSON; the process ends itself (removing DIR) when gpuaccept is gone (:mod:`core.child.lifeline`)."""
+    """``python -m core.plan.traced SPEC.json --config CONFIG.json --target cuda|cpu --out TRACED.json [--orphan-cleanup
+    DIR]``: trace the config :func:`trace_in_child` wrote (:func:`config_json`) and write the JSON; the process ends
+    itself (removing DIR) when gpuaccept is gone (:mod:`core.protocol.lifeline`)."""
     import argparse
     import json
     import os
 
     parser = argparse.ArgumentParser(prog="python -m core.plan.traced")
     parser.add_argument("spec")
+    parser.add_argument("--config", required=True, help="the model's config, as config_json writes it")
     parser.add_argument("--target", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--out", required=True)
     parser.add_argument("--orphan-cleanup", help="a folder to remove if gpuaccept is gone before the trace ends")
     args = parser.parse_args(argv)
     from pathlib import Path
 
-    from core.child.lifeline import exit_with_parent
+    from core.protocol.lifeline import exit_with_parent
 
     exit_with_parent(Path(args.orphan_cleanup) if args.orphan_cleanup else None)  # before torch's slow import
-    from core.models import load_config, resolve_model
-
     with open(args.spec, encoding="utf-8") as fh:
         spec = RunSpec.from_dict(json.load(fh))
-    config = load_config(resolve_model(spec.model))
+    with open(args.config, encoding="utf-8") as fh:
+        config = config_from_json(json.load(fh))
     traced = trace_plan(spec, config, target=args.target)
     tmp = args.out + ".tmp"
     with open(tmp, "w", encoding="utf-8") as fh:

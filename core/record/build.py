@@ -89,9 +89,9 @@ def environment() -> dict[str, Any]:
 def test_settings(environ: Any = None) -> dict[str, Any]:
     """What the tests planted in this run, so that its record says so: ``test_jitter`` (the gradient jitter's relative
     amplitude, core/child/inject/jitter.py) and ``test_fault`` (a resume bug committed on purpose,
-    core/child/faults.py); empty for any real run."""
-    from core.child.faults import FAULT_ENV
+    core/protocol/faults.py); empty for any real run."""
     from core.child.inject.jitter import amplitude
+    from core.protocol.faults import FAULT_ENV
 
     environ = os.environ if environ is None else environ
     out: dict[str, Any] = {}

@@ -89,10 +89,10 @@ def command_schema_problems(rec: dict[str, Any]) -> list[str]:
 
 def _spec_types(table: dict[str, Any], out: list[str]) -> None:
     """Each key of the record's [command] table is one CommandSpec knows, with its type."""
-    from core.command.spec import _TYPES
+    from core.command.spec import SETTING_TYPES
 
     for key, value in table.items():
-        rule = _TYPES.get(key)
+        rule = SETTING_TYPES.get(key)
         if rule is None:
             out.append(f"spec.command.{key} is not a setting of [command]")
         elif not rule[0](value):

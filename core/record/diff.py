@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from core.bounds import loads_bounded
+from core.methods import trains
 from core.record.summary import _json_number, box_of, device_rows, quality
 
 GIB = 2**30
@@ -249,7 +250,7 @@ def _quality_names(recs: list[dict[str, Any]]) -> list[tuple[str, str]]:
     """(key of :func:`core.record.summary.quality`, row name): an inference record has no training, so its one
     measurement (stored as ``before``) is the held-out perplexity of the fixed weights; a row beside a training
     record says what holds for both: not fine-tuned (yet)."""
-    inference = [r.get("spec", {}).get("mode") == "inference" for r in recs]
+    inference = [not trains(r.get("spec", {}).get("mode")) for r in recs]
     if all(inference):
         return [("before", "held-out perplexity"), ("after", "after training"),
                 ("accuracy_before", "held-out accuracy"), ("accuracy_after", "accuracy after")]

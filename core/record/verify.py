@@ -39,6 +39,7 @@ from core.criteria import (
     speed_on,
 )
 from core.errors import SpecError
+from core.methods import trains
 from core.plan.fit import fit_of, measured_use_bytes, traced_peak, under_estimate
 from core.record.build import schema_problems
 from core.record.signing import check_signature
@@ -350,7 +351,7 @@ def recompute_verdicts(rec: dict[str, Any]) -> list[str]:
     """
     problems: list[str] = []
     spec = rec["spec"]
-    training = spec.get("mode") != "inference"
+    training = trains(spec.get("mode"))
     stages = rec["verdict"].get("stages", {})
     stated = {name: stages.get(name, {}).get("status") for name in STAGES}
     computed: dict[str, str] = {}
@@ -558,7 +559,7 @@ def _tokens_per_step(spec: dict[str, Any]) -> int | None:
     when the spec table lacks one of them."""
     try:
         n = count(spec["batch_size"], "spec.batch_size") * count(spec["seq_len"], "spec.seq_len")
-        return n * (count(spec.get("grad_accum", 1), "spec.grad_accum") if spec.get("mode") != "inference" else 1)
+        return n * (count(spec.get("grad_accum", 1), "spec.grad_accum") if trains(spec.get("mode")) else 1)
     except (KeyError, TypeError):
         return None
 

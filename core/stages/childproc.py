@@ -21,10 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from core import forkserver
-from core.child.events import ChildError, ChildEvent, Started
 from core.errors import StageCancelled, StageError
-from core.events import read_events
 from core.interpreter import child_env, python_argv
+from core.protocol.events import ChildError, ChildEvent, Started, read_events
 
 
 @dataclass
@@ -35,7 +34,7 @@ class ChildJob:
     job_dir: Path
     job: dict[str, Any]
     proc: forkserver.Process | None = None  # subprocess.Popen, or a child forked by core.forkserver
-    events: list[ChildEvent] = field(default_factory=list)  # every event read so far, typed (core.child.events)
+    events: list[ChildEvent] = field(default_factory=list)  # every event read so far, typed (core.protocol.events)
     nproc: int = 1  # processes torchrun starts (1: no torchrun)
     oom_kills_at_start: int | None = None  # the kernel's OOM-kill count when the child started (oom_kill_count)
     peak_rss_bytes: int = 0  # the largest RSS of the child's process tree seen by sample_rss
@@ -103,7 +102,7 @@ def start_child(name: str, job_dir: Path, job: dict[str, Any], launch: Launch = 
     With ``nproc`` > 1 (or ``torchrun_args``, for several nodes) it runs under torchrun (``torch.distributed.run``),
     by default ``--standalone --nproc-per-node nproc``; torchrun starts each rank in a session of its own, so
     :func:`kill_group` kills the rank groups it learned from their ``started`` events too. Each rank writes its own
-    events file (:func:`core.events.rank_events_path`).
+    events file (:func:`core.protocol.events.rank_events_path`).
 
     Args:
         launch: how many ranks and with which torchrun options (:class:`Launch`). Its CUDA ``visible_devices``
@@ -174,7 +173,7 @@ def poll_events(child: ChildJob) -> list[ChildEvent]:
     job directory (rank numbers are global: on a second node they do not start at 0), each parsed once.
 
     Raises:
-        EventFormatError: a line that is no child event (:func:`core.events.read_events`)."""
+        EventFormatError: a line that is no child event (:func:`core.protocol.events.read_events`)."""
     new: list[ChildEvent] = []
     ranks = child.job_dir.glob(f"{child.events_path.stem}.rank*{child.events_path.suffix}")
     paths = [child.events_path, *sorted(ranks)]
@@ -191,11 +190,11 @@ def watch(
     stop_when: Callable[[ChildEvent], bool] | None = None,
     cancelled: Callable[[], bool] | None = None,
 ) -> Iterator[ChildEvent]:
-    """Yield the child's typed events (:mod:`core.child.events`) as they arrive, until it exits (or
+    """Yield the child's typed events (:mod:`core.protocol.events`) as they arrive, until it exits (or
     ``stop_when(event)`` is true).
 
     When ``cancelled()`` becomes true the child's process group is killed and :class:`StageError` is raised; a line
-    that is no event raises :class:`~core.child.events.EventFormatError` (the child is killed too).
+    that is no event raises :class:`~core.protocol.events.EventFormatError` (the child is killed too).
     """
     assert child.proc is not None
     finished = False

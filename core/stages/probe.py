@@ -11,16 +11,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from core.child.events import (
-    ChildEvent,
-    DeviceMap,
-    DeviceUuid,
-    Ledger,
-    Ledgers,
-    ModelBuilt,
-    Placement,
-    ProbeStep,
-)
 from core.criteria import (
     DeviceUse,
     Judgement,
@@ -34,6 +24,16 @@ from core.criteria import (
 from core.errors import StageError
 from core.events import ChildStarted, DeviceBound, Event, FirstStepWait, Message, Progress
 from core.plan.fit import UNDER_ESTIMATE_TOLERANCE, under_estimate
+from core.protocol.events import (
+    ChildEvent,
+    DeviceMap,
+    DeviceUuid,
+    Ledger,
+    Ledgers,
+    ModelBuilt,
+    Placement,
+    ProbeStep,
+)
 from core.spec import RunSpec
 from core.stages.childproc import SINGLE, Launch, check_exit, start_child, watch
 

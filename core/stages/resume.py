@@ -26,11 +26,11 @@ from pathlib import Path
 from typing import Any
 
 from core import killpoints
-from core.child.events import ChildEvent, KillPoint, ManifestChecked, RngRestored, Started, Step, Trainable
-from core.child.manifest import verify_manifest, write_manifest
-from core.child.rng import rng_digest
 from core.errors import StageError
 from core.events import ChildStarted, Event, FirstStepWait, Message, Progress, lead_events
+from core.protocol.events import ChildEvent, KillPoint, ManifestChecked, RngRestored, Started, Step, Trainable
+from core.protocol.manifest import verify_manifest, write_manifest
+from core.protocol.rng import rng_digest
 from core.spec import RunSpec
 from core.stages.childproc import (
     KILL_SETTLE_S,
@@ -475,7 +475,7 @@ def run_interrupted(spec: RunSpec, run_dir: Path, reference: Any, base: dict[str
     first checkpoint or ``resume.interrupted_from = "start"``.
 
     Returns:
-        (the child, rank -> its :class:`~core.child.events.KillPoint`).
+        (the child, rank -> its :class:`~core.protocol.events.KillPoint`).
 
     Raises:
         StageError: the run ended (or failed) before its kill point.
@@ -670,7 +670,7 @@ def copy_reference_checkpoint(reference_output: Path, step: int, output: Path) -
 
 def loaded_manifest_check(events: list[ChildEvent], ranks: int, files: int) -> Check:
     """``manifest_at_load``: every rank of the resumed run verified the checkpoint's sha256 manifest in its own process
-    right before Trainer loaded it and again after its run (core.child.manifest); a change names the file and when it was
+    right before Trainer loaded it and again after its run (core.protocol.manifest); a change names the file and when it was
     seen."""
     seen = {(e.rank or 0, e.when): e for e in events if isinstance(e, ManifestChecked)}
     changed = [f"{', '.join(e.bad)} ({e.when.replace('_', ' ')}{f', rank {r}' if ranks > 1 else ''})"

@@ -11,7 +11,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from core.child.events import (
+from core.criteria import Judgement, judge_quality, missed, quality_criterion
+from core.criteria import summary as criteria_summary
+from core.events import ChildStarted, Evaluated, Event, FirstStepWait, Message, Progress, lead_events
+from core.protocol.events import (
     ChildEvent,
     DataInfo,
     Evaluation,
@@ -22,9 +25,6 @@ from core.child.events import (
     Trained,
     as_dict,
 )
-from core.criteria import Judgement, judge_quality, missed, quality_criterion
-from core.criteria import summary as criteria_summary
-from core.events import ChildStarted, Evaluated, Event, FirstStepWait, Message, Progress, lead_events
 from core.spec import RunSpec
 from core.stages.childproc import SINGLE, ChildJob, Launch, check_exit, start_child, watch
 

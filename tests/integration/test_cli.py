@@ -333,7 +333,7 @@ def test_a_headless_run_stopped_by_a_signal_keeps_what_it_measured(tmp_path, tin
 
 def test_a_kill_9_of_a_headless_run_leaves_no_child_running(tmp_path, tiny_model_dir):
     """What docs/reference.md ("Interrupted runs") claims: after ``kill -9`` of gpuaccept, which can clean up nothing,
-    every child (here the probe's, stepping) ends itself within a second or two (core/child/lifeline.py)."""
+    every child (here the probe's, stepping) ends itself within a second or two (core/protocol/lifeline.py)."""
     import signal
     import time
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from core.child.events import DeviceMap, Ledger
 from core.child.probe import layer_placement
 from core.errors import GpuAcceptError
+from core.protocol.events import DeviceMap, Ledger
 from core.spec import RunSpec
 from core.stages.childproc import Launch, check_exit, launch_options, start_child, watch
 from core.stages.probe import _measurement, _per_device
@@ -26,7 +26,7 @@ def test_layer_placement_joins_consecutive_layers_per_device():
 
 
 def test_one_process_over_two_devices_gives_a_measurement_per_device():
-    from core.child.events import parse_event
+    from core.protocol.events import parse_event
 
     ledger = parse_event({
         "kind": "ledger", "t": 1.0, "device": "cuda:0", "global_rank": 0, "local_rank": 0, "world_size": 1,

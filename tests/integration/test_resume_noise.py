@@ -8,7 +8,7 @@ nondeterminism:
 
 - a correct resume passes under it: LoRA, full fine-tuning, bf16 LoRA and QLoRA with 8-bit AdamW (its states compared
   dequantised), each record stating per quantity the bound, the noise and the method, consistent for ``verify``;
-- each planted fault (core/child/faults.py) fails it, naming the fault: a fresh optimizer, a restarted schedule, the
+- each planted fault (core/protocol/faults.py) fails it, naming the fault: a fresh optimizer, a restarted schedule, the
   RNG not restored (with dropout), the data order restarted, a checkpoint of another run, the adapters not restored;
   the tolerance checks fail too, far outside the twin's bound (not only the exact checks);
 - in command mode (test_resume_noise_plain.py, test_resume_noise_hf.py: the plain loop and the Trainer example, each

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from core.child.events import Ledger, Ledgers, ProbeStep, Started
 from core.errors import SpecError, StageError
+from core.protocol.events import Ledger, Ledgers, ProbeStep, Started
 from core.spec import RunSpec
 from core.stages.childproc import (
     SINGLE,
@@ -278,7 +278,7 @@ def test_zero3_across_nodes_divides_by_every_rank(tiny_model_dir):
 
 
 def test_merge_rank_steps():
-    from core.child.events import parse_event
+    from core.protocol.events import parse_event
     from core.stages.train import merge_rank_steps
 
     single = [{"kind": "step", "t": 1.0, "step": 1, "epoch": 0.5, "learning_rate": 1e-3, "loss": 2.0,

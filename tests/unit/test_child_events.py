@@ -1,4 +1,4 @@
-"""The child's typed events (core.child.events): written by EventWriter.write, parsed once by read_events.
+"""The child's typed events (core.protocol.events): written by EventWriter.write, parsed once by read_events.
 
 Every kind round-trips with values that could be confused (ranks, None, optional keys); lines written in the format
 run folders already hold parse; an unknown kind and malformed lines are named errors, never skipped.
@@ -11,8 +11,9 @@ import math
 
 import pytest
 
-from core.child import events as ce
-from core.events import EventWriter, lead_events, read_events
+from core.events import lead_events
+from core.protocol import events as ce
+from core.protocol.events import EventWriter, read_events
 
 LEDGER = dict(device="cpu:1", host="node7", global_rank=3, world_size=4, node_rank=1, weights_bytes=1000,
               weights_loaded_bytes=2000, gradients_bytes=30, optimizer_states_bytes=60, step_time_s=0.25,

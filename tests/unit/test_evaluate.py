@@ -9,8 +9,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from core.child.evaluate import METRIC, EvalResult, evaluate_perplexity, masked_token_nll, perplexity
+from core.child.evaluate import EvalResult, evaluate_perplexity, masked_token_nll, perplexity
 from core.data import Document, make_blocks
+from core.protocol.events import METRIC
 
 V = 32  # vocabulary of the constructed examples
 

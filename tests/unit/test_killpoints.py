@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from core import killpoints
-from core.child.events import KillPoint
+from core.protocol.events import KillPoint
 from core.spec import KILL_POINTS, RunSpec
 
 

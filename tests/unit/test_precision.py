@@ -94,7 +94,7 @@ def test_all_linear_is_every_projection_but_the_head_as_peft_resolves_it(tmp_pat
     from peft import get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from core.plan.memory import lora_config
+    from core.methods.lora import lora_config
 
     config = _config(tmp_path, TINY)
     lora = LoraSettings(r=4, targets=("all-linear",))

@@ -7,10 +7,20 @@ import copy
 
 import pytest
 
-from core.child.events import DataInfo, Evaluation, Ledger, ModelBuilt, Placement, ProbeStep, Started, Step, Trainable
 from core.child.probe import TRACKED_STEPS, Seen, step_timing
 from core.criteria import speed_on
 from core.events import FirstStepWait, Waiting, waiting_for
+from core.protocol.events import (
+    DataInfo,
+    Evaluation,
+    Ledger,
+    ModelBuilt,
+    Placement,
+    ProbeStep,
+    Started,
+    Step,
+    Trainable,
+)
 from core.spec import RunSpec
 from core.stages.probe import ProbeTiming, probe_result, probe_timing
 from core.stages.resume import CheckWork

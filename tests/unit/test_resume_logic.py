@@ -363,7 +363,7 @@ def test_rng_digest_follows_every_generator():
 
     import numpy as np
 
-    from core.child.rng import live_rng_state, rng_digest
+    from core.protocol.rng import live_rng_state, rng_digest
 
     torch.manual_seed(0), random.seed(0), np.random.seed(0)
     first = rng_digest(live_rng_state())
@@ -378,7 +378,7 @@ def test_rng_digest_follows_every_generator():
 
 def test_rng_digest_of_a_saved_state_equals_the_live_one(tmp_path):
     """The parent digests rng_state.pth (loaded weights_only) and the child its live generators: same layout."""
-    from core.child.rng import live_rng_state, rng_digest
+    from core.protocol.rng import live_rng_state, rng_digest
     from core.stages.resume import safe_load
 
     torch.save(live_rng_state(), tmp_path / "rng_state.pth")
@@ -417,7 +417,7 @@ def test_rng_check_says_when_nothing_drew_random_numbers():
 def test_kill_point_check_compares_where_the_run_died_with_the_spec():
     from dataclasses import replace
 
-    from core.child.events import KillPoint
+    from core.protocol.events import KillPoint
     from core.stages.resume import kill_point_check
 
     spec = RunSpec.build(None, mode="lora", steps=30, grad_accum=4, resume_checkpoint_every=10,
@@ -489,7 +489,7 @@ def test_trainable_set_must_be_the_references():
 
 
 def test_kill_position_reads_right_without_accumulation():
-    from core.child.events import KillPoint
+    from core.protocol.events import KillPoint
     from core.stages.resume import kill_position
 
     assert kill_position(KillPoint(step=3, where="micro", micro_done=1, micro_in_step=1)) == (

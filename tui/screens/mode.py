@@ -8,22 +8,11 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import Button, Footer, Header, RadioButton, RadioSet, Static
 
+from core.methods import METHODS
+
+#: what the Mode screen lists: every method (core/methods/: its label and help), then your own command
 MODES = {
-    "inference": ("Inference",
-                  "Fixed weights: forward passes only. No backward, no gradients, no optimizer, no update. "
-                  "Memory: weights + KV cache + one layer's working set. Evaluated once on held-out text."),
-    "full": ("Full fine-tuning",
-             "Every parameter is trained: backward through the whole model, a gradient and optimizer states "
-             "for every parameter (AdamW: 16 B per parameter in mixed precision), plus activations."),
-    "lora": ("LoRA",
-             "The base is frozen; small low-rank matrices are trained. Gradients and optimizer states only for "
-             "the adapters - but activations shrink little (SmolLM2, LoRA on q/v: ~0.75x of full fine-tuning's): "
-             "backward still flows through the frozen base."),
-    "qlora": ("QLoRA (LoRA variant)",
-              "LoRA over a base whose linear layers are stored in 4 bits (NF4 or FP4, bitsandbytes): ~0.5 B a parameter, "
-              "dequantised layer by layer as they run; embeddings and LM head stay fp32. The same adapters are "
-              "trained; activations, adapter gradients and optimizer states are as for LoRA. Slower steps; quality "
-              "may differ from LoRA's."),
+    **{name: (method.label, method.summary) for name, method in METHODS.items()},
     "command": ("Your own command",
                 "Your training script as you run it (python or torchrun, Trainer-based or a plain loop): measured on "
                 "each device (inside a transformers Trainer, from outside otherwise), planned from what it ran, its "

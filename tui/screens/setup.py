@@ -15,6 +15,7 @@ from textual.widgets import Button, Footer, Header, Input, Label, Select, Static
 
 from core import killpoints
 from core.dtypes import DTYPES
+from core.methods import method_of
 from core.spec import ATTN_IMPLEMENTATIONS, KILL_POINTS, OPTIMIZERS, PADDINGS, PRECISIONS, QUANT_TYPES
 from tui.screens.nav import NavButtons
 from tui.widgets.inputs import OrderedInput, OrderedSelect
@@ -24,43 +25,44 @@ from tui.widgets.inputs import OrderedInput, OrderedSelect
 #: 'transformers'" (transformers 5.24's lazy module is not thread-safe while it initialises)
 _IMPORTING = threading.Lock()
 
-# (flag name, label, kind, choices, modes it applies to); kinds: "int", "float", "str", "choice", "optfloat" (blank:
-# not set) and "autoint" (blank, shown as the placeholder "auto": 0, which the spec reads as chosen for you)
-FIELDS: list[tuple[str, str, str, tuple[str, ...], tuple[str, ...]]] = [
-    ("model", "Model", "str", (), ("inference", "full", "lora", "qlora")),
-    ("data", "Data", "str", (), ("inference", "full", "lora", "qlora")),
-    ("dtype", "Dtype", "choice", DTYPES, ("inference", "full", "lora", "qlora")),
-    ("precision", "Precision", "choice", PRECISIONS, ("full", "lora")),
-    ("attn_implementation", "Attention", "choice", ATTN_IMPLEMENTATIONS, ("inference", "full", "lora", "qlora")),
-    ("padding", "Batches", "choice", PADDINGS, ("full", "lora", "qlora")),
-    ("batch_size", "Micro-batch / device", "int", (), ("inference", "full", "lora", "qlora")),
-    ("seq_len", "Sequence length", "int", (), ("inference", "full", "lora", "qlora")),
-    ("grad_accum", "Grad accumulation", "int", (), ("full", "lora", "qlora")),
-    ("optimizer", "Optimizer", "choice", OPTIMIZERS, ("full", "lora", "qlora")),
-    ("steps", "Training steps", "int", (), ("full", "lora", "qlora")),
-    ("learning_rate", "Learning rate", "float", (), ("full", "lora", "qlora")),
-    ("gradient_checkpointing", "Grad checkpointing", "choice", ("off", "on"), ("full", "lora", "qlora")),
-    ("resume_checkpoint_every", "Checkpoint every", "int", (), ("full", "lora", "qlora")),
-    ("resume_kill_after_checkpoint", "Kill after ckpt #", "int", (), ("full", "lora", "qlora")),
-    ("resume_kill_at", "Kill point", "choice", tuple(KILL_POINTS), ("full", "lora", "qlora")),
-    ("resume_compare_steps", "Compare steps", "autoint", (), ("full", "lora", "qlora")),
-    ("lora_r", "LoRA rank r", "int", (), ("lora", "qlora")),
-    ("lora_alpha", "LoRA alpha", "int", (), ("lora", "qlora")),
-    ("lora_targets", "LoRA targets", "str", (), ("lora", "qlora")),
-    ("qlora_quant_type", "4-bit data type", "choice", QUANT_TYPES, ("qlora",)),
-    ("qlora_double_quant", "Double quant", "choice", ("on", "off"), ("qlora",)),
-    ("devices", "Devices", "str", (), ("inference", "full", "lora", "qlora")),
-    ("strategy", "Strategy", "choice", ("single", "ddp", "zero3"), ("full", "lora")),
-    ("torchrun_nproc_per_node", "Ranks per node", "autoint", (), ("full", "lora")),
+# (flag name, label, kind, choices, the setting group it belongs to: it is shown for the methods that take that group,
+# core/methods/base.py SETTING_GROUPS); kinds: "int", "float", "str", "choice", "optfloat" (blank: not set) and
+# "autoint" (blank, shown as the placeholder "auto": 0, which the spec reads as chosen for you)
+FIELDS: list[tuple[str, str, str, tuple[str, ...], str]] = [
+    ("model", "Model", "str", (), "all"),
+    ("data", "Data", "str", (), "all"),
+    ("dtype", "Dtype", "choice", DTYPES, "all"),
+    ("precision", "Precision", "choice", PRECISIONS, "precision"),
+    ("attn_implementation", "Attention", "choice", ATTN_IMPLEMENTATIONS, "all"),
+    ("padding", "Batches", "choice", PADDINGS, "training"),
+    ("batch_size", "Micro-batch / device", "int", (), "all"),
+    ("seq_len", "Sequence length", "int", (), "all"),
+    ("grad_accum", "Grad accumulation", "int", (), "training"),
+    ("optimizer", "Optimizer", "choice", OPTIMIZERS, "training"),
+    ("steps", "Training steps", "int", (), "training"),
+    ("learning_rate", "Learning rate", "float", (), "training"),
+    ("gradient_checkpointing", "Grad checkpointing", "choice", ("off", "on"), "training"),
+    ("resume_checkpoint_every", "Checkpoint every", "int", (), "training"),
+    ("resume_kill_after_checkpoint", "Kill after ckpt #", "int", (), "training"),
+    ("resume_kill_at", "Kill point", "choice", tuple(KILL_POINTS), "training"),
+    ("resume_compare_steps", "Compare steps", "autoint", (), "training"),
+    ("lora_r", "LoRA rank r", "int", (), "adapter"),
+    ("lora_alpha", "LoRA alpha", "int", (), "adapter"),
+    ("lora_targets", "LoRA targets", "str", (), "adapter"),
+    ("qlora_quant_type", "4-bit data type", "choice", QUANT_TYPES, "quant"),
+    ("qlora_double_quant", "Double quant", "choice", ("on", "off"), "quant"),
+    ("devices", "Devices", "str", (), "all"),
+    ("strategy", "Strategy", "choice", ("single", "ddp", "zero3"), "distributed"),
+    ("torchrun_nproc_per_node", "Ranks per node", "autoint", (), "distributed"),
     # the acceptance criteria (core/criteria.py); "optfloat": blank is not set
-    ("accept_max_perplexity", "Max perplexity", "optfloat", (), ("inference", "full", "lora", "qlora")),
-    ("accept_min_improvement", "Min improvement 0-1", "float", (), ("full", "lora", "qlora")),
-    ("accept_min_accuracy", "Min accuracy 0-1", "optfloat", (), ("inference", "full", "lora", "qlora")),
-    ("accept_max_device_share", "Max device share", "float", (), ("inference", "full", "lora", "qlora")),
-    ("accept_max_step_time_s", "Max step time, s", "optfloat", (), ("inference", "full", "lora", "qlora")),
-    ("accept_min_tokens_per_s", "Min tokens/s", "optfloat", (), ("inference", "full", "lora", "qlora")),
-    ("accept_resume_tier", "Resume tier", "choice", ("auto", "exact"), ("full", "lora", "qlora")),
-    ("accept_max_plan_error_pct", "Max plan error %", "optfloat", (), ("inference", "full", "lora", "qlora")),
+    ("accept_max_perplexity", "Max perplexity", "optfloat", (), "all"),
+    ("accept_min_improvement", "Min improvement 0-1", "float", (), "training"),
+    ("accept_min_accuracy", "Min accuracy 0-1", "optfloat", (), "all"),
+    ("accept_max_device_share", "Max device share", "float", (), "all"),
+    ("accept_max_step_time_s", "Max step time, s", "optfloat", (), "all"),
+    ("accept_min_tokens_per_s", "Min tokens/s", "optfloat", (), "all"),
+    ("accept_resume_tier", "Resume tier", "choice", ("auto", "exact"), "training"),
+    ("accept_max_plan_error_pct", "Max plan error %", "optfloat", (), "all"),
 ]
 #: what a blank field of a kind means, shown in it
 PLACEHOLDERS = {"optfloat": "not set", "autoint": "auto"}
@@ -150,17 +152,16 @@ class SetupScreen(NavButtons, Screen):
         self._shown: dict[str, str] = {}  # the error line shown under each field
         yield Header()
         yield Static(f"Step 2/7 · Setup ({state.mode})", classes="title")
-        training = state.mode != "inference"
+        method = method_of(state.mode)
+        training = method.trains
         yield Static("What moves memory: batch × sequence drive activations" + ("" if training else " and the KV cache")
-                     + "; the dtype sets the bytes per number"
-                     + ({"full": " (precision: what is kept in it)", "lora": " (precision: what is kept in it)",
-                         "qlora": " (here the compute dtype of the 4-bit layers)"}.get(state.mode, ""))
+                     + "; the dtype sets the bytes per number" + method.dtype_note
                      + ("; the optimizer the states per trainable parameter" if training else "")
                      + ". Model: smollm2-135m (embedded) or a model folder; Data: embedded (the Python docs as "
                        "text) or a .txt / .jsonl file.", classes="intro")
         with VerticalScroll(classes="body", id="form"):
-            for name, label, kind, choices, modes in FIELDS:
-                if state.mode not in modes:
+            for name, label, kind, choices, group in FIELDS:
+                if not method.takes(group):
                     continue
                 value = shown_value(state.fields[name]) if name in state.fields else current_value(defaults, name)
                 if name == FIRST_CRITERION:
@@ -227,8 +228,9 @@ class SetupScreen(NavButtons, Screen):
         """The typed values converted to spec types, and per-field conversion errors."""
         out: dict[str, Any] = {}
         errors: dict[str, str] = {}
-        for name, _label, kind, _choices, modes in FIELDS:
-            if self.app.state.mode not in modes:
+        method = method_of(self.app.state.mode)
+        for name, _label, kind, _choices, group in FIELDS:
+            if not method.takes(group):
                 continue
             widget = self.query_one(f"#{name}")
             raw = str(widget.value).strip()

@@ -14,9 +14,33 @@ from __future__ import annotations
 from typing import Any
 
 from textual import events
+from textual.css.query import NoMatches
 from textual.widget import Widget
 from textual.widgets import Input, Select
 from textual.widgets._select import SelectCurrent, SelectOverlay
+
+#: the longest the App waits for the keys before a new one to be handled (a handler that waits on the App itself
+#: would otherwise hold every key after it)
+SETTLE_S = 1.0
+
+
+async def keys_settled(app: Any, limit_s: float = SETTLE_S) -> None:
+    """Return once no widget of the current screen has a message waiting (the keys before this one handled, and the
+    keys they passed on), or after ``limit_s``. Message queues are Textual's own (``MessagePump._message_queue``).
+    Raises nothing."""
+    import asyncio
+    import time
+
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        try:
+            screen = app.screen
+            pumps = [screen, *screen.walk_children(with_self=False)]
+        except Exception:  # noqa: BLE001 - no screen yet, or one being replaced: nothing to wait for
+            return
+        if all(p._message_queue.empty() for p in pumps):  # noqa: SLF001 - see the docstring
+            return
+        await asyncio.sleep(0)
 
 
 async def _ordered_key(widget: Widget, event: events.Key) -> bool:
@@ -96,9 +120,27 @@ class OrderedSelect(Select[Any]):
         await super()._on_key(event)
 
     def _watch_expanded(self, expanded: bool) -> None:
-        super()._watch_expanded(expanded)
-        if expanded and self.is_mounted:  # focused now: the keys after Enter move in the menu
-            self.screen.set_focus(self.query_one(_OrderedOverlay), scroll_visible=False)
+        """Textual's ``Select._watch_expanded`` but for the focus: the menu is focused now, within this key, not by a
+        deferred ``focus()`` that would land after the keys typed next (and take the focus back from where they
+        moved it)."""
+        try:
+            overlay = self.query_one(_OrderedOverlay)
+        except NoMatches:  # the widget is being removed
+            return
+        self.set_class(expanded, "-expanded")
+        if not expanded:
+            return
+        self.screen.set_focus(overlay, scroll_visible=False)  # focused now: the keys after Enter move in the menu
+        current = self.query_one(SelectCurrent)
+        if self.value is self.NULL:
+            overlay.select(None)
+            current.has_value = False
+            return
+        for index, (_prompt, value) in enumerate(self._options):
+            if value == self.value:
+                overlay.select(index)
+                break
+        current.has_value = True
 
     def choose(self, index: int) -> None:
         """Set the value to the option at ``index`` (of the menu), close the menu and focus this Select now."""

@@ -1,8 +1,10 @@
 """The child's events, typed: one frozen dataclass per kind, written by the child and parsed once by the parent.
 
-The child (:mod:`core.child.worker`) builds these and hands them to :meth:`core.events.EventWriter.write`; the parent
-reads each JSON line back through :func:`parse_event` (:func:`core.events.read_events`, the watcher of
-:mod:`core.stages.childproc`) and tests ``isinstance(e, Step)``, never a ``"kind"`` key.
+The child (:mod:`core.child.worker`) builds these and hands them to :meth:`EventWriter.write`, which appends one JSON
+line each to ``events.jsonl`` in its job directory and flushes it, so library prints (which go to the child's log file)
+can never corrupt the channel; the parent reads each line back through :func:`parse_event` (:func:`read_events`, the
+watcher of :mod:`core.stages.childproc`) and tests ``isinstance(e, Step)``, never a ``"kind"`` key. Neither side's
+code: both import it from here (:mod:`core.protocol`).
 
 On disk a line is ``{"kind": KIND, "t": seconds since the epoch, **payload}``, with ``rank`` / ``local_rank`` added by
 the writer under torchrun: the format run folders have always had. Every event carries that envelope as attributes:
@@ -17,9 +19,12 @@ to skip silently. Torch is never imported here.
 from __future__ import annotations
 
 import json
+import os
+import time
 import types
 import typing
 from dataclasses import MISSING, dataclass, field, fields
+from pathlib import Path
 from typing import Any, ClassVar
 
 from core.errors import StageError
@@ -201,6 +206,12 @@ class Ledgers(ChildEvent):
 
 
 # -------------------------------------------------------------------------------------------- train, evaluate
+#: what an :class:`Evaluation`'s perplexity is, in words (the record's definition of the metric, command mode's too)
+METRIC = (
+    "token-weighted perplexity: exp(sum NLL / sum target tokens) over the held-out split, targets masked by attention mask"
+)
+
+
 @dataclass(frozen=True)
 class Evaluation(ChildEvent):
     """A held-out evaluation: ``when`` "before" / "after" training; token-weighted perplexity, mean and summed
@@ -402,3 +413,97 @@ def _is(value: Any, hint: Any) -> bool:
 def _words(hint: Any) -> str:
     """A type in words as annotated: ``int``, ``float | None``, ``list[str]``."""
     return hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", "")
+
+
+# ------------------------------------------------------------------------------------------------- the file
+def rank_events_path(path: Path, rank: int | None) -> Path:
+    """The events file of one rank under torchrun: rank 0 (or a single process) writes ``path`` itself, rank r
+    ``events.rank{r}.jsonl`` beside it, so ranks never interleave lines in one file."""
+    if not rank:
+        return path
+    return path.with_name(f"{path.stem}.rank{rank}{path.suffix}")
+
+
+class EventWriter:
+    """Writes child events as JSON lines, flushed per event.
+
+    Args:
+        path: the events file; created (with parents) if missing, appended to otherwise.
+    """
+
+    def __init__(self, path: str | Path, rank: int | None = None, local_rank: int | None = None) -> None:
+        self.path = rank_events_path(Path(path), rank)
+        self.rank = rank
+        self.local_rank = local_rank
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - lives as long as the writer
+
+    def write(self, event: ChildEvent) -> None:
+        """Append one typed child event as ``{"kind": KIND, "t": time, **payload}`` (:func:`payload`;
+        with ``rank`` / ``local_rank`` under torchrun) and flush it."""
+        self.emit(event.KIND, **payload(event))
+
+    def emit(self, kind: str, **data: Any) -> None:
+        """Append one event ``{"kind": kind, "t": time, **data}`` (with ``rank`` under torchrun) and flush it: the
+        pipeline's own log of its events; a child writes typed events with :meth:`write`."""
+        record = {"kind": kind, "t": time.time(), **data}
+        if self.rank is not None:
+            record["rank"] = self.rank
+        if self.local_rank is not None:
+            record["local_rank"] = self.local_rank
+        self._fh.write(json.dumps(record, default=_jsonable) + "\n")
+        self._fh.flush()
+        os.fsync(self._fh.fileno())
+
+    def close(self) -> None:
+        self._fh.close()
+
+
+def _jsonable(value: Any) -> Any:
+    if hasattr(value, "item"):
+        return value.item()
+    if isinstance(value, Path):
+        return str(value)
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+def complete_lines(path: str | Path, offset: int, keepends: bool = False) -> tuple[list[bytes], int]:
+    """The complete lines of ``path`` from byte ``offset`` (a trailing partial line is left for the next read: a
+    writer may be half-way through it), and the offset after them; ([], offset) when the file is missing or holds no
+    new complete line."""
+    p = Path(path)
+    if not p.is_file():
+        return [], offset
+    with open(p, "rb") as fh:
+        fh.seek(offset)
+        data = fh.read()
+    end = data.rfind(b"\n")
+    if end < 0:
+        return [], offset
+    return data[: end + 1].splitlines(keepends=keepends), offset + end + 1
+
+
+def read_events(path: str | Path, offset: int = 0) -> tuple[list[ChildEvent], int]:
+    """Read the complete lines of a child's events file from byte ``offset``, each parsed once into its typed event
+    (:func:`parse_line`).
+
+    Returns:
+        (events, new_offset): a trailing partial line is left for the next call.
+
+    Raises:
+        EventFormatError: a line that is no child event (not JSON, an unknown kind, keys or types that do not
+            match); the message names the file and the line's byte offset.
+    """
+    p = Path(path)
+    lines, new_offset = complete_lines(p, offset, keepends=True)
+    events: list[ChildEvent] = []
+    at = offset
+    for raw in lines:
+        line = raw.decode("utf-8")
+        if line.strip():
+            try:
+                events.append(parse_line(line))
+            except EventFormatError as exc:
+                raise EventFormatError(f"{p} at byte {at}: {exc}") from None
+        at += len(raw)
+    return events, new_offset

@@ -1,0 +1,84 @@
+"""What a training method is: one object per method, holding every rule that depends on which method runs.
+
+A :class:`Method` says whether the run trains, whether it trains adapters over a frozen base, whose parameter layout
+it shares, which settings apply to it (:data:`SETTING_GROUPS`), its defaults, what it refuses (its ``checks``), how
+it is named and explained, and which spec tables belong to it alone. Code outside :mod:`core.methods` asks the method
+(``spec.method``) instead of comparing method names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+#: The groups of settings a method may take (each form field and spec setting belongs to one):
+#: ``all`` every method; ``training`` what a training run needs (steps, optimizer, the resume check, training criteria);
+#: ``precision`` the pure/amp choice (a method with a master copy to keep); ``adapter`` LoRA's rank, alpha and targets;
+#: ``quant`` the 4-bit storage of the base; ``distributed`` the strategy and torchrun's ranks.
+SETTING_GROUPS = ("all", "training", "precision", "adapter", "quant", "distributed")
+
+
+@dataclass(frozen=True)
+class Method:
+    """One training method.
+
+    Attributes:
+        name: the spec's ``mode`` value (``inference``, ``full``, ``lora``, ``qlora``).
+        label: as the Mode screen lists it; a variant says so ("QLoRA (LoRA variant)").
+        summary: what it does and what memory it adds, in a few sentences (the Mode screen's help).
+        trains: backward passes and optimizer steps run.
+        adapters: low-rank adapters are trained over a frozen base.
+        trains_base: every parameter of the base model is trained (full fine-tuning).
+        layout: the method whose parameters the model is laid out by (a variant's base method; else ``name``).
+        groups: the :data:`SETTING_GROUPS` that apply.
+        steps, learning_rate: defaults, chosen so the embedded run finishes on a 2-core CPU in minutes.
+        checkpoint_every, kill_after_checkpoint: the resume check's defaults.
+        own_tables: spec tables that belong to this method alone (``[qlora]``): refused for another method, left out
+            of another method's spec hash.
+        fp32_params: every parameter not stored quantised is kept in fp32, whatever the dtype (QLoRA: peft's
+            ``prepare_model_for_kbit_training``).
+        dtype_note: what the dtype means for this method, for the Setup screen's intro ("" when nothing to add).
+        checks: what it refuses, each ``check(spec)`` raising :class:`core.errors.SpecError` (first failure reported).
+    """
+
+    name: str
+    label: str
+    summary: str
+    trains: bool
+    adapters: bool
+    layout: str
+    groups: frozenset[str]
+    steps: int
+    learning_rate: float
+    checkpoint_every: int
+    kill_after_checkpoint: int
+    own_tables: tuple[str, ...] = ()
+    trains_base: bool = False
+    fp32_params: bool = False
+    dtype_note: str = ""
+    checks: tuple[Callable[[Any], None], ...] = ()
+
+    @property
+    def variant(self) -> bool:
+        """A variant of another method (its ``layout``), labelled as such, never passed off as it."""
+        return self.layout != self.name
+
+    def takes(self, group: str) -> bool:
+        """Whether the settings of ``group`` (:data:`SETTING_GROUPS`) apply to this method.
+
+        Raises:
+            ValueError: ``group`` is not a setting group.
+        """
+        if group not in SETTING_GROUPS:
+            raise ValueError(f"{group!r} is not a setting group ({', '.join(SETTING_GROUPS)})")
+        return group in self.groups
+
+    def check(self, spec: Any) -> None:
+        """Refuse what this method cannot run (see ``checks``).
+
+        Raises:
+            SpecError: naming the field and what to change.
+        """
+        for check in self.checks:
+            check(spec)

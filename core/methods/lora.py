@@ -1,0 +1,96 @@
+"""LoRA (Hu et al. 2021, arXiv 2106.09685): low-rank adapters W + (alpha / r) * B @ A trained over a frozen base, and
+its variant QLoRA (Dettmers et al. 2023, arXiv 2305.14314): the same adapters over a base whose linear layers are
+stored in 4 bits by bitsandbytes. A variant is labelled as one (``Method.variant``), never passed off as basic LoRA.
+
+Also the one place peft's ``LoraConfig`` is made (:func:`lora_config`): the plan's meta model and the child's model
+are wrapped alike.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, get_args
+
+from core.errors import SpecError
+from core.methods.base import Method
+from core.methods.training import TRAINING_GROUPS, check_training
+
+#: peft's keyword for "every linear layer but the output layer" (``LoraConfig(target_modules="all-linear")``).
+ALL_LINEAR = "all-linear"
+#: The 4-bit data types of bitsandbytes (``bnb_4bit_quant_type``): NormalFloat4 (Dettmers et al. 2023, arXiv
+#: 2305.14314) or a 4-bit float
+QuantType = Literal["nf4", "fp4"]
+QUANT_TYPES: tuple[QuantType, ...] = get_args(QuantType)
+
+
+def check_adapters(spec: Any) -> None:
+    """LoRA's rank, alpha, dropout and targets.
+
+    Raises:
+        SpecError: naming the ``lora.*`` field.
+    """
+    lora = spec.lora
+    if lora.r < 1:
+        raise SpecError("lora.r", f"the LoRA rank must be at least 1 (got {lora.r})")
+    if lora.alpha <= 0:
+        raise SpecError("lora.alpha", f"must be positive (got {lora.alpha})")
+    if not 0.0 <= lora.dropout < 1.0:
+        raise SpecError("lora.dropout", f"must be in [0, 1) (got {lora.dropout})")
+    if not lora.targets:
+        raise SpecError("lora.targets", "name at least one module, e.g. q_proj,v_proj")
+    repeated = sorted({t for t in lora.targets if lora.targets.count(t) > 1})
+    if repeated:
+        raise SpecError("lora.targets", f"{', '.join(repeated)} named twice; name each module once")
+    if ALL_LINEAR in lora.targets and len(lora.targets) > 1:
+        raise SpecError("lora.targets", f"{ALL_LINEAR} already names every linear layer but the LM head; give it "
+                                        "alone, or list module names without it")
+
+
+def check_qlora(spec: Any) -> None:
+    """QLoRA's settings, and what this version runs it with: the pure precision (the 4-bit base has no fp32 master
+    copy) and one process (strategy single).
+
+    Raises:
+        SpecError: naming the field.
+    """
+    if spec.qlora.quant_type not in QUANT_TYPES:
+        raise SpecError("qlora.quant_type", f"{spec.qlora.quant_type!r}: choose nf4 (NormalFloat4, QLoRA's) or fp4")
+    if spec.precision != "pure":
+        raise SpecError("precision", "qlora stores the base in 4 bits, with no fp32 master copy to keep: set "
+                                     "precision = \"pure\" (dtype is the compute dtype the 4-bit layers dequantise to)")
+    if spec.strategy != "single":
+        lora_runs = (f"; mode lora runs {spec.strategy}" if spec.strategy in ("ddp", "zero3")
+                     else f"; mode lora plans {spec.strategy}")
+        raise SpecError("strategy", f"qlora runs in one process in this version (strategy single), not "
+                                    f"{spec.strategy}: plan the 4-bit base on one device{lora_runs}")
+
+
+def lora_config(lora: Any) -> Any:
+    """peft's ``LoraConfig`` for LoRA settings (``core.spec.LoraSettings``), as the probe and the plan both build it
+    (``all-linear`` passed as peft's keyword string, module names as a list). Imports peft."""
+    from peft import LoraConfig
+
+    targets: Any = ALL_LINEAR if tuple(lora.targets) == (ALL_LINEAR,) else list(lora.targets)
+    return LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=targets,
+                      task_type="CAUSAL_LM")
+
+
+LORA = Method(
+    name="lora", label="LoRA",
+    summary="The base is frozen; small low-rank matrices are trained. Gradients and optimizer states only for the "
+            "adapters - but activations shrink little (SmolLM2, LoRA on q/v: ~0.75x of full fine-tuning's): backward "
+            "still flows through the frozen base.",
+    trains=True, adapters=True, layout="lora", groups=TRAINING_GROUPS | {"precision", "adapter", "distributed"},
+    steps=30, learning_rate=1e-3, checkpoint_every=10, kill_after_checkpoint=2,
+    dtype_note=" (precision: what is kept in it)",
+    checks=(check_training, check_adapters))
+
+QLORA = Method(
+    name="qlora", label="QLoRA (LoRA variant)",
+    summary="LoRA over a base whose linear layers are stored in 4 bits (NF4 or FP4, bitsandbytes): ~0.5 B a parameter, "
+            "dequantised layer by layer as they run; embeddings and LM head stay fp32. The same adapters are trained; "
+            "activations, adapter gradients and optimizer states are as for LoRA. Slower steps; quality may differ "
+            "from LoRA's.",
+    trains=True, adapters=True, layout="lora", groups=TRAINING_GROUPS | {"adapter", "quant"},
+    steps=30, learning_rate=1e-3, checkpoint_every=10, kill_after_checkpoint=2, own_tables=("qlora",),
+    fp32_params=True, dtype_note=" (here the compute dtype of the 4-bit layers)",
+    checks=(check_training, check_qlora, check_adapters))
