@@ -196,7 +196,8 @@ def _cuda_uuid(index: int) -> str | None:
 
 # ------------------------------------------------------------------------------------------------ parent: the matrix
 def plan_cell(cell: dict, cuda: bool) -> dict:
-    from core.plan.memory import DeviceInfo, plan_memory
+    from core.plan.devices import DeviceInfo
+    from core.plan.memory import plan_memory
     from core.plan.traced import trace_plan
 
     spec = spec_of(cell)

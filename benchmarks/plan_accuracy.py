@@ -93,7 +93,8 @@ def cells() -> list[Cell]:
 
 
 def plan_and_trace(cell: Cell, configs: dict) -> None:
-    from core.plan.memory import detect_devices, plan_memory
+    from core.plan.devices import detect_devices
+    from core.plan.memory import plan_memory
     from core.plan.traced import trace_plan
 
     spec = cell.spec("80GiB")

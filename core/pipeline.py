@@ -44,7 +44,8 @@ def make_plan(spec: RunSpec, devices_override: list[Any] | None = None) -> PlanC
         SpecError, ModelNotFoundError: named errors for bad input.
     """
     from core.models import declared_max_positions, load_config, resolve_model
-    from core.plan.memory import detect_devices, linear_module_names, plan_memory
+    from core.plan.devices import detect_devices
+    from core.plan.memory import linear_module_names, plan_memory
     from core.spec import validate_against_config
 
     source = resolve_model(spec.model)

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from core.monitor.sampler import ReplayBackend, constructed_frames
-from core.plan.memory import DeviceInfo
+from core.plan.devices import DeviceInfo
 from tui.app import GpuAcceptApp
 
 GiB = 2**30

@@ -103,7 +103,13 @@ class GpuAcceptApp(App[int]):
         if not isinstance(self.screen, HelpScreen):
             self.push_screen(HelpScreen())
 
-    def action_back(self) -> None:
+    async def action_back(self) -> None:
+        """Esc (Textual's own back action is async: this one only calls :meth:`go_back`)."""
+        self.go_back()
+
+    def go_back(self) -> None:
+        """Back one screen: closes the terms; while a stage runs, says which stage runs and how to stop it instead;
+        never back past the first screen."""
         from tui.screens.dialogs import HelpScreen
 
         if isinstance(self.screen, HelpScreen):
@@ -209,8 +215,11 @@ def watch_terminal(app: Any, hang_up: Any) -> None:
 
     if getattr(app, "is_headless", False):
         return
+    stdin = sys.__stdin__
+    if stdin is None:
+        return  # no terminal to watch (no stdin at all)
     try:
-        fd = sys.__stdin__.fileno()
+        fd = stdin.fileno()
         os.tcgetpgrp(fd)
     except (AttributeError, OSError, ValueError):
         return  # no terminal to watch

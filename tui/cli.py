@@ -55,7 +55,7 @@ class _CheckedStdout:
 
     def write(self, text: str) -> int:
         try:
-            return self.stream.write(text)  # type: ignore[no-any-return]
+            return self.stream.write(text)
         except BrokenPipeError:
             raise
         except OSError as exc:
@@ -372,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
 
     stdout = sys.stdout
     if not _draws_a_screen(args):  # a Textual screen owns the terminal: its app redirects stdout itself
-        sys.stdout = _CheckedStdout(stdout)  # type: ignore[assignment]
+        sys.stdout = _CheckedStdout(stdout)
     try:
         code = _command(args)
         sys.stdout.flush()  # here, not at exit: a reader that went away is caught below

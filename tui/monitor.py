@@ -83,8 +83,9 @@ class MonitorApp(App):
             reasons += [r.reason for r in (sample.used_bytes, sample.total_bytes) if r.reason]
             if sample.utilization_pct.ok:
                 reasons.append(f"util {sample.utilization_pct.value} %")
-            if sample.reserved_bytes.ok:
-                reasons.append(f"driver-reserved {sample.reserved_bytes.value / 2**30:.2f} GiB")
+            reserved = sample.reserved_bytes.value
+            if sample.reserved_bytes.ok and reserved is not None:  # ok: a value (not None) and no reason
+                reasons.append(f"driver-reserved {reserved / 2**30:.2f} GiB")
             bar.show(ours=None, others=sample.used_bytes.value, total=sample.total_bytes.value,
                      peak=self.sampler.peak_used(sample.device), note="; ".join(dict.fromkeys(reasons)))
 

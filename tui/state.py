@@ -5,7 +5,12 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the wizard's first screen must appear at once: core's modules are imported where they are used
+    from core.command.spec import CommandSpec
+    from core.pipeline import PlanContext
+    from core.spec import RunSpec
 
 
 @dataclass
@@ -18,7 +23,8 @@ class WizardState:
         spec: the validated RunSpec, once the setup is valid.
         ctx: the plan context (core.pipeline.PlanContext) for ``spec``.
         traced: the traced plan of ``spec`` (core.plan.traced.traced_table) once the plan screen's trace has finished.
-        run: the core.pipeline.AcceptanceRun created when the probe starts (it owns the run directory).
+        run: the core.pipeline.AcceptanceRun created when the probe starts (it owns the run directory); in command
+            mode the core.command.pipeline.CommandRun created when the command's run starts.
         running: the name of the stage whose worker runs now, or None.
         cancel: set to stop a running stage; the stage kills its child's process group.
         probe_anyway: the user chose "Probe anyway" on a plan that does not fit (the plan stage still fails).
@@ -30,9 +36,11 @@ class WizardState:
     devices_override: list[Any] | None = None
     mode: str = "lora"
     fields: dict[str, Any] = field(default_factory=dict)
-    spec: Any = None
-    ctx: Any = None
+    spec: RunSpec | None = None
+    ctx: PlanContext | None = None
     traced: dict[str, Any] | None = None
+    #: core.pipeline.AcceptanceRun or core.command.pipeline.CommandRun: left Any, the screens use each one's own
+    #: attributes without telling them apart (the stage screens an AcceptanceRun's, the export screen either's)
     run: Any = None
     running: str | None = None
     cancel: threading.Event = field(default_factory=threading.Event)
@@ -47,7 +55,7 @@ class WizardState:
     #: command mode: the form's values as typed ([command] keys; prefilled from --command and a [command] spec) and
     #: the CommandSpec once they are valid
     command_fields: dict[str, Any] = field(default_factory=dict)
-    command_spec: Any = None
+    command_spec: CommandSpec | None = None
 
 
 #: a stage's name as the screens say it (the record's names are ``plan``, ``probe``, ``train_eval``, ``resume``)

@@ -153,7 +153,7 @@ class CommandRun(StagedRun):
         return probe
 
     def _capacities(self, outcome: RunOutcome) -> dict[str, tuple[int | None, str]]:
-        from core.plan.memory import detect_devices
+        from core.plan.devices import detect_devices
 
         labels = set(rank_devices(outcome).values()) | {k for k in outcome.peaks if k.startswith(("cpu", "cuda"))}
         ranks = sum(1 for d in labels if d.startswith("cpu:"))

@@ -95,7 +95,7 @@ def build_probe(outcome: RunOutcome, capacities: dict[str, tuple[int | None, str
 
     Args:
         capacities: device label -> (capacity in bytes or None, where it comes from), for every device label the
-            run can have (:func:`core.plan.memory.detect_devices`).
+            run can have (:func:`core.plan.devices.detect_devices`).
     """
     inside, devices = rank_peaks(outcome), rank_devices(outcome)
     rows: list[DeviceUse] = []

@@ -99,7 +99,7 @@ def largest_fitting(spec: Any, config: Any, devices: list[Any], axis: str, max_p
     Args:
         spec: the run (:class:`core.spec.RunSpec`); every other setting is kept.
         config: the model's config.
-        devices: the devices planned (:func:`core.plan.memory.detect_devices`).
+        devices: the devices planned (:func:`core.plan.devices.detect_devices`).
         axis: ``batch_size`` or ``seq_len``.
         max_positions: the model's declared ``max_position_embeddings`` (the ceiling of ``seq_len``), or None.
 

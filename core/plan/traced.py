@@ -270,7 +270,7 @@ def trace_plan(spec: RunSpec, config: Any, *, target: str = "cuda", fast: bool =
 def _as_trained(spec: RunSpec, model: Any, config: Any) -> None:
     """Put ``model`` in the state the worker runs it in: eval without gradients for inference; train without a KV
     cache for training, with gradient checkpointing (non-reentrant) when the spec asks for it."""
-    if spec.mode == "inference":
+    if not spec.training:
         model.requires_grad_(False)
         model.eval()
     else:
@@ -324,7 +324,7 @@ def _components(spec: RunSpec, categories: dict[str, int], kv_bytes: int) -> dic
     components = dict.fromkeys(TRACED_COMPONENTS, 0)
     for name, value in categories.items():
         components[_CATEGORY_TO_COMPONENT.get(name, "temporaries")] += value
-    if spec.mode == "inference" and kv_bytes:
+    if not spec.training and kv_bytes:
         moved = min(kv_bytes, components["activations"])
         components["kv_cache"] = moved
         components["activations"] -= moved
@@ -412,7 +412,7 @@ def _method(spec: RunSpec, target: str, real: bool, fast: bool) -> str:
         precision += f", {attention} attention for {spec.attn_implementation} (no flash kernel on the CPU)"
     else:
         precision += f", {attention} attention"
-    what = "one forward under no_grad (KV cache from the config)" if spec.mode == "inference" else (
+    what = "one forward under no_grad (KV cache from the config)" if not spec.training else (
         f"one steady-state step after a warm-up step ({spec.optimizer}, foreach={'True' if target == 'cuda' else 'False'}"
         f" as torch picks it on {target}"
         + (", two micro-batches for gradient accumulation" if spec.grad_accum > 1 else "")
@@ -585,7 +585,7 @@ TRACEABLE_STRATEGIES = ("single", "ddp")
 
 def untraceable_reason(plan: Any, spec: RunSpec | None = None) -> str | None:
     """Why ``plan`` (:class:`core.plan.memory.MemoryPlan`) of ``spec`` has no traced plan, or None when it can have one."""
-    if spec is not None and spec.mode == "qlora":
+    if spec is not None and spec.method.takes("quant"):
         return ("the traced plan builds the model on meta tensors without bitsandbytes' 4-bit layers; qlora's base is "
                 "planned from the 4-bit layout (core/plan/quant.py) and measured by the probe")
     if spec is not None and spec.training and spec.optimizer in EIGHT_BIT_OPTIMIZERS:
@@ -610,7 +610,7 @@ def trace_against(spec: RunSpec, config: Any, plan: Any, *, fast: bool = True) -
 
     reason = untraceable_reason(plan, spec)
     if reason is not None:
-        field = "mode" if spec.mode == "qlora" else "optimizer" if spec.optimizer in EIGHT_BIT_OPTIMIZERS else "strategy"
+        field = "mode" if spec.method.takes("quant") else "optimizer" if spec.optimizer in EIGHT_BIT_OPTIMIZERS else "strategy"
         raise SpecError(field, reason)
     device = plan.devices[0]
     traced = trace_plan(spec, config, target=device.device.kind, fast=fast)

@@ -71,7 +71,7 @@ def test_device_map_runs_inference_only_and_in_one_process(tiny_model_dir):
 
 
 def _two_cuda():
-    from core.plan.memory import DeviceInfo
+    from core.plan.devices import DeviceInfo
 
     return [DeviceInfo(f"cuda:{i}", "cuda", "test GPU", 24 * 2**30, "constructed for tests") for i in (0, 1)]
 

@@ -95,7 +95,7 @@ def test_v1_memory_controller_on_a_hybrid_host(tmp_path):
 def test_the_capacity_is_the_cgroups_when_smaller_and_says_so(tmp_path, monkeypatch):
     import psutil
 
-    from core.plan import memory as plan
+    from core.plan import devices as plan
 
     root = tmp_path / "fs"
     _write(root, cgroup__controllers="memory", memory__max=2 * GiB, memory__current=GiB // 2)

@@ -13,7 +13,8 @@ from types import SimpleNamespace
 import pytest
 
 from core.models import load_config, resolve_model
-from core.plan.memory import DeviceInfo, component_label, judged_capacity, plan_memory
+from core.plan.devices import DeviceInfo, judged_capacity
+from core.plan.memory import component_label, plan_memory
 from core.plan.search import headroom_rule, headroom_text, largest_fitting
 from core.spec import RunSpec
 
@@ -36,14 +37,14 @@ def _host(capacity: int = 20 * GiB, total: int = 24 * GiB, read_at: float | None
 # ------------------------------------------------------------------------------------------ 1. one capacity rule
 def test_the_host_capacity_is_the_available_memory_read_once_with_its_total_and_time(monkeypatch):
     from core.monitor import hostmem
-    from core.plan import memory
+    from core.plan import devices
 
     monkeypatch.setattr(hostmem, "host_memory", lambda: hostmem.HostMemory(
         int(23.54 * GiB), int(22.87 * GiB), "available host memory (psutil)"))
-    host = memory.host_capacity()
+    host = devices.host_capacity()
     assert (host.capacity_bytes, host.total_bytes) == (int(22.87 * GiB), int(23.54 * GiB))
     assert host.capacity_kind == "available" and host.read_at is not None
-    clock = re.escape(memory._clock(host.read_at))
+    clock = re.escape(devices._clock(host.read_at))
     # the one wording: 2 decimals, which quantity, when it was read (two readings of available memory differ)
     assert re.fullmatch(rf"22\.87 GiB \(available host memory \(psutil\), read at {clock}\)", host.capacity_text())
     assert re.fullmatch(rf"22\.87 GiB available \(read at {clock}\)", host.capacity_short())
@@ -57,12 +58,11 @@ def test_the_host_capacity_is_the_available_memory_read_once_with_its_total_and_
 
 
 def test_the_cli_plan_says_the_capacity_as_the_screens_do(monkeypatch, tmp_path, capsys):
-    from core.plan import memory
+    from core.plan import devices
     from tui.cli import main
 
     host = _host(int(19.8 * GiB))
-    monkeypatch.setattr(memory, "host_capacity", lambda: host)
-    monkeypatch.setattr(memory, "host_capacity", lambda: host)
+    monkeypatch.setattr(devices, "host_capacity", lambda: host)
     path = tmp_path / "config.json"
     path.write_text(json.dumps(TINY))
     assert main(["plan", "--model", str(path), "--devices", "cpu"]) == 0

@@ -13,14 +13,13 @@ from pathlib import Path
 import pytest
 
 from core.models import load_config, resolve_model
+from core.plan.devices import DeviceInfo, detect_devices
 from core.plan.memory import (
     COMPONENTS,
     CPU_RUNTIME_BYTES,
     CUDA_OVERHEAD_BYTES,
-    DeviceInfo,
     ParameterCount,
     count_parameters,
-    detect_devices,
     linear_module_names,
     plan_memory,
 )
@@ -290,7 +289,7 @@ def test_detect_devices():
 
 
 def test_detect_devices_for_a_planned_box_asks_no_torch():
-    code = ("import sys; from core.plan.memory import detect_devices; d = detect_devices('24GiB,8GiB'); "
+    code = ("import sys; from core.plan.devices import detect_devices; d = detect_devices('24GiB,8GiB'); "
             "print([x.capacity_bytes for x in d], 'torch' in sys.modules)")
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO

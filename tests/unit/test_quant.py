@@ -135,7 +135,8 @@ def test_the_cpu_step_holds_the_fp32_copies_the_plan_counts(dtype):
 
 def test_the_plan_counts_8_bit_states_per_tensor_with_the_embedding_in_fp32():
     from core.models import load_config, resolve_model
-    from core.plan.memory import DeviceInfo, plan_memory
+    from core.plan.devices import DeviceInfo
+    from core.plan.memory import plan_memory
     from core.spec import RunSpec
 
     spec = RunSpec.build(mode="full", optimizer="adamw_8bit")  # the embedded SmolLM2-135M

@@ -229,7 +229,7 @@ def small_host_app(batch: int = 8) -> GpuAcceptApp:
     """The wizard on a host whose capacity lies between the plans of micro-batch 2 and 3 of the tiny model (planned
     here, not invented): micro-batch ``batch`` does not fit, 2 does."""
     from core.pipeline import make_plan
-    from core.plan.memory import DeviceInfo
+    from core.plan.devices import DeviceInfo
 
     def total(b: int) -> int:
         spec = RunSpec.build(model="tiny-llama", mode="lora", seq_len=64, batch_size=b, steps=6,
@@ -331,7 +331,7 @@ def two_rank_probe(app: GpuAcceptApp) -> SimpleNamespace:
     """The finished run with a probe at world size 2 (DDP on two CPU ranks): one measurement and one comparison per
     rank, with fixed numbers."""
     from core.pipeline import make_plan
-    from core.plan.memory import DeviceInfo
+    from core.plan.devices import DeviceInfo
 
     run = finished_run(app)
     spec = RunSpec.build(mode="lora", model="tiny-llama", seq_len=64, steps=6, resume_checkpoint_every=2,

@@ -15,11 +15,10 @@ import pytest
 
 from core.errors import SpecError
 from core.models import load_config, resolve_model
+from core.plan.devices import DeviceInfo, detect_devices
 from core.plan.memory import (
     CUDA_OVERHEAD_BYTES,
     NCCL_BUFFER_BYTES,
-    DeviceInfo,
-    detect_devices,
     plan_memory,
 )
 from core.spec import RunSpec, parse_device_capacities, parse_devices

@@ -92,7 +92,7 @@ def _small_host_app(tiny_model_dir, tmp_path, batch: int):
     invented), with micro-batch ``batch``."""
     from core.monitor.sampler import ReplayBackend, constructed_frames
     from core.pipeline import make_plan
-    from core.plan.memory import DeviceInfo
+    from core.plan.devices import DeviceInfo
     from core.spec import RunSpec
     from tests.wizard_helpers import TEST_HOST, GiB
     from tui.app import GpuAcceptApp

@@ -17,9 +17,9 @@ from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
-from textual.screen import Screen
 from textual.widgets import Button, Footer, Header, Input, Label, ProgressBar, Static
 
+from tui.screens.base import WizardScreen
 from tui.screens.nav import NavButtons
 from tui.screens.stages import StageDone, StageEvent
 from tui.widgets.bars import LiveBar, gib
@@ -65,7 +65,7 @@ def raw_values(values: dict[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
     return raw, errors
 
 
-class CommandSetupScreen(NavButtons, Screen):
+class CommandSetupScreen(NavButtons, WizardScreen):
     """Your command and how gpuaccept runs, kills, resumes and evaluates it; Next only when it is valid."""
 
     BINDINGS = [Binding("ctrl+n", "next", "Next"), Binding("ctrl+q", "app.quit_typed", "Quit")]
@@ -144,7 +144,7 @@ STAGE_NAMES = {"probe": "uninterrupted run (probe)", "plan": "plan of what ran",
 MARKS = {"pass": "[green]✓[/]", "not_applicable": "[dim]–[/]", "fail": "[red]✗[/]"}
 
 
-class CommandRunScreen(NavButtons, Screen):
+class CommandRunScreen(NavButtons, WizardScreen):
     """Every stage of your command, live; the evidence of each as it ends."""
 
     BINDINGS = [Binding("ctrl+n", "next", "Next")]
@@ -192,6 +192,7 @@ class CommandRunScreen(NavButtons, Screen):
         state = self.app.state
         if state.run is not None:
             self.app.finish_run()  # a run of another setup: its record is written, unsigned
+        assert state.command_spec is not None  # the run screen follows a valid command setup (its Next)
         state.run = CommandRun(state.command_spec, state.runs_root)
         return every_stage(state.run, cancelled)
 

@@ -10,9 +10,9 @@ from textual.binding import Binding
 from textual.containers import Horizontal, VerticalScroll
 from textual.content import Content
 from textual.markup import escape
-from textual.screen import Screen
 from textual.widgets import Button, Footer, Header, Input, Label, Select, Static
 
+from tui.screens.base import WizardScreen
 from tui.widgets.inputs import OrderedInput, OrderedSelect
 
 #: said before anyone signs: a signed record is never rewritten (core.record.build), so what is not in it then never will be
@@ -24,7 +24,7 @@ SIGNING_FREEZES = ("Signing freezes record.toml: nothing is added after, not eve
 DRAFT_FIELDS = ("operator", "role", "decision", "comment", "key")
 
 
-class ExportScreen(Screen):
+class ExportScreen(WizardScreen):
     """Every stage's status and evidence; operator, decision and comment; write record.toml."""
 
     # letters type into the fields here, so every action is a control key, each named in the footer; ^n is the
@@ -37,6 +37,8 @@ class ExportScreen(Screen):
     ]
     DEFAULT_CSS = "ExportScreen .nav Button { min-width: 12; }"  # five buttons in 80 columns
     q_types = True  # the app's q Quit is not offered here (tui.app.GpuAcceptApp.check_action)
+    #: what the error line says about the override while it says it (Comment becomes the reason), else None
+    _override_said: str | None = None
 
     def compose(self) -> ComposeResult:
         draft = self.app.state.signoff_draft
@@ -139,7 +141,7 @@ class ExportScreen(Screen):
         if said is not None:
             error.update(Content(said))
             self._override_said = said
-        elif getattr(self, "_override_said", None) is not None and str(error.content) == self._override_said:
+        elif self._override_said is not None and str(error.content) == self._override_said:
             error.update("")
             self._override_said = None
 
@@ -171,7 +173,7 @@ class ExportScreen(Screen):
         return self.query_one(f"#{name}", Button)
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
-        actions = {"write": self.action_write, "back": self.app.action_back, "quit": self.action_quit_export,
+        actions = {"write": self.action_write, "back": self.app.go_back, "quit": self.action_quit_export,
                    "compare": self.action_compare, "quiz": self.action_quiz}
         if event.button.id in actions:
             actions[event.button.id]()

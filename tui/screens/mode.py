@@ -5,10 +5,11 @@ from __future__ import annotations
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
-from textual.screen import Screen
+from textual.content import Content
 from textual.widgets import Button, Footer, Header, RadioButton, RadioSet, Static
 
 from core.methods import METHODS
+from tui.screens.base import WizardScreen
 
 #: what the Mode screen lists: every method (core/methods/: its label and help), then your own command
 MODES = {
@@ -23,9 +24,10 @@ MODES = {
 class ModeButton(RadioButton):
     """A radio button whose state shows without colour too: ● chosen, ○ not (plain-text terminals, screen readers)."""
 
-    @property
-    def BUTTON_INNER(self) -> str:  # noqa: N802 - Textual's class attribute, made to follow the value
-        return "●" if self.value else "○"
+    def render(self) -> Content:
+        # Textual draws BUTTON_INNER (a class attribute) inside the button: made to follow the value before each drawing
+        self.BUTTON_INNER = "●" if self.value else "○"
+        return super().render()
 
 
 class ModeChoice(RadioSet):
@@ -61,7 +63,7 @@ def mode_title(mode: str) -> str:
     return f"Step 1/{4 if mode == 'command' else 7} · Mode"
 
 
-class ModeScreen(Screen):
+class ModeScreen(WizardScreen):
     """Choose inference, full fine-tuning, LoRA or its 4-bit variant QLoRA, or your own training command."""
 
     # Every key of this screen is a priority binding, handled in the order typed: Enter is one (RadioSet would take it

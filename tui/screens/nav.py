@@ -36,10 +36,10 @@ class NavButtons:
                 app.notify(why, severity="warning", timeout=4)
         elif event.key == "escape" and app.state.running:
             event.stop()
-            app.action_back()  # says which stage runs and how to stop it
+            app.go_back()  # says which stage runs and how to stop it
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         if event.button.id == "next":
             self.action_next()  # type: ignore[attr-defined]
         elif event.button.id == "back":
-            self.app.action_back()  # type: ignore[attr-defined]
+            self.app.go_back()  # type: ignore[attr-defined]

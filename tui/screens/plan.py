@@ -8,10 +8,10 @@ from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, VerticalScroll
-from textual.screen import Screen
 from textual.widgets import Button, Footer, Header, LoadingIndicator, Static
 
 from core.plan.memory import component_label
+from tui.screens.base import WizardScreen
 from tui.screens.nav import NavButtons
 from tui.widgets.bars import PlanBar, gib, short_name
 from tui.widgets.tables import ReadTable, wrapped_table
@@ -20,7 +20,7 @@ BATCH = Binding.Group("batch ÷2 ×2")
 SEQ = Binding.Group("seq ÷2 ×2")
 
 
-class PlanScreen(NavButtons, Screen):
+class PlanScreen(NavButtons, WizardScreen):
     """Estimated bytes per component on each device, against that device's capacity. Nothing runs yet."""
 
     BINDINGS = [
@@ -97,6 +97,7 @@ class PlanScreen(NavButtons, Screen):
         failed; the measurement says whether the plan was too pessimistic), and the largest micro-batch that fits is
         offered (f)."""
         spec = self.app.state.spec
+        assert spec is not None  # the plan screen shows the plan of a valid spec (setup's Next)
         self._unfit = unfit and refusal is None
         self._largest_batch = largest_batch if unfit and largest_batch and largest_batch != spec.batch_size else None
         nxt = self.query_one("#next", Button)
@@ -319,7 +320,9 @@ class PlanScreen(NavButtons, Screen):
 
     def untraced_text(self) -> str:
         """Why the table's phase rows are below the phases line above: they hold tensors only."""
-        plan = self.app.state.ctx.plan
+        ctx = self.app.state.ctx
+        assert ctx is not None  # a traced table is shown for the plan shown
+        plan = ctx.plan
         untraced = plan.devices[0].untraced_bytes if plan.devices else 0
         return (f"[dim]The rows are tensor bytes: the phases line above also holds the {gib(untraced)} a trace "
                 "cannot see (the overhead line, DDP's buckets).[/]" if untraced else
@@ -331,6 +334,7 @@ class PlanScreen(NavButtons, Screen):
         from core.plan.fit import all_fit, fit_verdicts
 
         ctx = self.app.state.ctx
+        assert ctx is not None  # a traced table is shown for the plan shown
         fits = fit_verdicts(ctx.plan, traced)
         parts = []
         for f in fits:
@@ -359,10 +363,12 @@ class PlanScreen(NavButtons, Screen):
 
     def action_batch(self, factor: float) -> None:
         spec = self.app.state.spec
+        assert spec is not None  # the plan screen shows the plan of a valid spec (setup's Next)
         self._what_if(batch_size=max(1, int(spec.batch_size * factor)))
 
     def action_seq(self, factor: float) -> None:
         spec = self.app.state.spec
+        assert spec is not None  # the plan screen shows the plan of a valid spec (setup's Next)
         self._what_if(seq_len=max(2, int(spec.seq_len * factor)))
 
     def action_next(self) -> None:

@@ -10,13 +10,13 @@ from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, VerticalScroll
-from textual.screen import Screen
 from textual.widgets import Button, Footer, Header, Input, Label, Select, Static
 
 from core import killpoints
 from core.dtypes import DTYPES
 from core.methods import method_of
 from core.spec import ATTN_IMPLEMENTATIONS, KILL_POINTS, OPTIMIZERS, PADDINGS, PRECISIONS, QUANT_TYPES
+from tui.screens.base import WizardScreen
 from tui.screens.nav import NavButtons
 from tui.widgets.inputs import OrderedInput, OrderedSelect
 
@@ -129,7 +129,7 @@ def current_value(spec: Any, name: str) -> str:
     return shown_value(getattr(spec, name))
 
 
-class SetupScreen(NavButtons, Screen):
+class SetupScreen(NavButtons, WizardScreen):
     """Model, dtype, batch, sequence, accumulation, optimizer, steps, LoRA and devices; Next only when valid."""
 
     # q types here: ^q quits; ^o is the "Your own command…" button
@@ -213,7 +213,7 @@ class SetupScreen(NavButtons, Screen):
     def detect(self) -> None:
         try:
             with _IMPORTING:
-                from core.plan.memory import detect_devices
+                from core.plan.devices import detect_devices
 
                 devices = self.app.state.devices_override or detect_devices("auto")
             text = "devices detected: " + "; ".join(
@@ -224,6 +224,13 @@ class SetupScreen(NavButtons, Screen):
             text = f"devices detected: none ({exc})"
         self.app.call_from_thread(self.query_one("#detected", Static).update, text)
 
+    def _typed(self, name: str) -> str:
+        """A field's value as typed: its Input's text or its Select's value, as a string."""
+        widget = self.query_one(f"#{name}")
+        if not isinstance(widget, (Input, Select)):
+            raise TypeError(f"#{name} is a {type(widget).__name__}, not a form field")
+        return str(widget.value)
+
     def values(self) -> tuple[dict[str, Any], dict[str, str]]:
         """The typed values converted to spec types, and per-field conversion errors."""
         out: dict[str, Any] = {}
@@ -232,8 +239,7 @@ class SetupScreen(NavButtons, Screen):
         for name, _label, kind, _choices, group in FIELDS:
             if not method.takes(group):
                 continue
-            widget = self.query_one(f"#{name}")
-            raw = str(widget.value).strip()
+            raw = self._typed(name).strip()
             if kind == "autoint" and not raw:
                 out[name] = 0  # blank: auto
             elif kind in ("int", "autoint"):
@@ -263,7 +269,7 @@ class SetupScreen(NavButtons, Screen):
         values, refused = self.values()
         draft = draft_spec({"mode": self.app.state.mode, **self._extra, **values}, refused)
         self._spec_errors = {spec_field_to_input(f): m for f, m in draft.errors.items()}
-        typed = {name: str(self.query_one(f"#{name}").value) for name in refused}  # kept as typed across Back
+        typed = {name: self._typed(name) for name in refused}  # kept as typed across Back
         self.app.state.fields = {**self._extra, **values, **typed}
         self.app.state.spec = draft.spec
         self._draft = draft.stand_in
@@ -325,7 +331,9 @@ class SetupScreen(NavButtons, Screen):
                 form_errors.append(f"{name}: {message}")
                 del errors[name]
         moved = False
-        for err in self.query(".field-error"):
+        for err in self.query(".field-error").results(Static):
+            if err.id is None:
+                continue
             name = err.id.removeprefix("err-")
             text = f"↑ {errors[name]}" if name in errors else ""
             if self._shown.get(name, "") != text:  # only what changed: no re-layout per keystroke
@@ -346,7 +354,7 @@ class SetupScreen(NavButtons, Screen):
         focused = self.focused
         if focused is None:
             return
-        errs = self.query(f"#err-{focused.id}") if focused.id else []
+        errs = self.query(f"#err-{focused.id}") if focused.id else None
         if errs and errs.first().display and not self.can_view_entire(errs.first()):
             errs.first().scroll_visible(animate=False, immediate=True)
         if not self.can_view_entire(focused):

@@ -18,6 +18,7 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Button, Footer, Header, ProgressBar, Sparkline, Static
 
+from tui.screens.base import WizardScreen
 from tui.screens.nav import NavButtons
 from tui.widgets.bars import LiveBar, gib
 from tui.widgets.tables import ReadTable
@@ -40,7 +41,7 @@ class StageDone(Message):
         self.error = error
 
 
-class StageScreen(NavButtons, Screen):
+class StageScreen(NavButtons, WizardScreen):
     """Base of the running screens: a worker, a progress bar, a log line, and Next once the stage has ended."""
 
     stage = ""
@@ -265,7 +266,7 @@ class ProbeScreen(StageScreen):
             reasons = [r.reason for r in (sample.ours_bytes, sample.total_bytes) if r.reason and not ended]
             note = "; ".join(([sample.note] if sample.note else []) + reasons)
             # the bar is drawn against the device's total; beside it, the capacity the plan was judged by
-            from core.plan.memory import judged_capacity
+            from core.plan.devices import judged_capacity
 
             ctx = self.app.state.ctx
             judged = judged_capacity(ctx.devices, sample.device) if ctx is not None else ""

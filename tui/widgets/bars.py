@@ -142,7 +142,7 @@ class LiveBar(Widget):
              ended: bool = False, judged: str = "") -> None:
         """``ended``: the probe has finished; its share is no longer read, its peak is kept. ``judged``: the capacity
         the plan was judged by, in words (``22.87 GiB available when planned (14:02:11)``, from
-        core.plan.memory.judged_capacity), said beside the total the bar is drawn against so the two reconcile."""
+        core.plan.devices.judged_capacity), said beside the total the bar is drawn against so the two reconcile."""
         self.ours, self.others, self.total, self.peak, self.note = ours, others, total, peak, note
         self.ended = ended
         self.judged = judged
