@@ -143,11 +143,19 @@ def start_job(name: str, argv: list[str], cwd: Path, job_dir: Path, extra_env: M
     job = Job(name=name, argv=list(argv), job_dir=job_dir, proc=proc, token=token, started=time.monotonic(),
               root_pid=int(said["root_pid"]), containment=str(said.get("containment", "")), cgroup=cgroup,
               oom_kills_at_start=oom_kills)
-    job_json.write_text(json.dumps({"argv": argv, "cwd": str(cwd), "env_added": added, "keeper_pid": proc.pid,
-                                    "root_pid": job.root_pid, "cgroup": str(cgroup) if cgroup else None,
-                                    "containment": job.containment}, indent=2), encoding="utf-8")
+    _replace_json(job_json, {"argv": argv, "cwd": str(cwd), "env_added": added, "keeper_pid": proc.pid,
+                             "root_pid": job.root_pid, "cgroup": str(cgroup) if cgroup else None,
+                             "containment": job.containment})
     job.known[job.root_pid] = _create_time(job.root_pid) or 0.0
     return job
+
+
+def _replace_json(path: Path, value: dict[str, Any]) -> None:
+    """Rewrite ``path`` as ``value`` by a rename, so that a reader (the reaper, a test) sees the old whole file or the
+    new one, never a half-written one."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(json.dumps(value, indent=2), encoding="utf-8")
+    os.replace(tmp, path)
 
 
 def _start_keeper(argv: list[str], cwd: Path, env: dict[str, str], job_dir: Path, token: str,

@@ -283,6 +283,17 @@ def test_a_quit_kills_every_process_of_the_job_and_keeps_what_was_measured(tmp_p
     assert job["argv"][0] == PY and not [p for p in psutil.process_iter() if _holds_token(p, job)]
 
 
+def _job_as_started(path: Path) -> dict:
+    """``job.json`` once gpuaccept has written the keeper's words into it (the command may run, and write its pid
+    files, a moment before that second write lands)."""
+    deadline = time.monotonic() + 30
+    job = json.loads(path.read_text())
+    while "containment" not in job and time.monotonic() < deadline:
+        time.sleep(0.05)
+        job = json.loads(path.read_text())
+    return job
+
+
 def _holds_token(p: psutil.Process, job: dict) -> bool:
     try:
         return p.status() != psutil.STATUS_ZOMBIE and p.environ().get("GPUACCEPT_JOB") == job["env_added"]["GPUACCEPT_JOB"]
@@ -324,7 +335,7 @@ def test_a_daemon_that_leaves_no_trace_dies_with_a_kill_9_of_gpuaccept(tmp_path,
         time.sleep(0.05)
     daemon = int(daemon_file.read_text())
     assert alive(daemon) and psutil.Process(daemon).ppid() != 1  # adopted by the keeper, not by init
-    job = json.loads((pid_file.parents[1] / "job.json").read_text())
+    job = _job_as_started(pid_file.parents[1] / "job.json")
     if containment == "subreaper":
         assert job["cgroup"] is None and job["containment"].startswith("subreaper (PR_SET_CHILD_SUBREAPER)")
     elif job["cgroup"]:
