@@ -202,6 +202,14 @@ class StagedRun:
     verdict: str | None
     signed: bool
 
+    def current_verdict(self) -> dict[str, Any]:
+        """What the record would say now (the overall verdict and each stage's): each kind of run says how."""
+        raise NotImplementedError
+
+    def write_record(self, signoff: dict[str, Any] | None = None) -> Path:
+        """Write the run's record with ``signoff`` (else unsigned) and return its path: each kind of run says how."""
+        raise NotImplementedError
+
     def emit(self, event: Event) -> Event:
         """Append ``event`` to the run's events.jsonl and return it. If the log cannot be written (no space left, the
         folder gone read-only) the event still reaches the caller; the log's failure is kept in ``log_error`` and the

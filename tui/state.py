@@ -8,8 +8,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the wizard's first screen must appear at once: core's modules are imported where they are used
+    from core.command.pipeline import CommandRun
     from core.command.spec import CommandSpec
-    from core.pipeline import PlanContext
+    from core.pipeline import AcceptanceRun, PlanContext
     from core.spec import RunSpec
 
 
@@ -39,9 +40,8 @@ class WizardState:
     spec: RunSpec | None = None
     ctx: PlanContext | None = None
     traced: dict[str, Any] | None = None
-    #: core.pipeline.AcceptanceRun or core.command.pipeline.CommandRun: left Any, the screens use each one's own
-    #: attributes without telling them apart (the stage screens an AcceptanceRun's, the export screen either's)
-    run: Any = None
+    #: the recipe's stage screens read it through :meth:`recipe_run`, the export screen as either kind
+    run: AcceptanceRun | CommandRun | None = None
     running: str | None = None
     cancel: threading.Event = field(default_factory=threading.Event)
     children: set[int] = field(default_factory=set)  # pids of the stages' child processes (each leads its group)
@@ -56,6 +56,26 @@ class WizardState:
     #: the CommandSpec once they are valid
     command_fields: dict[str, Any] = field(default_factory=dict)
     command_spec: CommandSpec | None = None
+
+
+    def recipe_run(self) -> AcceptanceRun:
+        """The recipe's run, which the probe, evaluation and resume screens show.
+
+        Raises:
+            RuntimeError: there is none (a stage screen shown before the probe made it, or in command mode): a fault of
+                the wizard's screen order, never of the user's input.
+        """
+        from core.pipeline import AcceptanceRun
+
+        if not isinstance(self.run, AcceptanceRun):
+            raise RuntimeError(f"a stage screen of the recipe was shown with {type(self.run).__name__} as the run")
+        return self.run
+
+    def command_run(self) -> bool:
+        """The run is a user's command (core.command.pipeline.CommandRun), not gpuaccept's recipe."""
+        from core.command.pipeline import CommandRun
+
+        return isinstance(self.run, CommandRun)
 
 
 #: a stage's name as the screens say it (the record's names are ``plan``, ``probe``, ``train_eval``, ``resume``)

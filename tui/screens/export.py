@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from textual import work
 from textual.app import ComposeResult
@@ -14,6 +15,9 @@ from textual.widgets import Button, Footer, Header, Input, Label, Select, Static
 
 from tui.screens.base import WizardScreen
 from tui.widgets.inputs import OrderedInput, OrderedSelect
+
+if TYPE_CHECKING:
+    from core.pipeline import StagedRun
 
 #: said before anyone signs: a signed record is never rewritten (core.record.build), so what is not in it then never will be
 SIGNING_FREEZES = ("Signing freezes record.toml: nothing is added after, not even the quiz's score (for that: "
@@ -43,8 +47,7 @@ class ExportScreen(WizardScreen):
     def compose(self) -> ComposeResult:
         draft = self.app.state.signoff_draft
         yield Header()
-        command = self.app.state.mode == "command" and getattr(self.app.state.run, "spec", None) is not None and \
-            self.app.state.run.spec.mode == "command"
+        command = self.app.state.mode == "command" and self.app.state.command_run()
         yield Static(f"Step {'4/4' if command else '7/7'} · Sign off and write the record", classes="title")
         yield Static("The record keeps every number with where it comes from: measured, estimated (how) or not run. "
                      "Your decision is yours: the verdict says what passed on this box, nothing more.", classes="intro")
@@ -87,9 +90,12 @@ class ExportScreen(WizardScreen):
             self.query_one("#overall", Static).update("nothing has run yet")
             self.query_one("#write", Button).disabled = True
             return
+        from core.spec import RunSpec
+
         v = run.current_verdict()  # what the record will say: the traced plan and stopped stages included
-        what = f"your command {run.spec.label}" if run.spec.mode == "command" else f"{run.spec.mode} on {run.spec.model}"
-        self.query_one("#quiz", Button).display = run.spec.mode != "command"  # its questions need the recipe's ledger
+        spec = run.spec
+        what = f"{spec.mode} on {spec.model}" if isinstance(spec, RunSpec) else f"your command {spec.label}"
+        self.query_one("#quiz", Button).display = isinstance(spec, RunSpec)  # its questions need the recipe's ledger
         self.query_one("#overall", Static).update(
             f"overall: [b]{v['status'].upper()}[/b] · {what} · run directory {run.run_dir}")
         marks = {"pass": "[$success]✓[/]", "not_applicable": "[$text-muted]–[/]"}
@@ -119,6 +125,12 @@ class ExportScreen(WizardScreen):
             else:
                 self.app.state.signoff_draft.pop("decision", None)
             self._say_override(str(event.value))
+
+    def _run(self) -> StagedRun:
+        """The run this screen signs off (it is only reached once a run exists; RuntimeError otherwise)."""
+        if self.app.state.run is None:
+            raise RuntimeError("the sign-off screen was shown before any run started")
+        return self.app.state.run
 
     def _override_needed(self, decision: str) -> str | None:
         """What to say when ``decision`` would accept a run whose verdict is not pass (the rule of
@@ -259,7 +271,7 @@ class ExportScreen(WizardScreen):
         signoff = make_signoff(operator, decision, self.query_one("#role", Input).value, comment,
                                comment if override_said is not None else None)
         try:
-            return checked_signoff(self.app.state.run.current_verdict(), signoff)
+            return checked_signoff(self._run().current_verdict(), signoff)
         except SignoffRefused as exc:  # shown, never a traceback
             error.update(Content(f"not written: {exc}"))
             return None
@@ -281,7 +293,7 @@ class ExportScreen(WizardScreen):
                                           Content(f"not written: {exc}"))
                 return
         try:
-            path = self.app.state.run.write_record(signoff)
+            path = self._run().write_record(signoff)
         except Exception as exc:  # noqa: BLE001 - shown, never a traceback
             self.app.call_from_thread(self.query_one("#export-error", Static).update, f"not written: {exc}")
             return
@@ -297,12 +309,12 @@ class ExportScreen(WizardScreen):
             return  # the screen was left meanwhile; the record is written all the same
         self.query_one("#write", Button).disabled = True
         # the quiz is built from gpuaccept's own recipe records (core.quiz); a command record has no such ledger
-        self.query_one("#quiz", Button).disabled = self.app.state.run.spec.mode == "command"
+        self.query_one("#quiz", Button).disabled = self.app.state.command_run()
         how = "signed" if signed.startswith("signed into") else "UNSIGNED"
         written = self.query_one("#written", Static)
         override = (f"; OVERRIDE of {', '.join(signoff.get('overridden', []))}: {escape(signoff['override'])}"
                     if signoff.get("override") else "")
-        written.update(f"[b]record written, {how}:[/b] {path}\n(verdict {self.app.state.run.verdict}; "
+        written.update(f"[b]record written, {how}:[/b] {path}\n(verdict {self._run().verdict}; "
                        f"decision {signoff['decision']} by {signoff['operator']}{override}; {signed})")
         written.scroll_visible()  # at 80x24 the confirmation sits below the form
         self.refresh_bindings()  # ^n now opens the quiz

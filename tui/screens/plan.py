@@ -284,8 +284,9 @@ class PlanScreen(NavButtons, WizardScreen):
         if timer is not None:
             timer.stop()
         state.traced = traced
-        if state.run is not None and state.run.spec == spec and state.run.traced is None:
-            state.run.traced = traced  # the probe started before the trace finished: the record still gets it
+        recipe = None if state.run is None or state.command_run() else state.recipe_run()
+        if recipe is not None and recipe.spec == spec and recipe.traced is None:
+            recipe.traced = traced  # the probe started before the trace finished: the record still gets it
         slot = getattr(self, "_traced_slot", None)
         if slot is None or not slot.is_attached:
             return  # the plan was redrawn meanwhile

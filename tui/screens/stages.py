@@ -427,7 +427,7 @@ class EvaluateScreen(StageScreen):
             lines.append(f"perplexity after:  {result.after.perplexity:.3f} ({result.after.seconds:.1f} s of "
                          f"evaluation) after {len(losses)} steps trained in {result.training_time_s:.1f} s, "
                          f"{result.tokens_per_s:.0f} tokens/s")
-        run = self.app.state.run
+        run = self.app.state.recipe_run()
         spec = run.spec
         if spec.training:
             ranks = run.launch.nproc * spec.torchrun.nnodes if run.launch.nproc > 1 else 1
@@ -440,7 +440,7 @@ class EvaluateScreen(StageScreen):
         self.query_one("#eval-result", Static).update("\n".join(lines))
 
     def next_screen(self) -> Screen:
-        return ResumeScreen() if self.app.state.run.results.get("train_eval") is not None else _export()
+        return ResumeScreen() if self.app.state.recipe_run().results.get("train_eval") is not None else _export()
 
 
 class ResumeScreen(StageScreen):
@@ -479,7 +479,7 @@ class ResumeScreen(StageScreen):
         return float(len(runs)), index + fraction
 
     def show_result(self, result: Any) -> None:
-        spec = self.app.state.run.spec
+        spec = self.app.state.recipe_run().spec
         verdict = self.query_one("#resume-verdict", Static)
         self.query_one("#progress", ProgressBar).update(total=1, progress=1)
         if result.status == "not_applicable":
