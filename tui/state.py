@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:  # the wizard's first screen must appear at once: core's modules are imported where they are used
     from core.command.pipeline import CommandRun
@@ -65,17 +65,16 @@ class WizardState:
             RuntimeError: there is none (a stage screen shown before the probe made it, or in command mode): a fault of
                 the wizard's screen order, never of the user's input.
         """
-        from core.pipeline import AcceptanceRun
-
-        if not isinstance(self.run, AcceptanceRun):
+        if self.run is None or self.command_run():
             raise RuntimeError(f"a stage screen of the recipe was shown with {type(self.run).__name__} as the run")
-        return self.run
+        return cast("AcceptanceRun", self.run)  # or a test's stand-in with its attributes
 
     def command_run(self) -> bool:
-        """The run is a user's command (core.command.pipeline.CommandRun), not gpuaccept's recipe."""
-        from core.command.pipeline import CommandRun
+        """The run is a user's command (core.command.pipeline.CommandRun, told by its CommandSpec), not gpuaccept's
+        recipe."""
+        from core.command.spec import CommandSpec
 
-        return isinstance(self.run, CommandRun)
+        return self.run is not None and isinstance(self.run.spec, CommandSpec)
 
 
 #: a stage's name as the screens say it (the record's names are ``plan``, ``probe``, ``train_eval``, ``resume``)
