@@ -85,7 +85,7 @@ def measure(cell: dict) -> dict:
     from transformers import AutoModelForCausalLM
 
     from core.dtypes import torch_dtype_name
-    from core.plan.memory import lora_config
+    from core.methods.lora import lora_config
 
     dtype = getattr(torch, torch_dtype_name(spec.param_dtype))  # pure: bf16; amp: fp32 master weights
     torch.manual_seed(0)

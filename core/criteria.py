@@ -28,14 +28,16 @@ import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 
 from core.errors import SpecError
+from core.settings import setting
 
 #: ``resume_tier``: ``auto`` judges the resumed run in the tier of the device (core/stages/noise.py ``required_tier``:
 #: bit-exact on the CPU; within a multiple of a twin run's measured distance where kernels are not bit-exact);
 #: ``exact`` requires bit-exact agreement on every device.
-RESUME_TIERS = ("auto", "exact")
+ResumeTier = Literal["auto", "exact"]
+RESUME_TIERS: tuple[ResumeTier, ...] = get_args(ResumeTier)
 
 
 @dataclass(frozen=True)
@@ -59,14 +61,41 @@ class AcceptCriteria:
             be <= this; the plan stage fails otherwise (an under-estimate is also named as a finding).
     """
 
-    max_perplexity: float | None = None
-    min_improvement: float = 0.0
-    min_accuracy: float | None = None
-    max_device_share: float = 1.0
-    max_step_time_s: float | None = None
-    min_tokens_per_s: float | None = None
-    resume_tier: str = "auto"
-    max_plan_error_pct: float | None = None
+    # Each criterion is declared once, here (core/settings.py): its flag, form field and docs row are made from it.
+    max_perplexity: float | None = setting(
+        None, metavar="P", label="Max perplexity", form_order=300, stage="evaluation",
+        help="held-out perplexity after training (inference: of the fixed weights) at most P",
+        doc="held-out perplexity after training (inference: of the fixed weights) <= P")
+    min_improvement: float = setting(
+        0.0, metavar="F", label="Min improvement 0-1", form_order=310, group="training", stage="evaluation",
+        help="training: (before - after) / before of held-out perplexity above F (default 0: after < before)",
+        doc="training: (before - after) / before > F, both finite", doc_default="0: after < before")
+    min_accuracy: float | None = setting(
+        None, metavar="F", label="Min accuracy 0-1", form_order=320, stage="evaluation",
+        help="held-out next-token accuracy at least F (a share, 0-1)",
+        doc="held-out next-token accuracy (argmax = target, the same targets as perplexity) >= F")
+    max_device_share: float = setting(
+        1.0, metavar="F", label="Max device share", form_order=330, stage="probe",
+        help="each device's measured peak at most F of its own capacity (headroom; default 1.0)",
+        doc="on each device by itself: measured use (CUDA: peak allocated; CPU: the larger of peak tensors and peak "
+            "RSS) <= F x that device's capacity", doc_default="1.0: it fits")
+    max_step_time_s: float | None = setting(
+        None, flag="--max-step-time", metavar="S", label="Max step time, s", form_order=340, stage="probe",
+        help="the probe's optimizer step at most S seconds",
+        doc="seconds per optimizer step (the slowest rank) <= S")
+    min_tokens_per_s: float | None = setting(
+        None, metavar="N", label="Min tokens/s", form_order=350, stage="probe",
+        help="the probe's tokens per second (every rank) at least N", doc="tokens per second over every rank >= N")
+    resume_tier: ResumeTier = setting(
+        "auto", label="Resume tier", form_order=360, group="training", stage="resume",
+        help="the resumed losses in the dtype's tier on the device (auto) or bit for bit (exact)",
+        doc="`auto`: the device's tier (bit-exact on the CPU; on CUDA within 4 × a twin run's measured noise); "
+            "`exact`: bit for bit on any device (no twin)")
+    max_plan_error_pct: float | None = setting(
+        None, flag="--max-plan-error", metavar="PCT", label="Max plan error %", form_order=370, stage="plan",
+        help="the plan's error against each device's measured peak at most PCT percent",
+        doc="per device, |planned - measured peak| / measured peak x 100 <= PCT (the plan's own acceptance; an "
+            "under-estimate is also a finding)")
 
     def __post_init__(self) -> None:
         self.validate()

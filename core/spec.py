@@ -4,6 +4,10 @@ A RunSpec is read from a TOML file and/or command-line flags (flags win), valida
 and against the model's config (:func:`validate_against_config`). Every invalid value raises :class:`~core.errors.SpecError`
 naming the field and what to change.
 
+Each setting is declared once, on its dataclass field below (``setting(...)``, core/settings.py): its type and choices,
+TOML key, flag, Setup form field and docs row are made from that declaration (``core.settings.SETTINGS``); the layout
+below is an example, the full list is docs/reference.md "The spec".
+
 TOML layout (every key optional; the defaults are the embedded model and text)::
 
     mode = "lora"                 # inference | full | lora | qlora (a LoRA variant: the base stored in 4 bits)
@@ -69,7 +73,7 @@ import math
 import re
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, cast, get_args, get_origin
 
@@ -80,6 +84,7 @@ from core.dtypes import DTYPES, Dtype, dtype_bytes
 from core.errors import SpecError
 from core.methods import METHODS, Method, method_of
 from core.methods.lora import ALL_LINEAR, QUANT_TYPES, QuantType  # noqa: F401 - re-exported: the spec's values
+from core.settings import by_dest, by_key, nest, setting, spec_settings, table, tables_of, unknown_value
 
 #: What a run does: ``inference`` (forward only), ``full`` fine-tuning, ``lora`` adapters, ``qlora`` (a LoRA variant:
 #: the same adapters over a base stored in 4 bits by bitsandbytes and dequantised layer by layer as it runs). Each is
@@ -127,10 +132,14 @@ EMBEDDED_DATA = "embedded"
 class LoraSettings:
     """Low-rank adapter settings (Hu et al. 2021, arXiv 2106.09685): W + (alpha / r) * B @ A on each target module."""
 
-    r: int = 8
-    alpha: int = 16
-    dropout: float = 0.0
-    targets: tuple[str, ...] = ("q_proj", "v_proj")
+    r: int = setting(8, help="LoRA rank r", label="LoRA rank r", form_order=180)
+    alpha: int = setting(16, help="LoRA alpha: the adapters' output is scaled by alpha / r", label="LoRA alpha",
+                         form_order=190)
+    dropout: float = setting(0.0, help="dropout on the adapters' input (0: none)")
+    targets: tuple[str, ...] = setting(
+        ("q_proj", "v_proj"), label="LoRA targets", form_order=200,
+        help="comma-separated module names, e.g. q_proj,v_proj, or all-linear (peft: every linear layer but the LM "
+             "head)")
 
 
 @dataclass(frozen=True)
@@ -146,8 +155,11 @@ class QloraSettings:
             plus an fp32 absmax per 256 blocks, instead of 4 B per block.
     """
 
-    quant_type: QuantType = "nf4"
-    double_quant: bool = True
+    quant_type: QuantType = setting("nf4", flag="--quant-type", label="4-bit data type", form_order=210,
+                                    help="qlora: the 4-bit data type of the base (bnb_4bit_quant_type; default nf4)")
+    double_quant: bool = setting(True, label="Double quant", form_order=220,
+                                 help="qlora: quantise the per-block absmax constants too (bnb_4bit_use_double_quant; "
+                                      "default on)")
 
 
 #: Where the interrupted run of the resume check starts (:attr:`ResumeSettings.interrupted_from`).
@@ -187,13 +199,26 @@ class ResumeSettings:
             :data:`NOISE_METHODS` (``auto``: a twin run on CUDA or under the test jitter, bit-exact on the CPU).
     """
 
-    check: bool = True
-    checkpoint_every: int = 10
-    kill_after_checkpoint: int = 2
-    kill_at: KillAt = killpoints.DEFAULT_KILL_AT
-    compare_steps: int = 0
-    interrupted_from: InterruptedFrom = "checkpoint"
-    noise: NoiseMethod = "auto"
+    check: bool = setting(True, flag="--resume-check", command_key="resume_check",
+                          help="run the kill-and-resume check (training modes; --no-resume-check skips it)")
+    checkpoint_every: int = setting(10, mode_default=True, label="Checkpoint every", form_order=140,
+                                    help="optimizer steps between checkpoints")
+    kill_after_checkpoint: int = setting(
+        2, mode_default=True, label="Kill after ckpt #", form_order=150, command_key="kill_after_checkpoint",
+        help="the interrupted run is killed after this checkpoint (1-based), before the next one is written")
+    kill_at: KillAt = setting(killpoints.DEFAULT_KILL_AT, help=killpoints.CLI_HELP, label="Kill point",
+                              form_order=160)
+    compare_steps: int = setting(0, label="Compare steps", form_kind="autoint", form_order=170,
+                                 help="steps after the checkpoint resumed from that the resumed run trains and "
+                                      "compares with the uninterrupted run (default 0: one checkpoint interval)")
+    interrupted_from: InterruptedFrom = setting(
+        "checkpoint", help="the interrupted run starts from a copy of the uninterrupted run's checkpoint before the "
+                           "one resumed from (default), or from step 0")
+    noise: NoiseMethod = setting(
+        "auto", flag="--resume-noise", command_key="resume_noise",
+        help="how the run-to-run noise that bounds the loss, weights and optimizer states is known: auto (default: a "
+             "twin run measures it on CUDA; bit-exact on the CPU), twin (always run the twin), off (bit-exact "
+             "required)")
 
     def kill_checkpoint_step(self) -> int:
         """Global step of the checkpoint the interrupted run resumes from."""
@@ -228,7 +253,8 @@ class ResumeSettings:
 
 
 #: torchrun's rendezvous backends gpuaccept passes through (torch.distributed.elastic; c10d needs no etcd).
-RDZV_BACKENDS = ("c10d", "static")
+RdzvBackend = Literal["c10d", "static"]
+RDZV_BACKENDS: tuple[RdzvBackend, ...] = get_args(RdzvBackend)
 #: Strategies that run one process per rank under torchrun (the others run in one process).
 TORCHRUN_STRATEGIES = ("ddp", "zero1", "zero2", "zero3")
 
@@ -250,11 +276,14 @@ class TorchrunSettings:
         rdzv_backend: ``c10d`` (default) or ``static``.
     """
 
-    nproc_per_node: int = 0
-    nnodes: int = 1
-    rdzv_endpoint: str = ""
-    rdzv_id: str = "gpuaccept"
-    rdzv_backend: str = "c10d"
+    nproc_per_node: int = setting(0, flag="--nproc", label="Ranks per node", form_kind="autoint", form_order=250,
+                                  help="torchrun processes on this node (ddp, zero3): default one per CUDA device; on "
+                                       "the CPU N >= 2 gloo ranks")
+    nnodes: int = setting(1, help="nodes of a several-node run: run the same spec on every node with the same "
+                                  "--rdzv-endpoint")
+    rdzv_endpoint: str = setting("", help="host:port every node reaches (--nnodes > 1)")
+    rdzv_id: str = setting("gpuaccept", help="job id shared by every node (default gpuaccept)")
+    rdzv_backend: RdzvBackend = setting("c10d", help="torchrun's rendezvous backend (default c10d)")
 
     def args(self, nproc: int) -> list[str]:
         """torchrun's arguments for ``nproc`` processes on this node: ``--standalone`` on one node, the rendezvous
@@ -275,36 +304,73 @@ class RunSpec:
     ``"zero3"``. ``tp`` is the tensor-parallel degree (strategy ``tp`` only; 1 otherwise).
     """
 
-    mode: Mode = "lora"
-    model: str = EMBEDDED_MODEL
-    dtype: Dtype = "fp32"
-    precision: Precision = "pure"
-    attn_implementation: AttnImplementation = "sdpa"
-    padding: Padding = "padded"
-    batch_size: int = 4
-    seq_len: int = 128
-    grad_accum: int = 1
-    optimizer: Optimizer = "adamw"
-    learning_rate: float = 1e-3
-    lr_scheduler: Scheduler = "linear"
-    warmup_steps: int = 0
-    steps: int = 40
-    gradient_checkpointing: bool = False
-    devices: str = "auto"
-    strategy: Strategy = "single"
-    tp: int = 1
-    data: str = EMBEDDED_DATA
-    heldout_fraction: float = 0.2
-    eval_max_blocks: int = 32
-    seed: int = 42
-    probe_steps: int = 3
-    lora: LoraSettings = field(default_factory=LoraSettings)
-    qlora: QloraSettings = field(default_factory=QloraSettings)
-    resume: ResumeSettings = field(default_factory=ResumeSettings)
-    torchrun: TorchrunSettings = field(default_factory=TorchrunSettings)
+    # Each field is declared once, here (core/settings.py): its flag, TOML key, form field and docs row are made from
+    # its declaration; the form's fields go in increasing form_order.
+    mode: Mode = setting("lora", help="inference, full fine-tuning, lora, or qlora (a LoRA variant: the base stored in "
+                                      "4 bits by bitsandbytes, dequantised layer by layer as it runs)")
+    model: str = setting(EMBEDDED_MODEL, label="Model", form_order=10, command_key="model",
+                         help="smollm2-135m (embedded), a local HF model directory, a cached HF id, or a config.json")
+    dtype: Dtype = setting("fp32", label="Dtype", form_order=30, command_key="dtype",
+                           help="the dtype the model computes in: fp32, bf16 or fp16 (fp16 training needs CUDA; "
+                                "qlora: the compute dtype of its 4-bit base)")
+    precision: Precision = setting(
+        "pure", label="Precision", form_order=40, group="precision",
+        help="pure (default): the model loaded in --dtype, gradients and optimizer states in it (LoRA adapters fp32); "
+             "amp: fp32 weights, gradients and optimizer states, autocast to --dtype (the same for fp32)")
+    attn_implementation: AttnImplementation = setting(
+        "sdpa", label="Attention", form_order=50,
+        help="passed to from_pretrained (default sdpa); eager keeps the b·a·s·s scores for backward")
+    padding: Padding = setting(
+        "padded", label="Batches", form_order=60, group="training",
+        help="padded (default): some batches hold padding, so SDPA gets a mask (k, v repeated to every head, the mask "
+             "kept per layer); packed: full blocks only (the partial last one not trained)")
+    batch_size: int = setting(4, help="micro-batch per device", label="Micro-batch / device", form_order=70)
+    seq_len: int = setting(128, help="tokens per sequence", label="Sequence length", form_order=80)
+    grad_accum: int = setting(1, help="gradient accumulation steps", label="Grad accumulation", form_order=90,
+                              group="training")
+    optimizer: Optimizer = setting(
+        "adamw", label="Optimizer", form_order=100, group="training",
+        help="adamw, sgd (momentum 0.9), adafactor, or bitsandbytes' AdamW with 8-bit states (adamw_8bit; "
+             "paged_adamw_8bit runs on CUDA only)")
+    learning_rate: float = setting(1e-3, aliases=("--lr",), mode_default=True, label="Learning rate", form_order=120,
+                                   group="training", help="the peak learning rate (default: by mode)")
+    lr_scheduler: Scheduler = setting("linear", group="training",
+                                      help="how the learning rate falls after the warm-up")
+    warmup_steps: int = setting(0, group="training", help="optimizer steps of linear warm-up")
+    steps: int = setting(40, mode_default=True, label="Training steps", form_order=110, group="training",
+                         help="optimizer steps of training")
+    gradient_checkpointing: bool = setting(
+        False, label="Grad checkpointing", form_order=130, group="training",
+        help="recompute the activations in backward instead of keeping them (less memory, more time)")
+    devices: str = setting(
+        "auto", label="Devices", form_order=230,
+        help="auto, cpu, CUDA indices such as 0 or 0,1; to plan for a box you do not have: 8x80GiB (count x "
+             "capacity) or 24GiB,8GiB (capacities; GiB/GB/MiB/MB)")
+    strategy: Strategy = setting(
+        "single", value_aliases=STRATEGY_ALIASES, label="Strategy", form_order=240, group="distributed",
+        form_choices=("single", "ddp", "zero3"),
+        help="how the run is spread over the devices (fsdp = zero3; default single: each device is planned as "
+             "holding the whole run)")
+    tp: int = setting(1, group="distributed",
+                      help="tensor-parallel degree, with --strategy tp (must divide the number of devices)")
+    data: str = setting(EMBEDDED_DATA, help="embedded, or a .txt / .jsonl file", label="Data", form_order=20,
+                        command_key="data")
+    heldout_fraction: float = setting(0.2, command_key="heldout_fraction",
+                                      help="share of the documents held out for evaluation (between 0 and 1)")
+    eval_max_blocks: int = setting(32, command_key="eval_max_blocks",
+                                   help="held-out blocks evaluated before and after training, at most")
+    seed: int = setting(42, help="the run's random seed: torch's, and the Trainer's seed and data_seed (0 to "
+                                 "2^32 - 1)")
+    probe_steps: int = setting(3, help="real steps the probe runs and measures")
+    lora: LoraSettings = table(LoraSettings, flag_prefix="lora-", group="adapter")
+    qlora: QloraSettings = table(QloraSettings, group="quant")
+    resume: ResumeSettings = table(ResumeSettings, group="training")
+    torchrun: TorchrunSettings = table(TorchrunSettings, group="distributed")
     #: what the run is accepted by (the ``[accept]`` table, :mod:`core.criteria`); not part of the setup: it is left
     #: out of :meth:`to_dict` and the spec's hash, so runs of one setup judged by other thresholds compare
-    accept: AcceptCriteria = field(default_factory=AcceptCriteria)
+    accept: AcceptCriteria = table(AcceptCriteria, doc_table="criteria", cli_group=(
+        "acceptance criteria (the [accept] table; unset: the default rules; docs/reference.md \"Acceptance "
+        "criteria\")"))
 
     def __post_init__(self) -> None:
         # "fsdp" (FSDP full shard) is ZeRO stage 3: store one name for one strategy, so specs compare and hash alike.
@@ -317,6 +383,11 @@ class RunSpec:
         """Build a spec from an optional TOML file and overrides (flags). ``None`` overrides are ignored.
 
         Mode-dependent defaults (steps, learning rate, checkpoint interval) apply to keys given in neither place.
+
+        Args:
+            toml_path: a TOML spec file (the layout of the module docstring), or None.
+            overrides: flat keywords, each a setting's ``dest`` (:data:`core.settings.SETTINGS`: ``seq_len``,
+                ``lora_r``, ``accept_max_perplexity``), over the file's values.
 
         Raises:
             SpecError: unknown key, wrong type, or invalid value (see :meth:`validate`).
@@ -340,56 +411,49 @@ class RunSpec:
                 raise SpecError("spec", f"{path}: {exc}") from None
             except tomllib.TOMLDecodeError as exc:
                 raise SpecError("spec", f"{path} is not valid TOML ({exc}); fix the file") from None
-        for key, value in overrides.items():
-            if value is None:
-                continue
-            if key.startswith("qlora_"):
-                raw.setdefault("qlora", {})[key.removeprefix("qlora_")] = value
-            elif key.startswith("lora_"):
-                raw.setdefault("lora", {})[key.removeprefix("lora_")] = value
-            elif key.startswith("resume_"):
-                raw.setdefault("resume", {})[key.removeprefix("resume_")] = value
-            elif key.startswith("torchrun_"):
-                raw.setdefault("torchrun", {})[key.removeprefix("torchrun_")] = value
-            elif key.startswith("accept_"):
-                raw.setdefault("accept", {})[key.removeprefix("accept_")] = value
+        for key, value in nest({k: v for k, v in overrides.items() if v is not None}).items():
+            if isinstance(value, dict) and key in raw:  # a table: its keys over the file's (a file's table that is
+                if isinstance(raw[key], dict):         # no table is refused by from_dict)
+                    raw[key] = {**raw[key], **value}
             else:
                 raw[key] = value
         return cls.from_dict(raw)
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> RunSpec:
-        """Build and validate a spec from a plain mapping (the TOML layout in the module docstring)."""
+        """Build and validate a spec from a plain mapping (the TOML layout in the module docstring).
+
+        Raises:
+            SpecError: an unknown key (a table's key at the top is named with its table), a wrong type, or an invalid
+                value (see :meth:`validate`).
+        """
         raw = dict(raw)
         known = {f.name for f in dataclasses.fields(cls)}
         for key in raw:
             if key not in known:
-                tables = [t for t, cls in (("lora", LoraSettings), ("qlora", QloraSettings), ("resume", ResumeSettings),
-                                           ("torchrun", TorchrunSettings), ("accept", AcceptCriteria))
-                          if key in {f.name for f in dataclasses.fields(cls)}]
+                tables = [s.table for s in spec_settings() if s.table is not None and s.name == key]
                 where = f"; {key} belongs in the [{tables[0]}] table" if tables else ""
                 raise SpecError(key, f"unknown setting{where}; known settings are: {', '.join(sorted(known))}")
         mode = raw.get("mode", cls.mode)
         if not isinstance(mode, str) or mode not in MODES:
             raise SpecError("mode", f"{mode!r} is not a mode; choose one of {', '.join(MODES)}")
         method = method_of(mode)  # its defaults (core/methods/)
-        raw.setdefault("steps", method.steps)
-        raw.setdefault("learning_rate", method.learning_rate)
-        lora_raw = _table(raw, "lora")
-        resume_raw = _table(raw, "resume")
-        resume_raw.setdefault("checkpoint_every", method.checkpoint_every)
-        resume_raw.setdefault("kill_after_checkpoint", method.kill_after_checkpoint)
+        given = {name: _table(raw, name) for name in tables_of(spec_settings())}
+        for s in spec_settings():
+            if s.mode_default:  # the method's own default, for a key given nowhere
+                (raw if s.table is None else given[s.table]).setdefault(s.name, getattr(method, s.name))
+        lora_raw = given["lora"]
         if "targets" in lora_raw:
             lora_raw["targets"] = _targets(lora_raw["targets"])
         lora = _sub(LoraSettings, lora_raw, "lora")
-        qlora_raw = _table(raw, "qlora")
+        qlora_raw = given["qlora"]
         if qlora_raw and "qlora" not in method.own_tables:
             raise SpecError("qlora", f"the [qlora] settings ({', '.join(sorted(qlora_raw))}) apply to mode qlora; "
                                      f"set mode = \"qlora\" or remove them")
         qlora = _sub(QloraSettings, qlora_raw, "qlora")
-        resume = _sub(ResumeSettings, resume_raw, "resume")
-        torchrun = _sub(TorchrunSettings, _table(raw, "torchrun"), "torchrun")
-        accept = AcceptCriteria.from_table(_table(raw, "accept"))
+        resume = _sub(ResumeSettings, given["resume"], "resume")
+        torchrun = _sub(TorchrunSettings, given["torchrun"], "torchrun")
+        accept = AcceptCriteria.from_table(given["accept"])
         scalars = {k: v for k, v in raw.items()}
         if "devices" in scalars and not isinstance(scalars["devices"], str):
             value = scalars["devices"]
@@ -404,7 +468,9 @@ class RunSpec:
         """Check every value that can be checked without the model.
 
         The checks run in a fixed order (the first error is the one reported): the values on their own, what the mode
-        asks (training steps, LoRA settings), the resume check, then the devices, strategy and data file.
+        asks (training steps, LoRA settings), the resume check, then the devices, strategy and data file; last, that
+        every setting typed by a ``Literal`` holds one of its values (a setting without a check of its own, such as the
+        resume check's when it is off).
 
         Raises:
             SpecError: naming the first invalid field and what to change.
@@ -424,6 +490,10 @@ class RunSpec:
                 raise SpecError("data", f"{self.data!r}: give 'embedded' or a .txt / .jsonl file")
             if not path.is_file():
                 raise SpecError("data", f"file {self.data} not found; give 'embedded' or an existing .txt / .jsonl file")
+        unknown = unknown_value(self)  # the choices of each Literal setting (core/settings.py)
+        if unknown is not None:
+            s, value = unknown
+            raise SpecError(s.key, f"{value!r} is not one of {', '.join(s.choices)}")
 
     def _check_values(self) -> None:
         """Each value on its own (and the dtype with the precision and attention implementation)."""
@@ -850,15 +920,15 @@ def draft_spec(values: Mapping[str, Any], refused: Mapping[str, str] | None = No
     """
     errors: dict[str, str] = {}
     remaining = dict(values)
+    dests, keys = by_dest(), by_key()
     for key, message in (refused or {}).items():
         remaining.pop(key, None)
-        table = key.split("_", 1)[0] in ("lora", "qlora", "resume", "torchrun", "accept")
-        errors[key.replace("_", ".", 1) if table else key] = message
+        errors[dests[key].key if key in dests else key] = message
     for _ in range(len(values) + 1):
         try:
             built = RunSpec.build(**remaining)
         except SpecError as exc:
-            key = exc.field.replace(".", "_", 1)
+            key = keys[exc.field].dest if exc.field in keys else exc.field.replace(".", "_", 1)
             errors.setdefault(exc.field, exc.message)
             if key not in remaining or key == "mode":
                 return SpecDraft(spec=None, stand_in=None, errors=errors)

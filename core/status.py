@@ -21,6 +21,15 @@ class StageStatus(enum.StrEnum):
     ERROR = "error"
     NOT_RUN = "not_run"
 
+    @property
+    def passing(self) -> bool:
+        """pass or not_applicable: what an overall pass allows (:data:`PASSING`)."""
+        return self in PASSING
+
+
+#: The statuses an overall pass allows; any other (fail, error, cancelled, not_run) is a stage that did not pass.
+PASSING: frozenset[StageStatus] = frozenset({StageStatus.PASS, StageStatus.NOT_APPLICABLE})
+
 
 @dataclass(frozen=True)
 class Stopped:

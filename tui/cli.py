@@ -26,9 +26,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from core import killpoints
-from core.dtypes import DTYPES
-from core.spec import ATTN_IMPLEMENTATIONS, KILL_POINTS, MODES, OPTIMIZERS, PADDINGS, PRECISIONS, QUANT_TYPES
+from core.settings import SETTINGS, Setting
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 #: ``gpuaccept plan``: a device does not fit; no device fails, but one's capacity is unknown.
@@ -73,95 +71,35 @@ class _CheckedStdout:
         return getattr(self.stream, name)
 
 
+#: the title of the argument group of the setup's flags (a table may name its own: core/settings.py ``cli_group``)
+SETUP_GROUP = "setup (flags override the spec file; defaults: the embedded model and text)"
+
+
 def _spec_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("spec", nargs="?", help="a TOML spec file; flags override its values")
-    g = p.add_argument_group("setup (flags override the spec file; defaults: the embedded model and text)")
-    g.add_argument("--mode", choices=MODES,
-                   help="inference, full fine-tuning, lora, or qlora (a LoRA variant: the base stored in 4 bits by "
-                        "bitsandbytes, dequantised layer by layer as it runs)")
-    g.add_argument("--model", help="smollm2-135m (embedded), a local HF model directory, a cached HF id, or a config.json")
-    g.add_argument("--dtype", choices=DTYPES)
-    g.add_argument("--precision", choices=PRECISIONS,
-                   help="pure (default): the model loaded in --dtype, gradients and optimizer states in it (LoRA "
-                        "adapters fp32); amp: fp32 weights, gradients and optimizer states, autocast to --dtype "
-                        "(the same for fp32)")
-    g.add_argument("--attn-implementation", choices=ATTN_IMPLEMENTATIONS,
-                   help="passed to from_pretrained (default sdpa); eager keeps the b·a·s·s scores for backward")
-    g.add_argument("--padding", choices=PADDINGS,
-                   help="padded (default): some batches hold padding, so SDPA gets a mask (k, v repeated to every "
-                        "head, the mask kept per layer); packed: full blocks only (the partial last one not trained)")
-    g.add_argument("--batch-size", type=int, help="micro-batch per device")
-    g.add_argument("--seq-len", type=int, help="tokens per sequence")
-    g.add_argument("--grad-accum", type=int, help="gradient accumulation steps")
-    g.add_argument("--optimizer", choices=OPTIMIZERS)
-    g.add_argument("--learning-rate", "--lr", type=float, dest="learning_rate")
-    g.add_argument("--lr-scheduler", choices=("linear", "cosine", "constant"))
-    g.add_argument("--warmup-steps", type=int)
-    g.add_argument("--steps", type=int, help="optimizer steps of training")
-    g.add_argument("--gradient-checkpointing", action=argparse.BooleanOptionalAction, default=None)
-    g.add_argument("--lora-r", type=int)
-    g.add_argument("--lora-alpha", type=int)
-    g.add_argument("--lora-dropout", type=float)
-    g.add_argument("--lora-targets", help="comma-separated module names, e.g. q_proj,v_proj, or all-linear (peft: "
-                                          "every linear layer but the LM head)")
-    g.add_argument("--quant-type", dest="qlora_quant_type", choices=QUANT_TYPES,
-                   help="qlora: the 4-bit data type of the base (bnb_4bit_quant_type; default nf4)")
-    g.add_argument("--double-quant", dest="qlora_double_quant", action=argparse.BooleanOptionalAction, default=None,
-                   help="qlora: quantise the per-block absmax constants too (bnb_4bit_use_double_quant; default on)")
-    g.add_argument("--devices", help="auto, cpu, CUDA indices such as 0 or 0,1; to plan for a box you do not have: "
-                                     "8x80GiB (count x capacity) or 24GiB,8GiB (capacities; GiB/GB/MiB/MB)")
-    g.add_argument("--strategy", choices=("single", "ddp", "zero1", "zero2", "zero3", "fsdp", "device_map", "tp"),
-                   help="how the run is spread over the devices (fsdp = zero3; default single: each device is "
-                        "planned as holding the whole run)")
-    g.add_argument("--tp", type=int, help="tensor-parallel degree, with --strategy tp (must divide the number of devices)")
-    g.add_argument("--nproc", type=int, dest="torchrun_nproc_per_node",
-                   help="torchrun processes on this node (ddp, zero3): default one per CUDA device; on the CPU N >= 2 "
-                        "gloo ranks")
-    g.add_argument("--nnodes", type=int, dest="torchrun_nnodes",
-                   help="nodes of a several-node run: run the same spec on every node with the same --rdzv-endpoint")
-    g.add_argument("--rdzv-endpoint", dest="torchrun_rdzv_endpoint", help="host:port every node reaches (--nnodes > 1)")
-    g.add_argument("--rdzv-id", dest="torchrun_rdzv_id", help="job id shared by every node (default gpuaccept)")
-    g.add_argument("--rdzv-backend", dest="torchrun_rdzv_backend", choices=("c10d", "static"),
-                   help="torchrun's rendezvous backend (default c10d)")
-    g.add_argument("--data", help="embedded, or a .txt / .jsonl file")
-    g.add_argument("--heldout-fraction", type=float)
-    g.add_argument("--eval-max-blocks", type=int)
-    g.add_argument("--seed", type=int)
-    g.add_argument("--probe-steps", type=int)
-    g.add_argument("--resume-check", action=argparse.BooleanOptionalAction, default=None, dest="resume_check")
-    g.add_argument("--checkpoint-every", type=int, dest="resume_checkpoint_every")
-    g.add_argument("--kill-after-checkpoint", type=int, dest="resume_kill_after_checkpoint")
-    g.add_argument("--kill-at", dest="resume_kill_at", choices=tuple(KILL_POINTS), help=killpoints.CLI_HELP)
-    g.add_argument("--compare-steps", type=int, dest="resume_compare_steps",
-                   help="steps after the checkpoint resumed from that the resumed run trains and compares with the "
-                        "uninterrupted run (default 0: one checkpoint interval)")
-    g.add_argument("--interrupted-from", dest="resume_interrupted_from", choices=("checkpoint", "start"),
-                   help="the interrupted run starts from a copy of the uninterrupted run's checkpoint before the one "
-                        "resumed from (default), or from step 0")
-    g.add_argument("--resume-noise", dest="resume_noise", choices=("auto", "twin", "off"),
-                   help="how the run-to-run noise that bounds the loss, weights and optimizer states is known: auto "
-                        "(default: a twin run measures it on CUDA; bit-exact on the CPU), twin (always run the twin), "
-                        "off (bit-exact required)")
+    add_setting_flags(p, SETTINGS)
 
 
-    g = p.add_argument_group("acceptance criteria (the [accept] table; unset: the default rules; docs/reference.md "
-                             "\"Acceptance criteria\")")
-    g.add_argument("--max-perplexity", type=float, dest="accept_max_perplexity", metavar="P",
-                   help="held-out perplexity after training (inference: of the fixed weights) at most P")
-    g.add_argument("--min-improvement", type=float, dest="accept_min_improvement", metavar="F",
-                   help="training: (before - after) / before of held-out perplexity above F (default 0: after < before)")
-    g.add_argument("--min-accuracy", type=float, dest="accept_min_accuracy", metavar="F",
-                   help="held-out next-token accuracy at least F (a share, 0-1)")
-    g.add_argument("--max-device-share", type=float, dest="accept_max_device_share", metavar="F",
-                   help="each device's measured peak at most F of its own capacity (headroom; default 1.0)")
-    g.add_argument("--max-step-time", type=float, dest="accept_max_step_time_s", metavar="S",
-                   help="the probe's optimizer step at most S seconds")
-    g.add_argument("--min-tokens-per-s", type=float, dest="accept_min_tokens_per_s", metavar="N",
-                   help="the probe's tokens per second (every rank) at least N")
-    g.add_argument("--resume-tier", dest="accept_resume_tier", choices=("auto", "exact"),
-                   help="the resumed losses in the dtype's tier on the device (auto) or bit for bit (exact)")
-    g.add_argument("--max-plan-error", type=float, dest="accept_max_plan_error_pct", metavar="PCT",
-                   help="the plan's error against each device's measured peak at most PCT percent")
+def add_setting_flags(p: argparse.ArgumentParser, settings: tuple[Setting, ...]) -> None:
+    """One flag per setting (core/settings.py), in the settings' order, under its argument group (the setup's unless
+    its table names one): its spellings, ``dest``, help and metavar as declared; a boolean is
+    ``--x`` / ``--no-x`` (``BooleanOptionalAction``, default None: not given); a setting with choices takes them (and
+    their aliases, ``fsdp``); an int or a float is converted. Every flag's default is None: not given."""
+    groups: dict[str, Any] = {}
+    for s in settings:
+        title = s.cli_group or SETUP_GROUP
+        if title not in groups:
+            groups[title] = p.add_argument_group(title)
+        kwargs: dict[str, Any] = {"dest": s.dest, "help": s.help.replace("%", "%%")}
+        if s.kind == "bool":
+            kwargs.update(action=argparse.BooleanOptionalAction, default=None)
+        elif s.choices:
+            kwargs["choices"] = s.cli_choices
+        elif s.kind in ("int", "float"):
+            kwargs["type"] = {"int": int, "float": float}[s.kind]
+        if s.metavar is not None:
+            kwargs["metavar"] = s.metavar
+        groups[title].add_argument(*s.flags, **kwargs)
 
 
 def _command_flags(p: argparse.ArgumentParser) -> None:
@@ -192,10 +130,9 @@ def _command_flags(p: argparse.ArgumentParser) -> None:
                    help="a variable added to the command's environment (repeat the flag for more)")
 
 
-#: the flags of gpuaccept's own recipe that mean the same in command mode: flag dest -> [command] key
-_SHARED_WITH_COMMAND = {"model": "model", "data": "data", "heldout_fraction": "heldout_fraction",
-                        "eval_max_blocks": "eval_max_blocks", "resume_kill_after_checkpoint": "kill_after_checkpoint",
-                        "resume_check": "resume_check", "resume_noise": "resume_noise", "dtype": "dtype"}
+#: the flags of gpuaccept's own recipe that mean the same in command mode: flag dest -> [command] key (each setting's
+#: ``command_key``, core/settings.py)
+_SHARED_WITH_COMMAND = {s.dest: s.command_key for s in SETTINGS if s.command_key is not None}
 _COMMAND_KEYS = ("command_train", "command_resume", "command_checkpoints", "command_metrics",
                  "command_checkpoint_files", "command_workdir", "command_eval", "command_eval_seq_len",
                  "command_timeout_s", "command_env")
@@ -218,7 +155,7 @@ def command_spec_from_args(args: argparse.Namespace) -> Any:
     from core.command.spec import CommandSpec, read_command_table
     from core.errors import SpecError
 
-    flags = {a.dest: a.option_strings[0] for a in _recipe_actions()}
+    flags = {s.dest: s.flags[0] for s in SETTINGS}
     for key in _SPEC_KEYS:
         if getattr(args, key, None) is not None and key in ACCEPT_KEYS:
             raise SpecError(key, f"{flags.get(key, key)}: acceptance criteria apply to gpuaccept's own recipe for "
@@ -249,22 +186,10 @@ def command_spec_from_args(args: argparse.Namespace) -> Any:
     return CommandSpec.from_dict(raw)
 
 
-def _recipe_actions() -> list[argparse.Action]:
-    """The recipe's flags as the parser knows them (for their names in a message)."""
-    parser = argparse.ArgumentParser(add_help=False)
-    _spec_flags(parser)
-    return [a for a in parser._actions if a.option_strings]
-
-
 #: the criteria's flags, by their spec keys (``accept_<criterion>``, core/criteria.py)
-ACCEPT_KEYS = ("accept_max_perplexity", "accept_min_improvement", "accept_min_accuracy", "accept_max_device_share",
-               "accept_max_step_time_s", "accept_min_tokens_per_s", "accept_resume_tier", "accept_max_plan_error_pct")
-_SPEC_KEYS = ("mode", "model", "dtype", "precision", "attn_implementation", "padding", "batch_size", "seq_len", "grad_accum", "optimizer", "learning_rate",
-              "lr_scheduler", "warmup_steps", "steps", "gradient_checkpointing", "lora_r", "lora_alpha",
-              "lora_dropout", "lora_targets", "qlora_quant_type", "qlora_double_quant", "devices", "strategy", "tp", "torchrun_nproc_per_node", "torchrun_nnodes",
-              "torchrun_rdzv_endpoint", "torchrun_rdzv_id", "torchrun_rdzv_backend", "data", "heldout_fraction", "eval_max_blocks", "seed",
-              "probe_steps", "resume_check", "resume_checkpoint_every", "resume_kill_after_checkpoint",
-              "resume_kill_at", "resume_compare_steps", "resume_interrupted_from", "resume_noise", *ACCEPT_KEYS)
+ACCEPT_KEYS = tuple(s.dest for s in SETTINGS if s.table == "accept")
+#: every setting's flag, by its dest (``RunSpec.build``'s keyword)
+_SPEC_KEYS = tuple(s.dest for s in SETTINGS)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -354,10 +279,7 @@ def unknown_arguments(parser: argparse.ArgumentParser, command: str | None, unkn
 def spec_from_args(args: argparse.Namespace) -> Any:
     from core.spec import RunSpec
 
-    overrides = {k: getattr(args, k, None) for k in _SPEC_KEYS}
-    if overrides.get("resume_check") is not None:
-        overrides["resume_check"] = bool(overrides["resume_check"])
-    return RunSpec.build(args.spec, **{("resume_check" if k == "resume_check" else k): v for k, v in overrides.items()})
+    return RunSpec.build(args.spec, **{k: getattr(args, k, None) for k in _SPEC_KEYS})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -503,9 +425,11 @@ def cmd_wizard(args: argparse.Namespace) -> int:
         return int(code or 0)
     spec = spec_from_args(args)  # validates flags first: a bad flag is one line, before any screen
     fields = {k: getattr(args, k) for k in _SPEC_KEYS if getattr(args, k, None) is not None and k != "mode"}
-    if args.spec:
-        fields = {**{k: v for k, v in spec.to_dict().items() if not isinstance(v, dict)},
-                  **{f"accept_{k}": v for k, v in spec.accept.set_values().items()}, **fields}
+    if args.spec:  # what the file sets, in its tables and [accept] too: each value not the mode's default (the form's)
+        from core.spec import RunSpec
+
+        defaults = RunSpec.build(mode=spec.mode)
+        fields = {**{s.dest: s.value(spec) for s in SETTINGS if s.value(spec) != s.value(defaults)}, **fields}
         fields.pop("mode", None)
     app = GpuAcceptApp(runs_root=Path(args.runs_dir), fields=fields, mode=spec.mode)
     code = app.run()
@@ -666,7 +590,7 @@ def format_plan(plan: Any, spec: Any, fits: list[Any] | None = None) -> str:
                      "architecture here: that is the Llama family's); traced on GPT-2, Phi-2, OPT and Gemma shapes the "
                      "activations were within -19 % to +27 % of it: add --traced, and the fit uses the larger")
     for d, fit in zip(plan.devices, fits):
-        # the one wording of a capacity (core/plan/memory.py): which quantity, its source, when it was read
+        # the one wording of a capacity (core/plan/devices.py): which quantity, its source, when it was read
         lines.append(f"\n{d.device.name} {d.device.label}: capacity {d.device.capacity_text()}")
         lines.append("  each component's largest value over the step:")
         for name, line in d.lines.items():

@@ -14,7 +14,8 @@ import datetime as dt
 from typing import Any, cast
 
 from core.record.build import COMMAND_SCHEMA_VERSION, TOOL, _clean, tool_version
-from core.status import Stopped
+from core.record.verdicts import overall_status
+from core.status import StageStatus, Stopped
 
 #: what the record names each stage (the pipeline's ``train_eval`` is the record's ``evaluation``)
 STAGE_KEYS = (("plan", "plan"), ("probe", "probe"), ("evaluation", "train_eval"), ("resume", "resume"))
@@ -32,9 +33,9 @@ def verdict(results: dict[str, Any], stopped: dict[str, Stopped]) -> dict[str, A
         elif key in stopped:
             stages[name] = {"status": str(stopped[key].status), "evidence": stopped[key].why}
         else:
-            stages[name] = {"status": "not_run", "evidence": "not run"}
-    ok = all(s["status"] in ("pass", "not_applicable") for s in stages.values())
-    return {"status": "pass" if ok else "fail", "stages": stages, "note": NOTE}
+            stages[name] = {"status": str(StageStatus.NOT_RUN), "evidence": "not run"}
+    overall = overall_status(s["status"] for s in stages.values())  # the one rule (core/record/verdicts.py)
+    return {"status": str(overall), "stages": stages, "note": NOTE}
 
 
 def build_command_record(run: Any, *, started: dt.datetime, finished: dt.datetime, env: dict[str, Any]

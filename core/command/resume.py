@@ -40,12 +40,24 @@ from core.command.run import RunOutcome, run_command
 from core.command.spec import CommandSpec, substitute
 from core.events import Event, Message
 from core.protocol.manifest import verify_manifest, write_manifest
-from core.stages.noise import Tier, judge_losses, judge_tensors, loss_noise
-from core.stages.resume import (
+from core.stages.compare import (
     Check,
+    Key,
+    ResumeSeries,
+    StepPoint,
+    StepRules,
+    StepSeries,
+    StepWords,
+    compare_series,
+    span,
+    verdict,
+)
+from core.stages.noise import Bounded, Tier, judge_tensors
+from core.stages.resume import (
+    PICKLE_SUFFIXES,
     UntrustedCheckpoint,
-    _span,
     compare_optimizers,
+    pickles_load_safely,
     safe_load,
     world_size_check,
 )
@@ -57,7 +69,7 @@ TRAINER_UNLOADED = ("training_args.bin", "README.md")
 #: another world size is loaded
 LOADING_GUARDS = ("manifest", "safe_loading", "world_size", "trainer_state")
 #: suffixes of the files read as pickles (``torch.load``)
-PICKLES = (".pt", ".pth", ".bin", ".pkl", ".ckpt")
+PICKLES = PICKLE_SUFFIXES
 
 
 @dataclass(frozen=True)
@@ -94,6 +106,50 @@ class CommandResume:
     findings: list[str] = field(default_factory=list)
     required_files: list[str] = field(default_factory=list)
     seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class KillPlan:
+    """Where the check kills and compares, from the uninterrupted run's checkpoints: resume from checkpoint ``c``,
+    kill at step ``k``, before the next checkpoint ``n``, compare at the last one, ``final``."""
+
+    c: int
+    n: int
+    k: int
+    final: int
+
+
+@dataclass
+class _Progress:
+    """The check as it goes: its checks and what its runs left; :meth:`finish` makes the result (a check that stops
+    early finishes there too). ``plan`` is set once the twin, if any, has run: a result stopped before names no
+    kill."""
+
+    started: float
+    tier: Tier
+    required: list[str]
+    checks: list[Check] = field(default_factory=list)
+    plan: KillPlan | None = None
+    runs: dict[str, RunSummary] = field(default_factory=dict)
+    manifest: dict[str, str] = field(default_factory=dict)
+    comparison: list[dict[str, Any]] = field(default_factory=list)
+    not_compared: list[str] = field(default_factory=list)
+    findings: list[str] = field(default_factory=list)
+    twin_final: int | None = None
+
+    def finish(self) -> CommandResume:
+        status, failed = verdict(self.checks)
+        p = self.plan
+        c, n, k, final = (p.c, p.n, p.k, p.final) if p is not None else (None, None, None, None)
+        extra = f"; not compared: {'; '.join(self.not_compared)}" if self.not_compared else ""
+        summary = (f"killed at step {k} after checkpoint {c}, resumed from it, compared up to step {final}: "
+                   f"{len(self.checks)} checks passed ({self.tier.name}){extra}" if status == "pass" else
+                   f"failed: {', '.join(ch.name for ch in failed)}: " + "; ".join(ch.evidence for ch in failed)[:600])
+        return CommandResume(status=status, summary=summary, checks=self.checks, checkpoint_step=c,
+                             next_checkpoint_step=n, kill_step=k, final_checkpoint_step=final, tier=self.tier,
+                             comparison=self.comparison, manifest=self.manifest, not_compared=self.not_compared,
+                             runs=self.runs, required_files=self.required, seconds=time.perf_counter() - self.started,
+                             findings=self.findings, twin_final_step=self.twin_final)
 
 
 def trainer_files(trainer: dict[str, Any], world: int) -> list[str]:
@@ -143,7 +199,10 @@ def run_twin(spec: CommandSpec, reference: RunOutcome, run_dir: Path, values: di
 def resume_stage(spec: CommandSpec, reference: RunOutcome, run_dir: Path, values: dict[str, str], tier: Tier,
                  cancelled: Callable[[], bool] | None = None, backend: Any = None, twin: RunOutcome | None = None,
                  ) -> Generator[Event, None, CommandResume]:
-    """Kill the command after checkpoint c, resume it, compare with ``reference`` (see the module docstring).
+    """Kill the command after checkpoint c, resume it, compare with ``reference`` (see the module docstring): the
+    plan of the kill (:func:`kill_plan`), the twin where the tier needs one (:func:`_twin_phase`), the interrupted run
+    (:func:`_interrupted_phase`), the checkpoint it left (:func:`_gate`), the resumed run (:func:`_resumed_phase`),
+    the comparison (:func:`_compare`).
 
     Args:
         values: the placeholders other than ``{out}`` and ``{checkpoint}`` (``{train_data}``, ``{model}``).
@@ -156,114 +215,174 @@ def resume_stage(spec: CommandSpec, reference: RunOutcome, run_dir: Path, values
         StageCancelled: the user stopped it; every process of the command was killed.
         StageError: a run could not start.
     """
-    started = time.perf_counter()
-    checks: list[Check] = []
-    trainer = reference.trainer
-    world = reference.hook.world_size
-    required = list(spec.checkpoint_files) or (trainer_files(trainer, world) if trainer else [])
+    trainer, world = reference.trainer, reference.hook.world_size
+    progress = _Progress(time.perf_counter(), tier,
+                         list(spec.checkpoint_files) or (trainer_files(trainer, world) if trainer else []))
+    plan = kill_plan(spec, reference, progress.checks)
+    if plan is None:
+        return progress.finish()
+    runs = _Runs(spec, reference, run_dir, values, cancelled, backend)
+    twin, measured = yield from _twin_phase(runs, tier, twin, progress)
+    if not measured:
+        return progress.finish()
+    progress.plan = plan
+    interrupted, ckpt = yield from _interrupted_phase(runs, plan, progress)
+    if ckpt is None or not _gate(runs, interrupted, ckpt, plan, progress):
+        return progress.finish()
+    resumed = yield from _resumed_phase(runs, ckpt, plan, progress)
+    if resumed is not None:
+        _compare(runs, interrupted, resumed, twin, plan, progress)
+    return progress.finish()
+
+
+@dataclass(frozen=True)
+class _Runs:
+    """What every run of the check is started with: the command, the uninterrupted run, where, its placeholders."""
+
+    spec: CommandSpec
+    reference: RunOutcome
+    run_dir: Path
+    values: dict[str, str]
+    cancelled: Callable[[], bool] | None
+    backend: Any
+
+    @property
+    def trainer(self) -> dict[str, Any] | None:
+        return self.reference.trainer
+
+    @property
+    def world(self) -> int:
+        return self.reference.hook.world_size
+
+
+def kill_plan(spec: CommandSpec, reference: RunOutcome, checks: list[Check]) -> KillPlan | None:
+    """Where to kill and compare, from the uninterrupted run's checkpoints (what is on disk, and the steps a Trainer
+    saved: ``save_total_limit`` deletes the older folders), with its ``checkpoints`` check (or ``metrics``: a script
+    without per-step metrics cannot be killed at a step) appended to ``checks``; None when the check cannot go on."""
     ckpts = reference.checkpoints
-    # the steps checkpointed: what is on disk, and what a Trainer saved (save_total_limit deletes the older folders)
-    saved = sorted({x.step for x in ckpts} | {int(e.get("step", 0)) for e in reference.hook.saves if e.get("rank", 0) == 0})
+    saved = sorted({x.step for x in ckpts} | {int(e.get("step", 0)) for e in reference.hook.saves
+                                                 if e.get("rank", 0) == 0})
     need = spec.kill_after_checkpoint + 1
     if len(saved) < need or not ckpts:
-        return _finish(started, [Check("checkpoints", "fail", _too_few(spec, reference, saved, need),
-                                       kind="completeness")], tier, required=required)
-    if trainer is None and not reference.steps:
-        return _finish(started, [Check("metrics", "fail", f"the uninterrupted run wrote no per-step metrics "
-                                       f"({reference.metrics_source}{_rejected(reference)}): from outside, the kill "
-                                       "is placed by the step the metrics show and the resumed run is compared with "
-                                       "them step by step, so nothing was killed: have the script write JSON lines "
-                                       "with step and loss and name the file (command.metrics), or train with "
-                                       "transformers' Trainer")], tier, required=required)
+        checks.append(Check("checkpoints", "fail", _too_few(spec, reference, saved, need), kind="completeness"))
+        return None
+    if reference.trainer is None and not reference.steps:
+        checks.append(Check("metrics", "fail", f"the uninterrupted run wrote no per-step metrics "
+                                               f"({reference.metrics_source}{_rejected(reference)}): from outside, the "
+                                               "kill is placed by the step the metrics show and the resumed run is "
+                                               "compared with them step by step, so nothing was killed: have the "
+                                               "script write JSON lines with step and loss and name the file "
+                                               "(command.metrics), or train with transformers' Trainer"))
+        return None
     c, n, final = saved[spec.kill_after_checkpoint - 1], saved[spec.kill_after_checkpoint], ckpts[-1].step
     k = c + max(1, (n - c) // 2)
-    kept = "" if len(saved) == len(ckpts) else f" ({', '.join(x.name for x in ckpts)} kept: Trainer's save_total_limit " \
-                                                "removed the others)"
+    kept = "" if len(saved) == len(ckpts) else f" ({', '.join(x.name for x in ckpts)} kept: Trainer's " \
+                                                "save_total_limit removed the others)"
     checks.append(Check("checkpoints", "pass" if final > c else "fail",
-                        f"the uninterrupted run wrote {len(saved)} checkpoints (steps {_span(saved)}){kept}: resume "
+                        f"the uninterrupted run wrote {len(saved)} checkpoints (steps {span(saved)}){kept}: resume "
                         f"from step {c}, kill at step {k} (before the next, {n}), compare at step {final}"
                         + ("" if final > c else ": no checkpoint after c is left to compare with"),
                         kind="completeness"))
-    if final <= c:
-        return _finish(started, checks, tier, required=required)
+    return KillPlan(c, n, k, final) if final > c else None
 
-    # 0. the twin: the training command again, uninterrupted (its distance from the reference is the noise)
-    runs: dict[str, RunSummary] = {}
-    if not tier.exact and twin is None:
-        twin = yield from run_twin(spec, reference, run_dir, values, cancelled, backend)
-    if twin is not None and not tier.exact:
-        runs["twin"] = _summary(twin)
-        if twin.exit_code != 0:
-            why = "timed out" if twin.timed_out else f"exit status {twin.exit_code}"
-            checks.append(Check("twin_run", "fail", f"the twin run (the training command again) failed ({why}): "
-                                                    f"{failure_lines(twin.log_path)} (see {twin.log_path}); no noise "
-                                                    "bound could be measured"))
-            return _finish(started, checks, tier, runs=runs, required=required)
-    else:
-        twin = None
 
-    # 1. the interrupted run, killed between checkpoint c and the next
-    out_i = run_dir / "resume-interrupted" / "out"
-    argv_i = substitute(spec.words(), {**values, "{out}": str(out_i)})
+def _twin_phase(runs: _Runs, tier: Tier, twin: RunOutcome | None, progress: _Progress,
+                ) -> Generator[Event, None, tuple[RunOutcome | None, bool]]:
+    """0. The twin, where the tier measures the noise: the one given, else the training command again,
+    uninterrupted. Returns (the twin, or None on an exact tier; False when it failed: no bound is measured)."""
+    if tier.exact:
+        return None, True
+    if twin is None:
+        twin = yield from run_twin(runs.spec, runs.reference, runs.run_dir, runs.values, runs.cancelled, runs.backend)
+    progress.runs["twin"] = _summary(twin)
+    if twin.exit_code == 0:
+        return twin, True
+    why = "timed out" if twin.timed_out else f"exit status {twin.exit_code}"
+    progress.checks.append(Check("twin_run", "fail", f"the twin run (the training command again) failed ({why}): "
+                                                     f"{failure_lines(twin.log_path)} (see {twin.log_path}); no noise "
+                                                     "bound could be measured"))
+    return twin, False
+
+
+def _interrupted_phase(runs: _Runs, plan: KillPlan, progress: _Progress,
+                       ) -> Generator[Event, None, tuple[RunOutcome, Checkpoint | None]]:
+    """1. The interrupted run, killed between checkpoint c and the next, with its ``kill`` and ``kill_point`` checks.
+    Returns (the run, checkpoint c it left; None when the kill failed or left no checkpoint c)."""
+    spec, trainer, world, k = runs.spec, runs.trainer, runs.world, plan.k
+    out_i = runs.run_dir / "resume-interrupted" / "out"
+    argv_i = substitute(spec.words(), {**runs.values, "{out}": str(out_i)})
     how = "held by the Trainer hook after step" if trainer else "killed when its metrics show step"
-    yield Message("resume", text=f"interrupted run: {how} {k}, after checkpoint {c} and before {n}; SIGKILL to every "
-                                 "process of it")
+    yield Message("resume", text=f"interrupted run: {how} {k}, after checkpoint {plan.c} and before {plan.n}; "
+                                 "SIGKILL to every process of it")
 
     def at_kill_point(o: RunOutcome) -> bool:
         if trainer:
             return len(o.hook.held) >= world
         return any(s.step >= k for s in o.steps_seen())
 
-    interrupted = yield from run_command(spec, "interrupted", argv_i, out_i, run_dir / "resume-interrupted",
+    interrupted = yield from run_command(spec, "interrupted", argv_i, out_i, runs.run_dir / "resume-interrupted",
                                          "resume", total=k, hold_at_step=k if trainer else None,
-                                         kill_when=at_kill_point, cancelled=cancelled, backend=backend)
-    runs["interrupted"] = _summary(interrupted)
-    seen = max((s.step for s in interrupted.steps_seen()), default=0)
+                                         kill_when=at_kill_point, cancelled=runs.cancelled, backend=runs.backend)
+    progress.runs["interrupted"] = _summary(interrupted)
     if interrupted.kill is not None:
+        seen = max((s.step for s in interrupted.steps_seen()), default=0)
         yield Message("resume", text=f"interrupted run killed at step {seen} ({interrupted.kill.evidence()})")
-    kill, point, ckpt = _kill_checks(interrupted, trainer is not None, world, c, n, k, required)
-    checks += [kill, point]
-    if kill.status != "pass" or ckpt is None:
-        return _finish(started, checks, tier, c, n, k, final, runs=runs, required=required)
+    kill, point, ckpt = _kill_checks(interrupted, trainer is not None, world, plan, progress.required)
+    progress.checks += [kill, point]
+    return interrupted, ckpt if kill.status == "pass" else None
 
-    # 2. the checkpoint it left, before anything loads it
-    manifest = write_manifest(ckpt.path, run_dir / "resume-interrupted" / f"manifest-{ckpt.name}.json")
-    gate = _checkpoint_checks(interrupted, ckpt, c, required, manifest, trainer, world)
-    checks += gate
-    # a checkpoint that cannot be loaded safely, or at another world size, is never resumed; an incomplete one is (the
-    # user's resume is what is accepted: what it does without the missing part is evidence too)
-    if any(ch.status != "pass" for ch in gate if ch.name in LOADING_GUARDS):
-        return _finish(started, checks, tier, c, n, k, final, manifest=manifest, runs=runs, required=required)
 
-    # 3. the resumed run, from checkpoint c
-    out_r = run_dir / "resume-resumed" / "out"
-    argv_r = substitute(spec.resume_words(), {**values, "{out}": str(out_r), "{checkpoint}": str(ckpt.path)})
-    yield Message("resume", text=f"resumed run from {ckpt.name} to its end (step {reference.last_step() or final}), "
-                                 "compared with the uninterrupted run")
-    resumed = yield from run_command(spec, "resumed", argv_r, out_r, run_dir / "resume-resumed", "resume",
-                                     total=reference.last_step() or final, cancelled=cancelled, backend=backend)
-    runs["resumed"] = _summary(resumed)
+def _gate(runs: _Runs, interrupted: RunOutcome, ckpt: Checkpoint, plan: KillPlan, progress: _Progress) -> bool:
+    """2. The checkpoint the kill left, before anything loads it: its manifest and checks. True when it may be
+    resumed: a checkpoint that cannot be loaded safely, or at another world size, never is; an incomplete one is (the
+    user's resume is what is accepted: what it does without the missing part is evidence too)."""
+    progress.manifest = write_manifest(ckpt.path, runs.run_dir / "resume-interrupted" / f"manifest-{ckpt.name}.json")
+    gate = _checkpoint_checks(interrupted, ckpt, plan.c, progress.required, progress.manifest, runs.trainer,
+                              runs.world)
+    progress.checks += gate
+    return all(ch.status == "pass" for ch in gate if ch.name in LOADING_GUARDS)
+
+
+def _resumed_phase(runs: _Runs, ckpt: Checkpoint, plan: KillPlan, progress: _Progress,
+                   ) -> Generator[Event, None, RunOutcome | None]:
+    """3. The resumed run, from checkpoint c to its end, and the manifest checked again after it. Returns the run, or
+    None when it failed (``resumed_run``)."""
+    out_r = runs.run_dir / "resume-resumed" / "out"
+    argv_r = substitute(runs.spec.resume_words(), {**runs.values, "{out}": str(out_r), "{checkpoint}": str(ckpt.path)})
+    last = runs.reference.last_step() or plan.final
+    yield Message("resume", text=f"resumed run from {ckpt.name} to its end (step {last}), compared with the "
+                                 "uninterrupted run")
+    resumed = yield from run_command(runs.spec, "resumed", argv_r, out_r, runs.run_dir / "resume-resumed", "resume",
+                                     total=last, cancelled=runs.cancelled, backend=runs.backend)
+    progress.runs["resumed"] = _summary(resumed)
+    manifest = progress.manifest
     bad = verify_manifest(ckpt.path, manifest)
-    checks.append(Check("manifest_after", "fail" if bad else "pass",
-                        f"after the resumed run, the checkpoint's files changed: {', '.join(bad)}" if bad else
-                        f"after the resumed run, the sha256 of the {len(manifest)} files still match"))
-    if resumed.exit_code != 0:
-        why = "timed out" if resumed.timed_out else f"exit status {resumed.exit_code}"
-        checks.append(Check("resumed_run", "fail", f"the resume command failed ({why}): "
-                                                   f"{failure_lines(resumed.log_path)} (see {resumed.log_path})"))
-        return _finish(started, checks, tier, c, n, k, final, manifest=manifest, runs=runs, required=required)
+    progress.checks.append(Check("manifest_after", "fail" if bad else "pass",
+                                 f"after the resumed run, the checkpoint's files changed: {', '.join(bad)}" if bad else
+                                 f"after the resumed run, the sha256 of the {len(manifest)} files still match"))
+    if resumed.exit_code == 0:
+        return resumed
+    why = "timed out" if resumed.timed_out else f"exit status {resumed.exit_code}"
+    progress.checks.append(Check("resumed_run", "fail", f"the resume command failed ({why}): "
+                                                        f"{failure_lines(resumed.log_path)} (see {resumed.log_path})"))
+    return None
 
-    # 4. compared with the reference
-    not_compared: list[str] = []
-    step_checks, comparison = compare_steps(reference.steps, interrupted.steps, resumed.steps, c, tier, not_compared,
-                                            resumed.trainer, twin.steps if twin is not None else None)
-    checks += step_checks
+
+def _compare(runs: _Runs, interrupted: RunOutcome, resumed: RunOutcome, twin: RunOutcome | None, plan: KillPlan,
+             progress: _Progress) -> None:
+    """4. Compared with the reference: step by step (:func:`compare_steps`), the trainable set (Trainer), the last
+    checkpoint file by file (:func:`compare_final`)."""
+    reference, trainer, tier = runs.reference, runs.trainer, progress.tier
+    step_checks, progress.comparison = compare_steps(reference.steps, interrupted.steps, resumed.steps, plan.c, tier,
+                                                     progress.not_compared, resumed.trainer,
+                                                     twin.steps if twin is not None else None)
+    progress.checks += step_checks
     if trainer:
-        checks.append(trainable_check(trainer, resumed.trainer))
-    checks += compare_final(reference, resumed, final, tier, not_compared, trainer is not None, twin)
-    return _finish(started, checks, tier, c, n, k, final, comparison, manifest, not_compared, runs, required,
-                   [f"{o.name} run: {p}" for o in (twin, interrupted, resumed) if o is not None for p in o.problems],
-                   twin.last_step() if twin is not None else None)
+        progress.checks.append(trainable_check(trainer, resumed.trainer))
+    progress.checks += compare_final(reference, resumed, plan.final, tier, progress.not_compared, trainer is not None,
+                                     twin)
+    progress.findings = [f"{o.name} run: {p}" for o in (twin, interrupted, resumed) if o is not None for p in o.problems]
+    progress.twin_final = twin.last_step() if twin is not None else None
 
 
 def _too_few(spec: CommandSpec, reference: RunOutcome, saved: list[int], need: int) -> str:
@@ -298,27 +417,19 @@ def complete(ckpt: Checkpoint, required: list[str]) -> bool:
     return bool(required) and not missing_files(ckpt.path, required)
 
 
-def _kill_checks(o: RunOutcome, trainer: bool, world: int, c: int, n: int, k: int, required: list[str]
+def _kill_checks(o: RunOutcome, trainer: bool, world: int, plan: KillPlan, required: list[str]
                  ) -> tuple[Check, Check, Checkpoint | None]:
     """``kill``: the run was killed (it had not ended) and no process of it is left; ``kill_point``: where it was
     killed is after checkpoint c and before checkpoint n was complete. Returns them and checkpoint c, if there."""
     if o.kill is None:
         why = "timed out" if o.timed_out else f"exited with status {o.exit_code}{o.exit_note}"
-        return (Check("kill", "fail", f"the interrupted run {why} before step {k} ({last_lines(o.log_path, 3)}); "
+        return (Check("kill", "fail", f"the interrupted run {why} before step {plan.k} ({last_lines(o.log_path, 3)}); "
                                       "nothing was killed"),
                 Check("kill_point", "fail", "no kill"), None)
     kill = Check("kill", "pass" if o.kill.clean else "fail", o.kill.evidence())
-    ckpt = next((x for x in o.checkpoints if x.step == c), None)
-    later = [x for x in o.at_kill if x.step > c and (complete(x, required) if required else True)]
-    if trainer:
-        ranks = sorted(o.hook.held)
-        where = f"every rank ({', '.join(map(str, ranks))}) held after step {k}" if len(ranks) == world else \
-            f"held on ranks {ranks} of {world}"
-        ok = len(ranks) == world and all(int(e.get("step", 0)) == k for e in o.hook.held.values())
-    else:
-        seen = max((s.step for s in o.steps_seen()), default=0)
-        where = f"killed when its metrics showed step {seen}"
-        ok = seen >= k
+    ckpt = next((x for x in o.checkpoints if x.step == plan.c), None)
+    where, ok = _held_at(o, world, plan.k) if trainer else _seen_at(o, plan.k)
+    later = [x for x in o.at_kill if x.step > plan.c and (complete(x, required) if required else True)]
     if later:
         ok = False
         where += f"; but {', '.join(x.name for x in later)} was already complete at the kill (the kill came after the " \
@@ -326,176 +437,174 @@ def _kill_checks(o: RunOutcome, trainer: bool, world: int, c: int, n: int, k: in
                  "saved within that time; save less often than every step)"
     if ckpt is None:
         ok = False
-        where += f"; no checkpoint of step {c} in its output folder"
-    return kill, Check("kill_point", "pass" if ok else "fail", f"{where}: after checkpoint {c}, before {n}"), ckpt
+        where += f"; no checkpoint of step {plan.c} in its output folder"
+    return kill, Check("kill_point", "pass" if ok else "fail", f"{where}: after checkpoint {plan.c}, before {plan.n}"), \
+        ckpt
+
+
+def _held_at(o: RunOutcome, world: int, k: int) -> tuple[str, bool]:
+    """Where a Trainer-based run was held (every rank after step ``k``), in words, and whether that is the kill
+    point."""
+    ranks = sorted(o.hook.held)
+    where = f"every rank ({', '.join(map(str, ranks))}) held after step {k}" if len(ranks) == world else \
+        f"held on ranks {ranks} of {world}"
+    return where, len(ranks) == world and all(int(e.get("step", 0)) == k for e in o.hook.held.values())
+
+
+def _seen_at(o: RunOutcome, k: int) -> tuple[str, bool]:
+    """Where another script was killed (the last step its metrics showed), in words, and whether it reached ``k``."""
+    seen = max((s.step for s in o.steps_seen()), default=0)
+    return f"killed when its metrics showed step {seen}", seen >= k
 
 
 def _checkpoint_checks(o: RunOutcome, ckpt: Checkpoint, c: int, required: list[str], manifest: dict[str, str],
                        trainer: dict[str, Any] | None, world: int) -> list[Check]:
-    checks = []
+    """The checks of checkpoint c before anything loads it: ``checkpoint_selection``, ``checkpoint_complete``,
+    ``manifest``, ``safe_loading``, and for a Trainer ``trainer_state`` and ``world_size``."""
+    checks = [_selection_check(o, c, required), _complete_check(ckpt, required),
+              Check("manifest", "pass" if manifest else "fail",
+                    f"sha256 of {len(manifest)} files taken right after the kill" if manifest else
+                    f"{ckpt.name} holds no file"),
+              safe_loading(ckpt.path, trainer is not None)]
+    if trainer is not None:
+        checks += [_trainer_state_check(ckpt, c), world_size_check(ckpt.path, world)]
+    return checks
+
+
+def _selection_check(o: RunOutcome, c: int, required: list[str]) -> Check:
+    """``checkpoint_selection``: the newest complete checkpoint the interrupted run left is c; newer partial ones (and
+    folders that are not checkpoints) are named."""
     listed, skipped = o.checkpoints, o.skipped_checkpoints
     newest = [x for x in listed if complete(x, required)] if required else listed
     partial = [f"{x.name} is partial (missing {', '.join(missing_files(x.path, required))})"
                for x in listed if required and x.step > c and not complete(x, required)]
     top = newest[-1] if newest else None
-    checks.append(Check("checkpoint_selection", "pass" if top is not None and top.step == c else "fail",
-                        (f"resume from {top.name}, the newest complete checkpoint" if top else
-                         "no complete checkpoint") + (f" (expected step {c})" if top is None or top.step != c else "")
-                        + ("; skipped " + "; ".join(partial + skipped) if partial or skipped else ""),
-                        kind="completeness"))
+    return Check("checkpoint_selection", "pass" if top is not None and top.step == c else "fail",
+                 (f"resume from {top.name}, the newest complete checkpoint" if top else "no complete checkpoint")
+                 + (f" (expected step {c})" if top is None or top.step != c else "")
+                 + ("; skipped " + "; ".join(partial + skipped) if partial or skipped else ""),
+                 kind="completeness")
+
+
+def _complete_check(ckpt: Checkpoint, required: list[str]) -> Check:
+    """``checkpoint_complete``: checkpoint c holds every required file; a script that is not Trainer-based and names
+    none fails (gpuaccept cannot know what it needs)."""
     if not required:
-        checks.append(Check("checkpoint_complete", "fail", "the script is not Trainer-based, so gpuaccept does not know "
-                                                           "what its checkpoint must hold: list the files in "
-                                                           "command.checkpoint_files (weights, optimizer, scheduler, "
-                                                           "RNG, progress)", kind="completeness"))
-    else:
-        missing = missing_files(ckpt.path, required)
-        checks.append(Check("checkpoint_complete", "fail" if missing else "pass",
-                            f"missing from {ckpt.name}: {', '.join(missing)}" if missing else
-                            f"{ckpt.name} holds {', '.join(required)}", kind="completeness"))
-    checks.append(Check("manifest", "pass" if manifest else "fail",
-                        f"sha256 of {len(manifest)} files taken right after the kill" if manifest else
-                        f"{ckpt.name} holds no file"))
-    checks.append(safe_loading(ckpt.path, trainer is not None, world))
-    if trainer is not None:
-        import json
-
-        try:
-            state = json.loads((ckpt.path / "trainer_state.json").read_text(encoding="utf-8")).get("global_step")
-        except (OSError, ValueError):
-            state = None
-        checks.append(Check("trainer_state", "pass" if state == c else "fail",
-                            f"trainer_state.json global_step = {state} (expected {c})"))
-        checks.append(world_size_check(ckpt.path, world))
-    return checks
+        return Check("checkpoint_complete", "fail", "the script is not Trainer-based, so gpuaccept does not know what "
+                                                    "its checkpoint must hold: list the files in "
+                                                    "command.checkpoint_files (weights, optimizer, scheduler, RNG, "
+                                                    "progress)", kind="completeness")
+    missing = missing_files(ckpt.path, required)
+    return Check("checkpoint_complete", "fail" if missing else "pass",
+                 f"missing from {ckpt.name}: {', '.join(missing)}" if missing else
+                 f"{ckpt.name} holds {', '.join(required)}", kind="completeness")
 
 
-def safe_loading(ckpt: Path, trainer: bool, world: int) -> Check:
-    """Every pickle of the checkpoint that a resume loads loads with ``torch.load`` with ``weights_only=True``: for Trainer
-    the optimizer, scheduler, RNG states and GradScaler (it never loads ``training_args.bin``); for another script
-    every file with a pickle's suffix (:data:`PICKLES`), since gpuaccept cannot know which ones it loads."""
+def _trainer_state_check(ckpt: Checkpoint, c: int) -> Check:
+    """``trainer_state``: Trainer's ``trainer_state.json`` of checkpoint c says global step c."""
+    import json
+
+    try:
+        state = json.loads((ckpt.path / "trainer_state.json").read_text(encoding="utf-8")).get("global_step")
+    except (OSError, ValueError):
+        state = None
+    return Check("trainer_state", "pass" if state == c else "fail",
+                 f"trainer_state.json global_step = {state} (expected {c})")
+
+
+def safe_loading(ckpt: Path, trainer: bool) -> Check:
+    """Every pickle of the checkpoint that a resume loads loads with ``torch.load`` with ``weights_only=True``
+    (:func:`core.stages.resume.pickles_load_safely`, the recipe's check too): for Trainer the optimizer, scheduler,
+    RNG states and GradScaler (it never loads ``training_args.bin``); for another script every file with a pickle's
+    suffix (:data:`PICKLES`), since gpuaccept cannot know which ones it loads."""
     files = sorted(p for p in ckpt.rglob("*") if p.is_file() and p.suffix in PICKLES)
     if trainer:
         files = [p for p in files if p.name not in TRAINER_UNLOADED]
-    refused = []
-    for f in files:
-        try:
-            safe_load(f)
-        except UntrustedCheckpoint as exc:
-            refused.append(str(exc))
-    names = ", ".join(str(f.relative_to(ckpt)) for f in files)
-    if refused:
-        return Check("safe_loading", "fail", "; ".join(refused))
-    if not files:
-        return Check("safe_loading", "pass", f"{ckpt.name} holds no pickle ({', '.join(PICKLES)}): nothing for "
-                                             "torch.load to run")
-    return Check("safe_loading", "pass", f"{names} load with weights_only=True" + (
-        " (training_args.bin, a pickle of TrainingArguments Trainer never loads on resume, not loaded)" if trainer
-        and (ckpt / "training_args.bin").is_file() else ""))
+    unloaded = trainer and (ckpt / "training_args.bin").is_file()
+    return pickles_load_safely(ckpt, files, " (training_args.bin, a pickle of TrainingArguments Trainer never loads "
+                                            "on resume, not loaded)" if unloaded else "")
 
 
-def _by_rank(steps: list[StepRecord]) -> dict[tuple[int, int], StepRecord]:
-    return {(s.rank, s.step): s for s in steps}
+# ------------------------------------------------------------------------------------------- the step comparison
+class CommandWords(StepWords):
+    """The step checks' evidence in command mode's words."""
+
+    no_reference = ("the uninterrupted run wrote no per-step metrics (none found: command.metrics), so nothing shows "
+                    "the resumed run continues as it did; write JSON lines with step and loss, or train with "
+                    "transformers' Trainer")
+
+    def global_steps(self, got: list[Key], want: list[Key], series: ResumeSeries) -> str:
+        start = f"; the resumed Trainer began at global step {series.trainer_start}" if series.resumed_trainer else ""
+        return (f"resumed steps {span(sorted({s for _, s in got}))}, expected {span(sorted({s for _, s in want}))} "
+                f"(every step the uninterrupted run logged after {series.c}, {len({r for r, _ in want})} rank(s))"
+                f"{start}")
+
+    def reproducible(self, steps: list[int], exact: list[int], bad: list[int], judged: Bounded, tier: Tier) -> str:
+        if exact or bad:
+            return (f"before any kill, the interrupted run differs from the uninterrupted one at steps "
+                    f"{span(sorted(set(bad) | set(exact)))} ({judged.describe(tier, 'losses')}): the command does "
+                    "not give the same run twice, so no resume can be shown to continue it; seed everything it draws "
+                    "(e.g. transformers.set_seed before building the model and its adapters) or make it "
+                    "deterministic")
+        return (f"before the kill, the interrupted run equals the uninterrupted one at steps {span(steps)} (learning "
+                f"rate and samples exactly; {judged.describe(tier, 'losses')})")
+
+    def field_equal(self, label: str, compared: int, steps: list[int]) -> str:
+        return f"{label} of the resumed run equal at {compared} step(s)"
+
+    def field_absent(self, label: str, name: str) -> str:
+        return f"{label}: the metrics hold none" + (
+            " (sample ids: a metrics line's sample_ids, or the Trainer hook's batch digests)" if name == "sample_ids"
+            else "")
+
+    def loss(self, bad: list[int], unmatched: list[int], judged: Bounded | None, tier: Tier) -> str:
+        return ((f"resumed loss outside the bound at steps {span(bad)}; " if bad else "")
+                + (f"other ranks than the reference's at steps {span(unmatched)}; " if unmatched else "")
+                + (judged.describe(tier, "resumed losses (every rank)") if judged is not None else
+                   "the resumed run logged no step the uninterrupted run logged"))
+
+
+#: command mode's rules: a user's metrics hold a step and its loss, maybe its learning rate and sample ids (no epoch)
+COMMAND_RULES = StepRules(("learning_rate", "sample_ids"), complete=False, words=CommandWords())
+
+
+def step_series(steps: list[StepRecord]) -> StepSeries:
+    """A run's per-step metrics (one record per step and rank) as a typed series."""
+    return StepSeries.of(StepPoint(step=s.step, loss=s.loss, rank=s.rank, learning_rate=s.learning_rate,
+                                   sample_ids=None if s.sample_ids is None else tuple(s.sample_ids)) for s in steps)
+
+
+def command_series(ref_steps: list[StepRecord], interrupted: list[StepRecord], resumed: list[StepRecord], c: int,
+                   resumed_trainer: dict[str, Any] | None = None, twin_steps: list[StepRecord] | None = None,
+                   ) -> ResumeSeries:
+    """The runs of command mode as series: the resumed run expected at every (rank, step) the uninterrupted run logged
+    after c; a resumed Trainer must begin at global step c."""
+    reference = step_series(ref_steps)
+    return ResumeSeries(reference=reference, interrupted=step_series(interrupted), resumed=step_series(resumed), c=c,
+                        expected=tuple(sorted(key for key in reference.by_key() if key[1] > c)),
+                        twin=step_series(twin_steps) if twin_steps is not None else None,
+                        resumed_trainer=resumed_trainer is not None,
+                        trainer_start=resumed_trainer.get("global_step") if resumed_trainer is not None else None)
 
 
 def compare_steps(ref_steps: list[StepRecord], interrupted: list[StepRecord], resumed: list[StepRecord], c: int,
                   tier: Tier, not_compared: list[str], resumed_trainer: dict[str, Any] | None = None,
                   twin_steps: list[StepRecord] | None = None) -> tuple[list[Check], list[dict[str, Any]]]:
-    """The step-by-step checks: ``global_steps`` (the resumed run logged exactly the reference's steps after c, on
-    every rank; a resumed Trainer started at global step c), ``reproducible`` (before its kill the interrupted run
-    equals the reference: the command gives the same run twice), then for the resumed run ``learning_rate`` and
-    ``sample_ids`` (exact, where the metrics hold them) and ``loss`` (every step and rank within the bound: bit-exact,
-    or ``multiple`` x the twin's largest loss difference over the compared steps, :mod:`core.stages.noise`).
+    """The step-by-step checks (:func:`core.stages.compare.compare_series` under :data:`COMMAND_RULES`):
+    ``global_steps`` (the resumed run logged exactly the reference's steps after c, on every rank; a resumed Trainer
+    started at global step c), ``reproducible`` (before its kill the interrupted run equals the reference: the
+    command gives the same run twice), then for the resumed run ``learning_rate`` and ``sample_ids`` (exact, where
+    the metrics hold them; else named in ``not_compared``) and ``loss`` (every step and rank within the bound:
+    bit-exact, or ``multiple`` x the twin's largest loss difference over the compared steps,
+    :mod:`core.stages.noise`).
 
     Returns:
         (the checks, one row per resumed step of rank 0: step, learning_rate, loss_reference, loss_resumed,
         difference, and loss_twin with a twin)."""
-    if not ref_steps:
-        return [Check("loss", "fail", "the uninterrupted run wrote no per-step metrics (none found: "
-                                      "command.metrics), so nothing shows the resumed run continues as it did; "
-                                      "write JSON lines with step and loss, or train with transformers' Trainer",
-                      kind="tolerance", tier=tier.name)], []
-    ref = _by_rank(ref_steps)
-    want = sorted(key for key in ref if key[1] > c)
-    got = sorted(_by_rank(resumed))
-    start = f"; the resumed Trainer began at global step {resumed_trainer.get('global_step')}" if resumed_trainer \
-        else ""
-    ok = got == want and (resumed_trainer is None or resumed_trainer.get("global_step") == c)
-    checks = [Check("global_steps", "pass" if ok else "fail",
-                    f"resumed steps {_span(sorted({s for _, s in got}))}, expected {_span(sorted({s for _, s in want}))}"
-                    f" (every step the uninterrupted run logged after {c}, {len({r for r, _ in want})} rank(s)){start}")]
-    before = [(s, ref[(s.rank, s.step)]) for s in interrupted if (s.rank, s.step) in ref]
-    pairs = [(s, ref[(s.rank, s.step)]) for s in resumed if (s.rank, s.step) in ref]
-    noise, why_not = _noise(ref, twin_steps, [key for key in ref if any((s.rank, s.step) == key for s, _ in
-                                                                        before + pairs)], tier)
-    if why_not:
-        checks.append(Check("loss", "fail", why_not, kind="tolerance", tier=tier.name))
-        return checks, []
-    if before:
-        checks.append(_reproducible(before, tier, noise))
-    else:
-        not_compared.append("the interrupted run before the kill: it logged no step the uninterrupted run logged")
-    for key, label in (("learning_rate", "learning rate"), ("sample_ids", "sample ids")):
-        have = [(a, b) for a, b in pairs if getattr(a, key) is not None and getattr(b, key) is not None]
-        if not have:
-            not_compared.append(f"{label}: the metrics hold none" + (
-                " (sample ids: a metrics line's sample_ids, or the Trainer hook's batch digests)" if key == "sample_ids"
-                else ""))
-            continue
-        diff = sorted({a.step for a, b in have if getattr(a, key) != getattr(b, key)})
-        checks.append(Check(key, "fail" if diff else "pass",
-                            f"{label} of the resumed run differs at steps {_span(diff)}" if diff else
-                            f"{label} of the resumed run equal at {len(have)} step(s)"))
-    judged, bad = judge_losses([(a.step, a.loss, b.loss) for a, b in pairs], noise, tier)
-    checks.append(Check("loss", "fail" if bad or not pairs else "pass",
-                        (f"resumed loss outside the bound at steps {_span(bad)}; " if bad else "")
-                        + (judged.describe(tier, "resumed losses (every rank)") if pairs else
-                           "the resumed run logged no step the uninterrupted run logged"),
-                        kind="tolerance", tier=tier.name, largest_difference=judged.distance, noise=judged.noise,
-                        bound=judged.bound))
-    twins = _by_rank(twin_steps or [])
-    rows = [{"step": s.step, "learning_rate": s.learning_rate, "loss_reference": ref[(0, s.step)].loss,
-             "loss_resumed": s.loss, "difference": abs(s.loss - ref[(0, s.step)].loss),
-             **({"loss_twin": twins[(0, s.step)].loss} if (0, s.step) in twins else {})}
-            for s in resumed if s.rank == 0 and (0, s.step) in ref]
-    return checks, rows
-
-
-def _noise(ref: dict[tuple[int, int], StepRecord], twin_steps: list[StepRecord] | None, keys: list[tuple[int, int]],
-           tier: Tier) -> tuple[float | None, str]:
-    """(the twin's largest loss difference from the reference over the (rank, step) ``keys`` compared, "") for a twin
-    tier; (None, "") for an exact one; (None, why) when the twin did not log them."""
-    if tier.exact:
-        return None, ""
-    twins = _by_rank(twin_steps or [])
-    missing = sorted({step for rank, step in keys if (rank, step) not in twins})
-    if twin_steps is None or missing:
-        return None, (f"the twin run logged no loss at steps {_span(missing)}, so no noise bound could be measured"
-                      if twin_steps is not None else "no twin run to measure the noise with")
-    return loss_noise([(twins[key].loss, ref[key].loss) for key in keys]), ""
-
-
-def _reproducible(before: list[tuple[StepRecord, StepRecord]], tier: Tier, noise: float | None) -> Check:
-    """The interrupted run, before its kill, equals the uninterrupted one (loss within the bound, learning rate and
-    samples exact): the command gives the same run twice. If not, no comparison after a resume can tell a bad resume
-    from a run that differs anyway."""
-    judged, bad = judge_losses([(a.step, a.loss, b.loss) for a, b in before], noise, tier)
-    other = sorted({a.step for a, b in before if (a.learning_rate, a.sample_ids) != (b.learning_rate, b.sample_ids)
-                    and a.learning_rate is not None and b.learning_rate is not None})
-    steps = sorted({a.step for a, _ in before})
-    if bad or other:
-        return Check("reproducible", "fail",
-                     f"before any kill, the interrupted run differs from the uninterrupted one at steps "
-                     f"{_span(sorted(set(bad) | set(other)))} ({judged.describe(tier, 'losses')}): the command does "
-                     "not give the same run twice, so no resume can be shown to continue it; seed everything it draws "
-                     "(e.g. transformers.set_seed before building the model and its adapters) or make it "
-                     "deterministic", kind="tolerance", tier=tier.name, largest_difference=judged.distance,
-                     noise=judged.noise, bound=judged.bound)
-    return Check("reproducible", "pass", f"before the kill, the interrupted run equals the uninterrupted one at steps "
-                                         f"{_span(steps)} (learning rate and samples exactly; "
-                                         f"{judged.describe(tier, 'losses')})",
-                 kind="tolerance", tier=tier.name, largest_difference=judged.distance, noise=judged.noise,
-                 bound=judged.bound)
+    found = compare_series(command_series(ref_steps, interrupted, resumed, c, resumed_trainer, twin_steps), tier,
+                           COMMAND_RULES)
+    not_compared += found.not_compared
+    return found.checks, found.rows
 
 
 def trainable_check(reference: dict[str, Any], resumed: dict[str, Any] | None) -> Check:
@@ -522,56 +631,87 @@ def compare_final(reference: RunOutcome, resumed: RunOutcome, step: int, tier: T
     the same step. A Trainer checkpoint's JSON files are its configs (peft writes ``target_modules`` from a set, in no
     fixed order) and its trainer state (timings, paths; its steps are compared above); they and other files (text)
     are listed in ``not_compared``."""
+    found = _final_folders(reference, resumed, step, tier, twin)
+    if isinstance(found, Check):
+        return [found]
+    a, b, t = found
+    names = sorted(str(p.relative_to(a.path)) for p in a.path.rglob("*") if p.is_file())
+    missing = [n for n in names if not (b.path / n).is_file() or (t is not None and not (t / n).is_file())]
+    checks = [Check("final_checkpoint", "fail" if missing else "pass",
+                    f"{b.name} of the resumed (or twin) run lacks {', '.join(missing)}" if missing else
+                    f"{b.name} of both runs holds the same {len(names)} files")]
+    files = FinalFiles.sort([n for n in names if n not in missing], trainer)
+    if files.weights:
+        checks.append(_compare_safetensors(a.path, b.path, files.weights, tier, t))
+    else:
+        not_compared.append(f"weights as tensors: {a.name} holds no .safetensors file (a pickle's tensors, if any, "
+                            "are compared exactly under states)")
+    if not any(_is_optimizer(n) for n in names):
+        not_compared.append(f"the optimizer's state: {a.name} of the uninterrupted run holds no optimizer file (no "
+                            "*optim*.pt), so its moments and step counts were not compared")
+    for n in files.optimizers:
+        checks += [Check(ch.name, ch.status, f"{n}: {ch.evidence}", ch.kind, ch.tier, ch.largest_difference, ch.noise,
+                         ch.bound)
+                   for ch in compare_optimizers(a.path / n, b.path / n, tier, t / n if t is not None else None)]
+    if files.other:
+        not_compared.append(f"in {b.name}: {', '.join(files.other)} (not a tensor or JSON state: text, Trainer's own "
+                            "state with its timings and paths, or its pickled TrainingArguments; the steps are "
+                            "compared step by step above)")
+    if files.states:
+        checks.append(_compare_states(a.path, b.path, files.states, tier, t))
+    return checks
+
+
+def _final_folders(reference: RunOutcome, resumed: RunOutcome, step: int, tier: Tier, twin: RunOutcome | None,
+                   ) -> tuple[Checkpoint, Checkpoint, Path | None] | Check:
+    """The checkpoints of ``step`` of the reference, the resumed run and (where the tier measures noise) the twin's
+    folder; or the failed ``final_checkpoint`` check naming the run that wrote none."""
     a = next((x for x in reference.checkpoints if x.step == step), None)
     b = next((x for x in resumed.checkpoints if x.step == step), None)
     if a is None or b is None:
         have = ", ".join(x.name for x in resumed.checkpoints) or "none"
-        return [Check("final_checkpoint", "fail", f"the resumed run wrote no checkpoint of step {step} to compare with "
-                                                  f"the uninterrupted run's (it wrote {have})")]
-    t = None
-    if twin is not None and not tier.exact:
-        t = next((x for x in twin.checkpoints if x.step == step), None)
-        if t is None:
-            have = ", ".join(x.name for x in twin.checkpoints) or "none"
-            return [Check("final_checkpoint", "fail", f"the twin run wrote no checkpoint of step {step} to measure the "
-                                                      f"noise with (it wrote {have})")]
-    names = sorted(str(p.relative_to(a.path)) for p in a.path.rglob("*") if p.is_file())
-    missing = [n for n in names if not (b.path / n).is_file() or (t is not None and not (t.path / n).is_file())]
-    checks = [Check("final_checkpoint", "fail" if missing else "pass",
-                    f"{b.name} of the resumed (or twin) run lacks {', '.join(missing)}" if missing else
-                    f"{b.name} of both runs holds the same {len(names)} files")]
-    weights = [n for n in names if n.endswith(".safetensors") and n not in missing]
-    if weights:
-        checks.append(_compare_safetensors(a.path, b.path, weights, tier, t.path if t is not None else None))
-    else:
-        not_compared.append(f"weights as tensors: {a.name} holds no .safetensors file (a pickle's tensors, if any, "
-                            "are compared exactly under states)")
-    if not any("optim" in Path(n).name and Path(n).suffix in PICKLES for n in names):
-        not_compared.append(f"the optimizer's state: {a.name} of the uninterrupted run holds no optimizer file (no "
-                            "*optim*.pt), so its moments and step counts were not compared")
-    states: list[str] = []
-    other: list[str] = []
-    for n in names:
-        if n in missing or n.endswith(".safetensors"):
-            continue
-        if n.endswith(".json") and not trainer:
-            states.append(n)
-        elif Path(n).suffix in PICKLES and Path(n).name not in TRAINER_UNLOADED:
-            if "optim" in Path(n).name:
-                for ch in compare_optimizers(a.path / n, b.path / n, tier, t.path / n if t is not None else None):
-                    checks.append(Check(ch.name, ch.status, f"{n}: {ch.evidence}", ch.kind, ch.tier,
-                                        ch.largest_difference, ch.noise, ch.bound))
+        return Check("final_checkpoint", "fail", f"the resumed run wrote no checkpoint of step {step} to compare with "
+                                                 f"the uninterrupted run's (it wrote {have})")
+    if twin is None or tier.exact:
+        return a, b, None
+    t = next((x for x in twin.checkpoints if x.step == step), None)
+    if t is None:
+        have = ", ".join(x.name for x in twin.checkpoints) or "none"
+        return Check("final_checkpoint", "fail", f"the twin run wrote no checkpoint of step {step} to measure the "
+                                                 f"noise with (it wrote {have})")
+    return a, b, t.path
+
+
+def _is_optimizer(name: str) -> bool:
+    return "optim" in Path(name).name and Path(name).suffix in PICKLES
+
+
+@dataclass(frozen=True)
+class FinalFiles:
+    """The files of the last checkpoint by how they are compared: ``weights`` (.safetensors, by tensor), ``optimizers``
+    (:func:`core.stages.resume.compare_optimizers`), ``states`` (other pickles; a script's JSON files: exact, JSON
+    numbers within the bound) and ``other`` (not compared)."""
+
+    weights: list[str]
+    optimizers: list[str]
+    states: list[str]
+    other: list[str]
+
+    @classmethod
+    def sort(cls, names: list[str], trainer: bool) -> FinalFiles:
+        """``names`` (the files both runs hold) sorted; a Trainer checkpoint's JSON files (configs, trainer state)
+        and the pickles Trainer never loads are ``other``."""
+        files = cls([], [], [], [])
+        for n in names:
+            if n.endswith(".safetensors"):
+                files.weights.append(n)
+            elif n.endswith(".json") and not trainer:
+                files.states.append(n)
+            elif Path(n).suffix in PICKLES and Path(n).name not in TRAINER_UNLOADED:
+                (files.optimizers if "optim" in Path(n).name else files.states).append(n)
             else:
-                states.append(n)
-        else:
-            other.append(n)
-    if other:
-        not_compared.append(f"in {b.name}: {', '.join(other)} (not a tensor or JSON state: text, Trainer's own state "
-                            "with its timings and paths, or its pickled TrainingArguments; the steps are compared "
-                            "step by step above)")
-    if states:
-        checks.append(_compare_states(a.path, b.path, states, tier, t.path if t is not None else None))
-    return checks
+                files.other.append(n)
+        return files
 
 
 def _compare_safetensors(a: Path, b: Path, names: list[str], tier: Tier, t: Path | None = None) -> Check:
@@ -630,52 +770,52 @@ def first_difference(x: Any, y: Any, path: str = "", twin: Any = None, multiple:
     equal: dicts by key, lists and tuples by position, tensors by value (``torch.equal``), numpy arrays by value,
     floats within ``multiple`` x ``|twin - y|`` at the same place (``twin`` None or ``multiple`` 0: exact), anything
     else by ``==``."""
-    import torch
-
-    if isinstance(x, float) and isinstance(y, (int, float)) and not isinstance(y, bool) and multiple \
-            and isinstance(twin, (int, float)) and not isinstance(twin, bool):
+    if multiple and isinstance(x, float) and _is_number(y) and _is_number(twin):
         return None if abs(x - y) <= multiple * abs(twin - y) or x == y else path
     if isinstance(x, dict) and isinstance(y, dict):
-        if x.keys() != y.keys():
-            return f"{path} (keys {sorted(map(str, x.keys() ^ y.keys()))[:3]})"
-        for k in x:
-            found = first_difference(x[k], y[k], f"{path}.{k}" if path else str(k),
-                                     twin.get(k) if isinstance(twin, dict) else None, multiple)
-            if found is not None:
-                return found
-        return None
+        return _dict_difference(x, y, path, twin, multiple)
     if isinstance(x, (list, tuple)) and isinstance(y, (list, tuple)):
-        if len(x) != len(y):
-            return f"{path} (lengths {len(x)} vs {len(y)})"
-        for i, (u, v) in enumerate(zip(x, y)):
-            other = twin[i] if isinstance(twin, (list, tuple)) and i < len(twin) else None
-            found = first_difference(u, v, f"{path}[{i}]", other, multiple)
-            if found is not None:
-                return found
-        return None
+        return _sequence_difference(x, y, path, twin, multiple)
+    return None if _leaf_equal(x, y) else path
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _dict_difference(x: dict[Any, Any], y: dict[Any, Any], path: str, twin: Any, multiple: float) -> str | None:
+    if x.keys() != y.keys():
+        return f"{path} (keys {sorted(map(str, x.keys() ^ y.keys()))[:3]})"
+    for k in x:
+        found = first_difference(x[k], y[k], f"{path}.{k}" if path else str(k),
+                                 twin.get(k) if isinstance(twin, dict) else None, multiple)
+        if found is not None:
+            return found
+    return None
+
+
+def _sequence_difference(x: list[Any] | tuple[Any, ...], y: list[Any] | tuple[Any, ...], path: str, twin: Any,
+                         multiple: float) -> str | None:
+    if len(x) != len(y):
+        return f"{path} (lengths {len(x)} vs {len(y)})"
+    for i, (u, v) in enumerate(zip(x, y)):
+        other = twin[i] if isinstance(twin, (list, tuple)) and i < len(twin) else None
+        found = first_difference(u, v, f"{path}[{i}]", other, multiple)
+        if found is not None:
+            return found
+    return None
+
+
+def _leaf_equal(x: Any, y: Any) -> bool:
+    """Two leaves of loaded states are equal: tensors by shape, dtype and value, numpy arrays by shape and bytes,
+    anything else by ``==`` (what cannot be compared is not equal)."""
+    import torch
+
     if torch.is_tensor(x) and torch.is_tensor(y):
-        return None if x.shape == y.shape and x.dtype == y.dtype and bool(torch.equal(x, y)) else path
+        return x.shape == y.shape and x.dtype == y.dtype and bool(torch.equal(x, y))
     if hasattr(x, "shape") and hasattr(x, "tobytes") and hasattr(y, "tobytes"):  # numpy
-        return None if x.shape == y.shape and x.tobytes() == y.tobytes() else path
+        return bool(x.shape == y.shape and x.tobytes() == y.tobytes())
     try:
-        return None if bool(x == y) else path
+        return bool(x == y)
     except (TypeError, ValueError, RuntimeError):
-        return path
-
-
-def _finish(started: float, checks: list[Check], tier: Tier, c: int | None = None, n: int | None = None,
-            k: int | None = None, final: int | None = None, comparison: list[dict[str, Any]] | None = None,
-            manifest: dict[str, str] | None = None, not_compared: list[str] | None = None,
-            runs: dict[str, RunSummary] | None = None, required: list[str] | None = None,
-            findings: list[str] | None = None, twin_final: int | None = None) -> CommandResume:
-    status = "pass" if checks and all(ch.status == "pass" for ch in checks) else "fail"
-    failed = [ch.name for ch in checks if ch.status != "pass"]
-    extra = f"; not compared: {'; '.join(not_compared)}" if not_compared else ""
-    summary = (f"killed at step {k} after checkpoint {c}, resumed from it, compared up to step {final}: "
-               f"{len(checks)} checks passed ({tier.name}){extra}" if status == "pass" else
-               f"failed: {', '.join(failed)}: " + "; ".join(ch.evidence for ch in checks if ch.status != "pass")[:600])
-    return CommandResume(status=status, summary=summary, checks=checks, checkpoint_step=c, next_checkpoint_step=n,
-                         kill_step=k, final_checkpoint_step=final, tier=tier, comparison=comparison or [],
-                         manifest=manifest or {}, not_compared=not_compared or [], runs=runs or {},
-                         required_files=required or [], seconds=time.perf_counter() - started,
-                         findings=findings or [], twin_final_step=twin_final)
+        return False

@@ -1,7 +1,11 @@
 """Stage 1, the plan: what each device will hold, per component and per phase, before anything runs.
 
-- :mod:`core.plan.memory`: the analytic plan per device and strategy (weights, gradients, optimizer states,
-  activations, temporaries, overhead), devices detected with their capacities.
+- :mod:`core.plan.memory`: the analytic plan per device and strategy (its types, its convention and
+  :func:`core.plan.memory.plan_memory`, which puts the parts together), with, in layers below it: :mod:`core.plan.strategies` (each
+  device's step by strategy), :mod:`core.plan.lines` (each component's line: weights, gradients, optimizer states,
+  activations, temporaries, KV cache, overhead), :mod:`core.plan.quant` (bitsandbytes' 4-bit and 8-bit layouts,
+  QLoRA's base), :mod:`core.plan.meta` (the meta model and its summary); :mod:`core.plan.devices`: the devices detected
+  with their capacities.
 - :mod:`core.plan.activations`: activations op by op for the Llama family; :mod:`core.plan.phases`: the phases of a
   step and the peak among them; :mod:`core.plan.shapes`: the fast path from a bare ``config.json``.
 - :mod:`core.plan.fit`: does the plan fit each device (the one fit rule), and is a measured peak above it (an

@@ -28,7 +28,7 @@ saved); at the start of backward its gradient and the logits' gradient (fp32 eac
 
 Checked against the traced plan (torch MemTracker over the model's own code) to the byte on the layers
 (tests/unit/test_activations.py) and over the plan-accuracy matrix (benchmarks/plan_accuracy.py). Other architectures use
-Korthikanti's formula (:func:`core.plan.memory`), said so in the plan.
+Korthikanti's formula (:mod:`core.plan.lines`), said so in the plan.
 """
 
 from __future__ import annotations

@@ -25,13 +25,23 @@ does not change it):
 - transformers' Trainer gives every ``nn.Embedding`` weight fp32 states (``optim_bits=32``;
   ``Trainer.create_optimizer``), whatever its size.
 
+QLoRA's base over the model as it runs (:func:`quantised_base`, :class:`QuantisedBase`): every decoder linear weight
+in 4 bits, every other parameter in its dtype, the adapters fp32; on the CPU, the checkpoint's pages of the quantised
+layers as they load (:func:`quantised_source_bytes`).
+
 Nothing here imports torch or bitsandbytes.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
+
+from core.dtypes import dtype_bytes, dtype_name
+from core.errors import SpecError
+from core.plan.activations import LLAMA_FAMILY
+from core.plan.meta import ModelShape, ModelSummary, ParamInfo
+from core.spec import RunSpec
 
 #: bitsandbytes' default 4-bit block size (``quantize_4bit``: ``blocksize = 64`` when none is given)
 BLOCKSIZE_4BIT = 64
@@ -156,3 +166,92 @@ def dequantised_bytes(numel: int, compute_bytes: int, double_quant: bool, blocks
     kernel for a forward of at most ~1,536 tokens dequantises inside the kernel, so on CUDA this is an upper bound.
     """
     return numel * compute_bytes + (FP32 * _blocks(numel, blocksize) if double_quant else 0)
+
+
+# ---------------------------------------------------------------------------------------------------- QLoRA's base
+@dataclass(frozen=True)
+class QuantisedBase:
+    """QLoRA's weights, part by part (bytes; the module docstring for each layout and its source).
+
+    Attributes:
+        quant_type: ``nf4`` or ``fp4``; double_quant: whether the absmax constants are quantised too.
+        layers: the linear layers stored in 4 bits (every decoder linear; not the embeddings, norms or LM head).
+        quantised_parameters: their elements.
+        packed_bytes: the packed 4-bit weights, 0.5 B per element.
+        constants_bytes: their per-block absmax constants and code tables.
+        unquantised_bytes: every other base parameter (embeddings, norms, LM head, biases) in its dtype.
+        adapter_bytes: the LoRA adapters (fp32).
+        dequantised_bytes: the largest layer's weight dequantised to the compute dtype as it runs (a temporary).
+    """
+
+    quant_type: str
+    double_quant: bool
+    layers: int
+    quantised_parameters: int
+    packed_bytes: int
+    constants_bytes: int
+    unquantised_bytes: int
+    adapter_bytes: int
+    dequantised_bytes: int
+
+    @property
+    def quantised_bytes(self) -> int:
+        """The 4-bit weights as stored: packed weights and their constants."""
+        return self.packed_bytes + self.constants_bytes
+
+    @property
+    def weights_bytes(self) -> int:
+        """Every weight the model holds: the 4-bit ones, the rest in their dtype, and the adapters."""
+        return self.quantised_bytes + self.unquantised_bytes + self.adapter_bytes
+
+
+#: the families whose decoder layers are all ``nn.Linear`` (what transformers' bitsandbytes integration quantises):
+#: QLoRA is planned for these
+QLORA_FAMILIES = LLAMA_FAMILY
+
+
+def _is_quantised(p: ParamInfo) -> bool:
+    """A weight transformers stores in 4 bits under ``load_in_4bit``: a decoder layer's linear weight (its bias, the
+    embeddings, norms and the LM head are kept: ``get_keys_to_not_convert`` keeps the output embedding)."""
+    return p.kind == "linear" and p.unit == "layer" and len(p.shape) == 2
+
+
+def quantised_base(spec: RunSpec, shape: ModelShape, summary: ModelSummary) -> QuantisedBase:
+    """QLoRA's weights part by part (:class:`QuantisedBase`), from each parameter of the model as it runs.
+
+    Raises:
+        SpecError: the model is not of a family whose layers this plan knows to be ``nn.Linear``.
+    """
+    if shape.family not in QLORA_FAMILIES:
+        raise SpecError("mode", f"qlora is planned for the {', '.join(QLORA_FAMILIES)} families in this version, "
+                                f"not {shape.family or 'this model'}: use mode lora, or a model of those families")
+    dq = spec.qlora.double_quant
+    packed = constants = unquantised = adapters = dequantised = layers = numel = 0
+    for p in summary.params:
+        if p.kind == "lora":
+            adapters += p.numel * dtype_bytes(p.dtype)
+        elif _is_quantised(p):
+            q = quantised_4bit(p.numel, dq)
+            packed, constants, layers, numel = packed + q.packed_bytes, constants + q.constants_bytes, layers + 1, \
+                numel + p.numel
+            dequantised = max(dequantised, dequantised_bytes(p.numel, spec.dtype_bytes, dq))
+        else:
+            unquantised += p.numel * dtype_bytes(p.dtype)
+    return QuantisedBase(spec.qlora.quant_type, dq, layers, numel, packed, constants, unquantised, adapters,
+                         dequantised)
+
+
+def quantised_source_bytes(spec: RunSpec, config: Any, quantised: QuantisedBase | None) -> tuple[int, str]:
+    """QLoRA on the CPU: the checkpoint's pages of the layers quantised as they load (their elements x the bytes of
+    the dtype config.json says the checkpoint holds, else the spec's), and that dtype's name; (0, "") otherwise."""
+    if quantised is None:
+        return 0, ""
+    raw = getattr(config, "raw", None)
+    stated = (raw.get("dtype") or raw.get("torch_dtype")) if isinstance(raw, dict) else (
+        getattr(config, "dtype", None) or getattr(config, "torch_dtype", None))
+    name = dtype_name(stated) if stated else spec.dtype
+    try:
+        nbytes = dtype_bytes(name)
+    except ValueError:
+        name, nbytes = spec.dtype, spec.dtype_bytes
+    return quantised.quantised_parameters * nbytes, name

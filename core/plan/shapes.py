@@ -1,11 +1,11 @@
 """Parameter shapes of Llama-family models straight from config.json: the planner's fast path.
 
-Building a model on the meta device (:func:`core.plan.memory.build_meta_model`) is the reference for parameter shapes, and it
+Building a model on the meta device (:func:`core.plan.meta.build_meta_model`) is the reference for parameter shapes, and it
 needs torch and transformers' modelling code: about 4 s of imports in a fresh process, for a plan that takes 0.2 s
 once they are loaded (benchmarks/plan_speed.py). For the decoder-only families whose layout is fixed and small —
 ``llama``, ``mistral``, ``qwen2`` (embeddings; per layer q/k/v/o projections, gate/up/down MLP, two RMSNorms; a final
 norm; the LM head unless tied) — this module writes the same summary from the config's numbers without importing
-either, and :func:`core.plan.memory.meta_summary` uses it when :func:`fast_config` accepts the config.
+either, and :func:`core.plan.meta.meta_summary` uses it when :func:`fast_config` accepts the config.
 
 It accepts only configs that state every number that decides a shape (no library default is guessed), carry no
 quantization, and LoRA targets among those seven projections; anything else goes to the meta build. Equality with

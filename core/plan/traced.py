@@ -209,12 +209,12 @@ def trace_plan(spec: RunSpec, config: Any, *, target: str = "cuda", fast: bool =
         a :class:`TracedPlan`.
 
     Raises:
-        SpecError: the config is not a causal LM (from :func:`core.plan.memory.build_meta_model`).
+        SpecError: the config is not a causal LM (from :func:`core.plan.meta.build_meta_model`).
     """
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from core.plan.memory import build_meta_model
+    from core.plan.meta import build_meta_model
 
     started = time.perf_counter()
     model = build_meta_model(config, spec.base_mode, spec.lora if spec.adapters else None, spec.param_dtype,

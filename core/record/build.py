@@ -19,8 +19,30 @@ from typing import Any, cast
 
 import tomli_w
 
+from core.criteria import device_label, speed_on
+from core.criteria import summary as criteria_summary
+from core.plan.fit import fit_verdicts, measured_use_bytes
+from core.record.verdicts import (
+    CheckFact,
+    ComparedPeak,
+    ComparedStep,
+    NotApplicable,
+    PlanFacts,
+    PlannedDevice,
+    ProbedDevice,
+    ProbeFacts,
+    QualityFacts,
+    ResumeFacts,
+    evaluation_verdict,
+    expected_world_size,
+    overall_status,
+    plan_verdict,
+    probe_verdict,
+    resume_verdict,
+)
 from core.spec import RunSpec
-from core.status import Stopped
+from core.stages.noise import RecordedRule
+from core.status import PASSING, StageStatus, Stopped
 
 SCHEMA_VERSION = 5
 #: Versions ``gpuaccept verify`` reads: 1 (a plan's total is the sum of its components), 2 (the peak of the step's
@@ -154,6 +176,9 @@ def build_record(spec: RunSpec, *, run_dir: Path, model: dict[str, Any], plan: A
     rec["data"], rec["evaluation"] = _evaluation_tables(spec, train_eval)
     rec["resume"] = _resume_table(resume)
     rec["verdict"] = verdict(spec, plan, probe, train_eval, resume, stopped, traced)
+    for name in ("probe", "evaluation", "resume"):  # a measured stage's table says the verdict's status
+        if rec[name].get("provenance") == "measured":
+            rec[name]["status"] = rec["verdict"]["stages"][name]["status"]
     return cast(dict[str, Any], _clean(rec))  # _clean keeps a dict a dict
 
 
@@ -254,9 +279,9 @@ def _evaluation_tables(spec: RunSpec, te: Any) -> tuple[dict[str, Any], dict[str
 
 def _resume_table(r: Any) -> dict[str, Any]:
     if r is None:
-        return {"status": "not_run", "provenance": "not_run"}
-    if r.status == "not_applicable":
-        return {"status": "not_applicable", "why": r.summary}
+        return {"status": StageStatus.NOT_RUN.value, "provenance": "not_run"}
+    if r.status == StageStatus.NOT_APPLICABLE:
+        return {"status": StageStatus.NOT_APPLICABLE.value, "why": r.summary}
     return {
         "status": r.status,
         "provenance": "measured",
@@ -286,66 +311,121 @@ def verdict(spec: RunSpec, plan: Any, probe: Any, te: Any, resume: Any,
             stopped: dict[str, Stopped] | None = None, traced: dict[str, Any] | None = None) -> dict[str, Any]:
     """Overall verdict: pass only when every stage that applies passed; each stage's status and evidence are listed.
 
+    Each status is the verdict engine's (:mod:`core.record.verdicts`) over the facts of the stage's result
+    (:func:`plan_facts`, :func:`probe_facts`, :func:`quality_facts`, :func:`resume_facts`): the facts ``gpuaccept
+    verify`` reads back from the record's tables and judges by the same functions.
+
     Args:
         stopped: why a stage ended without a result, by stage name (``probe``, ``train_eval``, ``resume``), with
             the status it carries (:class:`core.status.Stopped`: ``cancelled``, ``error`` or ``not_run``); the stage
             has that status, with that reason as its evidence.
     """
-    from core.criteria import judge_resume_tier, missed
-    from core.criteria import summary as criteria_summary
-
     stopped = stopped or {}
     stages: dict[str, dict[str, Any]] = {}
     if plan is not None:
-        from core.plan.fit import all_fit, fit_verdicts
-
-        fits = fit_verdicts(plan, traced)
-        rows = plan_error_judgements(spec, probe)
-        st = "pass" if all_fit(fits) and not missed(rows) else "fail"
+        judged = plan_verdict(plan_facts(spec, plan, probe, traced))
+        rows = judged.criteria
         evidence = "; ".join(
             f"{f.device}: planned {f.bytes / 2**30:.2f} GiB ({f.untraced_note}) of "
             + (f"{d.device.capacity_bytes / 2**30:.2f} GiB ({d.device.capacity_source})" if d.device.capacity_bytes
-               else "unknown capacity") for f, d in zip(fits, plan.devices))
-        stages["plan"] = {"status": st, "evidence": evidence + (f"; judged by {criteria_summary(rows)}" if rows
-                                                                 else ""), "criteria": [r.to_row() for r in rows]}
+               else "unknown capacity") for f, d in zip(fit_verdicts(plan, traced), plan.devices))
+        stages["plan"] = {"status": judged.status.value,
+                          "evidence": evidence + (f"; judged by {criteria_summary(rows)}" if rows else ""),
+                          "criteria": [r.to_row() for r in rows]}
     else:
-        stages["plan"] = {"status": "not_run", "evidence": "the plan did not run"}
+        stages["plan"] = {"status": StageStatus.NOT_RUN.value, "evidence": "the plan did not run"}
     for name, key, res in (("probe", "probe", probe), ("evaluation", "train_eval", te), ("resume", "resume", resume)):
         if res is None and key in stopped:
             stop = stopped[key]
-            stages[name] = {"status": str(stop.status), "evidence": stop.why}
+            stages[name] = {"status": StageStatus(stop.status).value, "evidence": stop.why}
         elif res is None:
-            earlier = next((s for s in stages.values() if s["status"] not in ("pass", "not_applicable")), None)
-            stages[name] = {"status": "not_run", "evidence": "not run: an earlier stage did not pass"
+            earlier = next((s for s in stages.values() if s["status"] not in PASSING), None)
+            stages[name] = {"status": StageStatus.NOT_RUN.value, "evidence": "not run: an earlier stage did not pass"
                             if earlier else "not run"}
         else:
-            rows = list(getattr(res, "judgements", []))
-            if name == "resume" and getattr(res, "tier", None) is not None:
-                rows = judge_resume_tier(spec.accept, res.tier.name, res.tier.multiple)
-            stages[name] = {"status": res.status, "evidence": res.summary, "criteria": [r.to_row() for r in rows]}
-    ok = all(s["status"] in ("pass", "not_applicable") for s in stages.values())
-    return {"status": "pass" if ok else "fail", "stages": stages,
+            if name == "probe":
+                judged = probe_verdict(probe_facts(spec, plan, res))
+            elif name == "evaluation":
+                judged = evaluation_verdict(quality_facts(spec, res))
+            else:
+                judged = resume_verdict(resume_facts(spec, res))
+            evidence = str(res.summary)
+            if judged.status != res.status:  # the stage's own word differs from the record's rule: say why
+                evidence += f"; {judged.status.value} by the record's rules: " + "; ".join(judged.reasons)
+            stages[name] = {"status": judged.status.value, "evidence": evidence,
+                            "criteria": [r.to_row() for r in judged.criteria]}
+    return {"status": overall_status(s["status"] for s in stages.values()).value, "stages": stages,
             "note": "pass means every applicable check passed on this box with this spec; it is not a claim about "
                     "other data, longer training or other hardware"}
 
 
-def plan_error_judgements(spec: RunSpec, probe: Any) -> list[Any]:
-    """The plan's own criterion (``accept.max_plan_error_pct``, :func:`core.criteria.judge_plan_error`) over the
-    probe's plan comparison: per device, the plan's tensors against the measured peak."""
-    from core.criteria import device_label, judge_plan_error
-
+# ------------------------------------------------------------ the stage results as the verdict engine's facts
+def plan_facts(spec: RunSpec, plan: Any, probe: Any, traced: dict[str, Any] | None) -> PlanFacts:
+    """The plan's facts: each device's fit (:func:`core.plan.fit.fit_verdicts`: the bytes it is judged by, its
+    capacity) and the probe's plan comparison for ``accept.max_plan_error_pct``."""
     world = max((d.world_size for d in probe.devices), default=1) if probe is not None else 1
-    compared = [(device_label(c.device, c.rank, world), c.planned_bytes, c.measured_bytes)
-                for c in (probe.comparisons if probe is not None else [])]
-    return judge_plan_error(spec.accept, compared)
+    return PlanFacts(
+        tuple(PlannedDevice(f.device, f.bytes, f.capacity_bytes) for f in fit_verdicts(plan, traced)),
+        tuple(ComparedPeak(device_label(c.device, c.rank, world), c.planned_bytes, c.measured_bytes)
+              for c in (probe.comparisons if probe is not None else [])),
+        spec.accept)
+
+
+def probe_facts(spec: RunSpec, plan: Any, probe: Any) -> ProbeFacts:
+    """The probe's facts: each measured device's use (:func:`core.plan.fit.measured_use_bytes`), the capacity of the
+    planned device of its name, its wrapper against the strategy; the ranks the spec runs on the planned devices (one
+    node: a node other than 0 of several holds only its own ranks, and the stage raised unless every rank it started
+    reported); the speed over the steps it was timed on; the attention implementation it ran with against the
+    spec's."""
+    from core.stages.probe import wrapper_problem  # the probe stage (its launch, its events): imported when judged
+
+    planned = list(plan.devices) if plan is not None else []
+    capacity = {d.device.name: d.device.capacity_bytes for d in planned}
+    timing = getattr(probe, "timing", None)
+    return ProbeFacts(
+        tuple(ProbedDevice(device_label(m.device, m.rank, m.world_size),
+                           measured_use_bytes(m.device, m.peak_bytes, m.peak_rss_bytes), capacity.get(m.device),
+                           wrapper_problem(spec.strategy, m.wrapper)) for m in probe.devices),
+        spec.accept, probe.step_time_s, probe.tokens_per_s,
+        speed_on(timing.timed_steps, timing.timed_tracked) if timing is not None else None,
+        expected_devices=expected_world_size(spec.to_dict(), len(planned)) if spec.torchrun.nnodes == 1 else None,
+        attention=str(probe.attention or ""), planned_attention=spec.attn_implementation)
+
+
+def quality_facts(spec: RunSpec, te: Any) -> QualityFacts:
+    """The evaluation's facts: held-out perplexity before and after training and the final model's accuracy."""
+    final = te.after if te.after is not None else te.before
+    return QualityFacts(spec.training, te.before.perplexity, te.after.perplexity if te.after is not None else None,
+                        final.accuracy, spec.accept)
+
+
+def resume_facts(spec: RunSpec, r: Any) -> ResumeFacts | NotApplicable:
+    """The resume check's facts: every check (a tolerance check with its distance, the twin's noise and its bound),
+    the tier's rule and criterion, the compared steps' losses; not applicable when the stage says so."""
+    if r.status == StageStatus.NOT_APPLICABLE:
+        return NotApplicable(str(r.summary))
+
+    def loss(value: Any) -> float:  # a loss that is not a number cannot be within a tier
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else float("nan")
+
+    tier = r.tier
+    return ResumeFacts(
+        tuple(CheckFact(c.name, c.status == StageStatus.PASS, c.kind, c.largest_difference or 0.0, c.noise, c.bound)
+              for c in r.checks),
+        rule=RecordedRule(tier.method, multiple=tier.multiple) if tier is not None else RecordedRule("exact"),
+        steps=tuple(ComparedStep(row.get("step"), loss(row.get("loss_reference")), loss(row.get("loss_resumed")),
+                                 None if row.get("loss_twin") is None else loss(row["loss_twin"]))
+                    for row in r.comparison),
+        tier=(tier.name, tier.multiple) if tier is not None else None, criteria=spec.accept)
 
 
 PROVENANCES = ("measured", "estimated", "not_run")
 TABLES = ("spec", "environment", "model", "seeds", "plan", "probe", "data", "evaluation", "resume", "verdict",
           "signoff")
-STAGE_STATUSES = ("pass", "fail", "not_applicable", "not_run", "cancelled", "error")
+STAGE_STATUSES = tuple(s.value for s in (StageStatus.PASS, StageStatus.FAIL, StageStatus.NOT_APPLICABLE,
+                                          StageStatus.NOT_RUN, StageStatus.CANCELLED, StageStatus.ERROR))
 #: the stage statuses an overall pass allows; any other (fail, error, cancelled, not_run) is a stage not passed
-PASSING_STATUSES = ("pass", "not_applicable")
+PASSING_STATUSES = (StageStatus.PASS.value, StageStatus.NOT_APPLICABLE.value)
 VERDICT_STAGES = ("plan", "probe", "evaluation", "resume")
 TOP_LEVEL = ("schema_version", "tool", "tool_version", "created_utc", "started_utc", "run_dir")
 OPTIONAL_TABLES = ("onboarding",)  # the onboarding quiz's answers, when the operator adds them
@@ -444,7 +524,7 @@ def schema_problems(rec: dict[str, Any]) -> list[str]:
                "evaluation": ("measured", "not_run")}
     out.extend(provenance_problems(rec, allowed))
     res = rec["resume"]
-    if res.get("status") != "not_applicable" and res.get("provenance") not in ("measured", "not_run"):
+    if res.get("status") != StageStatus.NOT_APPLICABLE and res.get("provenance") not in ("measured", "not_run"):
         out.append(f"resume.provenance is {res.get('provenance')!r}; measured or not_run (or status not_applicable)")
     out.extend(_verdict_and_signoff_problems(rec))
     return out + value_problems(rec)
@@ -507,7 +587,7 @@ def _verdict_and_signoff_problems(rec: dict[str, Any]) -> list[str]:
     and the sign-off (``status = "unsigned"`` alone, or operator, role, decision accept / reject, comment, time, and
     for an accept of a verdict that is not pass the override: :func:`_override_problems`)."""
     out: list[str] = []
-    if rec["verdict"].get("status") not in ("pass", "fail"):
+    if rec["verdict"].get("status") not in (StageStatus.PASS, StageStatus.FAIL):
         out.append(f"verdict.status is {rec['verdict'].get('status')!r}; pass or fail")
     stages = rec["verdict"].get("stages")
     if not isinstance(stages, dict) or sorted(stages) != sorted(VERDICT_STAGES):
@@ -544,7 +624,7 @@ def stages_not_passed(verdict: Any) -> list[str]:
 
 def verdict_passes(verdict: Any) -> bool:
     """Whether a record's ``verdict`` table says pass: ``status = "pass"`` and every stage pass or not_applicable."""
-    return isinstance(verdict, dict) and verdict.get("status") == "pass" and not stages_not_passed(verdict)
+    return isinstance(verdict, dict) and verdict.get("status") == StageStatus.PASS and not stages_not_passed(verdict)
 
 
 def _override_problems(verdict: dict[str, Any], so: dict[str, Any]) -> list[str]:

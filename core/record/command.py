@@ -6,7 +6,9 @@ with gpuaccept's own records), and every value below: finite floats, UTC date-ti
 kinds of :data:`core.record.schema.RULES` (the ``spec`` and ``ran`` tables, which hold the user's words and what the
 user's script reported, are held to the first two rules only).
 
-Verdicts (:func:`command_verdict_problems`), recomputed from the record's numbers, with the rules the pipeline applies:
+Verdicts (:func:`command_verdict_problems`): the record's tables parsed into the verdict engine's facts
+(:mod:`core.record.verdicts`; a value a verdict depends on that is missing or of the wrong type is a named problem) and
+each status recomputed by the engine, with the rules the pipeline applies:
 
 - plan (estimated): pass exactly when every planned device's ``fit_bytes`` <= its capacity (unknown: not against);
 - probe (measured): pass exactly when the command exited 0, ran every step it was asked for, and each device's
@@ -23,8 +25,10 @@ Verdicts (:func:`command_verdict_problems`), recomputed from the record's number
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
+from core.plan.fit import fits_in
 from core.record.build import (
     READABLE_VERSIONS,
     TOOL,
@@ -34,7 +38,34 @@ from core.record.build import (
     spec_table_hash,
 )
 from core.record.schema import _walk
+from core.record.verdicts import (
+    STAGES,
+    CheckFact,
+    ComparedStep,
+    KillSteps,
+    MetricFacts,
+    NotApplicable,
+    PlanFacts,
+    PlannedDevice,
+    ProbedDevice,
+    ProbeFacts,
+    RecordValueError,
+    ResumeFacts,
+    count,
+    entry,
+    evaluation_verdict,
+    flag,
+    number,
+    plan_verdict,
+    probe_verdict,
+    resume_verdict,
+    stated_problems,
+    subtable,
+    tables,
+    text,
+)
 from core.stages.noise import RecordedRule
+from core.status import StageStatus
 
 TABLES = ("spec", "command", "environment", "ran", "plan", "probe", "data", "evaluation", "resume", "verdict",
           "signoff")
@@ -49,8 +80,6 @@ PROVENANCES = {"command": ("measured",), "environment": ("measured",),
 #: trainer_state, world_size and trainable_set
 REQUIRED_CHECKS = ("checkpoints", "kill", "kill_point", "checkpoint_selection", "checkpoint_complete", "manifest",
                    "safe_loading", "manifest_after", "global_steps", "loss", "final_checkpoint")
-STAGES = ("plan", "probe", "evaluation", "resume")
-PASSING = ("pass", "not_applicable")
 
 
 def command_schema_problems(rec: dict[str, Any]) -> list[str]:
@@ -100,184 +129,189 @@ def _spec_types(table: dict[str, Any], out: list[str]) -> None:
 
 
 def command_verdict_problems(rec: dict[str, Any]) -> list[str]:
-    """Each stage's status recomputed from the record's data against the status it states (see the module
-    docstring); the problems found, empty when every verdict follows.
+    """Each stage's status recomputed by the verdict engine (:mod:`core.record.verdicts`) from the record's data, parsed
+    into its facts, against the status it states (see the module docstring); the problems found, empty when every
+    verdict follows.
 
     Raises:
-        TypeError, KeyError, ValueError: a value a verdict depends on is missing or of the wrong type.
+        core.record.verdicts.RecordValueError: a value a verdict depends on is missing or of the wrong type (named).
     """
     problems: list[str] = []
-    computed: dict[str, str] = {}
+    computed: dict[str, StageStatus | None] = {}
     _plan(rec["plan"], problems, computed)
     _probe(rec["probe"], problems, computed)
     _evaluation(rec["evaluation"], problems, computed)
-    _resume(rec["resume"], problems, computed, int(rec.get("schema_version", 1)))
-    stated = {n: rec["verdict"]["stages"][n]["status"] for n in STAGES}
-    for name in STAGES:
-        table = rec["evaluation" if name == "evaluation" else name]
-        status = computed.get(name)
-        if status is None:
-            if stated[name] == "pass":
-                problems.append(f"verdict.stages.{name} says pass, but its table holds no measurement "
-                                f"(provenance {table.get('provenance')!r})")
-        elif stated[name] != status:
-            problems.append(f"verdict.stages.{name} says {stated[name]}, its data says {status}")
-    final = {n: computed.get(n, stated[n]) for n in STAGES}
-    overall = "pass" if all(s in PASSING for s in final.values()) else "fail"
-    if rec["verdict"]["status"] != overall:
-        problems.append(f"verdict.status says {rec['verdict']['status']}, the stages say {overall}")
-    return problems
+    _resume(rec["resume"], problems, computed, count(entry(rec, "schema_version", "record"), "schema_version"))
+    stages = subtable(entry(subtable(rec["verdict"], "verdict"), "stages", "verdict"), "verdict.stages")
+    stated = {n: text(entry(subtable(entry(stages, n, "verdict.stages"), f"verdict.stages.{n}"), "status",
+                            f"verdict.stages.{n}"), f"verdict.stages.{n}.status") for n in STAGES}
+    # a stage whose table holds no measurement (not_run) cannot have passed; anything else may be said of it
+    unmeasured = tuple(s for s in StageStatus if s != StageStatus.PASS)
+    return problems + stated_problems(stated, computed, rec["verdict"]["status"],
+                                      {n: rec[n].get("provenance") for n in STAGES}, unmeasured)
 
 
-def _steps_in_order(res: dict[str, Any], problems: list[str]) -> bool:
-    """The kill point's steps as the check places them: checkpoint c < kill step k < the next checkpoint n <= the last
-    one compared (each present)."""
-    keys = ("checkpoint_step", "kill_step", "next_checkpoint_step", "final_checkpoint_step")
-    if not all(isinstance(res.get(k), int) for k in keys):
-        if any(c["name"] == "kill_point" and c["status"] == "pass" for c in res["checks"]):
-            problems.append("resume passes its kill point without the steps c, k, n and the last checkpoint")
-            return False
-        return True
-    c, k, n, final = (res[k] for k in keys)
-    if c < k < n <= final:
-        return True
-    problems.append(f"resume's steps are out of order: checkpoint {c}, kill at {k}, next checkpoint {n}, compared up "
-                    f"to {final} (the kill lands after c and before n)")
-    return False
+def _capacity(d: Mapping[str, Any], where: str) -> int | None:
+    """A device's capacity in bytes; absent: unknown (TOML has no null)."""
+    return None if d.get("capacity_bytes") is None else count(d["capacity_bytes"], f"{where}.capacity_bytes")
 
 
-def _number(value: Any, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise TypeError(f"{where} is {value!r}, not a number")
-    if isinstance(value, str) and value not in ("inf", "-inf", "nan"):
-        raise TypeError(f"{where} is {value!r}, not a number")
-    return float(value)
-
-
-def _fits(measured: Any, capacity: Any, where: str) -> bool | None:
-    if capacity is None:
-        return None
-    if not isinstance(measured, int) or not isinstance(capacity, int):
-        raise TypeError(f"{where}: bytes must be integers")
-    return measured <= capacity
-
-
-def _devices_fit(devices: list[dict[str, Any]], key: str, table: str, problems: list[str]) -> bool:
-    """Each device's ``fits`` follows from its ``key`` bytes and its capacity (:func:`_fits`); True when none is
-    over its capacity."""
-    ok = True
+def _fits_findings(devices: list[Mapping[str, Any]], key: str, table: str, problems: list[str]) -> None:
+    """Each device's ``fits`` follows from its ``key`` bytes and its capacity (:func:`core.plan.fit.fits_in`)."""
     for i, d in enumerate(devices):
-        fits = _fits(d[key], d.get("capacity_bytes"), f"{table}.devices[{i}]")
+        where = f"{table}.devices[{i}]"
+        fits = fits_in(count(entry(d, key, where), f"{where}.{key}"), _capacity(d, where))
         if d.get("fits") is not fits and not (fits is None and "fits" not in d):
-            problems.append(f"{table}.devices[{i}].fits says {d.get('fits')}, its bytes say {fits}")
-        ok = ok and fits is not False
-    return ok
+            problems.append(f"{where}.fits says {d.get('fits')}, its bytes say {fits}")
 
 
-def _plan(plan: dict[str, Any], problems: list[str], computed: dict[str, str]) -> None:
+def _plan(plan: dict[str, Any], problems: list[str], computed: dict[str, StageStatus | None]) -> None:
     prov = plan.get("provenance")
     if prov == "not_applicable":
-        computed["plan"] = "not_applicable"
+        computed["plan"] = plan_verdict(NotApplicable()).status
         return
     if prov != "estimated":
         return
-    ok = _devices_fit(plan["devices"], "fit_bytes", "plan", problems)
-    computed["plan"] = "pass" if ok else "fail"
+    devices = tables(entry(plan, "devices", "plan"), "plan.devices")
+    _fits_findings(devices, "fit_bytes", "plan", problems)
+    facts = PlanFacts(tuple(PlannedDevice(text(d.get("name", f"plan.devices[{i}]"), f"plan.devices[{i}].name"),
+                                          count(d["fit_bytes"], f"plan.devices[{i}].fit_bytes"),
+                                          _capacity(d, f"plan.devices[{i}]")) for i, d in enumerate(devices)))
+    computed["plan"] = plan_verdict(facts).status
     if plan.get("status") != computed["plan"]:
         problems.append(f"plan.status says {plan.get('status')}, its devices say {computed['plan']}")
 
 
-def _probe(probe: dict[str, Any], problems: list[str], computed: dict[str, str]) -> None:
+def _probe(probe: dict[str, Any], problems: list[str], computed: dict[str, StageStatus | None]) -> None:
     if probe.get("provenance") != "measured":
         return
-    if probe.get("status") == "cancelled" and probe["exit_code"] == "killed":  # measured until a quit: not judged
-        computed["probe"] = "cancelled"
+    exit_code = entry(probe, "exit_code", "probe")
+    if isinstance(exit_code, bool) or not isinstance(exit_code, (int, str)):
+        raise RecordValueError(f"probe.exit_code is {exit_code!r}, not an exit status or \"killed\"")
+    if probe.get("status") == StageStatus.CANCELLED and exit_code == "killed":  # measured until a quit: not judged
+        computed["probe"] = probe_verdict(ProbeFacts((), quit=True)).status
         return
-    ok = probe["exit_code"] == 0
-    expected = probe.get("expected_steps")
-    if expected is not None and probe["steps"] < expected:
-        ok = False
-    if not probe["devices"]:
+    devices = tables(entry(probe, "devices", "probe"), "probe.devices")
+    if not devices:
         problems.append("probe.devices is empty: no device was measured")
-        ok = False
-    ok = _devices_fit(probe["devices"], "measured_bytes", "probe", problems) and ok
-    computed["probe"] = "pass" if ok else "fail"
+    _fits_findings(devices, "measured_bytes", "probe", problems)
+    expected = probe.get("expected_steps")  # absent: the script did not say how many steps it was asked for
+    facts = ProbeFacts(
+        tuple(ProbedDevice(text(entry(d, "device", f"probe.devices[{i}]"), f"probe.devices[{i}].device"),
+                           count(d["measured_bytes"], f"probe.devices[{i}].measured_bytes"),
+                           _capacity(d, f"probe.devices[{i}]")) for i, d in enumerate(devices)),
+        capacity_required=False,  # measured from outside: an unknown capacity is not held against the command
+        exit_code=exit_code, steps=count(entry(probe, "steps", "probe"), "probe.steps"),
+        expected_steps=None if expected is None else count(expected, "probe.expected_steps"))
+    computed["probe"] = probe_verdict(facts).status
     if probe.get("status") != computed["probe"]:
         problems.append(f"probe.status says {probe.get('status')}, its data says {computed['probe']}")
 
 
-def _evaluation(ev: dict[str, Any], problems: list[str], computed: dict[str, str]) -> None:
+def _evaluation(ev: dict[str, Any], problems: list[str], computed: dict[str, StageStatus | None]) -> None:
     prov = ev.get("provenance")
     if prov == "not_applicable":
-        computed["evaluation"] = "not_applicable"
+        computed["evaluation"] = evaluation_verdict(NotApplicable()).status
         return
     if prov != "measured":
         return
-    before, after = ev["before"], ev["after"]
-    if "value" not in after or "value" not in before:
-        computed["evaluation"] = "fail"
-    else:
-        a, b = _number(after["value"], "evaluation.after.value"), _number(before["value"], "evaluation.before.value")
-        higher = ev["higher_is_better"]
-        if not isinstance(higher, bool):
-            raise TypeError("evaluation.higher_is_better is not true or false")
-        better = math.isfinite(a) and math.isfinite(b) and (a > b if higher else a < b)
-        computed["evaluation"] = "pass" if better else "fail"
+    before = subtable(entry(ev, "before", "evaluation"), "evaluation.before")
+    after = subtable(entry(ev, "after", "evaluation"), "evaluation.after")
+    facts = MetricFacts(flag(entry(ev, "higher_is_better", "evaluation"), "evaluation.higher_is_better"),
+                        number(before["value"], "evaluation.before.value") if "value" in before else None,
+                        number(after["value"], "evaluation.after.value") if "value" in after else None)
+    computed["evaluation"] = evaluation_verdict(facts).status
     if ev.get("status") != computed["evaluation"]:
         problems.append(f"evaluation.status says {ev.get('status')}, its values say {computed['evaluation']}")
 
 
 def _rule(res: dict[str, Any], version: int) -> RecordedRule:
     """The rule of a command record's resume tier: schema 4 on, its method and multiple (:mod:`core.stages.noise`);
-    before, its relative tolerance."""
-    tier = res.get("tier", {})
+    before, its relative tolerance (a tier without one: 0, bit-exact)."""
+    tier = subtable(res.get("tier", {}), "resume.tier")
     if version >= 4:
         method = tier.get("method") if tier.get("method") in ("exact", "twin") else "exact"
-        return RecordedRule(method, multiple=_number(tier.get("multiple", 0.0), "resume.tier.multiple"))
-    return RecordedRule("legacy", rtol=_number(tier.get("rtol", 0.0), "resume.tier.rtol"))
+        return RecordedRule(str(method), multiple=number(tier.get("multiple", 0.0), "resume.tier.multiple"))
+    return RecordedRule("legacy", rtol=number(tier.get("rtol", 0.0), "resume.tier.rtol"))
 
 
-def _bounded(c: dict[str, Any], where: str) -> tuple[str, float, float | None, float | None]:
-    """(name, largest difference, noise, bound) of a recorded check, as numbers (None: not recorded)."""
-    return (str(c.get("name")), _number(c.get("largest_difference", 0.0), f"{where}.largest_difference"),
-            None if "noise" not in c else _number(c["noise"], f"{where}.noise"),
-            None if "bound" not in c else _number(c["bound"], f"{where}.bound"))
+def _kill_steps(res: dict[str, Any]) -> KillSteps | None:
+    """The kill point's steps c, k, n and the last one compared, when the record holds them all."""
+    keys = ("checkpoint_step", "kill_step", "next_checkpoint_step", "final_checkpoint_step")
+    if not all(isinstance(res.get(k), int) and not isinstance(res.get(k), bool) for k in keys):
+        return None
+    return KillSteps(*(int(res[k]) for k in keys))
 
 
-def _resume(res: dict[str, Any], problems: list[str], computed: dict[str, str], rec_version: int) -> None:
+def resume_facts(res: dict[str, Any], version: int) -> ResumeFacts:
+    """A command record's resume table as the engine's facts: its checks, :data:`REQUIRED_CHECKS`, its tier's rule,
+    the compared steps and the kill point's steps.
+
+    Raises:
+        core.record.verdicts.RecordValueError: a value they depend on is missing or of the wrong type (named).
+    """
+    checks = []
+    for i, c in enumerate(tables(entry(res, "checks", "resume"), "resume.checks")):
+        where = f"resume.checks[{i}]"
+        checks.append(CheckFact(
+            text(entry(c, "name", where), f"{where}.name"), text(entry(c, "status", where), f"{where}.status") == StageStatus.PASS,
+            text(entry(c, "kind", where), f"{where}.kind"),
+            number(c.get("largest_difference", 0.0), f"{where}.largest_difference"),  # an exact check records none
+            None if "noise" not in c else number(c["noise"], f"{where}.noise"),
+            None if "bound" not in c else number(c["bound"], f"{where}.bound")))
+    steps = []
+    for i, row in enumerate(tables(res.get("comparison", []), "resume.comparison")):  # none: no step was compared
+        where = f"resume.comparison[{i}]"
+        steps.append(ComparedStep(count(entry(row, "step", where), f"{where}.step"),
+                                  number(entry(row, "loss_reference", where), f"{where}.loss_reference"),
+                                  number(entry(row, "loss_resumed", where), f"{where}.loss_resumed"),
+                                  None if "loss_twin" not in row else number(row["loss_twin"], f"{where}.loss_twin")))
+    return ResumeFacts(tuple(checks), REQUIRED_CHECKS, _rule(res, version), tuple(steps),
+                       kill_steps=_kill_steps(res), kill_steps_expected=True)
+
+
+def _resume(res: dict[str, Any], problems: list[str], computed: dict[str, StageStatus | None],
+            rec_version: int) -> None:
     prov = res.get("provenance")
-    if prov == "not_applicable" or res.get("status") == "not_applicable":
-        computed["resume"] = "not_applicable"
+    if prov == "not_applicable" or res.get("status") == StageStatus.NOT_APPLICABLE:
+        computed["resume"] = resume_verdict(NotApplicable()).status
         return
     if prov != "measured":
         return
-    checks = res["checks"]
-    names = [c["name"] for c in checks]
-    ok = bool(checks) and all(c["status"] == "pass" for c in checks)
-    missing = [n for n in REQUIRED_CHECKS if n not in names]
+    facts = resume_facts(res, rec_version)
+    verdict = resume_verdict(facts)
+    # what does not follow, in words (the engine's verdict fails the stage on each)
+    ok = bool(facts.checks) and all(c.passed for c in facts.checks)
+    missing = [n for n in facts.required if n not in {c.name for c in facts.checks}]
     if ok and missing:
         problems.append(f"resume passes without the checks {', '.join(missing)}")
         ok = False
-    rule = _rule(res, rec_version)
-    ok = _steps_in_order(res, problems) and ok
-    for i, c in enumerate(checks):  # each passing tolerance check within its tier's bound
-        if c.get("kind") == "tolerance" and c["status"] == "pass":
-            found = rule.check_problems(*_bounded(c, f"resume.checks[{i}]"))
+    k = facts.kill_steps
+    if k is None:
+        if any(c.name == "kill_point" and c.passed for c in facts.checks):
+            problems.append("resume passes its kill point without the steps c, k, n and the last checkpoint")
+            ok = False
+    elif not k.checkpoint < k.kill < k.next_checkpoint <= k.final:
+        problems.append(f"resume's steps are out of order: checkpoint {k.checkpoint}, kill at {k.kill}, next "
+                        f"checkpoint {k.next_checkpoint}, compared up to {k.final} (the kill lands after c and "
+                        "before n)")
+        ok = False
+    for c in facts.checks:  # each passing tolerance check within its tier's bound
+        if c.kind == "tolerance" and c.passed:
+            found = facts.rule.check_problems(c.name, c.largest_difference, c.noise, c.bound)
             problems.extend(found)
             ok = ok and not found
-    loss = next((c for c in checks if c.get("name") == "loss"), None)
-    _, _, noise, bound = _bounded(loss, "resume check loss") if loss else ("loss", 0.0, None, None)
-    for i, row in enumerate(res.get("comparison", [])):
-        ref, got = _number(row["loss_reference"], "loss_reference"), _number(row["loss_resumed"], "loss_resumed")
-        diff = _number(row["difference"], f"resume.comparison[{i}].difference")
+    loss = next((c for c in facts.checks if c.name == "loss"), None)
+    noise, bound = (loss.noise, loss.bound) if loss is not None else (None, None)
+    for i, (row, step) in enumerate(zip(res.get("comparison", []), facts.steps)):
+        ref, got = step.reference, step.resumed
+        diff = number(entry(row, "difference", f"resume.comparison[{i}]"), f"resume.comparison[{i}].difference")
         if not (math.isnan(diff) and (math.isnan(ref) or math.isnan(got))) and abs(abs(ref - got) - diff) > 1e-12:
             problems.append(f"resume.comparison[{i}].difference is {diff}, |reference - resumed| is {abs(ref - got)}")
-        twin = row.get("loss_twin")
-        found = rule.row_problems(row.get("step"), ref, abs(ref - got), noise, bound,
-                                  None if twin is None else _number(twin, f"resume.comparison[{i}].loss_twin"))
-        if found and ok:
+        found = facts.rule.row_problems(step.step, ref, abs(ref - got), noise, bound, step.twin)
+        if found and ok:  # the first step outside the tier is named
             problems.extend(found)
             ok = False
-    computed["resume"] = "pass" if ok else "fail"
+    computed["resume"] = verdict.status
     if res.get("status") != computed["resume"]:
         problems.append(f"resume.status says {res.get('status')}, its checks say {computed['resume']}")

@@ -6,9 +6,11 @@ Three independent checks, each reported with what it found:
    ``gpuaccept-record``; with an allowed-signers file and identity, the signer too;
 2. **schema** (:func:`core.record.build.schema_problems`): version, tables, types, provenance tags, UTC-aware times, the
    spec's sha256;
-3. **verdicts** (:func:`recompute_verdicts`): each stage's status recomputed from the record's data (plan totals vs
-   capacity, probe peak vs capacity, perplexity before vs after, every resume check) and the overall verdict from
-   those. A hand-edited number that changes a verdict fails here even on an unsigned record.
+3. **verdicts** (:func:`recompute_verdicts`): the record's tables read back as the verdict engine's typed facts
+   (:mod:`core.record.verdicts`: a value a verdict depends on that is missing or of the wrong type is a named problem)
+   and each stage's status recomputed by the same functions the record was built with (plan totals vs capacity, probe
+   peak vs capacity, perplexity before vs after, every resume check), the overall verdict from those. A hand-edited
+   number that changes a verdict fails here even on an unsigned record.
 
 Exit codes (documented in docs/record.md): 0 verified, signed by an allowed signer; 8 the signature intact but the
 identity given not allowed to sign with its key (a mix-up, not a changed record); 7 verified and the signature good,
@@ -21,37 +23,54 @@ from __future__ import annotations
 
 import math
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from core.bounds import TomlBoundsError, loads_bounded
-from core.criteria import (
-    AcceptCriteria,
-    DeviceUse,
-    Judgement,
-    device_label,
-    judge_plan_error,
-    judge_probe,
-    judge_quality,
-    judge_resume_tier,
-    missed,
-    speed_on,
-)
+from core.criteria import AcceptCriteria, Judgement, device_label, speed_on
 from core.errors import SpecError
 from core.methods import trains
 from core.plan.fit import fit_of, measured_use_bytes, traced_peak, under_estimate
 from core.record.build import schema_problems
 from core.record.signing import check_signature
+from core.record.verdicts import (
+    STAGES,
+    CheckFact,
+    ComparedPeak,
+    ComparedStep,
+    NotApplicable,
+    PlanFacts,
+    PlannedDevice,
+    ProbedDevice,
+    ProbeFacts,
+    QualityFacts,
+    ResumeFacts,
+    count,
+    entry,
+    evaluation_verdict,
+    expected_world_size,
+    flag,
+    plan_verdict,
+    probe_verdict,
+    resume_contradictions,
+    resume_verdict,
+    stated_problems,
+    subtable,
+    tables,
+    text,
+)
+from core.record.verdicts import number as num
 from core.spec import ADAPTER_MODES
 from core.stages.noise import RecordedRule
 from core.stages.probe import wrapper_problem
+from core.status import StageStatus
 
 EXIT_VERIFIED, EXIT_USAGE, EXIT_UNSIGNED, EXIT_BAD_SIGNATURE, EXIT_SCHEMA, EXIT_VERDICT = 0, 2, 3, 4, 5, 6
 EXIT_SIGNER_NOT_CHECKED = 7
 #: The signature is intact over the record's bytes, but the identity given may not sign with its key.
 EXIT_SIGNER_NOT_ALLOWED = 8
-PASSING = ("pass", "not_applicable")
 
 
 @dataclass
@@ -156,41 +175,11 @@ def record_problems(rec: dict[str, Any]) -> tuple[list[str], list[str]]:
         return [f"a value the verdicts depend on is missing or of the wrong type: {exc}"], []
 
 
-def num(value: Any, where: str) -> float:
-    """A number of the record as a float; ``"inf"``, ``"-inf"``, ``"nan"`` are how the writer spells non-finite ones.
-
-    Raises:
-        TypeError: not a number (booleans are not numbers here), naming ``where``.
-    """
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise TypeError(f"{where} is {value!r}, not a number")
-    if isinstance(value, str):
-        if value not in ("inf", "-inf", "nan"):
-            raise TypeError(f"{where} is {value!r}, not a number")
-        return float(value)
-    return float(value)
 
 
-def count(value: Any, where: str) -> int:
-    """A byte or token count: an int >= 0.
-
-    Raises:
-        TypeError: anything else, naming ``where``.
-    """
-    from core.record.schema import KINDS
-
-    test, what = KINDS["count"]  # one rule for a count, shared with the schema check
-    if not test(value):
-        raise TypeError(f"{where} is {value!r}, not {what}")
-    return cast(int, value)  # the KINDS["count"] test passed: an int >= 0
-
-
-STAGES = ("plan", "probe", "evaluation", "resume")
-
-
-def _plan_verdict(rec: dict[str, Any], problems: list[str], computed: dict[str, str]
-                  ) -> tuple[dict[str, int | None], dict[str, int]]:
-    """The plan stage recomputed from the record's plan table (appends to ``problems``, sets ``computed["plan"]``).
+def _plan_verdict(rec: dict[str, Any], problems: list[str]
+                  ) -> tuple[dict[str, int | None], dict[str, int], tuple[PlannedDevice, ...] | None]:
+    """The plan's devices read from the record's plan table, with what does not follow (appends to ``problems``).
 
     Schema 2: every device's phases list every component; its total is the largest phase (the peak of the step), no
     phase holds more of a component than its line, ``sum_of_components_bytes`` is the sum of the lines; its fit is
@@ -198,34 +187,34 @@ def _plan_verdict(rec: dict[str, Any], problems: list[str], computed: dict[str, 
     core/plan/fit.py), ``fits`` = that <= the device's capacity. Schema 1: the total is the sum of the components.
 
     Returns:
-        (capacity by device name, the plan's tensor bytes by device name: what a probe's peak is compared with).
+        (capacity by device name, the plan's tensor bytes by device name: what a probe's peak is compared with, the
+        devices as the plan's verdict takes them: None when the plan is not estimated).
     """
     from core.plan.memory import COMPONENTS
 
     plan = rec["plan"]
     capacity: dict[str, int | None] = {}
     tensors: dict[str, int] = {}
-    if plan.get("provenance") == "not_run":
-        computed["plan"] = "not_run"
-        return capacity, tensors
     if plan.get("provenance") != "estimated":
-        problems.append(f"plan.provenance is {plan.get('provenance')!r}: a plan is estimated or not_run")
-        return capacity, tensors
-    v2 = rec.get("schema_version", 1) >= 2
+        if plan.get("provenance") != "not_run":
+            problems.append(f"plan.provenance is {plan.get('provenance')!r}: a plan is estimated or not_run")
+        return capacity, tensors, None
+    v2 = rec["schema_version"] >= 2
     peak = traced_peak(plan.get("traced")) if v2 else None
-    fails = False
-    devices = plan.get("devices", [])
+    strategy = text(entry(plan, "strategy", "plan"), "plan.strategy")
+    planned: list[PlannedDevice] = []
+    devices = tables(entry(plan, "devices", "plan"), "plan.devices")
     if not devices:
         problems.append("plan is estimated but plans no device")
     for i, d in enumerate(devices):
-        name = str(d.get("name"))
         where = f"plan.devices[{i}]"
-        comps = d.get("components", {})
+        name = text(entry(d, "name", where), f"{where}.name")
+        comps = entry(d, "components", where)
         if not isinstance(comps, dict) or sorted(comps) != sorted(COMPONENTS):
             problems.append(f"plan device {name}: components must be exactly {', '.join(COMPONENTS)}")
             comps = comps if isinstance(comps, dict) else {}
         lines = {k: count(v, f"{where}.components.{k}") for k, v in comps.items()}
-        stated_total = count(d.get("total_bytes"), f"{where}.total_bytes")
+        stated_total = count(entry(d, "total_bytes", where), f"{where}.total_bytes")
         if v2:
             total = _phases_total(name, d, lines, problems, where)
         else:
@@ -233,11 +222,12 @@ def _plan_verdict(rec: dict[str, Any], problems: list[str], computed: dict[str, 
         if total != stated_total:
             what = "its largest phase holds" if v2 else "components sum to"
             problems.append(f"plan device {name}: {what} {total} B, total_bytes says {stated_total}")
-        cap = d.get("capacity_bytes")
+        cap = d.get("capacity_bytes")  # absent: the capacity is unknown (TOML has no null)
         capacity[name] = None if cap is None else count(cap, f"{where}.capacity_bytes")
-        fit = fit_of(name, capacity[name], stated_total, count(d.get("untraced_bytes", 0), f"{where}.untraced_bytes"),
-                     peak, str(plan.get("strategy", "single")))
+        untraced = entry(d, "untraced_bytes", where) if v2 else d.get("untraced_bytes", 0)  # schema 1: none
+        fit = fit_of(name, capacity[name], stated_total, count(untraced, f"{where}.untraced_bytes"), peak, strategy)
         tensors[name] = (fit.bytes - lines.get("overhead", 0)) if v2 else stated_total
+        planned.append(PlannedDevice(name, fit.bytes, capacity[name]))
         if v2 and (d.get("fit_bytes") != fit.bytes or d.get("fit_judged_by") != fit.judged_by):
             problems.append(f"plan device {name}: the fit is judged by {fit.bytes} B ({fit.judged_by}: the larger of "
                             f"the analytic and traced peaks), the record says {d.get('fit_bytes')} "
@@ -249,9 +239,7 @@ def _plan_verdict(rec: dict[str, Any], problems: list[str], computed: dict[str, 
         if d.get("fits") is not fit.fits:
             problems.append(f"plan device {name}: {fit.bytes} B vs capacity {cap} B means fits = {fit.fits}, the "
                             f"record says {d.get('fits')}")
-        fails = fails or not fit.fits
-    computed["plan"] = "fail" if fails else "pass"
-    return capacity, tensors
+    return capacity, tensors, tuple(planned)
 
 
 def _names_device(finding: str, device: str, rank: Any) -> bool:
@@ -263,7 +251,7 @@ def _ran_as_planned(spec: dict[str, Any], probe: dict[str, Any]) -> list[str]:
     """A passing probe ran what the plan was made for: the spec's attention implementation, and for LoRA the spec's
     targets (``all-linear``: every linear layer but the LM head)."""
     out: list[str] = []
-    if probe.get("status") != "pass":
+    if probe.get("status") != StageStatus.PASS:
         return out
     used = probe.get("attention_implementation")
     if used and used != spec.get("attn_implementation", "sdpa"):
@@ -281,7 +269,7 @@ def _ran_as_planned(spec: dict[str, Any], probe: dict[str, Any]) -> list[str]:
     return out
 
 
-def _phases_total(name: str, d: dict[str, Any], lines: dict[str, int], problems: list[str], where: str) -> int:
+def _phases_total(name: str, d: Mapping[str, Any], lines: dict[str, int], problems: list[str], where: str) -> int:
     """The largest phase's total of a schema-2 device plan; no phase may hold more of a component than its line (the
     line is that component's largest value over the step) and ``peak_phase`` must be the largest phase."""
     phases = d.get("phases")
@@ -305,40 +293,26 @@ def _phases_total(name: str, d: dict[str, Any], lines: dict[str, int], problems:
     return totals[top]
 
 
-def expected_world_size(spec: dict[str, Any], planned_devices: int) -> int | None:
-    """The ranks a record's spec runs (one per planned device of a node for ddp / zero*, unless ``nproc_per_node``
-    says; x ``nnodes``), or None when the spec table does not say."""
-    from core.spec import TORCHRUN_STRATEGIES
-
-    torchrun = spec.get("torchrun")
-    if not isinstance(torchrun, dict):
-        return None
-    if spec.get("strategy") == "device_map":
-        return planned_devices  # one process, a measurement per device
-    if spec.get("strategy") not in TORCHRUN_STRATEGIES:
-        return 1
-    nproc, nnodes = torchrun.get("nproc_per_node"), torchrun.get("nnodes")
-    if not isinstance(nproc, int) or not isinstance(nnodes, int):
-        return None
-    return (nproc or planned_devices) * nnodes
-
-
 def recompute_verdicts(rec: dict[str, Any]) -> list[str]:
     """Each stage's status from the record's own data, compared with the statuses it states; the problems found.
 
-    Rules (the ones the pipeline applies, :mod:`core.record.build`, :mod:`core.stages.probe`, :mod:`core.stages.train`,
-    :mod:`core.stages.resume`), and no stage passes without its evidence:
+    The record's tables are read as the verdict engine's facts (:func:`probe_facts`, :func:`quality_facts`,
+    :func:`resume_facts`, the plan's devices) and each status is the engine's (:mod:`core.record.verdicts`, the
+    functions :mod:`core.record.build` wrote the record's verdicts with); what else in a table does not follow from its
+    numbers is named beside it. Rules, and no stage passes without its evidence:
 
     - plan (estimated): every device's components sum to its total; ``fits`` = total <= capacity on that device alone;
       a device that does not fit fails the stage;
-    - probe (measured): each probed device's peak (on CPU the larger of peak tensor bytes and peak RSS) <= the
-      capacity of the planned device of the same name; a device without a capacity cannot pass; the plan comparison
-      repeats the plan's total and the probe's peak;
+    - probe (measured): each probed device's peak (on CPU the larger of peak tensor bytes and peak RSS) within its
+      share of the capacity of the planned device of the same name; a device without a capacity cannot pass; the
+      strategy's wrapper, one device per rank, the planned attention implementation (schema 2), the speed criteria;
+      the plan comparison repeats the plan's total and the probe's peak;
     - evaluation (measured, on a measured data split): perplexity = exp(mean NLL) >= 1 over tokens > 0; training:
       both finite and after < before; inference: measured once and finite, nothing after; its settings are the spec's;
     - resume (measured; not_applicable exactly for inference or the check switched off): pass exactly when every
-      check passed and every check of :data:`core.stages.resume.RESUME_CHECKS` is there with its kind, with the checkpoint's
-      sha256 manifest; the tier is one gpuaccept applies (schema 5: ``exact``, or ``twin`` with its multiple; before,
+      check passed and its numbers lie within its tier (below); a pass shows every check of
+      :data:`core.stages.resume.RESUME_CHECKS` with its kind and the checkpoint's sha256 manifest; the tier is one
+      gpuaccept applies (schema 5: ``exact``, or ``twin`` with its multiple; before,
       a relative tolerance), the one the spec, the device and the test jitter require; the comparison covers every
       step of the spec's window (c+1 to c + ``resume.compare_steps``; to the last step for records without that key),
       each difference = |reference - resumed|; a passing tolerance check within its bound (exact: a difference of 0;
@@ -347,26 +321,30 @@ def recompute_verdicts(rec: dict[str, Any]) -> list[str]:
     - overall: pass exactly when every stage is pass or not_applicable.
 
     Raises:
-        TypeError: a value a verdict depends on is not a number or count (the caller reports it).
+        core.record.verdicts.RecordValueError: a value a verdict depends on is missing or of the wrong type, named by
+            its key path (a TypeError: the caller reports it).
     """
     problems: list[str] = []
     spec = rec["spec"]
-    training = trains(spec.get("mode"))
-    stages = rec["verdict"].get("stages", {})
-    stated = {name: stages.get(name, {}).get("status") for name in STAGES}
-    computed: dict[str, str] = {}
-    evidence_of = {"plan": rec["plan"], "probe": rec["probe"], "evaluation": rec["evaluation"], "resume": rec["resume"]}
+    training = trains(text(entry(spec, "mode", "spec"), "spec.mode"))
+    stated = {name: rec["verdict"]["stages"][name]["status"] for name in STAGES}
+    computed: dict[str, StageStatus | None] = {}
     crit = criteria_of(rec)
-    capacity, planned_tensors = _plan_verdict(rec, problems, computed)
+    capacity, planned_tensors, planned = _plan_verdict(rec, problems)
+    if planned is not None:
+        computed["plan"] = plan_verdict(PlanFacts(planned, compared_peaks(rec), crit)).status
+    elif rec["plan"].get("provenance") == "not_run":
+        computed["plan"] = StageStatus.NOT_RUN
     rows = judgements_of(rec, crit, capacity, training)
-    if computed.get("plan") == "pass" and missed(rows["plan"]):
-        computed["plan"] = "fail"
-    _probe_verdict(rec, capacity, planned_tensors, problems, computed, rows["probe"])
-    _evaluation_verdict(rec, training, problems, computed, rows["evaluation"])
+    _probe_verdict(rec, capacity, planned_tensors, problems, computed, crit)
+    _evaluation_verdict(rec, training, problems, computed, crit)
     _resume_verdict(rec, training, problems, computed, crit)
-    if rec.get("schema_version", 1) >= 4:
+    if rec["schema_version"] >= 4:
         _criteria_rows_problems(rec, rows, problems)
-    _stage_verdicts(rec, stated, computed, evidence_of, problems)
+    problems += stated_problems(stated, computed, rec["verdict"]["status"],
+                                {name: rec[name].get("provenance") for name in STAGES},
+                                unmeasured_may_say=(StageStatus.NOT_RUN, StageStatus.CANCELLED, StageStatus.ERROR,
+                                                    StageStatus.FAIL))
     return problems
 
 
@@ -376,54 +354,123 @@ def criteria_of(rec: dict[str, Any]) -> AcceptCriteria:
     Raises:
         ValueError: the table holds a criterion gpuaccept does not know or a value out of its range (a SpecError).
     """
-    if rec.get("schema_version", 1) < 4:
+    if rec["schema_version"] < 4:
         return AcceptCriteria()
     try:
-        return AcceptCriteria.from_table(rec.get("accept"))
+        return AcceptCriteria.from_table(subtable(entry(rec, "accept", "record"), "accept"))
     except SpecError as exc:
         raise ValueError(f"the accept table: {exc}") from None
 
 
+# ------------------------------------------------------------------------ the record's tables as the engine's facts
+def _rank(d: Any, where: str) -> tuple[int, int]:
+    """(rank, world size) of a probed device; a single process's record may leave them out (rank 0 of 1)."""
+    return count(d.get("rank", 0), f"{where}.rank"), count(d.get("world_size", 1), f"{where}.world_size")
+
+
+def compared_peaks(rec: dict[str, Any]) -> tuple[ComparedPeak, ...]:
+    """The probe's plan comparison as the plan's criterion takes it: per device the plan's tensor bytes and the
+    measured peak (none when the probe did not measure)."""
+    probe = rec["probe"]
+    if probe.get("provenance") != "measured":
+        return ()
+    devices = tables(entry(probe, "devices", "probe"), "probe.devices")
+    world = max((_rank(d, f"probe.devices[{i}]")[1] for i, d in enumerate(devices)), default=1)
+    out = []
+    for i, r in enumerate(tables(entry(probe, "plan_comparison", "probe"), "probe.plan_comparison")):
+        where = f"probe.plan_comparison[{i}]"
+        out.append(ComparedPeak(device_label(text(entry(r, "device", where), f"{where}.device"),
+                                             _rank(r, where)[0], world),
+                                count(entry(r, "planned_bytes", where), f"{where}.planned_bytes"),
+                                count(entry(r, "measured_bytes", where), f"{where}.measured_bytes")))
+    return tuple(out)
+
+
+def probe_facts(rec: dict[str, Any], crit: AcceptCriteria, capacity: dict[str, int | None]) -> ProbeFacts:
+    """The probe's facts from a record whose probe was measured: each device's use (:func:`measured_use_bytes`)
+    with the capacity of the planned device of its name, its wrapper against the spec's strategy, the ranks the spec
+    runs, the speed as :func:`probe_speed` recomputes it, and (schema 2) the attention implementation it ran with."""
+    spec, plan, probe = rec["spec"], rec["plan"], rec["probe"]
+    strategy = text(entry(spec, "strategy", "spec"), "spec.strategy")
+    devices: list[ProbedDevice] = []
+    for i, d in enumerate(tables(entry(probe, "devices", "probe"), "probe.devices")):
+        where = f"probe.devices[{i}]"
+        name = text(entry(d, "device", where), f"{where}.device")
+        rank, world = _rank(d, where)
+        used = measured_use_bytes(name, count(entry(d, "peak_bytes", where), f"{where}.peak_bytes"),
+                                  count(d.get("peak_rss_bytes", 0), f"{where}.peak_rss_bytes"))
+        devices.append(ProbedDevice(device_label(name, rank, world), used, capacity.get(name),
+                                    wrapper_problem(strategy, text(d.get("wrapper", ""), f"{where}.wrapper"))))
+    step_time_s, tokens_per_s, on, _ = probe_speed(rec)
+    v2 = rec["schema_version"] >= 2  # the attention implementation is planned and recorded from schema 2
+    return ProbeFacts(tuple(devices), crit, step_time_s, tokens_per_s, on,
+                      expected_devices=expected_world_size(spec, len(plan.get("devices", []))),
+                      attention=text(probe.get("attention_implementation", ""), "probe.attention_implementation")
+                      if v2 else "",
+                      planned_attention=text(entry(spec, "attn_implementation", "spec"), "spec.attn_implementation")
+                      if v2 else "")
+
+
+def quality_facts(rec: dict[str, Any], crit: AcceptCriteria, training: bool) -> QualityFacts:
+    """The evaluation's facts from a record whose evaluation was measured: perplexity before, after (training; None
+    when not measured) and the final model's next-token accuracy (None: not measured)."""
+    ev = rec["evaluation"]
+    before = subtable(entry(ev, "before", "evaluation"), "evaluation.before")
+    after = subtable(entry(ev, "after", "evaluation"), "evaluation.after") if training else {}
+    final = after if training else before
+    return QualityFacts(
+        training, num(entry(before, "perplexity", "evaluation.before"), "evaluation.before.perplexity"),
+        num(after["perplexity"], "evaluation.after.perplexity") if "perplexity" in after else None,
+        num(final["accuracy"], "evaluation accuracy") if "accuracy" in final else None, crit)
+
+
+def resume_facts(rec: dict[str, Any], crit: AcceptCriteria, rule: RecordedRule) -> ResumeFacts:
+    """The resume check's facts from a record whose resume was measured: every check, the tier's rule and criterion,
+    and the compared steps (the checks a passing record must show are a finding: :func:`_expected_checks_problems`)."""
+    res = rec["resume"]
+    checks = []
+    for i, c in enumerate(tables(entry(res, "checks", "resume"), "resume.checks")):
+        where = f"resume.checks[{i}]"
+        name, distance, noise, bound = _bounded(c, where)
+        checks.append(CheckFact(name, text(entry(c, "status", where), f"{where}.status") == StageStatus.PASS,
+                                text(entry(c, "kind", where), f"{where}.kind"), distance, noise, bound))
+    steps = []
+    for i, row in enumerate(tables(entry(res, "comparison", "resume"), "resume.comparison")):
+        where = f"resume.comparison[{i}]"
+        steps.append(ComparedStep(count(entry(row, "step", where), f"{where}.step"),
+                                  num(entry(row, "loss_reference", where), f"{where}.loss_reference"),
+                                  num(entry(row, "loss_resumed", where), f"{where}.loss_resumed"),
+                                  None if "loss_twin" not in row else num(row["loss_twin"], f"{where}.loss_twin")))
+    return ResumeFacts(tuple(checks), rule=rule, steps=tuple(steps), tier=_tier(res), criteria=crit)
+
+
+def _tier(res: dict[str, Any]) -> tuple[str, float] | None:
+    """The recorded tier's (name, multiple) for the ``resume_tier`` criterion; a record before schema 5 gives its
+    relative tolerance as the multiple. None without a named tier."""
+    tier = res.get("tier")
+    if not isinstance(tier, dict) or not tier.get("name"):
+        return None
+    loose = tier.get("multiple") if "multiple" in tier else tier.get("rtol")  # rtol: records before schema 5
+    return str(tier["name"]), num(loose, "resume.tier.multiple")
+
+
 def judgements_of(rec: dict[str, Any], crit: AcceptCriteria, capacity: dict[str, int | None],
                   training: bool) -> dict[str, list[Judgement]]:
-    """Each stage's criteria rows recomputed from the record's own numbers (:mod:`core.criteria`, the rules the
-    stages applied): the plan's error against the probe's peaks, each probed device's share of its capacity and the
-    probe's speed, the evaluation's quality, the resume's tier. A stage whose table holds no measurement has none
-    (the plan's criterion is then not judged)."""
+    """Each stage's criteria rows recomputed from the record's own numbers by the verdict engine
+    (:mod:`core.record.verdicts`, the rules the stages applied): the plan's error against the probe's peaks, each
+    probed device's share of its capacity and the probe's speed, the evaluation's quality, the resume's tier. A stage
+    whose table holds no measurement has none (the plan's criterion is then not judged)."""
     plan, probe, ev, res = rec["plan"], rec["probe"], rec["evaluation"], rec["resume"]
     out: dict[str, list[Judgement]] = {name: [] for name in STAGES}
-    measured = probe.get("provenance") == "measured"
-    devices = probe.get("devices", []) if measured else []
-    world = max((d.get("world_size", 1) for d in devices), default=1)
     if plan.get("provenance") == "estimated":
-        compared = [(device_label(str(r.get("device")), r.get("rank", 0), world),
-                     count(r.get("planned_bytes"), "probe.plan_comparison[].planned_bytes"),
-                     count(r.get("measured_bytes"), "probe.plan_comparison[].measured_bytes"))
-                    for r in (probe.get("plan_comparison", []) if measured else [])]
-        out["plan"] = judge_plan_error(crit, compared)
-    if measured:
-        uses = []
-        for i, d in enumerate(devices):
-            name = str(d.get("device"))
-            used = measured_use_bytes(name, count(d.get("peak_bytes"), f"probe.devices[{i}].peak_bytes"),
-                                      count(d.get("peak_rss_bytes", 0), f"probe.devices[{i}].peak_rss_bytes"))
-            uses.append(DeviceUse(device_label(name, d.get("rank", 0), d.get("world_size", 1)), used,
-                                  capacity.get(name)))
-        step_time_s, tokens_per_s, on, _ = probe_speed(rec)
-        out["probe"] = judge_probe(crit, uses, step_time_s, tokens_per_s, on)
+        out["plan"] = list(plan_verdict(PlanFacts((), compared_peaks(rec), crit)).criteria)
+    if probe.get("provenance") == "measured":
+        out["probe"] = list(probe_verdict(probe_facts(rec, crit, capacity)).criteria)
     if ev.get("provenance") == "measured":
-        before = ev.get("before", {})
-        after = ev.get("after", {}) if training else {}
-        final = after if training else before
-        acc = final.get("accuracy") if isinstance(final, dict) else None
-        out["evaluation"] = judge_quality(
-            crit, training, num(before.get("perplexity"), "evaluation.before.perplexity"),
-            num(after.get("perplexity"), "evaluation.after.perplexity") if training and isinstance(after, dict)
-            and "perplexity" in after else None, None if acc is None else num(acc, "evaluation accuracy"))
-    tier = res.get("tier") if res.get("provenance") == "measured" else None
-    if isinstance(tier, dict) and tier.get("name"):
-        loose = tier.get("multiple") if "multiple" in tier else tier.get("rtol")  # rtol: records before schema 5
-        out["resume"] = judge_resume_tier(crit, str(tier["name"]), num(loose, "resume.tier.multiple"))
+        out["evaluation"] = list(evaluation_verdict(quality_facts(rec, crit, training)).criteria)
+    tier = _tier(res) if res.get("provenance") == "measured" else None
+    if tier is not None:
+        out["resume"] = list(resume_verdict(ResumeFacts((), tier=tier, criteria=crit)).criteria)
     return out
 
 
@@ -439,7 +486,8 @@ def _criteria_rows_problems(rec: dict[str, Any], rows: dict[str, list[Judgement]
         if not isinstance(stated, list):
             problems.append(f"verdict.stages.{name}.criteria is not an array of tables")
             continue
-        if stages.get(name, {}).get("status") in ("not_run", "cancelled", "error") and not stated:
+        if stages.get(name, {}).get("status") in (StageStatus.NOT_RUN, StageStatus.CANCELLED, StageStatus.ERROR) \
+                and not stated:
             continue
         want = [_clean(r.to_row()) for r in rows[name]]
         if len(stated) != len(want):
@@ -473,21 +521,23 @@ def _row_words(row: Any) -> str:
 
 
 def _probe_verdict(rec: dict[str, Any], capacity: dict[str, int | None], planned_tensors: dict[str, int],
-                   problems: list[str], computed: dict[str, str], rows: list[Judgement]) -> None:
-    """The probe stage recomputed (appends to ``problems``, sets ``computed["probe"]`` when the probe was measured):
-    each device's measured use within its share of its planned device's capacity and the probe's speed (``rows``,
-    :func:`judgements_of`), one device per rank, the plan comparison."""
+                   problems: list[str], computed: dict[str, StageStatus | None], crit: AcceptCriteria) -> None:
+    """The probe stage recomputed by the engine (:func:`core.record.verdicts.probe_verdict` over
+    :func:`probe_facts`; sets ``computed["probe"]`` when the probe was measured), and what in its table does not
+    follow (appends to ``problems``): each device against its planned device and the spec's ranks, the plan
+    comparison, the speed, what it ran."""
     spec, plan, probe = rec["spec"], rec["plan"], rec["probe"]
     if probe.get("provenance") == "measured":
-        ok = _probe_devices_ok(spec, plan, probe, capacity, problems) and not missed(rows)
-        if probe.get("status") == "pass" and probe.get("problems"):
+        facts = probe_facts(rec, crit, capacity)
+        _probe_devices_problems(spec, plan, probe, capacity, problems)
+        if probe.get("status") == StageStatus.PASS and probe.get("problems"):
             problems.append("probe.status is pass, but probe.problems lists why it fails: "
                             + "; ".join(map(str, probe["problems"]))[:200])
         _plan_comparison_problems(rec, probe, planned_tensors, problems)
         problems.extend(probe_speed(rec)[3])
-        if rec.get("schema_version", 1) >= 2:
+        if rec["schema_version"] >= 2:
             problems.extend(_ran_as_planned(spec, probe))
-        computed["probe"] = "pass" if ok else "fail"
+        computed["probe"] = probe_verdict(facts).status
         _same(problems, "probe table", probe.get("status"), computed["probe"])
     elif probe.get("provenance") != "not_run":
         problems.append(f"probe.provenance is {probe.get('provenance')!r}: a probe is measured or not_run")
@@ -564,32 +614,26 @@ def _tokens_per_step(spec: dict[str, Any]) -> int | None:
         return None
 
 
-def _probe_devices_ok(spec: dict[str, Any], plan: dict[str, Any], probe: dict[str, Any],
-                      capacity: dict[str, int | None], problems: list[str]) -> bool:
-    """Whether every probed device passes its own checks: its wrapper is the strategy's, it has a planned device
-    with a capacity (its share of it is a criterion: :func:`judgements_of`), and the devices are the spec's ranks,
-    each once (appends what is wrong to ``problems``)."""
-    ok = True
+def _probe_devices_problems(spec: dict[str, Any], plan: dict[str, Any], probe: dict[str, Any],
+                            capacity: dict[str, int | None], problems: list[str]) -> None:
+    """What the probed devices' own checks find (appends to ``problems``; :func:`core.record.verdicts.probe_verdict`
+    fails the stage on each): no device, a wrapper other than the strategy's (named when the probe says pass), a device
+    without a planned device with a capacity, devices that are not the spec's ranks, each once."""
     devices = probe.get("devices", [])
     if not devices:
         problems.append("probe is measured but lists no device")
-        ok = False
     strategy = str(spec.get("strategy", "single"))
     for d in devices:
         name = str(d.get("device"))
         wrong = wrapper_problem(strategy, str(d.get("wrapper", "")))
-        if wrong:
-            ok = False
-            if probe.get("status") == "pass":
-                problems.append(f"probe device {name} passes, but {wrong}")
+        if wrong and probe.get("status") == StageStatus.PASS:
+            problems.append(f"probe device {name} passes, but {wrong}")
         if capacity.get(name) is None:  # its share of the capacity (judgements_of) is not judged either
             problems.append(f"probe device {name}: no planned device of that name with a capacity, so its fit "
                             f"cannot be judged")
-            ok = False
     world = expected_world_size(spec, len(plan.get("devices", [])))
     if devices and world is not None and len(devices) != world:
         problems.append(f"probe lists {len(devices)} device(s) (one per rank), but the spec runs {world} rank(s)")
-        ok = False
     if world is not None and world > 1 and strategy != "device_map":
         ranks = sorted(d.get("rank", 0) for d in devices)
         if ranks != list(range(len(devices))):
@@ -600,7 +644,6 @@ def _probe_devices_ok(spec: dict[str, Any], plan: dict[str, Any], probe: dict[st
         per_host = [(d.get("host"), d.get("device")) for d in devices]
         if len(set(per_host)) != len(per_host):
             problems.append("probe.devices name one device of one host for two ranks")
-    return ok
 
 
 def _plan_comparison_problems(rec: dict[str, Any], probe: dict[str, Any], planned_tensors: dict[str, int],
@@ -612,7 +655,7 @@ def _plan_comparison_problems(rec: dict[str, Any], probe: dict[str, Any], planne
     peak_rss = {(str(d.get("device")), d.get("rank", 0)): d.get("peak_rss_bytes") for d in devices
                 if isinstance(d.get("peak_rss_bytes"), int)}
     findings = [str(f) for f in probe.get("findings", [])]
-    v2 = rec.get("schema_version", 1) >= 2
+    v2 = rec["schema_version"] >= 2
     for row in probe.get("plan_comparison", []):
         name, key = str(row.get("device")), (str(row.get("device")), row.get("rank", 0))
         if name in planned_tensors and row.get("planned_bytes") != planned_tensors[name]:
@@ -640,23 +683,25 @@ def _plan_comparison_problems(rec: dict[str, Any], probe: dict[str, Any], planne
                             f"tolerance of its plan")
 
 
-def _evaluation_verdict(rec: dict[str, Any], training: bool, problems: list[str], computed: dict[str, str],
-                        rows: list[Judgement]) -> None:
-    """The evaluation stage recomputed (appends to ``problems``, sets ``computed["evaluation"]`` when measured):
-    perplexity = exp(mean NLL) >= 1 over tokens > 0, accuracy = correct targets / tokens; the criteria (``rows``,
-    :func:`judgements_of`; by default training: both finite and after < before; inference: measured once and
-    finite) all met; its settings are the spec's, on a measured data split."""
+def _evaluation_verdict(rec: dict[str, Any], training: bool, problems: list[str],
+                        computed: dict[str, StageStatus | None], crit: AcceptCriteria) -> None:
+    """The evaluation stage recomputed by the engine (:func:`core.record.verdicts.evaluation_verdict` over
+    :func:`quality_facts`: the criteria all met; by default training: both finite and after < before; inference:
+    measured once and finite; sets ``computed["evaluation"]`` when measured), and what in its table does not follow
+    (appends to ``problems``): perplexity = exp(mean NLL) >= 1 over tokens > 0, accuracy = correct targets / tokens,
+    its settings the spec's, on a measured data split."""
     spec, ev = rec["spec"], rec["evaluation"]
     if ev.get("provenance") == "measured":
-        points = {}
+        facts = quality_facts(rec, crit, training)
         for when in ("before", "after") if training else ("before",):
             point = ev.get(when, {})
             if not isinstance(point, dict) or point.get("provenance") == "not_run":
                 problems.append(f"evaluation.{when} was not measured")
                 continue
-            ppl = num(point.get("perplexity"), f"evaluation.{when}.perplexity")
-            nll = num(point.get("mean_nll"), f"evaluation.{when}.mean_nll")
-            tokens = count(point.get("tokens"), f"evaluation.{when}.tokens")
+            at = f"evaluation.{when}"
+            ppl = num(entry(point, "perplexity", at), f"{at}.perplexity")
+            nll = num(entry(point, "mean_nll", at), f"{at}.mean_nll")
+            tokens = count(entry(point, "tokens", at), f"{at}.tokens")
             if tokens == 0:
                 problems.append(f"evaluation.{when}: 0 tokens evaluated")
             if not math.isclose(ppl, math.exp(nll) if nll < 709 else math.inf, rel_tol=1e-9) and not (
@@ -665,86 +710,85 @@ def _evaluation_verdict(rec: dict[str, Any], training: bool, problems: list[str]
             if ppl < 1.0:
                 problems.append(f"evaluation {when}: perplexity {ppl} < 1 (the mean NLL of a distribution is >= 0)")
             if "accuracy" in point or "correct_tokens" in point:
-                right = count(point.get("correct_tokens"), f"evaluation.{when}.correct_tokens")
-                acc = num(point.get("accuracy"), f"evaluation.{when}.accuracy")
+                right = count(entry(point, "correct_tokens", at), f"{at}.correct_tokens")
+                acc = num(entry(point, "accuracy", at), f"{at}.accuracy")
                 if tokens and not (right <= tokens and math.isclose(acc, right / tokens, rel_tol=1e-9)):
                     problems.append(f"evaluation {when}: accuracy {acc} is not correct_tokens / tokens "
                                     f"({right} / {tokens})")
-            points[when] = ppl
         if not training and isinstance(ev.get("after"), dict) and ev["after"].get("provenance") != "not_run":
             problems.append("evaluation.after is measured, but an inference run trains nothing")
-        settings = ev.get("settings", {})
-        for key, value in settings.items():
+        for key, value in subtable(entry(ev, "settings", "evaluation"), "evaluation.settings").items():
             if spec.get(key) != value:
                 problems.append(f"evaluation.settings.{key} = {value!r}, the spec says {spec.get(key)!r}")
         if rec["data"].get("provenance") != "measured":
             problems.append("evaluation is measured but the data table (the split it was measured on) is not")
-        computed["evaluation"] = "pass" if points and not missed(rows) else "fail"
+        computed["evaluation"] = evaluation_verdict(facts).status
         _same(problems, "evaluation table", ev.get("status"), computed["evaluation"])
     elif ev.get("provenance") != "not_run":
         problems.append(f"evaluation.provenance is {ev.get('provenance')!r}: an evaluation is measured or not_run")
 
 
-def _resume_verdict(rec: dict[str, Any], training: bool, problems: list[str], computed: dict[str, str],
-                    crit: AcceptCriteria) -> None:
-    """The resume stage recomputed (appends to ``problems``, sets ``computed["resume"]``): not_applicable exactly for
-    inference or the check switched off; measured: pass exactly when every check passed, every expected check is there
-    with its kind, with the checkpoint's manifest, the comparison covering the spec's window within its bounds."""
-    from core.stages.resume import expected_checks
-
+def _resume_verdict(rec: dict[str, Any], training: bool, problems: list[str],
+                    computed: dict[str, StageStatus | None], crit: AcceptCriteria) -> None:
+    """The resume stage recomputed by the engine (:func:`core.record.verdicts.resume_verdict` over
+    :func:`resume_facts`; sets ``computed["resume"]``): not_applicable exactly for inference or the check switched
+    off; measured: pass exactly when every check passed, every expected check is there with its kind, the numbers
+    within the tier. What does not follow is appended to ``problems``: the tier, what the numbers say against a pass
+    (:func:`core.record.verdicts.resume_contradictions`), the checkpoint's manifest, the comparison covering the
+    spec's window, each difference."""
     spec, res = rec["spec"], rec["resume"]
-    applies = training and spec.get("resume", {}).get("check", True)
-    if res.get("status") == "not_applicable":
-        computed["resume"] = "not_applicable"
+    resume_spec = subtable(spec.get("resume", {}), "spec.resume")
+    applies = training and flag(resume_spec.get("check", True), "spec.resume.check")  # the default: checked
+    if res.get("status") == StageStatus.NOT_APPLICABLE:
+        computed["resume"] = resume_verdict(NotApplicable()).status
         if applies:
             problems.append("resume is not_applicable, but the spec trains with the resume check on")
     elif not applies and res.get("provenance") == "measured":
         problems.append("resume was measured, but the spec is inference or has the resume check off")
     elif res.get("provenance") == "measured":
-        checks = res.get("checks", [])
-        if not isinstance(checks, list) or not all(isinstance(ch, dict) for ch in checks):
-            raise TypeError("resume.checks is not a list of tables")
-        names = {ch.get("name"): ch for ch in checks}
         rule = _resume_tier(rec, problems, crit)
-        all_pass = bool(checks) and all(ch.get("status") == "pass" for ch in checks)
+        facts = resume_facts(rec, crit, rule)
+        all_pass = bool(facts.checks) and all(c.passed for c in facts.checks)
         if all_pass:
-            for name, kind in expected_checks(spec.get("dtype", "fp32"), rec.get("schema_version", 1)).items():
-                if name not in names:
-                    problems.append(f"resume passed without its {name} check")
-                elif names[name].get("kind") != kind:
-                    problems.append(f"resume check {name} is of kind {names[name].get('kind')!r}, it is a {kind} check")
-        for ch in checks:
-            if ch.get("kind") == "tolerance" and ch.get("status") == "pass":
-                problems.extend(rule.check_problems(*_bounded(ch)))
-        rows = res.get("comparison", [])
+            _expected_checks_problems(rec, facts, problems)
+        problems.extend(resume_contradictions(facts))
+        rows = tables(entry(res, "comparison", "resume"), "resume.comparison")
         if all_pass and not res.get("checkpoint_manifest"):
             problems.append("resume passed without the sha256 manifest of the checkpoint it resumed from")
         if all_pass:
             _resume_window_problems(spec, res, rows, problems)
-        loss = names.get("loss", {})
-        for i, row in enumerate(rows):
-            ref = num(row.get("loss_reference"), f"resume.comparison[{i}].loss_reference")
-            got = num(row.get("loss_resumed"), f"resume.comparison[{i}].loss_resumed")
-            stated_diff = num(row.get("difference"), f"resume.comparison[{i}].difference")
-            diff = abs(ref - got)
+        for i, (row, step) in enumerate(zip(rows, facts.steps)):
+            stated_diff = num(entry(row, "difference", f"resume.comparison[{i}]"), f"resume.comparison[{i}].difference")
+            diff = abs(step.reference - step.resumed)
             if not (math.isclose(diff, stated_diff, rel_tol=1e-9, abs_tol=1e-15) or
                     (math.isnan(diff) and math.isnan(stated_diff))):
-                problems.append(f"resume step {row.get('step')}: |{ref} - {got}| = {diff}, the row says {stated_diff}")
-            twin = row.get("loss_twin")
-            if all_pass:
-                _, _, noise, bound = _bounded(loss) if loss else ("loss", 0.0, None, None)
-                problems.extend(rule.row_problems(row.get("step"), ref, diff, noise, bound,
-                                                  None if twin is None else num(twin, f"resume.comparison[{i}].loss_twin")))
-        computed["resume"] = "pass" if all_pass else "fail"
+                problems.append(f"resume step {step.step}: |{step.reference} - {step.resumed}| = {diff}, the row "
+                                f"says {stated_diff}")
+        computed["resume"] = resume_verdict(facts).status
         _same(problems, "resume table", res.get("status"), computed["resume"])
     elif res.get("provenance") != "not_run":
         problems.append(f"resume.provenance is {res.get('provenance')!r}: measured, not_run, or status "
                         f"not_applicable")
 
 
-def _bounded(ch: dict[str, Any]) -> tuple[str, float, float | None, float | None]:
-    """(name, largest difference, noise, bound) of a recorded resume check, as numbers (None: not recorded)."""
-    name = str(ch.get("name"))
+def _expected_checks_problems(rec: dict[str, Any], facts: ResumeFacts, problems: list[str]) -> None:
+    """A passing resume of a record shows every check of :func:`core.stages.resume.expected_checks` for the spec's
+    dtype and the record's version, each of its kind."""
+    from core.stages.resume import expected_checks
+
+    names = {c.name: c for c in facts.checks}
+    dtype = text(entry(rec["spec"], "dtype", "spec"), "spec.dtype")
+    for name, kind in expected_checks(dtype, rec["schema_version"]).items():
+        if name not in names:
+            problems.append(f"resume passed without its {name} check")
+        elif names[name].kind != kind:
+            problems.append(f"resume check {name} is of kind {names[name].kind!r}, it is a {kind} check")
+
+
+def _bounded(ch: Any, where: str) -> tuple[str, float, float | None, float | None]:
+    """(name, largest difference, noise, bound) of a recorded resume check, as numbers (None: not recorded; an exact
+    check records no largest difference: 0)."""
+    name = text(entry(ch, "name", where), f"{where}.name")
     return (name, num(ch.get("largest_difference", 0.0), f"resume check {name} largest_difference"),
             None if "noise" not in ch else num(ch["noise"], f"resume check {name} noise"),
             None if "bound" not in ch else num(ch["bound"], f"resume check {name} bound"))
@@ -760,7 +804,7 @@ def _resume_tier(rec: dict[str, Any], problems: list[str], crit: AcceptCriteria)
     spec, probe, res = rec["spec"], rec["probe"], rec["resume"]
     tier = res.get("tier", {})
     name = tier.get("name")
-    if rec.get("schema_version", 1) < 5:
+    if rec["schema_version"] < 5:
         if name not in LEGACY_RTOL:
             problems.append(f"resume.tier {name!r} is not a tier gpuaccept applied before schema 5 "
                             f"({', '.join(LEGACY_RTOL)})")
@@ -780,7 +824,7 @@ def _resume_tier(rec: dict[str, Any], problems: list[str], crit: AcceptCriteria)
     probed = [str(d.get("device")) for d in probe.get("devices", [])] if probe.get("provenance") == "measured" else []
     if probed:
         env = rec.get("environment", {})
-        want = required_tier(probed[0], spec.get("dtype", "fp32"), crit.resume_tier,
+        want = required_tier(probed[0], text(entry(spec, "dtype", "spec"), "spec.dtype"), crit.resume_tier,
                              spec.get("resume", {}).get("noise", "auto"),
                              jittered=bool(env.get("test_jitter"))).name
         if want != known.name:
@@ -807,25 +851,6 @@ def _resume_window_problems(spec: dict[str, Any], res: dict[str, Any], rows: lis
                         f"{want_steps[0]}-{want_steps[-1]}")
 
 
-def _stage_verdicts(rec: dict[str, Any], stated: dict[str, Any], computed: dict[str, str],
-                    evidence_of: dict[str, Any], problems: list[str]) -> None:
-    """Each stage's stated verdict against the one recomputed (a stage whose table holds no measurement cannot have
-    passed), and the overall verdict: pass exactly when every stage is pass or not_applicable."""
-    for name in STAGES:
-        status = computed.get(name)
-        said = stated[name]
-        if status is None:  # its table says not_run: the stage cannot have passed
-            if said not in ("not_run", "cancelled", "error", "fail"):
-                problems.append(f"verdict.stages.{name} says {said}, but its table holds no measurement "
-                                f"(provenance {evidence_of[name].get('provenance')!r})")
-        elif said != status and not (status == "not_run" and said in ("cancelled", "error")):
-            problems.append(f"verdict.stages.{name} says {said}, its data says {status}")
-    final = {name: computed.get(name, stated[name]) for name in STAGES}
-    overall = "pass" if all(s in PASSING for s in final.values()) else "fail"
-    if rec["verdict"].get("status") != overall:
-        problems.append(f"verdict.status says {rec['verdict'].get('status')}, the stages say {overall}")
-
-
 def _resume_window(spec: dict[str, Any]) -> tuple[int | None, int]:
     """(checkpoint c, the last step compared) from a record's spec table (:class:`core.spec.ResumeSettings`):
     ``resume.compare_steps`` after c; for a record written before that key existed, (None, the last step): its
@@ -843,6 +868,6 @@ def _resume_window(spec: dict[str, Any]) -> tuple[int | None, int]:
     return settings.kill_checkpoint_step(), settings.compared_until(steps)
 
 
-def _same(problems: list[str], where: str, stated: Any, computed: str) -> None:
+def _same(problems: list[str], where: str, stated: Any, computed: StageStatus | None) -> None:
     if stated != computed:
         problems.append(f"{where} says status {stated}, its data says {computed}")

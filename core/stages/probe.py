@@ -394,7 +394,7 @@ def compare_with_plan(plan_device: Any, m: DeviceMeasurement, fit_bytes: int | N
     The plan's peak of tensors (``fit_bytes``, the bytes its fit is judged by, default its analytic peak, without the
     ``overhead`` line: the CUDA context is not in peak allocated, and the CPU's runtime is not a tensor) is compared
     with the peak allocated on CUDA, or the tracked tensor peak on the CPU (not RSS). QLoRA (``quantised``: the plan's
-    :class:`~core.plan.memory.QuantisedBase`) adds ``quantised_weights``: the 4-bit weights as stored, planned and
+    :class:`~core.plan.quant.QuantisedBase`) adds ``quantised_weights``: the 4-bit weights as stored, planned and
     measured.
     """
     overhead = plan_device.lines["overhead"].bytes

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,32 +44,18 @@ from core.stages.childproc import (
     start_child,
     watch,
 )
-from core.stages.noise import (
-    Tier,
-    judge_losses,
-    judge_tensors,
-    loss_noise,
-    optimizer_state_tensors,
-    required_tier,
+from core.stages.compare import (
+    RECIPE_RULES,
+    Check,
+    ResumeSeries,
+    StepPoint,
+    StepSeries,
+    compare_series,
+    span,
+    verdict,
 )
+from core.stages.noise import Tier, judge_tensors, optimizer_state_tensors, required_tier
 from core.stages.train import StepMean, merge_rank_steps
-
-
-@dataclass(frozen=True)
-class Check:
-    """One check of the resume comparison with its evidence. A tolerance check also says the resumed run's distance
-    from the reference (``largest_difference``: L2 per tensor, absolute per loss; where it is nearest its bound), the
-    twin's distance there (``noise``; None without a twin) and the distance allowed (``bound``; 0: bit-exact)
-    (:mod:`core.stages.noise`)."""
-
-    name: str
-    status: str  # pass | fail
-    evidence: str
-    kind: str = "exact"  # exact | tolerance | completeness
-    tier: str | None = None
-    largest_difference: float | None = None
-    noise: float | None = None
-    bound: float | None = None
 
 
 @dataclass(frozen=True)
@@ -150,6 +136,10 @@ def completeness(spec: RunSpec, ckpt: Path, world_size: int = 1) -> Check:
                  kind="completeness")
 
 
+#: suffixes of the files read as pickles (``torch.load``)
+PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".pkl", ".ckpt")
+
+
 class UntrustedCheckpoint(Exception):
     """A checkpoint file that cannot be loaded with ``torch.load(weights_only=True)`` (it needs arbitrary code)."""
 
@@ -183,17 +173,29 @@ def safe_load(path: Path) -> Any:
 
 def safe_loading(spec: RunSpec, ckpt: Path, world_size: int = 1) -> Check:
     """Every pickle the resume will load (optimizer, scheduler, RNG state, GradScaler) loads with
-    ``weights_only=True`` (case R8); otherwise fail and name the file, and the resume is not run."""
+    ``weights_only=True`` (case R8); otherwise fail and name the file, and the resume is not run
+    (:func:`pickles_load_safely` over the recipe's pickles)."""
     names = [name for name in required_files(spec, world_size).values() if name.endswith((".pt", ".pth"))]
+    return pickles_load_safely(ckpt, [ckpt / name for name in names])
+
+
+def pickles_load_safely(ckpt: Path, files: list[Path], note: str = "") -> Check:
+    """``safe_loading``, one check for both modes: every one of ``files`` (the pickles of checkpoint ``ckpt`` a resume
+    loads: the recipe's by name, command mode's by suffix) loads with :func:`safe_load`; a refused file fails the check,
+    named. ``note`` ends a passing evidence (what was left unloaded, and why)."""
     refused = []
-    for name in names:
+    for f in files:
         try:
-            safe_load(ckpt / name)
+            safe_load(f)
         except UntrustedCheckpoint as exc:
             refused.append(str(exc))
     if refused:
         return Check("safe_loading", "fail", "; ".join(refused))
-    return Check("safe_loading", "pass", f"{', '.join(names)} load with weights_only=True")
+    if not files:
+        return Check("safe_loading", "pass", f"{ckpt.name} holds no pickle ({', '.join(PICKLE_SUFFIXES)}): nothing "
+                                             "for torch.load to run")
+    return Check("safe_loading", "pass", f"{', '.join(str(f.relative_to(ckpt)) for f in files)} load with "
+                                         f"weights_only=True{note}")
 
 
 def compare_rng(restored: dict[str, str] | None, saved: dict[str, str], resumed: list[dict[str, Any]],
@@ -229,18 +231,18 @@ def compare_rng(restored: dict[str, str] | None, saved: dict[str, str], resumed:
     differ = [step for step, a, b in pairs if a is not None and b is not None and a != b]
     steps = [step for step, _, _ in pairs]
     if not pairs or missing:
-        second = Check("rng_continues", "fail", f"no RNG digest at the start of steps {_span(missing) or 'any'}")
+        second = Check("rng_continues", "fail", f"no RNG digest at the start of steps {span(missing) or 'any'}")
     elif differ:
         which = sorted(k for k in pairs[0][1] if any(a.get(k) != b.get(k) for st, a, b in pairs if st in differ))
         second = Check("rng_continues", "fail", f"generators {', '.join(which)} differ from the uninterrupted run's at "
-                                                f"the start of steps {_span(differ)}")
+                                                f"the start of steps {span(differ)}")
     else:
         states = {json.dumps(r.get("rng"), sort_keys=True) for r in ref.values() if r.get("rng")}
         advanced = (f"; the generators advanced during training ({len(states)} distinct states over "
                     f"{len(ref)} steps)" if len(states) > 1 else
                     "; nothing drew random numbers during training (no dropout), so the states never changed and "
                     "this check cannot tell a restored state from a fresh one")
-        second = Check("rng_continues", "pass", f"at the start of each of steps {_span(steps)}, every generator equals "
+        second = Check("rng_continues", "pass", f"at the start of each of steps {span(steps)}, every generator equals "
                                                 f"the uninterrupted run's" + advanced)
     return [first, second]
 
@@ -603,7 +605,8 @@ def compare_runs(spec: RunSpec, reference: Any, interrupted: ChildJob, resumed: 
     intr = merge_rank_steps(interrupted.events)
     res = merge_rank_steps(resumed.events)
     twins = {s["step"]: s for s in merge_rank_steps(twin.events)} if twin is not None else None
-    checks = compare_steps(ref, intr, res, c, end, tier, twins)
+    steps = compare_series(recipe_series(ref.values(), intr, res, c, end, twins), tier, RECIPE_RULES)
+    checks = list(steps.checks)
     trainable = next((e for e in lead_events(resumed.events) if isinstance(e, Trainable)), None)
     checks.append(compare_trainable(getattr(reference, "trainable", {}),
                                     {"names": trainable.names, "parameters": trainable.parameters}
@@ -611,12 +614,6 @@ def compare_runs(spec: RunSpec, reference: Any, interrupted: ChildJob, resumed: 
     restored_by_rank = {e.rank or 0: e.digest for e in resumed.events if isinstance(e, RngRestored)}
     restored = _rank_digests(restored_by_rank) if len(restored_by_rank) == world else None
     checks.extend(compare_rng(restored, saved_rng, res, ref, c))
-    comparison = [
-        {"step": e["step"], "learning_rate": e["learning_rate"], "loss_reference": ref[e["step"]]["loss"],
-         "loss_resumed": e["loss"], "difference": abs(e["loss"] - ref[e["step"]]["loss"]),
-         **({"loss_twin": twins[e["step"]]["loss"]} if twins is not None and e["step"] in twins else {})}
-        for e in res if e["step"] in ref
-    ]
     final = f"checkpoint-{end}"  # a checkpoint of the reference by construction (ResumeSettings.compare_steps)
     weights_file = required_files(spec).get("adapter weights") or required_files(spec)["model weights"]
     ref_final = Path(reference.output_dir) / final
@@ -628,7 +625,7 @@ def compare_runs(spec: RunSpec, reference: Any, interrupted: ChildJob, resumed: 
                                      twin_final / "optimizer.pt" if twin_final else None))
     if spec.dtype == "fp16":  # case R7: the loss scale must continue, not restart at 2^16
         checks.append(compare_scalers(ref_final / "scaler.pt", res_final / "scaler.pt"))
-    return checks, comparison, len(intr) + len(res) + (len(twins) if twins is not None else 0)
+    return checks, steps.rows, len(intr) + len(res) + (len(twins) if twins is not None else 0)
 
 
 def _finish(spec: RunSpec, checks: list[Check], c: int, k: int, pgid: int, tier: Tier,
@@ -637,12 +634,11 @@ def _finish(spec: RunSpec, checks: list[Check], c: int, k: int, pgid: int, tier:
     """The result from the checks so far (a check that stops the comparison early returns here too)."""
     import time
 
-    status = "pass" if checks and all(ch.status == "pass" for ch in checks) else "fail"
-    failed = [ch.name for ch in checks if ch.status != "pass"]
+    status, failed = verdict(checks)
     end = spec.resume.compared_until(spec.steps)
     summary = (f"killed {planned_kill(spec, short=True)}, resumed from checkpoint-{c}, compared at steps "
                f"{c + 1}-{end}: {len(checks)} checks passed ({tier.name})"
-               if status == "pass" else f"failed: {', '.join(failed)}")
+               if status == "pass" else f"failed: {', '.join(ch.name for ch in failed)}")
     return ResumeResult(status=status, checks=checks, checkpoint_step=c, kill_step=k, killed_pgid=pgid, tier=tier,
                         comparison=comparison, manifest=manifest, extra_steps=extra_steps,
                         kill_at=spec.resume.kill_at, kill_planned=planned_kill(spec),
@@ -718,101 +714,39 @@ def selection_check(selection: Selection, c: int) -> Check:
 
 def compare_steps(ref: dict[int, dict[str, Any]], interrupted: list[dict[str, Any]], resumed: list[dict[str, Any]],
                   c: int, steps: int, tier: Tier, twin: dict[int, dict[str, Any]] | None = None) -> list[Check]:
-    """Exact and tolerance checks of per-step records (``step``, ``epoch``, ``learning_rate``, ``loss``,
-    ``sample_ids``; ``rank_losses`` under torchrun).
+    """The step checks of the recipe's per-step records (``step``, ``epoch``, ``learning_rate``, ``loss``,
+    ``sample_ids``; ``rank_losses`` under torchrun): :func:`core.stages.compare.compare_series` under
+    :data:`~core.stages.compare.RECIPE_RULES` over :func:`step_series`, the resumed run expected at steps c+1 ..
+    ``steps`` (the last step compared).
 
     - ``reproducible``: the interrupted run up to the kill equals the reference (it is the same run, or its resume from
       the checkpoint before c): epoch, learning rate and samples exactly, losses within the bound. It wrote the
       checkpoint the resume loads: if it is another run, nothing after it can be this run's resume.
-    - the resumed run covers steps c+1 .. ``steps`` (the last step compared) exactly once (``global_steps``) and
-      equals the reference step by step: ``epoch``, ``learning_rate``, ``sample_ids`` exactly, ``loss`` within the
-      bound.
+    - the resumed run covers steps c+1 .. ``steps`` exactly once (``global_steps``) and equals the reference step by
+      step: ``epoch``, ``learning_rate``, ``sample_ids`` exactly, ``loss`` within the bound.
 
     The loss bound is the tier's: bit-exact, or ``multiple`` x the ``twin``'s largest loss difference from the
     reference over the steps compared (:func:`core.stages.noise.loss_noise`).
     """
-    checks: list[Check] = []
-    got = [e["step"] for e in resumed]
-    want = list(range(c + 1, steps + 1))
-    checks.append(Check("global_steps", "pass" if got == want else "fail",
-                        f"resumed steps {_span(got)}; expected {_span(want)}"))
-    before = [e["step"] for e in interrupted]
-    res_pairs = [(e, ref[e["step"]]) for e in resumed if e["step"] in ref]
-    int_pairs = [(e, ref[e["step"]]) for e in interrupted if e["step"] in ref]
-    missing = [e["step"] for e in [*resumed, *interrupted] if e["step"] not in ref]
-    noise, why_not = _loss_noise(ref, twin, sorted({e["step"] for e, _ in res_pairs + int_pairs}), tier)
-    if why_not:
-        checks.append(Check("loss", "fail", why_not, kind="tolerance", tier=tier.name))
-        checks.append(Check("reproducible", "fail", why_not, kind="tolerance", tier=tier.name))
-    else:
-        checks.append(_reproducible(int_pairs, before, tier, noise))
-    for key, label in (("epoch", "epoch"), ("learning_rate", "learning rate"), ("sample_ids", "sample ids")):
-        diff = [e["step"] for e, r in res_pairs if e[key] != r[key]]
-        checks.append(Check(key, "fail" if diff or missing else "pass",
-                            f"{label} equal at the {len(res_pairs)} resumed steps ({_span(got)})"
-                            if not diff and not missing else
-                            f"{label} of the resumed run differs at steps {_span(diff)}"
-                            + (f"; no reference for {missing}" if missing else "")))
-    if not why_not:
-        judged, bad = judge_losses(_loss_triples(res_pairs), noise, tier)
-        unmatched = [e["step"] for e, r in res_pairs if len(_rank_losses(e)) != len(_rank_losses(r))]
-        ok = judged.ok and not unmatched
-        checks.append(Check("loss", "pass" if ok else "fail",
-                            (f"loss of the resumed run outside the bound at steps {_span(bad)}; " if bad else "")
-                            + (f"other ranks than the reference's at steps {_span(unmatched)}; " if unmatched else "")
-                            + judged.describe(tier, "resumed losses"),
-                            kind="tolerance", tier=tier.name, largest_difference=judged.distance,
-                            noise=judged.noise, bound=judged.bound))
-    return checks
+    return compare_series(recipe_series(ref.values(), interrupted, resumed, c, steps, twin), tier, RECIPE_RULES).checks
 
 
-def _rank_losses(e: dict[str, Any]) -> list[float]:
-    """Every rank's own loss of a step when the run has several (their mean could hide two differences that
-    cancel), else its loss."""
-    return list(e.get("rank_losses") or [e["loss"]])
+def step_series(records: Iterable[dict[str, Any]]) -> StepSeries:
+    """The recipe's per-step records (:func:`core.stages.train.merge_rank_steps`: one per step, every rank's loss in
+    ``rank_losses`` under torchrun) as a typed series."""
+    return StepSeries.of(StepPoint(step=e["step"], loss=e["loss"], learning_rate=e.get("learning_rate"),
+                                   sample_ids=None if e.get("sample_ids") is None else tuple(e["sample_ids"]),
+                                   epoch=e.get("epoch"),
+                                   rank_losses=tuple(e["rank_losses"]) if e.get("rank_losses") else None)
+                         for e in records)
 
 
-def _loss_triples(pairs: list[tuple[dict[str, Any], dict[str, Any]]]) -> list[tuple[int, float, float]]:
-    return [(e["step"], a, b) for e, r in pairs for a, b in zip(_rank_losses(e), _rank_losses(r))]
-
-
-def _loss_noise(ref: dict[int, dict[str, Any]], twin: dict[int, dict[str, Any]] | None, steps: list[int],
-                tier: Tier) -> tuple[float | None, str]:
-    """(the twin's loss noise over ``steps``, "") for a twin tier; (None, "") for an exact one; (None, why) when the
-    twin did not log every step compared."""
-    if tier.exact:
-        return None, ""
-    if twin is None:
-        return None, "no twin run to measure the noise with"
-    missing = [s for s in steps if s not in twin]
-    if missing:
-        return None, f"the twin run logged no loss at steps {_span(missing)}, so no noise bound could be measured"
-    return loss_noise([pair for s in steps for pair in zip(_rank_losses(twin[s]), _rank_losses(ref[s]))]), ""
-
-
-def _reproducible(pairs: list[tuple[dict[str, Any], dict[str, Any]]], before: list[int], tier: Tier,
-                  noise: float | None) -> Check:
-    """``reproducible``: before its kill, the interrupted run (which wrote the checkpoint resumed from) equals the
-    reference: epoch, learning rate and samples exactly, losses within the bound."""
-    exact = sorted({e["step"] for e, r in pairs for key in ("epoch", "learning_rate", "sample_ids") if e[key] != r[key]})
-    judged, bad = judge_losses(_loss_triples(pairs), noise, tier)
-    if not pairs:
-        return Check("reproducible", "fail", "the interrupted run logged no step the uninterrupted run logged",
-                     kind="tolerance", tier=tier.name)
-    if exact or bad:
-        what = ("samples, learning rate or epoch" if exact else "") + (" and " if exact and bad else "") + \
-               ("losses outside the bound" if bad else "")
-        return Check("reproducible", "fail",
-                     f"before its kill, the interrupted run, which wrote the checkpoint resumed from, differs from the "
-                     f"uninterrupted run at steps {_span(sorted(set(exact) | set(bad)))} ({what}): the checkpoint "
-                     f"resumed from is not this run's; {judged.describe(tier, 'losses')}",
-                     kind="tolerance", tier=tier.name, largest_difference=judged.distance, noise=judged.noise,
-                     bound=judged.bound)
-    return Check("reproducible", "pass",
-                 f"before its kill, the interrupted run equals the uninterrupted run at steps {_span(before)} "
-                 f"(samples, learning rates and epochs exactly); {judged.describe(tier, 'losses')}",
-                 kind="tolerance", tier=tier.name, largest_difference=judged.distance, noise=judged.noise,
-                 bound=judged.bound)
+def recipe_series(ref: Iterable[dict[str, Any]], interrupted: list[dict[str, Any]], resumed: list[dict[str, Any]],
+                  c: int, steps: int, twin: dict[int, dict[str, Any]] | None = None) -> ResumeSeries:
+    """The recipe's runs as series: the resumed run expected at steps c+1 .. ``steps``."""
+    return ResumeSeries(reference=step_series(ref), interrupted=step_series(interrupted),
+                        resumed=step_series(resumed), c=c, expected=tuple((0, s) for s in range(c + 1, steps + 1)),
+                        twin=step_series(twin.values()) if twin is not None else None)
 
 
 def compare_trainable(reference: dict[str, Any], resumed: dict[str, Any]) -> Check:
@@ -921,11 +855,3 @@ def _step_of(p: Path) -> int:
         return int(p.name.rsplit("-", 1)[1])
     except (IndexError, ValueError):
         return -1
-
-
-def _span(steps: list[int]) -> str:
-    if not steps:
-        return "none"
-    if steps == list(range(steps[0], steps[-1] + 1)):
-        return f"{steps[0]}-{steps[-1]}" if len(steps) > 1 else str(steps[0])
-    return ", ".join(map(str, steps[:8])) + (" ..." if len(steps) > 8 else "")

@@ -14,15 +14,9 @@ import pytest
 
 from core.models import load_config, resolve_model
 from core.plan.devices import DeviceInfo, detect_devices
-from core.plan.memory import (
-    COMPONENTS,
-    CPU_RUNTIME_BYTES,
-    CUDA_OVERHEAD_BYTES,
-    ParameterCount,
-    count_parameters,
-    linear_module_names,
-    plan_memory,
-)
+from core.plan.lines import CPU_RUNTIME_BYTES, CUDA_OVERHEAD_BYTES
+from core.plan.memory import COMPONENTS, plan_memory
+from core.plan.meta import ParameterCount, count_parameters, linear_module_names
 from core.spec import LoraSettings, RunSpec
 from tests.paths import CASES, REPO
 

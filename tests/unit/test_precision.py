@@ -13,7 +13,8 @@ from core.errors import SpecError
 from core.models import load_config, resolve_model
 from core.plan.devices import DeviceInfo
 from core.plan.fit import fit_of, fit_verdicts, plan_fits, under_estimate
-from core.plan.memory import count_parameters, plan_memory
+from core.plan.memory import plan_memory
+from core.plan.meta import count_parameters
 from core.plan.search import largest_fitting
 from core.spec import LoraSettings, RunSpec
 from tests.paths import CASES

@@ -18,7 +18,6 @@ OURS = ("core", "tui")
 KNOWN = {
     ("core/command/pipeline.py", "core.pipeline", "_reserve"),
     ("core/command/record.py", "core.record.build", "_clean"),
-    ("core/command/resume.py", "core.stages.resume", "_span"),
     ("core/record/command.py", "core.record.build", "_onboarding_problems"),
     ("core/record/command.py", "core.record.build", "_verdict_and_signoff_problems"),
     ("core/record/command.py", "core.record.schema", "_walk"),

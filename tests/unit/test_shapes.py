@@ -14,7 +14,7 @@ import tomllib
 
 import pytest
 
-from core.plan.memory import _summarise, _summary_from_shapes, build_meta_model, linear_module_names, meta_summary
+from core.plan.meta import build_meta_model, linear_module_names, meta_summary, summarise_model, summary_from_shapes
 from core.plan.shapes import FastConfig, fast_config
 from core.spec import LoraSettings
 from tests import paths
@@ -42,7 +42,7 @@ LORAS = {
 
 
 def _reference(raw: dict, mode: str, lora, dtype):
-    return _summarise(build_meta_model(FastConfig(raw).to_transformers(), mode, lora, dtype), mode)
+    return summarise_model(build_meta_model(FastConfig(raw).to_transformers(), mode, lora, dtype), mode)
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
@@ -53,13 +53,13 @@ def test_the_fast_summary_equals_the_meta_build(name, mode, lora, dtype):
     config = fast_config(raw)
     assert config is not None
     settings = LORAS[lora] if lora else None
-    assert _summary_from_shapes(config, mode, settings, dtype) == _reference(raw, mode, settings, dtype)
+    assert summary_from_shapes(config, mode, settings, dtype) == _reference(raw, mode, settings, dtype)
 
 
 def test_the_p1_and_p2_counts_come_out_of_the_fast_path():
     for case in ("P1", "P2"):
         config = fast_config(CASES[case]["config"])
-        assert _summary_from_shapes(config, "inference", None, "bf16").count.total == CASES[case]["expect_parameters"]
+        assert summary_from_shapes(config, "inference", None, "bf16").count.total == CASES[case]["expect_parameters"]
 
 
 def test_the_embedded_models_config_takes_the_fast_path_and_matches(tmp_path):
@@ -69,7 +69,7 @@ def test_the_embedded_models_config_takes_the_fast_path_and_matches(tmp_path):
     config = load_config(resolve_model("smollm2-135m"))
     assert isinstance(config, FastConfig)
     lora = LORAS["q,v r8"]
-    assert _summary_from_shapes(config, "lora", lora, "fp32") == _reference(config.raw, "lora", lora, "fp32")
+    assert summary_from_shapes(config, "lora", lora, "fp32") == _reference(config.raw, "lora", lora, "fp32")
     assert linear_module_names(config) == linear_module_names(config.to_transformers())
 
 

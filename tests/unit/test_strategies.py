@@ -16,11 +16,8 @@ import pytest
 from core.errors import SpecError
 from core.models import load_config, resolve_model
 from core.plan.devices import DeviceInfo, detect_devices
-from core.plan.memory import (
-    CUDA_OVERHEAD_BYTES,
-    NCCL_BUFFER_BYTES,
-    plan_memory,
-)
+from core.plan.lines import CUDA_OVERHEAD_BYTES, NCCL_BUFFER_BYTES
+from core.plan.memory import plan_memory
 from core.spec import RunSpec, parse_device_capacities, parse_devices
 from tests.paths import CASES
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from core.plan.devices import DeviceInfo
-from core.plan.memory import DevicePlan, Line, plan_memory
+from core.plan.lines import Line
+from core.plan.memory import DevicePlan, plan_memory
 from core.plan.traced import TRACED_COMPONENTS, TracedPlan, compare, trace_plan
 from core.spec import RunSpec
 

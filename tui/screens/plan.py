@@ -203,7 +203,7 @@ class PlanScreen(NavButtons, WizardScreen):
         widgets: list[Any] = []
         verdict = {True: "fits", False: "DOES NOT FIT", None: "fit unknown"}[d.fits]
         # which capacity, said once per device on every screen: total, available, a cgroup limit, given
-        # (core/plan/memory.py DeviceInfo.capacity_short: "23.04 GiB available (read at 14:02:11)")
+        # (core/plan/devices.py DeviceInfo.capacity_short: "23.04 GiB available (read at 14:02:11)")
         cap = d.device.capacity_short()
         kind = d.device.kind
         peak = d.peak_phase

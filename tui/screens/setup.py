@@ -13,9 +13,8 @@ from textual.containers import Horizontal, VerticalScroll
 from textual.widgets import Button, Footer, Header, Input, Label, Select, Static
 
 from core import killpoints
-from core.dtypes import DTYPES
 from core.methods import method_of
-from core.spec import ATTN_IMPLEMENTATIONS, KILL_POINTS, OPTIMIZERS, PADDINGS, PRECISIONS, QUANT_TYPES
+from core.settings import SETTINGS, FormField, Setting, by_dest, by_key
 from tui.screens.base import WizardScreen
 from tui.screens.nav import NavButtons
 from tui.widgets.inputs import OrderedInput, OrderedSelect
@@ -25,49 +24,23 @@ from tui.widgets.inputs import OrderedInput, OrderedSelect
 #: 'transformers'" (transformers 5.24's lazy module is not thread-safe while it initialises)
 _IMPORTING = threading.Lock()
 
+
+def form_fields(settings: tuple[Setting, ...]) -> list[FormField]:
+    """The form's fields: each setting declared with a label (core/settings.py), in increasing ``form_order``."""
+    return [s.form for s in sorted(settings, key=lambda s: s.form_order or 0) if s.form is not None]
+
+
 # (flag name, label, kind, choices, the setting group it belongs to: it is shown for the methods that take that group,
-# core/methods/base.py SETTING_GROUPS); kinds: "int", "float", "str", "choice", "optfloat" (blank: not set) and
-# "autoint" (blank, shown as the placeholder "auto": 0, which the spec reads as chosen for you)
-FIELDS: list[tuple[str, str, str, tuple[str, ...], str]] = [
-    ("model", "Model", "str", (), "all"),
-    ("data", "Data", "str", (), "all"),
-    ("dtype", "Dtype", "choice", DTYPES, "all"),
-    ("precision", "Precision", "choice", PRECISIONS, "precision"),
-    ("attn_implementation", "Attention", "choice", ATTN_IMPLEMENTATIONS, "all"),
-    ("padding", "Batches", "choice", PADDINGS, "training"),
-    ("batch_size", "Micro-batch / device", "int", (), "all"),
-    ("seq_len", "Sequence length", "int", (), "all"),
-    ("grad_accum", "Grad accumulation", "int", (), "training"),
-    ("optimizer", "Optimizer", "choice", OPTIMIZERS, "training"),
-    ("steps", "Training steps", "int", (), "training"),
-    ("learning_rate", "Learning rate", "float", (), "training"),
-    ("gradient_checkpointing", "Grad checkpointing", "choice", ("off", "on"), "training"),
-    ("resume_checkpoint_every", "Checkpoint every", "int", (), "training"),
-    ("resume_kill_after_checkpoint", "Kill after ckpt #", "int", (), "training"),
-    ("resume_kill_at", "Kill point", "choice", tuple(KILL_POINTS), "training"),
-    ("resume_compare_steps", "Compare steps", "autoint", (), "training"),
-    ("lora_r", "LoRA rank r", "int", (), "adapter"),
-    ("lora_alpha", "LoRA alpha", "int", (), "adapter"),
-    ("lora_targets", "LoRA targets", "str", (), "adapter"),
-    ("qlora_quant_type", "4-bit data type", "choice", QUANT_TYPES, "quant"),
-    ("qlora_double_quant", "Double quant", "choice", ("on", "off"), "quant"),
-    ("devices", "Devices", "str", (), "all"),
-    ("strategy", "Strategy", "choice", ("single", "ddp", "zero3"), "distributed"),
-    ("torchrun_nproc_per_node", "Ranks per node", "autoint", (), "distributed"),
-    # the acceptance criteria (core/criteria.py); "optfloat": blank is not set
-    ("accept_max_perplexity", "Max perplexity", "optfloat", (), "all"),
-    ("accept_min_improvement", "Min improvement 0-1", "float", (), "training"),
-    ("accept_min_accuracy", "Min accuracy 0-1", "optfloat", (), "all"),
-    ("accept_max_device_share", "Max device share", "float", (), "all"),
-    ("accept_max_step_time_s", "Max step time, s", "optfloat", (), "all"),
-    ("accept_min_tokens_per_s", "Min tokens/s", "optfloat", (), "all"),
-    ("accept_resume_tier", "Resume tier", "choice", ("auto", "exact"), "training"),
-    ("accept_max_plan_error_pct", "Max plan error %", "optfloat", (), "all"),
-]
+# core/methods/base.py SETTING_GROUPS), made from each setting's declaration (core/spec.py, core/criteria.py); kinds:
+# "int", "float", "str", "choice", "optfloat" (blank: not set) and "autoint" (blank, shown as the placeholder "auto":
+# 0, which the spec reads as chosen for you)
+FIELDS: list[FormField] = form_fields(SETTINGS)
 #: what a blank field of a kind means, shown in it
 PLACEHOLDERS = {"optfloat": "not set", "autoint": "auto"}
 #: the first field of the criteria: a heading goes above it
-FIRST_CRITERION = "accept_max_perplexity"
+FIRST_CRITERION = next(f.name for f in FIELDS if by_dest()[f.name].doc_table == "criteria")
+#: the fields whose value is on or off (a boolean setting)
+_ON_OFF = frozenset(f.name for f in FIELDS if by_dest()[f.name].kind == "bool")
 
 
 # choices whose value alone says little to a newcomer: what the option does, in a few words
@@ -93,14 +66,10 @@ CHOICE_LABELS: dict[str, str] = {
 
 
 def spec_field_to_input(field: str) -> str:
-    """A SpecError field ("lora.r") as the input id that fixes it ("lora_r")."""
-    return {"lora.r": "lora_r", "lora.alpha": "lora_alpha", "lora.targets": "lora_targets",
-            "qlora.quant_type": "qlora_quant_type", "qlora.double_quant": "qlora_double_quant",
-            "resume.kill_after_checkpoint": "resume_kill_after_checkpoint",
-            "resume.checkpoint_every": "resume_checkpoint_every", "resume.kill_at": "resume_kill_at",
-            "resume.compare_steps": "resume_compare_steps",
-            "torchrun.nproc_per_node": "torchrun_nproc_per_node"}.get(
-        field, field.replace(".", "_", 1) if field.startswith("accept.") else field)
+    """A SpecError field (``"lora.r"``) as the input id that fixes it (``"lora_r"``): the setting's dest when it is on
+    the form; any other field (``"lora.dropout"``, ``"spec"``) as it is."""
+    found = by_key().get(field)
+    return found.dest if found is not None and found.form is not None else field
 
 
 def shown_value(value: Any) -> str:
@@ -115,18 +84,12 @@ def shown_value(value: Any) -> str:
 
 
 def current_value(spec: Any, name: str) -> str:
-    """The spec's value of a form field (``lora_r`` reads ``spec.lora.r``)."""
-    if name.startswith("lora_"):
-        return shown_value(getattr(spec.lora, name.removeprefix("lora_")))
-    if name.startswith("qlora_"):
-        return shown_value(getattr(spec.qlora, name.removeprefix("qlora_")))
-    if name.startswith("resume_"):
-        return shown_value(getattr(spec.resume, name.removeprefix("resume_")))
-    if name.startswith("torchrun_"):
-        return shown_value(getattr(spec.torchrun, name.removeprefix("torchrun_")))
-    if name.startswith("accept_"):
-        return shown_value(getattr(spec.accept, name.removeprefix("accept_")))
-    return shown_value(getattr(spec, name))
+    """The spec's value of a form field, as shown (``lora_r`` reads ``spec.lora.r``).
+
+    Raises:
+        KeyError: ``name`` is no setting's dest (core/settings.py).
+    """
+    return shown_value(by_dest()[name].value(spec))
 
 
 class SetupScreen(NavButtons, WizardScreen):
@@ -218,7 +181,7 @@ class SetupScreen(NavButtons, WizardScreen):
                 devices = self.app.state.devices_override or detect_devices("auto")
             text = "devices detected: " + "; ".join(
                 f"{d.name} {d.label} "
-                + d.capacity_text()  # the one wording (core/plan/memory.py): which capacity, 2 decimals, when read
+                + d.capacity_text()  # the one wording (core/plan/devices.py): which capacity, 2 decimals, when read
                 for d in devices)
         except Exception as exc:  # noqa: BLE001 - shown, never raised into the UI
             text = f"devices detected: none ({exc})"
@@ -254,7 +217,7 @@ class SetupScreen(NavButtons, WizardScreen):
                     errors[name] = f"a number, e.g. 1e-3 (got {raw!r})" + (" or blank" if kind == "optfloat" else "")
             elif kind == "optfloat":
                 out[name] = None  # blank: the criterion is not set
-            elif name in ("gradient_checkpointing", "qlora_double_quant"):
+            elif name in _ON_OFF:
                 out[name] = raw == "on"
             else:
                 out[name] = raw

@@ -1,0 +1,479 @@
+"""The component lines of one device's step: each component's bytes with the formula it used (:class:`Line`), and the
+terms of the phases they come from (docs/architecture.md §3; every rule with its source in docs/plan.md).
+
+One function per component, each given the part of the model the device holds (a
+:class:`core.plan.meta.ModelSummary`: its parameters, LoRA adapters included, each in its dtype):
+
+- weights: :func:`weights_line` (every parameter in its dtype), :func:`qlora_weights_line` (QLoRA's 4-bit base,
+  :class:`core.plan.quant.QuantisedBase`);
+- gradients: :func:`gradients_line` (the trainable parameters in their dtype) and :func:`gradient_terms` (the gradient
+  terms of the backward's moments: the LM head's, a tied embedding's buffer, the first layer's);
+- optimizer states: :func:`optimizer_states_line` (AdamW, SGD with momentum, Adafactor; bitsandbytes' 8-bit AdamW,
+  :mod:`core.plan.quant`);
+- activations: :func:`activation_terms` (op by op for the Llama family, :mod:`core.plan.activations`, the LoRA adapters'
+  saved tensors included; Korthikanti et al. 2022, arXiv 2205.05198, otherwise, plus the adapters' inputs), and
+  :func:`inference_activations_line` (the logits and the loss);
+- temporaries: :func:`step_temporaries` (the optimizer step's buffers), :func:`temporaries_text` (the line's formula),
+  :func:`inference_temporaries_line` (one layer's working set);
+- kv_cache: :func:`kv_cache_line`; overhead: :func:`overhead_line` (a line of its own: the CUDA context, NCCL buffers,
+  the CPU process's runtime).
+
+How a strategy divides the model between devices is :mod:`core.plan.strategies`; the phases and the peak,
+:mod:`core.plan.phases` and :mod:`core.plan.memory`. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from core.dtypes import dtype_bytes
+from core.plan.activations import LLAMA_FAMILY, Adapter, Dims, Numerics, StepActivations, step_activations
+from core.plan.devices import DeviceInfo
+from core.plan.meta import AdapterInfo, ModelShape, ModelSummary, ParamInfo
+from core.plan.quant import (
+    QuantisedBase,
+    adamw_8bit_is_8bit,
+    adamw_8bit_maps_bytes,
+    adamw_8bit_state_bytes,
+    adamw_8bit_step_temporaries,
+)
+from core.spec import EIGHT_BIT_OPTIMIZERS, RunSpec, Strategy
+
+#: Per-process, per-device CUDA context + cuBLAS workspace estimate (docs/architecture.md §3: 300-700 MB; lazy module loading).
+CUDA_OVERHEAD_BYTES = 500 * 2**20
+#: Per-process memory of a CPU run beyond its tensors: the Python, torch and transformers runtime and the allocator's free
+#: memory, an estimate (measured here: the probe's peak RSS 0.44-0.59 GiB above its peak of live tensors on the embedded
+#: model, LoRA and full fine-tuning, fp32 and bf16). The CPU fit counts it, as the probe's RSS does.
+CPU_RUNTIME_BYTES = 640 * 2**20
+#: Per-process, per-device NCCL communicator buffers, an estimate (not measured here): NCCL allocates NCCL_BUFFSIZE
+#: (4 MiB by default) per channel, per peer and per protocol, so it grows with channels and peers; a few hundred MiB
+#: per GPU is common. Added to the overhead line of every strategy that runs collectives on N >= 2 devices.
+NCCL_BUFFER_BYTES = 256 * 2**20
+#: Bytes per logit element: transformers' causal-LM loss upcasts logits to fp32.
+LOGITS_BYTES = 4
+#: Korthikanti et al. 2022, eq. (1): bytes per token per hidden unit of one transformer layer in 16-bit, without the
+#: attention-score term 5·a·s/h (which is kept only when the attention implementation materialises the scores).
+KORTHIKANTI_SBH_BYTES_16BIT = 34
+#: Of those 34, the MLP's (a plain 4h MLP with GeLU and dropout): its input 2, GeLU's input 8, the second linear's input
+#: 8, the dropout mask 1; the rest is attention (11) and the two layer norms (4).
+KORTHIKANTI_MLP_UNITS = 19
+#: Activations transformers writes as Python arithmetic (transformers/activations.py), each of whose ops keeps its own
+#: I-wide tensor for backward, by how many more than a fused activation (which keeps its input only):
+#: NewGELUActivation ``0.5 * x * (1 + tanh(c * (x + 0.044715 * x**3)))`` keeps tanh's output, 1 + it and 0.5 * x;
+#: FastGELUActivation also the inner factor; QuickGELUActivation ``x * sigmoid(1.702 * x)`` the sigmoid's output.
+PYTHON_ACTIVATION_TENSORS = {"gelu_new": 3, "gelu_fast": 4, "quick_gelu": 1}
+#: Module names of the first (up / gate) and second (down) MLP linear layers across common architectures.
+_MLP_IN_NAMES = frozenset({"gate_proj", "up_proj", "c_fc", "fc_in", "fc1", "w1", "w3", "dense_h_to_4h"})
+_MLP_OUT_NAMES = frozenset({"down_proj", "c_proj", "fc_out", "fc2", "w2", "dense_4h_to_h"})
+
+
+@dataclass(frozen=True)
+class Line:
+    """One component of a device plan.
+
+    Attributes:
+        component: one of :data:`core.plan.memory.COMPONENTS`.
+        bytes: the estimate, in bytes (0 where the component does not apply).
+        method: one line saying how it was estimated (the formula with its numbers), or why it is 0.
+    """
+
+    component: str
+    bytes: int
+    method: str
+
+
+def _groups(groups: dict[str, int]) -> str:
+    """``"70,553,706,496 x 2 B (bf16)"``, or a sum of such terms when dtypes are mixed (LoRA adapters in fp32)."""
+    if not groups:
+        return "0 parameters"
+    return " + ".join(f"{n:,} x {dtype_bytes(d)} B ({d})" for d, n in sorted(groups.items(), key=lambda kv: -kv[1]))
+
+
+def _group_bytes(groups: dict[str, int]) -> int:
+    return sum(n * dtype_bytes(d) for d, n in groups.items())
+
+
+def weights_line(summary: ModelSummary, scope: str | None = None) -> Line:
+    """weights = P x bytes of each parameter's dtype (the parameter dtype; LoRA adapters fp32). ``scope``: what part of
+    the model ``summary`` is, for a device holding part of it (device_map, tp)."""
+    if scope is not None:
+        return Line("weights", _group_bytes(summary.weight_groups),
+                    f"P here x bytes: {_groups(summary.weight_groups)}; {scope}")
+    return Line(
+        "weights",
+        _group_bytes(summary.weight_groups),
+        f"P x bytes: {_groups(summary.weight_groups)}; every parameter incl. LM head, tied weights once",
+    )
+
+
+def qlora_weights_line(q: QuantisedBase) -> Line:
+    """QLoRA's weights line: the 4-bit layers (packed and constants), the rest of the base, the adapters."""
+    constants = ("uint8 absmax per block of 64 + fp32 absmax per 256 blocks + 1,024 B map + 4 B offset + 64 B code "
+                 "table per layer (double quantisation)" if q.double_quant else
+                 "fp32 absmax per block of 64 + 64 B code table per layer")
+    return Line("weights", q.weights_bytes,
+                f"QLoRA (a variant: the base stored in 4 bits): {q.layers:,} decoder linear layers in "
+                f"{q.quant_type.upper()}, {q.quantised_parameters:,} parameters x 0.5 B = {q.packed_bytes:,} B packed "
+                f"+ {q.constants_bytes:,} B constants ({constants}); embeddings, norms and LM head not quantised, fp32 "
+                f"after peft's prepare_model_for_kbit_training {q.unquantised_bytes:,} B; LoRA adapters fp32 "
+                f"{q.adapter_bytes:,} B")
+
+
+def gradients_line(spec: RunSpec, summary: ModelSummary) -> Line:
+    """gradients = T x bytes of each trainable parameter's dtype; none for inference."""
+    if not spec.training:
+        return Line("gradients", 0, "inference: no backward pass, no gradients")
+    text = f"T x bytes (each parameter's dtype): {_groups(summary.grad_groups)}"
+    if spec.grad_accum > 1:
+        text += "; gradient accumulation keeps them from the second micro-batch's forward on"
+    return Line("gradients", _group_bytes(summary.grad_groups), text)
+
+
+def gradient_terms(spec: RunSpec, shape: ModelShape, summary: ModelSummary) -> dict[str, int]:
+    """The gradient terms of the backward's moments: the LM head's weight gradient (an untied head trained), its
+    16-bit transient under amp, a tied embedding's buffer, and the first layer's and embedding's gradients."""
+    head = tied = first = 0
+    vocab_matrix = shape.vocab * shape.hidden
+    for p in summary.params:
+        if not p.trainable:
+            continue
+        nbytes = p.numel * dtype_bytes(p.dtype)
+        if p.unit == "embeddings":
+            first += nbytes
+            if shape.tied and p.numel == vocab_matrix:
+                tied = nbytes
+        elif p.layer == 0:
+            first += nbytes
+        elif p.unit == "head" and p.kind == "linear" and p.numel == vocab_matrix:
+            head = nbytes
+    cast = spec.param_dtype != spec.dtype and spec.autocast and (head or tied)
+    return {"head_gradient": head, "head_gradient_transient": vocab_matrix * spec.dtype_bytes if cast else 0,
+            "tied_buffer": tied, "first_gradients": first}
+
+
+def _trainable(summary: ModelSummary) -> list[ParamInfo]:
+    return [p for p in summary.params if p.trainable]
+
+
+def optimizer_states_line(spec: RunSpec, summary: ModelSummary, kind: str = "cuda") -> Line:
+    """Optimizer states in the steady state, each in the dtype the optimizer creates it in (read from the libraries):
+
+    - AdamW (torch): ``exp_avg`` and ``exp_avg_sq`` are ``torch.zeros_like(param)``, so 2 x T x each parameter's
+      bytes (bf16 moments for a bf16 model); plus a 4 B fp32 step counter per trainable tensor, a CPU tensor (not on
+      a CUDA device) unless fused or capturable;
+    - SGD with momentum (torch): ``momentum_buffer = clone(grad)``: T x the parameter's bytes;
+    - Adafactor (transformers, no first moment; Shazeer & Stern 2018, arXiv 1804.04235): the gradient is upcast to fp32
+      before its statistics are made, so (rows + cols) x 4 B per matrix and n x 4 B per vector, whatever the dtype.
+    """
+    if not spec.training:
+        return Line("optimizer_states", 0, "inference: no optimizer")
+    trainable = _trainable(summary)
+    if spec.optimizer in EIGHT_BIT_OPTIMIZERS:
+        return _adamw_8bit_states(spec, trainable)
+    if spec.optimizer == "adamw":
+        moments = 2 * _group_bytes(summary.grad_groups)
+        steps = 4 * len(trainable) if kind == "cpu" else 0
+        text = f"AdamW: 2 moments x T in each parameter's dtype (zeros_like(param)) = 2 x ({_groups(summary.grad_groups)})"
+        text += (f" + a 4 B fp32 step counter per trainable tensor ({len(trainable):,})" if kind == "cpu"
+                 else "; its step counters are CPU tensors, not on the device")
+        return Line("optimizer_states", moments + steps, text)
+    if spec.optimizer == "sgd":
+        return Line("optimizer_states", _group_bytes(summary.grad_groups),
+                    f"SGD with momentum: 1 buffer x T in each parameter's dtype (clone of the gradient) = "
+                    f"{_groups(summary.grad_groups)} (0 without momentum)")
+    elements = 0
+    for shape in summary.trainable_shapes:
+        if len(shape) >= 2:
+            leading = 1
+            for d in shape[:-2]:
+                leading *= d
+            elements += leading * (shape[-2] + shape[-1])
+        else:
+            elements += math.prod(shape)
+    return Line(
+        "optimizer_states",
+        elements * 4,
+        f"Adafactor factored second moment in fp32 (the gradient is upcast first): (rows + cols) x 4 B per matrix, "
+        f"n x 4 B per vector = {elements:,} x 4 B",
+    )
+
+
+def _adamw_8bit_states(spec: RunSpec, trainable: list[ParamInfo]) -> Line:
+    """bitsandbytes' AdamW8bit states (core/plan/quant.py): uint8 moments with an fp32 absmax per 256 elements, fp32
+    moments for a tensor under 4,096 elements and for an embedding (Trainer gives every ``nn.Embedding`` 32-bit
+    states), and the two dynamic maps once."""
+    eight: list[ParamInfo] = []
+    full: list[ParamInfo] = []
+    for p in trainable:
+        (eight if adamw_8bit_is_8bit(p.numel, p.kind == "embedding") else full).append(p)
+    states = sum(adamw_8bit_state_bytes(p.numel, p.kind == "embedding") for p in trainable)
+    maps = adamw_8bit_maps_bytes(bool(eight))
+    n8, n32 = sum(p.numel for p in eight), sum(p.numel for p in full)
+    paged = ("; paged: tensors of 100k elements or more are allocated in CUDA unified memory, which the driver may page "
+             "to the host under pressure (planned on the device)") if spec.optimizer == "paged_adamw_8bit" else ""
+    return Line("optimizer_states", states + maps,
+                f"bitsandbytes AdamW8bit (a variant): uint8 moments + an fp32 absmax per 256 elements for {len(eight):,} "
+                f"tensors of {n8:,} elements (2 B + 8 B per 256); fp32 moments (8 B) for {len(full):,} tensors of "
+                f"{n32:,} elements (under 4,096 elements, or an embedding: Trainer keeps those 32-bit); 2 dynamic maps "
+                f"{maps:,} B{paged}")
+
+
+def step_temporaries(spec: RunSpec, summary: ModelSummary, kind: str) -> tuple[int, str]:
+    """The optimizer step's transient buffers (bytes, formula), read from the optimizers' code and checked against the
+    traced plan:
+
+    - AdamW with ``foreach`` (torch's default on CUDA): ``torch._foreach_sqrt(exp_avg_sqs)`` makes one more state's
+      worth, T x the parameters' bytes; per tensor (the CPU default): ``exp_avg_sq.sqrt() / bias_correction`` makes
+      two copies of a tensor, 2 x the largest trainable tensor;
+    - SGD with momentum: in place, none;
+    - Adafactor: ``grad ** 2 + eps`` and the update, 2 fp32 copies of the largest trainable tensor, and for a 16-bit
+      parameter its fp32 gradient and fp32 weight as well (4 copies).
+    """
+    trainable = _trainable(summary)
+    if spec.optimizer in EIGHT_BIT_OPTIMIZERS:
+        return adamw_8bit_step_temporaries(
+            [(p.numel, dtype_bytes(p.dtype), p.kind == "embedding") for p in trainable], kind)
+    largest = max(trainable, key=lambda p: p.numel * dtype_bytes(p.dtype), default=None)
+    if spec.optimizer == "sgd" or largest is None:
+        return 0, "SGD step: in-place updates, no temporaries"
+    if spec.optimizer == "adafactor":
+        copies = 2 if dtype_bytes(largest.dtype) == 4 else 4
+        return copies * largest.numel * 4, (f"Adafactor step: {copies} fp32 copies of the largest trainable tensor = "
+                                            f"{copies} x {largest.numel:,} x 4 B")
+    if kind == "cuda":
+        return (_group_bytes(summary.grad_groups),
+                f"foreach AdamW (torch's default on CUDA): _foreach_sqrt makes one more state, T x bytes = "
+                f"{_groups(summary.grad_groups)}")
+    nbytes = dtype_bytes(largest.dtype)
+    return (2 * largest.numel * nbytes,
+            f"per-tensor AdamW (torch's default on the CPU): sqrt and the division of the largest trainable tensor, "
+            f"2 x {largest.numel:,} x {nbytes} B")
+
+
+def temporaries_text(act: StepActivations, step_text: str, grads: dict[str, int],
+                     quantised: QuantisedBase | None = None) -> str:
+    """The temporaries line's formula: the loss's gradients, the optimizer step's buffers, a tied embedding's parts,
+    QLoRA's dequantised weight."""
+    parts = [f"start of backward: fp32 gradients of log_softmax and of the logits 2 x b·s·V x 4 B = "
+             f"{act.logits_backward:,} B", f"optimizer step: {step_text}"]
+    if quantised is not None:
+        parts.append(f"4-bit layers: the largest one's weight dequantised to the compute dtype as it runs (forward, "
+                     f"and backward for its input's gradient){' with its fp32 absmax' if quantised.double_quant else ''}"
+                     f" {quantised.dequantised_bytes:,} B")
+    if grads.get("tied_buffer"):
+        parts.append(f"tied embedding: the LM head's part of its gradient {grads['tied_buffer']:,} B held from the "
+                     "head's backward to the embedding's, where the two parts and their sum are alive at once")
+    return "; ".join(parts)
+
+
+def _numerics(spec: RunSpec) -> Numerics:
+    param = dtype_bytes(spec.param_dtype)
+    return Numerics(param_bytes=param, compute_bytes=spec.dtype_bytes if spec.autocast else param,
+                    autocast=spec.autocast, quantised_base=spec.method.takes("quant"))
+
+
+def activation_terms(spec: RunSpec, shape: ModelShape, summary: ModelSummary, kind: str,
+                     tp: int = 1) -> tuple[StepActivations, str]:
+    """The activation terms of one micro-batch (see :class:`core.plan.activations.StepActivations`) and their formula.
+
+    The Llama family, without tensor parallelism: op by op (:func:`core.plan.activations.step_activations`). Others:
+    Korthikanti et al. 2022 (eq. 1; eq. 2 under tp) for the layers, an approximation stated in the method."""
+    num = _numerics(spec)
+    c = num.compute_bytes
+    b, s, h, V = spec.batch_size, spec.seq_len, shape.hidden, shape.vocab
+    mask = 1 if kind == "cuda" else 4
+    adapters = {a.module: Adapter(a.r, spec.lora.dropout > 0, mask) for a in summary.adapters}
+    if shape.family in LLAMA_FAMILY and tp == 1:
+        dims = Dims(b, s, h, shape.inter, shape.heads, shape.kv_heads, shape.head_dim, V, shape.layers, shape.tied)
+        act = step_activations(dims, num, full=spec.method.trains_base, adapters=adapters, attention=shape.attention,
+                               checkpointing=spec.gradient_checkpointing, biases=shape.biases,
+                               masked=spec.padding == "padded")
+        top = sorted(act.breakdown.items(), key=lambda kv: -kv[1])
+        parts = ", ".join(f"{why} {n:,}" for why, n in top)
+        text = (f"op by op from the {shape.family} decoder's code (core/plan/activations.py): one layer saves "
+                f"{act.layer:,} B ({parts})")
+        if spec.gradient_checkpointing:
+            text += (f"; checkpointing: each of L={shape.layers} layers keeps its input {act.layer_input:,} B, one "
+                     f"layer recomputed in backward")
+        else:
+            text += f"; L={shape.layers} layers" + (f" (the first {act.first:,} B)" if act.first != act.layer else "")
+        text += (f"; + final norm, LM head and RoPE {act.head:,} B; + the loss at the end of the forward: logits b·s·V "
+                 f"x ({c if c != 4 else ''}{' + 4' if c != 4 else '4'} + 4) B (compute dtype, fp32 copy, "
+                 f"log_softmax), V={V:,}")
+        if act.forward_cache:
+            text += f"; + autocast's cached {spec.dtype} weight copies {act.forward_cache:,} B to the forward's end"
+        return act, text
+    return _korthikanti_terms(spec, shape, summary, num, adapters, tp)
+
+
+def _korthikanti_terms(spec: RunSpec, shape: ModelShape, summary: ModelSummary, num: Numerics,
+                       adapters: dict[str, Adapter], tp: int) -> tuple[StepActivations, str]:
+    """Activation terms for layers this planner has no op-by-op model of (or under tensor parallelism)."""
+    c = num.compute_bytes
+    s, b, h, V = spec.seq_len, spec.batch_size, shape.hidden, shape.vocab
+    per_layer, layer_text = _layer_activation_bytes(spec, shape, tp, c)
+    lora_extra = _adapter_activation_bytes(spec, summary.adapters, c)
+    cast = 0
+    if num.cast_weights:  # amp: each linear weight's 16-bit copy is kept for the backward of its input
+        cast = sum(p.numel for p in summary.params if p.kind == "linear" and p.unit == "layer") * c // max(tp, 1)
+    per_layer_all = per_layer + (lora_extra + cast) // max(shape.layers, 1)
+    layer_input = b * s * h * num.residual_bytes
+    logits = -(-b * s * V // tp)
+    if spec.gradient_checkpointing:
+        layers, recompute, cache = shape.layers * layer_input, per_layer_all, cast
+    else:
+        layers, recompute, cache = shape.layers * per_layer_all, 0, 0
+    act = StepActivations(
+        layer=per_layer_all, first=per_layer_all, layer_input=layer_input, layers=layers,
+        head=b * s * h * (4 + c), logits_forward=logits * (c + (4 if c != 4 else 0) + 4), logits_saved=logits * 4,
+        logits_backward=2 * logits * 4, logits_grad=logits * c, hidden_grad=b * s * h * c, recompute=recompute,
+        forward_cache=cache, breakdown={})
+    text = (f"Korthikanti et al. 2022 (an approximation for {shape.family or 'this'} layers): L={shape.layers} x "
+            f"{layer_text}, h={h}, s={s}, b={b}")
+    if lora_extra:
+        text += f"; + LoRA adapters' inputs {lora_extra:,} B"
+    if cast:
+        text += f"; + the {spec.dtype} copies of the linear weights under amp {cast:,} B"
+    if spec.gradient_checkpointing:
+        text += f"; checkpointing: each layer keeps its input {layer_input:,} B, one layer recomputed in backward"
+    split = f"/{tp} (vocab-parallel)" if tp > 1 else ""
+    text += f"; + the loss: logits b·s·V{split} (compute dtype, fp32 copy, fp32 log_softmax), V={V:,}"
+    return act, text
+
+
+def _mlp_units(spec: RunSpec, shape: ModelShape) -> tuple[float, str]:
+    """Korthikanti's MLP share of a layer (16-bit s·b·h units), generalised to the MLP width I and to gating: the first
+    linear's input (2), then I-wide tensors of 2 B each: a plain MLP keeps the activation's input and the second
+    linear's input (2 x 2·I/h) and a 1 B dropout mask (Korthikanti's 19 at I = 4h); a gated one keeps the gate, the
+    activation's output, up and their product (4 x 2·I/h); an activation written as Python arithmetic keeps more
+    (:data:`PYTHON_ACTIVATION_TENSORS`). LoRA on frozen MLP linears drops the inputs of those it does not adapt (a
+    frozen linear needs no weight gradient)."""
+    ratio = shape.inter / shape.hidden
+    inner = 8 * ratio if shape.gated else 4 * ratio + 1
+    inner += 2 * ratio * PYTHON_ACTIVATION_TENSORS.get(shape.activation, 0)
+    first, second = 2.0, 2 * ratio
+    if spec.adapters and not spec.all_linear:
+        targets = set(spec.lora.targets)
+        first = first if targets & _MLP_IN_NAMES else 0.0
+        if not targets & _MLP_OUT_NAMES:
+            inner -= second  # the second linear's input is the product (gated) or the activation's output
+    units = first + inner
+    kind = "gated" if shape.gated else "plain"
+    extra = PYTHON_ACTIVATION_TENSORS.get(shape.activation, 0)
+    act = f", {shape.activation} keeps {extra} more I-wide tensors" if extra else ""
+    return units, f"{kind} MLP {units:.1f} (I/h = {ratio:.2f}{act})"
+
+
+def _layer_activation_bytes(spec: RunSpec, shape: ModelShape, tp: int = 1,
+                            nbytes: int | None = None) -> tuple[int, str]:
+    """One layer's saved activations, Korthikanti et al. 2022 eq. (1): ``s·b·h·(34 + 5·a·s/h)`` bytes in 16-bit, scaled by
+    compute bytes / 2, its MLP share generalised to the MLP's width and gating (:func:`_mlp_units`); the ``5·a·s/h``
+    score term only with eager attention. With tensor parallelism ``tp`` = t > 1, eq. (2) (no sequence parallelism):
+    ``s·b·h·(10 + 24/t + 5·a·s/(h·t))``. Returns (bytes, formula text)."""
+    s, b, h, a = spec.seq_len, spec.batch_size, shape.hidden, shape.heads
+    nbytes = nbytes if nbytes is not None else spec.dtype_bytes
+    if tp == 1:
+        mlp, mlp_text = _mlp_units(spec, shape)
+        units = KORTHIKANTI_SBH_BYTES_16BIT - KORTHIKANTI_MLP_UNITS + mlp
+        per_layer = int(s * b * h * units * nbytes / 2)
+        body = f"s·b·h·({KORTHIKANTI_SBH_BYTES_16BIT - KORTHIKANTI_MLP_UNITS} + {mlp_text}"
+        if shape.materialises_scores:
+            per_layer += 5 * a * s * s * b * nbytes // 2
+            text = f"{body} + 5·a·s/h) x {nbytes} B / 2 (eager attention keeps the a·s·s scores)"
+        else:
+            text = f"{body}) x {nbytes} B / 2 ({shape.attention} attention: fused, no saved scores)"
+        return per_layer, text
+    per_layer = s * b * h * (10 * tp + 24) * nbytes // (2 * tp)
+    if shape.materialises_scores:
+        per_layer += 5 * a * s * s * b * nbytes // (2 * tp)
+        text = (f"s·b·h·(10 + 24/t + 5·a·s/(h·t)) x {nbytes} B / 2, t={tp} (Korthikanti eq. 2; eager attention keeps "
+                "the scores of its heads)")
+    else:
+        text = (f"s·b·h·(10 + 24/t) x {nbytes} B / 2, t={tp} (Korthikanti eq. 2, no sequence parallelism; "
+                f"{shape.attention} attention: fused)")
+    return per_layer, text
+
+
+def _adapter_activation_bytes(spec: RunSpec, adapters: tuple[AdapterInfo, ...], c: int) -> int:
+    """Per adapter: its input b·s·in (cast to the compute dtype) and its rank-r intermediate b·s·r, plus a dropout mask
+    b·s·in x 1 B when dropout > 0."""
+    s, b = spec.seq_len, spec.batch_size
+    mask = 1 if spec.lora.dropout > 0 else 0
+    return sum(b * s * (ad.in_features + ad.r) * c + b * s * ad.in_features * mask for ad in adapters)
+
+
+def inference_activations_line(spec: RunSpec, shape: ModelShape, tp: int = 1) -> Line:
+    """Inference at the loss (the probe and the held-out evaluation pass labels): the logits in the dtype, plus
+    transformers' fp32 copy for the loss when the dtype is 16-bit, plus the fp32 log-softmax of the cross entropy
+    (an fp32 model's ``.float()`` is the same tensor), and the last hidden state the LM head read (b·s·h); equal to the
+    traced forward within its rounding."""
+    nbytes = spec.dtype_bytes
+    elements = -(-spec.batch_size * spec.seq_len * shape.vocab // tp)
+    copies = nbytes + (LOGITS_BYTES if nbytes != LOGITS_BYTES else 0) + LOGITS_BYTES
+    parts = f"{nbytes} B" + (f" + fp32 copy {LOGITS_BYTES} B" if nbytes != LOGITS_BYTES else "") + \
+        f" + fp32 log-softmax {LOGITS_BYTES} B"
+    split = f"/{tp} (vocab-parallel)" if tp > 1 else ""
+    hidden = spec.batch_size * spec.seq_len * shape.hidden * nbytes
+    return Line("activations", elements * copies + hidden,
+                f"inference: logits of a full forward pass and the loss over them, b·s·V{split} x ({parts}) = "
+                f"{spec.batch_size}·{spec.seq_len}·{shape.vocab:,}{split} x {copies} B, + the last hidden state b·s·h "
+                f"x {nbytes} B (no activations are saved; a layer's working set is freed before the loss)")
+
+
+def inference_temporaries_line(spec: RunSpec, shape: ModelShape, tp: int = 1) -> Line:
+    """Inference: one layer's working set (one layer of Korthikanti activations), an estimate; it counts when it is
+    above the loss's bytes (it is freed before the loss)."""
+    per_layer, layer_text = _layer_activation_bytes(spec, shape, tp)
+    return Line("temporaries", per_layer, f"inference: one layer's working set (estimate), {layer_text}")
+
+
+def kv_cache_line(spec: RunSpec, shape: ModelShape, layers: int | None = None, tp: int = 1) -> Line:
+    """Inference: 2 (K, V) x layers x kv_heads x head_dim x b x s x dtype bytes (grouped-query attention: kv_heads =
+    ``num_key_value_heads``; head_dim = ``head_dim`` or hidden / heads), for ``layers`` decoder layers (default all)
+    with the KV heads ÷ ``tp``. Training runs with ``use_cache`` off."""
+    if spec.training:
+        return Line("kv_cache", 0, "training: use_cache off, no KV cache")
+    nbytes = spec.dtype_bytes
+    layers = shape.layers if layers is None else layers
+    kv_heads = shape.kv_heads // tp
+    size = 2 * layers * kv_heads * shape.head_dim * spec.batch_size * spec.seq_len * nbytes
+    heads = f"kv_heads/{tp}" if tp > 1 else "kv_heads"
+    where = "L" if layers == shape.layers else "layers here"
+    return Line(
+        "kv_cache",
+        size,
+        f"2 (K,V) x {where} x {heads} x head_dim x b x s x {nbytes} B = 2 x {layers} x {kv_heads} x "
+        f"{shape.head_dim} x {spec.batch_size} x {spec.seq_len} x {nbytes} B",
+    )
+
+
+def overhead_line(device: DeviceInfo, strategy: Strategy = "single", n: int = 1, first: bool = True,
+                  quantised_source: tuple[int, str] = (0, "")) -> Line:
+    """CUDA: CUDA context + cuBLAS workspace, 500 MiB per process per device (estimate), plus NCCL communicator
+    buffers (:data:`NCCL_BUFFER_BYTES`, estimate) for strategies that run collectives on N >= 2 devices (ddp, zero*,
+    tp; not device_map, which is one process). CPU: the process's runtime, :data:`CPU_RUNTIME_BYTES` (estimate): on the
+    CPU the probe's fit is judged by the larger of its tensor peak and its RSS, which holds it."""
+    if device.kind == "cuda":
+        text = "CUDA context + cuBLAS workspace (estimate; 300-700 MB per process per device): 500 MiB"
+        if strategy in ("single", "device_map") or n < 2:
+            if strategy == "device_map":
+                text += " (device_map: one process, a context on each device it uses; no NCCL)"
+            return Line("overhead", CUDA_OVERHEAD_BYTES, text)
+        return Line(
+            "overhead",
+            CUDA_OVERHEAD_BYTES + NCCL_BUFFER_BYTES,
+            f"{text}; + NCCL communicator buffers for {strategy} over N={n} devices (estimate, not measured here): "
+            f"{NCCL_BUFFER_BYTES // 2**20} MiB (NCCL_BUFFSIZE 4 MiB per channel, peer and protocol)",
+        )
+    if strategy == "device_map" and not first:
+        return Line("overhead", 0, "device_map runs in one process: its runtime is counted on the first device")
+    text = (f"no CUDA context on the CPU; the process's Python, torch and transformers runtime and the allocator's "
+            f"free memory (estimate; the probe's peak RSS was 0.44-0.59 GiB above its tensor peak on the embedded "
+            f"model): {CPU_RUNTIME_BYTES // 2**20} MiB")
+    source, name = quantised_source
+    if source:
+        text += (f"; + QLoRA's load: the checkpoint's pages of the layers quantised as they load, read and kept "
+                 f"resident in the process ({name} in the checkpoint as config.json states it; measured here: the "
+                 f"process's RSS after the 4-bit load of the embedded model 0.44 GiB above LoRA's load) {source:,} B")
+    return Line("overhead", CPU_RUNTIME_BYTES + source, text)

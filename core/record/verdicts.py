@@ -1,0 +1,486 @@
+"""The verdict engine: each stage's status, and the record's overall one, from typed facts (issue 36).
+
+One rule per stage for the record's verdicts:
+
+- :mod:`core.record.build` builds the facts from the recipe's stage results and writes the verdicts it gets back (where
+  a stage's own status differs from the engine's, the record says the engine's and its evidence says why);
+- ``gpuaccept verify`` parses a record's own tables into the same facts (:mod:`core.record.verify` for the recipe's
+  records, :mod:`core.record.command` for command mode's; a key a verdict depends on that is missing or of the wrong
+  type is a named problem, :class:`RecordValueError`) and recomputes with the same functions; a stated status that
+  differs from the recomputed one is a finding (:func:`stated_problems`). Command mode's record is written by
+  core/command/record.py from its stages' statuses; verify holds it to this engine all the same.
+
+The facts are small frozen dataclasses holding exactly what a verdict depends on:
+
+- plan (:class:`PlanFacts`): per device the bytes its fit is judged by and its capacity (core/plan/fit.py); the
+  plan's own criterion ``max_plan_error_pct`` over the probe's peaks. Pass: every device fits (an unknown capacity is
+  not held against it) and the criterion is met;
+- probe (:class:`ProbeFacts`): per device its measured use, capacity and wrapper; the speed; the ranks; the
+  attention implementation; command mode's exit and steps. Pass: it ended as asked, every device within its share
+  of its capacity (the recipe: a device without a capacity cannot pass), in the strategy's wrapper, one per rank,
+  the speed and attention as planned;
+- evaluation: the recipe's held-out perplexities and accuracy (:class:`QualityFacts`; pass: every criterion of
+  :func:`core.criteria.judge_quality` met), or command mode's metric before and after (:class:`MetricFacts`; pass:
+  both finite and after better in the metric's direction);
+- resume (:class:`ResumeFacts`): the checks, the checks a pass must hold (command mode's), the tier's rule and
+  criterion, the compared steps, command mode's kill-point steps. Pass: every check passed, the required ones are
+  there, and the numbers of a pass lie within the tier (:class:`core.stages.noise.RecordedRule`);
+- a stage that does not apply is :class:`NotApplicable`; overall (:func:`overall_status`): pass exactly when every
+  stage is pass or not_applicable.
+
+Each function returns a :class:`StageVerdict`: the status (:class:`core.status.StageStatus`, whose values are the
+record's strings), the reasons it did not pass, and the criteria rows it was judged by.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from core.criteria import (
+    AcceptCriteria,
+    DeviceUse,
+    Judgement,
+    judge_plan_error,
+    judge_probe,
+    judge_quality,
+    judge_resume_tier,
+    missed,
+)
+from core.plan.fit import fits_in
+from core.stages.noise import RecordedRule
+from core.status import PASSING, StageStatus
+
+#: The record's stages, in order.
+STAGES = ("plan", "probe", "evaluation", "resume")
+
+
+@dataclass(frozen=True)
+class StageVerdict:
+    """A stage's verdict: its status, why it did not pass (empty for a pass) and the criteria rows it was judged by."""
+
+    status: StageStatus
+    reasons: tuple[str, ...] = ()
+    criteria: tuple[Judgement, ...] = ()
+
+    @property
+    def passed(self) -> bool:
+        """pass or not_applicable."""
+        return self.status in PASSING
+
+
+@dataclass(frozen=True)
+class NotApplicable:
+    """A stage that does not apply to the run (inference has no resume; a command without a plan or evaluation)."""
+
+    why: str = ""
+
+
+def _judged(reasons: Iterable[str], rows: Iterable[Judgement] = ()) -> StageVerdict:
+    """pass exactly when there is no reason against it and no criterion missed."""
+    rows = tuple(rows)
+    reasons = (*reasons, *(r.words() for r in missed(rows)))
+    return StageVerdict(StageStatus.FAIL if reasons else StageStatus.PASS, reasons, rows)
+
+
+# ------------------------------------------------------------------------------------------------------------- plan
+@dataclass(frozen=True)
+class PlannedDevice:
+    """One planned device: the bytes its fit is judged by (:attr:`core.plan.fit.Fit.bytes`) and its capacity (None:
+    unknown)."""
+
+    device: str
+    fit_bytes: int
+    capacity_bytes: int | None
+
+
+@dataclass(frozen=True)
+class ComparedPeak:
+    """The plan's tensor bytes against the probe's measured peak on one device (``on``: its row label)."""
+
+    on: str
+    planned_bytes: int
+    measured_bytes: int
+
+
+@dataclass(frozen=True)
+class PlanFacts:
+    devices: tuple[PlannedDevice, ...]
+    compared: tuple[ComparedPeak, ...] = ()
+    criteria: AcceptCriteria = field(default_factory=AcceptCriteria)
+
+
+def plan_verdict(facts: PlanFacts | NotApplicable) -> StageVerdict:
+    """pass exactly when every device fits (:func:`core.plan.fit.fits_in`: a device of unknown capacity is not held
+    against it) and the plan's error against the probe's peaks meets ``accept.max_plan_error_pct`` when set."""
+    if isinstance(facts, NotApplicable):
+        return StageVerdict(StageStatus.NOT_APPLICABLE, (facts.why,) if facts.why else ())
+    over = [f"{d.device}: planned {d.fit_bytes} B, above its capacity {d.capacity_bytes} B" for d in facts.devices
+            if fits_in(d.fit_bytes, d.capacity_bytes) is False]
+    rows = judge_plan_error(facts.criteria, [(c.on, c.planned_bytes, c.measured_bytes) for c in facts.compared])
+    return _judged(over, rows)
+
+
+# ------------------------------------------------------------------------------------------------------------ probe
+@dataclass(frozen=True)
+class ProbedDevice:
+    """One probed device (one per rank): its row label, its measured use (:func:`core.plan.fit.measured_use_bytes`),
+    its capacity (None: unknown) and why its wrapper is not the strategy's (None: it is)."""
+
+    on: str
+    used_bytes: int
+    capacity_bytes: int | None
+    wrapper_problem: str | None = None
+
+
+@dataclass(frozen=True)
+class ProbeFacts:
+    """What the probe's verdict depends on.
+
+    Attributes:
+        devices: one per rank (a device map: one per device).
+        criteria: the speed and headroom thresholds.
+        step_time_s, tokens_per_s: the speed judged (None: not measured); ``speed_on`` what it was judged on.
+        expected_devices: the devices the spec runs (None: not known).
+        capacity_required: a device without a capacity cannot pass (the recipe judges each device against its
+            planned device; command mode, measured from outside, does not hold an unknown capacity against it).
+        attention, planned_attention: the attention implementation the model ran with and the one the plan is for
+            (empty: not known).
+        exit_code: how the process ended (0: it exited cleanly; ``"killed"``: it was killed).
+        steps, expected_steps: the steps it ran and those it was asked for (None: not known).
+        quit: measured until the operator quit (command mode): not judged, cancelled.
+    """
+
+    devices: tuple[ProbedDevice, ...]
+    criteria: AcceptCriteria = field(default_factory=AcceptCriteria)
+    step_time_s: float | None = None
+    tokens_per_s: float | None = None
+    speed_on: str | None = None
+    expected_devices: int | None = None
+    capacity_required: bool = True
+    attention: str = ""
+    planned_attention: str = ""
+    exit_code: int | str = 0
+    steps: int | None = None
+    expected_steps: int | None = None
+    quit: bool = False
+
+
+def probe_verdict(facts: ProbeFacts) -> StageVerdict:
+    """pass exactly when the probe ended as asked (exit 0, every step it was asked for), measured at least one device,
+    each within ``accept.max_device_share`` of its capacity (1.0: it fits), in the strategy's wrapper, one device per
+    rank the spec runs, with the planned attention implementation and the speed criteria met; cancelled when the
+    operator quit it."""
+    if facts.quit:
+        return StageVerdict(StageStatus.CANCELLED, ("measured until the operator quit: not judged",))
+    reasons: list[str] = []
+    if facts.exit_code != 0:
+        reasons.append(f"the process ended with {facts.exit_code!r}, not exit 0")
+    if facts.steps is not None and facts.expected_steps is not None and facts.steps < facts.expected_steps:
+        reasons.append(f"it ran {facts.steps} of the {facts.expected_steps} steps it was asked for")
+    if not facts.devices:
+        reasons.append("no device was measured")
+    for d in facts.devices:
+        if d.wrapper_problem:
+            reasons.append(f"{d.on}: {d.wrapper_problem}")
+        if d.capacity_bytes is None and facts.capacity_required:
+            reasons.append(f"{d.on}: no planned device with a capacity, so its fit cannot be judged")
+    if facts.devices and facts.expected_devices is not None and len(facts.devices) != facts.expected_devices:
+        reasons.append(f"{len(facts.devices)} device(s) measured (one per rank), the spec runs "
+                       f"{facts.expected_devices}")
+    if facts.attention and facts.planned_attention and facts.attention != facts.planned_attention:
+        reasons.append(f"the model ran with {facts.attention} attention, the plan is for {facts.planned_attention}")
+    rows = judge_probe(facts.criteria, [DeviceUse(d.on, d.used_bytes, d.capacity_bytes) for d in facts.devices],
+                       facts.step_time_s, facts.tokens_per_s, facts.speed_on)
+    return _judged(reasons, rows)
+
+
+def expected_world_size(spec: Mapping[str, Any], planned_devices: int) -> int | None:
+    """The ranks a spec table runs (one per planned device of a node for ddp / zero*, unless ``nproc_per_node``
+    says; x ``nnodes``; a device map: one measurement per planned device), or None when the table does not say."""
+    from core.spec import TORCHRUN_STRATEGIES
+
+    torchrun = spec.get("torchrun")
+    if not isinstance(torchrun, dict):
+        return None
+    if spec.get("strategy") == "device_map":
+        return planned_devices  # one process, a measurement per device
+    if spec.get("strategy") not in TORCHRUN_STRATEGIES:
+        return 1
+    nproc, nnodes = torchrun.get("nproc_per_node"), torchrun.get("nnodes")
+    if not isinstance(nproc, int) or not isinstance(nnodes, int):
+        return None
+    return (nproc or planned_devices) * nnodes
+
+
+# ------------------------------------------------------------------------------------------------------- evaluation
+@dataclass(frozen=True)
+class QualityFacts:
+    """The recipe's held-out evaluation: perplexity before training (inference: the only one), after training (None:
+    not measured), the final next-token accuracy (None: not measured)."""
+
+    training: bool
+    before_perplexity: float
+    after_perplexity: float | None
+    accuracy: float | None
+    criteria: AcceptCriteria = field(default_factory=AcceptCriteria)
+
+
+@dataclass(frozen=True)
+class MetricFacts:
+    """Command mode's evaluation: the metric of the base model (None: no base known) and of the final checkpoint
+    (None: not evaluated), and its direction."""
+
+    higher_is_better: bool
+    before: float | None
+    after: float | None
+
+
+def evaluation_verdict(facts: QualityFacts | MetricFacts | NotApplicable) -> StageVerdict:
+    """The recipe's: pass exactly when every criterion of :func:`core.criteria.judge_quality` is met (by default
+    training: both perplexities finite and after < before; inference: finite). Command mode's: pass exactly when both
+    values are there, finite, and after is better than before in the metric's direction."""
+    if isinstance(facts, NotApplicable):
+        return StageVerdict(StageStatus.NOT_APPLICABLE, (facts.why,) if facts.why else ())
+    if isinstance(facts, QualityFacts):
+        return _judged((), judge_quality(facts.criteria, facts.training, facts.before_perplexity,
+                                         facts.after_perplexity, facts.accuracy))
+    if facts.after is None or facts.before is None:
+        return _judged(["the final checkpoint was not evaluated" if facts.after is None else
+                        "nothing to compare the value after training with: no base model was evaluated"])
+    a, b = facts.after, facts.before
+    better = math.isfinite(a) and math.isfinite(b) and (a > b if facts.higher_is_better else a < b)
+    return _judged([] if better else [f"after training {a} is not better than before {b} "
+                                      f"({'higher' if facts.higher_is_better else 'lower'} is better)"])
+
+
+# ----------------------------------------------------------------------------------------------------------- resume
+@dataclass(frozen=True)
+class CheckFact:
+    """One check of the resume comparison: passed or not, its kind (exact, tolerance, completeness), and for a
+    tolerance check its largest difference, the twin's noise and the bound (None: not recorded)."""
+
+    name: str
+    passed: bool
+    kind: str = "exact"
+    largest_difference: float = 0.0
+    noise: float | None = None
+    bound: float | None = None
+
+
+@dataclass(frozen=True)
+class ComparedStep:
+    """One compared step: the uninterrupted run's loss, the resumed run's, the twin's (None: no twin)."""
+
+    step: int | None
+    reference: float
+    resumed: float
+    twin: float | None = None
+
+
+@dataclass(frozen=True)
+class KillSteps:
+    """Command mode's kill point: checkpoint c, the kill at step k, the next checkpoint n, the last one compared."""
+
+    checkpoint: int
+    kill: int
+    next_checkpoint: int
+    final: int
+
+
+@dataclass(frozen=True)
+class ResumeFacts:
+    """What the resume check's verdict depends on.
+
+    Attributes:
+        checks: every check, in order.
+        required: the checks a pass holds (command mode's; the recipe's stage result is its own list of checks, and
+            which checks a record of it must show is a finding of ``gpuaccept verify``, not its verdict).
+        rule: the tier's rule the numbers of a pass are held to.
+        steps: the compared steps.
+        tier: the tier's (name, multiple), for the ``resume_tier`` criterion (None: no tier recorded).
+        kill_steps: command mode's kill-point steps (None: not recorded); ``kill_steps_expected``: the record holds
+            them, so a passing kill point without them cannot pass.
+    """
+
+    checks: tuple[CheckFact, ...]
+    required: tuple[str, ...] = ()
+    rule: RecordedRule = field(default_factory=lambda: RecordedRule("exact"))
+    steps: tuple[ComparedStep, ...] = ()
+    tier: tuple[str, float] | None = None
+    criteria: AcceptCriteria = field(default_factory=AcceptCriteria)
+    kill_steps: KillSteps | None = None
+    kill_steps_expected: bool = False
+
+
+def resume_verdict(facts: ResumeFacts | NotApplicable) -> StageVerdict:
+    """pass exactly when there are checks and every one passed, the kill point's steps are in order (c < k < n <= the
+    last compared, where recorded), nothing the numbers say contradicts a pass (:func:`resume_contradictions`), and
+    the ``resume_tier`` criterion is met."""
+    if isinstance(facts, NotApplicable):
+        return StageVerdict(StageStatus.NOT_APPLICABLE, (facts.why,) if facts.why else ())
+    reasons: list[str] = []
+    failed = [c.name for c in facts.checks if not c.passed]
+    if not facts.checks:
+        reasons.append("no check ran")
+    if failed:
+        reasons.append("failed: " + ", ".join(failed))
+    reasons += _kill_steps_reasons(facts) + resume_contradictions(facts)
+    rows = judge_resume_tier(facts.criteria, *facts.tier) if facts.tier is not None else []
+    return _judged(reasons, rows)
+
+
+def resume_contradictions(facts: ResumeFacts) -> list[str]:
+    """What the resume's own numbers say against a pass, in words: each passing tolerance check outside the tier
+    (:meth:`core.stages.noise.RecordedRule.check_problems`); when every check passed, the required checks missing and
+    each compared step outside the tier (:meth:`core.stages.noise.RecordedRule.row_problems`, with the loss check's
+    noise and bound)."""
+    out: list[str] = []
+    by_name = {c.name: c for c in facts.checks}
+    passed = bool(facts.checks) and all(c.passed for c in facts.checks)
+    missing = [name for name in facts.required if name not in by_name]
+    if passed and missing:
+        out.append(f"resume passes without the checks {', '.join(missing)}")
+    for c in facts.checks:
+        if c.kind == "tolerance" and c.passed:
+            out.extend(facts.rule.check_problems(c.name, c.largest_difference, c.noise, c.bound))
+    if passed:
+        loss = by_name.get("loss")
+        noise, bound = (loss.noise, loss.bound) if loss is not None else (None, None)
+        for s in facts.steps:
+            out.extend(facts.rule.row_problems(s.step, s.reference, abs(s.reference - s.resumed), noise, bound,
+                                               s.twin))
+    return out
+
+
+def _kill_steps_reasons(facts: ResumeFacts) -> list[str]:
+    k = facts.kill_steps
+    if k is None:
+        if facts.kill_steps_expected and any(c.name == "kill_point" and c.passed for c in facts.checks):
+            return ["it passes its kill point without the steps c, k, n and the last checkpoint"]
+        return []
+    if k.checkpoint < k.kill < k.next_checkpoint <= k.final:
+        return []
+    return [f"its steps are out of order: checkpoint {k.checkpoint}, kill at {k.kill}, next checkpoint "
+            f"{k.next_checkpoint}, compared up to {k.final}"]
+
+
+# ---------------------------------------------------------------------------------------------------------- overall
+def overall_status(statuses: Iterable[StageStatus | str]) -> StageStatus:
+    """pass exactly when every stage is pass or not_applicable (an unknown status is not a pass)."""
+    return StageStatus.PASS if all(s in PASSING for s in statuses) else StageStatus.FAIL
+
+
+def stated_problems(stated: Mapping[str, Any], recomputed: Mapping[str, StageStatus | None], stated_overall: Any,
+                    provenance: Mapping[str, Any], unmeasured_may_say: Collection[StageStatus]) -> list[str]:
+    """Each stage's stated status against the recomputed one, then the overall status; the differences, in words.
+
+    Args:
+        stated: stage -> the status the record's verdict states.
+        recomputed: stage -> the status recomputed from its table (None: its table holds no measurement, so the
+            stage cannot have passed: the stated status must be one of ``unmeasured_may_say``). A stage recomputed
+            not_run may also say cancelled or error (why it did not run).
+        stated_overall: the record's ``verdict.status``.
+        provenance: stage -> its table's provenance (for the words).
+    """
+    problems: list[str] = []
+    for name in STAGES:
+        status, said = recomputed.get(name), stated[name]
+        if status is None:
+            if said not in unmeasured_may_say:
+                problems.append(f"verdict.stages.{name} says {said}, but its table holds no measurement "
+                                f"(provenance {provenance.get(name)!r})")
+        elif said != status and not (status == StageStatus.NOT_RUN
+                                     and said in (StageStatus.CANCELLED, StageStatus.ERROR)):
+            problems.append(f"verdict.stages.{name} says {said}, its data says {status}")
+    final = [recomputed.get(name) or stated[name] for name in STAGES]
+    overall = overall_status(final)
+    if stated_overall != overall:
+        problems.append(f"verdict.status says {stated_overall}, the stages say {overall}")
+    return problems
+
+
+# -------------------------------------------------------------------------------- reading a record's values as facts
+class RecordValueError(TypeError):
+    """A value a verdict depends on is missing from the record or of the wrong type; the message names it by its key
+    path (``probe.devices[0].peak_bytes is missing``). ``gpuaccept verify`` reports it as a schema finding."""
+
+
+def entry(table: Mapping[str, Any], key: str, where: str) -> Any:
+    """``table[key]``, or a :class:`RecordValueError` naming ``where.key`` when it is missing."""
+    if key not in table:
+        raise RecordValueError(f"{where}.{key} is missing")
+    return table[key]
+
+
+def subtable(value: Any, where: str) -> Mapping[str, Any]:
+    """A table of the record.
+
+    Raises:
+        RecordValueError: not a table, naming ``where``.
+    """
+    if not isinstance(value, dict):
+        raise RecordValueError(f"{where} is {value!r}, not a table")
+    return cast(Mapping[str, Any], value)
+
+
+def tables(value: Any, where: str) -> list[Mapping[str, Any]]:
+    """An array of tables of the record.
+
+    Raises:
+        RecordValueError: not an array of tables, naming ``where``.
+    """
+    if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+        raise RecordValueError(f"{where} is not an array of tables")
+    return [cast(Mapping[str, Any], v) for v in value]
+
+
+def number(value: Any, where: str) -> float:
+    """A number of the record as a float; ``"inf"``, ``"-inf"``, ``"nan"`` are how the writer spells non-finite ones.
+
+    Raises:
+        RecordValueError: not a number (booleans are not numbers here), naming ``where``.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise RecordValueError(f"{where} is {value!r}, not a number")
+    if isinstance(value, str) and value not in ("inf", "-inf", "nan"):
+        raise RecordValueError(f"{where} is {value!r}, not a number")
+    return float(value)
+
+
+def count(value: Any, where: str) -> int:
+    """A byte, token or step count: an int >= 0.
+
+    Raises:
+        RecordValueError: anything else, naming ``where``.
+    """
+    from core.record.schema import KINDS
+
+    test, what = KINDS["count"]  # one rule for a count, shared with the schema check
+    if not test(value):
+        raise RecordValueError(f"{where} is {value!r}, not {what}")
+    return cast(int, value)
+
+
+def flag(value: Any, where: str) -> bool:
+    """A yes / no of the record.
+
+    Raises:
+        RecordValueError: not true or false, naming ``where``.
+    """
+    if not isinstance(value, bool):
+        raise RecordValueError(f"{where} is {value!r}, not true or false")
+    return value
+
+
+def text(value: Any, where: str) -> str:
+    """A string of the record.
+
+    Raises:
+        RecordValueError: not a string, naming ``where``.
+    """
+    if not isinstance(value, str):
+        raise RecordValueError(f"{where} is {value!r}, not a string")
+    return value
