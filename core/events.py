@@ -10,9 +10,31 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Protocol
 
 from core.protocol.events import ChildEvent
+from core.status import RecordStatus, StageStatus
+
+if TYPE_CHECKING:
+    from core.plan.memory import MemoryPlan
+
+
+class StageResult(Protocol):
+    """What every stage's typed result holds, whichever stage and mode made it: the recipe's
+    (:class:`core.stages.probe.ProbeResult`, :class:`core.stages.train.TrainEvalResult`,
+    :class:`core.stages.resume.ResumeResult`) and command mode's (:class:`core.command.probe.CommandProbe`,
+    :class:`core.command.pipeline.CommandPlan`, :class:`core.command.evaluate.CommandEvaluation`,
+    :class:`core.command.resume.CommandResume`). A reader that needs more tells them apart by their class."""
+
+    @property
+    def status(self) -> StageStatus:
+        """How the stage ended (pass, fail, not_applicable; cancelled where a stage kept what it measured)."""
+        ...
+
+    @property
+    def summary(self) -> str:
+        """The stage's outcome in one line."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -32,11 +54,19 @@ class StageStarted(Event):
 
 @dataclass(frozen=True)
 class StageFinished(Event):
-    """A stage ended. ``status``: pass | fail | not_applicable | error; ``result`` is the stage's typed result."""
+    """A stage ended.
 
-    status: str
+    Attributes:
+        status: how it ended (:class:`~core.status.StageStatus`: pass | fail | not_applicable); the last stage of a
+            headless pipeline, ``record``, judges nothing and says whether the record was written
+            (:class:`~core.status.RecordStatus`: written | not_written, ``summary`` its path or why not).
+        result: the stage's typed result (:class:`StageResult`); the recipe's plan stage gives its
+            :class:`~core.plan.memory.MemoryPlan`; None for the record.
+    """
+
+    status: StageStatus | RecordStatus
     summary: str = ""
-    result: Any = None
+    result: StageResult | MemoryPlan | None = None
 
 
 @dataclass(frozen=True)
@@ -109,9 +139,10 @@ class Evaluated(Message):
 
 @dataclass(frozen=True)
 class RunFinished(Event):
-    """The pipeline ended; ``record_path`` is where the record is; ``status`` is the overall verdict."""
+    """The pipeline ended; ``record_path`` is where the record is ("" when it could not be written); ``status`` is the
+    overall verdict (pass | fail)."""
 
-    status: str
+    status: StageStatus
     record_path: str
     run_dir: str
 

@@ -22,7 +22,7 @@ from core.events import Event, Message, RunFinished, StageFinished, StageStarted
 from core.protocol.events import EventWriter
 from core.spec import EIGHT_BIT_OPTIMIZERS, RunSpec, parse_devices
 from core.stages.childproc import launch_options
-from core.status import StageStatus, Stopped
+from core.status import RecordStatus, StageStatus, Stopped
 
 STAGES = ("plan", "probe", "train_eval", "resume", "record")
 
@@ -389,7 +389,7 @@ class AcceptanceRun(StagedRun):
             why = f"plan: {self.run_dir / 'plan.json'} could not be written ({exc.strerror or exc})"
             self.stopped["plan"] = Stopped(StageStatus.ERROR, why)
             raise StageError(why) from None
-        yield self.emit(StageFinished("plan", status="pass" if self.plan_fits else "fail", result=self.ctx.plan,
+        yield self.emit(StageFinished("plan", status=StageStatus.judged(self.plan_fits), result=self.ctx.plan,
                                       summary=_plan_summary(self.ctx.plan, self.traced)))
         return self.ctx.plan
 
@@ -423,7 +423,7 @@ class AcceptanceRun(StagedRun):
         from core.stages.train import run_train_eval
 
         probe = self.results["probe"]
-        if probe is None or probe.status != "pass" or self.model_path is None:
+        if probe is None or probe.status != StageStatus.PASS or self.model_path is None:
             raise GpuAcceptError("the probe did not pass; training and evaluation were not run")
         if self.spec.strategy == "zero3" and self.device == "cpu":
             self.stopped["resume"] = Stopped(StageStatus.NOT_RUN, "not run: training was not run (zero3 on the CPU)")
@@ -503,7 +503,7 @@ def run_pipeline(
     try:
         yield from run.plan_stage(cancelled)
         probe = yield from run.probe_stage(cancelled)
-        if probe.status != "pass":
+        if probe.status != StageStatus.PASS:
             raise GpuAcceptError("the probe failed; later stages were not run")
         yield from run.train_eval_stage(cancelled)
         yield from run.resume_stage(cancelled)
@@ -526,12 +526,13 @@ def record_stage(run: Any) -> Generator[Event, None, Path | None]:
         path: Path = run.write_record()
     except OSError as exc:  # no room, or the folder went read-only: say so; every artefact stays in the run folder
         why = exc.strerror or str(exc)
-        yield StageFinished("record", status="not_written", summary=f"the record could not be written ({why}); the "
-                            f"run folder {run.run_dir} keeps every artefact")
-        yield RunFinished("record", status="fail", record_path="", run_dir=str(run.run_dir))
+        yield StageFinished("record", status=RecordStatus.NOT_WRITTEN, summary=f"the record could not be written "
+                            f"({why}); the run folder {run.run_dir} keeps every artefact")
+        yield RunFinished("record", status=StageStatus.FAIL, record_path="", run_dir=str(run.run_dir))
         return None
-    yield StageFinished("record", status="written", summary=str(path))
-    yield RunFinished("record", status=run.verdict or "fail", record_path=str(path), run_dir=str(run.run_dir))
+    yield StageFinished("record", status=RecordStatus.WRITTEN, summary=str(path))
+    yield RunFinished("record", status=StageStatus(run.verdict or StageStatus.FAIL), record_path=str(path),
+                      run_dir=str(run.run_dir))
     return path
 
 

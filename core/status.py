@@ -26,9 +26,22 @@ class StageStatus(enum.StrEnum):
         """pass or not_applicable: what an overall pass allows (:data:`PASSING`)."""
         return self in PASSING
 
+    @classmethod
+    def judged(cls, ok: bool) -> StageStatus:
+        """``pass`` when ``ok``, else ``fail``: a stage (or a check) judged by its rule."""
+        return cls.PASS if ok else cls.FAIL
+
 
 #: The statuses an overall pass allows; any other (fail, error, cancelled, not_run) is a stage that did not pass.
 PASSING: frozenset[StageStatus] = frozenset({StageStatus.PASS, StageStatus.NOT_APPLICABLE})
+
+
+class RecordStatus(enum.StrEnum):
+    """Whether the record was written: the status of the headless pipeline's last stage, ``record``
+    (:func:`core.pipeline.record_stage`), which writes what the other stages judged and judges nothing itself."""
+
+    WRITTEN = "written"
+    NOT_WRITTEN = "not_written"
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,8 @@ class GpuAcceptApp(App[int]):
 
     Args:
         runs_root: where run directories are created.
-        backend: the device-memory backend the live bars sample (``core.monitor.sampler``); the host backend by default.
+        backend: the device-memory backend the live bars sample (``core.monitor.sampler``); by default NVML's, else the
+            host's (:func:`core.api.default_backend`).
         devices_override: plan for these devices instead of detecting them (tests, planning another box).
         fields: initial setup values (flag names of ``RunSpec.build``), e.g. ``{"model": ...}``.
         command_fields: command mode's initial values (``[command]`` keys), with ``mode="command"``.
@@ -76,7 +77,7 @@ class GpuAcceptApp(App[int]):
     def start_sampler(self) -> Any:
         """The device sampler (started on first use, stopped on exit)."""
         if self.sampler is None:
-            from core.monitor.sampler import Sampler
+            from core.api import Sampler
 
             backend, self.backend_note = (self._backend, f"{self._backend.name} backend") if self._backend else \
                 _default_backend()
@@ -196,7 +197,7 @@ class GpuAcceptApp(App[int]):
 
 
 def _default_backend() -> tuple[Any, str]:
-    from core.monitor.nvml import default_backend
+    from core.api import default_backend
 
     return default_backend()
 

@@ -18,7 +18,6 @@ never a traceback; standard output that cannot be written (a full disk) one line
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import signal
@@ -141,18 +140,19 @@ _COMMAND_KEYS = ("command_train", "command_resume", "command_checkpoints", "comm
 def command_mode(args: argparse.Namespace) -> bool:
     """The run accepts the user's own command: ``--command`` was given, or the spec file holds a ``[command]``
     table."""
-    from core.command.spec import is_command_file
+    from core.api import is_command_file
 
     return bool(getattr(args, "command_train", None)) or bool(args.spec and is_command_file(args.spec))
 
 
 def command_spec_from_args(args: argparse.Namespace) -> Any:
-    """The :class:`core.command.spec.CommandSpec` of the flags (over the spec file's ``[command]`` table).
+    """The :class:`core.command.spec.CommandSpec` of the flags (over the spec file's ``[command]`` table), through
+    :mod:`core.api`.
 
     Raises:
         SpecError: a flag of gpuaccept's own recipe that command mode does not take (the command sets it), a bad
             ``--env``, or an invalid value."""
-    from core.command.spec import CommandSpec, read_command_table
+    from core.api import CommandSpec, read_command_table
     from core.errors import SpecError
 
     flags = {s.dest: s.flags[0] for s in SETTINGS}
@@ -361,7 +361,7 @@ def _command(args: argparse.Namespace) -> int:
 
         return monitor_main(args)
     if args.command == "run":
-        from core.bounds import check_path
+        from core.api import check_path
 
         check_path("runs_dir", args.runs_dir)  # a name the file system refuses is named here, with its limit
         if args.json and not args.headless:
@@ -385,14 +385,13 @@ def _command(args: argparse.Namespace) -> int:
 
 def cmd_quiz(args: argparse.Namespace) -> int:
     """The onboarding quiz over one record (keyboard only); its questions are checked before any screen opens."""
-    from core.bounds import check_path, loads_bounded
+    from core.api import build_quiz, check_path, read_record
     from core.errors import GpuAcceptError
-    from core.quiz import build_quiz
 
     check_path("record", args.record)
     path = Path(args.record)
     try:
-        record = loads_bounded(path.read_text(encoding="utf-8"))  # nesting and strings bounded (core/bounds.py)
+        record = read_record(path)  # nesting and strings bounded (core/bounds.py)
     except (OSError, ValueError) as exc:  # ValueError: not TOML, not UTF-8, beyond the bounds
         raise GpuAcceptError(f"{path}: cannot read the record ({exc}); give the record.toml of a run") from None
     if record.get("kind") == "command":
@@ -440,9 +439,9 @@ def cmd_wizard(args: argparse.Namespace) -> int:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     """Exit codes: 0 every device fits, 3 a device does not fit, 4 none fails but a device's capacity is unknown, 2 bad
-    input. Fit is judged by the larger of the analytic and traced peaks (with --traced)."""
-    from core.pipeline import make_plan
-    from core.plan.fit import all_fit, fit_verdicts
+    input. Fit is judged by the larger of the analytic and traced peaks (with --traced). What is printed is
+    :func:`core.api.plan_report`'s (the Plan screen's too)."""
+    from core.api import plan_report
 
     if command_mode(args):
         from core.errors import SpecError
@@ -451,49 +450,18 @@ def cmd_plan(args: argparse.Namespace) -> int:
                                    f"(its Trainer's model, batch and optimizer), so run it: gpuaccept run {args.spec} "
                                    "--headless; gpuaccept plan takes gpuaccept's own recipe settings")
     spec = spec_from_args(args)
-    ctx = make_plan(spec)
-    traced = _traced(spec, ctx) if args.traced else None
-    fits = fit_verdicts(ctx.plan, traced)
-    largest = _largest(spec, ctx, args)
+    report = plan_report(spec, traced=args.traced, max_batch=args.max_batch, max_seq=args.max_seq)
     if args.json:
-        out = ctx.plan.to_json()
-        for device, fit in zip(out["devices"], fits):
-            device.update(fit_bytes=fit.bytes, fit_judged_by=fit.judged_by, fits=fit.fits)
-        if traced is not None:
-            out["traced"] = traced
-        if largest:
-            out["largest_fitting"] = {axis: [dataclasses.asdict(x) | {
-                "headroom_bytes": x.headroom_bytes, "recommended_headroom_bytes": x.recommended_headroom_bytes}
-                for x in rows] for axis, rows in largest.items()}
-        print(json.dumps(out, indent=2))
+        print(json.dumps(report.to_json(), indent=2))
     else:
-        print(format_plan(ctx.plan, spec, fits))
-        if traced is not None:
-            print("\n" + format_traced(traced))
-        for rows in largest.values():
-            print("\n" + format_largest(rows, spec, ctx.devices))
-    if not all_fit(fits):
+        print(format_plan(report.plan, spec, report.fits))
+        if report.traced is not None:
+            print("\n" + format_traced(report.traced))
+        for rows in report.largest.values():
+            print("\n" + format_largest(rows, spec, report.ctx.devices))
+    if not report.all_fit:
         return EXIT_DOES_NOT_FIT
-    return EXIT_FIT_UNKNOWN if any(f.fits is None for f in fits) else EXIT_OK
-
-
-def _largest(spec: Any, ctx: Any, args: argparse.Namespace) -> dict[str, list[Any]]:
-    """The fit search of ``--max-batch`` / ``--max-seq`` (core.plan.search.largest_fitting), by axis."""
-    from core.models import declared_max_positions
-    from core.plan.search import largest_fitting
-
-    axes = [a for a, on in (("batch_size", args.max_batch), ("seq_len", args.max_seq)) if on]
-    limit = declared_max_positions(ctx.source, ctx.config) if "seq_len" in axes else None
-    trace = None
-    if args.traced:  # check the value found as the fit is judged: by the larger of the analytic and traced peaks
-        from core.plan.traced import trace_plan
-
-        kind = ctx.devices[0].kind
-
-        def trace(candidate: Any) -> int:
-            return trace_plan(candidate, ctx.config, target=kind).peak_bytes
-
-    return {axis: largest_fitting(spec, ctx.config, ctx.devices, axis, limit, trace) for axis in axes}
+    return EXIT_FIT_UNKNOWN if report.fit_unknown else EXIT_OK
 
 
 def format_largest(rows: list[Any], spec: Any, devices: list[Any] | None = None) -> str:
@@ -501,7 +469,7 @@ def format_largest(rows: list[Any], spec: Any, devices: list[Any] | None = None)
     :func:`core.plan.search.headroom_rule`), its plan against the capacity (which capacity, and when it was read),
     its headroom, then the last value that fits at all and why the search stops there. A headroom below 0.1 GiB is
     in MiB (:func:`core.plan.search.headroom_text`): it never reads 0.00 while it is positive."""
-    from core.plan.search import headroom_text
+    from core.api import headroom_text
 
     what = "micro-batch" if rows[0].axis == "batch_size" else "sequence length"
     other = f"sequence length {spec.seq_len}" if rows[0].axis == "batch_size" else f"micro-batch {spec.batch_size}"
@@ -532,22 +500,11 @@ def format_largest(rows: list[Any], spec: Any, devices: list[Any] | None = None)
     return "\n".join(lines)
 
 
-def _traced(spec: Any, ctx: Any) -> dict[str, Any]:
-    """The traced plan as JSON, or ``{"status": "not_run", "reason": ...}`` when the strategy is not traceable."""
-    from core.plan.traced import comparison_json, trace_against, untraceable_reason
-
-    reason = untraceable_reason(ctx.plan, spec)
-    if reason is not None:
-        return {"status": "not_run", "reason": reason}
-    traced, difference = trace_against(spec, ctx.config, ctx.plan)
-    return comparison_json(traced, difference, ctx.plan.devices[0].device.name)
-
-
 def format_traced(traced: dict[str, Any]) -> str:
     """The traced plan beside the analytic one, as text (GiB = 2^30 bytes), the most different line named."""
     if traced.get("status") != "estimated":
         return f"traced plan: not run ({traced.get('reason', '')})"
-    from core.plan.traced import relative_text
+    from core.api import relative_text
 
     gib = 2**30
     lines = [f"traced plan (ESTIMATE, {traced['seconds']:.1f} s): {traced['method']}",
@@ -571,8 +528,7 @@ def format_plan(plan: Any, spec: Any, fits: list[Any] | None = None) -> str:
     """The plan as text: parameters, strategy, convention, then each device with one line per component (its largest
     value over the phases; GiB = 2^30 bytes), the phases with the bytes alive at each one's peak, and the device's
     own fit verdict (``fits``: :func:`core.plan.fit.fit_verdicts`, by default the analytic plan's)."""
-    from core.plan.fit import fit_verdicts
-    from core.plan.memory import component_label
+    from core.api import component_label, fit_verdicts
 
     fits = fits if fits is not None else fit_verdicts(plan)
     strategy = plan.strategy + (f" (tp={spec.tp})" if plan.strategy == "tp" else "")
@@ -621,8 +577,7 @@ def cmd_sign(args: argparse.Namespace) -> int:
     Nothing is changed unless the key can sign and the record (with its sign-off) verifies. An accept of a record
     whose verdict is not pass is refused (exit 2) without ``--override "reason"``
     (:func:`core.record.signoff.checked_signoff`)."""
-    from core.record.signing import fingerprint
-    from core.record.signoff import make_signoff, sign_record
+    from core.api import fingerprint, make_signoff, sign_record
 
     if args.operator is not None and not args.operator.strip():
         print("gpuaccept: error: --operator is empty: give the name of who signs off", file=sys.stderr)
@@ -651,9 +606,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     """Exit codes: 0 verified and signed by an allowed signer, 7 the same with the signer not checked, 8 the signature
     intact but the identity not allowed, 3 consistent but unsigned, 4 bad signature, 5 schema, 6 verdict, 2 usage
     (docs/record.md)."""
-    from core.bounds import check_path
-    from core.record.summary import verification_summary
-    from core.record.verify import verify
+    from core.api import check_path, verification_summary, verify
 
     if bool(args.allowed_signers) != bool(args.identity):
         print("gpuaccept: error: --allowed-signers and --identity go together", file=sys.stderr)
@@ -683,9 +636,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def _verify_folder(folder: Path, signers: Path | None, identity: str | None, as_json: bool) -> int:
     """``gpuaccept verify DIR``: every record.toml below ``folder``, a line each (record, box, verdict, signature,
     what verify found); the exit code is the first of 4, 8, 5, 6, 3, 7, 0 any record has (2: no record)."""
-    from core.record.summary import folder_exit_code, folder_rows, folder_summary, format_folder
+    from core.api import folder_exit_code, folder_summary, format_folder, verify_folder
 
-    rows = folder_rows(folder, signers, identity)
+    rows = verify_folder(folder, signers, identity)
     code = folder_exit_code(rows)
     if as_json:
         print(json.dumps(folder_summary(folder, rows), indent=2))
@@ -701,13 +654,12 @@ def _verify_folder(folder: Path, signers: Path | None, identity: str | None, as_
 def cmd_diff(args: argparse.Namespace) -> int:
     """``gpuaccept diff RECORD...``: exit 0 when the records are comparable (the same spec), 1 when they are shown
     but not comparable, 2 on a record that cannot be read."""
-    from core.bounds import check_path
-    from core.record.diff import compare, format_comparison
+    from core.api import check_path, diff, format_comparison
 
     for record in args.records:
         check_path("record", record)  # a path too long for the file system: one that cannot be read (exit 2)
     try:
-        comparison = compare([Path(p) for p in args.records])
+        comparison = diff([Path(p) for p in args.records])
     except (FileNotFoundError, ValueError) as exc:
         print(f"gpuaccept: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -719,7 +671,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from core.pipeline import run_pipeline
+    from core.api import run
     from core.spec import parse_devices
 
     spec = spec_from_args(args)
@@ -727,20 +679,20 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"gpuaccept: {spec.mode} on {spec.model} ({spec.dtype}, micro-batch {spec.batch_size} x {spec.seq_len}, "
           f"{spec.steps} steps)", flush=True, file=sys.stderr if args.json else sys.stdout)
     stop = _stop_on_signals()  # SIGINT, SIGTERM, SIGHUP: the running stage is cancelled and the record written
-    return _print_run(run_pipeline(spec, runs_root=Path(args.runs_dir), cancelled=lambda: stop["signal"] is not None),
+    return _print_run(run(spec, runs_root=Path(args.runs_dir), cancelled=lambda: stop["signal"] is not None),
                       stop, args.json)
 
 
 def cmd_run_command(args: argparse.Namespace) -> int:
     """Command mode, headless: the user's command run, measured, evaluated, killed and resumed; one line per event."""
-    from core.command.pipeline import run_command_pipeline
+    from core.api import run_command
 
     spec = command_spec_from_args(args)
     print(f"gpuaccept: your command, in {spec.workdir_path}: {spec.train}", flush=True,
           file=sys.stderr if args.json else sys.stdout)
     stop = _stop_on_signals()
-    return _print_run(run_command_pipeline(spec, runs_root=Path(args.runs_dir),
-                                           cancelled=lambda: stop["signal"] is not None), stop, args.json)
+    return _print_run(run_command(spec, runs_root=Path(args.runs_dir), cancelled=lambda: stop["signal"] is not None),
+                      stop, args.json)
 
 
 def _print_run(events: Any, stop: dict[str, int | None], as_json: bool = False) -> int:
@@ -781,11 +733,11 @@ def _judged_after(final: Any) -> list[str]:
     missed, when the record's differs from the pass printed when the plan ran."""
     import tomllib
 
-    from core.bounds import loads_bounded
+    from core.api import read_record
 
     path = Path(final.record_path) if final.record_path else None
     try:
-        stage = loads_bounded(path.read_text(encoding="utf-8"))["verdict"]["stages"]["plan"] if path else {}
+        stage = read_record(path)["verdict"]["stages"]["plan"] if path else {}
     except (OSError, KeyError, TypeError, tomllib.TOMLDecodeError):
         return []
     rows = [r for r in stage.get("criteria", []) if isinstance(r, dict) and r.get("met") is False]
@@ -798,11 +750,10 @@ def _judged_after(final: Any) -> list[str]:
 
 def _print_run_json(final: Any) -> None:
     """The run's summary object on stdout, from its record (what was written; a run without one says so)."""
-    from core.bounds import loads_bounded
-    from core.record.summary import run_summary
+    from core.api import read_record, run_summary
 
     path = Path(final.record_path) if final.record_path else None
-    rec = loads_bounded(path.read_text(encoding="utf-8")) if path is not None and path.is_file() else None
+    rec = read_record(path) if path is not None and path.is_file() else None
     print(json.dumps(run_summary(rec, path, final.status), indent=2), flush=True)
 
 

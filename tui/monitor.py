@@ -47,7 +47,7 @@ class MonitorApp(App):
 
     def __init__(self, backend: Any, note: str, interval_s: float = 0.1, record: str | None = None) -> None:
         super().__init__()
-        from core.monitor.sampler import Sampler
+        from core.api import Sampler
 
         self.note = note
         self.sampler = Sampler(backend, interval_s=interval_s)
@@ -91,7 +91,7 @@ class MonitorApp(App):
 
 
 def main(args: Any) -> int:
-    from core.monitor.nvml import default_backend
+    from core.api import default_backend
 
     backend, note = default_backend()
     if args.once:

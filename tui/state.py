@@ -8,9 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:  # the wizard's first screen must appear at once: core's modules are imported where they are used
-    from core.command.pipeline import CommandRun
-    from core.command.spec import CommandSpec
-    from core.pipeline import AcceptanceRun, PlanContext
+    from core.api import AcceptanceRun, CommandRun, CommandSpec, PlanContext
     from core.spec import RunSpec
 
 
@@ -72,7 +70,7 @@ class WizardState:
     def command_run(self) -> bool:
         """The run is a user's command (core.command.pipeline.CommandRun, told by its CommandSpec), not gpuaccept's
         recipe."""
-        from core.command.spec import CommandSpec
+        from core.api import CommandSpec
 
         return self.run is not None and isinstance(self.run.spec, CommandSpec)
 

@@ -22,6 +22,7 @@ from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState,
 
 from core.killpoints import holds
 from core.protocol.events import CheckpointSaved, EventWriter, KillPoint, RngRestored, Step
+from core.protocol.job import WorkerJob
 from core.protocol.rng import live_rng_state, rng_digest
 
 if TYPE_CHECKING:
@@ -29,8 +30,8 @@ if TYPE_CHECKING:
 
 
 class KillSwitch:
-    """The interrupted run's kill point: ``job["kill_at"]`` (a :data:`core.killpoints.KILL_POINTS` name) by step
-    ``job["kill_step"]``; every other role never holds.
+    """The interrupted run's kill point: ``job.kill_at`` (a :data:`core.killpoints.KILL_POINTS` name) by step
+    ``job.kill_step``; every other role never holds.
 
     Args:
         job: the child's job (``role``, and for ``interrupted`` ``kill_at`` and ``kill_step``).
@@ -38,10 +39,10 @@ class KillSwitch:
         grad_accum: micro-batches per step when Trainer does not say (``current_gradient_accumulation_steps``).
     """
 
-    def __init__(self, job: dict[str, Any], events: EventWriter, grad_accum: int) -> None:
-        interrupted = job["role"] == "interrupted"
-        self.kill_at: str | None = job["kill_at"] if interrupted else None
-        self.kill_step: int = job["kill_step"] if interrupted else 0
+    def __init__(self, job: WorkerJob, events: EventWriter, grad_accum: int) -> None:
+        interrupted = job.role == "interrupted"
+        self.kill_at: str | None = job.kill_at if interrupted else None
+        self.kill_step: int = (job.kill_step or 0) if interrupted else 0
         self.events = events
         self.grad_accum = grad_accum
 

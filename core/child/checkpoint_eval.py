@@ -1,7 +1,8 @@
 """The child process of command mode's evaluation: held-out perplexity of the user's final checkpoint and of its base.
 
 Run as ``python -m core.child.checkpoint_eval JOB.json`` (:func:`core.stages.childproc.start_child` with this module) in
-its own process group; it talks to the parent through the events file named in the job only. The job names:
+its own process group; it talks to the parent through the events file named in the job only. The job
+(:class:`~core.protocol.job.EvalJob`, read once) names:
 
 - ``checkpoint``: the final checkpoint, a Hugging Face model folder (``config.json`` and weights) or a peft adapter
   folder (``adapter_config.json``: loaded over its base with ``PeftModel.from_pretrained``);
@@ -23,13 +24,14 @@ from pathlib import Path
 from typing import Any
 
 from core.protocol.events import ChildError, DataInfo, EventWriter, Started
+from core.protocol.job import EvalJob
 from core.protocol.lifeline import exit_with_parent
 
 
 def main(argv: list[str]) -> int:
-    job = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
+    job = EvalJob.read(argv[0])  # a file that is no job: JobFormatError, naming the key (the log says it)
     exit_with_parent()
-    events = EventWriter(job["events"])
+    events = EventWriter(job.events)
     try:
         run(job, events)
     except BaseException as exc:  # the parent reads this event; the traceback goes to the child's log
@@ -43,7 +45,7 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def run(job: dict[str, Any], events: EventWriter) -> None:
+def run(job: EvalJob, events: EventWriter) -> None:
     """Evaluate the base (when named) and the checkpoint on the held-out blocks (see the module docstring)."""
     import torch
     from transformers.utils import logging as hf_logging
@@ -54,11 +56,11 @@ def run(job: dict[str, Any], events: EventWriter) -> None:
     device = "cuda:0" if torch.cuda.is_available() else "cpu"
     events.write(Started(role="evaluate_checkpoint", pid=os.getpid(), pgid=os.getpgid(0), device=device,
                          torch=torch.__version__, host=socket.gethostname()))
-    checkpoint, base = Path(job["checkpoint"]), job.get("base") or ""
+    checkpoint, base = Path(job.checkpoint), job.base
     tokenizer = load_tokenizer(checkpoint, base)
     blocks, info = heldout_blocks(job, tokenizer)
     events.write(DataInfo(**info))
-    batch = int(job.get("batch_size", 4))
+    batch = job.batch_size
     if base:
         model = load_model(Path(base), device)
         result = evaluate_perplexity(model, blocks, batch, device=device)
@@ -84,12 +86,12 @@ def load_tokenizer(checkpoint: Path, base: str) -> Any:
                      "; name the base model folder (with its tokenizer) as command.model")
 
 
-def heldout_blocks(job: dict[str, Any], tokenizer: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def heldout_blocks(job: EvalJob, tokenizer: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """The held-out blocks to evaluate and the split's facts (the ``data`` event's fields)."""
     from core.data import load_documents, make_blocks, split_documents
 
-    split = split_documents(load_documents(job["data"]), float(job["heldout_fraction"]))
-    seq_len, limit = int(job["seq_len"]), int(job["max_blocks"])
+    split = split_documents(load_documents(job.data), float(job.heldout_fraction))
+    seq_len, limit = job.seq_len, job.max_blocks
     every = make_blocks(split.heldout, tokenizer, seq_len, max_blocks=limit + 1)
     blocks = every[:limit]
     info = {"train_documents": len(split.train), "heldout_documents": len(split.heldout), "train_blocks": 0,

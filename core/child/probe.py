@@ -25,6 +25,7 @@ from typing import Any
 
 from core.child.recipe import build_trainer, collate
 from core.protocol.events import DeviceMap, EventWriter, Ledger, Ledgers, Placement, ProbeStep
+from core.protocol.job import WorkerJob
 from core.spec import EIGHT_BIT_OPTIMIZERS, RunSpec
 
 #: The probe's steps that run under the CPU's live-tensor tracker (the first ones): step 1, the warm-up, which creates
@@ -59,7 +60,7 @@ class Seen:
 
 
 def probe(spec: RunSpec, model: Any, blocks: list[dict[str, Any]], out_dir: Path, device: str, events: EventWriter,
-          job: dict[str, Any], rss_start: int, name: str | None = None) -> None:
+          job: WorkerJob, rss_start: int, name: str | None = None) -> None:
     """Run ``probe_steps`` real steps and emit the placement and the measured ledger (``ledger`` event).
 
     Training modes run Trainer steps (its own optimizer and schedule) with a callback that counts gradients at the
@@ -76,7 +77,7 @@ def probe(spec: RunSpec, model: Any, blocks: list[dict[str, Any]], out_dir: Path
 
     if spec.padding == "padded":
         blocks = padded_blocks(blocks)
-    names = job.get("devices") or [name or device]
+    names = job.devices or [name or device]
     placement, hf_map = report_placement(spec, model, device, name, names, job, events)
     weights = sum(d["bytes"] for d in placement.values())
     rss_loaded = rss_bytes()
@@ -109,14 +110,14 @@ def probe(spec: RunSpec, model: Any, blocks: list[dict[str, Any]], out_dir: Path
 
 
 def report_placement(spec: RunSpec, model: Any, device: str, name: str | None, names: list[str],
-                     job: dict[str, Any], events: EventWriter) -> tuple[dict[str, dict[str, int]], Any]:
+                     job: WorkerJob, events: EventWriter) -> tuple[dict[str, dict[str, int]], Any]:
     """Emit where the parameters are (``placement``: device name -> parameters, bytes, trainable) and, for a device
     map, which modules went where (``device_map``). Returns (placement, accelerate's device map or None)."""
     from core.child.measure import parameter_placement
 
     # accelerate sets hf_device_map only for a map over several devices; a one-device map is the whole model there
     hf_map = getattr(model, "hf_device_map", None) or (
-        {"": device} if job.get("device_map") or spec.strategy == "device_map" else None)
+        {"": device} if job.device_map or spec.strategy == "device_map" else None)
     if hf_map is not None:  # device_map: torch's cuda:i is the i-th device named (CUDA_VISIBLE_DEVICES)
         rename = {f"cuda:{i}": n for i, n in enumerate(names) if n.startswith("cuda")}
         if not rename:
@@ -131,7 +132,7 @@ def report_placement(spec: RunSpec, model: Any, device: str, name: str | None, n
 
 
 def trainer_steps(spec: RunSpec, model: Any, blocks: list[dict[str, Any]], out_dir: Path, device: str,
-                  events: EventWriter, job: dict[str, Any], seen: Seen, weights: int) -> tuple[str, int]:
+                  events: EventWriter, job: WorkerJob, seen: Seen, weights: int) -> tuple[str, int]:
     """``probe_steps`` Trainer steps (no checkpoints) with a callback that measures each: the tracker restarted from
     the live tensors as each of the first :data:`TRACKED_STEPS` starts (:meth:`Seen.tracks`), gradients at the
     optimizer step, optimizer states after it, the seconds of each step.

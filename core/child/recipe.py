@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from core.dtypes import TORCH_DTYPE_NAMES
 from core.protocol.events import EventWriter
+from core.protocol.job import WorkerJob
 from core.spec import RunSpec
 
 if TYPE_CHECKING:
@@ -181,7 +182,7 @@ class ListDataset:
 
 # ---------------------------------------------------------------------------------------------------- the trainer
 def build_trainer(spec: RunSpec, model: Any, blocks: list[dict[str, Any]], out_dir: Path, device: str,
-                  events: EventWriter, job: dict[str, Any], max_steps: int | None = None, save: bool = True,
+                  events: EventWriter, job: WorkerJob, max_steps: int | None = None, save: bool = True,
                   extra_callbacks: list[TrainerCallback] | None = None) -> MeasuringTrainer:
     """A :class:`~core.child.callbacks.MeasuringTrainer` over ``blocks`` that reports every optimizer step through
     ``events`` (:class:`~core.child.callbacks.StepReporter`) and holds at the interrupted run's kill point
@@ -193,9 +194,9 @@ def build_trainer(spec: RunSpec, model: Any, blocks: list[dict[str, Any]], out_d
     from core.child.callbacks import KillSwitch, MeasuringTrainer, StepReporter
     from core.protocol import faults
 
-    fault = faults.active(job["role"])
+    fault = faults.active(job.role)
     kill_switch = KillSwitch(job, events, spec.grad_accum)
-    reporter = StepReporter(events, kill_switch, stop_after=job.get("stop_after_step"))
+    reporter = StepReporter(events, kill_switch, stop_after=job.stop_after_step)
     trainer = MeasuringTrainer(
         model=model,
         args=training_arguments(spec, out_dir, device, job, max_steps, save, ignore_data_skip=fault == "data_restart"),
@@ -210,16 +211,16 @@ def build_trainer(spec: RunSpec, model: Any, blocks: list[dict[str, Any]], out_d
     return trainer
 
 
-def training_arguments(spec: RunSpec, out_dir: Path, device: str, job: dict[str, Any], max_steps: int | None = None,
+def training_arguments(spec: RunSpec, out_dir: Path, device: str, job: WorkerJob, max_steps: int | None = None,
                        save: bool = True, ignore_data_skip: bool = False) -> Any:
     """Trainer's arguments for ``spec``: batch, accumulation, optimizer and schedule, checkpoints every
-    ``resume.checkpoint_every`` steps when ``save`` (``job["save_steps"]`` when given: the twin of the resume check
-    saves only at its last step; at most ``job["save_total_limit"]`` kept), the seeds, autocast (``bf16`` / ``fp16``
+    ``resume.checkpoint_every`` steps when ``save`` (``job.save_steps`` when given: the twin of the resume check
+    saves only at its last step; at most ``job.save_total_limit`` kept), the seeds, autocast (``bf16`` / ``fp16``
     when the spec autocasts), gloo for CPU ranks under torchrun, FSDP2 for zero3. ``ignore_data_skip``: a resume
     starts the data from its first sample (the planted fault ``data_restart``, :mod:`core.protocol.faults`)."""
     from transformers import TrainingArguments
 
-    every = job.get("save_steps") or (spec.resume.checkpoint_every if spec.resume.check else spec.steps)
+    every = job.save_steps or (spec.resume.checkpoint_every if spec.resume.check else spec.steps)
     # zero3 = FSDP full shard (FSDP2, full state dict checkpoints). accelerate enables FSDP only on accelerators:
     # on the CPU this runs as DDP, which the probe reports from the wrapper it finds (core.stages.probe).
     fsdp: dict[str, Any] = ({"fsdp": True, "fsdp_config": {"version": 2, "reshard_after_forward": True}}
@@ -238,7 +239,7 @@ def training_arguments(spec: RunSpec, out_dir: Path, device: str, job: dict[str,
         logging_steps=1,
         save_strategy="steps" if save else "no",
         save_steps=every,
-        save_total_limit=job.get("save_total_limit"),
+        save_total_limit=job.save_total_limit,
         seed=spec.seed,
         data_seed=spec.seed,
         report_to=[],

@@ -1,9 +1,10 @@
 """The child process: one readable recipe that builds the model, runs real steps and reports what it measured.
 
 Run as ``python -m core.child.worker JOB.json``; started by :mod:`core.stages.childproc` in its own process group with stdin from
-/dev/null and stdout/stderr to a log file. It talks to the parent only through the JSON-lines events file named in the job.
+/dev/null and stdout/stderr to a log file. The job is a :class:`~core.protocol.job.WorkerJob`, read once; the child
+talks to the parent only through the JSON-lines events file it names.
 
-Roles (``job["role"]``):
+Roles (``job.role``):
 
 - ``probe``: ``probe_steps`` real steps (Trainer + PEFT for training, forward passes under ``torch.no_grad`` for
   inference) with a measuring callback; emits a measured ledger per device.
@@ -33,7 +34,6 @@ one of :mod:`core.protocol.events`.
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import sys
@@ -52,15 +52,16 @@ from core.protocol.events import (
     Trainable,
     Trained,
 )
+from core.protocol.job import WorkerJob
 from core.protocol.lifeline import exit_with_parent
 from core.spec import RunSpec
 
 
 def main(argv: list[str]) -> int:
-    job = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
+    job = WorkerJob.read(argv[0])  # a file that is no job: JobFormatError, naming the key (the log says it)
     exit_with_parent()
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1  # launched by torchrun (core.stages.childproc, nproc > 1)
-    events = EventWriter(job["events"], int(os.environ["RANK"]) if distributed else None,
+    events = EventWriter(job.events, int(os.environ["RANK"]) if distributed else None,
                          int(os.environ["LOCAL_RANK"]) if distributed else None)
     try:
         run_job(job, events)
@@ -89,7 +90,7 @@ def _close_process_group() -> None:
         dist.destroy_process_group()
 
 
-def run_job(job: dict[str, Any], events: EventWriter) -> None:
+def run_job(job: WorkerJob, events: EventWriter) -> None:
     """Run the job's role (see the module's docstring): report the start, build the model and the data, then probe,
     evaluate or train."""
     import torch
@@ -100,10 +101,10 @@ def run_job(job: dict[str, Any], events: EventWriter) -> None:
     from core.child.recipe import build_data, build_model, model_facts
 
     hf_logging.disable_progress_bar()
-    spec = RunSpec.from_dict(job["spec"])
-    role = job["role"]
+    spec = RunSpec.from_dict(job.spec)
+    role = job.role
     if role != "probe" and spec.training and _test_only_noise_and_faults(role) == "other_run":
-        spec = RunSpec.from_dict({**job["spec"], "seed": spec.seed + 1})  # planted: another run (another seed)
+        spec = RunSpec.from_dict({**job.spec, "seed": spec.seed + 1})  # planted: another run (another seed)
     device, name = rank_device(job)
     rss_start = rss_bytes()
     place = rank_info()
@@ -116,10 +117,10 @@ def run_job(job: dict[str, Any], events: EventWriter) -> None:
         events.write(DeviceUuid(device=name, uuid=str(torch.cuda.get_device_properties(device).uuid)))
 
     set_seed(spec.seed)
-    device_map = job.get("device_map") or ("balanced" if spec.strategy == "device_map" else None)
+    device_map = job.device_map or ("balanced" if spec.strategy == "device_map" else None)
     if device_map is not None:
         device = "cuda:0" if name.startswith("cuda") else "cpu"  # the first device: where the inputs go
-    model, tokenizer = build_model(spec, job["model_path"], device, device_map)
+    model, tokenizer = build_model(spec, job.model_path, device, device_map)
     events.write(ModelBuilt(**model_facts(spec, model)))
     train_blocks, heldout_blocks, data_info = build_data(spec, tokenizer)
     events.write(DataInfo(**data_info))
@@ -127,7 +128,7 @@ def run_job(job: dict[str, Any], events: EventWriter) -> None:
     if role == "probe":
         from core.child.probe import probe
 
-        probe(spec, model, train_blocks, Path(job["output_dir"]), device, events, job, rss_start, name)
+        probe(spec, model, train_blocks, Path(job.output_dir), device, events, job, rss_start, name)
     elif role == "evaluate":  # inference: fixed weights, evaluated once
         evaluate(spec, model, heldout_blocks, device, events, "before")
     else:
@@ -147,22 +148,22 @@ def _test_only_noise_and_faults(role: str) -> str | None:
 
 
 def train(spec: RunSpec, model: Any, train_blocks: list[dict[str, Any]], heldout_blocks: list[dict[str, Any]],
-          device: str, events: EventWriter, job: dict[str, Any]) -> None:
+          device: str, events: EventWriter, job: WorkerJob) -> None:
     """The training roles: ``train`` evaluates before and after; ``interrupted`` and ``resumed`` only train (from
-    ``job["resume_from"]`` when given, verified against ``job["manifest"]`` before and after Trainer loads it)."""
+    ``job.resume_from`` when given, verified against ``job.manifest`` before and after Trainer loads it)."""
     from core.child.recipe import build_trainer
 
-    role = job["role"]
+    role = job.role
     if role == "train":
         evaluate(spec, model, heldout_blocks, device, events, "before")
     trainable = [(n, p.numel()) for n, p in model.named_parameters() if p.requires_grad]
     events.write(Trainable(names=[n for n, _ in trainable], parameters=sum(k for _, k in trainable)))
-    out_dir = Path(job["output_dir"])
+    out_dir = Path(job.output_dir)
     trainer = build_trainer(spec, model, train_blocks, out_dir, device, events, job)
     if not _checkpoint_intact(job, events, "before_load"):
         return  # the parent fails the check, naming the files; nothing changed is loaded
     started = time.perf_counter()
-    trainer.train(resume_from_checkpoint=job.get("resume_from"))
+    trainer.train(resume_from_checkpoint=job.resume_from)
     train_s = time.perf_counter() - started
     _checkpoint_intact(job, events, "after_load")
     events.write(Trained(seconds=train_s, global_step=trainer.state.global_step, output_dir=str(out_dir)))
@@ -181,32 +182,32 @@ def evaluate(spec: RunSpec, model: Any, heldout_blocks: list[dict[str, Any]], de
     events.write(evaluation_event(when, result))
 
 
-def _checkpoint_intact(job: dict[str, Any], events: EventWriter, when: str) -> bool:
-    """Verify the checkpoint resumed from (``job["resume_from"]``) against the parent's sha256 manifest
-    (``job["manifest"]``), in this process: ``before_load`` right before Trainer reads the files, ``after_load`` once
+def _checkpoint_intact(job: WorkerJob, events: EventWriter, when: str) -> bool:
+    """Verify the checkpoint resumed from (``job.resume_from``) against the parent's sha256 manifest
+    (``job.manifest``), in this process: ``before_load`` right before Trainer reads the files, ``after_load`` once
     its run is over. Emits ``manifest`` {when, files, bad}; True when nothing changed (or there is nothing to check)."""
-    if not job.get("resume_from") or not job.get("manifest"):
+    if not job.resume_from or not job.manifest:
         return True
     from core.protocol.manifest import read_manifest, verify_manifest
 
-    manifest = read_manifest(Path(job["manifest"]))
-    bad = verify_manifest(Path(job["resume_from"]), manifest)
+    manifest = read_manifest(Path(job.manifest))
+    bad = verify_manifest(Path(job.resume_from), manifest)
     events.write(ManifestChecked(when=when, files=len(manifest), bad=bad))
     return not bad
 
 
-def rank_device(job: dict[str, Any]) -> tuple[str, str]:
+def rank_device(job: WorkerJob) -> tuple[str, str]:
     """(torch device, reported name) of this rank.
 
-    One process: ``job["device"]`` for both. Under torchrun each rank takes the device of its local rank: on the CPU
+    One process: ``job.device`` for both. Under torchrun each rank takes the device of its local rank: on the CPU
     ``"cpu"``, reported ``cpu:<local rank>`` (the ranks share the host); on CUDA the parent restricted
-    ``CUDA_VISIBLE_DEVICES`` to the devices named in ``job["devices"]``, so the torch device is ``cuda:<local rank>``
-    and the name reported is the one planned (``job["devices"][local rank]``)."""
+    ``CUDA_VISIBLE_DEVICES`` to the devices named in ``job.devices``, so the torch device is ``cuda:<local rank>``
+    and the name reported is the one planned (``job.devices[local rank]``)."""
     if int(os.environ.get("WORLD_SIZE", "1")) == 1 and "LOCAL_RANK" not in os.environ:
-        return job["device"], job["device"]
+        return job.device, job.device
     local = int(os.environ.get("LOCAL_RANK", "0"))
-    names = job.get("devices") or [job["device"]]
-    name = names[local] if local < len(names) else f"{job['device']}:{local}"
+    names = job.devices or [job.device]
+    name = names[local] if local < len(names) else f"{job.device}:{local}"
     if name.startswith("cuda"):
         return f"cuda:{local}", name
     return "cpu", name

@@ -34,7 +34,9 @@ from core.command.spec import CommandSpec, substitute
 from core.errors import StageCancelled, StageError
 from core.events import ChildStarted, Evaluated, Event, Message
 from core.protocol.events import METRIC, DataInfo, Evaluation, as_dict
+from core.protocol.job import EvalJob
 from core.stages.childproc import check_exit, start_child, watch
+from core.status import StageStatus
 
 #: the sequence length of the evaluation when the spec gives none and no Trainer reported one
 DEFAULT_EVAL_SEQ_LEN = 128
@@ -51,7 +53,7 @@ class CommandEvaluation:
         independence: whether the held-out split is disjoint from what the command trained on, in words.
     """
 
-    status: str
+    status: StageStatus
     criterion: str
     metric: str
     definition: str
@@ -86,7 +88,7 @@ def evaluate_stage(spec: CommandSpec, final: Checkpoint | None, base: str, seq_l
     common: dict[str, Any] = {"checkpoint": final.name if final else "", "checkpoint_step": final.step if final else None,
               "base": base, "independence": independence}
     if final is None:
-        return CommandEvaluation("fail", "a final checkpoint to evaluate", "", "", False, None, None,
+        return CommandEvaluation(StageStatus.FAIL, "a final checkpoint to evaluate", "", "", False, None, None,
                                  summary="not evaluated: the uninterrupted run wrote no checkpoint matching "
                                          f"{spec.checkpoints} in its output folder", **common)
     if spec.eval == "perplexity":
@@ -99,10 +101,9 @@ def _perplexity(spec: CommandSpec, final: Checkpoint, base: str, seq_len: int, j
                 ) -> Generator[Event, None, CommandEvaluation]:
     yield Message("train_eval", text=f"held-out perplexity of {final.name}" + (f" and of its base {base}" if base
                                                                                else " (no base named: after only)"))
-    child = start_child("evaluation", job_dir, {"checkpoint": str(final.path), "base": base, "data": spec.data,
-                                                "heldout_fraction": spec.heldout_fraction, "seq_len": seq_len,
-                                                "max_blocks": spec.eval_max_blocks, "batch_size": 4},
-                        module="core.child.checkpoint_eval")
+    job = EvalJob(checkpoint=str(final.path), base=base, data=spec.data, heldout_fraction=spec.heldout_fraction,
+                  seq_len=seq_len, max_blocks=spec.eval_max_blocks, batch_size=4)
+    child = start_child("evaluation", job_dir, job, module="core.child.checkpoint_eval")
     yield ChildStarted("train_eval", run="evaluation", pid=child.pid, log_path=str(child.log_path))
     points: dict[str, dict[str, Any]] = {}
     data: dict[str, Any] = {}
@@ -121,7 +122,7 @@ def _perplexity(spec: CommandSpec, final: Checkpoint, base: str, seq_len: int, j
     try:
         check_exit(child)
     except StageError as exc:
-        return CommandEvaluation("fail", "held-out perplexity measured", "perplexity", definition, False,
+        return CommandEvaluation(StageStatus.FAIL, "held-out perplexity measured", "perplexity", definition, False,
                                  points.get("before"), points.get("after"), summary=f"not evaluated: {exc}",
                                  data=data, log_path=str(child.log_path), **common)
     return _judged("perplexity", definition, False, points.get("before"), points.get("after"), data,
@@ -149,8 +150,8 @@ def _own_command(spec: CommandSpec, final: Checkpoint, base: str, job_dir: Path,
     definition = str(said.get("definition", "")) or f"printed by `{spec.eval}` (its last JSON line)"
     higher = bool(said.get("higher_is_better", False))
     if problems:
-        return CommandEvaluation("fail", "the evaluation command prints its metric", metric, definition, higher,
-                                 points.get("before"), points.get("after"), summary="; ".join(problems),
+        return CommandEvaluation(StageStatus.FAIL, "the evaluation command prints its metric", metric, definition,
+                                 higher, points.get("before"), points.get("after"), summary="; ".join(problems),
                                  log_path=str(job_dir), **common)
     return _judged(metric, definition, higher, points.get("before"), points.get("after"), {}, str(job_dir), common)
 
@@ -213,15 +214,15 @@ def _judged(metric: str, definition: str, higher: bool, before: dict[str, Any] |
     direction = "higher" if higher else "lower"
     criterion = f"{metric} finite after training and {direction} than the base's before"
     if after is None:
-        status, summary = "fail", "the final checkpoint was not evaluated"
+        status, summary = StageStatus.FAIL, "the final checkpoint was not evaluated"
     elif before is None:
-        status, summary = "fail", (f"{metric} after training {after['value']:.4g}, and nothing to compare it with: no "
-                                   "base model was named (command.model) or found; a number after training alone "
-                                   "says nothing about what the training did")
+        status, summary = StageStatus.FAIL, (f"{metric} after training {after['value']:.4g}, and nothing to compare it "
+                                             "with: no base model was named (command.model) or found; a number after "
+                                             "training alone says nothing about what the training did")
     else:
         a, b = float(after["value"]), float(before["value"])
         better = math.isfinite(a) and math.isfinite(b) and (a > b if higher else a < b)
-        status = "pass" if better else "fail"
+        status = StageStatus.judged(better)
         summary = f"{metric} {b:.4g} -> {a:.4g} ({'better' if better else 'not better'}: {direction} is better)"
     return CommandEvaluation(status, criterion, metric, definition, higher, before, after, summary=summary,
                              data=data, log_path=log_path, **common)

@@ -40,7 +40,7 @@ class CommandPlan:
         comparisons: each measured rank against its device's plan.
     """
 
-    status: str
+    status: StageStatus
     summary: str
     reason: str = ""
     ran: RanSpec | None = None
@@ -140,9 +140,9 @@ class CommandRun(StagedRun):
             if so_far is not None:
                 probe = build_probe(so_far, self._capacities(so_far))
                 self.results["probe"] = dataclasses.replace(
-                    probe, status="cancelled", summary=f"cancelled after {so_far.seconds:.1f} s and {probe.steps} "
-                                                       f"steps (the quit killed every process of it); measured until "
-                                                       f"then: {_peaks(probe)}")
+                    probe, status=StageStatus.CANCELLED,
+                    summary=f"cancelled after {so_far.seconds:.1f} s and {probe.steps} steps (the quit killed every "
+                            f"process of it); measured until then: {_peaks(probe)}")
             raise
         self.reference = outcome
         probe = build_probe(outcome, self._capacities(outcome))
@@ -180,13 +180,13 @@ class CommandRun(StagedRun):
                             self.run_dir / "plan" / "config.json", outcome.last_step())
         ctx, why = plan_for(ran)
         if ctx is None:
-            result = CommandPlan("not_applicable", f"no plan: {why}", reason=why, ran=ran)
+            result = CommandPlan(StageStatus.NOT_APPLICABLE, f"no plan: {why}", reason=why, ran=ran)
         else:
             measured = [{"device": device, "rank": rank, **rank_peaks(outcome).get(rank, {})}
                         for rank, device in rank_devices(outcome).items()]
             comparisons = compare(ctx.plan, measured)
             fits = fit_verdicts(ctx.plan)
-            status = "pass" if all_fit(fits) else "fail"
+            status = StageStatus.judged(all_fit(fits))
             words = "; ".join(f"{c.device}: planned {c.planned_bytes / 2**30:.2f} GiB, measured "
                               f"{c.measured_bytes / 2**30:.2f} GiB (plan error {c.error_pct:+.1f} %: "
                               f"{'above' if c.error_pct >= 0 else 'below'} the measurement)" for c in comparisons)
@@ -211,7 +211,7 @@ class CommandRun(StagedRun):
             raise self._refused("train_eval", "the command did not end well, so there is no final checkpoint to "
                                               "evaluate")
         if self.spec.eval == "none":
-            off = CommandEvaluation("not_applicable", "none", "", "", False, None, None, "", None, "", "",
+            off = CommandEvaluation(StageStatus.NOT_APPLICABLE, "none", "", "", False, None, None, "", None, "", "",
                                     summary="switched off (command.eval = \"none\")")
             self.results["train_eval"] = off
             yield self.emit(StageFinished("train_eval", status=off.status, result=off, summary=off.summary))

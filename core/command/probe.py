@@ -22,6 +22,7 @@ from typing import Any
 from core.command.reports import failure_lines
 from core.command.run import RunOutcome
 from core.plan.fit import fits_in
+from core.status import StageStatus
 
 
 @dataclass(frozen=True)
@@ -44,9 +45,10 @@ class DeviceUse:
 
 @dataclass(frozen=True)
 class CommandProbe:
-    """Outcome of the probe stage. ``status``: pass | fail (``problems`` says why)."""
+    """Outcome of the probe stage. ``status``: pass | fail (``problems`` says why); cancelled when the operator
+    quit while it ran (what was measured until then)."""
 
-    status: str
+    status: StageStatus
     summary: str
     view: str
     exit_code: int | None
@@ -128,14 +130,14 @@ def build_probe(outcome: RunOutcome, capacities: dict[str, tuple[int | None, str
             "sampled every 0.25 s; NVML per process on GPUs)" if trainer else
             "outside only (the process tree's RSS sampled every 0.25 s, NVML per process on GPUs): no transformers "
             "Trainer reported itself, so no peak allocated, placement or model is known")
-    status = "fail" if problems else "pass"
+    status = StageStatus.judged(not problems)
     where = "; ".join(f"{r.device} {r.measured_bytes / 2**30:.2f} GiB of "
                       + (f"{r.capacity_bytes / 2**30:.2f} GiB ({r.capacity_source})" if r.capacity_bytes else
                          "an unknown capacity") if r.fits is not None or r.measured_bytes else
                       f"{r.device} not sampled" for r in rows)
     counted = f"{steps} steps" if outcome.steps or outcome.hook.ends else "steps not known (no per-step metrics)"
     summary = (f"exit {outcome.exit_code} after {outcome.seconds:.1f} s, {counted}; measured peak {where}"
-               if status == "pass" else "; ".join(problems))
+               if status == StageStatus.PASS else "; ".join(problems))
     placement = {f"rank {t.get('rank', 0)}": dict(t.get("placement_bytes") or {}) for t in outcome.hook.trainers}
     return CommandProbe(status=status, summary=summary, view=view, exit_code=outcome.exit_code,
                         seconds=outcome.seconds, steps=steps, expected_steps=expected, step_time_s=step_time,

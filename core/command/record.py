@@ -29,7 +29,7 @@ def verdict(results: dict[str, Any], stopped: dict[str, Stopped]) -> dict[str, A
     for name, key in STAGE_KEYS:
         res = results.get(key)
         if res is not None:
-            stages[name] = {"status": res.status, "evidence": res.summary}
+            stages[name] = {"status": str(res.status), "evidence": res.summary}
         elif key in stopped:
             stages[name] = {"status": str(stopped[key].status), "evidence": stopped[key].why}
         else:
@@ -133,7 +133,7 @@ def probe_table(probe: Any) -> dict[str, Any]:
 def evaluation_tables(spec: Any, ev: Any, ref: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     if ev is None:
         return {"provenance": "not_run"}, {"provenance": "not_run"}
-    if ev.status == "not_applicable":
+    if ev.status == StageStatus.NOT_APPLICABLE:
         return {"provenance": "not_applicable", "why": ev.summary}, {"provenance": "not_applicable",
                                                                      "status": ev.status, "why": ev.summary}
     split = {k: v for k, v in ev.data.items() if k != "train_blocks"}  # the evaluation cuts only held-out blocks
@@ -162,9 +162,9 @@ def evaluation_tables(spec: Any, ev: Any, ref: Any) -> tuple[dict[str, Any], dic
 
 def resume_table(r: Any) -> dict[str, Any]:
     if r is None:
-        return {"status": "not_run", "provenance": "not_run"}
-    if r.status == "not_applicable":
-        return {"status": "not_applicable", "provenance": "not_applicable", "why": r.summary}
+        return {"status": StageStatus.NOT_RUN.value, "provenance": "not_run"}
+    if r.status == StageStatus.NOT_APPLICABLE:
+        return {"status": StageStatus.NOT_APPLICABLE.value, "provenance": "not_applicable", "why": r.summary}
     return {"status": r.status, "provenance": "measured", "summary": r.summary,
             "checkpoint_step": r.checkpoint_step, "next_checkpoint_step": r.next_checkpoint_step,
             "kill_step": r.kill_step, "final_checkpoint_step": r.final_checkpoint_step,

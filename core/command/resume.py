@@ -61,6 +61,7 @@ from core.stages.resume import (
     safe_load,
     world_size_check,
 )
+from core.status import StageStatus
 
 #: files Trainer writes that a resume never loads: a pickle of TrainingArguments (not weights-only loadable) and
 #: peft's model card
@@ -88,7 +89,7 @@ class RunSummary:
 class CommandResume:
     """Outcome of the kill-and-resume check. ``status``: pass | fail | not_applicable (switched off)."""
 
-    status: str
+    status: StageStatus
     summary: str
     checks: list[Check] = field(default_factory=list)
     checkpoint_step: int | None = None
@@ -143,7 +144,7 @@ class _Progress:
         c, n, k, final = (p.c, p.n, p.k, p.final) if p is not None else (None, None, None, None)
         extra = f"; not compared: {'; '.join(self.not_compared)}" if self.not_compared else ""
         summary = (f"killed at step {k} after checkpoint {c}, resumed from it, compared up to step {final}: "
-                   f"{len(self.checks)} checks passed ({self.tier.name}){extra}" if status == "pass" else
+                   f"{len(self.checks)} checks passed ({self.tier.name}){extra}" if status == StageStatus.PASS else
                    f"failed: {', '.join(ch.name for ch in failed)}: " + "; ".join(ch.evidence for ch in failed)[:600])
         return CommandResume(status=status, summary=summary, checks=self.checks, checkpoint_step=c,
                              next_checkpoint_step=n, kill_step=k, final_checkpoint_step=final, tier=self.tier,
@@ -178,7 +179,7 @@ def missing_files(ckpt: Path, required: list[str]) -> list[str]:
 
 
 def not_applicable(why: str) -> CommandResume:
-    return CommandResume(status="not_applicable", summary=why)
+    return CommandResume(status=StageStatus.NOT_APPLICABLE, summary=why)
 
 
 def run_twin(spec: CommandSpec, reference: RunOutcome, run_dir: Path, values: dict[str, str],
@@ -264,21 +265,23 @@ def kill_plan(spec: CommandSpec, reference: RunOutcome, checks: list[Check]) -> 
                                                  if e.get("rank", 0) == 0})
     need = spec.kill_after_checkpoint + 1
     if len(saved) < need or not ckpts:
-        checks.append(Check("checkpoints", "fail", _too_few(spec, reference, saved, need), kind="completeness"))
+        checks.append(Check("checkpoints", StageStatus.FAIL,
+                            _too_few(spec, reference, saved, need), kind="completeness"))
         return None
     if reference.trainer is None and not reference.steps:
-        checks.append(Check("metrics", "fail", f"the uninterrupted run wrote no per-step metrics "
-                                               f"({reference.metrics_source}{_rejected(reference)}): from outside, the "
-                                               "kill is placed by the step the metrics show and the resumed run is "
-                                               "compared with them step by step, so nothing was killed: have the "
-                                               "script write JSON lines with step and loss and name the file "
-                                               "(command.metrics), or train with transformers' Trainer"))
+        checks.append(Check("metrics", StageStatus.FAIL,
+                            f"the uninterrupted run wrote no per-step metrics "
+                            f"({reference.metrics_source}{_rejected(reference)}): from outside, the "
+                            "kill is placed by the step the metrics show and the resumed run is "
+                            "compared with them step by step, so nothing was killed: have the "
+                            "script write JSON lines with step and loss and name the file "
+                            "(command.metrics), or train with transformers' Trainer"))
         return None
     c, n, final = saved[spec.kill_after_checkpoint - 1], saved[spec.kill_after_checkpoint], ckpts[-1].step
     k = c + max(1, (n - c) // 2)
     kept = "" if len(saved) == len(ckpts) else f" ({', '.join(x.name for x in ckpts)} kept: Trainer's " \
                                                 "save_total_limit removed the others)"
-    checks.append(Check("checkpoints", "pass" if final > c else "fail",
+    checks.append(Check("checkpoints", StageStatus.judged(final > c),
                         f"the uninterrupted run wrote {len(saved)} checkpoints (steps {span(saved)}){kept}: resume "
                         f"from step {c}, kill at step {k} (before the next, {n}), compare at step {final}"
                         + ("" if final > c else ": no checkpoint after c is left to compare with"),
@@ -298,9 +301,10 @@ def _twin_phase(runs: _Runs, tier: Tier, twin: RunOutcome | None, progress: _Pro
     if twin.exit_code == 0:
         return twin, True
     why = "timed out" if twin.timed_out else f"exit status {twin.exit_code}"
-    progress.checks.append(Check("twin_run", "fail", f"the twin run (the training command again) failed ({why}): "
-                                                     f"{failure_lines(twin.log_path)} (see {twin.log_path}); no noise "
-                                                     "bound could be measured"))
+    progress.checks.append(Check("twin_run", StageStatus.FAIL,
+                                 f"the twin run (the training command again) failed ({why}): "
+                                 f"{failure_lines(twin.log_path)} (see {twin.log_path}); no noise "
+                                 "bound could be measured"))
     return twin, False
 
 
@@ -329,7 +333,7 @@ def _interrupted_phase(runs: _Runs, plan: KillPlan, progress: _Progress,
         yield Message("resume", text=f"interrupted run killed at step {seen} ({interrupted.kill.evidence()})")
     kill, point, ckpt = _kill_checks(interrupted, trainer is not None, world, plan, progress.required)
     progress.checks += [kill, point]
-    return interrupted, ckpt if kill.status == "pass" else None
+    return interrupted, ckpt if kill.status == StageStatus.PASS else None
 
 
 def _gate(runs: _Runs, interrupted: RunOutcome, ckpt: Checkpoint, plan: KillPlan, progress: _Progress) -> bool:
@@ -340,7 +344,7 @@ def _gate(runs: _Runs, interrupted: RunOutcome, ckpt: Checkpoint, plan: KillPlan
     gate = _checkpoint_checks(interrupted, ckpt, plan.c, progress.required, progress.manifest, runs.trainer,
                               runs.world)
     progress.checks += gate
-    return all(ch.status == "pass" for ch in gate if ch.name in LOADING_GUARDS)
+    return all(ch.status == StageStatus.PASS for ch in gate if ch.name in LOADING_GUARDS)
 
 
 def _resumed_phase(runs: _Runs, ckpt: Checkpoint, plan: KillPlan, progress: _Progress,
@@ -357,14 +361,15 @@ def _resumed_phase(runs: _Runs, ckpt: Checkpoint, plan: KillPlan, progress: _Pro
     progress.runs["resumed"] = _summary(resumed)
     manifest = progress.manifest
     bad = verify_manifest(ckpt.path, manifest)
-    progress.checks.append(Check("manifest_after", "fail" if bad else "pass",
+    progress.checks.append(Check("manifest_after", StageStatus.judged(not bad),
                                  f"after the resumed run, the checkpoint's files changed: {', '.join(bad)}" if bad else
                                  f"after the resumed run, the sha256 of the {len(manifest)} files still match"))
     if resumed.exit_code == 0:
         return resumed
     why = "timed out" if resumed.timed_out else f"exit status {resumed.exit_code}"
-    progress.checks.append(Check("resumed_run", "fail", f"the resume command failed ({why}): "
-                                                        f"{failure_lines(resumed.log_path)} (see {resumed.log_path})"))
+    progress.checks.append(Check("resumed_run", StageStatus.FAIL,
+                                 f"the resume command failed ({why}): "
+                                 f"{failure_lines(resumed.log_path)} (see {resumed.log_path})"))
     return None
 
 
@@ -423,10 +428,11 @@ def _kill_checks(o: RunOutcome, trainer: bool, world: int, plan: KillPlan, requi
     killed is after checkpoint c and before checkpoint n was complete. Returns them and checkpoint c, if there."""
     if o.kill is None:
         why = "timed out" if o.timed_out else f"exited with status {o.exit_code}{o.exit_note}"
-        return (Check("kill", "fail", f"the interrupted run {why} before step {plan.k} ({last_lines(o.log_path, 3)}); "
-                                      "nothing was killed"),
-                Check("kill_point", "fail", "no kill"), None)
-    kill = Check("kill", "pass" if o.kill.clean else "fail", o.kill.evidence())
+        return (Check("kill", StageStatus.FAIL,
+                      f"the interrupted run {why} before step {plan.k} ({last_lines(o.log_path, 3)}); "
+                      "nothing was killed"),
+                Check("kill_point", StageStatus.FAIL, "no kill"), None)
+    kill = Check("kill", StageStatus.judged(o.kill.clean), o.kill.evidence())
     ckpt = next((x for x in o.checkpoints if x.step == plan.c), None)
     where, ok = _held_at(o, world, plan.k) if trainer else _seen_at(o, plan.k)
     later = [x for x in o.at_kill if x.step > plan.c and (complete(x, required) if required else True)]
@@ -438,7 +444,7 @@ def _kill_checks(o: RunOutcome, trainer: bool, world: int, plan: KillPlan, requi
     if ckpt is None:
         ok = False
         where += f"; no checkpoint of step {plan.c} in its output folder"
-    return kill, Check("kill_point", "pass" if ok else "fail", f"{where}: after checkpoint {plan.c}, before {plan.n}"), \
+    return kill, Check("kill_point", StageStatus.judged(ok), f"{where}: after checkpoint {plan.c}, before {plan.n}"), \
         ckpt
 
 
@@ -462,7 +468,7 @@ def _checkpoint_checks(o: RunOutcome, ckpt: Checkpoint, c: int, required: list[s
     """The checks of checkpoint c before anything loads it: ``checkpoint_selection``, ``checkpoint_complete``,
     ``manifest``, ``safe_loading``, and for a Trainer ``trainer_state`` and ``world_size``."""
     checks = [_selection_check(o, c, required), _complete_check(ckpt, required),
-              Check("manifest", "pass" if manifest else "fail",
+              Check("manifest", StageStatus.judged(bool(manifest)),
                     f"sha256 of {len(manifest)} files taken right after the kill" if manifest else
                     f"{ckpt.name} holds no file"),
               safe_loading(ckpt.path, trainer is not None)]
@@ -479,7 +485,7 @@ def _selection_check(o: RunOutcome, c: int, required: list[str]) -> Check:
     partial = [f"{x.name} is partial (missing {', '.join(missing_files(x.path, required))})"
                for x in listed if required and x.step > c and not complete(x, required)]
     top = newest[-1] if newest else None
-    return Check("checkpoint_selection", "pass" if top is not None and top.step == c else "fail",
+    return Check("checkpoint_selection", StageStatus.judged(top is not None and top.step == c),
                  (f"resume from {top.name}, the newest complete checkpoint" if top else "no complete checkpoint")
                  + (f" (expected step {c})" if top is None or top.step != c else "")
                  + ("; skipped " + "; ".join(partial + skipped) if partial or skipped else ""),
@@ -490,12 +496,13 @@ def _complete_check(ckpt: Checkpoint, required: list[str]) -> Check:
     """``checkpoint_complete``: checkpoint c holds every required file; a script that is not Trainer-based and names
     none fails (gpuaccept cannot know what it needs)."""
     if not required:
-        return Check("checkpoint_complete", "fail", "the script is not Trainer-based, so gpuaccept does not know what "
-                                                    "its checkpoint must hold: list the files in "
-                                                    "command.checkpoint_files (weights, optimizer, scheduler, RNG, "
-                                                    "progress)", kind="completeness")
+        return Check("checkpoint_complete", StageStatus.FAIL,
+                     "the script is not Trainer-based, so gpuaccept does not know what "
+                     "its checkpoint must hold: list the files in "
+                     "command.checkpoint_files (weights, optimizer, scheduler, RNG, "
+                     "progress)", kind="completeness")
     missing = missing_files(ckpt.path, required)
-    return Check("checkpoint_complete", "fail" if missing else "pass",
+    return Check("checkpoint_complete", StageStatus.judged(not missing),
                  f"missing from {ckpt.name}: {', '.join(missing)}" if missing else
                  f"{ckpt.name} holds {', '.join(required)}", kind="completeness")
 
@@ -508,7 +515,7 @@ def _trainer_state_check(ckpt: Checkpoint, c: int) -> Check:
         state = json.loads((ckpt.path / "trainer_state.json").read_text(encoding="utf-8")).get("global_step")
     except (OSError, ValueError):
         state = None
-    return Check("trainer_state", "pass" if state == c else "fail",
+    return Check("trainer_state", StageStatus.judged(state == c),
                  f"trainer_state.json global_step = {state} (expected {c})")
 
 
@@ -611,10 +618,10 @@ def trainable_check(reference: dict[str, Any], resumed: dict[str, Any] | None) -
     """The resumed Trainer trains exactly the reference's tensors (the sha256 of their sorted names, and their
     parameters; exact)."""
     if resumed is None:
-        return Check("trainable_set", "fail", "the resumed run reported no Trainer")
+        return Check("trainable_set", StageStatus.FAIL, "the resumed run reported no Trainer")
     same = (reference.get("trainable_names_sha256"), reference.get("trainable_parameters")) == \
         (resumed.get("trainable_names_sha256"), resumed.get("trainable_parameters"))
-    return Check("trainable_set", "pass" if same else "fail",
+    return Check("trainable_set", StageStatus.judged(same),
                  f"{resumed.get('trainable_tensors')} trainable tensors, {resumed.get('trainable_parameters'):,} "
                  f"parameters" + (", as in the uninterrupted run" if same else
                                   f"; the uninterrupted run trained {reference.get('trainable_tensors')} / "
@@ -637,7 +644,7 @@ def compare_final(reference: RunOutcome, resumed: RunOutcome, step: int, tier: T
     a, b, t = found
     names = sorted(str(p.relative_to(a.path)) for p in a.path.rglob("*") if p.is_file())
     missing = [n for n in names if not (b.path / n).is_file() or (t is not None and not (t / n).is_file())]
-    checks = [Check("final_checkpoint", "fail" if missing else "pass",
+    checks = [Check("final_checkpoint", StageStatus.judged(not missing),
                     f"{b.name} of the resumed (or twin) run lacks {', '.join(missing)}" if missing else
                     f"{b.name} of both runs holds the same {len(names)} files")]
     files = FinalFiles.sort([n for n in names if n not in missing], trainer)
@@ -670,15 +677,17 @@ def _final_folders(reference: RunOutcome, resumed: RunOutcome, step: int, tier: 
     b = next((x for x in resumed.checkpoints if x.step == step), None)
     if a is None or b is None:
         have = ", ".join(x.name for x in resumed.checkpoints) or "none"
-        return Check("final_checkpoint", "fail", f"the resumed run wrote no checkpoint of step {step} to compare with "
-                                                 f"the uninterrupted run's (it wrote {have})")
+        return Check("final_checkpoint", StageStatus.FAIL,
+                     f"the resumed run wrote no checkpoint of step {step} to compare with "
+                     f"the uninterrupted run's (it wrote {have})")
     if twin is None or tier.exact:
         return a, b, None
     t = next((x for x in twin.checkpoints if x.step == step), None)
     if t is None:
         have = ", ".join(x.name for x in twin.checkpoints) or "none"
-        return Check("final_checkpoint", "fail", f"the twin run wrote no checkpoint of step {step} to measure the "
-                                                 f"noise with (it wrote {have})")
+        return Check("final_checkpoint", StageStatus.FAIL,
+                     f"the twin run wrote no checkpoint of step {step} to measure the "
+                     f"noise with (it wrote {have})")
     return a, b, t.path
 
 
@@ -730,8 +739,8 @@ def _compare_safetensors(a: Path, b: Path, names: list[str], tier: Tier, t: Path
     try:
         judged = judge_tensors(ref, res, twin, tier)
     except ValueError as exc:
-        return Check("final_weights", "fail", f"{', '.join(names)}: {exc}", kind="tolerance", tier=tier.name)
-    return Check("final_weights", "pass" if judged.ok else "fail",
+        return Check("final_weights", StageStatus.FAIL, f"{', '.join(names)}: {exc}", kind="tolerance", tier=tier.name)
+    return Check("final_weights", StageStatus.judged(judged.ok),
                  judged.describe(tier, f"tensors of {', '.join(names)}"), kind="tolerance", tier=tier.name,
                  largest_difference=judged.distance, noise=judged.noise, bound=judged.bound)
 
@@ -759,7 +768,7 @@ def _compare_states(a: Path, b: Path, names: list[str], tier: Tier, t: Path | No
         where = first_difference(x, y, twin=z, multiple=tier.multiple if n.endswith(".json") else 0.0)
         if where is not None:
             differ.append(f"{n} differs at {where or 'the top'}")
-    return Check("states", "fail" if differ else "pass",
+    return Check("states", StageStatus.judged(not differ),
                  "; ".join(differ) if differ else f"{', '.join(names)} equal"
                  + (" (exact)" if tier.exact else f" (pickles exact, JSON numbers within {tier.multiple:g} x the "
                                                   "twin's difference at the same place)"))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import enum
 import os
 import platform
 import socket
@@ -648,7 +649,10 @@ def _override_problems(verdict: dict[str, Any], so: dict[str, Any]) -> list[str]
 
 
 def _clean(value: Any) -> Any:
-    """Drop None (TOML has no null), make tuples lists and keys strings, keep UTC-aware datetimes."""
+    """Drop None (TOML has no null), make tuples lists, keys strings and enums their values (a stage's
+    :class:`~core.status.StageStatus`), keep UTC-aware datetimes."""
+    if isinstance(value, enum.Enum):
+        return value.value
     if isinstance(value, dict):
         return {str(k): _clean(v) for k, v in value.items() if v is not None}
     if isinstance(value, (list, tuple)):

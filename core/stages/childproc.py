@@ -10,7 +10,6 @@ worker also ends itself within a second when this process is gone (``GPUACCEPT_P
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -24,6 +23,7 @@ from core import forkserver
 from core.errors import StageCancelled, StageError
 from core.interpreter import child_env, python_argv
 from core.protocol.events import ChildError, ChildEvent, Started, read_events
+from core.protocol.job import Job
 
 
 @dataclass
@@ -32,7 +32,7 @@ class ChildJob:
 
     name: str
     job_dir: Path
-    job: dict[str, Any]
+    job: Job  # what job.json says (core.protocol.job), with its events file and output folder filled in
     proc: forkserver.Process | None = None  # subprocess.Popen, or a child forked by core.forkserver
     events: list[ChildEvent] = field(default_factory=list)  # every event read so far, typed (core.protocol.events)
     nproc: int = 1  # processes torchrun starts (1: no torchrun)
@@ -94,10 +94,12 @@ class Launch:
 SINGLE = Launch()
 
 
-def start_child(name: str, job_dir: Path, job: dict[str, Any], launch: Launch = SINGLE,
+def start_child(name: str, job_dir: Path, job: Job, launch: Launch = SINGLE,
                 module: str = "core.child.worker") -> ChildJob:
-    """Write ``job.json`` and start ``python -m <module>`` on it (by default :mod:`core.child.worker`; command mode's
-    evaluation runs :mod:`core.child.checkpoint_eval`) in a new process group.
+    """Write ``job.json`` and start ``python -m <module>`` on it (by default :mod:`core.child.worker` on a
+    :class:`~core.protocol.job.WorkerJob`; command mode's evaluation runs :mod:`core.child.checkpoint_eval` on an
+    :class:`~core.protocol.job.EvalJob`) in a new process group. The job's events file and output folder are filled
+    in here (``events.jsonl`` and ``output/`` in ``job_dir``) unless it names them.
 
     With ``nproc`` > 1 (or ``torchrun_args``, for several nodes) it runs under torchrun (``torch.distributed.run``),
     by default ``--standalone --nproc-per-node nproc``; torchrun starts each rank in a session of its own, so
@@ -111,10 +113,9 @@ def start_child(name: str, job_dir: Path, job: dict[str, Any], launch: Launch = 
     """
     job_dir.mkdir(parents=True, exist_ok=True)
     nproc, torchrun = launch.nproc, launch.torchrun
-    child = ChildJob(name=name, job_dir=job_dir, job=dict(job), nproc=nproc, oom_kills_at_start=oom_kill_count())
-    child.job.setdefault("events", str(child.events_path))
-    child.job.setdefault("output_dir", str(child.output_dir))
-    (job_dir / "job.json").write_text(json.dumps(child.job, indent=2), encoding="utf-8")
+    child = ChildJob(name=name, job_dir=job_dir, job=job, nproc=nproc, oom_kills_at_start=oom_kill_count())
+    child.job = job.placed(str(child.events_path), str(child.output_dir))
+    (job_dir / "job.json").write_text(child.job.to_json(), encoding="utf-8")
     env = child_env()
     cuda = [d for d in (launch.visible_devices or []) if d.startswith("cuda")]
     if cuda:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.stages.noise import Bounded, Tier, judge_losses, loss_noise
+from core.status import StageStatus
 
 #: (rank, step): a point's place in its run
 Key = tuple[int, int]
@@ -34,7 +35,7 @@ class Check:
     (:mod:`core.stages.noise`)."""
 
     name: str
-    status: str  # pass | fail
+    status: StageStatus  # pass | fail
     evidence: str
     kind: str = "exact"  # exact | tolerance | completeness
     tier: str | None = None
@@ -52,11 +53,11 @@ def span(steps: list[int]) -> str:
     return ", ".join(map(str, steps[:8])) + (" ..." if len(steps) > 8 else "")
 
 
-def verdict(checks: Sequence[Check]) -> tuple[str, list[Check]]:
+def verdict(checks: Sequence[Check]) -> tuple[StageStatus, list[Check]]:
     """The resume check's status from its checks (``pass``: at least one check and every one passed; else ``fail``)
     and the checks that failed: both modes' results are judged by this one rule."""
-    failed = [ch for ch in checks if ch.status != "pass"]
-    return ("pass" if checks and not failed else "fail"), failed
+    failed = [ch for ch in checks if ch.status != StageStatus.PASS]
+    return StageStatus.judged(bool(checks) and not failed), failed
 
 
 # ------------------------------------------------------------------------------------------- the typed series
@@ -233,7 +234,8 @@ def compare_series(series: ResumeSeries, tier: Tier, rules: StepRules) -> StepCo
     """
     words = rules.words
     if not series.reference:
-        return StepComparison([Check("loss", "fail", words.no_reference, kind="tolerance", tier=tier.name)], [], [])
+        return StepComparison([Check("loss", StageStatus.FAIL, words.no_reference, kind="tolerance", tier=tier.name)],
+                              [], [])
     ref = series.reference.by_key()
     before = _pairs(series.interrupted, ref)
     after = _pairs(series.resumed, ref)
@@ -241,7 +243,8 @@ def compare_series(series: ResumeSeries, tier: Tier, rules: StepRules) -> StepCo
     checks = [_global_steps(series, words)]
     noise, why_not = _noise(series.twin, ref, sorted({a.key for a, _ in before + after}), tier)
     if why_not:
-        checks += [Check(name, "fail", why_not, kind="tolerance", tier=tier.name) for name in ("loss", "reproducible")]
+        checks += [Check(name, StageStatus.FAIL, why_not, kind="tolerance", tier=tier.name)
+                   for name in ("loss", "reproducible")]
     else:
         checks += _reproducible(before, rules, tier, noise, not_compared)
     unmatched = sorted({p.step for p in (*series.resumed.points, *series.interrupted.points) if p.key not in ref})
@@ -260,7 +263,7 @@ def _global_steps(series: ResumeSeries, words: StepWords) -> Check:
     got = sorted(p.key for p in series.resumed.points)
     want = sorted(series.expected)
     ok = got == want and (not series.resumed_trainer or series.trainer_start == series.c)
-    return Check("global_steps", "pass" if ok else "fail", words.global_steps(got, want, series))
+    return Check("global_steps", StageStatus.judged(ok), words.global_steps(got, want, series))
 
 
 def _noise(twin: StepSeries | None, ref: dict[Key, StepPoint], keys: list[Key], tier: Tier,
@@ -301,13 +304,14 @@ def _reproducible(before: list[Pair], rules: StepRules, tier: Tier, noise: float
     (``rules.complete``) or a note."""
     if not before:
         if rules.complete:
-            return [Check("reproducible", "fail", rules.words.nothing_before, kind="tolerance", tier=tier.name)]
+            return [Check("reproducible", StageStatus.FAIL, rules.words.nothing_before, kind="tolerance",
+                          tier=tier.name)]
         not_compared.append(rules.words.nothing_before_note)
         return []
     exact = sorted({a.step for name in rules.fields for a, b in _logged(name, before, rules.complete)
                     if _differ(name, a, b)})
     judged, bad = judge_losses(_loss_triples(before), noise, tier)
-    return [Check("reproducible", "fail" if exact or bad else "pass",
+    return [Check("reproducible", StageStatus.judged(not (exact or bad)),
                   rules.words.reproducible(sorted({a.step for a, _ in before}), exact, bad, judged, tier),
                   kind="tolerance", tier=tier.name, largest_difference=judged.distance, noise=judged.noise,
                   bound=judged.bound)]
@@ -325,9 +329,10 @@ def _exact_field(name: str, after: list[Pair], series: ResumeSeries, rules: Step
     diff = sorted({a.step for a, b in have if _differ(name, a, b)})
     missing = unmatched if rules.complete else []
     if diff or missing:
-        return [Check(name, "fail", f"{label} of the resumed run differs at steps {span(diff)}"
+        return [Check(name, StageStatus.FAIL, f"{label} of the resumed run differs at steps {span(diff)}"
                       + (f"; no reference for {missing}" if missing else ""))]
-    return [Check(name, "pass", rules.words.field_equal(label, len(have), [p.step for p in series.resumed.points]))]
+    return [Check(name, StageStatus.PASS,
+                  rules.words.field_equal(label, len(have), [p.step for p in series.resumed.points]))]
 
 
 def _loss(after: list[Pair], rules: StepRules, tier: Tier, noise: float | None) -> Check:
@@ -336,7 +341,7 @@ def _loss(after: list[Pair], rules: StepRules, tier: Tier, noise: float | None) 
     judged, bad = judge_losses(_loss_triples(after), noise, tier)
     unmatched = sorted({a.step for a, b in after if len(a.losses) != len(b.losses)})
     ok = judged.ok and not unmatched and bool(after)
-    return Check("loss", "pass" if ok else "fail",
+    return Check("loss", StageStatus.judged(ok),
                  rules.words.loss(bad, unmatched, judged if after else None, tier),
                  kind="tolerance", tier=tier.name, largest_difference=judged.distance, noise=judged.noise,
                  bound=judged.bound)

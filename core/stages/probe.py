@@ -34,8 +34,10 @@ from core.protocol.events import (
     Placement,
     ProbeStep,
 )
+from core.protocol.job import worker_job
 from core.spec import RunSpec
 from core.stages.childproc import SINGLE, Launch, check_exit, start_child, watch
+from core.status import StageStatus
 
 
 @dataclass(frozen=True)
@@ -130,7 +132,7 @@ class ProbeResult:
 
     ``devices`` holds one measurement per rank (one for a single process); ``problems`` says why it failed."""
 
-    status: str
+    status: StageStatus
     steps: int
     step_time_s: float
     tokens_per_s: float
@@ -200,8 +202,7 @@ def run_probe(
         yield Message("probe", text=f"waiting for all {t.nnodes} nodes at the rendezvous {t.rdzv_endpoint} (id "
                                     f"{t.rdzv_id}): start the same spec on every node; torchrun waits up to 900 s "
                                     "for them to join")
-    child = start_child("probe", job_dir, {"role": "probe", "spec": spec.to_dict(), "model_path": str(model_path),
-                                           "device": device, "devices": names}, launch)
+    child = start_child("probe", job_dir, worker_job(spec, "probe", model_path, device, names), launch)
     yield ChildStarted("probe", run="probe", pid=child.pid, log_path=str(child.log_path))
     wait = FirstStepWait("probe", "probe", child.pid, "probe", tracked=not device.startswith("cuda"))
     yield wait.started()
@@ -250,7 +251,7 @@ def probe_result(spec: RunSpec, events: list[ChildEvent], ledgers: list[Ledger],
                         f"it with --attn-implementation {attention}")
     first = ledgers[0]
     return ProbeResult(
-        status="fail" if problems else "pass",
+        status=StageStatus.judged(not problems),
         steps=first.steps,
         step_time_s=step_time_s,
         tokens_per_s=tokens_per_s,

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Generator, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ from core import killpoints
 from core.errors import StageError
 from core.events import ChildStarted, Event, FirstStepWait, Message, Progress, lead_events
 from core.protocol.events import ChildEvent, KillPoint, ManifestChecked, RngRestored, Started, Step, Trainable
+from core.protocol.job import WorkerJob, worker_job
 from core.protocol.manifest import verify_manifest, write_manifest
 from core.protocol.rng import rng_digest
 from core.spec import RunSpec
@@ -56,13 +57,14 @@ from core.stages.compare import (
 )
 from core.stages.noise import Tier, judge_tensors, optimizer_state_tensors, required_tier
 from core.stages.train import StepMean, merge_rank_steps
+from core.status import StageStatus
 
 
 @dataclass(frozen=True)
 class ResumeResult:
     """Outcome of the kill-and-resume check. ``status``: pass | fail | not_applicable."""
 
-    status: str
+    status: StageStatus
     checks: list[Check] = field(default_factory=list)
     checkpoint_step: int | None = None
     kill_step: int | None = None
@@ -131,9 +133,9 @@ def completeness(spec: RunSpec, ckpt: Path, world_size: int = 1) -> Check:
     files = required_files(spec, world_size)
     missing = [f"{comp} ({name})" for comp, name in files.items() if not (ckpt / name).is_file()]
     if missing:
-        return Check("checkpoint_complete", "fail", "missing: " + ", ".join(missing), kind="completeness")
-    return Check("checkpoint_complete", "pass", "present: " + ", ".join(f"{comp} ({name})" for comp, name in files.items()),
-                 kind="completeness")
+        return Check("checkpoint_complete", StageStatus.FAIL, "missing: " + ", ".join(missing), kind="completeness")
+    return Check("checkpoint_complete", StageStatus.PASS,
+                 "present: " + ", ".join(f"{comp} ({name})" for comp, name in files.items()), kind="completeness")
 
 
 #: suffixes of the files read as pickles (``torch.load``)
@@ -190,12 +192,12 @@ def pickles_load_safely(ckpt: Path, files: list[Path], note: str = "") -> Check:
         except UntrustedCheckpoint as exc:
             refused.append(str(exc))
     if refused:
-        return Check("safe_loading", "fail", "; ".join(refused))
+        return Check("safe_loading", StageStatus.FAIL, "; ".join(refused))
     if not files:
-        return Check("safe_loading", "pass", f"{ckpt.name} holds no pickle ({', '.join(PICKLE_SUFFIXES)}): nothing "
-                                             "for torch.load to run")
-    return Check("safe_loading", "pass", f"{', '.join(str(f.relative_to(ckpt)) for f in files)} load with "
-                                         f"weights_only=True{note}")
+        return Check("safe_loading", StageStatus.PASS, f"{ckpt.name} holds no pickle ({', '.join(PICKLE_SUFFIXES)}): "
+                                                       "nothing for torch.load to run")
+    return Check("safe_loading", StageStatus.PASS, f"{', '.join(str(f.relative_to(ckpt)) for f in files)} load with "
+                                                   f"weights_only=True{note}")
 
 
 def compare_rng(restored: dict[str, str] | None, saved: dict[str, str], resumed: list[dict[str, Any]],
@@ -217,11 +219,11 @@ def compare_rng(restored: dict[str, str] | None, saved: dict[str, str], resumed:
     ranks = sorted({k.split("@rank")[1] for k in saved if "@rank" in k})
     files = f"rng_state_{ranks[0]}..{ranks[-1]}.pth" if ranks else "rng_state.pth"
     if restored is None:
-        first = Check("rng_restored", "fail", "the resumed run never restored an RNG state (Trainer's _load_rng_state "
-                                              "did not run or found no file)")
+        first = Check("rng_restored", StageStatus.FAIL, "the resumed run never restored an RNG state (Trainer's "
+                                                        "_load_rng_state did not run or found no file)")
     else:
         diff = sorted(k for k in saved.keys() | restored.keys() if saved.get(k) != restored.get(k))
-        first = Check("rng_restored", "fail" if diff else "pass",
+        first = Check("rng_restored", StageStatus.judged(not diff),
                       f"right after restore, generators {', '.join(sorted(restored))} equal {files} of "
                       f"checkpoint-{c} (sha256)" if not diff else
                       f"after restore, {', '.join(diff)} differ from {files} of checkpoint-{c}")
@@ -231,19 +233,20 @@ def compare_rng(restored: dict[str, str] | None, saved: dict[str, str], resumed:
     differ = [step for step, a, b in pairs if a is not None and b is not None and a != b]
     steps = [step for step, _, _ in pairs]
     if not pairs or missing:
-        second = Check("rng_continues", "fail", f"no RNG digest at the start of steps {span(missing) or 'any'}")
+        second = Check("rng_continues", StageStatus.FAIL,
+                       f"no RNG digest at the start of steps {span(missing) or 'any'}")
     elif differ:
         which = sorted(k for k in pairs[0][1] if any(a.get(k) != b.get(k) for st, a, b in pairs if st in differ))
-        second = Check("rng_continues", "fail", f"generators {', '.join(which)} differ from the uninterrupted run's at "
-                                                f"the start of steps {span(differ)}")
+        second = Check("rng_continues", StageStatus.FAIL, f"generators {', '.join(which)} differ from the "
+                                                          f"uninterrupted run's at the start of steps {span(differ)}")
     else:
         states = {json.dumps(r.get("rng"), sort_keys=True) for r in ref.values() if r.get("rng")}
         advanced = (f"; the generators advanced during training ({len(states)} distinct states over "
                     f"{len(ref)} steps)" if len(states) > 1 else
                     "; nothing drew random numbers during training (no dropout), so the states never changed and "
                     "this check cannot tell a restored state from a fresh one")
-        second = Check("rng_continues", "pass", f"at the start of each of steps {span(steps)}, every generator equals "
-                                                f"the uninterrupted run's" + advanced)
+        second = Check("rng_continues", StageStatus.PASS, f"at the start of each of steps {span(steps)}, every "
+                                                          f"generator equals the uninterrupted run's" + advanced)
     return [first, second]
 
 
@@ -268,7 +271,7 @@ def select_checkpoint(spec: RunSpec, output_dir: Path, world_size: int = 1) -> S
         if not ckpt.is_dir() or _step_of(ckpt) < 0:
             continue
         complete = completeness(spec, ckpt, world_size)
-        if complete.status != "pass":
+        if complete.status != StageStatus.PASS:
             skipped.append(f"{ckpt.name} is partial ({complete.evidence})")
             continue
         try:
@@ -299,15 +302,15 @@ def world_size_check(ckpt: Path, resume_world: int) -> Check:
     written = checkpoint_world_size(ckpt)
     files = "rng_state.pth" if written == 1 else f"rng_state_0..{(written or 1) - 1}.pth"
     if written is None:
-        return Check("world_size", "fail", f"{ckpt.name} holds no RNG state, so the world size it was written at is "
-                                           "unknown; the resume was not started")
+        return Check("world_size", StageStatus.FAIL, f"{ckpt.name} holds no RNG state, so the world size it was "
+                                                     "written at is unknown; the resume was not started")
     if written != resume_world:
-        return Check("world_size", "fail",
+        return Check("world_size", StageStatus.FAIL,
                      f"refused: {ckpt.name} was written by {written} process(es) ({files}) and this resume would run "
                      f"{resume_world}; resume at world size {written} (the RNG state per rank, the data shard of each "
                      "rank and the global batch depend on it), or start a new run; the resume was not started")
-    return Check("world_size", "pass", f"{ckpt.name} was written by {written} process(es) ({files}); resumed at "
-                                       f"{resume_world}")
+    return Check("world_size", StageStatus.PASS, f"{ckpt.name} was written by {written} process(es) ({files}); resumed "
+                                                 f"at {resume_world}")
 
 
 def _rank_digests(digests: dict[int, dict[str, str]]) -> dict[str, str]:
@@ -361,7 +364,7 @@ class CheckWork:
 def not_applicable(spec: RunSpec) -> ResumeResult:
     """The result for inference (nothing is trained, nothing resumes) or when the check is switched off."""
     why = "inference: fixed weights, no training state to resume" if not spec.training else "switched off in the spec"
-    return ResumeResult(status="not_applicable", summary=why)
+    return ResumeResult(status=StageStatus.NOT_APPLICABLE, summary=why)
 
 
 def run_resume_check(
@@ -395,8 +398,8 @@ def run_resume_check(
     resume_launch = resume_launch or launch
     # processes writing / resuming the checkpoint: this node's ranks x the nodes (1 x 1 for a single process)
     world = launch.nproc * spec.torchrun.nnodes
-    base = {"spec": spec.to_dict(), "model_path": str(model_path), "device": device, "devices": launch.names(device),
-            "save_total_limit": None}
+    # the training run's job: each run of the check replaces what differs (its role, where it starts and stops)
+    base = worker_job(spec, "train", model_path, device, launch.names(device))
 
     work = CheckWork.of(spec, twin=not tier.exact)
 
@@ -421,10 +424,10 @@ def run_resume_check(
                                for r in range(world)})
 
     # 3. the resumed run
-    job = {**base, "devices": resume_launch.names(device), "resume_from": str(ckpt), "manifest": str(manifest_path)}
+    job = replace(base, devices=resume_launch.names(device), resume_from=str(ckpt), manifest=str(manifest_path))
     resumed = yield from run_resumed(spec, run_dir, job, resume_launch, cancelled, work)
     checks.append(loaded_manifest_check(resumed.events, resume_launch.nproc, len(manifest)))
-    if checks[-1].status != "pass":
+    if checks[-1].status != StageStatus.PASS:
         return _finish(spec, checks, c, k, pgid, tier, [], manifest, 0, started, twin)
 
     # 4. compare
@@ -433,19 +436,19 @@ def run_resume_check(
     return _finish(spec, checks, c, k, pgid, tier, comparison, manifest, extra, started, twin)
 
 
-def run_twin(spec: RunSpec, run_dir: Path, base: dict[str, Any], launch: Launch,
+def run_twin(spec: RunSpec, run_dir: Path, base: WorkerJob, launch: Launch,
              cancelled: Callable[[], bool] | None = None, work: CheckWork | None = None,
              ) -> Generator[Event, None, ChildJob]:
-    """The twin (:mod:`core.stages.noise`): the reference's training again, from step 0, uninterrupted and never
-    resumed, to the last compared step, checkpointed there only.
+    """The twin (:mod:`core.stages.noise`): the reference's training again (``base``: its job), from step 0,
+    uninterrupted and never resumed, to the last compared step, checkpointed there only.
 
     Raises:
         StageError: the child failed."""
     end = spec.resume.compared_until(spec.steps)
     yield Message("resume", text=f"twin run from step 0 to step {end}, uninterrupted: its distance from the "
                                  "uninterrupted run is the run-to-run noise the comparison is bounded by")
-    return (yield from _run_to_end(start_child("twin", run_dir / "resume-twin", {
-        **base, "role": "twin", "stop_after_step": end, "save_steps": end}, launch), launch, cancelled,
+    return (yield from _run_to_end(start_child("twin", run_dir / "resume-twin", replace(
+        base, role="twin", stop_after_step=end, save_steps=end), launch), launch, cancelled,
         work or CheckWork.of(spec, twin=True)))
 
 
@@ -457,7 +460,8 @@ def _run_to_end(child: ChildJob, launch: Launch, cancelled: Callable[[], bool] |
     Raises:
         StageError: the child failed."""
     yield ChildStarted("resume", run=child.name, pid=child.pid, log_path=str(child.log_path))
-    wait = FirstStepWait("resume", child.name, child.pid, child.name, resumes=bool(child.job.get("resume_from")))
+    resumes = isinstance(child.job, WorkerJob) and child.job.resume_from is not None
+    wait = FirstStepWait("resume", child.name, child.pid, child.name, resumes=resumes)
     yield wait.started()
     mean = StepMean(launch.nproc)
     for event in watch(child, cancelled=cancelled):
@@ -469,7 +473,7 @@ def _run_to_end(child: ChildJob, launch: Launch, cancelled: Callable[[], bool] |
     return child
 
 
-def run_interrupted(spec: RunSpec, run_dir: Path, reference: Any, base: dict[str, Any], launch: Launch,
+def run_interrupted(spec: RunSpec, run_dir: Path, reference: Any, base: WorkerJob, launch: Launch,
                     cancelled: Callable[[], bool] | None = None, work: CheckWork | None = None,
                     ) -> Generator[Event, None, tuple[ChildJob, dict[int, KillPoint]]]:
     """Start the interrupted run and follow it until every rank of this node holds at its kill point (it is not
@@ -483,15 +487,15 @@ def run_interrupted(spec: RunSpec, run_dir: Path, reference: Any, base: dict[str
         StageError: the run ended (or failed) before its kill point.
     """
     start = spec.resume.interrupted_start()
-    first = {}
+    first = None
     if start > 0:
-        first = {"resume_from": str(copy_reference_checkpoint(Path(reference.output_dir), start,
-                                                              run_dir / "resume-interrupted" / "output"))}
+        first = str(copy_reference_checkpoint(Path(reference.output_dir), start,
+                                              run_dir / "resume-interrupted" / "output"))
     origin = f"checkpoint-{start} of the uninterrupted run" if start else "step 0"
     yield Message("resume", text=f"interrupted run from {origin}: SIGKILL {planned_kill(spec)}")
-    interrupted = start_child("interrupted", run_dir / "resume-interrupted", {
-        **base, **first, "role": "interrupted", "kill_step": spec.resume.kill_step(),
-        "kill_at": spec.resume.kill_at}, launch)
+    interrupted = start_child("interrupted", run_dir / "resume-interrupted", replace(
+        base, role="interrupted", resume_from=first, kill_step=spec.resume.kill_step(), kill_at=spec.resume.kill_at),
+        launch)
     yield ChildStarted("resume", run="interrupted", pid=interrupted.pid, log_path=str(interrupted.log_path))
     work = work or CheckWork.of(spec, twin=False)
     wait = FirstStepWait("resume", "interrupted", interrupted.pid, "interrupted", resumes=start > 0)
@@ -528,7 +532,7 @@ def kill_checks(spec: RunSpec, interrupted: ChildJob, held: dict[int, KillPoint]
     alive = groups_left_after_kill(groups)
     what = (f"process group {pgid}" if len(groups) == 1 else
             f"process groups {pgid} (torchrun) and {', '.join(map(str, groups[1:]))} (its ranks)")
-    killed = Check("kill", "fail" if alive else "pass",
+    killed = Check("kill", StageStatus.judged(not alive),
                    f"SIGKILL to {what} {kill_position(kill_event)}; "
                    + (f"a process of group{'s' * (len(alive) > 1)} {', '.join(map(str, alive))} is still alive "
                       f"{KILL_SETTLE_S:.0f} s later" if alive else
@@ -538,8 +542,9 @@ def kill_checks(spec: RunSpec, interrupted: ChildJob, held: dict[int, KillPoint]
         apart = [r for r, e in held.items() if (e.step, e.where, e.micro_done) !=
                  (kill_event.step, kill_event.where, kill_event.micro_done)]
         if apart:
-            point = Check("kill_point", "fail", f"ranks {apart} held at another point than rank 0: "
-                                                + "; ".join(f"rank {r} {kill_position(held[r])}" for r in apart))
+            point = Check("kill_point", StageStatus.FAIL,
+                          f"ranks {apart} held at another point than rank 0: "
+                          + "; ".join(f"rank {r} {kill_position(held[r])}" for r in apart))
         else:
             point = Check("kill_point", point.status, f"all {local} ranks: {point.evidence}")
     return pgid, [killed, point]
@@ -559,22 +564,22 @@ def checkpoint_checks(spec: RunSpec, output_dir: Path, ckpt: Path, manifest: dic
     checks = [selection_check(selection, c)]
     complete = completeness(spec, ckpt, world)
     checks.append(complete)
-    if complete.status != "pass" or selection.checkpoint != ckpt:
+    if complete.status != StageStatus.PASS or selection.checkpoint != ckpt:
         return checks, False
     bad = verify_manifest(ckpt, manifest)
-    checks.append(Check("manifest", "fail" if bad else "pass",
+    checks.append(Check("manifest", StageStatus.judged(not bad),
                         ("sha256 mismatch: " + ", ".join(bad)) if bad else f"sha256 of {len(manifest)} files verified"))
     safe = safe_loading(spec, ckpt, world)
     checks.append(safe)
     state = json.loads((ckpt / "trainer_state.json").read_text(encoding="utf-8"))
-    checks.append(Check("trainer_state", "pass" if state.get("global_step") == c else "fail",
+    checks.append(Check("trainer_state", StageStatus.judged(state.get("global_step") == c),
                         f"trainer_state.json global_step = {state.get('global_step')} (expected {c})"))
     sized = world_size_check(ckpt, resume_world)
     checks.append(sized)
-    return checks, not bad and safe.status == "pass" and sized.status == "pass"
+    return checks, not bad and safe.status == StageStatus.PASS and sized.status == StageStatus.PASS
 
 
-def run_resumed(spec: RunSpec, run_dir: Path, job: dict[str, Any], launch: Launch,
+def run_resumed(spec: RunSpec, run_dir: Path, job: WorkerJob, launch: Launch,
                 cancelled: Callable[[], bool] | None = None, work: CheckWork | None = None,
                 ) -> Generator[Event, None, ChildJob]:
     """Start the resumed run (``job``: from checkpoint-c, with its manifest), follow it to its last compared step.
@@ -584,9 +589,8 @@ def run_resumed(spec: RunSpec, run_dir: Path, job: dict[str, Any], launch: Launc
     c, end = spec.resume.kill_checkpoint_step(), spec.resume.compared_until(spec.steps)
     yield Message("resume", text=f"resumed run from checkpoint-{c} to step {end}, compared with the uninterrupted "
                                  f"run at steps {c + 1}-{end}")
-    return (yield from _run_to_end(start_child("resumed", run_dir / "resume-resumed", {
-        **job, "role": "resumed", "stop_after_step": end}, launch), launch, cancelled,
-        work or CheckWork.of(spec, twin=False)))
+    return (yield from _run_to_end(start_child("resumed", run_dir / "resume-resumed", replace(
+        job, role="resumed", stop_after_step=end), launch), launch, cancelled, work or CheckWork.of(spec, twin=False)))
 
 
 def compare_runs(spec: RunSpec, reference: Any, interrupted: ChildJob, resumed: ChildJob, saved_rng: dict[str, str],
@@ -638,7 +642,7 @@ def _finish(spec: RunSpec, checks: list[Check], c: int, k: int, pgid: int, tier:
     end = spec.resume.compared_until(spec.steps)
     summary = (f"killed {planned_kill(spec, short=True)}, resumed from checkpoint-{c}, compared at steps "
                f"{c + 1}-{end}: {len(checks)} checks passed ({tier.name})"
-               if status == "pass" else f"failed: {', '.join(ch.name for ch in failed)}")
+               if status == StageStatus.PASS else f"failed: {', '.join(ch.name for ch in failed)}")
     return ResumeResult(status=status, checks=checks, checkpoint_step=c, kill_step=k, killed_pgid=pgid, tier=tier,
                         comparison=comparison, manifest=manifest, extra_steps=extra_steps,
                         kill_at=spec.resume.kill_at, kill_planned=planned_kill(spec),
@@ -672,14 +676,15 @@ def loaded_manifest_check(events: list[ChildEvent], ranks: int, files: int) -> C
     changed = [f"{', '.join(e.bad)} ({e.when.replace('_', ' ')}{f', rank {r}' if ranks > 1 else ''})"
                for (r, _), e in sorted(seen.items()) if e.bad]
     if changed:
-        return Check("manifest_at_load", "fail", "the checkpoint changed after its manifest: " + "; ".join(changed))
+        return Check("manifest_at_load", StageStatus.FAIL,
+                     "the checkpoint changed after its manifest: " + "; ".join(changed))
     started = sorted({e.rank or 0 for e in events if isinstance(e, Started)}) or [0]
     missing = [f"{when.replace('_', ' ')}{f' (rank {r})' if ranks > 1 else ''}" for r in started
                for when in ("before_load", "after_load") if (r, when) not in seen]
     if missing:
-        return Check("manifest_at_load", "fail", "the resumed process did not verify the checkpoint "
-                                                 + ", ".join(missing))
-    return Check("manifest_at_load", "pass", f"sha256 of {files} files verified in the resumed process"
+        return Check("manifest_at_load", StageStatus.FAIL, "the resumed process did not verify the checkpoint "
+                                                           + ", ".join(missing))
+    return Check("manifest_at_load", StageStatus.PASS, f"sha256 of {files} files verified in the resumed process"
                  f"{'es' if ranks > 1 else ''} right before loading and after the run")
 
 
@@ -695,7 +700,7 @@ def kill_point_check(spec: RunSpec, event: KillPoint) -> Check:
     at = spec.resume.kill_at
     expected = killpoints.holds(at, spec.resume.kill_step(), event.step, event.where, event.micro_done,
                                 event.micro_in_step)
-    return Check("kill_point", "pass" if expected else "fail",
+    return Check("kill_point", StageStatus.judged(expected),
                  f"{at}: killed {kill_position(event)}" + ("" if expected else f"; planned {planned_kill(spec)}"))
 
 
@@ -703,11 +708,11 @@ def selection_check(selection: Selection, c: int) -> Check:
     """The newest complete checkpoint is checkpoint-c; partial newer ones are named (resume must not take them)."""
     skipped = ("; skipped " + "; ".join(selection.skipped)) if selection.skipped else ""
     if selection.checkpoint is None:
-        return Check("checkpoint_selection", "fail", "no complete checkpoint to resume from" + skipped,
+        return Check("checkpoint_selection", StageStatus.FAIL, "no complete checkpoint to resume from" + skipped,
                      kind="completeness")
     name = selection.checkpoint.name
     ok = name == f"checkpoint-{c}"
-    return Check("checkpoint_selection", "pass" if ok else "fail",
+    return Check("checkpoint_selection", StageStatus.judged(ok),
                  f"resume from {name}, the newest complete checkpoint" + ("" if ok else f" (expected checkpoint-{c})")
                  + skipped, kind="completeness")
 
@@ -753,15 +758,17 @@ def compare_trainable(reference: dict[str, Any], resumed: dict[str, Any]) -> Che
     """The resumed run trains exactly the reference's parameters (names and count; exact). A resume that rebuilt the
     model differently (other LoRA targets, a frozen layer unfrozen) trains another set from the same checkpoint."""
     if not reference.get("names") or not resumed.get("names"):
-        return Check("trainable_set", "fail", "no trainable-parameter list from the "
-                                              + ("reference" if not reference.get("names") else "resumed") + " run")
+        return Check("trainable_set", StageStatus.FAIL, "no trainable-parameter list from the "
+                     + ("reference" if not reference.get("names") else "resumed") + " run")
     a, b = set(resumed["names"]), set(reference["names"])
     if a == b and resumed["parameters"] == reference["parameters"]:
-        return Check("trainable_set", "pass", f"the same {len(a)} trainable tensors, {resumed['parameters']:,} "
-                                              f"parameters, as the uninterrupted run")
+        return Check("trainable_set", StageStatus.PASS,
+                     f"the same {len(a)} trainable tensors, {resumed['parameters']:,} parameters, as the "
+                     "uninterrupted run")
     only = sorted(a - b)[:3] + sorted(b - a)[:3]
-    return Check("trainable_set", "fail", f"resumed {len(a)} tensors / {resumed['parameters']:,} parameters vs "
-                                          f"reference {len(b)} / {reference['parameters']:,}; differ: {', '.join(only)}")
+    return Check("trainable_set", StageStatus.FAIL, f"resumed {len(a)} tensors / {resumed['parameters']:,} parameters "
+                                                    f"vs reference {len(b)} / {reference['parameters']:,}; differ: "
+                                                    f"{', '.join(only)}")
 
 
 def compare_weights(ref_file: Path, res_file: Path, tier: Tier, twin_file: Path | None = None) -> Check:
@@ -773,14 +780,14 @@ def compare_weights(ref_file: Path, res_file: Path, tier: Tier, twin_file: Path 
     files = [ref_file, res_file] + ([twin_file] if twin_file is not None and not tier.exact else [])
     for f in files:
         if not f.is_file():
-            return Check("final_weights", "fail", f"{f} missing", kind="tolerance", tier=tier.name)
+            return Check("final_weights", StageStatus.FAIL, f"{f} missing", kind="tolerance", tier=tier.name)
     a, b = load_file(str(res_file)), load_file(str(ref_file))
     twin = load_file(str(twin_file)) if twin_file is not None and not tier.exact else None
     try:
         judged = judge_tensors(b, a, twin, tier)
     except ValueError as exc:
-        return Check("final_weights", "fail", str(exc), kind="tolerance", tier=tier.name)
-    return Check("final_weights", "pass" if judged.ok else "fail", judged.describe(tier, f"tensors of {res_file.name}"),
+        return Check("final_weights", StageStatus.FAIL, str(exc), kind="tolerance", tier=tier.name)
+    return Check("final_weights", StageStatus.judged(judged.ok), judged.describe(tier, f"tensors of {res_file.name}"),
                  kind="tolerance", tier=tier.name, largest_difference=judged.distance, noise=judged.noise,
                  bound=judged.bound)
 
@@ -792,38 +799,38 @@ def compare_optimizers(ref_file: Path, res_file: Path, tier: Tier, twin_file: Pa
     files = [ref_file, res_file] + ([twin_file] if twin_file is not None and not tier.exact else [])
     for f in files:
         if not f.is_file():
-            return [Check("optimizer_state", "fail", f"{f} missing")]
+            return [Check("optimizer_state", StageStatus.FAIL, f"{f} missing")]
     try:
         a, b = safe_load(res_file), safe_load(ref_file)
         t = safe_load(twin_file) if twin_file is not None and not tier.exact else None
     except UntrustedCheckpoint as exc:
-        return [Check("optimizer_state", "fail", str(exc))]
+        return [Check("optimizer_state", StageStatus.FAIL, str(exc))]
     sizes_a = [len(g["params"]) for g in a["param_groups"]]
     sizes_b = [len(g["params"]) for g in b["param_groups"]]
     steps_a = sorted({float(s["step"]) for s in a["state"].values() if "step" in s})
     steps_b = sorted({float(s["step"]) for s in b["state"].values() if "step" in s})
     exact_ok = sizes_a == sizes_b and steps_a == steps_b and a["state"].keys() == b["state"].keys()
-    checks = [Check("optimizer_progress", "pass" if exact_ok else "fail",
+    checks = [Check("optimizer_progress", StageStatus.judged(exact_ok),
                     f"param-group sizes {sizes_a} vs {sizes_b}; optimizer step counts {steps_a} vs {steps_b}"
                     + ("" if exact_ok else ": the optimizer did not continue from the checkpoint's state"))]
     ta, tb = optimizer_state_tensors(a["state"]), optimizer_state_tensors(b["state"])
     tt = optimizer_state_tensors(t["state"]) if t is not None else None
     if ta.keys() != tb.keys():
-        checks.append(Check("optimizer_moments", "fail",
+        checks.append(Check("optimizer_moments", StageStatus.FAIL,
                             f"state tensors differ in name: {sorted(ta.keys() ^ tb.keys())[:3]}", kind="tolerance",
                             tier=tier.name))
         return checks
     if not ta:  # nothing compared is no evidence: a layout this check cannot read must not pass
-        checks.append(Check("optimizer_moments", "fail", "no state tensor found in the optimizer state to compare (an "
-                                                          "empty state, or a layout this check does not read)",
-                            kind="tolerance", tier=tier.name))
+        checks.append(Check("optimizer_moments", StageStatus.FAIL, "no state tensor found in the optimizer state to "
+                                                                    "compare (an empty state, or a layout this check "
+                                                                    "does not read)", kind="tolerance", tier=tier.name))
         return checks
     try:
         judged = judge_tensors(tb, ta, tt, tier)
     except ValueError as exc:
-        checks.append(Check("optimizer_moments", "fail", str(exc), kind="tolerance", tier=tier.name))
+        checks.append(Check("optimizer_moments", StageStatus.FAIL, str(exc), kind="tolerance", tier=tier.name))
         return checks
-    checks.append(Check("optimizer_moments", "pass" if judged.ok else "fail",
+    checks.append(Check("optimizer_moments", StageStatus.judged(judged.ok),
                         judged.describe(tier, "optimizer state tensors (8-bit states dequantised)"
                                         if any(k.endswith(("state1", "state2")) for k in ta) else "optimizer state tensors"),
                         kind="tolerance", tier=tier.name, largest_difference=judged.distance, noise=judged.noise,
@@ -837,15 +844,16 @@ def compare_scalers(ref_file: Path, res_file: Path) -> Check:
     (2^16 after a resume) is caught here."""
     for f in (ref_file, res_file):
         if not f.is_file():
-            return Check("grad_scaler", "fail", f"{f.name} missing in {f.parent.name}: the loss scale was not saved")
+            return Check("grad_scaler", StageStatus.FAIL,
+                         f"{f.name} missing in {f.parent.name}: the loss scale was not saved")
     try:
         a, b = safe_load(res_file), safe_load(ref_file)
     except UntrustedCheckpoint as exc:
-        return Check("grad_scaler", "fail", str(exc))
+        return Check("grad_scaler", StageStatus.FAIL, str(exc))
     keys = ("scale", "growth_tracker")
     got = {k: float(a.get(k, float("nan"))) for k in keys}
     want = {k: float(b.get(k, float("nan"))) for k in keys}
-    return Check("grad_scaler", "pass" if got == want else "fail",
+    return Check("grad_scaler", StageStatus.judged(got == want),
                  f"resumed scale {got['scale']:g}, growth tracker {got['growth_tracker']:g}; reference "
                  f"{want['scale']:g}, {want['growth_tracker']:g}")
 

@@ -25,8 +25,10 @@ from core.protocol.events import (
     Trained,
     as_dict,
 )
+from core.protocol.job import Role, worker_job
 from core.spec import RunSpec
 from core.stages.childproc import SINGLE, ChildJob, Launch, check_exit, start_child, watch
+from core.status import StageStatus
 
 
 @dataclass(frozen=True)
@@ -53,7 +55,7 @@ class TrainEvalResult:
     ``judgements`` holds each with its numbers.
     """
 
-    status: str
+    status: StageStatus
     criterion: str
     metric: str
     before: EvalPoint
@@ -139,12 +141,11 @@ def run_train_eval(
         StageError: the child failed.
     """
     names = launch.names(device)
-    role = "train" if spec.training else "evaluate"
+    role: Role = "train" if spec.training else "evaluate"
     what = f"evaluate, train {spec.steps} steps, evaluate" if spec.training else "evaluate the fixed weights once"
     where = f"{launch.nproc} ranks under torchrun" if launch.nproc > 1 else device
     yield Message("train_eval", text=f"starting the {role} child on {where}: {what}")
-    child = start_child(role, job_dir, {"role": role, "spec": spec.to_dict(), "model_path": str(model_path),
-                                        "device": device, "devices": names, "save_total_limit": None}, launch)
+    child = start_child(role, job_dir, worker_job(spec, role, model_path, device, names), launch)
     yield ChildStarted("train_eval", run="train", pid=child.pid, log_path=str(child.log_path))
     wait = FirstStepWait("train_eval", "train", child.pid, role)  # what it does before its first step, said
     yield wait.started()
@@ -198,7 +199,7 @@ def train_eval_result(spec: RunSpec, child: ChildJob, world: int) -> TrainEvalRe
     final = after if after is not None else before
     judgements = judge_quality(spec.accept, spec.training, before.perplexity,
                                after.perplexity if after is not None else None, final.accuracy)
-    status = "fail" if missed(judgements) else "pass"
+    status = StageStatus.judged(not missed(judgements))
     criterion = quality_criterion(spec.accept, spec.training)
     if spec.training:
         assert after is not None and trained is not None
@@ -211,7 +212,7 @@ def train_eval_result(spec: RunSpec, child: ChildJob, world: int) -> TrainEvalRe
         summary = f"perplexity {before.perplexity:.3f} on the fixed weights"
     if final.accuracy is not None:
         summary += f"; next-token accuracy {100 * final.accuracy:.1f} %"
-    if not spec.accept.is_default() or status == "fail":
+    if not spec.accept.is_default() or status == StageStatus.FAIL:
         summary += "; judged by " + criteria_summary(judgements)
     return TrainEvalResult(
         status=status,

@@ -4,11 +4,14 @@ one-device map; the split and the per-device ledger are checked on accelerate-sh
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from core.child.probe import layer_placement
 from core.errors import GpuAcceptError
 from core.protocol.events import DeviceMap, Ledger
+from core.protocol.job import worker_job
 from core.spec import RunSpec
 from core.stages.childproc import Launch, check_exit, launch_options, start_child, watch
 from core.stages.probe import _measurement, _per_device
@@ -49,9 +52,8 @@ def test_one_process_over_two_devices_gives_a_measurement_per_device():
 def test_the_worker_loads_with_a_device_map_and_reports_where_modules_went(tiny_model_dir, tmp_path):
     spec = RunSpec.build(model=str(tiny_model_dir), mode="inference", devices="0,1", strategy="device_map",
                          seq_len=32, batch_size=2, probe_steps=2)
-    child = start_child("probe", tmp_path / "probe", {
-        "role": "probe", "spec": spec.to_dict(), "model_path": str(tiny_model_dir), "device": "cpu",
-        "devices": ["cpu"], "device_map": {"": "cpu"}})
+    job = replace(worker_job(spec, "probe", tiny_model_dir, "cpu", ["cpu"]), device_map={"": "cpu"})
+    child = start_child("probe", tmp_path / "probe", job)
     events = list(watch(child))
     check_exit(child)
     (placed,) = [e for e in events if isinstance(e, DeviceMap)]

@@ -266,8 +266,8 @@ def test_a_checkpoint_file_changed_after_the_manifest_fails_the_resume_naming_it
     real_start = core.stages.resume.start_child
 
     def start_child(name, job_dir, job, launch=core.stages.resume.SINGLE):
-        if job.get("role") == "resumed":  # after the parent's own manifest check, before the child loads anything
-            weights = Path(job["resume_from"]) / "adapter_model.safetensors"
+        if job.role == "resumed":  # after the parent's own manifest check, before the child loads anything
+            weights = Path(job.resume_from) / "adapter_model.safetensors"
             data = bytearray(weights.read_bytes())
             data[-1] ^= 0x01
             weights.write_bytes(bytes(data))

@@ -12,6 +12,7 @@ import pytest
 
 from core.errors import SpecError, StageError
 from core.protocol.events import Ledger, Ledgers, ProbeStep, Started
+from core.protocol.job import worker_job
 from core.spec import RunSpec
 from core.stages.childproc import (
     SINGLE,
@@ -193,8 +194,7 @@ def test_two_nodes_ledgers_are_merged_on_node_0(tiny_model_dir, tmp_path):
     launch = launch_options(spec, ["cpu:0"])
     assert launch.torchrun_args is not None and launch.torchrun_args[:2] == ["--nnodes=2", "--nproc-per-node=1"]
     assert launch.torchrun  # one process per node, but several nodes: under torchrun
-    job = {"role": "probe", "spec": spec.to_dict(), "model_path": str(tiny_model_dir), "device": "cpu",
-           "devices": ["cpu:0"]}
+    job = worker_job(spec, "probe", tiny_model_dir, "cpu", ["cpu:0"])
     nodes = [start_child("probe", tmp_path / f"node{i}", job, launch) for i in (0, 1)]
     events = []
     for child in nodes:
@@ -210,9 +210,9 @@ def test_two_nodes_ledgers_are_merged_on_node_0(tiny_model_dir, tmp_path):
 
 def test_the_probe_under_torchrun_leaves_no_process(tiny_model_dir, tmp_path):
     spec = _spec(tiny_model_dir, mode="full")
-    child = start_child("probe", tmp_path / "probe", {"role": "probe", "spec": spec.to_dict(), "device": "cpu",
-                                                      "model_path": str(tiny_model_dir), "devices": ["cpu:0", "cpu:1"]},
-                        launch_options(spec, ["cpu:0", "cpu:1"]))
+    names = ["cpu:0", "cpu:1"]
+    child = start_child("probe", tmp_path / "probe", worker_job(spec, "probe", tiny_model_dir, "cpu", names),
+                        launch_options(spec, names))
     events = list(watch(child))
     check_exit(child)
     ledgers = {e.rank: e for e in events if isinstance(e, Ledger)}
@@ -307,8 +307,7 @@ def test_a_kill_mid_run_ends_every_rank_at_once(tiny_model_dir, tmp_path):
 
     spec = _spec(tiny_model_dir, mode="full", probe_steps=200)
     names = ["cpu:0", "cpu:1"]
-    child = start_child("probe", tmp_path / "probe", {"role": "probe", "spec": spec.to_dict(), "device": "cpu",
-                                                      "model_path": str(tiny_model_dir), "devices": names},
+    child = start_child("probe", tmp_path / "probe", worker_job(spec, "probe", tiny_model_dir, "cpu", names),
                         launch_options(spec, names))
     seen: set[int] = set()
     for _event in watch(child, stop_when=lambda e: isinstance(e, ProbeStep) and seen.add(e.rank) is None

@@ -48,7 +48,10 @@ def test_the_first_place_the_child_holds_is_where_the_stage_expects_it(at, every
 
 
 def test_the_kill_switch_writes_where_it_holds_and_holds(monkeypatch):
+    from dataclasses import replace
+
     from core.child import callbacks
+    from core.protocol.job import worker_job
 
     class Held(Exception):
         pass
@@ -71,14 +74,15 @@ def test_the_kill_switch_writes_where_it_holds_and_holds(monkeypatch):
         micro = [([1], 1.0)]
         current_gradient_accumulation_steps = 4
 
-    switch = callbacks.KillSwitch({"role": "interrupted", "kill_at": "boundary+1", "kill_step": 25}, Events(), 4)
+    job = worker_job(RunSpec.build(), "train", "/model", "cpu", ["cpu"])
+    switch = callbacks.KillSwitch(replace(job, role="interrupted", kill_at="boundary+1", kill_step=25), Events(), 4)
     switch.check(FakeTrainer(), "step_end")  # not here: returns
     assert written == []
     with pytest.raises(Held):
         switch.check(FakeTrainer(), "micro")
     assert written == [KillPoint(step=25, where="micro", micro_done=1, micro_in_step=4)]
     # every other role never holds
-    callbacks.KillSwitch({"role": "resumed"}, Events(), 4).check(FakeTrainer(), "micro")
+    callbacks.KillSwitch(replace(job, role="resumed"), Events(), 4).check(FakeTrainer(), "micro")
     assert len(written) == 1
 
 

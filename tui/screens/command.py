@@ -100,7 +100,7 @@ class CommandSetupScreen(NavButtons, WizardScreen):
 
     def validate(self) -> Any:
         """Build the spec from the form; show the error under its field; Next only when valid."""
-        from core.command.spec import CommandSpec
+        from core.api import CommandSpec
         from core.errors import SpecError
 
         values = self.values()
@@ -187,7 +187,7 @@ class CommandRunScreen(NavButtons, WizardScreen):
         self.app.refresh_bindings()
 
     def stages(self, cancelled: Callable[[], bool]) -> Generator[Any, None, None]:
-        from core.command.pipeline import CommandRun, every_stage
+        from core.api import CommandRun, every_stage
 
         state = self.app.state
         if state.run is not None:

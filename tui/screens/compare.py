@@ -17,13 +17,13 @@ from textual.containers import VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Footer, Header, SelectionList, Static
 
-from core.bounds import loads_bounded
+from core.api import read_record
 
 
 def record_choices(runs_root: Path, current: Path | None) -> list[tuple[str, str, bool]]:
     """(label, path, selected) for every record below ``runs_root``, newest first: ``current`` (the record just
     written) is selected, with the newest other record of the same spec when there is one, else the newest other."""
-    from core.record.summary import records_below
+    from core.api import records_below
 
     try:
         paths = sorted(records_below(runs_root), key=lambda p: p.stat().st_mtime, reverse=True)
@@ -32,7 +32,7 @@ def record_choices(runs_root: Path, current: Path | None) -> list[tuple[str, str
     info: list[tuple[Path, str, str]] = []
     for path in paths:
         try:
-            rec = loads_bounded(path.read_text(encoding="utf-8"))
+            rec = read_record(path)
         except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
             continue
         spec = rec.get("spec", {}) if isinstance(rec.get("spec"), dict) else {}
@@ -88,14 +88,14 @@ class CompareScreen(Screen):
         self.show()
 
     def show(self) -> None:
-        from core.record.diff import compare, format_comparison
+        from core.api import diff, format_comparison
 
         out = self.query_one("#comparison", Static)
         if len(self.order) < 2:
             out.update(f"pick two or more records to compare ({self.count} in {escape(str(self.runs_root))})")
             return
         try:
-            text = format_comparison(compare([Path(p) for p in self.order]))
+            text = format_comparison(diff([Path(p) for p in self.order]))
         except (OSError, ValueError) as exc:  # shown, never a traceback
             text = f"cannot compare: {exc}"
         out.update(escape(text))

@@ -17,7 +17,7 @@ from tui.screens.base import WizardScreen
 from tui.widgets.inputs import OrderedInput, OrderedSelect
 
 if TYPE_CHECKING:
-    from core.pipeline import StagedRun
+    from core.api import StagedRun
 
 #: said before anyone signs: a signed record is never rewritten (core.record.build), so what is not in it then never will be
 SIGNING_FREEZES = ("Signing freezes record.toml: nothing is added after, not even the quiz's score (for that: "
@@ -106,7 +106,7 @@ class ExportScreen(WizardScreen):
 
     @staticmethod
     def _key_hint() -> str:
-        from core.record.signing import agent_keys
+        from core.api import agent_keys
 
         held = agent_keys()
         agent = f"the ssh-agent holds {len(held)} key(s); give the .pub of one" if held else "no ssh-agent key"
@@ -135,7 +135,7 @@ class ExportScreen(WizardScreen):
     def _override_needed(self, decision: str) -> str | None:
         """What to say when ``decision`` would accept a run whose verdict is not pass (the rule of
         :func:`core.record.signoff.checked_signoff`, which ``gpuaccept sign`` applies too); None when it would not."""
-        from core.record.signoff import needs_override, verdict_in_words
+        from core.api import needs_override, verdict_in_words
 
         run = self.app.state.run
         if run is None:
@@ -159,7 +159,7 @@ class ExportScreen(WizardScreen):
 
     @work(thread=True, exclusive=True, group="fingerprint")
     def show_fingerprint(self, key: str) -> None:
-        from core.record.signing import SigningError, fingerprint
+        from core.api import SigningError, fingerprint
 
         if not key:
             text = self._key_hint()
@@ -251,7 +251,7 @@ class ExportScreen(WizardScreen):
     def signoff(self) -> dict | None:
         """The sign-off typed here, or None (the error line says what is missing). An accept of a run whose verdict is
         not pass needs a reason: the Comment, kept as the override (:func:`core.record.signoff.checked_signoff`)."""
-        from core.record.signoff import SignoffRefused, checked_signoff, make_signoff
+        from core.api import SignoffRefused, checked_signoff, make_signoff
 
         operator = self.query_one("#operator", Input).value.strip()
         decision = self.query_one("#decision", Select).value
@@ -278,7 +278,7 @@ class ExportScreen(WizardScreen):
 
     @work(thread=True, exclusive=True, group="record")
     def write(self) -> None:
-        from core.record.signing import SigningError, can_sign
+        from core.api import SigningError, can_sign
 
         quit_after, self._quit_after_write = getattr(self, "_quit_after_write", False), False
         signoff = self.app.call_from_thread(self.signoff)
@@ -321,7 +321,7 @@ class ExportScreen(WizardScreen):
 
     def sign(self, path: Path) -> str:
         """Sign the written record with the key given, if any; what happened, in words (never raises)."""
-        from core.record.signing import SigningError, fingerprint, sign
+        from core.api import SigningError, fingerprint, sign
 
         key = self.app.call_from_thread(lambda: self.query_one("#key", Input).value.strip())
         if not key:

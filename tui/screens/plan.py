@@ -10,7 +10,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, VerticalScroll
 from textual.widgets import Button, Footer, Header, LoadingIndicator, Static
 
-from core.plan.memory import component_label
+from core.api import component_label
 from tui.screens.base import WizardScreen
 from tui.screens.nav import NavButtons
 from tui.widgets.bars import PlanBar, gib, short_name
@@ -125,28 +125,28 @@ class PlanScreen(NavButtons, WizardScreen):
 
     @work(thread=True, exclusive=True, group="plan")
     def replan(self, spec: Any) -> None:
+        """The plan of ``spec`` with the largest micro-batch that fits (:func:`core.api.plan_report`, as ``gpuaccept
+        plan --max-batch``; the traced plan follows from :meth:`trace`), and why it cannot run here, if it cannot."""
+        from core.api import plan_report, runnable_reason
         from core.errors import GpuAcceptError
-        from core.pipeline import make_plan, runnable_reason
-        from core.plan.search import largest_fitting
 
         try:
-            ctx = make_plan(spec, self._devices_for(spec))
+            report = plan_report(spec, max_batch=True, devices_override=self._devices_for(spec))
             # the capacity is read once for this screen: b / B / s / S replan against the same reading, so the
             # largest micro-batch that fits does not move with free memory between key presses
-            self._devices_read = (_devices_key(spec), ctx.devices)
-            largest = largest_fitting(spec, ctx.config, ctx.devices, "batch_size")
-            refusal = runnable_reason(spec, ctx, allow_unfit=True)  # a plan that does not fit can be probed anyway
+            self._devices_read = (_devices_key(spec), report.ctx.devices)
+            refusal = runnable_reason(spec, report.ctx, allow_unfit=True)  # a plan that does not fit: probe anyway
         except GpuAcceptError as exc:
             self.app.call_from_thread(self.show_error, str(exc))
             return
         except Exception as exc:  # noqa: BLE001 - one line on screen, never a traceback
             self.app.call_from_thread(self.show_error, f"{type(exc).__name__}: {exc}")
             return
-        self.app.call_from_thread(self.show_plan, spec, ctx, largest, refusal)
+        self.app.call_from_thread(self.show_plan, report, refusal)
 
     def _devices_for(self, spec: Any) -> list[Any] | None:
         """The devices to plan ``spec`` for: the app's override, else those this screen read for the same devices
-        setting (their capacity read once, its time shown beside it), else None: make_plan reads them now."""
+        setting (their capacity read once, its time shown beside it), else None: the plan reads them now."""
         if self.app.state.devices_override is not None:
             return self.app.state.devices_override
         read = getattr(self, "_devices_read", None)
@@ -157,7 +157,11 @@ class PlanScreen(NavButtons, WizardScreen):
         self.query_one("#plan-error", Static).update(f"cannot plan: {message}  (Esc: back to the setup)")
         self.query_one("#next", Button).disabled = True
 
-    def show_plan(self, spec: Any, ctx: Any, largest: list[Any] | None = None, refusal: str | None = None) -> None:
+    def show_plan(self, report: Any, refusal: str | None = None) -> None:
+        """Draw ``report`` (:class:`core.api.PlanReport`): per device its fit, bar, phases, largest micro-batch and
+        components; then start its trace (or show the one made before for the same setting)."""
+        spec, ctx = report.spec, report.ctx
+        largest = report.largest.get("batch_size")
         state = self.app.state
         state.spec, state.ctx = spec, ctx
         self.query_one("#loading").display = False
@@ -191,9 +195,7 @@ class PlanScreen(NavButtons, WizardScreen):
             self.trace(spec, ctx)
         values = [x.value for x in largest or [] if x.value is not None]
         self._thin = any(x.thin for x in largest or [] if x.value == min(values or [0]))
-        from core.plan.fit import plan_fits
-
-        self.set_fit(not plan_fits(plan), refusal, min(values) if values else None)
+        self.set_fit(not report.all_fit, refusal, min(values) if values else None)
 
 
     def _device_widgets(self, d: Any, plan: Any, most: Any) -> list[Any]:
@@ -249,7 +251,7 @@ class PlanScreen(NavButtons, WizardScreen):
         """The traced plan in a child process (core.plan.traced), shown beside the analytic one when it arrives."""
         from textual.worker import get_current_worker
 
-        from core.plan.traced import traced_table
+        from core.api import traced_table
 
         worker = get_current_worker()
         tracer = self.app.tracer or traced_table
@@ -290,8 +292,7 @@ class PlanScreen(NavButtons, WizardScreen):
         slot = getattr(self, "_traced_slot", None)
         if slot is None or not slot.is_attached:
             return  # the plan was redrawn meanwhile
-        from core.pipeline import traced_summary
-        from core.plan.traced import relative_text
+        from core.api import relative_text, traced_summary
 
         if traced.get("status") != "estimated":
             slot.update(f"[dim]{traced_summary(traced)}[/]")
@@ -332,7 +333,7 @@ class PlanScreen(NavButtons, WizardScreen):
     def fit_text(self, traced: dict[str, Any]) -> str:
         """The fit verdict judged by the larger of the analytic and traced peaks (core/plan/fit.py); a plan that fits only
         by the smaller one is not a fit: Next is disabled and the reason shown."""
-        from core.plan.fit import all_fit, fit_verdicts
+        from core.api import all_fit, fit_verdicts
 
         ctx = self.app.state.ctx
         assert ctx is not None  # a traced table is shown for the plan shown
@@ -408,7 +409,7 @@ def _devices_key(spec: Any) -> tuple[str, int]:
 def largest_text(largest: Any) -> str:
     """One line on the fit search: the largest micro-batch whose plan leaves the headroom (core.plan.search's
     headroom_rule), then the largest that fits at all, each with its headroom (in MiB below 0.1 GiB: never 0.00)."""
-    from core.plan.search import headroom_text
+    from core.api import headroom_text
 
     if largest.value == 0:
         return "[red]not even a micro-batch of 1 fits[/]"

@@ -38,11 +38,10 @@ class QuizScreen(Screen):
     def __init__(self, record_path: Path, operator: str = "") -> None:
         super().__init__()
 
-        from core.bounds import loads_bounded
-        from core.quiz import build_quiz
+        from core.api import build_quiz, read_record
 
         self.record_path = Path(record_path)
-        self.record = loads_bounded(self.record_path.read_text(encoding="utf-8"))
+        self.record = read_record(self.record_path)
         self.questions = build_quiz(self.record)
         self.chosen: list[int] = []
         self.index = 0
@@ -163,7 +162,7 @@ class QuizScreen(Screen):
         for q, c in zip(self.questions, self.chosen):
             mark = "[green]✓[/]" if c == q.answer else f"[red]✗[/] (answer {LETTERS[q.answer]})"
             lines.append(f"{mark} {q.id.replace('_', ' ')}")
-        from core.record.signing import signature_path
+        from core.api import signature_path
 
         signed = signature_path(self.record_path).exists()
         lines.append("The record is signed, so it is never rewritten: the score stays here." if signed else
@@ -186,13 +185,12 @@ class QuizScreen(Screen):
             self.action_close()
 
     def add_to_record(self) -> None:
+        from core.api import add_quiz_answers
         from core.errors import GpuAcceptError
-        from core.quiz import add_onboarding, onboarding_table
-        from core.record.build import utc_now
 
         try:
-            table = onboarding_table(self.questions, self.chosen, self.query_one("#operator", Input).value, utc_now())
-            path = add_onboarding(self.record_path, table)
+            table, path = add_quiz_answers(self.record_path, self.questions, self.chosen,
+                                           self.query_one("#operator", Input).value)
         except GpuAcceptError as exc:
             self.query_one("#added", Static).update(Content(f"not added: {exc}"))
             return

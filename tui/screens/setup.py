@@ -176,7 +176,7 @@ class SetupScreen(NavButtons, WizardScreen):
     def detect(self) -> None:
         try:
             with _IMPORTING:
-                from core.plan.devices import detect_devices
+                from core.api import detect_devices
 
                 devices = self.app.state.devices_override or detect_devices("auto")
             text = "devices detected: " + "; ".join(
@@ -341,7 +341,7 @@ class SetupScreen(NavButtons, WizardScreen):
 
     @work(thread=True, exclusive=True, group="inputs")
     def check_inputs(self, spec: Any) -> None:
-        """Read the model's config and the data file for ``spec`` (core.pipeline.check_inputs), off the UI thread."""
+        """Read the model's config and the data file for ``spec`` (core.api.check_inputs), off the UI thread."""
         from textual.worker import get_current_worker
 
         result = self._inputs_result(spec)
@@ -350,9 +350,9 @@ class SetupScreen(NavButtons, WizardScreen):
 
     @staticmethod
     def _inputs_result(spec: Any) -> Any:
-        """The :class:`core.pipeline.InputsChecked`: every problem named by the field that fixes it."""
+        """The :class:`core.api.InputsChecked`: every problem named by the field that fixes it."""
         with _IMPORTING:
-            from core.pipeline import InputsChecked, check_inputs
+            from core.api import InputsChecked, check_inputs
         try:
             with _IMPORTING:
                 return check_inputs(spec)

@@ -231,7 +231,7 @@ class ProbeScreen(StageScreen):
         super().on_stage_done(message)
 
     def stage_generator(self, cancelled):
-        from core.pipeline import AcceptanceRun
+        from core.api import AcceptanceRun
 
         state = self.app.state
         if state.run is None or state.run.spec != state.spec:
@@ -266,7 +266,7 @@ class ProbeScreen(StageScreen):
             reasons = [r.reason for r in (sample.ours_bytes, sample.total_bytes) if r.reason and not ended]
             note = "; ".join(([sample.note] if sample.note else []) + reasons)
             # the bar is drawn against the device's total; beside it, the capacity the plan was judged by
-            from core.plan.devices import judged_capacity
+            from core.api import judged_capacity
 
             ctx = self.app.state.ctx
             judged = judged_capacity(ctx.devices, sample.device) if ctx is not None else ""

@@ -9,7 +9,7 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widget import Widget
 
-from core.plan.fit import fits_in
+from core.api import fits_in
 
 GiB = 2**30
 
@@ -31,7 +31,7 @@ def short_name(name: str, kind: str = "cuda") -> str:
     """A component's short name on a device of ``kind``: the ``overhead`` line is ``CTX`` (CUDA context) on CUDA and
     ``RT`` (the process's runtime) on the CPU, which has no CUDA context (core.plan.memory.OVERHEAD_NAMES)."""
     if name == "overhead":
-        from core.plan.memory import overhead_name
+        from core.api import overhead_name
 
         return overhead_name(kind)[0]
     return SHORT[name]
