@@ -6,6 +6,8 @@
 - :mod:`core.protocol.manifest`: the checkpoint's sha256 manifest, written by the parent and verified on both sides.
 - :mod:`core.protocol.rng`: the random generators' digest the child reports and the resume check compares.
 - :mod:`core.protocol.lifeline`: a child that ends when gpuaccept is gone (the environment variable gpuaccept sets).
+- :mod:`core.protocol.job`: the job a stage hands its child (:class:`~core.protocol.job.WorkerJob`, built once by
+  :func:`~core.protocol.job.worker_job`; command mode's evaluation: :class:`~core.protocol.job.EvalJob`), as JSON.
 - :mod:`core.protocol.faults`: the resume bugs planted on purpose (tests only): the environment variable that names one,
   which the child commits and the record reports.
 

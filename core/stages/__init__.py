@@ -4,4 +4,6 @@
 - :mod:`core.stages.probe`: stage 2, real steps measured per device against the plan.
 - :mod:`core.stages.train`: stage 3, training with held-out perplexity before and after.
 - :mod:`core.stages.resume`: stage 4, the kill-and-resume check: kill points, checkpoint forensics, the comparison.
+- :mod:`core.stages.compare`: the resume comparison over typed step series, shared with command mode
+  (core/command/resume.py).
 """
