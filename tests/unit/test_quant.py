@@ -69,7 +69,7 @@ def test_odd_sizes_and_more_than_one_second_level_block(numel):
             expected.packed_bytes, expected.constants_bytes), (numel, double_quant)
 
 
-def test_adamw_8bit_states_below_at_and_above_the_threshold_and_for_an_embedding():
+def test_adamw_8bit_states_below_at_and_above_the_threshold_and_for_an_embedding(monkeypatch):
     """bitsandbytes' AdamW8bit after one step: fp32 moments under 4,096 elements and for a weight given 32-bit states
     (as Trainer gives every embedding), uint8 moments with an fp32 absmax per 256 elements otherwise, two maps once."""
     import bitsandbytes as bnb
@@ -77,6 +77,11 @@ def test_adamw_8bit_states_below_at_and_above_the_threshold_and_for_an_embedding
 
     sizes = {"norm": 100, "threshold": 4096, "odd": 5000, "embedding": 8192}
     params = {k: torch.nn.Parameter(torch.randn(n)) for k, n in sizes.items()}
+    # bitsandbytes' GlobalOptimManager is a process-wide singleton keeping each override by id(parameter) for good: a
+    # fresh one for this test, the process's own put back after it. Left in place, the embedding's 32-bit override
+    # outlived its Parameter, and a later test's Parameter allocated at the same address got 32-bit states too
+    # (test_the_cpu_step_holds_the_fp32_copies_the_plan_counts then measured 3 + 1 fp32 copies, not 5 + 1).
+    monkeypatch.setattr(bnb.optim.GlobalOptimManager, "_instance", None)
     manager = bnb.optim.GlobalOptimManager.get_instance()
     manager.register_parameters(list(params.values()))
     manager.override_config(params["embedding"], "optim_bits", 32)
