@@ -34,7 +34,7 @@ import json
 import re
 import sys
 import types
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Union, get_args, get_origin, get_type_hints
@@ -74,6 +74,7 @@ class Declaration:
     stage: str | None = None
     doc: str | None = None
     doc_default: str | None = None
+    choices: Callable[[], tuple[str, ...]] | None = None
 
 
 @dataclass(frozen=True)
@@ -177,7 +178,8 @@ def setting(default: Any = dataclasses.MISSING, *, help: str, flag: str | None =
             value_aliases: Mapping[str, str] | None = None, label: str | None = None, form_kind: str | None = None,
             form_choices: tuple[str, ...] | None = None, form_order: int | None = None, group: str | None = None,
             mode_default: bool = False, command_key: str | None = None, stage: str | None = None,
-            doc: str | None = None, doc_default: str | None = None) -> Any:
+            doc: str | None = None, doc_default: str | None = None,
+            choices: Callable[[], tuple[str, ...]] | None = None) -> Any:
     """Declare a setting on a dataclass field: ``name: type = setting(default, help=...)``.
 
     Args:
@@ -201,6 +203,9 @@ def setting(default: Any = dataclasses.MISSING, *, help: str, flag: str | None =
         stage: a criterion's stage (its docs row).
         doc: the docs' wording when not ``help`` (a criterion's rule).
         doc_default: the docs' wording of the default when not the value itself (``"1.0: it fits"``).
+        choices: for a ``str`` setting whose values are a registry's names (the methods of core/methods/), the
+            function that lists them, called when :data:`SETTINGS` is made: the setting then has choices as a
+            ``Literal`` would give, and a method added to the registry is a new choice with no other change.
 
     Returns:
         ``dataclasses.field(default=default, metadata={METADATA_KEY: Declaration(...)})``.
@@ -221,7 +226,7 @@ def setting(default: Any = dataclasses.MISSING, *, help: str, flag: str | None =
                            value_aliases=dict(value_aliases) if value_aliases else None, label=label,
                            form_kind=form_kind, form_choices=form_choices, form_order=form_order, group=group,
                            mode_default=mode_default, command_key=command_key, stage=stage, doc=doc,
-                           doc_default=doc_default)
+                           doc_default=doc_default, choices=choices)
     return dataclasses.field(default=default, metadata={METADATA_KEY: declared})
 
 
@@ -344,6 +349,10 @@ def _walk(cls: type, table_name: str | None, table_declared: TableDeclaration) -
             raise TypeError(f"{where} is not declared: give it `= setting(default, help=...)` (core/settings.py), or "
                             "`= table(cls)` for a sub-table")
         kind, optional, choices = _kind(hints[f.name], where)
+        if declared.choices is not None:
+            if kind != "str" or choices:
+                raise TypeError(f"{where}: choices from a registry are for a plain str setting, not {hints[f.name]}")
+            choices = tuple(declared.choices())
         if declared.mode_default and not any(x.name == f.name for x in dataclasses.fields(Method)):
             raise TypeError(f"{where}: mode_default, but core.methods.base.Method has no {f.name!r}")
         dest = f.name if table_name is None else f"{table_name}_{f.name}"

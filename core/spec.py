@@ -10,7 +10,7 @@ below is an example, the full list is docs/reference.md "The spec".
 
 TOML layout (every key optional; the defaults are the embedded model and text)::
 
-    mode = "lora"                 # inference | full | lora | qlora (a LoRA variant: the base stored in 4 bits)
+    mode = "lora"                 # inference | full | lora | a LoRA variant (qlora, dora: core/methods/)
     model = "smollm2-135m"        # embedded | local HF directory | cached HF id | config.json (plan only)
     dtype = "fp32"                # fp32 | bf16 | fp16
     precision = "pure"            # pure: the model loaded in dtype | amp: fp32 weights, autocast to dtype (moot for fp32)
@@ -35,6 +35,7 @@ TOML layout (every key optional; the defaults are the embedded model and text)::
     probe_steps = 3
 
     [lora]
+    variant = "lora"              # lora or a variant of it (qlora ...): the same as mode = "<variant>", which is stored
     r = 8
     alpha = 16
     dropout = 0.0
@@ -82,13 +83,14 @@ from core.bounds import TomlBoundsError, check_path, loads_bounded, special_file
 from core.criteria import AcceptCriteria
 from core.dtypes import DTYPES, Dtype, dtype_bytes
 from core.errors import SpecError
-from core.methods import METHODS, Method, method_of
+from core.methods import METHODS, Method, lora_variants, method_of
 from core.methods.lora import ALL_LINEAR, QUANT_TYPES, QuantType  # noqa: F401 - re-exported: the spec's values
 from core.settings import by_dest, by_key, nest, setting, spec_settings, table, tables_of, unknown_value
 
-#: What a run does: ``inference`` (forward only), ``full`` fine-tuning, ``lora`` adapters, ``qlora`` (a LoRA variant:
-#: the same adapters over a base stored in 4 bits by bitsandbytes and dequantised layer by layer as it runs). Each is
-#: a method object (core/methods/): ``RunSpec.method``; tests/unit/test_methods.py keeps this list and theirs equal.
+#: What a run does: ``inference`` (forward only), ``full`` fine-tuning, ``lora`` adapters, or a variant of LoRA
+#: (``qlora``: the same adapters over a base stored in 4 bits by bitsandbytes and dequantised layer by layer as it runs).
+#: Each is a method object (core/methods/): ``RunSpec.method``. Written out as a ``Literal`` so that mypy catches a
+#: misspelt mode; tests/unit/test_methods.py keeps this list and ``core.methods.METHODS`` equal.
 Mode = Literal["inference", "full", "lora", "qlora"]
 MODES: tuple[Mode, ...] = get_args(Mode)
 #: The modes that train LoRA adapters over a frozen base: basic LoRA and its 4-bit variant (QLoRA)
@@ -132,6 +134,9 @@ EMBEDDED_DATA = "embedded"
 class LoraSettings:
     """Low-rank adapter settings (Hu et al. 2021, arXiv 2106.09685): W + (alpha / r) * B @ A on each target module."""
 
+    variant: str = setting("lora", choices=lora_variants,
+                           help="LoRA or a variant of it: the same as --mode <variant>, which is what the spec "
+                                "stores; give it with --mode lora (the default) or the same variant")
     r: int = setting(8, help="LoRA rank r", label="LoRA rank r", form_order=180)
     alpha: int = setting(16, help="LoRA alpha: the adapters' output is scaled by alpha / r", label="LoRA alpha",
                          form_order=190)
@@ -306,8 +311,9 @@ class RunSpec:
 
     # Each field is declared once, here (core/settings.py): its flag, TOML key, form field and docs row are made from
     # its declaration; the form's fields go in increasing form_order.
-    mode: Mode = setting("lora", help="inference, full fine-tuning, lora, or qlora (a LoRA variant: the base stored in "
-                                      "4 bits by bitsandbytes, dequantised layer by layer as it runs)")
+    mode: Mode = setting("lora",
+                         help="the method: inference, full fine-tuning, lora, or a variant of LoRA, labelled as one "
+                              "(qlora: the base stored in 4 bits by bitsandbytes; the Mode screen says what each does)")
     model: str = setting(EMBEDDED_MODEL, label="Model", form_order=10, command_key="model",
                          help="smollm2-135m (embedded), a local HF model directory, a cached HF id, or a config.json")
     dtype: Dtype = setting("fp32", label="Dtype", form_order=30, command_key="dtype",
@@ -437,8 +443,9 @@ class RunSpec:
         mode = raw.get("mode", cls.mode)
         if not isinstance(mode, str) or mode not in MODES:
             raise SpecError("mode", f"{mode!r} is not a mode; choose one of {', '.join(MODES)}")
-        method = method_of(mode)  # its defaults (core/methods/)
         given = {name: _table(raw, name) for name in tables_of(spec_settings())}
+        raw["mode"] = mode = _variant_mode(mode, given["lora"])
+        method = method_of(mode)  # its defaults (core/methods/)
         for s in spec_settings():
             if s.mode_default:  # the method's own default, for a key given nowhere
                 (raw if s.table is None else given[s.table]).setdefault(s.name, getattr(method, s.name))
@@ -688,6 +695,7 @@ class RunSpec:
         record's ``spec`` table. The criteria are not in it (:meth:`to_file_dict`)."""
         out = dataclasses.asdict(self)
         out["lora"]["targets"] = list(self.lora.targets)
+        del out["lora"]["variant"]  # the mode names it: every spec hashes as before variants were a LoRA setting
         del out["accept"]
         if "qlora" not in self.method.own_tables:  # the 4-bit settings belong to QLoRA alone: other specs hash as
             del out["qlora"]                     # they always did
@@ -965,6 +973,33 @@ MAX_INT = 2**63 - 1
 MAX_STEPS = 1_000_000
 #: Seeds reach numpy's generator through transformers' set_seed, which takes 0 <= seed < 2**32.
 MAX_SEED = 2**32 - 1
+
+
+def _variant_mode(mode: str, lora_raw: dict[str, Any]) -> str:
+    """The mode a spec runs, from ``mode`` and ``[lora] variant`` (a LoRA variant is a setting of the LoRA method, and
+    the spec stores it as the mode, so specs written before hash as they did); ``lora_raw["variant"]`` is set to it
+    for an adapter mode.
+
+    Raises:
+        SpecError: ``lora.variant`` names no variant (core.methods.lora_variants), names one for a mode without
+            adapters, or disagrees with a mode that is itself a variant (``mode = "qlora"`` with ``variant = "dora"``).
+    """
+    variants = lora_variants()
+    variant = lora_raw.get("variant")
+    if variant is None:
+        if mode in variants:
+            lora_raw["variant"] = mode
+        return mode
+    if not isinstance(variant, str) or variant not in variants:
+        raise SpecError("lora.variant", f"{variant!r} is not a LoRA variant; choose one of {', '.join(variants)}")
+    if mode not in variants:
+        if not method_of(variant).variant:  # [lora] variant = "lora" beside a mode without adapters: nothing to do
+            return mode
+        raise SpecError("lora.variant", f"{variant} is a variant of LoRA and mode {mode} trains no adapters; set "
+                                        f"mode = \"lora\" (or \"{variant}\"), or remove the variant")
+    if method_of(mode).variant and mode != variant:
+        raise SpecError("lora.variant", f"mode {mode} and lora.variant {variant} name two variants; give one of them")
+    return variant
 
 
 def _table(raw: dict[str, Any], name: str) -> dict[str, Any]:

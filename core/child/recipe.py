@@ -60,7 +60,7 @@ def build_model(spec: RunSpec, model_path: str, device: str, device_map: Any = N
     if spec.adapters:
         from peft import get_peft_model
 
-        model = get_peft_model(model, lora_config(spec.lora))
+        model = get_peft_model(model, lora_config(spec.lora, spec.method.peft_options))
     if not spec.training:
         model.requires_grad_(False)
     if spec.gradient_checkpointing and spec.training:

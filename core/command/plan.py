@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import GpuAcceptError, SpecError
+from core.methods import METHODS
 from core.spec import ALL_LINEAR, ATTN_IMPLEMENTATIONS, RunSpec
 
 #: Trainer's ``optim`` names -> the planner's optimizer (the fused and foreach AdamW keep the same two states)
@@ -99,8 +100,14 @@ def _mode(trainer: dict[str, Any], sources: dict[str, str]) -> dict[str, Any]:
             if targets != ALL_LINEAR:
                 raise _NotPlanned(f"LoRA target_modules {targets!r} is a pattern: the planner takes module names")
             targets = [ALL_LINEAR]
-        sources["mode"] = f"a PeftModel with LoRA adapters{' over a 4-bit base' if four_bit else ''}"
-        out: dict[str, Any] = {"mode": "qlora" if four_bit else "lora", "lora_r": int(peft.get("r") or 8),
+        options = peft.get("options") or {}
+        variant = next((name for name, m in METHODS.items() if m.peft_options
+                        and all(options.get(k) == v for k, v in m.peft_options.items())), None)
+        if variant is not None and four_bit:
+            raise _NotPlanned(f"the LoRA variant {variant} over a 4-bit base: the planner models one variant at a time")
+        sources["mode"] = (f"a PeftModel with LoRA adapters{' over a 4-bit base' if four_bit else ''}"
+                           + (f" ({', '.join(k for k in METHODS[variant].peft_options)})" if variant else ""))
+        out: dict[str, Any] = {"mode": "qlora" if four_bit else variant or "lora", "lora_r": int(peft.get("r") or 8),
                                "lora_alpha": int(peft.get("lora_alpha") or 8),
                                "lora_dropout": float(peft.get("lora_dropout") or 0.0),
                                "lora_targets": ",".join(sorted(targets or []))}

@@ -8,7 +8,7 @@ The spec holds the method's name (``mode``); ``spec.method`` is the object. Noth
 
 from __future__ import annotations
 
-from core.methods.base import SETTING_GROUPS, Method
+from core.methods.base import SETTING_GROUPS, AdaptedLinear, AdapterTerms, Method
 from core.methods.full import FULL
 from core.methods.inference import INFERENCE
 from core.methods.lora import LORA, QLORA
@@ -26,6 +26,12 @@ def method_of(name: str) -> Method:
     return METHODS[name]
 
 
+def lora_variants() -> tuple[str, ...]:
+    """The names of LoRA and its variants (the methods laid out as LoRA is), in :data:`METHODS` order: the values of
+    the spec's ``[lora] variant``."""
+    return tuple(name for name, m in METHODS.items() if m.layout == LORA.name)
+
+
 def trains(name: object) -> bool:
     """Whether the method named ``name`` trains, for a record's spec table read as data: a name that is no method
     counts as training (what ``verify`` then recomputes is the training verdicts; the schema check names the mode)."""
@@ -33,4 +39,5 @@ def trains(name: object) -> bool:
     return True if method is None else method.trains
 
 
-__all__ = ["METHODS", "SETTING_GROUPS", "Method", "method_of", "trains"]
+__all__ = ["METHODS", "SETTING_GROUPS", "AdaptedLinear", "AdapterTerms", "Method", "lora_variants", "method_of",
+           "trains"]

@@ -8,8 +8,8 @@ it is named and explained, and which spec tables belong to it alone. Code outsid
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 #: The groups of settings a method may take (each form field and spec setting belongs to one):
@@ -17,6 +17,44 @@ from typing import Any
 #: ``precision`` the pure/amp choice (a method with a master copy to keep); ``adapter`` LoRA's rank, alpha and targets;
 #: ``quant`` the 4-bit storage of the base; ``distributed`` the strategy and torchrun's ranks.
 SETTING_GROUPS = ("all", "training", "precision", "adapter", "quant", "distributed")
+
+
+@dataclass(frozen=True)
+class AdaptedLinear:
+    """One linear layer with a LoRA adapter, for one micro-batch, as a variant's plan terms see it.
+
+    Attributes:
+        tokens: b·s, the micro-batch's tokens.
+        fan_in, fan_out: the layer's input and output features (its weight is fan_out x fan_in).
+        r: the adapter's rank.
+        adapter_bytes: bytes per element the adapter computes in (its input cast to the adapters' dtype; fp32 without
+            autocast).
+        base_bytes: bytes per element of the frozen base weight.
+    """
+
+    tokens: int
+    fan_in: int
+    fan_out: int
+    r: int
+    adapter_bytes: int
+    base_bytes: int
+
+
+@dataclass(frozen=True)
+class AdapterTerms:
+    """What a LoRA variant adds to LoRA's plan for each adapted linear layer (core/plan/activations.py asks it; the
+    weights, gradients and optimizer states of its own parameters come from the meta model peft builds with the
+    variant's ``peft_options``).
+
+    Attributes:
+        saved: the tensors the variant saves for backward beyond LoRA's, ``{what: bytes}`` (each a storage of its own).
+        working: bytes alive only inside the layer's forward (freed before the next layer runs).
+        method: the plan's words for both, with their source.
+    """
+
+    saved: Callable[[AdaptedLinear], Mapping[str, int]]
+    working: Callable[[AdaptedLinear], int]
+    method: str
 
 
 @dataclass(frozen=True)
@@ -40,6 +78,9 @@ class Method:
             ``prepare_model_for_kbit_training``).
         dtype_note: what the dtype means for this method, for the Setup screen's intro ("" when nothing to add).
         checks: what it refuses, each ``check(spec)`` raising :class:`core.errors.SpecError` (first failure reported).
+        peft_options: a LoRA variant's keywords to peft's ``LoraConfig`` (``{"use_dora": True}``), used wherever the
+            adapters are made (the plan's meta model and the child's model alike).
+        adapter_terms: a LoRA variant's plan terms per adapted layer (:class:`AdapterTerms`), or None.
     """
 
     name: str
@@ -58,6 +99,8 @@ class Method:
     fp32_params: bool = False
     dtype_note: str = ""
     checks: tuple[Callable[[Any], None], ...] = ()
+    peft_options: Mapping[str, Any] = field(default_factory=dict)
+    adapter_terms: AdapterTerms | None = None
 
     @property
     def variant(self) -> bool:

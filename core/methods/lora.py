@@ -8,6 +8,7 @@ are wrapped alike.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Literal, get_args
 
 from core.errors import SpecError
@@ -64,14 +65,15 @@ def check_qlora(spec: Any) -> None:
                                     f"{spec.strategy}: plan the 4-bit base on one device{lora_runs}")
 
 
-def lora_config(lora: Any) -> Any:
+def lora_config(lora: Any, options: Mapping[str, Any] | None = None) -> Any:
     """peft's ``LoraConfig`` for LoRA settings (``core.spec.LoraSettings``), as the probe and the plan both build it
-    (``all-linear`` passed as peft's keyword string, module names as a list). Imports peft."""
+    (``all-linear`` passed as peft's keyword string, module names as a list), with a variant's ``options``
+    (``Method.peft_options``: ``{"use_dora": True}``). Imports peft."""
     from peft import LoraConfig
 
     targets: Any = ALL_LINEAR if tuple(lora.targets) == (ALL_LINEAR,) else list(lora.targets)
     return LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=targets,
-                      task_type="CAUSAL_LM")
+                      task_type="CAUSAL_LM", **dict(options or {}))
 
 
 LORA = Method(

@@ -35,6 +35,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from core.methods.base import AdaptedLinear, AdapterTerms
+
 #: model_type values whose decoder layer is transformers' Llama layer (RMSNorm, RoPE, gated SiLU MLP); Mistral and
 #: Qwen2 are written from it ("modular" files) with the same forward.
 LLAMA_FAMILY = ("llama", "mistral", "qwen2")
@@ -97,11 +99,12 @@ class Numerics:
 class Adapter:
     """LoRA on one linear layer: rank r, dropout > 0, and the bytes per element dropout saves: on CUDA a bool mask
     (``native_dropout``, 1 B), on the CPU the scaled noise in the input's dtype (``input * noise``, 4 B for peft's fp32
-    input)."""
+    input); ``terms``: a LoRA variant's own terms (core/methods/base.py ``AdapterTerms``: DoRA's), else None."""
 
     r: int
     dropout: bool
     mask_bytes: int = MASK_BYTES
+    terms: AdapterTerms | None = None
 
 
 @dataclass
@@ -127,6 +130,7 @@ class Saved:
 
     items: dict[str, tuple[int, str]] = field(default_factory=dict)
     cache: dict[str, int] = field(default_factory=dict)
+    working: int = 0  # the largest working set alive inside one op of the forward only (a LoRA variant's)
 
     def save(self, t: _T | None, why: str) -> None:
         if t is not None and t.key not in self.items:
@@ -220,6 +224,11 @@ class _Layer:
                 key = f"{self.tag}.{name}.lora_w16"
                 self.saved.cache[key] = adapter.r * (fan_in + fan_out) * c
                 self.saved.add(key, adapter.r * (fan_in + fan_out) * c, "LoRA weights cast by autocast")
+            if adapter.terms is not None:  # a LoRA variant's own (core/methods/: DoRA's magnitude scaling)
+                linear = AdaptedLinear(tokens, fan_in, fan_out, adapter.r, a_in.nbytes, self.n.param_bytes)
+                for why, nbytes in adapter.terms.saved(linear).items():
+                    self.saved.add(f"{self.tag}.{name}.{why}", nbytes, why)
+                self.saved.working = max(self.saved.working, adapter.terms.working(linear))
         return out
 
     def attention_block(self, y: _T) -> _T:
@@ -337,6 +346,8 @@ class StepActivations:
         forward_cache: 16-bit copies of trained fp32 weights autocast keeps to the end of the forward that nothing
             saves (amp: biases; with gradient checkpointing every layer's weights), else 0.
         breakdown: one layer's saved bytes by what saved them (for the method text).
+        working: the largest working set alive inside one adapted layer's forward only (a LoRA variant's, e.g.
+            DoRA's weight norm), else 0.
     """
 
     layer: int
@@ -352,6 +363,7 @@ class StepActivations:
     recompute: int
     forward_cache: int
     breakdown: dict[str, int]
+    working: int = 0
 
     @property
     def saved(self) -> int:
@@ -405,4 +417,5 @@ def step_activations(dims: Dims, num: Numerics, *, full: bool, adapters: dict[st
         recompute=recompute,
         forward_cache=cache + head.cache_only,
         breakdown=steady.by_reason(),
+        working=max(steady.working, first.working),
     )

@@ -254,13 +254,15 @@ def step_temporaries(spec: RunSpec, summary: ModelSummary, kind: str) -> tuple[i
 def temporaries_text(act: StepActivations, step_text: str, grads: dict[str, int],
                      quantised: QuantisedBase | None = None) -> str:
     """The temporaries line's formula: the loss's gradients, the optimizer step's buffers, a tied embedding's parts,
-    QLoRA's dequantised weight."""
+    QLoRA's dequantised weight, a LoRA variant's working set."""
     parts = [f"start of backward: fp32 gradients of log_softmax and of the logits 2 x b·s·V x 4 B = "
              f"{act.logits_backward:,} B", f"optimizer step: {step_text}"]
     if quantised is not None:
         parts.append(f"4-bit layers: the largest one's weight dequantised to the compute dtype as it runs (forward, "
                      f"and backward for its input's gradient){' with its fp32 absmax' if quantised.double_quant else ''}"
                      f" {quantised.dequantised_bytes:,} B")
+    if act.working:
+        parts.append(f"a LoRA variant's working set inside one adapted layer's forward {act.working:,} B")
     if grads.get("tied_buffer"):
         parts.append(f"tied embedding: the LM head's part of its gradient {grads['tied_buffer']:,} B held from the "
                      "head's backward to the embedding's, where the two parts and their sum are alive at once")
@@ -283,7 +285,8 @@ def activation_terms(spec: RunSpec, shape: ModelShape, summary: ModelSummary, ki
     c = num.compute_bytes
     b, s, h, V = spec.batch_size, spec.seq_len, shape.hidden, shape.vocab
     mask = 1 if kind == "cuda" else 4
-    adapters = {a.module: Adapter(a.r, spec.lora.dropout > 0, mask) for a in summary.adapters}
+    terms = spec.method.adapter_terms
+    adapters = {a.module: Adapter(a.r, spec.lora.dropout > 0, mask, terms) for a in summary.adapters}
     if shape.family in LLAMA_FAMILY and tp == 1:
         dims = Dims(b, s, h, shape.inter, shape.heads, shape.kv_heads, shape.head_dim, V, shape.layers, shape.tied)
         act = step_activations(dims, num, full=spec.method.trains_base, adapters=adapters, attention=shape.attention,
@@ -303,6 +306,8 @@ def activation_terms(spec: RunSpec, shape: ModelShape, summary: ModelSummary, ki
                  f"log_softmax), V={V:,}")
         if act.forward_cache:
             text += f"; + autocast's cached {spec.dtype} weight copies {act.forward_cache:,} B to the forward's end"
+        if terms is not None:
+            text += f"; {spec.method.label}: {terms.method}"
         return act, text
     return _korthikanti_terms(spec, shape, summary, num, adapters, tp)
 
@@ -339,6 +344,8 @@ def _korthikanti_terms(spec: RunSpec, shape: ModelShape, summary: ModelSummary, 
         text += f"; checkpointing: each layer keeps its input {layer_input:,} B, one layer recomputed in backward"
     split = f"/{tp} (vocab-parallel)" if tp > 1 else ""
     text += f"; + the loss: logits b·s·V{split} (compute dtype, fp32 copy, fp32 log_softmax), V={V:,}"
+    if spec.method.adapter_terms is not None:
+        text += f"; {spec.method.label}'s own saved tensors are not in this approximation (op by op: Llama family)"
     return act, text
 
 

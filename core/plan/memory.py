@@ -281,7 +281,7 @@ def plan_memory(
     if strategy == "tp":
         check_tp_heads(spec.tp, shape)
     # precision: pure keeps the parameters in the dtype (LoRA adapters fp32), amp keeps fp32 master weights
-    summary = meta_summary(config, spec.base_mode, spec.lora if spec.adapters else None, spec.param_dtype)
+    summary = meta_summary(config, spec.mode, spec.lora if spec.adapters else None, spec.param_dtype)
     counts = parameters if parameters is not None else summary.count
     quantised = quantised_base(spec, shape, summary) if spec.method.takes("quant") else None
     steps = strategy_steps(spec, shape, summary, devices, n)

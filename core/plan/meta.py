@@ -117,7 +117,7 @@ class ParamInfo:
         dtype: dtype name (``fp32``, ``bf16`` ...).
         trainable: receives a gradient.
         shape: its shape.
-        kind: ``"linear"`` (a weight or bias of ``nn.Linear`` / GPT-2 ``Conv1D``), ``"embedding"``, ``"lora"`` (a LoRA
+        kind: ``"linear"`` (a weight or bias of ``nn.Linear`` / GPT-2 ``Conv1D``), ``"embedding"``, ``"adapter"`` (a LoRA
             adapter) or ``"other"`` (norms ...).
     """
 
@@ -148,7 +148,8 @@ def build_meta_model(config: Any, mode: Mode, lora: LoraSettings | None, dtype: 
 
     Args:
         config: a ``transformers.PretrainedConfig`` (it is copied, never changed).
-        mode: ``inference`` | ``full`` | ``lora``; ``lora`` wraps the model with peft (also on the meta device).
+        mode: the method's name (core/methods/): one that trains adapters (``lora`` and its variants) wraps the model
+            with peft (also on the meta device), with the variant's ``peft_options`` (DoRA's magnitude vectors).
         lora: LoRA settings; required for ``lora``, ignored otherwise. Targets ``("all-linear",)`` are passed to peft
             as its keyword (every linear layer but the output layer).
         dtype: ``fp32`` | ``bf16`` | ``fp16`` for the base parameters (default: the config's own default, fp32).
@@ -187,7 +188,7 @@ def build_meta_model(config: Any, mode: Mode, lora: LoraSettings | None, dtype: 
                     raise SpecError("lora", "LoRA mode needs LoRA settings (r, alpha, dropout, targets)")
                 from peft import get_peft_model
 
-                model = get_peft_model(model, lora_config(lora))
+                model = get_peft_model(model, lora_config(lora, method_of(mode).peft_options))
     return model
 
 
@@ -207,11 +208,14 @@ def meta_summary(config: Any, mode: Mode, lora: LoraSettings | None, dtype: Dtyp
     (config, mode, LoRA settings, parameter dtype); see :func:`build_meta_model` for the arguments."""
     from core.plan.shapes import FastConfig, lora_supported
 
-    adapters = method_of(mode).adapters
+    method = method_of(mode)
+    adapters = method.adapters
     key = (_config_key(config), mode, lora if adapters else None, dtype)
     summary = _SUMMARIES.get(key)
     if summary is None:
-        if isinstance(config, FastConfig) and (not adapters or (lora is not None and lora_supported(lora.targets))):
+        # the fast path writes LoRA's parameters; a variant with peft options of its own (DoRA) is built by peft
+        fast = not adapters or (lora is not None and lora_supported(lora.targets) and not method.peft_options)
+        if isinstance(config, FastConfig) and fast:
             summary = summary_from_shapes(config, mode, lora, dtype)  # no torch, no transformers (core/plan/shapes.py)
         else:
             summary = summarise_model(build_meta_model(config, mode, lora, dtype), mode)
@@ -346,7 +350,7 @@ def _params(model: Any, mode: Mode) -> tuple[ParamInfo, ...]:
             full = f"{module_name}.{pname}"
             match = _LAYER_INDEX.search(full)
             if "lora_" in module_name:
-                kind = "lora"
+                kind = "adapter"
             elif isinstance(module, torch.nn.Embedding):
                 kind = "embedding"
             elif _is_linear(module):

@@ -88,6 +88,8 @@ class StepTerms:
         dequantised: QLoRA, the largest 4-bit layer's weight dequantised as it runs: in the last layer's forward
             (every layer's activations saved but the loss not yet made), in the first layer's backward and in a
             recomputed layer; else 0.
+        forward_working: a LoRA variant's working set inside one adapted layer's forward (DoRA's weight norm), at
+            its largest in the last layer's forward; else 0.
     """
 
     weights: int
@@ -114,6 +116,7 @@ class StepTerms:
     overhead: int = 0
     kv_cache: int = 0
     dequantised: int = 0
+    forward_working: int = 0
 
 
 def _phase(name: str, at: str, **parts: int) -> Phase:
@@ -132,6 +135,9 @@ def training_moments(t: StepTerms) -> list[Phase]:
         *([_phase("forward", "a 4-bit layer's weight dequantised in the last layer's forward", **during,
                   gradients=t.accumulated_gradients, activations=t.layers + t.forward_cache,
                   temporaries=t.dequantised + extra)] if t.dequantised else []),
+        *([_phase("forward", "a LoRA variant's working set in the last layer's forward", **during,
+                  gradients=t.accumulated_gradients, activations=t.layers + t.forward_cache,
+                  temporaries=t.forward_working + extra)] if t.forward_working else []),
         _phase("backward", "the loss's gradient, at the start of backward", **during,
                gradients=t.accumulated_gradients, activations=t.layers + t.head + t.logits_saved,
                temporaries=t.logits_backward + extra),

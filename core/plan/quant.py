@@ -228,7 +228,7 @@ def quantised_base(spec: RunSpec, shape: ModelShape, summary: ModelSummary) -> Q
     dq = spec.qlora.double_quant
     packed = constants = unquantised = adapters = dequantised = layers = numel = 0
     for p in summary.params:
-        if p.kind == "lora":
+        if p.kind == "adapter":
             adapters += p.numel * dtype_bytes(p.dtype)
         elif _is_quantised(p):
             q = quantised_4bit(p.numel, dq)

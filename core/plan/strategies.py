@@ -134,7 +134,8 @@ def _part_step(spec: RunSpec, shape: ModelShape, summary: ModelSummary, local: M
         logits_forward=0, logits_saved=0, logits_backward=0, logits_grad=0, head=0,
         hidden_grad=act.hidden_grad, recompute=act.recompute if n_layers else 0,
         forward_cache=act.forward_cache * n_layers // max(shape.layers, 1),
-        dequantised=quantised.dequantised_bytes if quantised is not None and n_layers else 0)
+        dequantised=quantised.dequantised_bytes if quantised is not None and n_layers else 0,
+        forward_working=act.working if n_layers else 0)
     values.update(loss)
     values.update(grads)
     terms = StepTerms(**values)

@@ -217,7 +217,7 @@ def trace_plan(spec: RunSpec, config: Any, *, target: str = "cuda", fast: bool =
     from core.plan.meta import build_meta_model
 
     started = time.perf_counter()
-    model = build_meta_model(config, spec.base_mode, spec.lora if spec.adapters else None, spec.param_dtype,
+    model = build_meta_model(config, spec.mode, spec.lora if spec.adapters else None, spec.param_dtype,
                              traced_attention(spec))
     fake_mode = None if real else FakeTensorMode()
     context = fake_mode if fake_mode is not None else _Nothing()

@@ -25,7 +25,7 @@ import types
 import typing
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from core.errors import StageError
 
@@ -388,17 +388,20 @@ def _build(cls: type[ChildEvent], data: dict[str, Any]) -> ChildEvent:
         items = known[name].metadata.get("items")
         if items is not None and isinstance(value, list):
             value = [_build(items, v) if isinstance(v, dict) else v for v in value]
-        if not _is(value, hints[name]):
-            raise EventFormatError(f"{cls.KIND} event: {name} = {value!r:.80} is not {_words(hints[name])}")
+        if not value_is(value, hints[name]):
+            raise EventFormatError(f"{cls.KIND} event: {name} = {value!r:.80} is not {type_words(hints[name])}")
         values[name] = value
     return cls(**values)
 
 
-def _is(value: Any, hint: Any) -> bool:
-    """``value`` is of the annotated type (containers checked by their own type only, not their items')."""
+def value_is(value: Any, hint: Any) -> bool:
+    """``value`` is of the annotated type (an event's field, a child job's): unions and Literal arms, ``int`` (no bool), ``float`` (an int too), a
+    ``list[X]`` item by item, a ``dict`` by its own type."""
     origin = typing.get_origin(hint)
     if origin in (typing.Union, types.UnionType):
-        return any(_is(value, arm) for arm in typing.get_args(hint))
+        return any(value_is(value, arm) for arm in typing.get_args(hint))
+    if origin is Literal:
+        return value in typing.get_args(hint)
     if hint is Any:
         return True
     if hint is type(None):
@@ -407,11 +410,16 @@ def _is(value: Any, hint: Any) -> bool:
         return isinstance(value, (int, float)) and not isinstance(value, bool)
     if hint is int:
         return isinstance(value, int) and not isinstance(value, bool)
+    if origin is list:
+        (item,) = typing.get_args(hint)
+        return isinstance(value, list) and all(value_is(v, item) for v in value)
     return isinstance(value, origin or hint)
 
 
-def _words(hint: Any) -> str:
-    """A type in words as annotated: ``int``, ``float | None``, ``list[str]``."""
+def type_words(hint: Any) -> str:
+    """A type in words as annotated: ``int``, ``str | None``, ``list[str]``, ``one of 'probe', 'train'``."""
+    if typing.get_origin(hint) is Literal:
+        return "one of " + ", ".join(map(repr, typing.get_args(hint)))
     return hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", "")
 
 

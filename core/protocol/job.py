@@ -17,11 +17,12 @@ is left out, as the stages always left it out; only its order of keys is the dat
 from __future__ import annotations
 
 import json
-import types
 import typing
 from dataclasses import MISSING, Field, dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Self
+
+from core.protocol.events import type_words, value_is
 
 if TYPE_CHECKING:
     from core.spec import RunSpec
@@ -91,8 +92,8 @@ class _JobFile:
             raise JobFormatError(f"{cls.KIND} job: missing key(s) {', '.join(missing)}")
         hints = typing.get_type_hints(cls)
         for name, value in data.items():
-            if not _is(value, hints[name]):
-                raise JobFormatError(f"{cls.KIND} job: {name} = {value!r:.80} is not {_words(hints[name])}")
+            if not value_is(value, hints[name]):
+                raise JobFormatError(f"{cls.KIND} job: {name} = {value!r:.80} is not {type_words(hints[name])}")
         return cls(**data)
 
     @classmethod
@@ -222,32 +223,3 @@ class EvalJob(_JobFile):
 
 #: a job of any child (what :func:`core.stages.childproc.start_child` writes)
 Job = WorkerJob | EvalJob
-
-
-def _is(value: Any, hint: Any) -> bool:
-    """``value`` is of the annotated type: unions and Literal arms, ``int`` (no bool), ``float`` (an int too), a
-    ``list[X]`` item by item, a ``dict`` by its own type."""
-    origin = typing.get_origin(hint)
-    if origin in (typing.Union, types.UnionType):
-        return any(_is(value, arm) for arm in typing.get_args(hint))
-    if origin is Literal:
-        return value in typing.get_args(hint)
-    if hint is Any:
-        return True
-    if hint is type(None):
-        return value is None
-    if hint is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if hint is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if origin is list:
-        (item,) = typing.get_args(hint)
-        return isinstance(value, list) and all(_is(v, item) for v in value)
-    return isinstance(value, origin or hint)
-
-
-def _words(hint: Any) -> str:
-    """A type in words as annotated: ``int``, ``str | None``, ``list[str]``, ``one of 'probe', 'train'``."""
-    if typing.get_origin(hint) is Literal:
-        return "one of " + ", ".join(map(repr, typing.get_args(hint)))
-    return hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", "")

@@ -192,7 +192,9 @@ def test_the_readmes_command_mode_example_walked_as_written(tmp_path):
     shell = f"cd {shlex.quote(str(root))} && PATH={shlex.quote(env['PATH'])} {line}; echo exit=$? > {tmp_path}/rc; sleep 60"
     term.tmux("new-session", "-d", "-s", term.session, "-x", "80", "-y", "24", "-e", "VIRTUAL_ENV=", shell)
     try:
-        term.wait_for("Step 1/4 · Mode", "▐●▌ 5  Your own command", "⏎ Next")
+        from core.methods import METHODS
+
+        term.wait_for("Step 1/4 · Mode", f"▐●▌ {len(METHODS) + 1}  Your own command", "⏎ Next")  # after the methods
         keys(term, "Enter")
         form = term.wait_for("Step 2/4 · Your own command", "Resume command", "^n Next")
         assert "{command} --resume {checkpoint}" in form

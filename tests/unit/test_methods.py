@@ -65,13 +65,50 @@ def test_each_method_refuses_what_it_cannot_run_by_name(raw, field, says):
     assert caught.value.field == field
 
 
+@pytest.mark.parametrize(("raw", "mode"), [
+    ({"lora": {"variant": "qlora"}}, "qlora"),
+    ({"mode": "lora", "lora": {"variant": "qlora"}}, "qlora"),
+    ({"mode": "qlora", "lora": {"variant": "qlora"}}, "qlora"),
+    ({"mode": "qlora"}, "qlora"),
+    ({"mode": "full", "lora": {"variant": "lora"}}, "full"),
+])
+def test_a_lora_variant_is_a_setting_of_lora_stored_as_the_mode(raw, mode):
+    """``[lora] variant`` (``--lora-variant``) names the variant; the spec stores it as the mode, and its canonical form
+    (what is hashed and recorded) has no variant key, so a spec written with ``mode = "qlora"`` hashes the same."""
+    spec = RunSpec.from_dict(raw)
+    assert spec.mode == mode and "variant" not in spec.to_dict()["lora"]
+    if spec.adapters:
+        assert spec.lora.variant == mode
+    assert RunSpec.from_dict(spec.to_dict()) == spec
+    assert spec.to_dict() == RunSpec.from_dict({"mode": mode}).to_dict() or raw.get("mode") == "full"
+
+
+@pytest.mark.parametrize(("raw", "says"), [
+    ({"lora": {"variant": "lorax"}}, "not a LoRA variant; choose one of lora, qlora"),
+    ({"mode": "full", "lora": {"variant": "qlora"}}, "mode full trains no adapters"),
+    ({"mode": "inference", "lora": {"variant": "qlora"}}, "mode inference trains no adapters"),
+])
+def test_a_variant_that_cannot_apply_is_refused_by_name(raw, says):
+    with pytest.raises(SpecError, match=says) as caught:
+        RunSpec.from_dict(raw)
+    assert caught.value.field == "lora.variant"
+
+
+def test_the_variants_are_the_methods_laid_out_as_lora_and_the_flag_offers_them():
+    from core.methods import lora_variants
+    from core.settings import by_key
+
+    assert lora_variants() == tuple(n for n, m in METHODS.items() if m.adapters)
+    assert by_key()["lora.variant"].cli_choices == lora_variants()
+    assert by_key()["mode"].cli_choices == tuple(METHODS)
+
+
 def test_a_records_mode_read_as_data_trains_unless_it_is_inference():
     assert [trains(m) for m in ("inference", "full", "lora", "qlora", "nonsense", None)] == [False] + [True] * 5
 
 
-#: comparisons of a method's name outside core/methods/ still to move there (issue 36: 45 before core/methods/,
-#: two left, which name a parameter kind and a spec table, not a method); the count may only fall
-LEFT = 2
+#: comparisons of a method's name outside core/methods/ (issue 36: 45 before core/methods/); none is left
+LEFT = 0
 NAME_TEST = re.compile(r"""(==|!=) *["'](inference|full|lora|qlora)["']|["'](inference|full|lora|qlora)["'] *(==|!=)"""
                        r"""|in \(["'](inference|full|lora|qlora)["']""")
 

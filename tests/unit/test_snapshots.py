@@ -15,6 +15,7 @@ from pytest_textual_snapshot import SVGImageExtension
 from syrupy.location import PyTestLocation
 from textual._doc import take_svg_screenshot
 
+from core.methods import METHODS
 from core.monitor.sampler import ReplayBackend, constructed_frames
 from core.pipeline import AcceptanceRun
 from core.spec import RunSpec
@@ -470,7 +471,7 @@ def command_form(tmp: Path) -> dict:
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
 def test_command_setup_screen(snap, size, tmp_path):
     async def run_before(pilot) -> None:
-        await pilot.press("5", "enter")
+        await pilot.press(str(len(METHODS) + 1), "enter")  # your own command: after the methods
         await pilot.pause()
 
     app = app_for()

@@ -130,7 +130,9 @@ def model_facts(model: Any) -> dict[str, Any]:
                          "r": getattr(cfg, "r", None), "lora_alpha": getattr(cfg, "lora_alpha", None),
                          "lora_dropout": getattr(cfg, "lora_dropout", None),
                          "target_modules": _jsonable(getattr(cfg, "target_modules", None)),
-                         "base_model_name_or_path": str(getattr(cfg, "base_model_name_or_path", "") or "")}
+                         "base_model_name_or_path": str(getattr(cfg, "base_model_name_or_path", "") or ""),
+                         # the variant switches (use_dora, use_rslora ...): a LoRA variant is told by them
+                         "options": {k: v for k, v in vars(cfg).items() if k.startswith("use_") and isinstance(v, bool)}}
     return facts
 
 
