@@ -1,5 +1,5 @@
 """The training methods, one module each: inference (core/methods/inference.py), full fine-tuning (full.py), LoRA and
-its variant QLoRA (lora.py). Each is a :class:`core.methods.base.Method`: whether it trains, what it trains, which
+its variant QLoRA (lora.py), the variant DoRA (dora.py). Each is a :class:`core.methods.base.Method`: whether it trains, what it trains, which
 settings apply to it, its defaults, what it refuses, its name and help on screen, and which spec tables are its own.
 
 The spec holds the method's name (``mode``); ``spec.method`` is the object. Nothing else branches on a method's name
@@ -9,12 +9,13 @@ The spec holds the method's name (``mode``); ``spec.method`` is the object. Noth
 from __future__ import annotations
 
 from core.methods.base import SETTING_GROUPS, AdaptedLinear, AdapterTerms, Method
+from core.methods.dora import DORA
 from core.methods.full import FULL
 from core.methods.inference import INFERENCE
 from core.methods.lora import LORA, QLORA
 
 #: every method by its name, in the order the Mode screen lists them
-METHODS: dict[str, Method] = {m.name: m for m in (INFERENCE, FULL, LORA, QLORA)}
+METHODS: dict[str, Method] = {m.name: m for m in (INFERENCE, FULL, LORA, QLORA, DORA)}
 
 
 def method_of(name: str) -> Method:

@@ -21,7 +21,7 @@ async def to_plan(pilot, app) -> None:
 
 
 @pytest.mark.parametrize(("keys", "mode"), [(["up"], "full"), (["up", "up"], "inference"), (["down"], "qlora"),
-                                            (["down", "down", "down"], "inference"), (["2", "down"], "lora"), ([], "lora")])
+                                            (["down", "down", "down", "down"], "inference"), (["2", "down"], "lora"), ([], "lora")])
 async def test_the_mode_under_the_cursor_is_the_mode_that_runs(tiny_model_dir, tmp_path, keys, mode):
     """The cursor started on "1 Inference" while LoRA was chosen; ↓ to "Full fine-tuning" and Enter ran LoRA."""
     app = make_app(tiny_model_dir, tmp_path, mode="lora")
@@ -61,7 +61,8 @@ async def test_the_chosen_mode_shows_without_colour(tiny_model_dir, tmp_path):
     async with app.run_test(size=(80, 24)) as pilot:
         assert isinstance(app.screen, ModeScreen)
         marks = {b.id: str(b.render()).split()[0] for b in app.screen.query(RadioButton)}
-        assert marks == {"inference": "▐○▌", "full": "▐○▌", "lora": "▐●▌", "qlora": "▐○▌", "command": "▐○▌"}, marks
+        assert marks == {"inference": "▐○▌", "full": "▐○▌", "lora": "▐●▌", "qlora": "▐○▌", "dora": "▐○▌",
+                         "command": "▐○▌"}, marks
         await pilot.press("up")
         marks = {b.id: str(b.render()).split()[0] for b in app.screen.query(RadioButton)}
         assert marks["full"] == "▐●▌" and marks["lora"] == "▐○▌"
