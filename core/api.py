@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # the names of REEXPORTED, for type checkers; at run time each is imported when first asked for
     from core.command.pipeline import CommandRun as CommandRun
     from core.command.pipeline import every_stage as every_stage
+    from core.command.spec import COMMAND_SETTINGS as COMMAND_SETTINGS
     from core.command.spec import CommandSpec as CommandSpec
     from core.command.spec import is_command_file as is_command_file
     from core.command.spec import read_command_table as read_command_table
@@ -102,6 +103,7 @@ REEXPORTED: dict[str, str] = {
     "StagedRun": "core.pipeline", "AcceptanceRun": "core.pipeline",
     "CommandRun": "core.command.pipeline", "every_stage": "core.command.pipeline",
     "CommandSpec": "core.command.spec", "read_command_table": "core.command.spec", "is_command_file": "core.command.spec",
+    "COMMAND_SETTINGS": "core.command.spec",
     # records: verify, compare, summarise, sign off and sign
     "Verification": "core.record.verify", "Comparison": "core.record.diff", "format_comparison": "core.record.diff",
     "verification_summary": "core.record.summary", "run_summary": "core.record.summary",

@@ -2,7 +2,8 @@
 
 A field of :class:`core.spec.RunSpec`, of one of its tables (``[lora]``, ``[qlora]``, ``[resume]``, ``[torchrun]``) or
 of :class:`core.criteria.AcceptCriteria` (``[accept]``) is declared with :func:`setting` (a sub-table with
-:func:`table`)::
+:func:`table`), and so is each field of command mode's :class:`core.command.spec.CommandSpec` (``[command]``: its
+flag, or the recipe's flag of the same meaning, its type check and its form field; ``COMMAND_SETTINGS`` there)::
 
     r: int = setting(8, help="LoRA rank r", label="LoRA rank r", form_order=180)
 
@@ -46,8 +47,12 @@ METADATA_KEY = "gpuaccept.setting"
 #: the kinds of a form field: a number typed in (``int``, ``float``), text (``str``), a choice (``choice``), a number
 #: or blank for "not set" (``optfloat``), a whole number or blank for 0, "chosen for you" (``autoint``)
 FORM_KINDS = ("int", "float", "str", "choice", "optfloat", "autoint")
-#: the plain kinds a setting's value has (its annotation, a ``Literal`` being the kind of its values)
-KINDS = ("int", "float", "str", "bool", "list")
+#: the plain kinds a setting's value has (its annotation, a ``Literal`` being the kind of its values; ``table``: a
+#: ``dict[str, str]`` such as command mode's ``[command.env]``)
+KINDS = ("int", "float", "str", "bool", "list", "table")
+#: each kind in words, for a value of another type ("... is not a list of strings")
+KIND_WORDS = {"int": "an integer", "float": "a number", "str": "a string", "bool": "true or false",
+              "list": "a list of strings", "table": "a table of strings"}
 #: the docs tables a setting is rendered in (:func:`markdown_table`)
 DOC_TABLES = ("settings", "criteria")
 #: docs/reference.md, whose generated tables :func:`update_docs` rewrites
@@ -75,6 +80,8 @@ class Declaration:
     doc: str | None = None
     doc_default: str | None = None
     choices: Callable[[], tuple[str, ...]] | None = None
+    placeholder: str | None = None
+    cli: bool = True
 
 
 @dataclass(frozen=True)
@@ -132,6 +139,7 @@ class Setting:
         stage: for a criterion, the stage it judges (``"probe"``).
         doc: the docs' wording of it (a criterion's rule); :attr:`help` unless declared.
         doc_default: the docs' wording of its default, or None (made from :attr:`default`).
+        placeholder: what a blank form field shows, or None.
     """
 
     key: str
@@ -156,6 +164,7 @@ class Setting:
     stage: str | None
     doc: str
     doc_default: str | None
+    placeholder: str | None = None
 
     @property
     def cli_choices(self) -> tuple[str, ...]:
@@ -179,7 +188,8 @@ def setting(default: Any = dataclasses.MISSING, *, help: str, flag: str | None =
             form_choices: tuple[str, ...] | None = None, form_order: int | None = None, group: str | None = None,
             mode_default: bool = False, command_key: str | None = None, stage: str | None = None,
             doc: str | None = None, doc_default: str | None = None,
-            choices: Callable[[], tuple[str, ...]] | None = None) -> Any:
+            choices: Callable[[], tuple[str, ...]] | None = None, placeholder: str | None = None,
+            cli: bool = True, default_factory: Callable[[], Any] | None = None) -> Any:
     """Declare a setting on a dataclass field: ``name: type = setting(default, help=...)``.
 
     Args:
@@ -206,6 +216,10 @@ def setting(default: Any = dataclasses.MISSING, *, help: str, flag: str | None =
         choices: for a ``str`` setting whose values are a registry's names (the methods of core/methods/), the
             function that lists them, called when :data:`SETTINGS` is made: the setting then has choices as a
             ``Literal`` would give, and a method added to the registry is a new choice with no other change.
+        placeholder: what the form field shows while blank (``"python train.py --output_dir {out}"``).
+        default_factory: makes the default when it is mutable (a ``dict``), instead of ``default``.
+        cli: the setting has a flag of its own; False for a command-mode setting that the recipe's flag of the same
+            meaning sets (its ``command_key``: ``--model`` sets ``[command] model``).
 
     Returns:
         ``dataclasses.field(default=default, metadata={METADATA_KEY: Declaration(...)})``.
@@ -226,7 +240,9 @@ def setting(default: Any = dataclasses.MISSING, *, help: str, flag: str | None =
                            value_aliases=dict(value_aliases) if value_aliases else None, label=label,
                            form_kind=form_kind, form_choices=form_choices, form_order=form_order, group=group,
                            mode_default=mode_default, command_key=command_key, stage=stage, doc=doc,
-                           doc_default=doc_default, choices=choices)
+                           doc_default=doc_default, choices=choices, placeholder=placeholder, cli=cli)
+    if default_factory is not None:
+        return dataclasses.field(default_factory=default_factory, metadata={METADATA_KEY: declared})
     return dataclasses.field(default=default, metadata={METADATA_KEY: declared})
 
 
@@ -277,8 +293,27 @@ def _kind(hint: Any, where: str) -> tuple[str, bool, tuple[str, ...]]:
         return hint.__name__, optional, ()
     if get_origin(hint) is tuple and get_args(hint) == (str, ...):
         return "list", optional, ()
+    if get_origin(hint) is dict and get_args(hint) == (str, str):
+        return "table", optional, ()
     raise TypeError(f"{where}: {hint} is not a setting's type (int, float, str, bool, a Literal of strings, "
-                    "tuple[str, ...], or one of them | None)")
+                    "tuple[str, ...], dict[str, str], or one of them | None)")
+
+
+def value_fits(kind: str, value: Any) -> bool:
+    """``value`` (read from TOML or a record) is of the setting kind ``kind`` (:data:`KINDS`): ``int`` no bool,
+    ``float`` an int too, ``list`` a list (or tuple) of strings, ``table`` a table of strings (numbers taken).
+
+    Raises:
+        KeyError: ``kind`` is not one of :data:`KINDS`.
+    """
+    plain: dict[str, type | tuple[type, ...]] = {"int": int, "float": (int, float), "str": str, "bool": bool}
+    if kind in plain:
+        return isinstance(value, plain[kind]) and (kind == "bool" or not isinstance(value, bool))
+    if kind == "list":
+        return isinstance(value, (list, tuple)) and all(isinstance(x, str) for x in value)
+    if kind == "table":
+        return isinstance(value, dict) and all(isinstance(x, (str, int, float)) for x in value.values())
+    raise KeyError(kind)
 
 
 def _default(f: dataclasses.Field[Any]) -> Any:
@@ -311,15 +346,17 @@ def _form(dest: str, declared: Declaration, kind: str, optional: bool, choices: 
     return FormField(dest, declared.label, form_kind, form_choices if form_kind == "choice" else (), group)
 
 
-def settings_of(cls: type) -> tuple[Setting, ...]:
-    """Every setting of the dataclass ``cls`` and of its sub-tables (declared with :func:`table`), in field order.
+def settings_of(cls: type, table: str | None = None, cli_group: str | None = None) -> tuple[Setting, ...]:
+    """Every setting of the dataclass ``cls`` and of its sub-tables (declared with :func:`table`), in field order;
+    ``cls`` itself read as the table ``table`` when one is named (command mode's ``[command]``: keys ``command.train``,
+    dests ``command_train``), its flags listed under ``cli_group``.
 
     Raises:
         TypeError: a field declared neither with :func:`setting` nor :func:`table`, a table inside a table, an
             annotation a setting cannot have, a ``mode_default`` the methods do not define, or two settings with one
             dest or one flag.
     """
-    out = list(_walk(cls, None, TableDeclaration()))
+    out = list(_walk(cls, table, TableDeclaration(cli_group=cli_group)))
     for attr in ("dest", "key"):
         seen = [getattr(s, attr) for s in out]
         twice = sorted({v for v in seen if seen.count(v) > 1})
@@ -363,11 +400,11 @@ def _walk(cls: type, table_name: str | None, table_declared: TableDeclaration) -
             key=f.name if table_name is None else f"{table_name}.{f.name}", table=table_name, name=f.name,
             dest=dest, kind=kind, optional=optional, choices=choices, value_aliases=dict(declared.value_aliases or {}),
             default=default, mode_default=declared.mode_default, help=declared.help,
-            flags=(flag, *declared.aliases), metavar=declared.metavar, group=group,
+            flags=(flag, *declared.aliases) if declared.cli else (), metavar=declared.metavar, group=group,
             cli_group=table_declared.cli_group,
             form=_form(dest, declared, kind, optional, choices, default, group), form_order=declared.form_order,
             command_key=declared.command_key, doc_table=table_declared.doc_table, stage=declared.stage,
-            doc=declared.doc or declared.help, doc_default=declared.doc_default))
+            doc=declared.doc or declared.help, doc_default=declared.doc_default, placeholder=declared.placeholder))
     return out
 
 

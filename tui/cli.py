@@ -96,45 +96,24 @@ def add_setting_flags(p: argparse.ArgumentParser, settings: tuple[Setting, ...])
             kwargs["choices"] = s.cli_choices
         elif s.kind in ("int", "float"):
             kwargs["type"] = {"int": int, "float": float}[s.kind]
+        elif s.kind == "table":  # KEY=VALUE, the flag repeated for more
+            kwargs["action"] = "append"
         if s.metavar is not None:
             kwargs["metavar"] = s.metavar
         groups[title].add_argument(*s.flags, **kwargs)
 
 
 def _command_flags(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group(
-        "your own command (command mode: accept your training command as you run it; or a [command] table in the "
-        "spec file; placeholders {out} {checkpoint} {command} {train_data} {model}, see docs/command-mode.md)")
-    g.add_argument("--command", dest="command_train", metavar="COMMAND",
-                   help="the training command, e.g. \"torchrun --nproc-per-node 2 train.py --output_dir {out}\" "
-                        "(run without a shell; {out} is required: each run gets its own folder)")
-    g.add_argument("--resume-command", dest="command_resume", metavar="COMMAND",
-                   help="how it resumes (default: \"{command} --resume_from_checkpoint {checkpoint}\")")
-    g.add_argument("--checkpoints", dest="command_checkpoints", metavar="GLOB",
-                   help="the checkpoint folders inside {out} (default checkpoint-*)")
-    g.add_argument("--metrics", dest="command_metrics", metavar="FILE",
-                   help="auto (the Trainer hook, else trainer_state.json; default) or a JSON-lines file inside {out} "
-                        "with step, loss (learning_rate, sample_ids)")
-    g.add_argument("--checkpoint-files", dest="command_checkpoint_files", metavar="A,B",
-                   help="the files a checkpoint must hold (default: Trainer's set when a Trainer ran)")
-    g.add_argument("--workdir", dest="command_workdir", metavar="DIR", help="where the command runs (default: here)")
-    g.add_argument("--eval", dest="command_eval", metavar="HOW",
-                   help="perplexity (default: held-out perplexity of the final checkpoint vs its base), none, or an "
-                        "evaluation command with {checkpoint} printing a JSON line {\"metric\", \"value\"}")
-    g.add_argument("--eval-seq-len", dest="command_eval_seq_len", type=int, metavar="N",
-                   help="tokens per held-out block (default: the Trainer's widest batch, else 128)")
-    g.add_argument("--timeout", dest="command_timeout_s", type=float, metavar="S",
-                   help="the longest one run of the command may take (default: no limit)")
-    g.add_argument("--env", dest="command_env", action="append", metavar="KEY=VALUE",
-                   help="a variable added to the command's environment (repeat the flag for more)")
+    """The flags of command mode's own settings (core/command/spec.py ``CommandSpec``, each declared once there); the
+    settings it shares with gpuaccept's recipe are set by the recipe's flags (``command_key``)."""
+    from core.api import COMMAND_SETTINGS
+
+    add_setting_flags(p, tuple(s for s in COMMAND_SETTINGS if s.flags))
 
 
 #: the flags of gpuaccept's own recipe that mean the same in command mode: flag dest -> [command] key (each setting's
 #: ``command_key``, core/settings.py)
 _SHARED_WITH_COMMAND = {s.dest: s.command_key for s in SETTINGS if s.command_key is not None}
-_COMMAND_KEYS = ("command_train", "command_resume", "command_checkpoints", "command_metrics",
-                 "command_checkpoint_files", "command_workdir", "command_eval", "command_eval_seq_len",
-                 "command_timeout_s", "command_env")
 
 
 def command_mode(args: argparse.Namespace) -> bool:
@@ -152,7 +131,7 @@ def command_spec_from_args(args: argparse.Namespace) -> Any:
     Raises:
         SpecError: a flag of gpuaccept's own recipe that command mode does not take (the command sets it), a bad
             ``--env``, or an invalid value."""
-    from core.api import CommandSpec, read_command_table
+    from core.api import COMMAND_SETTINGS, CommandSpec, read_command_table
     from core.errors import SpecError
 
     flags = {s.dest: s.flags[0] for s in SETTINGS}
@@ -167,19 +146,19 @@ def command_spec_from_args(args: argparse.Namespace) -> Any:
                                  "checkpoint): remove it")
     raw: dict[str, Any] = read_command_table(Path(args.spec)) if args.spec else {}
     raw.update({v: getattr(args, k) for k, v in _SHARED_WITH_COMMAND.items() if getattr(args, k, None) is not None})
-    for key in _COMMAND_KEYS:
-        value = getattr(args, key, None)
-        if value is None:
+    for s in COMMAND_SETTINGS:
+        value = getattr(args, s.dest, None)
+        if value is None or not s.flags:
             continue
-        name = key.removeprefix("command_")
-        if name == "checkpoint_files":
+        name = s.name
+        if s.kind == "list":
             value = [v.strip() for v in value.split(",") if v.strip()]
-        elif name == "env":
+        elif s.kind == "table":
             pairs = {}
             for item in value:
                 k, sep, v = item.partition("=")
                 if not sep or not k:
-                    raise SpecError("command.env", f"--env {item!r}: give KEY=VALUE")
+                    raise SpecError(s.key, f"{s.flags[0]} {item!r}: give KEY=VALUE")
                 pairs[k] = v
             value = {**raw.get("env", {}), **pairs}
         raw[name] = value

@@ -39,18 +39,20 @@ Every invalid value raises :class:`~core.errors.SpecError` naming the field and 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import shlex
 import shutil
 import tomllib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from core.bounds import check_path, loads_bounded, special_file_kind
 from core.dtypes import DTYPES
 from core.errors import SpecError
+from core.settings import KIND_WORDS, setting, settings_of, value_fits
 from core.spec import EMBEDDED_DATA, EMBEDDED_MODEL, MAX_STEPS, canonical_sha256
 
 #: The placeholders a command may hold, with what replaces them.
@@ -72,24 +74,55 @@ EVAL_CHOICES = ("perplexity", "none")
 class CommandSpec:
     """The user's command to accept (see the module docstring for each field)."""
 
-    train: str
-    resume: str = DEFAULT_RESUME
-    checkpoints: str = "checkpoint-*"
-    metrics: str = "auto"
-    checkpoint_files: tuple[str, ...] = ()
-    workdir: str = "."
-    env: dict[str, str] = field(default_factory=dict)
-    model: str = ""
-    data: str = EMBEDDED_DATA
-    heldout_fraction: float = 0.2
-    eval: str = "perplexity"
-    eval_seq_len: int = 0
-    eval_max_blocks: int = 32
-    kill_after_checkpoint: int = 1
-    resume_check: bool = True
-    resume_noise: str = "auto"
-    dtype: str = "fp32"
-    timeout_s: float = 0.0
+    # Each field is declared once, here (core/settings.py): its flag (or the recipe's flag of the same meaning, whose
+    # command_key names it: cli=False), its type check (SETTING_TYPES), and its field on the wizard's form (label)
+    train: str = setting(
+        flag="--command", metavar="COMMAND", label="Training command", form_order=10,
+        placeholder="python train.py --output_dir {out}",
+        help="the training command, e.g. \"torchrun --nproc-per-node 2 train.py --output_dir {out}\" (run without a "
+             "shell; {out} is required: each run gets its own folder)")
+    resume: str = setting(DEFAULT_RESUME, flag="--resume-command", metavar="COMMAND", label="Resume command",
+                          form_order=20, help=f"how it resumes (default: \"{DEFAULT_RESUME}\")")
+    checkpoints: str = setting("checkpoint-*", flag="--checkpoints", metavar="GLOB", label="Checkpoints in {out}",
+                               form_order=30, help="the checkpoint folders inside {out} (default checkpoint-*)")
+    metrics: str = setting("auto", flag="--metrics", metavar="FILE", label="Metrics", form_order=40,
+                           placeholder="auto, or a JSON-lines file in {out}",
+                           help="auto (the Trainer hook, else trainer_state.json; default) or a JSON-lines file inside "
+                                "{out} with step, loss (learning_rate, sample_ids)")
+    checkpoint_files: tuple[str, ...] = setting(
+        (), flag="--checkpoint-files", metavar="A,B", label="Checkpoint files", form_order=50,
+        placeholder="Trainer's set if a Trainer runs; else a,b,c",
+        help="the files a checkpoint must hold (default: Trainer's set when a Trainer ran)")
+    workdir: str = setting(".", flag="--workdir", metavar="DIR", label="Runs in folder", form_order=60,
+                           help="where the command runs (default: here)")
+    env: dict[str, str] = setting(default_factory=dict, flag="--env", metavar="KEY=VALUE",
+                                  help="a variable added to the command's environment (repeat the flag for more)")
+    model: str = setting("", cli=False, label="Base model folder", form_order=70,
+                         placeholder="for {model}, the tokenizer, the base's score",
+                         help="the base model folder (or smollm2-135m): the tokenizer, the evaluation before "
+                              "training; {model} (--model)")
+    data: str = setting(EMBEDDED_DATA, cli=False, label="Data", form_order=80,
+                        help="gpuaccept's text: {train_data} gets its training split, the evaluation its held-out "
+                             "split (--data)")
+    heldout_fraction: float = setting(0.2, cli=False, help="the held-out share of the data (--heldout-fraction)")
+    eval: str = setting("perplexity", flag="--eval", metavar="HOW", label="Evaluation", form_order=90,
+                        placeholder="perplexity, none, or a command with {checkpoint}",
+                        help="perplexity (default: held-out perplexity of the final checkpoint vs its base), none, or "
+                             "an evaluation command with {checkpoint} printing a JSON line {\"metric\", \"value\"}")
+    eval_seq_len: int = setting(0, flag="--eval-seq-len", metavar="N",
+                                help="tokens per held-out block (default: the Trainer's widest batch, else 128)")
+    eval_max_blocks: int = setting(32, cli=False, help="held-out blocks evaluated, at most (--eval-max-blocks)")
+    kill_after_checkpoint: int = setting(1, cli=False, label="Kill after ckpt #", form_order=100,
+                                         help="SIGKILL after the command's checkpoint of this number, before the "
+                                              "next (--kill-after-checkpoint)")
+    resume_check: bool = setting(True, cli=False, help="run the kill-and-resume check (--resume-check)")
+    resume_noise: str = setting("auto", cli=False,
+                                help="auto | twin | off: how the run-to-run noise bounding the comparison is known "
+                                     "(--resume-noise)")
+    dtype: str = setting("fp32", cli=False,
+                         help="the compute dtype, for the resume check's tier when no Trainer reports it (--dtype)")
+    timeout_s: float = setting(0.0, flag="--timeout", metavar="S",
+                               help="the longest one run of the command may take (default: no limit)")
 
     # ------------------------------------------------------------------ what the pipeline and the screens read
     mode = "command"
@@ -350,30 +383,17 @@ def _no_shell(name: str, text: str) -> None:
                               "words; put a pipeline or redirection in a script and give the script")
 
 
+#: the flags' argument group in ``gpuaccept run --help``
+FLAGS_GROUP = ("your own command (command mode: accept your training command as you run it; or a [command] table in "
+               "the spec file; placeholders {out} {checkpoint} {command} {train_data} {model}, see "
+               "docs/command-mode.md)")
+#: every setting of the [command] table, made from the declarations on :class:`CommandSpec` (core/settings.py): keys
+#: ``command.train``, dests ``command_train``
+COMMAND_SETTINGS = settings_of(CommandSpec, table="command", cli_group=FLAGS_GROUP)
 #: each key's type in the [command] table: (test, words); the spec checks a TOML file by it, verify a record's
 #: [spec.command] table (core/record/command.py)
 SETTING_TYPES: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "train": (lambda v: isinstance(v, str), "a string"),
-    "resume": (lambda v: isinstance(v, str), "a string"),
-    "checkpoints": (lambda v: isinstance(v, str), "a string"),
-    "metrics": (lambda v: isinstance(v, str), "a string"),
-    "checkpoint_files": (lambda v: isinstance(v, (list, tuple)) and all(isinstance(x, str) for x in v),
-                         "a list of strings"),
-    "workdir": (lambda v: isinstance(v, str), "a string"),
-    "env": (lambda v: isinstance(v, dict) and all(isinstance(x, (str, int, float)) for x in v.values()),
-            "a table of strings"),
-    "model": (lambda v: isinstance(v, str), "a string"),
-    "data": (lambda v: isinstance(v, str), "a string"),
-    "heldout_fraction": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool), "a number"),
-    "eval": (lambda v: isinstance(v, str), "a string"),
-    "eval_seq_len": (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
-    "eval_max_blocks": (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
-    "kill_after_checkpoint": (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
-    "resume_check": (lambda v: isinstance(v, bool), "true or false"),
-    "resume_noise": (lambda v: isinstance(v, str), "a string"),
-    "dtype": (lambda v: isinstance(v, str), "a string"),
-    "timeout_s": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool), "a number of seconds"),
-}
+    s.name: (functools.partial(value_fits, s.kind), KIND_WORDS[s.kind]) for s in COMMAND_SETTINGS}
 
 
 def _check_types(raw: Mapping[str, Any]) -> None:

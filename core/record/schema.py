@@ -17,7 +17,6 @@ rules applied everywhere; :data:`RULES` hold for the other tables.
 """
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 import math
 import re
@@ -146,30 +145,26 @@ def _walk(value: Any, path: str, where: str, out: list[str], rules: bool = True)
 
 
 def _spec_problems(spec: dict[str, Any]) -> list[str]:
-    """Each key of the record's spec table that :class:`core.spec.RunSpec` (and its sub-tables) knows has that field's
-    type: ints are ints (not bools or floats), floats finite numbers, strings strings; ``lora.targets`` strings."""
-    from core.spec import LoraSettings, QloraSettings, ResumeSettings, RunSpec, TorchrunSettings, field_type
+    """Each key of the record's spec table that a setting of :class:`core.spec.RunSpec` names (core/settings.py: the
+    top-level keys and the sub-tables, not ``[accept]``, which the record keeps apart) has that setting's kind: ints
+    are ints (not bools or floats), floats finite numbers, strings strings, lists lists of strings."""
+    from core.settings import KIND_WORDS, spec_settings, value_fits
 
-    kinds: dict[str, Callable[[Any], bool]] = {
-        "int": lambda v: _is_int(v), "float": _is_number, "str": lambda v: isinstance(v, str),
-        "bool": lambda v: isinstance(v, bool)}
+    settings = [s for s in spec_settings() if s.table != "accept"]
     out: list[str] = []
-    for cls, table, prefix in ((RunSpec, spec, "spec"), (LoraSettings, spec.get("lora"), "spec.lora"),
-                               (QloraSettings, spec.get("qlora"), "spec.qlora"),
-                               (ResumeSettings, spec.get("resume"), "spec.resume"),
-                               (TorchrunSettings, spec.get("torchrun"), "spec.torchrun")):
-        if table is None:
+    for name in dict.fromkeys(s.table for s in settings if s.table is not None):
+        if name in spec and not isinstance(spec[name], dict):
+            out.append(f"spec.{name} is {_show(spec[name])}, not a table")
+    for s in settings:
+        holder = spec if s.table is None else spec.get(s.table)
+        if not isinstance(holder, dict) or s.name not in holder:
             continue
-        if not isinstance(table, dict):
-            out.append(f"{prefix} is {_show(table)}, not a table")
-            continue
-        for f in dataclasses.fields(cls):
-            test = kinds.get(field_type(f))
-            if f.name in table and test is not None and not test(table[f.name]):
-                out.append(f"{prefix}.{f.name} is {_show(table[f.name])}, not {field_type(f)} (as the spec takes it)")
-    targets = spec.get("lora", {}).get("targets") if isinstance(spec.get("lora"), dict) else None
-    if targets is not None and not (isinstance(targets, list) and all(isinstance(t, str) for t in targets)):
-        out.append(f"spec.lora.targets is {_show(targets)}, not a list of module names")
+        value = holder[s.name]
+        ok = value_fits(s.kind, value) and (s.kind != "int" or _is_int(value)) and (
+            s.kind != "float" or _is_number(value))
+        if not ok:
+            want = KIND_WORDS[s.kind] if s.kind in ("list", "table") else s.kind
+            out.append(f"spec.{s.key} is {_show(value)}, not {want} (as the spec takes it)")
     return out
 
 

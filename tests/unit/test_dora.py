@@ -106,3 +106,22 @@ def test_a_trainers_dora_adapters_are_planned_as_dora(tmp_path):
     four_bit = trainer(peft=peft, trainable_parameters=100, quantization={"load_in_4bit": True})
     ran = spec_from_run(four_bit, BATCHES, tmp_path / "config4.json", 5)
     assert ran.spec is None and "dora over a 4-bit base" in ran.reason
+
+
+async def test_the_wizard_offers_dora_by_its_key_and_plans_its_own_terms(tiny_model_dir, tmp_path):
+    """Mode screen: key 5 is DoRA (labelled a LoRA variant); Setup says so; the Plan's activations line names DoRA's
+    terms (the plan screen reads what the plan says, nothing of its own)."""
+    from tests.wizard_helpers import make_app, wait_for
+    from tui.screens.plan import PlanScreen
+    from tui.screens.setup import SetupScreen
+
+    app = make_app(tiny_model_dir, tmp_path, mode="lora")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("5", "enter")
+        assert isinstance(app.screen, SetupScreen) and app.state.mode == "dora"
+        assert "Setup (dora)" in str(app.screen.query_one(".title").content)
+        await pilot.press("ctrl+n")
+        assert isinstance(app.screen, PlanScreen)
+        await wait_for(pilot, lambda: not app.screen.query_one("#next").disabled, 60)
+        plan = app.state.ctx.plan
+        assert "DoRA (LoRA variant): per adapted layer" in plan.devices[0].lines["activations"].method

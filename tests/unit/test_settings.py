@@ -100,6 +100,31 @@ def test_no_flag_of_a_setting_is_written_in_the_cli_by_hand():
                for arg in node.args if isinstance(arg, ast.Constant) and isinstance(arg.value, str)}
     assert written, "tui/cli.py adds no argument at all: the check looks at the wrong calls"
     assert written & flags == set()
+    assert not written & {"--command", "--resume-command", "--env", "--timeout", "--eval"}  # command mode's too
+
+
+def test_command_modes_settings_are_declared_once_on_the_command_spec():
+    """Command mode's settings were declared four times (CommandSpec's fields, a type table, the flags and the form);
+    each is now one declared field: its flag (or the recipe's flag of the same meaning), its type check and its form
+    field follow from it."""
+    from core.command.spec import COMMAND_SETTINGS, SETTING_TYPES, CommandSpec
+    from tui.cli import _SHARED_WITH_COMMAND, build_parser, command_spec_from_args
+    from tui.screens.command import FIELDS
+
+    names = [f.name for f in dataclasses.fields(CommandSpec)]
+    assert [s.name for s in COMMAND_SETTINGS] == names == list(SETTING_TYPES)
+    own = {s.name for s in COMMAND_SETTINGS if s.flags}
+    assert own.isdisjoint(_SHARED_WITH_COMMAND.values()) and own | set(_SHARED_WITH_COMMAND.values()) == set(names)
+    assert [f[0] for f in FIELDS][:2] == ["train", "resume"] and "kill_after_checkpoint" in [f[0] for f in FIELDS]
+    assert SETTING_TYPES["timeout_s"][0](1) and not SETTING_TYPES["timeout_s"][0](True)
+    assert SETTING_TYPES["env"][1] == "a table of strings" and not SETTING_TYPES["checkpoint_files"][0]([1])
+    args = build_parser().parse_args(
+        ["run", "--command", "python -c pass {out}", "--resume-command", "{command} --from {checkpoint}", "--env",
+         "A=1", "--env", "B=x", "--checkpoint-files", "a.pt, b.pt", "--timeout", "5", "--eval-seq-len", "64",
+         "--kill-after-checkpoint", "2"])
+    spec = command_spec_from_args(args)
+    assert (spec.env, spec.checkpoint_files, spec.timeout_s, spec.eval_seq_len, spec.kill_after_checkpoint) == (
+        {"A": "1", "B": "x"}, ("a.pt", "b.pt"), 5.0, 64, 2)
 
 
 def test_the_old_spellings_and_aliases_still_parse_into_the_spec():

@@ -220,7 +220,10 @@ def test_plan_screen_traced_beside_analytic(snap, size):
     async def run_before(pilot) -> None:
         await pilot.press("enter", "ctrl+n")
         await until(pilot, lambda: bool(pilot.app.screen.query(".traced-table")))
-        pilot.app.screen.query_one("#plan-body").scroll_end(animate=False)
+        await pilot.pause()  # the table laid out before the body scrolls to its end (a loaded machine took longer)
+        body = pilot.app.screen.query_one("#plan-body")
+        body.scroll_end(animate=False)
+        await until(pilot, lambda: body.max_scroll_y > 0 and body.scroll_y == body.max_scroll_y)
         await pilot.pause()
 
     snap(app_for(), size, run_before)

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Generator
+from dataclasses import MISSING
 from typing import Any
 
 from rich.markup import escape
@@ -26,19 +27,21 @@ from tui.widgets.bars import LiveBar, gib
 from tui.widgets.inputs import OrderedInput
 from tui.widgets.tables import wrapped_table
 
-# ([command] key, label, default shown, placeholder)
-FIELDS: list[tuple[str, str, str, str]] = [
-    ("train", "Training command", "", "python train.py --output_dir {out}"),
-    ("resume", "Resume command", "{command} --resume_from_checkpoint {checkpoint}", ""),
-    ("checkpoints", "Checkpoints in {out}", "checkpoint-*", ""),
-    ("metrics", "Metrics", "auto", "auto, or a JSON-lines file in {out}"),
-    ("checkpoint_files", "Checkpoint files", "", "Trainer's set if a Trainer runs; else a,b,c"),
-    ("workdir", "Runs in folder", ".", ""),
-    ("model", "Base model folder", "", "for {model}, the tokenizer, the base's score"),
-    ("data", "Data", "embedded", ""),
-    ("eval", "Evaluation", "perplexity", "perplexity, none, or a command with {checkpoint}"),
-    ("kill_after_checkpoint", "Kill after ckpt #", "1", ""),
-]
+
+def _form_fields() -> list[tuple[str, str, str, str, str]]:
+    """The form's fields, made from the [command] settings declared with a label (core/command/spec.py), in their
+    ``form_order``: ([command] key, label, default shown, placeholder, kind)."""
+    from core.api import COMMAND_SETTINGS
+
+    def shown(default: Any) -> str:
+        return "" if default is MISSING else ",".join(default) if isinstance(default, tuple) else str(default)
+
+    return [(s.name, s.form.label, shown(s.default), s.placeholder or "", s.kind)
+            for s in sorted(COMMAND_SETTINGS, key=lambda s: s.form_order or 0) if s.form is not None]
+
+
+#: ([command] key, label, default shown, placeholder, kind)
+FIELDS: list[tuple[str, str, str, str, str]] = _form_fields()
 INTRO = ("Run as you would (no shell), measured, killed after a checkpoint, resumed. {out}: each run's own output "
          "folder (required); {checkpoint}: what to resume from; {command}: the training command; {train_data}: "
          "gpuaccept's training split; {model}: the base model.")
@@ -47,19 +50,21 @@ INTRO = ("Run as you would (no shell), measured, killed after a checkpoint, resu
 def raw_values(values: dict[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
     """The form's text as a ``[command]`` table (empty fields left to their defaults), and per-field errors of
     conversion."""
+    kinds = {key: kind for key, *_, kind in FIELDS}
     raw: dict[str, Any] = {}
     errors: dict[str, str] = {}
     for key, text in values.items():
         text = text.strip()
         if not text and key != "train":
             continue
-        if key == "checkpoint_files":
+        kind = kinds.get(key, "str")
+        if kind == "list":
             raw[key] = [t.strip() for t in text.split(",") if t.strip()]
-        elif key == "kill_after_checkpoint":
+        elif kind in ("int", "float"):
             try:
-                raw[key] = int(text)
+                raw[key] = int(text) if kind == "int" else float(text)
             except ValueError:
-                errors[key] = f"a whole number, e.g. 1 (got {text!r})"
+                errors[key] = f"a {'whole ' if kind == 'int' else ''}number, e.g. 1 (got {text!r})"
         else:
             raw[key] = text
     return raw, errors
@@ -77,7 +82,7 @@ class CommandSetupScreen(NavButtons, WizardScreen):
         yield Static("Step 2/4 · Your own command", classes="title")
         yield Static(INTRO, classes="intro")
         with VerticalScroll(classes="body", id="form"):
-            for key, label, default, placeholder in FIELDS:
+            for key, label, default, placeholder, _kind in FIELDS:
                 value = given.get(key, default)
                 value = ",".join(value) if isinstance(value, (list, tuple)) else str(value)
                 with Horizontal(classes="field"):
