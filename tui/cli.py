@@ -176,6 +176,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="gpuaccept",
         description="Accept a training setup: memory plan, probe, held-out evaluation, kill-and-resume check, record.",
     )
+    parser.add_argument("--version", action="version", version=f"gpuaccept {_version()}",
+                        help="print gpuaccept's version and exit")
     sub = parser.add_subparsers(dest="command")
     run = sub.add_parser("run", help="run every stage and write record.toml")
     _spec_flags(run)
@@ -224,7 +226,45 @@ def build_parser() -> argparse.ArgumentParser:
     monitor.add_argument("--json", action="store_true", help="with --once: as JSON")
     monitor.add_argument("--interval", type=float, default=0.1, help="seconds between samples (default 0.1 = 10 Hz)")
     monitor.add_argument("--record", help="also append every sample to this file as JSON lines (a trace to replay)")
+    completion = sub.add_parser("completion", help="print the shell completion script (bash or zsh), made from these "
+                                                   "flags: see docs/reference.md \"Shell completion\"")
+    completion.add_argument("shell", choices=COMPLETION_SHELLS)
+    _complete_files(parser)
     return parser
+
+
+#: the shells ``gpuaccept completion`` writes a script for (shtab's)
+COMPLETION_SHELLS = ("bash", "zsh")
+
+
+def _version() -> str:
+    """The installed distribution's version (pyproject.toml), or "unknown" for a tree run uninstalled."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("gpuaccept")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def _complete_files(parser: argparse.ArgumentParser) -> None:
+    """Mark the arguments that name a file or folder, for the completion scripts (shtab completes their paths):
+    a spec, a record, a key, a folder of runs."""
+    import shtab
+
+    files = {"spec", "record", "records", "key", "allowed_signers"}
+    for action in _all_actions(parser):
+        if action.dest in files or action.dest == "runs_dir":  # shtab reads the attribute it documents
+            action.complete = shtab.FILE if action.dest in files else shtab.DIRECTORY  # type: ignore[attr-defined]
+
+
+def _all_actions(parser: argparse.ArgumentParser) -> list[argparse.Action]:
+    out = list(parser._actions)
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                out.extend(_all_actions(sub))
+    return out
 
 
 def unknown_arguments(parser: argparse.ArgumentParser, command: str | None, unknown: list[str]) -> None:
@@ -358,6 +398,11 @@ def _command(args: argparse.Namespace) -> int:
         return cmd_diff(args)
     if args.command == "quiz":
         return cmd_quiz(args)
+    if args.command == "completion":
+        import shtab
+
+        print(shtab.complete(build_parser(), shell=args.shell), end="")
+        return EXIT_OK
     build_parser().print_help()
     return EXIT_USAGE
 

@@ -426,3 +426,27 @@ def test_a_mistyped_flag_is_named_with_the_closest_flags_of_its_subcommand(argv,
     err = capsys.readouterr().err
     assert stop.value.code == 2 and says in err, err
     assert err.startswith(f"usage: gpuaccept {argv[0]} "), err  # the subcommand's usage, not the top level's
+
+
+def test_the_version_and_the_completion_scripts_are_made_from_the_parser(tmp_path):
+    """``gpuaccept --version`` prints the installed version; ``gpuaccept completion bash`` is a script that bash
+    sources and that completes a subcommand, a flag and a flag's choices (the methods' names); zsh's names the same."""
+    from importlib.metadata import version
+
+    from core.methods import METHODS
+
+    assert gpuaccept("--version").stdout.strip() == f"gpuaccept {version('gpuaccept')}"
+    script = tmp_path / "gpuaccept.bash"
+    script.write_text(gpuaccept("completion", "bash").stdout)
+    probe = ('source "$1"; complete() { :; }; '
+             'for line in "gpuaccept ve" "gpuaccept run --lora-vari" "gpuaccept run --lora-variant "; do '
+             'read -ra COMP_WORDS <<< "$line"; [[ $line == *" " ]] && COMP_WORDS+=(""); '
+             'COMP_CWORD=$(( ${#COMP_WORDS[@]} - 1 )); COMPREPLY=(); _shtab_gpuaccept; echo "${COMPREPLY[*]}"; done')
+    out = subprocess.run(["bash", "-c", probe, "bash", str(script)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[:2] == ["verify", "--lora-variant"]
+    assert lines[2].split() == [n for n, m in METHODS.items() if m.adapters]
+    zsh = gpuaccept("completion", "zsh")
+    assert zsh.returncode == 0 and zsh.stdout.startswith("#compdef gpuaccept") and "--lora-variant" in zsh.stdout
+    assert gpuaccept("completion", "fish").returncode == 2
