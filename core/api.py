@@ -46,6 +46,7 @@ if TYPE_CHECKING:  # the names of REEXPORTED, for type checkers; at run time eac
     from core.command.spec import is_command_file as is_command_file
     from core.command.spec import read_command_table as read_command_table
     from core.events import Event
+    from core.importers import import_config as import_config
     from core.monitor.nvml import default_backend as default_backend
     from core.monitor.sampler import Sampler as Sampler
     from core.pipeline import AcceptanceRun as AcceptanceRun
@@ -104,6 +105,8 @@ REEXPORTED: dict[str, str] = {
     "CommandRun": "core.command.pipeline", "every_stage": "core.command.pipeline",
     "CommandSpec": "core.command.spec", "read_command_table": "core.command.spec", "is_command_file": "core.command.spec",
     "COMMAND_SETTINGS": "core.command.spec",
+    # a trainer's YAML config read as a spec (TRL, axolotl, LLaMA-Factory, torchtune)
+    "import_config": "core.importers",
     # records: verify, compare, summarise, sign off and sign
     "Verification": "core.record.verify", "Comparison": "core.record.diff", "format_comparison": "core.record.diff",
     "verification_summary": "core.record.summary", "run_summary": "core.record.summary",

@@ -126,6 +126,8 @@ CAPACITY_UNITS = {"gib": 2**30, "gb": 10**9, "mib": 2**20, "mb": 10**6}
 #: The most devices a planned box may name.
 MAX_PLANNED_DEVICES = 1024
 EMBEDDED_MODEL = "smollm2-135m"
+#: a spec path ending so is a trainer's YAML config, read by core/importers/ (kept in step with its YAML_SUFFIXES)
+YAML_SUFFIXES = (".yml", ".yaml")
 EMBEDDED_DATA = "embedded"
 
 
@@ -399,7 +401,11 @@ class RunSpec:
             SpecError: unknown key, wrong type, or invalid value (see :meth:`validate`).
         """
         raw: dict[str, Any] = {}
-        if toml_path is not None:
+        if toml_path is not None and Path(toml_path).suffix.lower() in YAML_SUFFIXES:
+            from core.importers import import_config  # a trainer's YAML config (TRL, axolotl, LLaMA-Factory...)
+
+            raw = import_config(toml_path).raw()
+        elif toml_path is not None:
             path = Path(toml_path)
             check_path("spec", str(toml_path))
             try:

@@ -295,6 +295,16 @@ def unknown_arguments(parser: argparse.ArgumentParser, command: str | None, unkn
     sub.error(f"unrecognized arguments: {' '.join(hints)}")
 
 
+def imported_config(args: argparse.Namespace) -> Any:
+    """What a trainer's YAML config given as the spec was read as (``core.importers.Imported``: its format, the keys
+    used and ignored), or None for a TOML spec or none."""
+    from core.api import import_config
+    from core.spec import YAML_SUFFIXES
+
+    spec = getattr(args, "spec", None)
+    return import_config(spec) if spec and Path(spec).suffix.lower() in YAML_SUFFIXES else None
+
+
 def spec_from_args(args: argparse.Namespace) -> Any:
     from core.spec import RunSpec
 
@@ -474,10 +484,17 @@ def cmd_plan(args: argparse.Namespace) -> int:
                                    f"(its Trainer's model, batch and optimizer), so run it: gpuaccept run {args.spec} "
                                    "--headless; gpuaccept plan takes gpuaccept's own recipe settings")
     spec = spec_from_args(args)
+    imported = imported_config(args)
     report = plan_report(spec, traced=args.traced, max_batch=args.max_batch, max_seq=args.max_seq)
     if args.json:
-        print(json.dumps(report.to_json(), indent=2))
+        out = report.to_json()
+        if imported is not None:
+            out["imported"] = {"format": imported.format, "path": imported.path, "sha256": imported.sha256,
+                               "used": imported.used, "ignored": imported.ignored}
+        print(json.dumps(out, indent=2))
     else:
+        if imported is not None:
+            print("\n".join(imported.summary()) + "\n")
         print(format_plan(report.plan, spec, report.fits))
         if report.traced is not None:
             print("\n" + format_traced(report.traced))
@@ -700,6 +717,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     spec = spec_from_args(args)
     parse_devices(spec.devices)  # a planned box (8x80GiB) is refused here, before anything is loaded
+    imported = imported_config(args)
+    if imported is not None:
+        print("\n".join(imported.summary()), flush=True, file=sys.stderr if args.json else sys.stdout)
     print(f"gpuaccept: {spec.mode} on {spec.model} ({spec.dtype}, micro-batch {spec.batch_size} x {spec.seq_len}, "
           f"{spec.steps} steps)", flush=True, file=sys.stderr if args.json else sys.stdout)
     stop = _stop_on_signals()  # SIGINT, SIGTERM, SIGHUP: the running stage is cancelled and the record written

@@ -450,3 +450,18 @@ def test_the_version_and_the_completion_scripts_are_made_from_the_parser(tmp_pat
     zsh = gpuaccept("completion", "zsh")
     assert zsh.returncode == 0 and zsh.stdout.startswith("#compdef gpuaccept") and "--lora-variant" in zsh.stdout
     assert gpuaccept("completion", "fish").returncode == 2
+
+
+def test_plan_reads_a_trainers_yaml_config_and_says_what_it_used_and_ignored(tmp_path, tiny_model_dir):
+    """``gpuaccept plan their.yaml``: a TRL config (QLoRA) planned, flags over it; the JSON holds what was imported."""
+    text = (paths.TESTS / "data" / "configs" / "trl_sft_qlora.yaml").read_text(encoding="utf-8")
+    config = tmp_path / "trl.yaml"
+    config.write_text(text.replace("MODEL", str(tiny_model_dir)), encoding="utf-8")
+    out = gpuaccept("plan", str(config), "--devices", "24GiB", "--seq-len", "128", "--json")
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert report["imported"]["format"] == "trl" and report["imported"]["ignored"]["max_steps"].startswith("the real")
+    assert "QLoRA" in report["convention"] and report["imported"]["used"]["max_length"].startswith("seq_len = 512")
+    text_out = gpuaccept("plan", str(config), "--devices", "24GiB", "--seq-len", "128")
+    assert text_out.stdout.startswith("imported from trl config") and "used per_device_train_batch_size: batch_size = 2" \
+        in text_out.stdout

@@ -1,0 +1,77 @@
+"""Importers: the YAML configs teams already run, read as a gpuaccept spec (issue 37).
+
+Four formats, one module each, each written from its tool's documented schema:
+
+- TRL's ``trl sft --config`` (:mod:`core.importers.trl`): ``ScriptArguments``, ``SFTConfig`` (transformers'
+  ``TrainingArguments``) and ``ModelConfig`` keys in one file;
+- axolotl (:mod:`core.importers.axolotl`);
+- LLaMA-Factory (:mod:`core.importers.llamafactory`);
+- torchtune recipes' configs (:mod:`core.importers.torchtune`).
+
+Each maps what moves memory (the model, the micro-batch, the sequence length, packing, precision, LoRA / QLoRA / DoRA
+and its targets, gradient checkpointing, the optimizer, the attention implementation, the sharding strategy and the
+number of processes) to the spec's keys, says which keys it used (and as what) and which it ignored and why, and
+refuses what it cannot plan by name (:class:`core.errors.SpecError` naming the key). :func:`import_config` picks the
+format by the file's keys; ``gpuaccept plan their.yml`` and ``run their.yml`` read a spec through it
+(``core.spec.RunSpec.build``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from core.bounds import check_path
+from core.errors import SpecError
+from core.importers import axolotl, llamafactory, torchtune, trl
+from core.importers.base import Imported
+from core.spec import YAML_SUFFIXES
+
+#: each format: its name, whether a config is of it (by its keys), and its importer; in the order they are tried
+FORMATS = (torchtune.FORMAT, axolotl.FORMAT, llamafactory.FORMAT, trl.FORMAT)
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    """The YAML mapping in ``path`` (PyYAML's safe loader: no Python objects).
+
+    Raises:
+        SpecError: the file is missing, not UTF-8, not YAML, or not a mapping at the top.
+    """
+    import yaml
+
+    check_path("spec", str(path))
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SpecError("spec", f"file {path} not found; give the path of a trainer's YAML config") from None
+    except (UnicodeDecodeError, OSError) as exc:
+        raise SpecError("spec", f"{path} cannot be read as UTF-8 text ({exc})") from None
+    if len(text) > 1_000_000:
+        raise SpecError("spec", f"{path} is {len(text):,} characters: a trainer's config is far smaller")
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise SpecError("spec", f"{path} is not valid YAML ({str(exc).splitlines()[0]}); fix the file") from None
+    if not isinstance(data, dict):
+        raise SpecError("spec", f"{path} holds {type(data).__name__}, not a mapping of settings")
+    return data
+
+
+def import_config(path: str | Path) -> Imported:
+    """The spec a trainer's YAML config at ``path`` describes, with what was used and ignored.
+
+    Raises:
+        SpecError: the file cannot be read, is of no known format (naming the four), or holds a setting the planner
+            cannot plan (naming the key and what to change).
+    """
+    path = Path(path)
+    data = read_yaml(path)
+    for fmt in FORMATS:
+        if fmt.detect(data):
+            return fmt.read(data, path)
+    raise SpecError("spec", f"{path}: not a config of {', '.join(f.name for f in FORMATS)} (none of their keys: "
+                            "e.g. model_name_or_path, base_model, or a torchtune model _component_); give one of "
+                            "those, or a gpuaccept TOML spec")
+
+
+__all__ = ["FORMATS", "YAML_SUFFIXES", "Imported", "import_config", "read_yaml"]

@@ -1,0 +1,224 @@
+"""What every importer shares: the result (:class:`Imported`), a format (:class:`Format`), and :class:`Reader`, which
+walks a config's keys so that each is either used (as a spec setting), ignored (with why) or refused (by name)."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from core.errors import SpecError
+
+#: transformers ``TrainingArguments.optim`` values (TRL, axolotl and LLaMA-Factory pass them on) -> the spec's optimizer
+HF_OPTIMIZERS = {"adamw_torch": "adamw", "adamw_torch_fused": "adamw", "adamw_hf": "adamw", "adamw": "adamw",
+                 "adafactor": "adafactor", "sgd": "sgd", "adamw_bnb_8bit": "adamw_8bit", "adamw_8bit": "adamw_8bit",
+                 "paged_adamw_8bit": "paged_adamw_8bit"}
+#: transformers ``lr_scheduler_type`` values -> the spec's scheduler (the schedule moves no memory; warmup is its own key)
+HF_SCHEDULERS = {"linear": "linear", "cosine": "cosine", "constant": "constant",
+                 "constant_with_warmup": "constant"}
+#: keys that move no memory, read by no importer: ignored with this reason
+NO_MEMORY = "moves no memory (logging, saving, data or evaluation schedule, naming)"
+#: the real run's length and warmup: the acceptance run is a short one of its own (``--steps``, ``--warmup-steps``)
+RUN_LENGTH = ("the real run's length: the acceptance run trains its own few steps (the method's default; --steps and "
+              "--warmup-steps set them)")
+
+
+@dataclass(frozen=True)
+class Imported:
+    """A trainer's config read as a spec.
+
+    Attributes:
+        format: the tool whose config it is (``"axolotl"``).
+        path: the file read.
+        sha256: of the file's bytes (what a record can name).
+        settings: the spec's flat keywords (``core.spec.RunSpec.build``: ``batch_size``, ``lora_r`` ...).
+        used: each config key used, with what it set (``"micro_batch_size": "batch_size = 2"``).
+        ignored: each config key not used, with why.
+    """
+
+    format: str
+    path: str
+    sha256: str
+    settings: dict[str, Any]
+    used: dict[str, str]
+    ignored: dict[str, str]
+
+    def raw(self) -> dict[str, Any]:
+        """The settings as a spec file's mapping (``{"lora": {"r": 8}, ...}``: ``core.spec.RunSpec.from_dict``)."""
+        from core.settings import nest
+
+        return nest(dict(self.settings))
+
+    def summary(self) -> list[str]:
+        """Lines saying what was read: the format, each key used, each key ignored and why."""
+        out = [f"imported from {self.format} config {self.path} (sha256 {self.sha256[:12]}): "
+               f"{len(self.used)} keys used, {len(self.ignored)} ignored"]
+        out += [f"  used {k}: {v}" for k, v in self.used.items()]
+        out += [f"  ignored {k}: {v}" for k, v in self.ignored.items()]
+        return out
+
+
+@dataclass(frozen=True)
+class Format:
+    """One tool's config format: its name, a test of a config's keys, and its importer."""
+
+    name: str
+    detect: Callable[[dict[str, Any]], bool]
+    read: Callable[[dict[str, Any], Path], Imported]
+
+
+def _leaves(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Every leaf of a nested mapping by its dotted key (``tokenizer.max_seq_len``); lists are leaves."""
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            out.update(_leaves(value, name + "."))
+        else:
+            out[name] = value
+    return out
+
+
+class Reader:
+    """Walks one config: :meth:`value` reads a key (dotted for nested ones), :meth:`set` makes it a spec setting,
+    :meth:`ignore` and :meth:`refuse` say why not; :meth:`done` lists every key never read as ignored."""
+
+    def __init__(self, fmt: str, data: dict[str, Any], path: Path, no_memory: frozenset[str] = frozenset()) -> None:
+        self.fmt, self.path, self.no_memory = fmt, path, no_memory
+        self.leaves = _leaves(data)
+        self.settings: dict[str, Any] = {}
+        self.used: dict[str, str] = {}
+        self.ignored: dict[str, str] = {}
+        self._seen: set[str] = set()
+
+    def has(self, key: str) -> bool:
+        return key in self.leaves and self.leaves[key] is not None
+
+    def value(self, key: str, default: Any = None) -> Any:
+        """The value of ``key`` (None counts as not given), marked as read."""
+        self._seen.add(key)
+        value = self.leaves.get(key)
+        return default if value is None else value
+
+    def set(self, key: str, dest: str, value: Any, how: str = "") -> None:
+        """The spec setting ``dest`` = ``value``, from ``key`` (``how``: in words, when not the value as it is)."""
+        self._seen.add(key)
+        self.settings[dest] = value
+        text = f"{dest} = {value!r}" + (f" ({how})" if how else "")
+        self.used[key] = f"{self.used[key]}; {text}" if key in self.used else text
+
+    def take(self, key: str, dest: str, convert: Callable[[Any], Any] = lambda v: v, how: str = "") -> None:
+        """:meth:`set` from ``key`` when it is given."""
+        if self.has(key):
+            self.set(key, dest, convert(self.value(key)), how)
+
+    def run_length(self, *keys: str) -> None:
+        """The real run's length and warmup keys: ignored with :data:`RUN_LENGTH`."""
+        for key in keys:
+            self.ignore(key, RUN_LENGTH)
+
+    def ignore(self, key: str, why: str) -> None:
+        if self.has(key):
+            self._seen.add(key)
+            self.ignored[key] = why
+
+    def refuse(self, key: str, why: str) -> SpecError:
+        """The error naming ``key`` (raise it)."""
+        return SpecError(f"{self.fmt}:{key}", f"{why} ({self.path.name})")
+
+    def number(self, key: str, kind: type = int) -> Any:
+        """The value of ``key`` as a number of ``kind``.
+
+        Raises:
+            SpecError: it is not one.
+        """
+        value = self.value(key)
+        try:
+            if isinstance(value, bool):
+                raise ValueError
+            return kind(value)
+        except (TypeError, ValueError):
+            raise self.refuse(key, f"{value!r} is not {'an integer' if kind is int else 'a number'}") from None
+
+    def done(self) -> Imported:
+        """The result: every leaf never read is ignored (:data:`NO_MEMORY` when listed so, else not read by this
+        importer)."""
+        for key, value in self.leaves.items():
+            if key in self._seen or key in self.ignored or value is None:
+                continue
+            top = key.split(".")[0]
+            self.ignored[key] = NO_MEMORY if key in self.no_memory or top in self.no_memory else (
+                f"not read by the {self.fmt} importer: the plan assumes it moves no memory")
+        digest = hashlib.sha256(self.path.read_bytes()).hexdigest()
+        return Imported(self.fmt, str(self.path), digest, dict(self.settings), dict(self.used), dict(self.ignored))
+
+
+def optimizer(r: Reader, key: str, names: dict[str, str] = HF_OPTIMIZERS) -> None:
+    """The optimizer named by ``key``.
+
+    Raises:
+        SpecError: an optimizer the planner does not model, naming those it does.
+    """
+    if not r.has(key):
+        return
+    name = str(r.value(key))
+    if name not in names:
+        raise r.refuse(key, f"optimizer {name!r} is not one the planner models; use one of {', '.join(names)}")
+    r.set(key, "optimizer", names[name], f"{name}")
+
+
+def scheduler(r: Reader, key: str) -> None:
+    if not r.has(key):
+        return
+    name = str(r.value(key))
+    if name in HF_SCHEDULERS:
+        r.set(key, "lr_scheduler", HF_SCHEDULERS[name])
+    else:
+        r.ignore(key, f"the schedule {name!r} moves no memory; the run uses linear")
+
+
+def targets(value: Any) -> str:
+    """LoRA target modules as the spec takes them (comma-separated, or all-linear)."""
+    if isinstance(value, str):
+        return "all-linear" if value in ("all-linear", "all") else ",".join(t.strip() for t in value.split(","))
+    return ",".join(str(t) for t in value)
+
+
+def deepspeed_strategy(r: Reader, key: str) -> None:
+    """A DeepSpeed config (a path or an inline mapping): ZeRO stage 1/2/3 -> zero1/2/3.
+
+    Raises:
+        SpecError: an offload (to the CPU or NVMe) or a stage the planner does not model.
+    """
+    import json
+
+    value = r.value(key)
+    if value in (None, ""):
+        return
+    if isinstance(value, str):
+        path = (r.path.parent / value) if not Path(value).is_absolute() else Path(value)
+        try:
+            value = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise r.refuse(key, f"the DeepSpeed config {path} cannot be read ({exc}); give its path") from None
+    zero = value.get("zero_optimization", {}) if isinstance(value, dict) else {}
+    stage = zero.get("stage", 0)
+    for part in ("offload_optimizer", "offload_param"):
+        device = (zero.get(part) or {}).get("device", "none")
+        if device not in ("none", None):
+            raise r.refuse(key, f"ZeRO {part} to {device}: the planner plans device memory without offload; remove "
+                                "the offload or plan without it")
+    if stage not in (1, 2, 3):
+        raise r.refuse(key, f"ZeRO stage {stage!r}: the planner models stages 1, 2 and 3")
+    r.set(key, "strategy", f"zero{stage}", "the DeepSpeed config's zero_optimization.stage")
+
+
+def precision(r: Reader, compute: str, model_dtype: str | None, key: str) -> None:
+    """The spec's dtype and precision: ``compute`` (fp32 / bf16 / fp16) and the dtype the model's weights are loaded in
+    (None: the same: pure; fp32 under a 16-bit compute dtype: amp, as Trainer's bf16=True over an fp32 model)."""
+    r.set(key, "dtype", compute)
+    if compute != "fp32":
+        r.set(key, "precision", "amp" if model_dtype == "fp32" else "pure",
+              "weights loaded in fp32, autocast" if model_dtype == "fp32" else "weights loaded in the compute dtype")

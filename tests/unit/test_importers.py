@@ -1,0 +1,149 @@
+"""Trainers' YAML configs read as specs (core/importers/, issue 37): for each of the four formats a sample config,
+written here in the tool's documented schema, mapped key by key, with the keys it ignored and why."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from core.errors import SpecError
+from core.importers import import_config
+from core.importers.base import NO_MEMORY, RUN_LENGTH
+from core.spec import RunSpec
+
+CONFIGS = Path(__file__).resolve().parents[1] / "data" / "configs"
+NOT_READ = "not read by the {} importer: the plan assumes it moves no memory"
+
+
+def _config(tmp_path: Path, name: str, model: str = "some/model", **replace: str) -> Path:
+    """The sample config ``name`` with its model folder set (and any line's text replaced)."""
+    text = (CONFIGS / name).read_text(encoding="utf-8").replace("MODEL", model)
+    for old, new in replace.items():
+        text = text.replace(old, new)
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    for extra in CONFIGS.glob("*.json"):  # a DeepSpeed config named by a path relative to the config
+        shutil.copy(extra, tmp_path / extra.name)
+    return path
+
+
+def test_trl_sft_qlora(tmp_path):
+    got = import_config(_config(tmp_path, "trl_sft_qlora.yaml"))
+    assert got.format == "trl"
+    assert got.settings == {
+        "model": "some/model", "batch_size": 2, "grad_accum": 8, "seq_len": 512, "padding": "packed",
+        "learning_rate": 2e-4, "lr_scheduler": "cosine", "optimizer": "paged_adamw_8bit",
+        "dtype": "bf16", "precision": "pure", "gradient_checkpointing": True, "attn_implementation": "sdpa",
+        "mode": "qlora", "lora_r": 16, "lora_alpha": 32, "lora_dropout": 0.05, "lora_targets": "all-linear",
+        "qlora_quant_type": "nf4", "qlora_double_quant": True}
+    assert got.used["gradient_checkpointing"].endswith("(TRL's default)")  # SFTConfig turns it on
+    assert "bf16 is SFTConfig's default" in got.used["bf16"]
+    assert got.ignored == {**{k: NO_MEMORY for k in ("dataset_name", "output_dir", "logging_steps", "report_to")},
+                           "max_steps": RUN_LENGTH, "warmup_steps": RUN_LENGTH}
+    spec = RunSpec.from_dict(got.raw())
+    assert (spec.mode, spec.method.variant, spec.qlora.double_quant) == ("qlora", True, True)
+
+
+def test_trl_defaults_and_a_full_run(tmp_path):
+    """Without use_peft TRL trains every parameter; the model is loaded in fp32 (ModelConfig's default) under bf16
+    autocast (SFTConfig's bf16 default): precision amp; max_length is TRL's 1,024."""
+    path = tmp_path / "full.yaml"
+    path.write_text("model_name_or_path: some/model\nper_device_train_batch_size: 1\n", encoding="utf-8")
+    got = import_config(path)
+    assert {k: got.settings[k] for k in ("mode", "dtype", "precision", "seq_len", "gradient_checkpointing")} == \
+        {"mode": "full", "dtype": "bf16", "precision": "amp", "seq_len": 1024, "gradient_checkpointing": True}
+    assert "TRL's default" in got.used["max_length"]
+
+
+def test_axolotl_lora_all_linear_with_deepspeed(tmp_path):
+    got = import_config(_config(tmp_path, "axolotl_lora.yml"))
+    assert got.format == "axolotl"
+    assert got.settings == {
+        "model": "some/model", "batch_size": 2, "grad_accum": 4, "seq_len": 1024, "padding": "packed",
+        "learning_rate": 2e-4, "lr_scheduler": "cosine", "optimizer": "adamw_8bit",
+        "dtype": "bf16", "precision": "pure", "gradient_checkpointing": True,
+        "attn_implementation": "flash_attention_2", "mode": "lora", "lora_r": 32, "lora_alpha": 16,
+        "lora_dropout": 0.05, "lora_targets": "all-linear", "strategy": "zero2"}
+    assert "auto: bf16 where the GPU has it" in got.used["bf16"]
+    assert got.ignored == {
+        **{k: NO_MEMORY for k in ("model_type", "datasets", "val_set_size", "output_dir", "pad_to_sequence_len",
+                                  "num_epochs", "tf32")}, "warmup_steps": RUN_LENGTH}
+    RunSpec.from_dict({**got.raw(), "devices": "2x80GiB"})
+
+
+def test_llamafactory_dora_and_its_defaults(tmp_path):
+    got = import_config(_config(tmp_path, "llamafactory_dora.yaml"))
+    assert got.format == "llamafactory"
+    assert got.settings == {
+        "model": "some/model", "batch_size": 1, "grad_accum": 8, "seq_len": 256, "padding": "padded",
+        "learning_rate": 1e-4, "lr_scheduler": "cosine", "dtype": "fp32", "gradient_checkpointing": True,
+        "attn_implementation": "sdpa", "mode": "dora", "lora_r": 8, "lora_alpha": 16, "lora_targets": "q_proj,v_proj"}
+    assert "2 x lora_rank" in got.used["lora_alpha"] and "default: on" in got.used["disable_gradient_checkpointing"]
+    assert got.ignored["warmup_ratio"] == RUN_LENGTH
+    assert set(got.ignored) == {"trust_remote_code", "do_train", "dataset", "template", "max_samples", "output_dir",
+                                "logging_steps", "save_steps", "num_train_epochs", "warmup_ratio"}
+    with pytest.raises(SpecError, match="without gradient checkpointing"):  # DoRA's own refusal, by name
+        RunSpec.from_dict(got.raw())
+    spec = RunSpec.from_dict({**got.raw(), "gradient_checkpointing": False})
+    assert spec.mode == "dora" and spec.lora.variant == "dora"
+
+
+def test_torchtune_lora_recipe(tmp_path):
+    got = import_config(_config(tmp_path, "torchtune_lora.yaml"))
+    assert got.format == "torchtune"
+    assert got.settings == {
+        "model": "some/model", "batch_size": 4, "grad_accum": 8, "seq_len": 2048, "padding": "padded",
+        "dtype": "bf16", "precision": "pure", "gradient_checkpointing": False, "optimizer": "adamw",
+        "learning_rate": 3e-4, "lr_scheduler": "cosine", "mode": "lora",
+        "lora_r": 64, "lora_alpha": 128, "lora_dropout": 0.0,
+        "lora_targets": "q_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"}
+    assert "an estimate of torchtune's own modules" in got.used["checkpointer.checkpoint_dir"]
+    assert got.ignored["optimizer.fused"] == NOT_READ.format("torchtune")
+    assert got.ignored["max_steps_per_epoch"] == got.ignored["lr_scheduler.num_warmup_steps"] == RUN_LENGTH
+    assert got.ignored["metric_logger.log_dir"] == NO_MEMORY and got.ignored["loss._component_"] == NO_MEMORY
+    RunSpec.from_dict(got.raw())
+
+
+@pytest.mark.parametrize(("name", "replace", "key", "says"), [
+    ("axolotl_lora.yml", {"adapter: lora": "adapter: lora\nload_in_8bit: true"}, "axolotl:load_in_8bit",
+     "8-bit base"),
+    ("axolotl_lora.yml", {"sequence_len: 1024\n": ""}, "axolotl:sequence_len", "needs the sequence length"),
+    ("axolotl_lora.yml", {"ds_zero2.json": "ds_offload.json"}, "axolotl:deepspeed", "offload_optimizer to cpu"),
+    ("trl_sft_qlora.yaml", {"optim: paged_adamw_8bit": "optim: lion_32bit"}, "trl:optim", "lion_32bit"),
+    ("trl_sft_qlora.yaml", {"dtype: bfloat16": "dtype: auto"}, "trl:dtype", "checkpoint's dtype decides"),
+    ("llamafactory_dora.yaml", {"stage: sft": "stage: dpo"}, "llamafactory:stage", "reference or reward model"),
+    ("llamafactory_dora.yaml", {"use_dora: true": "quantization_bit: 8"}, "llamafactory:quantization_bit",
+     "8-bit base"),
+    ("torchtune_lora.yaml", {"enable_activation_offloading: false": "enable_activation_offloading: true"},
+     "torchtune:enable_activation_offloading", "without offload"),
+])
+def test_what_cannot_be_planned_is_refused_by_its_key(tmp_path, name, replace, key, says):
+    with pytest.raises(SpecError, match=says) as caught:
+        import_config(_config(tmp_path, name, **replace))
+    assert caught.value.field == key
+
+
+def test_a_file_of_no_known_format_names_the_four(tmp_path):
+    path = tmp_path / "x.yaml"
+    path.write_text("learning_rate: 0.1\n", encoding="utf-8")
+    with pytest.raises(SpecError, match="not a config of torchtune, axolotl, llamafactory, trl"):
+        import_config(path)
+    path.write_text("- a list\n", encoding="utf-8")
+    with pytest.raises(SpecError, match="not a mapping"):
+        import_config(path)
+    path.write_text("a: [\n", encoding="utf-8")
+    with pytest.raises(SpecError, match="not valid YAML"):
+        import_config(path)
+
+
+def test_a_yaml_spec_path_is_read_through_its_importer_with_flags_over_it(tmp_path, tiny_model_dir):
+    """``RunSpec.build`` (what ``gpuaccept plan`` and ``run`` call) reads a .yaml spec through the importers, flags
+    over it; the plan is made from it."""
+    from core.pipeline import make_plan
+
+    spec = RunSpec.build(_config(tmp_path, "torchtune_lora.yaml", model=str(tiny_model_dir)), batch_size=1,
+                         seq_len=64, devices="cpu", dtype="fp32")
+    assert (spec.mode, spec.batch_size, spec.seq_len, spec.lora.r, spec.grad_accum) == ("lora", 1, 64, 64, 8)
+    assert make_plan(spec).plan.parameters.trainable > 0
