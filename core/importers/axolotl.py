@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from core.importers.base import Format, Imported, Reader, deepspeed_strategy, optimizer, precision, scheduler, targets
+from core.importers.base import Format, Imported, Reader, deepspeed_strategy, precision, targets, training_keys
 
 NO_MEMORY = frozenset({"output_dir", "datasets", "dataset_prepared_path", "val_set_size", "num_epochs",
                        "logging_steps", "saves_per_epoch", "evals_per_epoch", "save_steps", "eval_steps", "wandb_project",
@@ -25,17 +25,10 @@ def detect(data: dict[str, Any]) -> bool:
 def read(data: dict[str, Any], path: Path) -> Imported:
     r = Reader("axolotl", data, path, NO_MEMORY)
     r.take("base_model", "model", str)
-    r.take("micro_batch_size", "batch_size", int)
-    r.take("gradient_accumulation_steps", "grad_accum", int)
+    training_keys(r, batch="micro_batch_size", packing="sample_packing", schedule="lr_scheduler", optim="optimizer")
     if not r.has("sequence_len"):
         raise r.refuse("sequence_len", "not given: the planner needs the sequence length; add sequence_len")
     r.set("sequence_len", "seq_len", r.number("sequence_len"))
-    r.set("sample_packing", "padding", "packed" if r.value("sample_packing", False) else "padded")
-    r.take("learning_rate", "learning_rate", float)
-    r.run_length("max_steps", "warmup_steps", "warmup_ratio")
-    r.take("seed", "seed", int)
-    scheduler(r, "lr_scheduler")
-    optimizer(r, "optimizer")
     bf16, fp16 = r.value("bf16", False), bool(r.value("fp16", False))
     if bf16 or fp16:
         precision(r, "bf16" if bf16 else "fp16", None, "bf16" if bf16 else "fp16")

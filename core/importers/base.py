@@ -155,6 +155,20 @@ class Reader:
         return Imported(self.fmt, str(self.path), digest, dict(self.settings), dict(self.used), dict(self.ignored))
 
 
+def training_keys(r: Reader, *, batch: str, packing: str, schedule: str, optim: str) -> None:
+    """What the three tools built on transformers' Trainer share, each under its own key names: the micro-batch, the
+    accumulation, packing, the learning rate and its schedule, the optimizer, the seed; the real run's length and
+    warmup are ignored (:data:`RUN_LENGTH`)."""
+    r.take(batch, "batch_size", int)
+    r.take("gradient_accumulation_steps", "grad_accum", int)
+    r.set(packing, "padding", "packed" if r.value(packing, False) else "padded")
+    r.take("learning_rate", "learning_rate", float)
+    r.run_length("max_steps", "warmup_steps", "warmup_ratio")
+    r.take("seed", "seed", int)
+    scheduler(r, schedule)
+    optimizer(r, optim)
+
+
 def optimizer(r: Reader, key: str, names: dict[str, str] = HF_OPTIMIZERS) -> None:
     """The optimizer named by ``key``.
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from core.importers.base import Format, Imported, Reader, deepspeed_strategy, optimizer, precision, scheduler, targets
+from core.importers.base import Format, Imported, Reader, deepspeed_strategy, precision, targets, training_keys
 
 NO_MEMORY = frozenset({"output_dir", "dataset", "dataset_dir", "template", "overwrite_cache", "overwrite_output_dir",
                        "preprocessing_num_workers", "logging_steps", "save_steps", "plot_loss", "num_train_epochs",
@@ -31,16 +31,9 @@ def read(data: dict[str, Any], path: Path) -> Imported:
     if stage not in ("sft", "pt"):
         raise r.refuse("stage", f"stage {stage}: the planner models one trained model (sft, pt); {stage} holds a "
                                 "reference or reward model too")
-    r.take("per_device_train_batch_size", "batch_size", int)
-    r.take("gradient_accumulation_steps", "grad_accum", int)
+    training_keys(r, batch="per_device_train_batch_size", packing="packing", schedule="lr_scheduler_type", optim="optim")
     r.set("cutoff_len", "seq_len", r.number("cutoff_len") if r.has("cutoff_len") else 2048,
           "" if r.has("cutoff_len") else "LLaMA-Factory's default")
-    r.set("packing", "padding", "packed" if r.value("packing", False) else "padded")
-    r.take("learning_rate", "learning_rate", float)
-    r.run_length("max_steps", "warmup_steps", "warmup_ratio")
-    r.take("seed", "seed", int)
-    scheduler(r, "lr_scheduler_type")
-    optimizer(r, "optim")
     if r.value("pure_bf16", False) or r.value("bf16", False):
         precision(r, "bf16", None, "pure_bf16" if r.has("pure_bf16") else "bf16")
     elif r.value("fp16", False):

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from core.importers.base import Format, Imported, Reader, deepspeed_strategy, optimizer, precision, scheduler, targets
+from core.importers.base import Format, Imported, Reader, deepspeed_strategy, precision, targets, training_keys
 
 DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "fp32": "fp32", "bf16": "bf16", "fp16": "fp16"}
 NO_MEMORY = frozenset({"output_dir", "logging_steps", "save_steps", "save_strategy", "eval_strategy", "eval_steps",
@@ -31,8 +31,7 @@ def detect(data: dict[str, Any]) -> bool:
 def read(data: dict[str, Any], path: Path) -> Imported:
     r = Reader("trl", data, path, NO_MEMORY)
     r.take("model_name_or_path", "model", str)
-    r.take("per_device_train_batch_size", "batch_size", int)
-    r.take("gradient_accumulation_steps", "grad_accum", int)
+    training_keys(r, batch="per_device_train_batch_size", packing="packing", schedule="lr_scheduler_type", optim="optim")
     length_key = "max_length" if "max_length" in data else "max_seq_length"  # the older name
     if r.has(length_key):
         r.set(length_key, "seq_len", r.number(length_key))
@@ -41,12 +40,6 @@ def read(data: dict[str, Any], path: Path) -> Imported:
     else:
         r.settings["seq_len"] = 1024
         r.used["max_length"] = "seq_len = 1024 (TRL's default; not in the config)"
-    r.set("packing", "padding", "packed" if r.value("packing", False) else "padded")
-    r.take("learning_rate", "learning_rate", float)
-    r.run_length("max_steps", "warmup_steps", "warmup_ratio")
-    r.take("seed", "seed", int)
-    scheduler(r, "lr_scheduler_type")
-    optimizer(r, "optim")
     _dtype(r, data)
     r.set("gradient_checkpointing", "gradient_checkpointing", bool(r.value("gradient_checkpointing", True)),
           "" if "gradient_checkpointing" in data else "TRL's default")
