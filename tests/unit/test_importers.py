@@ -147,3 +147,29 @@ def test_a_yaml_spec_path_is_read_through_its_importer_with_flags_over_it(tmp_pa
                          seq_len=64, devices="cpu", dtype="fp32")
     assert (spec.mode, spec.batch_size, spec.seq_len, spec.lora.r, spec.grad_accum) == ("lora", 1, 64, 64, 8)
     assert make_plan(spec).plan.parameters.trainable > 0
+
+
+def test_the_wizard_opens_prefilled_from_a_trainers_config(tmp_path, monkeypatch):
+    """``gpuaccept run their.yaml`` (no --headless): the wizard opens in the config's mode, each field it sets filled
+    in, flags over it."""
+    from types import SimpleNamespace
+
+    from tui.cli import build_parser, cmd_wizard
+
+    seen: dict = {}
+
+    class App:
+        def __init__(self, **kwargs):
+            seen.update(kwargs)
+            self.state = SimpleNamespace(record_path=None)
+
+        def run(self):
+            return 0
+
+    monkeypatch.setattr("tui.app.GpuAcceptApp", App)
+    path = _config(tmp_path, "axolotl_lora.yml")
+    assert cmd_wizard(build_parser().parse_args(["run", str(path), "--batch-size", "1", "--devices", "2x80GiB"])) == 0
+    assert seen["mode"] == "lora"
+    assert {k: seen["fields"][k] for k in ("model", "seq_len", "lora_r", "lora_targets", "strategy", "batch_size")} == \
+        {"model": "some/model", "seq_len": 1024, "lora_r": 32, "lora_targets": ("all-linear",), "strategy": "zero2",
+         "batch_size": 1}
