@@ -44,7 +44,10 @@ if TYPE_CHECKING:  # the names of REEXPORTED, for type checkers; at run time eac
     from core.command.spec import COMMAND_SETTINGS as COMMAND_SETTINGS
     from core.command.spec import CommandSpec as CommandSpec
     from core.command.spec import is_command_file as is_command_file
+    from core.command.spec import read_command_criteria as read_command_criteria
     from core.command.spec import read_command_table as read_command_table
+    from core.criteria import AcceptCriteria
+    from core.criteria import command_criteria as command_criteria
     from core.events import Event
     from core.importers import import_config as import_config
     from core.monitor.nvml import default_backend as default_backend
@@ -104,7 +107,8 @@ REEXPORTED: dict[str, str] = {
     "StagedRun": "core.pipeline", "AcceptanceRun": "core.pipeline",
     "CommandRun": "core.command.pipeline", "every_stage": "core.command.pipeline",
     "CommandSpec": "core.command.spec", "read_command_table": "core.command.spec", "is_command_file": "core.command.spec",
-    "COMMAND_SETTINGS": "core.command.spec",
+    "COMMAND_SETTINGS": "core.command.spec", "read_command_criteria": "core.command.spec",
+    "command_criteria": "core.criteria",
     # a trainer's YAML config read as a spec (TRL, axolotl, LLaMA-Factory, torchtune)
     "import_config": "core.importers",
     # records: verify, compare, summarise, sign off and sign
@@ -315,8 +319,8 @@ def run(spec: RunSpec, runs_root: Path = Path("runs"), cancelled: Callable[[], b
     return run_pipeline(spec, runs_root, cancelled, devices_override)
 
 
-def run_command(spec: CommandSpec, runs_root: Path = Path("runs"),
-                cancelled: Callable[[], bool] | None = None) -> Generator[Event, None, Path | None]:
+def run_command(spec: CommandSpec, runs_root: Path = Path("runs"), cancelled: Callable[[], bool] | None = None,
+                criteria: AcceptCriteria | None = None) -> Generator[Event, None, Path | None]:
     """Every stage of command mode (the user's own command run, measured, planned from what ran, evaluated, killed
     and resumed; then the record), as :func:`run` does for the recipe
     (:func:`core.command.pipeline.run_command_pipeline`).
@@ -326,7 +330,7 @@ def run_command(spec: CommandSpec, runs_root: Path = Path("runs"),
     """
     from core.command.pipeline import run_command_pipeline
 
-    return run_command_pipeline(spec, runs_root, cancelled)
+    return run_command_pipeline(spec, runs_root, cancelled, criteria)
 
 
 # ---------------------------------------------------------------------------------------------------------- records

@@ -384,6 +384,42 @@ def judge_plan_error(c: AcceptCriteria, compared: Sequence[tuple[str, int, int]]
     return rows
 
 
+#: the criteria command mode applies (the user's own command): its measured devices, its logged step time and tokens,
+#: a perplexity evaluation, the resume tier. The others need what only gpuaccept's recipe measures (the accuracy, the
+#: plan comparison of its probe, the improvement judged apart from the before/after rule) and are refused there.
+COMMAND_CRITERIA = ("max_device_share", "max_step_time_s", "min_tokens_per_s", "max_perplexity", "resume_tier")
+#: what command mode's speed is judged on (the record's criteria rows and ``verify`` say the same)
+COMMAND_SPEED_ON = "the command's logged steps (the median time between them)"
+
+
+def command_criteria(table: Mapping[str, Any] | None) -> AcceptCriteria:
+    """Criteria for command mode from an ``[accept]`` table (a spec file's, or the flags'), each one of
+    :data:`COMMAND_CRITERIA`.
+
+    Raises:
+        SpecError: a criterion command mode does not apply (naming those it does), or any error of
+            :meth:`AcceptCriteria.from_table`.
+    """
+    criteria = AcceptCriteria.from_table(table)
+    other = sorted(k for k in criteria.set_values() if k not in COMMAND_CRITERIA)
+    if other:
+        raise SpecError(f"accept.{other[0]}", f"{', '.join(other)} judge what only gpuaccept's own recipe measures; "
+                                              f"your own command is judged by {', '.join(COMMAND_CRITERIA)}: remove it")
+    return criteria
+
+
+def judge_metric(c: AcceptCriteria, metric: str, after: float | None) -> list[Judgement]:
+    """Command mode's evaluation criterion: ``max_perplexity`` on the final checkpoint's held-out perplexity, when set
+    and the metric is perplexity (an evaluation command's own metric is judged by the before/after rule only)."""
+    if c.max_perplexity is None or metric != "perplexity":
+        return []
+    if after is None or not math.isfinite(after):
+        return [Judgement("max_perplexity", c.max_perplexity, None, False, on="held-out perplexity after training",
+                          why="not measured")]
+    return [Judgement("max_perplexity", c.max_perplexity, after, after <= c.max_perplexity,
+                      on="held-out perplexity after training")]
+
+
 def judge_resume_tier(c: AcceptCriteria, tier_name: str, tier_multiple: float) -> list[Judgement]:
     """The resume stage's criterion ``resume_tier``: the tier the resumed run was judged in (its name) meets ``exact``
     only when it is bit-exact (no noise multiple: 0); ``auto`` is the device's tier, met by construction (the row says

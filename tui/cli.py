@@ -135,12 +135,8 @@ def command_spec_from_args(args: argparse.Namespace) -> Any:
     from core.errors import SpecError
 
     flags = {s.dest: s.flags[0] for s in SETTINGS}
-    for key in _SPEC_KEYS:
-        if getattr(args, key, None) is not None and key in ACCEPT_KEYS:
-            raise SpecError(key, f"{flags.get(key, key)}: acceptance criteria apply to gpuaccept's own recipe for "
-                                 "now; your own command is judged by the default rules (docs/reference.md "
-                                 "\"Acceptance criteria\"): remove it")
-        if getattr(args, key, None) is not None and key not in _SHARED_WITH_COMMAND:
+    for key in _SPEC_KEYS:  # the criteria's flags: command_criteria_from_args
+        if getattr(args, key, None) is not None and key not in _SHARED_WITH_COMMAND and key not in ACCEPT_KEYS:
             raise SpecError(key, f"{flags.get(key, key)} applies to gpuaccept's own recipe, not to your own command "
                                  "(the command sets what it trains with; the kill point is placed after its "
                                  "checkpoint): remove it")
@@ -163,6 +159,20 @@ def command_spec_from_args(args: argparse.Namespace) -> Any:
             value = {**raw.get("env", {}), **pairs}
         raw[name] = value
     return CommandSpec.from_dict(raw)
+
+
+def command_criteria_from_args(args: argparse.Namespace) -> Any:
+    """The criteria a command is accepted by: the spec file's ``[accept]`` table, the criteria's flags over it
+    (``--max-step-time``...), as command mode applies them (core/criteria.py ``COMMAND_CRITERIA``).
+
+    Raises:
+        SpecError: a criterion command mode does not apply (naming those it does), or a bad value."""
+    from core.api import command_criteria, read_command_criteria
+
+    table: dict[str, Any] = read_command_criteria(Path(args.spec)) if args.spec else {}
+    table.update({s.name: getattr(args, s.dest) for s in SETTINGS
+                  if s.table == "accept" and getattr(args, s.dest, None) is not None})
+    return command_criteria(table)
 
 
 #: the criteria's flags, by their spec keys (``accept_<criterion>``, core/criteria.py)
@@ -452,6 +462,7 @@ def cmd_wizard(args: argparse.Namespace) -> int:
         command = command_spec_from_args(args)  # a bad flag is one line, before any screen
         app = GpuAcceptApp(runs_root=Path(args.runs_dir), mode="command",
                            command_fields=command.to_dict()["command"])
+        app.state.command_criteria = command_criteria_from_args(args)
         code = app.run()
         if app.state.record_path is not None:
             print(f"record: {app.state.record_path}")
@@ -732,11 +743,12 @@ def cmd_run_command(args: argparse.Namespace) -> int:
     from core.api import run_command
 
     spec = command_spec_from_args(args)
+    criteria = command_criteria_from_args(args)
     print(f"gpuaccept: your command, in {spec.workdir_path}: {spec.train}", flush=True,
           file=sys.stderr if args.json else sys.stdout)
     stop = _stop_on_signals()
-    return _print_run(run_command(spec, runs_root=Path(args.runs_dir), cancelled=lambda: stop["signal"] is not None),
-                      stop, args.json)
+    return _print_run(run_command(spec, runs_root=Path(args.runs_dir), cancelled=lambda: stop["signal"] is not None,
+                                  criteria=criteria), stop, args.json)
 
 
 def _print_run(events: Any, stop: dict[str, int | None], as_json: bool = False) -> int:

@@ -54,6 +54,9 @@ class WizardState:
     #: the CommandSpec once they are valid
     command_fields: dict[str, Any] = field(default_factory=dict)
     command_spec: CommandSpec | None = None
+    #: command mode's criteria (core/criteria.py ``command_criteria``: from the [accept] table and the flags); None:
+    #: the default rules
+    command_criteria: Any = None
 
 
     def recipe_run(self) -> AcceptanceRun:

@@ -31,6 +31,7 @@ from typing import Any
 from core.command.process import kill_job, start_job
 from core.command.reports import Checkpoint, last_lines
 from core.command.spec import CommandSpec, substitute
+from core.criteria import Judgement
 from core.errors import StageCancelled, StageError
 from core.events import ChildStarted, Evaluated, Event, Message
 from core.protocol.events import METRIC, DataInfo, Evaluation, as_dict
@@ -67,6 +68,8 @@ class CommandEvaluation:
     summary: str
     data: dict[str, Any] = field(default_factory=dict)
     log_path: str = ""
+    #: the criteria it was judged by (core/criteria.py ``judge_metric``), with the numbers
+    criteria: list[Judgement] = field(default_factory=list)
 
 
 def evaluate_stage(spec: CommandSpec, final: Checkpoint | None, base: str, seq_len: int, job_dir: Path,

@@ -11,7 +11,7 @@ import shlex
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from core.command.evaluate import DEFAULT_EVAL_SEQ_LEN, CommandEvaluation, evaluate_stage
 from core.command.plan import DeviceComparison, RanSpec, compare, plan_for, spec_from_run
@@ -20,6 +20,16 @@ from core.command.reaper import start_reaper, stop_reaper
 from core.command.resume import CommandResume, not_applicable, resume_stage
 from core.command.run import RunOutcome, run_command
 from core.command.spec import CommandSpec, substitute
+from core.criteria import (
+    COMMAND_SPEED_ON,
+    AcceptCriteria,
+    DeviceUse,
+    Judgement,
+    judge_metric,
+    judge_probe,
+    judge_resume_tier,
+    missed,
+)
 from core.errors import GpuAcceptError, StageCancelled, StageError
 from core.events import Event, Message, StageFinished, StageStarted
 from core.pipeline import RESERVE_NAME, StagedRun, _reserve, new_run_dir, record_stage
@@ -48,6 +58,21 @@ class CommandPlan:
     comparisons: list[DeviceComparison] = field(default_factory=list)
 
 
+#: a stage's frozen result (CommandProbe, CommandEvaluation, CommandResume)
+R = TypeVar("R", CommandProbe, CommandEvaluation, CommandResume)
+
+
+def judged_by(result: R, rows: list[Judgement]) -> R:
+    """``result`` (a stage's frozen result) with the criteria rows it was judged by; a pass that misses one is a fail,
+    the missed rows saying why (the rule of core/record/verdicts.py, which ``verify`` recomputes)."""
+    failed = missed(rows)
+    if result.status != StageStatus.PASS or not failed:
+        return dataclasses.replace(result, criteria=list(rows))
+    why = "; ".join(r.words() for r in failed)
+    return dataclasses.replace(result, criteria=list(rows), status=StageStatus.FAIL,
+                               summary=f"{result.summary}; but {why}")
+
+
 class CommandRun(StagedRun):
     """One acceptance of the user's command: its run directory and the result of each stage, run in order.
 
@@ -61,13 +86,16 @@ class CommandRun(StagedRun):
         GpuAcceptError: the runs folder cannot hold a run folder.
     """
 
-    def __init__(self, spec: CommandSpec, runs_root: Path = Path("runs"), backend: Any = None) -> None:
+    def __init__(self, spec: CommandSpec, runs_root: Path = Path("runs"), backend: Any = None,
+                 criteria: AcceptCriteria | None = None) -> None:
         import tomli_w
 
         from core.data import check_data
         from core.record.build import utc_now
 
         self.spec = spec
+        #: the thresholds it is accepted by (core/criteria.py ``COMMAND_CRITERIA``; the defaults: the rules)
+        self.criteria = criteria if criteria is not None else AcceptCriteria()
         self.started = utc_now()
         split = check_data(spec.data, spec.heldout_fraction) if spec.uses("{train_data}") or \
             spec.eval == "perplexity" else None
@@ -146,6 +174,9 @@ class CommandRun(StagedRun):
             raise
         self.reference = outcome
         probe = build_probe(outcome, self._capacities(outcome))
+        probe = judged_by(probe, judge_probe(
+            self.criteria, [DeviceUse(d.device, d.measured_bytes, d.capacity_bytes) for d in probe.devices],
+            probe.step_time_s, probe.tokens_per_s, COMMAND_SPEED_ON))
         self.results["probe"] = probe
         for finding in probe.findings:
             yield self.emit(Message("probe", text=f"finding: {finding}"))
@@ -221,6 +252,8 @@ class CommandRun(StagedRun):
         result: CommandEvaluation = yield from self._stage("train_eval", evaluate_stage(self.spec, final, self.base_model(),
                                                                      self.eval_seq_len(), self.run_dir / "evaluation",
                                                                      cancelled))
+        result = judged_by(result, judge_metric(self.criteria, result.metric,
+                                                None if result.after is None else float(result.after["value"])))
         self.results["train_eval"] = result
         yield self.emit(StageFinished("train_eval", status=result.status, result=result, summary=result.summary))
         return result
@@ -259,7 +292,8 @@ class CommandRun(StagedRun):
         plan = self.results.get("plan")
         if plan is not None and plan.ran is not None and plan.ran.spec is not None:
             dtype = plan.ran.spec.dtype
-        return required_tier(device, dtype, "auto", self.spec.resume_noise, jittered=amplitude() > 0)
+        return required_tier(device, dtype, self.criteria.resume_tier, self.spec.resume_noise,
+                             jittered=amplitude() > 0)
 
     def resume_stage(self, cancelled: Callable[[], bool] | None = None) -> Generator[Event, None, CommandResume]:
         """Kill the command after a checkpoint, resume it, compare with the uninterrupted run."""
@@ -274,6 +308,8 @@ class CommandRun(StagedRun):
                                                           "resume command, compare"))
             result = yield from self._stage("resume", resume_stage(self.spec, outcome, self.run_dir, self.values,
                                                                    self.tier(), cancelled, self.backend))
+            if result.tier is not None and result.status != StageStatus.NOT_APPLICABLE:
+                result = judged_by(result, judge_resume_tier(self.criteria, result.tier.name, result.tier.multiple))
             for finding in result.findings:
                 yield self.emit(Message("resume", text=f"finding: {finding}"))
         self.results["resume"] = result
@@ -333,7 +369,8 @@ def every_stage(run: CommandRun, cancelled: Callable[[], bool] | None = None) ->
 
 
 def run_command_pipeline(spec: CommandSpec, runs_root: Path = Path("runs"),
-                         cancelled: Callable[[], bool] | None = None) -> Generator[Event, None, Path | None]:
+                         cancelled: Callable[[], bool] | None = None,
+                         criteria: AcceptCriteria | None = None) -> Generator[Event, None, Path | None]:
     """Run every stage of command mode in order, yielding events; return the record's path (None when it could not be
     written). A command that exits early or fails stops the stages that need its checkpoints; the record is written
     in every case, with what did not run marked so.
@@ -346,7 +383,7 @@ def run_command_pipeline(spec: CommandSpec, runs_root: Path = Path("runs"),
 
     if spec.model == EMBEDDED_MODEL and not embedded_cache_ready():
         yield Message("probe", text="converting the embedded model from GGUF to safetensors (once, ~16 s)")
-    run = CommandRun(spec, runs_root)
+    run = CommandRun(spec, runs_root, criteria=criteria)
     try:
         yield from every_stage(run, cancelled)
     finally:

@@ -21,6 +21,7 @@ from typing import Any
 
 from core.command.reports import failure_lines
 from core.command.run import RunOutcome
+from core.criteria import Judgement
 from core.plan.fit import fits_in
 from core.status import StageStatus
 
@@ -67,6 +68,8 @@ class CommandProbe:
     problems: list[str] = field(default_factory=list)
     findings: list[str] = field(default_factory=list)
     containment: str = ""  # how its processes were held: a cgroup, a subreaper (core/command/keeper.py)
+    #: the criteria it was judged by (core/criteria.py ``judge_probe``), with the numbers
+    criteria: list[Judgement] = field(default_factory=list)
 
 
 def rank_peaks(outcome: RunOutcome) -> dict[int, dict[str, int]]:

@@ -24,12 +24,14 @@ NOTE = ("pass means every applicable check passed for this command on this box; 
 
 
 def verdict(results: dict[str, Any], stopped: dict[str, Stopped]) -> dict[str, Any]:
-    """Overall verdict: pass only when every stage passed or does not apply; each stage's status and evidence."""
-    stages: dict[str, dict[str, str]] = {}
+    """Overall verdict: pass only when every stage passed or does not apply; each stage's status, evidence and the
+    criteria rows it was judged by (``gpuaccept verify`` recomputes them from the record's numbers and ``accept``)."""
+    stages: dict[str, dict[str, Any]] = {}
     for name, key in STAGE_KEYS:
         res = results.get(key)
         if res is not None:
-            stages[name] = {"status": str(res.status), "evidence": res.summary}
+            stages[name] = {"status": str(res.status), "evidence": res.summary,
+                            "criteria": [r.to_row() for r in getattr(res, "criteria", [])]}
         elif key in stopped:
             stages[name] = {"status": str(stopped[key].status), "evidence": stopped[key].why}
         else:
@@ -56,6 +58,7 @@ def build_command_record(run: Any, *, started: dt.datetime, finished: dt.datetim
         "ran": ran_table(ref),
         "plan": plan_table(results.get("plan"), run.stopped.get("plan")),
         "probe": probe_table(results.get("probe")),
+        "accept": run.criteria.to_table(),
     }
     rec["data"], rec["evaluation"] = evaluation_tables(spec, results.get("train_eval"), ref)
     rec["resume"] = resume_table(resume)

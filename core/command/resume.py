@@ -38,6 +38,7 @@ from typing import Any
 from core.command.reports import Checkpoint, StepRecord, failure_lines, last_lines
 from core.command.run import RunOutcome, run_command
 from core.command.spec import CommandSpec, substitute
+from core.criteria import Judgement
 from core.events import Event, Message
 from core.protocol.manifest import verify_manifest, write_manifest
 from core.stages.compare import (
@@ -107,6 +108,8 @@ class CommandResume:
     findings: list[str] = field(default_factory=list)
     required_files: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    #: the criteria it was judged by (core/criteria.py ``judge_resume_tier``), with the numbers
+    criteria: list[Judgement] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -338,15 +338,25 @@ def read_command_table(path: Path) -> dict[str, Any]:
     table = raw.get("command")
     if not isinstance(table, dict):
         raise SpecError("command", f"{path} has no [command] table")
-    others = sorted(set(raw) - {"command"})
-    if "accept" in others:
-        raise SpecError("accept", f"{path}: the [accept] criteria apply to gpuaccept's own recipe for now; your own "
-                                  "command is judged by the default rules (docs/reference.md \"Acceptance criteria\"): "
-                                  "remove the table")
+    others = sorted(set(raw) - {"command", "accept"})  # [accept]: the criteria (read_command_criteria)
     if others:
         raise SpecError(others[0], f"{path}: command mode takes its settings in the [command] table alone; "
                                    f"{', '.join(others)} belong to gpuaccept's own recipe: move what applies into "
                                    "[command] (data, heldout_fraction, eval_max_blocks, kill_after_checkpoint, ...)")
+    return dict(table)
+
+
+def read_command_criteria(path: Path) -> dict[str, Any]:
+    """The ``[accept]`` table beside a spec file's ``[command]`` table (empty when there is none): the criteria
+    (core/criteria.py ``command_criteria`` checks which apply to a command).
+
+    Raises:
+        SpecError: the file cannot be read, or ``accept`` is not a table.
+    """
+    read_command_table(path)  # the file's own errors, named
+    table = loads_bounded(path.read_text(encoding="utf-8")).get("accept", {})
+    if not isinstance(table, dict):
+        raise SpecError("accept", f"{path}: accept is {type(table).__name__}, not a table of criteria")
     return dict(table)
 
 

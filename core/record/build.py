@@ -55,9 +55,10 @@ SCHEMA_VERSION = 5
 #: bound; the ``reproducible`` check of the interrupted run; the environment's test jitter or planted fault, when set).
 #: A record before 4 is judged by the default criteria; before 5, by the relative tolerance tier it was written under.
 READABLE_VERSIONS = (1, 2, 3, 4, 5)
-#: The version of a command-mode record (core/command/record.py): judged by the default criteria; from 4 its resume
-#: tier is a bound from measured noise (core/stages/noise.py), before it a relative tolerance.
-COMMAND_SCHEMA_VERSION = 4
+#: The version of a command-mode record (core/command/record.py): from 4 its resume tier is a bound from measured
+#: noise (core/stages/noise.py), before it a relative tolerance; from 5 it holds the ``accept`` table of criteria and
+#: each stage's verdict lists the criteria it was judged by (before 5: judged by the default criteria).
+COMMAND_SCHEMA_VERSION = 5
 TOOL = "gpuaccept"
 
 

@@ -28,6 +28,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from core.criteria import COMMAND_SPEED_ON, AcceptCriteria, Judgement
 from core.plan.fit import fits_in
 from core.record.build import (
     READABLE_VERSIONS,
@@ -37,6 +38,7 @@ from core.record.build import (
     provenance_problems,
     spec_table_hash,
 )
+from core.record.judged import criteria_of, criteria_rows_problems
 from core.record.schema import _walk
 from core.record.verdicts import (
     STAGES,
@@ -67,6 +69,8 @@ from core.record.verdicts import (
 from core.stages.noise import RecordedRule
 from core.status import StageStatus
 
+#: the first command-record version with the ``accept`` table and each stage's criteria rows
+CRITERIA_VERSION = 5
 TABLES = ("spec", "command", "environment", "ran", "plan", "probe", "data", "evaluation", "resume", "verdict",
           "signoff")
 TOP_LEVEL = ("schema_version", "kind", "tool", "tool_version", "created_utc", "started_utc", "run_dir")
@@ -94,9 +98,12 @@ def command_schema_problems(rec: dict[str, Any]) -> list[str]:
     missing = [t for t in TABLES if not isinstance(rec.get(t), dict)]
     if missing:
         return out + ["missing tables: " + ", ".join(missing)]
-    unknown = sorted(set(rec) - set(TOP_LEVEL) - set(TABLES) - {"onboarding"})
+    unknown = sorted(set(rec) - set(TOP_LEVEL) - set(TABLES) - {"onboarding", "accept"})
     if unknown:
         out.append("unknown top-level keys: " + ", ".join(unknown))
+    if rec["schema_version"] >= CRITERIA_VERSION and not isinstance(rec.get("accept"), dict):
+        out.append(f"accept is missing: a command record of version {rec['schema_version']} holds the criteria it "
+                   "was judged by")
     out.extend(_onboarding_problems(rec.get("onboarding")))
     spec = rec["spec"]
     if spec.get("mode") != "command" or not isinstance(spec.get("command"), dict):
@@ -138,10 +145,15 @@ def command_verdict_problems(rec: dict[str, Any]) -> list[str]:
     """
     problems: list[str] = []
     computed: dict[str, StageStatus | None] = {}
+    version = count(entry(rec, "schema_version", "record"), "schema_version")
+    crit = criteria_of(rec) if version >= CRITERIA_VERSION else AcceptCriteria()
+    rows: dict[str, list[Judgement]] = {name: [] for name in STAGES}
     _plan(rec["plan"], problems, computed)
-    _probe(rec["probe"], problems, computed)
-    _evaluation(rec["evaluation"], problems, computed)
-    _resume(rec["resume"], problems, computed, count(entry(rec, "schema_version", "record"), "schema_version"))
+    rows["probe"] = _probe(rec["probe"], problems, computed, crit)
+    rows["evaluation"] = _evaluation(rec["evaluation"], problems, computed, crit)
+    rows["resume"] = _resume(rec["resume"], problems, computed, version, crit)
+    if version >= CRITERIA_VERSION:  # each stage's criteria rows: recomputed from the numbers and the accept table
+        criteria_rows_problems(rec, rows, problems)
     stages = subtable(entry(subtable(rec["verdict"], "verdict"), "stages", "verdict"), "verdict.stages")
     stated = {n: text(entry(subtable(entry(stages, n, "verdict.stages"), f"verdict.stages.{n}"), "status",
                             f"verdict.stages.{n}"), f"verdict.stages.{n}.status") for n in STAGES}
@@ -182,15 +194,16 @@ def _plan(plan: dict[str, Any], problems: list[str], computed: dict[str, StageSt
         problems.append(f"plan.status says {plan.get('status')}, its devices say {computed['plan']}")
 
 
-def _probe(probe: dict[str, Any], problems: list[str], computed: dict[str, StageStatus | None]) -> None:
+def _probe(probe: dict[str, Any], problems: list[str], computed: dict[str, StageStatus | None],
+           crit: AcceptCriteria) -> list[Judgement]:
     if probe.get("provenance") != "measured":
-        return
+        return []
     exit_code = entry(probe, "exit_code", "probe")
     if isinstance(exit_code, bool) or not isinstance(exit_code, (int, str)):
         raise RecordValueError(f"probe.exit_code is {exit_code!r}, not an exit status or \"killed\"")
     if probe.get("status") == StageStatus.CANCELLED and exit_code == "killed":  # measured until a quit: not judged
         computed["probe"] = probe_verdict(ProbeFacts((), quit=True)).status
-        return
+        return []
     devices = tables(entry(probe, "devices", "probe"), "probe.devices")
     if not devices:
         problems.append("probe.devices is empty: no device was measured")
@@ -202,27 +215,36 @@ def _probe(probe: dict[str, Any], problems: list[str], computed: dict[str, Stage
                            _capacity(d, f"probe.devices[{i}]")) for i, d in enumerate(devices)),
         capacity_required=False,  # measured from outside: an unknown capacity is not held against the command
         exit_code=exit_code, steps=count(entry(probe, "steps", "probe"), "probe.steps"),
-        expected_steps=None if expected is None else count(expected, "probe.expected_steps"))
-    computed["probe"] = probe_verdict(facts).status
+        expected_steps=None if expected is None else count(expected, "probe.expected_steps"), criteria=crit,
+        step_time_s=None if "step_time_s" not in probe else number(probe["step_time_s"], "probe.step_time_s"),
+        tokens_per_s=None if "tokens_per_s" not in probe else number(probe["tokens_per_s"], "probe.tokens_per_s"),
+        speed_on=COMMAND_SPEED_ON)
+    verdict = probe_verdict(facts)
+    computed["probe"] = verdict.status
     if probe.get("status") != computed["probe"]:
         problems.append(f"probe.status says {probe.get('status')}, its data says {computed['probe']}")
+    return list(verdict.criteria)
 
 
-def _evaluation(ev: dict[str, Any], problems: list[str], computed: dict[str, StageStatus | None]) -> None:
+def _evaluation(ev: dict[str, Any], problems: list[str], computed: dict[str, StageStatus | None],
+                crit: AcceptCriteria) -> list[Judgement]:
     prov = ev.get("provenance")
     if prov == "not_applicable":
         computed["evaluation"] = evaluation_verdict(NotApplicable()).status
-        return
+        return []
     if prov != "measured":
-        return
+        return []
     before = subtable(entry(ev, "before", "evaluation"), "evaluation.before")
     after = subtable(entry(ev, "after", "evaluation"), "evaluation.after")
     facts = MetricFacts(flag(entry(ev, "higher_is_better", "evaluation"), "evaluation.higher_is_better"),
                         number(before["value"], "evaluation.before.value") if "value" in before else None,
-                        number(after["value"], "evaluation.after.value") if "value" in after else None)
-    computed["evaluation"] = evaluation_verdict(facts).status
+                        number(after["value"], "evaluation.after.value") if "value" in after else None,
+                        text(ev.get("metric", ""), "evaluation.metric"), crit)
+    verdict = evaluation_verdict(facts)
+    computed["evaluation"] = verdict.status
     if ev.get("status") != computed["evaluation"]:
         problems.append(f"evaluation.status says {ev.get('status')}, its values say {computed['evaluation']}")
+    return list(verdict.criteria)
 
 
 def _rule(res: dict[str, Any], version: int) -> RecordedRule:
@@ -243,7 +265,7 @@ def _kill_steps(res: dict[str, Any]) -> KillSteps | None:
     return KillSteps(*(int(res[k]) for k in keys))
 
 
-def resume_facts(res: dict[str, Any], version: int) -> ResumeFacts:
+def resume_facts(res: dict[str, Any], version: int, crit: AcceptCriteria | None = None) -> ResumeFacts:
     """A command record's resume table as the engine's facts: its checks, :data:`REQUIRED_CHECKS`, its tier's rule,
     the compared steps and the kill point's steps.
 
@@ -266,19 +288,23 @@ def resume_facts(res: dict[str, Any], version: int) -> ResumeFacts:
                                   number(entry(row, "loss_reference", where), f"{where}.loss_reference"),
                                   number(entry(row, "loss_resumed", where), f"{where}.loss_resumed"),
                                   None if "loss_twin" not in row else number(row["loss_twin"], f"{where}.loss_twin")))
-    return ResumeFacts(tuple(checks), REQUIRED_CHECKS, _rule(res, version), tuple(steps),
-                       kill_steps=_kill_steps(res), kill_steps_expected=True)
+    tier = subtable(res.get("tier", {}), "resume.tier")
+    judged_tier = (text(tier["name"], "resume.tier.name"), number(tier.get("multiple", 0.0), "resume.tier.multiple")) \
+        if crit is not None and "name" in tier else None
+    return ResumeFacts(tuple(checks), REQUIRED_CHECKS, _rule(res, version), tuple(steps), tier=judged_tier,
+                       criteria=crit if crit is not None else AcceptCriteria(), kill_steps=_kill_steps(res),
+                       kill_steps_expected=True)
 
 
 def _resume(res: dict[str, Any], problems: list[str], computed: dict[str, StageStatus | None],
-            rec_version: int) -> None:
+            rec_version: int, crit: AcceptCriteria) -> list[Judgement]:
     prov = res.get("provenance")
     if prov == "not_applicable" or res.get("status") == StageStatus.NOT_APPLICABLE:
         computed["resume"] = resume_verdict(NotApplicable()).status
-        return
+        return []
     if prov != "measured":
-        return
-    facts = resume_facts(res, rec_version)
+        return []
+    facts = resume_facts(res, rec_version, crit if rec_version >= CRITERIA_VERSION else None)
     verdict = resume_verdict(facts)
     # what does not follow, in words (the engine's verdict fails the stage on each)
     ok = bool(facts.checks) and all(c.passed for c in facts.checks)
@@ -315,3 +341,4 @@ def _resume(res: dict[str, Any], problems: list[str], computed: dict[str, StageS
     computed["resume"] = verdict.status
     if res.get("status") != computed["resume"]:
         problems.append(f"resume.status says {res.get('status')}, its checks say {computed['resume']}")
+    return list(verdict.criteria)

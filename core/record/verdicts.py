@@ -43,6 +43,7 @@ from core.criteria import (
     AcceptCriteria,
     DeviceUse,
     Judgement,
+    judge_metric,
     judge_plan_error,
     judge_probe,
     judge_quality,
@@ -231,11 +232,14 @@ class QualityFacts:
 @dataclass(frozen=True)
 class MetricFacts:
     """Command mode's evaluation: the metric of the base model (None: no base known) and of the final checkpoint
-    (None: not evaluated), and its direction."""
+    (None: not evaluated), and its direction; ``metric`` its name and ``criteria`` the thresholds
+    (:func:`core.criteria.judge_metric`)."""
 
     higher_is_better: bool
     before: float | None
     after: float | None
+    metric: str = ""
+    criteria: AcceptCriteria = field(default_factory=AcceptCriteria)
 
 
 def evaluation_verdict(facts: QualityFacts | MetricFacts | NotApplicable) -> StageVerdict:
@@ -247,13 +251,14 @@ def evaluation_verdict(facts: QualityFacts | MetricFacts | NotApplicable) -> Sta
     if isinstance(facts, QualityFacts):
         return _judged((), judge_quality(facts.criteria, facts.training, facts.before_perplexity,
                                          facts.after_perplexity, facts.accuracy))
+    rows = judge_metric(facts.criteria, facts.metric, facts.after)
     if facts.after is None or facts.before is None:
         return _judged(["the final checkpoint was not evaluated" if facts.after is None else
-                        "nothing to compare the value after training with: no base model was evaluated"])
+                        "nothing to compare the value after training with: no base model was evaluated"], rows)
     a, b = facts.after, facts.before
     better = math.isfinite(a) and math.isfinite(b) and (a > b if facts.higher_is_better else a < b)
     return _judged([] if better else [f"after training {a} is not better than before {b} "
-                                      f"({'higher' if facts.higher_is_better else 'lower'} is better)"])
+                                      f"({'higher' if facts.higher_is_better else 'lower'} is better)"], rows)
 
 
 # ----------------------------------------------------------------------------------------------------------- resume

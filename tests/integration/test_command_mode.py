@@ -490,3 +490,42 @@ def test_your_own_evaluation_command_is_run_on_the_base_and_the_final_checkpoint
                            eval=f"{PY} {FAKE.with_name('fake_eval.py')} {{checkpoint}} --no-direction"),
                       tmp_path / "vague")
     assert vague["evaluation"]["status"] == "fail" and "which way is better" in vague["evaluation"]["summary"]
+
+
+def test_criteria_judge_a_command_and_verify_recomputes_their_rows(tmp_path):
+    """``gpuaccept run --headless --command ... --max-step-time --max-device-share``: the record holds the accept
+    table and the probe's criteria rows (each device's share, the step time over the command's logged steps);
+    ``verify`` recomputes them and finds a threshold edited in the accept table. A step-time limit the command cannot
+    meet fails the probe, the missed row saying why, and the record stays consistent."""
+    import tomli_w
+
+    def run(step_limit: str) -> dict:
+        cmd = fake("--sleep 0.05")
+        done = subprocess.run(
+            [GPUACCEPT, "run", "--headless", "--runs-dir", str(tmp_path / step_limit), "--command", cmd["train"],
+             "--resume-command", cmd["resume"], "--metrics", "metrics.jsonl", "--checkpoint-files", "state.json",
+             "--eval", "none", "--workdir", str(ROOT), "--max-step-time", step_limit, "--max-device-share", "0.95",
+             "--resume-tier", "exact"], capture_output=True, text=True, timeout=300)
+        record_path = next((tmp_path / step_limit).glob("*/record.toml"))
+        return {"rc": done.returncode, "path": record_path, "record": tomllib.loads(record_path.read_text())}
+
+    ok = run("60")
+    rec = ok["record"]
+    assert rec["accept"]["max_step_time_s"] == 60.0 and rec["accept"]["max_device_share"] == 0.95
+    rows = rec["verdict"]["stages"]["probe"]["criteria"]
+    assert [r["criterion"] for r in rows] == ["max_device_share", "max_step_time_s"] and all(r["met"] for r in rows)
+    assert 0.04 < rows[1]["value"] < 60 and rows[1]["on"].startswith("the command's logged steps")
+    assert [r["criterion"] for r in rec["verdict"]["stages"]["resume"]["criteria"]] == ["resume_tier"]
+    assert ok["rc"] == 0 and rec["verdict"]["status"] == "pass" and verify(ok["path"]).returncode == 3
+    rec["accept"]["max_step_time_s"] = 0.001  # the threshold edited after the run: the rows no longer follow
+    edited = tmp_path / "edited.toml"
+    edited.write_text(tomli_w.dumps(rec))
+    out = verify(edited)
+    assert out.returncode == 6 and "verdict.stages.probe.criteria[1] says" in out.stdout, out.stdout
+
+    slow = run("0.000001")
+    rec = slow["record"]
+    row = rec["verdict"]["stages"]["probe"]["criteria"][1]
+    assert (row["criterion"], row["met"]) == ("max_step_time_s", False) and rec["verdict"]["stages"]["probe"]["status"] \
+        == "fail" and "max_step_time_s" in rec["verdict"]["stages"]["probe"]["evidence"]
+    assert slow["rc"] == 1 and verify(slow["path"]).returncode == 3

@@ -322,16 +322,19 @@ def test_the_hook_is_not_installed_in_a_process_that_never_imports_transformers(
     assert not (tmp_path / "events.jsonl").exists()
 
 
-def test_criteria_are_refused_in_command_mode_by_name(tmp_path):
-    """Command mode is judged by the default rules (its record has no accept table yet): a criterion given is said
-    so, not silently dropped."""
-    from tui.cli import build_parser, command_spec_from_args
+def test_criteria_in_command_mode_come_from_the_accept_table_and_the_flags_and_the_others_are_refused(tmp_path):
+    """Command mode applies the criteria it can judge (core/criteria.py COMMAND_CRITERIA), from the spec file's
+    [accept] table with the flags over it; a criterion only the recipe measures is refused by name, not dropped."""
+    from tui.cli import build_parser, command_criteria_from_args, command_spec_from_args
 
-    args = build_parser().parse_args(["run", "--command", f"{PY} t.py --out {{out}}", "--max-device-share", "0.9"])
-    with pytest.raises(SpecError, match="--max-device-share: acceptance criteria apply to gpuaccept's own recipe"):
-        command_spec_from_args(args)
     spec = tmp_path / "job.toml"
-    spec.write_text('[command]\ntrain = "python t.py --out {out}"\n[accept]\nmax_perplexity = 30\n')
-    args = build_parser().parse_args(["run", str(spec)])
-    with pytest.raises(SpecError, match=r"the \[accept\] criteria apply to gpuaccept's own recipe for now"):
-        command_spec_from_args(args)
+    spec.write_text(f'[command]\ntrain = "{PY} t.py --out {{out}}"\n[accept]\nmax_perplexity = 30\n'
+                    'max_step_time_s = 9.0\n')
+    args = build_parser().parse_args(["run", str(spec), "--max-step-time", "2.5", "--max-device-share", "0.9"])
+    assert command_spec_from_args(args).train.endswith("t.py --out {out}")
+    crit = command_criteria_from_args(args)
+    assert (crit.max_perplexity, crit.max_step_time_s, crit.max_device_share) == (30.0, 2.5, 0.9)
+    args = build_parser().parse_args(["run", "--command", f"{PY} t.py --out {{out}}", "--min-accuracy", "0.5"])
+    with pytest.raises(SpecError, match="min_accuracy judge what only gpuaccept's own recipe measures") as caught:
+        command_criteria_from_args(args)
+    assert caught.value.field == "accept.min_accuracy"

@@ -22,7 +22,7 @@ KNOWN = {
     ("core/record/command.py", "core.record.build", "_verdict_and_signoff_problems"),
     ("core/record/command.py", "core.record.schema", "_walk"),
     ("core/record/diff.py", "core.record.summary", "_json_number"),
-    ("core/record/verify.py", "core.record.build", "_clean"),
+    ("core/record/judged.py", "core.record.build", "_clean"),  # moved with criteria_rows_problems from verify.py
 }
 
 

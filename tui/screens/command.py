@@ -198,7 +198,7 @@ class CommandRunScreen(NavButtons, WizardScreen):
         if state.run is not None:
             self.app.finish_run()  # a run of another setup: its record is written, unsigned
         assert state.command_spec is not None  # the run screen follows a valid command setup (its Next)
-        state.run = CommandRun(state.command_spec, state.runs_root)
+        state.run = CommandRun(state.command_spec, state.runs_root, criteria=state.command_criteria)
         return every_stage(state.run, cancelled)
 
     @work(thread=True, exclusive=True, group="stage")
