@@ -85,7 +85,7 @@ def evaluate_stage(spec: CommandSpec, final: Checkpoint | None, base: str, seq_l
         StageError: the evaluation's child failed to start (a failed evaluation is a ``fail`` result).
     """
     independence = ("by construction: the command trained on {train_data}, gpuaccept's training split, and the "
-                    "held-out documents are not in it" if spec.uses("{train_data}") else
+                    "held-out documents are not in it" if spec.uses_training_split() else
                     "not known: the command reads its own training data, not {train_data}; the held-out documents may "
                     "be in it")
     common: dict[str, Any] = {"checkpoint": final.name if final else "", "checkpoint_step": final.step if final else None,

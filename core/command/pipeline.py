@@ -97,7 +97,7 @@ class CommandRun(StagedRun):
         #: the thresholds it is accepted by (core/criteria.py ``COMMAND_CRITERIA``; the defaults: the rules)
         self.criteria = criteria if criteria is not None else AcceptCriteria()
         self.started = utc_now()
-        split = check_data(spec.data, spec.heldout_fraction) if spec.uses("{train_data}") or \
+        split = check_data(spec.data, spec.heldout_fraction) if spec.uses_training_split() or \
             spec.eval == "perplexity" else None
         self.backend = backend if backend is not None else _nvml_backend()
         self.run_dir = new_run_dir(spec, Path(runs_root), self.started, label=spec.label)
@@ -127,11 +127,12 @@ class CommandRun(StagedRun):
 
     def _placeholders(self, split: Any) -> dict[str, str]:
         values = {}
-        if self.spec.uses("{train_data}"):
+        if self.spec.uses_training_split():
             path = self.run_dir / "data" / "train.txt"
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text("\n\n".join(d.text for d in split.train) + "\n", encoding="utf-8")
             values["{train_data}"] = str(path)
+            values["{train_data_dir}"] = str(path.parent)  # holds train.txt alone: a text dataset's folder
         if self.spec.model:
             values["{model}"] = str(self._model_folder())
         return values

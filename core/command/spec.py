@@ -31,7 +31,8 @@ Placeholders, replaced in each word of the command (never through a shell): ``{o
 every run of the command gets a fresh one, so the three runs never share checkpoints; required in ``train``),
 ``{checkpoint}`` (the checkpoint to resume from; required in ``resume``), ``{command}`` (in ``resume`` only, alone as a
 word: the training command's words), ``{train_data}`` (a text file of gpuaccept's training split, documents separated by
-blank lines) and ``{model}`` (``model``).
+blank lines), ``{train_data_dir}`` (the folder holding that file alone: a dataset folder for ``datasets.load_dataset``,
+as TRL's ``--dataset_name`` takes it) and ``{model}`` (``model``).
 
 Every invalid value raises :class:`~core.errors.SpecError` naming the field and what to change.
 """
@@ -61,6 +62,8 @@ PLACEHOLDERS = {
     "{checkpoint}": "the checkpoint to resume from (resume command only)",
     "{command}": "the training command's words (resume command only, alone as a word)",
     "{train_data}": "a text file of gpuaccept's training split (documents separated by blank lines)",
+    "{train_data_dir}": "the folder holding {train_data} alone: a dataset folder (datasets.load_dataset reads it as "
+                        "text with a train split; TRL's --dataset_name)",
     "{model}": "the base model folder given as model",
 }
 #: Words a shell would read as operators: the command runs without a shell, so they would reach the program as text.
@@ -152,6 +155,10 @@ class CommandSpec:
     def uses(self, placeholder: str) -> bool:
         """The training or resume command holds ``placeholder`` (``"{train_data}"``)."""
         return any(placeholder in w for w in self.words() + self.resume_words())
+
+    def uses_training_split(self) -> bool:
+        """The command trains on gpuaccept's training split: it holds ``{train_data}`` or ``{train_data_dir}``."""
+        return self.uses("{train_data}") or self.uses("{train_data_dir}")
 
     @property
     def workdir_path(self) -> Path:
@@ -395,7 +402,7 @@ def _no_shell(name: str, text: str) -> None:
 
 #: the flags' argument group in ``gpuaccept run --help``
 FLAGS_GROUP = ("your own command (command mode: accept your training command as you run it; or a [command] table in "
-               "the spec file; placeholders {out} {checkpoint} {command} {train_data} {model}, see "
+               "the spec file; placeholders {out} {checkpoint} {command} {train_data} {train_data_dir} {model}, see "
                "docs/command-mode.md)")
 #: every setting of the [command] table, made from the declarations on :class:`CommandSpec` (core/settings.py): keys
 #: ``command.train``, dests ``command_train``

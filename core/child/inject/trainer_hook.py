@@ -118,6 +118,7 @@ def model_facts(model: Any) -> dict[str, Any]:
         "trainable_names_sha256": hashlib.sha256("\n".join(trainable).encode("utf-8")).hexdigest(),
         "config": _jsonable(config.to_dict()) if config is not None and hasattr(config, "to_dict") else None,
         "name_or_path": str(getattr(config, "_name_or_path", "") or ""),
+        "libraries": _library_versions(),
         "attn_implementation": str(getattr(config, "_attn_implementation", "") or ""),
         "gradient_checkpointing": _checkpointing(model),
         "quantization": _jsonable(getattr(config, "quantization_config", None)),
@@ -134,6 +135,24 @@ def model_facts(model: Any) -> dict[str, Any]:
                          # the variant switches (use_dora, use_rslora ...): a LoRA variant is told by them
                          "options": {k: v for k, v in vars(cfg).items() if k.startswith("use_") and isinstance(v, bool)}}
     return facts
+
+
+#: the training libraries whose installed version the report names (the trainer a command runs, and what it runs on)
+LIBRARIES = ("trl", "axolotl", "llamafactory", "torchtune", "litgpt", "transformers", "peft", "accelerate",
+             "bitsandbytes", "deepspeed", "torch")
+
+
+def _library_versions() -> dict[str, str]:
+    """The versions of :data:`LIBRARIES` installed in the command's interpreter (those present)."""
+    from importlib import metadata
+
+    out: dict[str, str] = {}
+    for name in LIBRARIES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return out
 
 
 def _checkpointing(model: Any) -> bool:
