@@ -239,7 +239,6 @@ def build_parser() -> argparse.ArgumentParser:
     completion = sub.add_parser("completion", help="print the shell completion script (bash or zsh), made from these "
                                                    "flags: see docs/reference.md \"Shell completion\"")
     completion.add_argument("shell", choices=COMPLETION_SHELLS)
-    _complete_files(parser)
     return parser
 
 
@@ -418,10 +417,12 @@ def _command(args: argparse.Namespace) -> int:
         return cmd_diff(args)
     if args.command == "quiz":
         return cmd_quiz(args)
-    if args.command == "completion":
+    if args.command == "completion":  # shtab is imported here only (a GPU box running the tree may not have it)
         import shtab
 
-        print(shtab.complete(build_parser(), shell=args.shell), end="")
+        parser = build_parser()
+        _complete_files(parser)
+        print(shtab.complete(parser, shell=args.shell), end="")
         return EXIT_OK
     build_parser().print_help()
     return EXIT_USAGE
