@@ -17,6 +17,9 @@ NO_MEMORY = frozenset({"output_dir", "datasets", "dataset_prepared_path", "val_s
                        "group_by_length", "weight_decay", "max_grad_norm", "early_stopping_patience", "resume_from_checkpoint",
                        "local_rank", "logging_dir", "debug", "trust_remote_code", "pad_to_sequence_len", "tf32"})
 
+#: axolotl's ``adapter`` values the planner models, each with whether its base is stored in 4 bits
+ADAPTERS = {"lora": False, "qlora": True}
+
 
 def detect(data: dict[str, Any]) -> bool:
     return "base_model" in data
@@ -60,9 +63,9 @@ def _adapter(r: Reader) -> None:
     if adapter in (None, ""):
         r.set("adapter", "mode", "full", "no adapter: every parameter trained")
         return
-    if adapter not in ("lora", "qlora"):
-        raise r.refuse("adapter", f"adapter {adapter!r}: the planner models lora and qlora")
-    four_bit = adapter == "qlora" or bool(r.value("load_in_4bit", False))
+    if adapter not in ADAPTERS:
+        raise r.refuse("adapter", f"adapter {adapter!r}: the planner models {' and '.join(ADAPTERS)}")
+    four_bit = ADAPTERS[adapter] or bool(r.value("load_in_4bit", False))
     dora = bool(r.value("peft_use_dora", False))
     if four_bit and dora:
         raise r.refuse("peft_use_dora", "DoRA over a 4-bit base: the planner models one LoRA variant at a time")

@@ -17,6 +17,8 @@ NO_MEMORY = frozenset({"output_dir", "dataset", "dataset_dir", "template", "over
                        "report_to", "val_size", "eval_strategy", "eval_steps", "per_device_eval_batch_size",
                        "do_train", "trust_remote_code", "max_samples", "dataloader_num_workers", "save_only_model",
                        "ddp_timeout", "resume_from_checkpoint", "weight_decay", "max_grad_norm", "run_name"})
+#: LLaMA-Factory's ``finetuning_type`` values the planner models, each with whether every parameter is trained
+FINETUNING = {"full": True, "lora": False}
 ATTENTION = {"fa2": "flash_attention_2", "sdpa": "sdpa", "disabled": "eager", "auto": "sdpa"}
 
 
@@ -55,11 +57,12 @@ def read(data: dict[str, Any], path: Path) -> Imported:
 
 def _finetuning(r: Reader) -> None:
     kind = r.value("finetuning_type", "lora")
-    if kind == "full":
+    if kind not in FINETUNING:
+        raise r.refuse("finetuning_type", f"{kind}: the planner models {' and '.join(FINETUNING)} (freeze trains "
+                                          "some layers)")
+    if FINETUNING[kind]:
         r.set("finetuning_type", "mode", "full")
         return
-    if kind != "lora":
-        raise r.refuse("finetuning_type", f"{kind}: the planner models full and lora (freeze trains some layers)")
     bits = r.value("quantization_bit")
     if bits not in (None, 4):
         raise r.refuse("quantization_bit", f"{bits}-bit base: the planner models 4-bit bases (QLoRA) only")
