@@ -236,7 +236,8 @@ def _lora_vs_full(rec: dict[str, Any], seed: str) -> Question | None:
                  f"Weights ({_gib(comps.get('weights', 0))} now): LoRA replaces the base matrices by low-rank ones",
                  "None of them: LoRA changes the learning rate and the update, not what is held in memory"]
     else:
-        prompt = (f"This LoRA run trains {trained_p:,} of {total_p:,} parameters. With full fine-tuning instead, "
+        name = method.label if method is not None else "LoRA"  # a variant by its own name ("DoRA (LoRA variant)")
+        prompt = (f"This {name} run trains {trained_p:,} of {total_p:,} parameters. With full fine-tuning instead, "
                   "which lines would grow most?")
         right = f"Gradients and optimizer states ({_gib(grads_opt)} now): every parameter would have them"
         if per_param:
