@@ -54,3 +54,25 @@ async def wait_for(pilot: Any, condition: Callable[[], bool], timeout_s: float =
             raise AssertionError(f"timed out after {timeout_s} s waiting for {condition} on {type(screen).__name__}: "
                                  f"{shown[-3000:]}")
         await pilot.pause(0.1)
+
+
+def wizard_opened_with(monkeypatch: Any, argv: list[str]) -> dict[str, Any]:
+    """The keywords ``gpuaccept <argv>`` opens the wizard with (``cmd_wizard``; the app replaced by one that records
+    them and runs nothing)."""
+    from types import SimpleNamespace
+
+    from tui.cli import build_parser, cmd_wizard
+
+    seen: dict[str, Any] = {}
+
+    class App:
+        def __init__(self, **kwargs: Any) -> None:
+            seen.update(kwargs)
+            self.state = SimpleNamespace(record_path=None)
+
+        def run(self) -> int:
+            return 0
+
+    monkeypatch.setattr("tui.app.GpuAcceptApp", App)
+    assert cmd_wizard(build_parser().parse_args(argv)) == 0
+    return seen

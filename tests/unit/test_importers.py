@@ -152,23 +152,10 @@ def test_a_yaml_spec_path_is_read_through_its_importer_with_flags_over_it(tmp_pa
 def test_the_wizard_opens_prefilled_from_a_trainers_config(tmp_path, monkeypatch):
     """``gpuaccept run their.yaml`` (no --headless): the wizard opens in the config's mode, each field it sets filled
     in, flags over it."""
-    from types import SimpleNamespace
+    from tests.wizard_helpers import wizard_opened_with
 
-    from tui.cli import build_parser, cmd_wizard
-
-    seen: dict = {}
-
-    class App:
-        def __init__(self, **kwargs):
-            seen.update(kwargs)
-            self.state = SimpleNamespace(record_path=None)
-
-        def run(self):
-            return 0
-
-    monkeypatch.setattr("tui.app.GpuAcceptApp", App)
     path = _config(tmp_path, "axolotl_lora.yml")
-    assert cmd_wizard(build_parser().parse_args(["run", str(path), "--batch-size", "1", "--devices", "2x80GiB"])) == 0
+    seen = wizard_opened_with(monkeypatch, ["run", str(path), "--batch-size", "1", "--devices", "2x80GiB"])
     assert seen["mode"] == "lora"
     assert {k: seen["fields"][k] for k in ("model", "seq_len", "lora_r", "lora_targets", "strategy", "batch_size")} == \
         {"model": "some/model", "seq_len": 1024, "lora_r": 32, "lora_targets": ("all-linear",), "strategy": "zero2",

@@ -10,7 +10,6 @@ import dataclasses
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Literal
 
 import pytest
@@ -218,23 +217,12 @@ def test_the_setup_form_is_made_from_the_settings():
 
 
 def test_the_wizard_is_prefilled_with_what_a_spec_file_sets_in_its_tables_too(tmp_path, monkeypatch):
-    from tui.cli import build_parser, cmd_wizard
+    from tests.wizard_helpers import wizard_opened_with
 
     path = tmp_path / "spec.toml"
     path.write_text("seq_len = 64\n[lora]\nr = 4\n[resume]\nkill_at = \"boundary\"\n[accept]\nmax_perplexity = 30.0\n",
                     encoding="utf-8")
-    seen: dict = {}
-
-    class App:
-        def __init__(self, **kwargs):
-            seen.update(kwargs)
-            self.state = SimpleNamespace(record_path=None)
-
-        def run(self):
-            return 0
-
-    monkeypatch.setattr("tui.app.GpuAcceptApp", App)
-    assert cmd_wizard(build_parser().parse_args(["run", str(path), "--batch-size", "2"])) == 0
+    seen = wizard_opened_with(monkeypatch, ["run", str(path), "--batch-size", "2"])
     assert seen["fields"] == {"seq_len": 64, "lora_r": 4, "resume_kill_at": "boundary", "accept_max_perplexity": 30.0,
                               "batch_size": 2}
 
