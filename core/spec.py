@@ -85,7 +85,17 @@ from core.dtypes import DTYPES, Dtype, dtype_bytes
 from core.errors import SpecError
 from core.methods import METHODS, Method, lora_variants, method_of
 from core.methods.lora import ALL_LINEAR, QUANT_TYPES, QuantType  # noqa: F401 - re-exported: the spec's values
-from core.settings import by_dest, by_key, nest, setting, spec_settings, table, tables_of, unknown_value
+from core.settings import (
+    by_dest,
+    by_key,
+    nest,
+    setting,
+    spec_settings,
+    table,
+    tables_of,
+    unknown_value,
+    value_fits,
+)
 
 #: What a run does: ``inference`` (forward only), ``full`` fine-tuning, ``lora`` adapters, or a variant of LoRA
 #: (``qlora``: the same adapters over a base stored in 4 bits by bitsandbytes and dequantised layer by layer as it runs).
@@ -961,9 +971,6 @@ def _sub(cls: type, raw: dict[str, Any], prefix: str) -> Any:
     return cls(**raw)
 
 
-_TYPES: dict[str, type | tuple[type, ...]] = {"int": int, "float": (int, float), "str": str, "bool": bool}
-
-
 def field_type(f: dataclasses.Field) -> str:
     """The plain type a spec field is written in (TOML, flags, the record's spec table): ``int``, ``float``, ``str`` or
     ``bool``; a field typed by one of this module's ``Literal`` aliases (:data:`Mode`, :data:`Strategy` ...) is the
@@ -1050,11 +1057,9 @@ def _check_types(cls: type, raw: dict[str, Any], prefix: str = "") -> None:
             continue
         value = raw[f.name]
         kind = field_type(f)
-        expected = _TYPES.get(kind)
-        if expected is None:
+        if kind not in ("int", "float", "str", "bool"):  # a sub-table: checked by its own settings
             continue
-        ok = isinstance(value, expected) and not (expected is not bool and isinstance(value, bool))
-        if not ok:
+        if not value_fits(kind, value):  # the one type rule of a setting's kind (core/settings.py)
             raise SpecError(f"{prefix}{f.name}", f"expected {kind}, got {value!r:.60}")
         if kind == "float":
             if not math.isfinite(value):
