@@ -73,21 +73,20 @@ class CommandEvaluation:
 
 
 def evaluate_stage(spec: CommandSpec, final: Checkpoint | None, base: str, seq_len: int, job_dir: Path,
-                   cancelled: Callable[[], bool] | None = None) -> Generator[Event, None, CommandEvaluation]:
+                   cancelled: Callable[[], bool] | None = None, heldout: str = ""
+                   ) -> Generator[Event, None, CommandEvaluation]:
     """Evaluate ``final`` against ``base`` as ``spec.eval`` says (see the module docstring).
 
     Args:
         final: the uninterrupted run's newest checkpoint (None: it wrote none).
         base: the base model folder (``command.model``, else what the Trainer or the adapter names), or "".
         seq_len: tokens per held-out block (``command.eval_seq_len``, else the Trainer's widest batch, else 128).
+        heldout: the held-out split's text file, for an evaluation command's ``{heldout_data}`` ("" when it has none).
 
     Raises:
         StageError: the evaluation's child failed to start (a failed evaluation is a ``fail`` result).
     """
-    independence = ("by construction: the command trained on {train_data}, gpuaccept's training split, and the "
-                    "held-out documents are not in it" if spec.uses_training_split() else
-                    "not known: the command reads its own training data, not {train_data}; the held-out documents may "
-                    "be in it")
+    independence = _independence(spec)
     common: dict[str, Any] = {"checkpoint": final.name if final else "", "checkpoint_step": final.step if final else None,
               "base": base, "independence": independence}
     if final is None:
@@ -96,7 +95,19 @@ def evaluate_stage(spec: CommandSpec, final: Checkpoint | None, base: str, seq_l
                                          f"{spec.checkpoints} in its output folder", **common)
     if spec.eval == "perplexity":
         return (yield from _perplexity(spec, final, base, seq_len, job_dir, common, cancelled))
-    return (yield from _own_command(spec, final, base, job_dir, common, cancelled))
+    return (yield from _own_command(spec, final, base, job_dir, common, cancelled, heldout))
+
+
+def _independence(spec: CommandSpec) -> str:
+    """Whether the evaluated documents are disjoint from what the command trained on, in words."""
+    if spec.eval != "perplexity" and not spec.uses_heldout_split():
+        return ("not known: the evaluation command reads its own data, not {heldout_data} (gpuaccept's held-out "
+                "split)")
+    if spec.uses_training_split():
+        return ("by construction: the command trained on {train_data}, gpuaccept's training split, and the held-out "
+                "documents are not in it")
+    return ("not known: the command reads its own training data, not {train_data}; the held-out documents may be in "
+            "it")
 
 
 def _perplexity(spec: CommandSpec, final: Checkpoint, base: str, seq_len: int, job_dir: Path,
@@ -133,14 +144,14 @@ def _perplexity(spec: CommandSpec, final: Checkpoint, base: str, seq_len: int, j
 
 
 def _own_command(spec: CommandSpec, final: Checkpoint, base: str, job_dir: Path, common: dict[str, Any],
-                 cancelled: Callable[[], bool] | None) -> Generator[Event, None, CommandEvaluation]:
+                 cancelled: Callable[[], bool] | None, heldout: str) -> Generator[Event, None, CommandEvaluation]:
     points: dict[str, dict[str, Any]] = {}
     said: dict[str, Any] = {}
     problems = []
     for when, target in (("before", base), ("after", str(final.path))):
         if not target:
             continue
-        argv = substitute(_words(spec.eval), {"{checkpoint}": target, "{model}": spec.model})
+        argv = substitute(_words(spec.eval), {"{checkpoint}": target, "{model}": spec.model, "{heldout_data}": heldout})
         yield Message("train_eval", text=f"evaluation command on the {'base' if when == 'before' else final.name}")
         result, problem = yield from _run_eval(spec, argv, job_dir / f"eval-{when}", cancelled)
         if problem:

@@ -98,7 +98,7 @@ class CommandRun(StagedRun):
         self.criteria = criteria if criteria is not None else AcceptCriteria()
         self.started = utc_now()
         split = check_data(spec.data, spec.heldout_fraction) if spec.uses_training_split() or \
-            spec.eval == "perplexity" else None
+            spec.uses_heldout_split() or spec.eval == "perplexity" else None
         self.backend = backend if backend is not None else _nvml_backend()
         self.run_dir = new_run_dir(spec, Path(runs_root), self.started, label=spec.label)
         try:
@@ -133,6 +133,11 @@ class CommandRun(StagedRun):
             path.write_text("\n\n".join(d.text for d in split.train) + "\n", encoding="utf-8")
             values["{train_data}"] = str(path)
             values["{train_data_dir}"] = str(path.parent)  # holds train.txt alone: a text dataset's folder
+        if self.spec.uses_heldout_split():
+            path = self.run_dir / "heldout" / "heldout.txt"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("\n\n".join(d.text for d in split.heldout) + "\n", encoding="utf-8")
+            values["{heldout_data}"] = str(path)
         if self.spec.model:
             values["{model}"] = str(self._model_folder())
         return values
@@ -250,9 +255,9 @@ class CommandRun(StagedRun):
             return off
         yield self.emit(StageStarted("train_eval", detail="the final checkpoint against its base on held-out data"))
         final = outcome.checkpoints[-1] if outcome.checkpoints else None
-        result: CommandEvaluation = yield from self._stage("train_eval", evaluate_stage(self.spec, final, self.base_model(),
-                                                                     self.eval_seq_len(), self.run_dir / "evaluation",
-                                                                     cancelled))
+        result: CommandEvaluation = yield from self._stage("train_eval", evaluate_stage(
+            self.spec, final, self.base_model(), self.eval_seq_len(), self.run_dir / "evaluation", cancelled,
+            heldout=self.values.get("{heldout_data}", "")))
         result = judged_by(result, judge_metric(self.criteria, result.metric,
                                                 None if result.after is None else float(result.after["value"])))
         self.results["train_eval"] = result

@@ -6,13 +6,16 @@ raises on the user's files: a command that writes no metrics or no checkpoint ge
 - :func:`read_hook_events`: the JSON lines of ``core/child/inject/trainer_hook.py`` (``trainer``, ``batches``,
   ``step``, ``save``, ``held``, ``train_end``, ``hook_error``), tailed from a byte offset.
 - :func:`read_metrics` / :func:`trainer_state_steps`: a JSON-lines metrics file (``step``, ``loss``, optionally
-  ``learning_rate`` or ``lr``, ``sample_ids``, ``rank``) or the ``log_history`` of Trainer's ``trainer_state.json``.
+  ``learning_rate`` or ``lr``, ``sample_ids``, ``rank``), a CSV one with a header (Lightning's ``CSVLogger``, as
+  LitGPT writes it), or the ``log_history`` of Trainer's ``trainer_state.json``.
 - :func:`list_checkpoints`: the checkpoints matching the spec's glob inside a run's output folder, by step (the
   last number of each name: Trainer's ``checkpoint-<step>``).
 """
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import math
 import re
@@ -148,7 +151,8 @@ def _step_record(e: dict[str, Any], rank: int) -> StepRecord | None:
 
 @dataclass
 class MetricsFile:
-    """A JSON-lines metrics file tailed as it grows (the user's own, inside the run's output folder)."""
+    """A metrics file tailed as it grows (the user's own, inside the run's output folder): JSON lines, or CSV when its
+    name ends in ``.csv``. ``lines``: the lines (JSON) or data rows (CSV) read so far."""
 
     path: Path
     steps: list[StepRecord] = field(default_factory=list)
@@ -157,14 +161,21 @@ class MetricsFile:
     lines: int = 0
 
 
+def metrics_format(path: Path) -> str:
+    """How a metrics file is read, in words, by its name: "CSV" (``.csv``) or "JSON lines"."""
+    return "CSV" if path.suffix.lower() == ".csv" else "JSON lines"
+
+
 def read_metrics(metrics: MetricsFile) -> list[StepRecord]:
-    """Read the complete lines added to ``metrics.path`` since the last call: one JSON object per line with ``step``
-    (an integer) and ``loss`` (a finite number), optionally ``learning_rate`` (or ``lr``), ``sample_ids`` (a list)
-    and ``rank``. A line that is not such an object is named in ``metrics.problems`` (by its line number) and
-    skipped. Returns the new steps."""
+    """Read the steps added to ``metrics.path`` since the last call (:func:`_read_csv` for a ``.csv`` file): one JSON
+    object per line with ``step`` (an integer) and ``loss`` (a finite number), optionally ``learning_rate`` (or
+    ``lr``), ``sample_ids`` (a list) and ``rank``. A line that is not such an object is named in ``metrics.problems``
+    (by its line number) and skipped. Returns the new steps."""
+    if metrics_format(metrics.path) == "CSV":
+        return _read_csv(metrics)
     path = metrics.path
     lines, metrics.offset = complete_lines(path, metrics.offset)
-    new = []
+    new: list[StepRecord] = []
     for raw in lines:
         metrics.lines += 1
         if not raw.strip():
@@ -177,15 +188,50 @@ def read_metrics(metrics: MetricsFile) -> list[StepRecord]:
         if not isinstance(e, dict):
             metrics.problems.append(f"{path.name} line {metrics.lines}: not a JSON object")
             continue
-        if not isinstance(e.get("t"), (int, float)):
-            e["t"] = time.time()  # when the line was read: within a poll (20 ms) of when it was written
-        record = _step_record(e, int(e.get("rank", 0) or 0) if isinstance(e.get("rank", 0), int) else 0)
-        if record is None or not math.isfinite(record.loss):
-            metrics.problems.append(f"{path.name} line {metrics.lines}: needs an integer step and a finite loss")
-            continue
-        metrics.steps.append(record)
-        new.append(record)
+        _add_step(metrics, e, f"line {metrics.lines}", new)
     return new
+
+
+def _add_step(metrics: MetricsFile, e: dict[str, Any], where: str, new: list[StepRecord]) -> None:
+    """The step of one parsed line or row appended to ``metrics.steps`` and ``new``, or named in its problems."""
+    if not isinstance(e.get("t"), (int, float)):
+        e["t"] = time.time()  # when the line was read: within a poll (20 ms) of when it was written
+    record = _step_record(e, int(e.get("rank", 0) or 0) if isinstance(e.get("rank", 0), int) else 0)
+    if record is None or not math.isfinite(record.loss):
+        metrics.problems.append(f"{metrics.path.name} {where}: needs an integer step and a finite loss")
+        return
+    metrics.steps.append(record)
+    new.append(record)
+
+
+def _read_csv(metrics: MetricsFile) -> list[StepRecord]:
+    """The data rows of a CSV metrics file beyond the ``metrics.lines`` read before. The whole file is read each time:
+    Lightning's ``CSVLogger`` rewrites it, with a wider header, when a metric first appears (``val_loss`` after an
+    evaluation). A row with an empty ``loss`` holds other metrics and is skipped; a partly written last line waits
+    for the next read. Columns: ``step`` and ``loss`` (numbers as text), optionally ``learning_rate`` (or ``lr``)."""
+    try:
+        text = metrics.path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return []
+    complete = text[:text.rfind("\n") + 1]
+    rows = list(csv.DictReader(io.StringIO(complete)))
+    new: list[StepRecord] = []
+    for number, row in enumerate(rows[metrics.lines:], start=metrics.lines + 2):  # + the header, from 1
+        if not (row.get("loss") or "").strip():
+            continue
+        _add_step(metrics, {k: _csv_number(v) for k, v in row.items() if k}, f"line {number}", new)
+    metrics.lines = len(rows)
+    return new
+
+
+def _csv_number(text: str | None) -> Any:
+    """A CSV cell as an int, a float or (neither) the text: ``"3"`` -> 3, ``"10.8"`` -> 10.8."""
+    for kind in (int, float):
+        try:
+            return kind(text)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            continue
+    return text
 
 
 def trainer_state_steps(checkpoint: Path) -> list[StepRecord]:

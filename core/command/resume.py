@@ -57,7 +57,9 @@ from core.stages.noise import Bounded, Tier, judge_tensors
 from core.stages.resume import (
     PICKLE_SUFFIXES,
     UntrustedCheckpoint,
+    compare_optimizer_states,
     compare_optimizers,
+    is_optimizer_state,
     pickles_load_safely,
     safe_load,
     world_size_check,
@@ -653,23 +655,120 @@ def compare_final(reference: RunOutcome, resumed: RunOutcome, step: int, tier: T
     files = FinalFiles.sort([n for n in names if n not in missing], trainer)
     if files.weights:
         checks.append(_compare_safetensors(a.path, b.path, files.weights, tier, t))
-    else:
-        not_compared.append(f"weights as tensors: {a.name} holds no .safetensors file (a pickle's tensors, if any, "
-                            "are compared exactly under states)")
-    if not any(_is_optimizer(n) for n in names):
-        not_compared.append(f"the optimizer's state: {a.name} of the uninterrupted run holds no optimizer file (no "
-                            "*optim*.pt), so its moments and step counts were not compared")
     for n in files.optimizers:
-        checks += [Check(ch.name, ch.status, f"{n}: {ch.evidence}", ch.kind, ch.tier, ch.largest_difference, ch.noise,
-                         ch.bound)
-                   for ch in compare_optimizers(a.path / n, b.path / n, tier, t / n if t is not None else None)]
+        checks += [_named(ch, n) for ch in compare_optimizers(a.path / n, b.path / n, tier,
+                                                               t / n if t is not None else None)]
     if files.other:
         not_compared.append(f"in {b.name}: {', '.join(files.other)} (not a tensor or JSON state: text, Trainer's own "
                             "state with its timings and paths, or its pickled TrainingArguments; the steps are "
                             "compared step by step above)")
-    if files.states:
-        checks.append(_compare_states(a.path, b.path, files.states, tier, t))
+    pickles = [n for n in files.states if not n.endswith(".json")]
+    parts = _pickled_parts(a.path, b.path, pickles, t)
+    if isinstance(parts, Check):
+        return [*checks, parts]
+    for key, (ref_state, res_state, twin_state) in parts.optimizers.items():
+        checks += [_named(ch, key) for ch in compare_optimizer_states(res_state, ref_state, tier, twin_state)]
+    if not files.optimizers and not parts.optimizers:
+        not_compared.append(f"the optimizer's state: {a.name} of the uninterrupted run holds no optimizer file (no "
+                            "*optim*.pt) and no pickle holds an optimizer's state_dict, so its moments and step "
+                            "counts were not compared")
+    if parts.weights[0]:
+        checks.append(_judged_weights("pickled_weights" if files.weights else "final_weights", parts.weights, tier))
+    elif not files.weights:
+        not_compared.append(f"weights as tensors: {a.name} holds no .safetensors file and no pickle holds a state "
+                            "dict of floating-point tensors")
+    states = [n for n in files.states if n.endswith(".json")]
+    if states or parts.rest[0]:
+        checks.append(_compare_states(a.path, b.path, states, tier, t, parts.rest))
     return checks
+
+
+def _named(ch: Check, where: str) -> Check:
+    """``ch`` with its evidence prefixed by the file (or the pickle's entry) it is about."""
+    return Check(ch.name, ch.status, f"{where}: {ch.evidence}", ch.kind, ch.tier, ch.largest_difference, ch.noise,
+                 ch.bound)
+
+
+#: the reference's, the resumed run's and the twin's (None on an exact tier) of one thing compared
+Triple = tuple[Any, Any, Any]
+
+
+@dataclass
+class PickledParts:
+    """The pickles of the last checkpoint other than the ``*optim*`` files, taken apart by how each entry is compared
+    (a pickle often holds everything: LitGPT's ``lit_model.pth`` is ``{"model", "optimizer", "scheduler", "iter_num",
+    "step_count"}``, as many hand-written loops' ``{"model": ..., "optimizer": ...}``):
+
+    - ``weights``: every floating-point tensor of a state dict (a dict of tensors, at the top or one entry down), keyed
+      ``file:name`` or ``file[entry]:name``: judged as the weights are, within the tier's bound;
+    - ``optimizers``: each ``Optimizer.state_dict()`` (``file`` or ``file[entry]``): its moments within the bound, its
+      step counts exactly;
+    - ``rest``: everything else (a scheduler's counters, RNG states, the step): equal exactly.
+    Each of ``weights`` and ``rest`` holds the reference's, the resumed run's and the twin's (or None) mappings.
+    """
+
+    weights: tuple[dict[str, Any], dict[str, Any], dict[str, Any] | None]
+    optimizers: dict[str, Triple]
+    rest: tuple[dict[str, Any], dict[str, Any], dict[str, Any] | None]
+
+
+def _is_state_dict(obj: Any) -> bool:
+    import torch
+
+    return isinstance(obj, dict) and bool(obj) and all(
+        isinstance(v, torch.Tensor) and v.is_floating_point() for v in obj.values())
+
+
+def _entries(name: str, obj: Any) -> list[tuple[str, Any]]:
+    """A loaded pickle's top-level entries, each keyed by where it is (``file`` when the pickle is one thing)."""
+    if isinstance(obj, dict) and not _is_state_dict(obj) and not is_optimizer_state(obj):
+        return [(f"{name}[{k}]", v) for k, v in obj.items()]
+    return [(name, obj)]
+
+
+def _pickled_parts(a: Path, b: Path, names: list[str], t: Path | None) -> PickledParts | Check:
+    """The pickles ``names`` of the reference's ``a``, the resumed run's ``b`` and the twin's ``t`` checkpoint taken
+    apart (:class:`PickledParts`); the failed ``states`` check when one cannot be loaded safely."""
+    parts = PickledParts(({}, {}, {} if t is not None else None), {}, ({}, {}, {} if t is not None else None))
+    for n in names:
+        try:
+            loaded = [safe_load(d / n) for d in (a, b)] + [safe_load(t / n) if t is not None else None]
+        except UntrustedCheckpoint as exc:
+            return Check("states", StageStatus.FAIL, str(exc))
+        except (OSError, ValueError, RuntimeError) as exc:
+            return Check("states", StageStatus.FAIL, f"{n}: unreadable ({exc})")
+        ref_e, res_e = dict(_entries(n, loaded[0])), dict(_entries(n, loaded[1]))
+        twin_e = dict(_entries(n, loaded[2])) if loaded[2] is not None else {}
+        for key, ref in ref_e.items():
+            res, twin = res_e.get(key), twin_e.get(key)
+            if is_optimizer_state(ref) and is_optimizer_state(res):
+                parts.optimizers[key] = (ref, res, twin)
+            elif _is_state_dict(ref) and isinstance(res, dict) and _is_state_dict(res) and ref.keys() == res.keys():
+                for mapping, state in zip(parts.weights, (ref, res, twin)):
+                    if mapping is not None and isinstance(state, dict):
+                        mapping.update({f"{key}:{k}": v for k, v in state.items()})
+            else:
+                for mapping, value in zip(parts.rest, (ref, res, twin)):
+                    if mapping is not None:
+                        mapping[key] = value
+        for key in res_e.keys() - ref_e.keys():
+            parts.rest[1][key] = res_e[key]
+    return parts
+
+
+def _judged_weights(name: str, weights: tuple[dict[str, Any], dict[str, Any], dict[str, Any] | None], tier: Tier
+                    ) -> Check:
+    """The pickled weights of the resumed run against the reference's, within the tier's bound
+    (:func:`core.stages.noise.judge_tensors`)."""
+    ref, res, twin = weights
+    files = sorted({k.split(":")[0] for k in ref})
+    try:
+        judged = judge_tensors(ref, res, twin, tier)
+    except ValueError as exc:
+        return Check(name, StageStatus.FAIL, f"{', '.join(files)}: {exc}", kind="tolerance", tier=tier.name)
+    return Check(name, StageStatus.judged(judged.ok), judged.describe(tier, f"tensors of {', '.join(files)}"),
+                 kind="tolerance", tier=tier.name, largest_difference=judged.distance, noise=judged.noise,
+                 bound=judged.bound)
 
 
 def _final_folders(reference: RunOutcome, resumed: RunOutcome, step: int, tier: Tier, twin: RunOutcome | None,
@@ -692,10 +791,6 @@ def _final_folders(reference: RunOutcome, resumed: RunOutcome, step: int, tier: 
                      f"the twin run wrote no checkpoint of step {step} to measure the "
                      f"noise with (it wrote {have})")
     return a, b, t.path
-
-
-def _is_optimizer(name: str) -> bool:
-    return "optim" in Path(name).name and Path(name).suffix in PICKLES
 
 
 @dataclass(frozen=True)
@@ -748,33 +843,38 @@ def _compare_safetensors(a: Path, b: Path, names: list[str], tier: Tier, t: Path
                  largest_difference=judged.distance, noise=judged.noise, bound=judged.bound)
 
 
-def _compare_states(a: Path, b: Path, names: list[str], tier: Tier, t: Path | None = None) -> Check:
-    """The other pickles (RNG, scheduler, progress), loaded with ``weights_only=True``, equal exactly; JSON files
-    equal, their numbers within the bound (:func:`first_difference`: bit-exact, or ``multiple`` x the twin's
-    difference from the reference at the same place)."""
+def _compare_states(a: Path, b: Path, names: list[str], tier: Tier, t: Path | None = None,
+                    rest: tuple[dict[str, Any], dict[str, Any], dict[str, Any] | None] | None = None) -> Check:
+    """``states``: the script's JSON files ``names`` equal, their numbers within the bound (:func:`first_difference`:
+    bit-exact, or ``multiple`` x the twin's difference from the reference at the same place); and ``rest``, the
+    pickles' entries that are neither weights nor an optimizer's state (RNG, scheduler, progress:
+    :class:`PickledParts`), equal exactly."""
     import json
 
     differ = []
     for n in names:
         try:
-            if n.endswith(".json"):
-                x, y = (json.loads((d / n).read_text(encoding="utf-8")) for d in (b, a))
-                z = json.loads((t / n).read_text(encoding="utf-8")) if t is not None else None
-            else:
-                x, y, z = safe_load(b / n), safe_load(a / n), None
-        except UntrustedCheckpoint as exc:
-            differ.append(str(exc))
-            continue
+            x, y = (json.loads((d / n).read_text(encoding="utf-8")) for d in (b, a))
+            z = json.loads((t / n).read_text(encoding="utf-8")) if t is not None else None
         except (OSError, ValueError) as exc:
             differ.append(f"{n}: unreadable ({exc})")
             continue
-        where = first_difference(x, y, twin=z, multiple=tier.multiple if n.endswith(".json") else 0.0)
+        where = first_difference(x, y, twin=z, multiple=tier.multiple)
         if where is not None:
             differ.append(f"{n} differs at {where or 'the top'}")
+    ref, res, _ = rest if rest is not None else ({}, {}, None)
+    for key in sorted(ref.keys() | res.keys()):
+        if key not in ref or key not in res:
+            differ.append(f"{key} is in {'the resumed' if key in res else 'the uninterrupted'} run's checkpoint only")
+            continue
+        where = first_difference(res[key], ref[key])
+        if where is not None:
+            differ.append(f"{key} differs at {where or 'the top'}")
+    compared = names + sorted({k.split("[")[0] for k in ref})
     return Check("states", StageStatus.judged(not differ),
-                 "; ".join(differ) if differ else f"{', '.join(names)} equal"
-                 + (" (exact)" if tier.exact else f" (pickles exact, JSON numbers within {tier.multiple:g} x the "
-                                                  "twin's difference at the same place)"))
+                 "; ".join(differ) if differ else f"{', '.join(compared)} equal"
+                 + (" (exact)" if tier.exact else f" (pickled states exact, JSON numbers within {tier.multiple:g} x "
+                                                  "the twin's difference at the same place)"))
 
 
 def first_difference(x: Any, y: Any, path: str = "", twin: Any = None, multiple: float = 0.0) -> str | None:

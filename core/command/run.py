@@ -24,6 +24,7 @@ from core.command.reports import (
     MetricsFile,
     StepRecord,
     list_checkpoints,
+    metrics_format,
     read_hook_events,
     read_metrics,
     trainer_state_steps,
@@ -121,7 +122,8 @@ def chosen_steps(spec: CommandSpec, outcome: RunOutcome) -> tuple[list[StepRecor
         metrics = outcome.metrics
         steps = metrics.steps if metrics is not None else []
         written = metrics is not None and metrics.path.is_file()
-        return steps, f"{spec.metrics} in the run's output folder (JSON lines)" + ("" if written else ": not written")
+        return steps, (f"{spec.metrics} in the run's output folder ({metrics_format(Path(spec.metrics))})"
+                       + ("" if written else ": not written"))
     if outcome.hook.steps:
         return outcome.hook.steps_with_batches(), ("the Trainer hook (on_log: loss and learning rate as Trainer "
                                                    "logged them; sample ids: sha256 of each micro-batch's input_ids)")

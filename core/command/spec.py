@@ -7,7 +7,8 @@ A spec file holds command mode in a ``[command]`` table (every key but ``train``
     resume = "{command} --resume_from_checkpoint {checkpoint}"   # the default
     checkpoints = "checkpoint-*"    # a glob inside {out}: the folders (or files) the command's checkpoints are
     metrics = "auto"                # auto: what the Trainer hook reports (else trainer_state.json); or a JSON-lines
-                                    # file inside {out} with step, loss (and learning_rate, sample_ids)
+                                    # file inside {out} with step, loss (and learning_rate, sample_ids); or a CSV
+                                    # file with a header row holding step and loss (Lightning's CSVLogger, LitGPT)
     checkpoint_files = []           # what a checkpoint must hold; default: Trainer's set when a Trainer ran
     workdir = "."                   # where the command runs
     model = ""                      # the base model folder (or "smollm2-135m", the embedded one): the tokenizer, the
@@ -32,7 +33,8 @@ every run of the command gets a fresh one, so the three runs never share checkpo
 ``{checkpoint}`` (the checkpoint to resume from; required in ``resume``), ``{command}`` (in ``resume`` only, alone as a
 word: the training command's words), ``{train_data}`` (a text file of gpuaccept's training split, documents separated by
 blank lines), ``{train_data_dir}`` (the folder holding that file alone: a dataset folder for ``datasets.load_dataset``,
-as TRL's ``--dataset_name`` takes it) and ``{model}`` (``model``).
+as TRL's ``--dataset_name`` takes it), ``{model}`` (``model``) and, in an evaluation command, ``{heldout_data}`` (a text
+file of gpuaccept's held-out split, the documents the perplexity evaluation reads).
 
 Every invalid value raises :class:`~core.errors.SpecError` naming the field and what to change.
 """
@@ -65,6 +67,8 @@ PLACEHOLDERS = {
     "{train_data_dir}": "the folder holding {train_data} alone: a dataset folder (datasets.load_dataset reads it as "
                         "text with a train split; TRL's --dataset_name)",
     "{model}": "the base model folder given as model",
+    "{heldout_data}": "a text file of gpuaccept's held-out split (evaluation command only; documents separated by "
+                      "blank lines)",
 }
 #: Words a shell would read as operators: the command runs without a shell, so they would reach the program as text.
 SHELL_OPERATORS = ("&&", "||", "|", ";", ">", ">>", "<", "2>", "2>&1", "&")
@@ -89,9 +93,10 @@ class CommandSpec:
     checkpoints: str = setting("checkpoint-*", flag="--checkpoints", metavar="GLOB", label="Checkpoints in {out}",
                                form_order=30, help="the checkpoint folders inside {out} (default checkpoint-*)")
     metrics: str = setting("auto", flag="--metrics", metavar="FILE", label="Metrics", form_order=40,
-                           placeholder="auto, or a JSON-lines file in {out}",
-                           help="auto (the Trainer hook, else trainer_state.json; default) or a JSON-lines file inside "
-                                "{out} with step, loss (learning_rate, sample_ids)")
+                           placeholder="auto, or a JSON-lines or CSV file in {out}",
+                           help="auto (the Trainer hook, else trainer_state.json; default), or a JSON-lines file inside "
+                                "{out} with step, loss (learning_rate, sample_ids), or a CSV file with a header row "
+                                "holding step and loss (Lightning's CSVLogger: logs/csv/version_0/metrics.csv)")
     checkpoint_files: tuple[str, ...] = setting(
         (), flag="--checkpoint-files", metavar="A,B", label="Checkpoint files", form_order=50,
         placeholder="Trainer's set if a Trainer runs; else a,b,c",
@@ -160,6 +165,10 @@ class CommandSpec:
         """The command trains on gpuaccept's training split: it holds ``{train_data}`` or ``{train_data_dir}``."""
         return self.uses("{train_data}") or self.uses("{train_data_dir}")
 
+    def uses_heldout_split(self) -> bool:
+        """The evaluation command reads gpuaccept's held-out split: it holds ``{heldout_data}``."""
+        return self.eval not in EVAL_CHOICES and "{heldout_data}" in self.eval
+
     @property
     def workdir_path(self) -> Path:
         return Path(self.workdir).expanduser().resolve()
@@ -222,6 +231,9 @@ class CommandSpec:
                                              "training command")
         resume = _split("command.resume", self.resume)
         _no_shell("command.resume", self.resume)
+        if any("{heldout_data}" in w for w in words + resume):
+            raise SpecError("command.train", "{heldout_data} is the held-out split: only the evaluation command "
+                                             "reads it (a run that trains on it makes the evaluation meaningless)")
         if any("{command}" in w and w != "{command}" for w in resume):
             raise SpecError("command.resume", "{command} stands alone as a word (it is replaced by the training "
                                               "command's words), e.g. \"{command} --resume {checkpoint}\"")
@@ -402,7 +414,8 @@ def _no_shell(name: str, text: str) -> None:
 
 #: the flags' argument group in ``gpuaccept run --help``
 FLAGS_GROUP = ("your own command (command mode: accept your training command as you run it; or a [command] table in "
-               "the spec file; placeholders {out} {checkpoint} {command} {train_data} {train_data_dir} {model}, see "
+               "the spec file; placeholders {out} {checkpoint} {command} {train_data} {train_data_dir} {model} "
+               "{heldout_data}, see "
                "docs/command-mode.md)")
 #: every setting of the [command] table, made from the declarations on :class:`CommandSpec` (core/settings.py): keys
 #: ``command.train``, dests ``command_train``

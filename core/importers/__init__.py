@@ -1,12 +1,13 @@
 """Importers: the YAML configs teams already run, read as a gpuaccept spec (issue 37).
 
-Four formats, one module each, each written from its tool's documented schema:
+Five formats, one module each, each written from its tool's documented schema:
 
 - TRL's ``trl sft --config`` (:mod:`core.importers.trl`): ``ScriptArguments``, ``SFTConfig`` (transformers'
   ``TrainingArguments``) and ``ModelConfig`` keys in one file;
 - axolotl (:mod:`core.importers.axolotl`);
 - LLaMA-Factory (:mod:`core.importers.llamafactory`);
-- torchtune recipes' configs (:mod:`core.importers.torchtune`).
+- torchtune recipes' configs (:mod:`core.importers.torchtune`);
+- LitGPT's ``finetune_full`` / ``finetune_lora`` configs (:mod:`core.importers.litgpt`).
 
 Each maps what moves memory (the model, the micro-batch, the sequence length, packing, precision, LoRA / QLoRA / DoRA
 and its targets, gradient checkpointing, the optimizer, the attention implementation, the sharding strategy and the
@@ -23,12 +24,12 @@ from typing import Any
 
 from core.bounds import check_path
 from core.errors import SpecError
-from core.importers import axolotl, llamafactory, torchtune, trl
+from core.importers import axolotl, litgpt, llamafactory, torchtune, trl
 from core.importers.base import Imported
 from core.spec import YAML_SUFFIXES
 
 #: each format: its name, whether a config is of it (by its keys), and its importer; in the order they are tried
-FORMATS = (torchtune.FORMAT, axolotl.FORMAT, llamafactory.FORMAT, trl.FORMAT)
+FORMATS = (torchtune.FORMAT, axolotl.FORMAT, llamafactory.FORMAT, trl.FORMAT, litgpt.FORMAT)
 
 
 def read_yaml(path: Path) -> dict[str, Any]:
@@ -70,8 +71,8 @@ def import_config(path: str | Path) -> Imported:
         if fmt.detect(data):
             return fmt.read(data, path)
     raise SpecError("spec", f"{path}: not a config of {', '.join(f.name for f in FORMATS)} (none of their keys: "
-                            "e.g. model_name_or_path, base_model, or a torchtune model _component_); give one of "
-                            "those, or a gpuaccept TOML spec")
+                            "e.g. model_name_or_path, base_model, a torchtune model _component_ or a LitGPT train table); give "
+                            "one of those, or a gpuaccept TOML spec")
 
 
 __all__ = ["FORMATS", "YAML_SUFFIXES", "Imported", "import_config", "read_yaml"]

@@ -805,6 +805,18 @@ def compare_optimizers(ref_file: Path, res_file: Path, tier: Tier, twin_file: Pa
         t = safe_load(twin_file) if twin_file is not None and not tier.exact else None
     except UntrustedCheckpoint as exc:
         return [Check("optimizer_state", StageStatus.FAIL, str(exc))]
+    return compare_optimizer_states(a, b, tier, t)
+
+
+def is_optimizer_state(obj: Any) -> bool:
+    """``obj`` is a ``torch.optim.Optimizer.state_dict()``: a dict with ``state`` and ``param_groups``."""
+    return isinstance(obj, dict) and isinstance(obj.get("state"), dict) and isinstance(obj.get("param_groups"), list)
+
+
+def compare_optimizer_states(a: dict[str, Any], b: dict[str, Any], tier: Tier, t: dict[str, Any] | None = None
+                             ) -> list[Check]:
+    """:func:`compare_optimizers` on loaded optimizer state dicts: ``a`` the resumed run's, ``b`` the reference's,
+    ``t`` the twin's (None on an exact tier)."""
     sizes_a = [len(g["params"]) for g in a["param_groups"]]
     sizes_b = [len(g["params"]) for g in b["param_groups"]]
     steps_a = sorted({float(s["step"]) for s in a["state"].values() if "step" in s})

@@ -84,6 +84,22 @@ def test_the_metrics_file_is_read_as_it_grows_and_bad_lines_are_named(tmp_path):
     assert [(s.step, s.sample_ids) for s in read_metrics(m)] == [(3, [4, 7])]
 
 
+
+def test_a_csv_metrics_file_is_read_as_lightning_writes_it_rewritten_with_a_wider_header(tmp_path):
+    """Lightning's CSVLogger (LitGPT's default logger) appends rows, and rewrites the file with a wider header when a
+    metric first appears (``val_loss``); rows without a loss are other metrics, a bad loss is named."""
+    from core.command.reports import MetricsFile, read_metrics
+
+    path = tmp_path / "metrics.csv"
+    path.write_text("epoch,iter,learning_rate,loss,step\n0,1,0.001,10.81,1\n0,2,0.0009,10.8")
+    m = MetricsFile(path)
+    assert [(s.step, s.loss, s.learning_rate) for s in read_metrics(m)] == [(1, 10.81, 0.001)]
+    path.write_text("epoch,iter,learning_rate,loss,step,val_loss\n0,1,0.001,10.81,1,\n0,2,0.0009,10.8,2,\n"
+                    ",,,,2,10.9\n0,3,0.0007,nan,3,\n0,4,0.0005,10.7,4,\n")
+    assert [(s.step, s.loss) for s in read_metrics(m)] == [(2, 10.8), (4, 10.7)]
+    assert m.problems == ["metrics.csv line 5: needs an integer step and a finite loss"]
+    assert read_metrics(m) == [] and [s.step for s in m.steps] == [1, 2, 4]
+
 def test_checkpoints_are_ordered_by_the_number_in_their_name(tmp_path):
     from core.command.reports import list_checkpoints
 

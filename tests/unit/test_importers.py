@@ -106,7 +106,50 @@ def test_torchtune_lora_recipe(tmp_path):
     RunSpec.from_dict(got.raw())
 
 
+def test_litgpt_qlora_config(tmp_path):
+    """LitGPT's finetune_lora config (config_hub layout): 4-bit nf4 with double quantisation from ``bnb.nf4-dq``,
+    accumulation from the global batch, adapters from the switches, the run's length and the data ignored."""
+    got = import_config(_config(tmp_path, "litgpt_lora.yaml"))
+    assert got.format == "litgpt"
+    assert got.settings == {
+        "model": "some/model", "batch_size": 2, "grad_accum": 4, "seq_len": 512, "padding": "padded",
+        "dtype": "bf16", "precision": "pure", "mode": "qlora", "lora_r": 32, "lora_alpha": 16, "lora_dropout": 0.05,
+        "lora_targets": "q_proj,v_proj,o_proj,gate_proj,up_proj,down_proj", "qlora_quant_type": "nf4",
+        "qlora_double_quant": True, "optimizer": "adamw", "learning_rate": 2e-4, "attn_implementation": "sdpa",
+        "gradient_checkpointing": False}
+    assert got.used["train.global_batch_size"] == "grad_accum = 4 (8 / 1 rank(s) / micro-batch 2)"
+    assert got.used["lora_key"] == "off" and got.used["lora_query"].startswith("on: lora_targets gets q_proj")
+    assert got.ignored == {
+        "lora_head": "off: no adapter on the output head",
+        **{f"optimizer.init_args.{k}": "an optimizer argument: moves no memory" for k in ("weight_decay", "betas")},
+        **{f"train.{k}": RUN_LENGTH for k in ("epochs", "lr_warmup_steps")},
+        **{k: NO_MEMORY for k in ("out_dir", "logger_name", "seed", "train.save_interval", "train.log_interval",
+                                  "train.min_lr", "eval.interval", "eval.max_iters", "eval.initial_validation",
+                                  "data.class_path", *(f"data.init_args.{a}" for a in (
+                                      "mask_prompt", "prompt_style", "ignore_index", "seed", "num_workers")))}}
+    RunSpec.from_dict(got.raw())
+
+
+def test_litgpt_full_on_two_devices_is_sharded_with_checkpointing_and_mixed_by_default(tmp_path):
+    """No lora_* key: finetune_full; no precision: LitGPT's bf16-mixed (amp); two devices: FSDP with every Block's
+    activations checkpointed; the global batch of 16 over 2 ranks of micro-batch 4 is accumulation 2."""
+    path = tmp_path / "full.yaml"
+    path.write_text("checkpoint_dir: some/model\ndevices: 2\ntrain:\n  global_batch_size: 16\n"
+                    "  micro_batch_size: 4\n  max_seq_length: 256\noptimizer: AdamW\n", encoding="utf-8")
+    got = import_config(path)
+    assert {k: got.settings[k] for k in ("mode", "dtype", "precision", "grad_accum", "strategy",
+                                         "gradient_checkpointing", "optimizer")} == {
+        "mode": "full", "dtype": "bf16", "precision": "amp", "grad_accum": 2, "strategy": "zero3",
+        "gradient_checkpointing": True, "optimizer": "adamw"}
+    assert "LitGPT's default for training (bf16-mixed)" in got.used["precision"]
+
+
 @pytest.mark.parametrize(("name", "replace", "key", "says"), [
+    ("litgpt_lora.yaml", {"bnb.nf4-dq": "bnb.int8-training"}, "litgpt:quantize", "4-bit bases"),
+    ("litgpt_lora.yaml", {"  max_seq_length: 512\n": ""}, "litgpt:train.max_seq_length", "longest sample"),
+    ("litgpt_lora.yaml", {"global_batch_size: 8": "global_batch_size: 7"}, "litgpt:train.global_batch_size",
+     "multiple of 2"),
+    ("litgpt_lora.yaml", {"lora_head: false": "lora_head: true"}, "litgpt:lora_head", "output head"),
     ("axolotl_lora.yml", {"adapter: lora": "adapter: lora\nload_in_8bit: true"}, "axolotl:load_in_8bit",
      "8-bit base"),
     ("axolotl_lora.yml", {"sequence_len: 1024\n": ""}, "axolotl:sequence_len", "needs the sequence length"),
@@ -128,7 +171,7 @@ def test_what_cannot_be_planned_is_refused_by_its_key(tmp_path, name, replace, k
 def test_a_file_of_no_known_format_names_the_four(tmp_path):
     path = tmp_path / "x.yaml"
     path.write_text("learning_rate: 0.1\n", encoding="utf-8")
-    with pytest.raises(SpecError, match="not a config of torchtune, axolotl, llamafactory, trl"):
+    with pytest.raises(SpecError, match="not a config of torchtune, axolotl, llamafactory, trl, litgpt"):
         import_config(path)
     path.write_text("- a list\n", encoding="utf-8")
     with pytest.raises(SpecError, match="not a mapping"):
