@@ -646,7 +646,13 @@ def compare_final(reference: RunOutcome, resumed: RunOutcome, step: int, tier: T
     found = _final_folders(reference, resumed, step, tier, twin)
     if isinstance(found, Check):
         return [found]
-    a, b, t = found
+    return compare_final_files(*found, tier, not_compared, trainer)
+
+
+def compare_final_files(a: Checkpoint, b: Checkpoint, t: Path | None, tier: Tier, not_compared: list[str],
+                        trainer: bool = False) -> list[Check]:
+    """:func:`compare_final` on the folders: ``a`` the reference's checkpoint, ``b`` the resumed run's of the same
+    step, ``t`` the twin's folder (None on an exact tier)."""
     names = sorted(str(p.relative_to(a.path)) for p in a.path.rglob("*") if p.is_file())
     missing = [n for n in names if not (b.path / n).is_file() or (t is not None and not (t / n).is_file())]
     checks = [Check("final_checkpoint", StageStatus.judged(not missing),

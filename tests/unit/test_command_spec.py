@@ -232,6 +232,57 @@ def test_loaded_states_are_compared_to_the_first_difference():
     assert first_difference({"lr": 0.1}, {"lr": 0.1 + 1e-9}, twin={"lr": 0.1 + 1e-9}, multiple=4.0) == "lr"
 
 
+
+def _combined_checkpoint(folder: Path, weight: float, moment: float, step: int = 6) -> Path:
+    """A checkpoint whose one pickle holds everything, as LitGPT's ``lit_model.pth`` (weights, AdamW, the schedule
+    and the step counter), with the weight and first moment given."""
+    import torch
+
+    path = folder / f"step-{step:06d}"
+    path.mkdir(parents=True)
+    state = {"model": {"w": torch.full((4,), weight), "b": torch.zeros(2)},
+             "optimizer": {"state": {0: {"step": torch.tensor(float(step)), "exp_avg": torch.full((4,), moment),
+                                         "exp_avg_sq": torch.full((4,), 1e-4)}},
+                           "param_groups": [{"lr": 1e-3, "params": [0]}]},
+             "scheduler": {"last_epoch": step}, "step_count": step}
+    torch.save(state, path / "lit_model.pth")
+    return path
+
+
+def test_a_combined_pickle_is_compared_entry_by_entry_as_what_each_entry_is(tmp_path):
+    """Under a twin tier, noise in the weights and moments of a one-pickle checkpoint within 4 x the twin's passes (a
+    whole-pickle exact comparison failed every correct resume on a GPU); a weight off by far more fails as weights; a
+    step counter off by one fails exactly, by its entry."""
+    from core.command.reports import Checkpoint
+    from core.command.resume import compare_final_files
+    from core.stages.noise import required_tier
+
+    twin_tier = required_tier("cuda:0", "bf16")
+    ref = Checkpoint(6, _combined_checkpoint(tmp_path / "ref", 1.0, 0.5))
+    twin = _combined_checkpoint(tmp_path / "twin", 1.0 + 2e-3, 0.5 + 2e-3)
+
+    def checks(weight: float, moment: float, step: int = 6, tier=twin_tier) -> dict[str, tuple[str, str]]:
+        folder = tmp_path / f"res-{weight}-{moment}-{step}-{tier.method}"
+        res = _combined_checkpoint(folder, weight, moment)
+        if step != 6:
+            import torch
+
+            state = torch.load(res / "lit_model.pth")
+            torch.save({**state, "step_count": step}, res / "lit_model.pth")
+        got = compare_final_files(ref, Checkpoint(6, res), twin if not tier.exact else None, tier, [])
+        return {c.name: (c.status, c.evidence) for c in got}
+
+    noisy = checks(1.0 + 1e-3, 0.5 - 1e-3)
+    assert {k: v[0] for k, v in noisy.items()} == {"final_checkpoint": "pass", "optimizer_progress": "pass",
+                                                   "optimizer_moments": "pass", "final_weights": "pass",
+                                                   "states": "pass"}
+    assert noisy["final_weights"][1].startswith("2 tensors of lit_model.pth[model]")
+    assert noisy["optimizer_moments"][1].startswith("lit_model.pth[optimizer]: ")
+    assert checks(1.5, 0.5)["final_weights"][0] == "fail"
+    assert checks(1.0, 0.5, step=5)["states"] == ("fail", "lit_model.pth[step_count] differs at the top")
+    exact = checks(1.0 + 1e-3, 0.5, tier=required_tier("cpu", "fp32"))  # on the CPU the same noise is a fault
+    assert exact["final_weights"][0] == "fail" and exact["optimizer_moments"][0] == "pass"
+
 # ------------------------------------------------------------------------------------------- the evaluation
 def test_the_evaluation_passes_only_when_training_improved_on_the_base():
     from core.command.evaluate import _judged
