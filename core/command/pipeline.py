@@ -206,21 +206,19 @@ class CommandRun(StagedRun):
         return out
 
     def plan_stage(self) -> Generator[Event, None, CommandPlan]:
-        """The plan of what ran (the Trainer's report), per device, compared with what was measured there."""
+        """The plan of what ran (the Trainer's report; else the trainer's config file the command names:
+        :mod:`core.command.configplan`), per device, compared with what was measured there."""
         from core.plan.fit import all_fit, fit_verdicts
 
         yield self.emit(StageStarted("plan", detail="the memory plan of what your command ran, compared per device"))
         outcome = self.reference
         if outcome is None:
             raise self._refused("plan", "the command did not run, so nothing says what to plan")
-        ran = spec_from_run(outcome.trainer, list(outcome.hook.batches.values()),
-                            self.run_dir / "plan" / "config.json", outcome.last_step())
+        ran, measured = self._what_ran(outcome)
         ctx, why = plan_for(ran)
         if ctx is None:
             result = CommandPlan(StageStatus.NOT_APPLICABLE, f"no plan: {why}", reason=why, ran=ran)
         else:
-            measured = [{"device": device, "rank": rank, **rank_peaks(outcome).get(rank, {})}
-                        for rank, device in rank_devices(outcome).items()]
             comparisons = compare(ctx.plan, measured)
             fits = fit_verdicts(ctx.plan)
             status = StageStatus.judged(all_fit(fits))
@@ -229,9 +227,11 @@ class CommandRun(StagedRun):
                               f"{'above' if c.error_pct >= 0 else 'below'} the measurement)" for c in comparisons)
             fit_words = "; ".join(f"{f.device} {'fits' if f.fits else 'does not fit' if f.fits is False else 'unknown'}"
                                   for f in fits)
-            result = CommandPlan(status, f"{ran.spec.mode if ran.spec else ''} plan of what ran: {fit_words}"
+            of = "what ran" if ran.made_from == RanSpec.made_from else ran.made_from
+            result = CommandPlan(status, f"{ran.spec.mode if ran.spec else ''} plan of {of}: {fit_words}"
                                          + (f"; {words}" if words else ""), ran=ran, ctx=ctx, comparisons=comparisons)
             try:
+                (self.run_dir / "plan").mkdir(exist_ok=True)
                 (self.run_dir / "plan" / "plan.json").write_text(json.dumps(ctx.plan.to_json(), indent=2),
                                                                  encoding="utf-8")
             except OSError as exc:
@@ -239,6 +239,32 @@ class CommandRun(StagedRun):
         self.results["plan"] = result
         yield self.emit(StageFinished("plan", status=result.status, result=result, summary=result.summary))
         return result
+
+    def _what_ran(self, outcome: RunOutcome) -> tuple[RanSpec, list[dict[str, Any]]]:
+        """The spec of what ran and what each rank measured: the Trainer's report and its ranks' peaks (inside); for a
+        job measured from outside whose command names a trainer's config, that config and each device's reading of
+        the probe (sampled RSS, NVML)."""
+        ran = spec_from_run(outcome.trainer, list(outcome.hook.batches.values()),
+                            self.run_dir / "plan" / "config.json", outcome.last_step())
+        measured = [{"device": device, "rank": rank, **rank_peaks(outcome).get(rank, {})}
+                    for rank, device in rank_devices(outcome).items()]
+        probe = self.results.get("probe")
+        if outcome.trainer is not None or probe is None:
+            return ran, measured
+        from core.command.configplan import spec_from_config
+
+        rows = [d for d in probe.devices if d.measured_bytes]
+        cuda = [d for d in rows if d.device.startswith("cuda")]
+        placement: dict[str, Any] = ({"devices": ",".join(d.device.split(":")[1] for d in cuda)} if cuda else
+                                     {"devices": "cpu", **({"torchrun_nproc_per_node": len(rows)} if len(rows) > 1
+                                                           else {})})
+        from_config = spec_from_config(self.spec, {**self.values, "{out}": str(outcome.out_dir)}, placement,
+                                       outcome.last_step())
+        if from_config is None:
+            return ran, measured
+        return from_config, [{"device": d.device, "rank": d.rank,
+                              ("nvml_used_bytes" if d.device.startswith("cuda") else "peak_rss_bytes"): d.measured_bytes}
+                             for d in (cuda or rows)]
 
     def train_eval_stage(self, cancelled: Callable[[], bool] | None = None
                          ) -> Generator[Event, None, CommandEvaluation]:

@@ -37,11 +37,17 @@ class RanSpec:
         spec: the RunSpec to plan (its ``model`` is the config the script's model ran with, written to a file).
         reason: why no plan is made (``spec`` None).
         sources: each setting and where it came from, in words.
+        made_from: the Trainer's report, or the trainer's config file (:mod:`core.command.configplan`).
+        ignored: the config keys not used, with why.
     """
 
     spec: RunSpec | None
     reason: str = ""
     sources: dict[str, str] = field(default_factory=dict)
+    #: what the spec was made from, in words
+    made_from: str = "the setup the Trainer reported"
+    #: the config keys not used, with why (a spec made from a trainer's config file: core/command/configplan.py)
+    ignored: dict[str, str] = field(default_factory=dict)
 
 
 def spec_from_run(trainer: dict[str, Any] | None, batches: list[dict[str, Any]], config_path: Path,
@@ -229,7 +235,8 @@ def compare(plan: Any, measured: list[dict[str, Any]]) -> list[DeviceComparison]
     plan's total (its runtime line included: the process competes for host memory as a whole).
 
     Args:
-        measured: one mapping per rank: ``device``, ``rank``, ``peak_allocated_bytes`` or ``peak_rss_bytes``.
+        measured: one mapping per rank: ``device``, ``rank``, ``peak_allocated_bytes``, ``nvml_used_bytes`` (from
+            outside) or ``peak_rss_bytes``.
     """
     by_name = {d.device.name: d for d in plan.devices}
     out = []
@@ -240,6 +247,9 @@ def compare(plan: Any, measured: list[dict[str, Any]]) -> list[DeviceComparison]
         if m["device"].startswith("cuda") and m.get("peak_allocated_bytes"):
             planned = d.total_bytes - d.lines["overhead"].bytes
             got, what = int(m["peak_allocated_bytes"]), "peak allocated (torch.cuda) vs the plan's tensors"
+        elif m.get("nvml_used_bytes"):
+            planned, got = d.total_bytes, int(m["nvml_used_bytes"])
+            what = "NVML's memory of the job's processes (outside) vs the plan's total (CUDA context line included)"
         elif m.get("peak_rss_bytes"):
             planned, got = d.total_bytes, int(m["peak_rss_bytes"])
             what = "peak RSS of the rank's process vs the plan's total (runtime line included)"

@@ -109,10 +109,10 @@ def plan_table(plan: Any, stopped: Stopped | None) -> dict[str, Any]:
         device.update(fit_bytes=fit.bytes, fit_judged_by=fit.judged_by, fits=fit.fits)
     ran = plan.ran.spec
     return {"provenance": "estimated",
-            "method": "gpuaccept's analytic plan (core/plan/memory.py: the peak of the step over its phases) of the "
-                      "setup the Trainer reported, each setting's source in sources",
+            "method": "gpuaccept's analytic plan (core/plan/memory.py: the peak of the step over its phases) of "
+                      f"{plan.ran.made_from}, each setting's source in sources",
             "status": plan.status, "spec": {k: v for k, v in ran.to_dict().items() if k not in ("resume", "data")},
-            "sources": plan.ran.sources, **data,
+            "sources": plan.ran.sources, **({"ignored": plan.ran.ignored} if plan.ran.ignored else {}), **data,
             "comparison": [dataclasses.asdict(c) for c in plan.comparisons]}
 
 

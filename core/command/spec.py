@@ -16,6 +16,8 @@ A spec file holds command mode in a ``[command]`` table (every key but ``train``
     data = "embedded"               # gpuaccept's text: {train_data} gets its training split, the evaluation its
     heldout_fraction = 0.2          #   held-out split
     eval = "perplexity"             # perplexity | none | a command with {checkpoint} printing a JSON metric
+    config = "auto"                 # the trainer's YAML config to plan from when no Trainer reports what ran: auto
+                                    # (a .yml/.yaml file the command names), none, or its path
     eval_seq_len = 0                # 0: the sequence length the Trainer ran (else 128)
     eval_max_blocks = 32
     kill_after_checkpoint = 1       # SIGKILL after the command's 1st checkpoint, before its 2nd
@@ -56,7 +58,7 @@ from core.bounds import check_path, loads_bounded, special_file_kind
 from core.dtypes import DTYPES
 from core.errors import SpecError
 from core.settings import KIND_WORDS, setting, settings_of, value_fits
-from core.spec import EMBEDDED_DATA, EMBEDDED_MODEL, MAX_STEPS, canonical_sha256
+from core.spec import EMBEDDED_DATA, EMBEDDED_MODEL, MAX_STEPS, YAML_SUFFIXES, canonical_sha256
 
 #: The placeholders a command may hold, with what replaces them.
 PLACEHOLDERS = {
@@ -117,6 +119,10 @@ class CommandSpec:
                         placeholder="perplexity, none, or a command with {checkpoint}",
                         help="perplexity (default: held-out perplexity of the final checkpoint vs its base), none, or "
                              "an evaluation command with {checkpoint} printing a JSON line {\"metric\", \"value\"}")
+    config: str = setting("auto", flag="--trainer-config", metavar="FILE",
+                          help="the trainer's YAML config to plan from when the command reports no Trainer: auto (the "
+                               "first .yml/.yaml file the training command names, read by an importer; default), "
+                               "none, or its path")
     eval_seq_len: int = setting(0, flag="--eval-seq-len", metavar="N",
                                 help="tokens per held-out block (default: the Trainer's widest batch, else 128)")
     eval_max_blocks: int = setting(32, cli=False, help="held-out blocks evaluated, at most (--eval-max-blocks)")
@@ -292,6 +298,11 @@ class CommandSpec:
         if not 0.0 < self.heldout_fraction < 1.0:
             raise SpecError("command.heldout_fraction", f"must be between 0 and 1, exclusive (got "
                                                         f"{self.heldout_fraction})")
+        if self.config not in ("auto", "none"):
+            path = self.workdir_path / Path(self.config).expanduser()
+            if path.suffix.lower() not in YAML_SUFFIXES or not path.is_file():
+                raise SpecError("command.config", f"{self.config!r}: give auto, none, or an existing .yml / .yaml file "
+                                                  "(the trainer's config)")
         if not 0 <= self.eval_seq_len <= 1_000_000 or self.eval_seq_len == 1:
             raise SpecError("command.eval_seq_len", f"0 (the Trainer's) or at least 2 tokens (got {self.eval_seq_len})")
         if not 1 <= self.eval_max_blocks <= MAX_STEPS:

@@ -25,7 +25,7 @@ from typing import Any
 from core.bounds import check_path
 from core.errors import SpecError
 from core.importers import axolotl, litgpt, llamafactory, torchtune, trl
-from core.importers.base import Imported
+from core.importers.base import Format, Imported
 from core.spec import YAML_SUFFIXES
 
 #: each format: its name, whether a config is of it (by its keys), and its importer; in the order they are tried
@@ -66,13 +66,28 @@ def import_config(path: str | Path) -> Imported:
             cannot plan (naming the key and what to change).
     """
     path = Path(path)
-    data = read_yaml(path)
-    for fmt in FORMATS:
-        if fmt.detect(data):
-            return fmt.read(data, path)
+    return import_data(read_yaml(path), path)
+
+
+def format_of(data: dict[str, Any]) -> Format | None:
+    """The format whose keys ``data`` holds (the first of :data:`FORMATS` that detects it), or None."""
+    return next((fmt for fmt in FORMATS if fmt.detect(data)), None)
+
+
+def import_data(data: dict[str, Any], path: Path) -> Imported:
+    """:func:`import_config` on the mapping ``data`` read from ``path`` (command mode sets the command's flags over
+    the file's keys first).
+
+    Raises:
+        SpecError: as :func:`import_config`.
+    """
+    fmt = format_of(data)
+    if fmt is not None:
+        return fmt.read(data, path)
     raise SpecError("spec", f"{path}: not a config of {', '.join(f.name for f in FORMATS)} (none of their keys: "
                             "e.g. model_name_or_path, base_model, a torchtune model _component_ or a LitGPT train table); give "
                             "one of those, or a gpuaccept TOML spec")
 
 
-__all__ = ["FORMATS", "YAML_SUFFIXES", "Imported", "import_config", "read_yaml"]
+__all__ = ["FORMATS", "YAML_SUFFIXES", "Format", "Imported", "format_of", "import_config", "import_data",
+           "read_yaml"]

@@ -62,20 +62,22 @@ class Imported:
 
 @dataclass(frozen=True)
 class Format:
-    """One tool's config format: its name, a test of a config's keys, and its importer."""
+    """One tool's config format: its name, a test of a config's keys, and its importer; ``positional``: the key its
+    command's first positional argument after the subcommand sets (LitGPT's ``checkpoint_dir``), "" for none."""
 
     name: str
     detect: Callable[[dict[str, Any]], bool]
     read: Callable[[dict[str, Any], Path], Imported]
+    positional: str = ""
 
 
-def _leaves(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+def leaves(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     """Every leaf of a nested mapping by its dotted key (``tokenizer.max_seq_len``); lists are leaves."""
     out: dict[str, Any] = {}
     for key, value in data.items():
         name = f"{prefix}{key}"
         if isinstance(value, dict) and value:
-            out.update(_leaves(value, name + "."))
+            out.update(leaves(value, name + "."))
         else:
             out[name] = value
     return out
@@ -87,7 +89,7 @@ class Reader:
 
     def __init__(self, fmt: str, data: dict[str, Any], path: Path, no_memory: frozenset[str] = frozenset()) -> None:
         self.fmt, self.path, self.no_memory = fmt, path, no_memory
-        self.leaves = _leaves(data)
+        self.leaves = leaves(data)
         self.settings: dict[str, Any] = {}
         self.used: dict[str, str] = {}
         self.ignored: dict[str, str] = {}

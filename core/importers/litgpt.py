@@ -171,10 +171,10 @@ def _placement(r: Reader) -> None:
         if r.has("devices"):
             r.used["devices"] = "gradient_checkpointing = False (one device: no activation checkpointing)"
         return
-    if r.settings.get("mode") == "qlora":
+    if r.value("quantize"):
         raise r.refuse("quantize", "LitGPT refuses quantization on more than one device; set devices: 1")
     r.set("devices", "strategy", "zero3", f"{ranks} ranks: LitGPT shards the model (FSDP)")
     r.set("devices", "gradient_checkpointing", True, "LitGPT checkpoints every Block's activations when sharded")
 
 
-FORMAT = Format("litgpt", detect, read)
+FORMAT = Format("litgpt", detect, read, positional="checkpoint_dir")

@@ -3,9 +3,10 @@ set-up into a virtual environment of its own (never into gpuaccept's: it reads g
 through a ``.pth`` file, and holds the trainer and what the trainer adds):
 
 - TRL's ``trl sft``, built on transformers' Trainer: gpuaccept measures it from inside (the hook);
-- LitGPT's ``litgpt finetune_full``, built on Lightning Fabric, not on Trainer: measured from outside, its steps read
-  from Lightning's CSV log, its checkpoints its own ``step-*/lit_model.pth``, its resume its own ``--resume``, its
-  evaluation the team's script on gpuaccept's held-out split (``{heldout_data}``).
+- LitGPT's ``litgpt finetune_full``, built on Lightning Fabric, not on Trainer: measured from outside, planned from
+  the config file its command names, its steps read from Lightning's CSV log, its checkpoints its own
+  ``step-*/lit_model.pth``, its resume its own ``--resume``, its evaluation the team's script on gpuaccept's held-out
+  split (``{heldout_data}``).
 
 Each record names the trainer's config file by its sha256; each trainer also fails the resume check when resumed from
 the wrong checkpoint folder, with the evidence.
@@ -143,8 +144,18 @@ def accept_litgpt(lit: dict[str, Path], runs: Path, *extra: str) -> tuple[int, d
 def test_litgpt_finetune_full_is_accepted_end_to_end_measured_from_outside(litgpt, tmp_path):
     rc, rec, path, said = accept_litgpt(litgpt, tmp_path / "runs")
     stages = {name: s["status"] for name, s in rec["verdict"]["stages"].items()}
-    assert rc == 0 and stages["probe"] == stages["evaluation"] == stages["resume"] == "pass", (stages, said[-3000:])
+    assert rc == 0 and stages == {"plan": "pass", "probe": "pass", "evaluation": "pass", "resume": "pass"}, \
+        (stages, said[-3000:])
     assert rec["ran"]["view"] == "outside"
+    # planned from the config file the command names, its flags over it (the checkpoint folder is the positional
+    # argument), and compared with the job's sampled RSS
+    plan = rec["plan"]
+    assert f"your litgpt config {LITGPT_CONFIG}" in plan["method"]
+    assert (plan["spec"]["mode"], plan["spec"]["batch_size"], plan["spec"]["seq_len"]) == ("full", 2, 64)
+    assert plan["spec"]["model"] == str(litgpt["model"]) and "on the command line" in plan["sources"]["checkpoint_dir"]
+    assert plan["ignored"]["train.max_steps"].startswith("the real run's length")
+    [row] = plan["comparison"]
+    assert row["device"] == "cpu" and row["measured_bytes"] == rec["probe"]["devices"][0]["measured_bytes"]
     ev = rec["evaluation"]
     assert ev["metric"] == "perplexity" and ev["after"]["value"] < ev["before"]["value"]
     assert ev["checkpoint"] == "step-000006"

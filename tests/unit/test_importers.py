@@ -150,6 +150,7 @@ def test_litgpt_full_on_two_devices_is_sharded_with_checkpointing_and_mixed_by_d
     ("litgpt_lora.yaml", {"global_batch_size: 8": "global_batch_size: 7"}, "litgpt:train.global_batch_size",
      "multiple of 2"),
     ("litgpt_lora.yaml", {"lora_head: false": "lora_head: true"}, "litgpt:lora_head", "output head"),
+    ("litgpt_lora.yaml", {"devices: 1": "devices: 2"}, "litgpt:quantize", "more than one device"),
     ("axolotl_lora.yml", {"adapter: lora": "adapter: lora\nload_in_8bit: true"}, "axolotl:load_in_8bit",
      "8-bit base"),
     ("axolotl_lora.yml", {"sequence_len: 1024\n": ""}, "axolotl:sequence_len", "needs the sequence length"),
