@@ -46,7 +46,8 @@ if TYPE_CHECKING:  # the names of REEXPORTED, for type checkers; at run time eac
     from core.command.spec import is_command_file as is_command_file
     from core.command.spec import read_command_criteria as read_command_criteria
     from core.command.spec import read_command_table as read_command_table
-    from core.criteria import AcceptCriteria
+    from core.criteria import COMMAND_CRITERIA as COMMAND_CRITERIA
+    from core.criteria import AcceptCriteria as AcceptCriteria
     from core.criteria import command_criteria as command_criteria
     from core.events import Event
     from core.importers import import_config as import_config
@@ -108,7 +109,7 @@ REEXPORTED: dict[str, str] = {
     "CommandRun": "core.command.pipeline", "every_stage": "core.command.pipeline",
     "CommandSpec": "core.command.spec", "read_command_table": "core.command.spec", "is_command_file": "core.command.spec",
     "COMMAND_SETTINGS": "core.command.spec", "read_command_criteria": "core.command.spec",
-    "command_criteria": "core.criteria",
+    "command_criteria": "core.criteria", "COMMAND_CRITERIA": "core.criteria", "AcceptCriteria": "core.criteria",
     # a trainer's YAML config read as a spec (TRL, axolotl, LLaMA-Factory, torchtune)
     "import_config": "core.importers",
     # records: verify, compare, summarise, sign off and sign

@@ -471,12 +471,12 @@ def cmd_wizard(args: argparse.Namespace) -> int:
     spec = spec_from_args(args)  # validates flags first: a bad flag is one line, before any screen
     fields = {k: getattr(args, k) for k in _SPEC_KEYS if getattr(args, k, None) is not None and k != "mode"}
     if args.spec:  # what the file sets, in its tables and [accept] too: each value not the mode's default (the form's)
-        from core.spec import RunSpec
+        from tui.screens.setup import fields_of
 
-        defaults = RunSpec.build(mode=spec.mode)
-        fields = {**{s.dest: s.value(spec) for s in SETTINGS if s.value(spec) != s.value(defaults)}, **fields}
-        fields.pop("mode", None)
+        fields = {**fields_of(spec), **fields}
     app = GpuAcceptApp(runs_root=Path(args.runs_dir), fields=fields, mode=spec.mode)
+    imported = imported_config(args)
+    app.state.imported_note = imported.summary()[0] if imported is not None else ""
     code = app.run()
     if app.state.record_path is not None:
         print(f"record: {app.state.record_path}")

@@ -57,6 +57,8 @@ class WizardState:
     #: command mode's criteria (core/criteria.py ``command_criteria``: from the [accept] table and the flags); None:
     #: the default rules
     command_criteria: Any = None
+    #: Setup's line saying which trainer's config the form was read from (^l From config), "" for none
+    imported_note: str = ""
 
 
     def recipe_run(self) -> AcceptanceRun:

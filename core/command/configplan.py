@@ -14,80 +14,40 @@ what the job measured on each device, as the plan of what a Trainer ran is.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from core.command.configfile import (
+    command_flags,
+    config_file,
+    out_config,
+    out_copy,
+    set_key,
+    swap,
+    writes_to_out,
+)
 from core.command.plan import RanSpec
 from core.command.spec import CommandSpec, substitute
 from core.errors import SpecError
-from core.spec import YAML_SUFFIXES, RunSpec
+from core.importers.base import leaves
+from core.spec import RunSpec
 
 
-@dataclass(frozen=True)
-class CommandFlags:
-    """A command line's ``--key value`` settings (dotted keys, values typed: :func:`typed`) and its positional words,
-    after the program and its subcommand."""
+def run_words(spec: CommandSpec, words: list[str], values: dict[str, str], out: Path) -> list[str]:
+    """The argv of one run of the command: ``words`` (the training or the resume command's) with the placeholders of
+    ``values`` and ``{out}`` = ``out`` replaced. A training command without ``{out}`` names a trainer's config instead
+    (:func:`core.command.configfile.out_config`): a copy of that file with its output keys set to ``out`` is written
+    beside ``out`` (``out/../<name>.gpuaccept.yaml``; the file's other paths are read from the working folder, as the
+    trainer reads them) and stands in the argv where the file was named.
 
-    values: dict[str, Any]
-    positionals: list[str]
-
-
-def typed(text: str) -> Any:
-    """A flag's value as its config's YAML would hold it: ``"64"`` -> 64, ``"1e-3"`` -> 0.001, ``"true"`` -> True,
-    anything else the text."""
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            continue
-    return {"true": True, "false": False}.get(text.lower(), text)
-
-
-def command_flags(words: list[str]) -> CommandFlags:
-    """The settings and positional words of ``words`` (a command, placeholders replaced): ``--key value`` and
-    ``--key=value``; a ``--key`` followed by another flag or by nothing is true. The first word (the program) and a
-    second that is no flag (a subcommand: ``finetune_full``, ``sft``, or a script) are skipped."""
-    rest = words[2:] if len(words) > 1 and not words[1].startswith("-") else words[1:]
-    values: dict[str, Any] = {}
-    positionals: list[str] = []
-    i = 0
-    while i < len(rest):
-        word = rest[i]
-        if word.startswith("--") and len(word) > 2:
-            key, eq, value = word[2:].partition("=")
-            if not eq:
-                has_value = i + 1 < len(rest) and not rest[i + 1].startswith("--")
-                value = rest[i + 1] if has_value else "true"
-                i += has_value
-            values[key] = typed(value)
-        else:
-            positionals.append(word)
-        i += 1
-    return CommandFlags(values, positionals)
-
-
-def config_file(spec: CommandSpec, values: dict[str, str]) -> Path | None:
-    """The trainer's config file of the command (see the module docstring), or None."""
-    if spec.config == "none":
-        return None
-    if spec.config != "auto":
-        return (spec.workdir_path / spec.config).resolve()
-    for word in substitute(spec.words(), values):
-        for part in (word, word.partition("=")[2]):
-            if Path(part).suffix.lower() in YAML_SUFFIXES and (spec.workdir_path / part).is_file():
-                return (spec.workdir_path / part).resolve()
-    return None
-
-
-def _set(data: dict[str, Any], key: str, value: Any) -> None:
-    """``data[a][b] = value`` for the dotted key ``a.b`` (the tables made where missing)."""
-    *parents, leaf = key.split(".")
-    for part in parents:
-        if not isinstance(data.get(part), dict):
-            data[part] = {}
-        data = data[part]
-    data[leaf] = value
+    Raises:
+        SpecError: as :func:`core.command.configfile.out_config`."""
+    argv = substitute(words, {**values, "{out}": str(out)})
+    if writes_to_out(spec.words()):
+        return argv
+    path, fmt, data = out_config(spec.words(), spec.config, spec.workdir_path)
+    target = out_copy(path, fmt, data, out)
+    return [swap(word, path, target, spec.workdir_path) for word in argv]
 
 
 def spec_from_config(spec: CommandSpec, values: dict[str, str], placement: dict[str, Any], steps: int
@@ -103,7 +63,7 @@ def spec_from_config(spec: CommandSpec, values: dict[str, str], placement: dict[
     """
     from core.importers import FORMATS, format_of, read_yaml
 
-    path = config_file(spec, values)
+    path = config_file(substitute(spec.words(), values), spec.config, spec.workdir_path)
     if path is None:
         return None
     try:
@@ -121,7 +81,7 @@ def spec_from_config(spec: CommandSpec, values: dict[str, str], placement: dict[
     if fmt.positional and flags.positionals:
         given[fmt.positional] = flags.positionals[0]
     for key, value in given.items():
-        _set(merged, key, value)
+        set_key(merged, key, value)
     try:
         imported = fmt.read(merged, path)
     except SpecError as exc:
@@ -134,8 +94,6 @@ def _ran(spec: CommandSpec, imported: Any, given: dict[str, Any], data: dict[str
     """The RanSpec of ``imported``: its settings where the job ran; its sources say which key (of the file or of the
     command's flags) set each; the command's flags the importer did not read and the file does not hold (a launcher's
     or a script's own) are left out of the ignored keys."""
-    from core.importers.base import leaves
-
     in_file = set(leaves(data))
     sources = {k: f"{imported.format} config {'--' + k + ' on the command line' if k in given else k}: {v}"
                for k, v in imported.used.items()}

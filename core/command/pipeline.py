@@ -13,13 +13,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from core.command.configplan import run_words
 from core.command.evaluate import DEFAULT_EVAL_SEQ_LEN, CommandEvaluation, evaluate_stage
 from core.command.plan import DeviceComparison, RanSpec, compare, plan_for, spec_from_run
 from core.command.probe import CommandProbe, build_probe, rank_devices, rank_peaks
 from core.command.reaper import start_reaper, stop_reaper
 from core.command.resume import CommandResume, not_applicable, resume_stage
 from core.command.run import RunOutcome, run_command
-from core.command.spec import CommandSpec, substitute
+from core.command.spec import CommandSpec
 from core.criteria import (
     COMMAND_SPEED_ON,
     AcceptCriteria,
@@ -161,7 +162,7 @@ class CommandRun(StagedRun):
         """The command once, uninterrupted (the reference of the resume check), measured per device."""
         spec = self.spec
         out = self.run_dir / "reference" / "out"
-        argv = substitute(spec.words(), {**self.values, "{out}": str(out)})
+        argv = run_words(spec, spec.words(), self.values, out)
         yield self.emit(StageStarted("probe", detail="your command, uninterrupted, measured per device (inside when "
                                                      "Trainer-based, always from outside)"))
         yield self.emit(Message("probe", text=shlex.join(argv)))

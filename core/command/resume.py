@@ -35,9 +35,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from core.command.configplan import run_words
 from core.command.reports import Checkpoint, StepRecord, failure_lines, last_lines
 from core.command.run import RunOutcome, run_command
-from core.command.spec import CommandSpec, substitute
+from core.command.spec import CommandSpec
 from core.criteria import Judgement
 from core.events import Event, Message
 from core.protocol.manifest import verify_manifest, write_manifest
@@ -197,7 +198,7 @@ def run_twin(spec: CommandSpec, reference: RunOutcome, run_dir: Path, values: di
     out = run_dir / "resume-twin" / "out"
     yield Message("resume", text="twin run: the training command again, uninterrupted; its distance from the "
                                  "uninterrupted run is the run-to-run noise the comparison is bounded by")
-    return (yield from run_command(spec, "twin", substitute(spec.words(), {**values, "{out}": str(out)}), out,
+    return (yield from run_command(spec, "twin", run_words(spec, spec.words(), values, out), out,
                                    run_dir / "resume-twin", "resume", total=reference.last_step() or 0,
                                    cancelled=cancelled, backend=backend))
 
@@ -319,7 +320,7 @@ def _interrupted_phase(runs: _Runs, plan: KillPlan, progress: _Progress,
     Returns (the run, checkpoint c it left; None when the kill failed or left no checkpoint c)."""
     spec, trainer, world, k = runs.spec, runs.trainer, runs.world, plan.k
     out_i = runs.run_dir / "resume-interrupted" / "out"
-    argv_i = substitute(spec.words(), {**runs.values, "{out}": str(out_i)})
+    argv_i = run_words(spec, spec.words(), runs.values, out_i)
     how = "held by the Trainer hook after step" if trainer else "killed when its metrics show step"
     yield Message("resume", text=f"interrupted run: {how} {k}, after checkpoint {plan.c} and before {plan.n}; "
                                  "SIGKILL to every process of it")
@@ -357,7 +358,7 @@ def _resumed_phase(runs: _Runs, ckpt: Checkpoint, plan: KillPlan, progress: _Pro
     """3. The resumed run, from checkpoint c to its end, and the manifest checked again after it. Returns the run, or
     None when it failed (``resumed_run``)."""
     out_r = runs.run_dir / "resume-resumed" / "out"
-    argv_r = substitute(runs.spec.resume_words(), {**runs.values, "{out}": str(out_r), "{checkpoint}": str(ckpt.path)})
+    argv_r = run_words(runs.spec, runs.spec.resume_words(), {**runs.values, "{checkpoint}": str(ckpt.path)}, out_r)
     last = runs.reference.last_step() or plan.final
     yield Message("resume", text=f"resumed run from {ckpt.name} to its end (step {last}), compared with the "
                                  "uninterrupted run")
@@ -554,12 +555,12 @@ class CommandWords(StepWords):
     def reproducible(self, steps: list[int], exact: list[int], bad: list[int], judged: Bounded, tier: Tier) -> str:
         if exact or bad:
             return (f"before any kill, the interrupted run differs from the uninterrupted one at steps "
-                    f"{span(sorted(set(bad) | set(exact)))} ({judged.describe(tier, 'losses')}): the command does "
+                    f"{span(sorted(set(bad) | set(exact)))} ({judged.describe(tier, 'losses', tier.loss_multiple)}): the command does "
                     "not give the same run twice, so no resume can be shown to continue it; seed everything it draws "
                     "(e.g. transformers.set_seed before building the model and its adapters) or make it "
                     "deterministic")
         return (f"before the kill, the interrupted run equals the uninterrupted one at steps {span(steps)} (learning "
-                f"rate and samples exactly; {judged.describe(tier, 'losses')})")
+                f"rate and samples exactly; {judged.describe(tier, 'losses', tier.loss_multiple)})")
 
     def field_equal(self, label: str, compared: int, steps: list[int]) -> str:
         return f"{label} of the resumed run equal at {compared} step(s)"
@@ -572,7 +573,7 @@ class CommandWords(StepWords):
     def loss(self, bad: list[int], unmatched: list[int], judged: Bounded | None, tier: Tier) -> str:
         return ((f"resumed loss outside the bound at steps {span(bad)}; " if bad else "")
                 + (f"other ranks than the reference's at steps {span(unmatched)}; " if unmatched else "")
-                + (judged.describe(tier, "resumed losses (every rank)") if judged is not None else
+                + (judged.describe(tier, "resumed losses (every rank)", tier.loss_multiple) if judged is not None else
                    "the resumed run logged no step the uninterrupted run logged"))
 
 

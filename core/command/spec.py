@@ -89,7 +89,8 @@ class CommandSpec:
         flag="--command", metavar="COMMAND", label="Training command", form_order=10,
         placeholder="python train.py --output_dir {out}",
         help="the training command, e.g. \"torchrun --nproc-per-node 2 train.py --output_dir {out}\" (run without a "
-             "shell; {out} is required: each run gets its own folder)")
+             "shell; {out} where it takes its output folder: each run gets its own; or a trainer's config file whose "
+             "output key gpuaccept sets per run)")
     resume: str = setting(DEFAULT_RESUME, flag="--resume-command", metavar="COMMAND", label="Resume command",
                           form_order=20, help=f"how it resumes (default: \"{DEFAULT_RESUME}\")")
     checkpoints: str = setting("checkpoint-*", flag="--checkpoints", metavar="GLOB", label="Checkpoints in {out}",
@@ -227,11 +228,6 @@ class CommandSpec:
         if not words:
             raise SpecError("command.train", "the training command is empty")
         _no_shell("command.train", self.train)
-        if not any("{out}" in w for w in words):
-            raise SpecError("command.train", "the command must write into the folder gpuaccept gives each run: put "
-                                             "{out} where your script takes its output folder (e.g. --output_dir "
-                                             "{out}); the uninterrupted, the killed and the resumed run each get their "
-                                             "own")
         if any("{checkpoint}" in w or "{command}" in w for w in words):
             raise SpecError("command.train", "{checkpoint} and {command} belong in the resume command, not the "
                                              "training command")
@@ -247,12 +243,21 @@ class CommandSpec:
             raise SpecError("command.resume", "the resume command must say where the checkpoint goes: put "
                                               "{checkpoint} in it, e.g. \"{command} --resume_from_checkpoint "
                                               "{checkpoint}\"")
-        if not any("{out}" in w for w in self.resume_words()):
+        out_given = any("{out}" in w for w in words)
+        if out_given and not any("{out}" in w for w in self.resume_words()):
             raise SpecError("command.resume", "the resumed run must write into its own folder too: put {out} (or "
                                               "{command}, which holds it) in the resume command")
+        if not out_given and "{command}" not in resume:
+            raise SpecError("command.resume", "the training command takes its output folder from its config file: "
+                                              "start the resume command with {command} (which names that file), "
+                                              "e.g. \"{command} --resume {checkpoint}\"")
         check_path("command.workdir", self.workdir)  # before any stat (core/bounds.py)
         if not self.workdir_path.is_dir():
             raise SpecError("command.workdir", f"{self.workdir} is not a folder; give the folder the command runs in")
+        if not out_given:  # the output folder is the config file's key (the run writes a copy per run)
+            from core.command.configfile import out_config
+
+            out_config(words, self.config, self.workdir_path)
         program = words[0]
         if "{" not in program and find_program(program, self.workdir_path, self.env) is None:
             raise SpecError("command.train", f"{program}: not found (on PATH, or as a file in {self.workdir_path}); "

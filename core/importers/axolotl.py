@@ -83,4 +83,4 @@ def _adapter(r: Reader) -> None:
         r.take("lora_target_modules", "lora_targets", targets)
 
 
-FORMAT = Format("axolotl", detect, read)
+FORMAT = Format("axolotl", detect, read, out_keys=("output_dir",))

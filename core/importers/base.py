@@ -63,12 +63,16 @@ class Imported:
 @dataclass(frozen=True)
 class Format:
     """One tool's config format: its name, a test of a config's keys, and its importer; ``positional``: the key its
-    command's first positional argument after the subcommand sets (LitGPT's ``checkpoint_dir``), "" for none."""
+    command's first positional argument after the subcommand sets (LitGPT's ``checkpoint_dir``), "" for none;
+    ``out_keys``: the keys naming the folder the trainer writes its checkpoints and logs into (``output_dir``; LitGPT's
+    ``out_dir``; torchtune's ``checkpointer.output_dir`` and ``metric_logger.log_dir`` besides): when the command holds
+    no ``{out}``, command mode sets the first to each run's own folder, and the others where the file holds them."""
 
     name: str
     detect: Callable[[dict[str, Any]], bool]
     read: Callable[[dict[str, Any], Path], Imported]
     positional: str = ""
+    out_keys: tuple[str, ...] = ()
 
 
 def leaves(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -177,4 +177,4 @@ def _placement(r: Reader) -> None:
     r.set("devices", "gradient_checkpointing", True, "LitGPT checkpoints every Block's activations when sharded")
 
 
-FORMAT = Format("litgpt", detect, read, positional="checkpoint_dir")
+FORMAT = Format("litgpt", detect, read, positional="checkpoint_dir", out_keys=("out_dir",))

@@ -86,4 +86,4 @@ def _finetuning(r: Reader) -> None:
           "" if r.has("lora_target") else "LLaMA-Factory's default: all")
 
 
-FORMAT = Format("llamafactory", detect, read)
+FORMAT = Format("llamafactory", detect, read, out_keys=("output_dir",))

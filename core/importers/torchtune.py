@@ -97,4 +97,5 @@ def _adapters(r: Reader, component: str) -> None:
         r.set("model.lora_attn_modules", "lora_targets", ",".join(modules), "torchtune's names as transformers'")
 
 
-FORMAT = Format("torchtune", detect, read)
+FORMAT = Format("torchtune", detect, read,
+                out_keys=("output_dir", "checkpointer.output_dir", "metric_logger.log_dir"))

@@ -97,4 +97,4 @@ def _adapters(r: Reader) -> None:
         r.set("use_bnb_nested_quant", "qlora_double_quant", bool(r.value("use_bnb_nested_quant", False)))
 
 
-FORMAT = Format("trl", detect, read)
+FORMAT = Format("trl", detect, read, out_keys=("output_dir",))

@@ -414,7 +414,7 @@ def resume_facts(spec: RunSpec, r: Any) -> ResumeFacts | NotApplicable:
     return ResumeFacts(
         tuple(CheckFact(c.name, c.status == StageStatus.PASS, c.kind, c.largest_difference or 0.0, c.noise, c.bound)
               for c in r.checks),
-        rule=RecordedRule(tier.method, multiple=tier.multiple) if tier is not None else RecordedRule("exact"),
+        rule=RecordedRule(tier.method, multiple=tier.multiple, loss_multiple=tier.loss_multiple) if tier is not None else RecordedRule("exact"),
         steps=tuple(ComparedStep(row.get("step"), loss(row.get("loss_reference")), loss(row.get("loss_resumed")),
                                  None if row.get("loss_twin") is None else loss(row["loss_twin"]))
                     for row in r.comparison),

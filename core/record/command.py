@@ -253,7 +253,9 @@ def _rule(res: dict[str, Any], version: int) -> RecordedRule:
     tier = subtable(res.get("tier", {}), "resume.tier")
     if version >= 4:
         method = tier.get("method") if tier.get("method") in ("exact", "twin") else "exact"
-        return RecordedRule(str(method), multiple=number(tier.get("multiple", 0.0), "resume.tier.multiple"))
+        multiple = number(tier.get("multiple", 0.0), "resume.tier.multiple")
+        return RecordedRule(str(method), multiple=multiple,  # a record without loss_multiple bounded losses by multiple
+                            loss_multiple=number(tier.get("loss_multiple", multiple), "resume.tier.loss_multiple"))
     return RecordedRule("legacy", rtol=number(tier.get("rtol", 0.0), "resume.tier.rtol"))
 
 

@@ -757,7 +757,9 @@ def _resume_tier(rec: dict[str, Any], problems: list[str], crit: AcceptCriteria)
     if known is None:
         problems.append(f"resume.tier {name!r} is not a tier gpuaccept applies ({', '.join(known_tiers())})")
         return RecordedRule("exact")
-    for key in ("method", "multiple"):
+    for key in ("method", "multiple", "loss_multiple"):
+        if key == "loss_multiple" and key not in tier:  # written before losses had their own multiple: judged by multiple
+            continue
         if tier.get(key) != getattr(known, key):
             problems.append(f"resume.tier {known.name} has {key} {getattr(known, key)!r}, the record says "
                             f"{tier.get(key)!r}")
@@ -769,7 +771,8 @@ def _resume_tier(rec: dict[str, Any], problems: list[str], crit: AcceptCriteria)
                              jittered=bool(env.get("test_jitter"))).name
         if want != known.name:
             problems.append(f"resume.tier is {known.name}, but {spec.get('dtype')} on {probed[0]} is {want}")
-    return RecordedRule(known.method, multiple=known.multiple)
+    return RecordedRule(known.method, multiple=known.multiple,
+                        loss_multiple=known.loss_multiple if "loss_multiple" in tier else known.multiple)
 
 
 def _resume_window_problems(spec: dict[str, Any], res: dict[str, Any], rows: list[Any], problems: list[str]) -> None:

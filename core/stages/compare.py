@@ -154,9 +154,9 @@ class StepWords:
                    ("losses outside the bound" if bad else "")
             return (f"before its kill, the interrupted run, which wrote the checkpoint resumed from, differs from the "
                     f"uninterrupted run at steps {span(sorted(set(exact) | set(bad)))} ({what}): the checkpoint "
-                    f"resumed from is not this run's; {judged.describe(tier, 'losses')}")
+                    f"resumed from is not this run's; {judged.describe(tier, 'losses', tier.loss_multiple)}")
         return (f"before its kill, the interrupted run equals the uninterrupted run at steps {span(steps)} "
-                f"(samples, learning rates and epochs exactly); {judged.describe(tier, 'losses')}")
+                f"(samples, learning rates and epochs exactly); {judged.describe(tier, 'losses', tier.loss_multiple)}")
 
     def field_equal(self, label: str, compared: int, steps: list[int]) -> str:
         return f"{label} equal at the {compared} resumed steps ({span(steps)})"
@@ -169,7 +169,7 @@ class StepWords:
         """``judged`` None: no resumed step had a reference to compare with."""
         return ((f"loss of the resumed run outside the bound at steps {span(bad)}; " if bad else "")
                 + (f"other ranks than the reference's at steps {span(unmatched)}; " if unmatched else "")
-                + (judged.describe(tier, "resumed losses") if judged is not None else
+                + (judged.describe(tier, "resumed losses", tier.loss_multiple) if judged is not None else
                    "the resumed run logged no step the uninterrupted run logged"))
 
 

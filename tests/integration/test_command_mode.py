@@ -429,7 +429,8 @@ def test_verify_recomputes_a_command_records_verdicts_and_catches_an_edit(fake_r
 
 # ------------------------------------------------------------------------------------- the wizard
 async def test_the_wizard_accepts_your_own_command_and_writes_its_record(tmp_path):
-    """Mode 5 (your own command) -> the command form, validated as typed (no {out}: the error under the field) ->
+    """Mode 5 (your own command) -> the command form, validated as typed (no {out}: the error under the field; a
+    criterion that is no number: under its field) ->
     every stage with its evidence -> the sign-off writes a record of kind command that verifies; Esc from the sign-off
     shows the results again without running the command again."""
     from textual.widgets import Button, Input
@@ -451,6 +452,15 @@ async def test_the_wizard_accepts_your_own_command_and_writes_its_record(tmp_pat
         app.screen.query_one("#c-train", Input).value = form["train"] + " --out {out}"
         await pilot.pause()
         assert not app.screen.query_one("#cerr-train").display and app.state.command_spec is not None
+        # the criteria on the same form: a bad value is named under its field and holds Next back
+        app.screen.query_one("#c-accept_max_step_time_s", Input).value = "fast"
+        await pilot.pause()
+        assert "a number" in text_of(app.screen.query_one("#cerr-accept_max_step_time_s"))
+        assert app.state.command_spec is None and app.screen.query_one("#next", Button).disabled
+        app.screen.query_one("#c-accept_max_step_time_s", Input).value = "60"
+        app.screen.query_one("#c-accept_resume_tier", Input).value = "exact"
+        await pilot.pause()
+        assert app.state.command_criteria.max_step_time_s == 60.0 and app.state.command_spec is not None
         await pilot.press("ctrl+n")
         assert isinstance(app.screen, CommandRunScreen)
         await wait_for(pilot, lambda: not app.screen.query_one("#next", Button).disabled, 120)
@@ -472,6 +482,9 @@ async def test_the_wizard_accepts_your_own_command_and_writes_its_record(tmp_pat
     record = tomllib.loads(app.state.record_path.read_text())
     assert record["kind"] == "command" and record["signoff"]["operator"] == "Ada"
     assert record["verdict"]["status"] == "pass" and consistent(app.state.record_path)
+    assert record["accept"]["max_step_time_s"] == 60.0 and record["accept"]["resume_tier"] == "exact"
+    rows = {r["criterion"]: r for r in record["verdict"]["stages"]["probe"]["criteria"]}
+    assert rows["max_step_time_s"]["met"] and 0 < rows["max_step_time_s"]["value"] < 60
 
 
 def test_your_own_evaluation_command_is_run_on_the_base_and_the_final_checkpoint(tmp_path):

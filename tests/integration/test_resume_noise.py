@@ -113,7 +113,9 @@ FAULTS = {
     "scheduler_restart": ("learning_rate", "final_weights"),
     "rng_not_restored": ("rng_restored", "rng_continues", "loss"),
     "data_restart": ("sample_ids", "loss"),
-    "other_run": ("reproducible", "loss", "final_weights"),
+    # (its resumed losses differ from the reference's by some 75 float32 ulps on the tiny model: 4.7 x a loss bound
+    # of 16 x a one-ulp twin noise, inside it when the twin drifts 5 ulps; the weights and the interrupted run say it)
+    "other_run": ("reproducible", "final_weights"),
     "adapters_not_restored": ("final_weights", "loss"),
 }
 

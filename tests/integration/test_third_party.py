@@ -24,6 +24,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 GPUACCEPT = str(Path(sys.executable).parent / "gpuaccept")
@@ -130,7 +131,7 @@ def accept_litgpt(lit: dict[str, Path], runs: Path, *extra: str) -> tuple[int, d
     output."""
     done = subprocess.run(
         [GPUACCEPT, "run", "--headless", "--runs-dir", str(runs), "--model", str(lit["model"]),
-         "--command", f"{lit['litgpt']} finetune_full {{model}} --config {LITGPT_CONFIG} --out_dir {{out}} "
+         "--command", f"{lit['litgpt']} finetune_full {{model}} --config {LITGPT_CONFIG} "
                       f"--data.json_path {lit['data']}",
          "--resume-command", "{command} --resume {checkpoint}/lit_model.pth",
          "--checkpoints", "step-*", "--metrics", "logs/csv/version_0/metrics.csv",
@@ -154,6 +155,10 @@ def test_litgpt_finetune_full_is_accepted_end_to_end_measured_from_outside(litgp
     assert (plan["spec"]["mode"], plan["spec"]["batch_size"], plan["spec"]["seq_len"]) == ("full", 2, 64)
     assert plan["spec"]["model"] == str(litgpt["model"]) and "on the command line" in plan["sources"]["checkpoint_dir"]
     assert plan["ignored"]["train.max_steps"].startswith("the real run's length")
+    # the command holds no {out}: each run wrote into its own folder through a copy of the config with out_dir set
+    reference = path.parent / "reference"
+    assert yaml.safe_load((reference / "litgpt_full.gpuaccept.yaml").read_text())["out_dir"] == str(reference / "out")
+    assert (reference / "out" / "step-000006" / "lit_model.pth").is_file()
     [row] = plan["comparison"]
     assert row["device"] == "cpu" and row["measured_bytes"] == rec["probe"]["devices"][0]["measured_bytes"]
     ev = rec["evaluation"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -198,6 +199,14 @@ def test_the_readmes_command_mode_example_walked_as_written(tmp_path):
         keys(term, "Enter")
         form = term.wait_for("Step 2/4 · Your own command", "Resume command", "^n Next")
         assert "{command} --resume {checkpoint}" in form
+        # the criteria, on the same form, by keys: Tab past the command's fields to Max step time
+        from tui.screens.command import CRITERIA, FIELDS
+
+        keys(term, *["Tab"] * (len(FIELDS) + [n for n, *_ in CRITERIA].index("max_step_time_s")), "600")
+        deadline = time.monotonic() + 30
+        while not re.search(r"Max step time, s\s+600\s", term.screen()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert re.search(r"Max step time, s\s+600\s", term.screen()), term.screen()
         keys(term, "C-n")
         done = term.wait_for("Step 3/4", "✓ kill and resume pass", "^n Next", timeout_s=600)
         assert "✓ uninterrupted run (probe) pass" in done and "✓ evaluation pass" in done, done
@@ -217,7 +226,29 @@ def test_the_readmes_command_mode_example_walked_as_written(tmp_path):
         subprocess.run([TMUX, "-L", term.socket, "kill-server"], capture_output=True)
     (record,) = (root / "runs" / "command").glob("*/record.toml")
     text = record.read_text()
-    assert 'operator = "walker"' in text and 'decision = "accept"' in text
+    assert 'operator = "walker"' in text and 'decision = "accept"' in text and "max_step_time_s = 600.0" in text
     exe = Path(sys.executable).parent / "gpuaccept"
     verified = subprocess.run([str(exe), "verify", str(record)], capture_output=True, text=True)
     assert verified.returncode == 3, verified.stdout + verified.stderr  # consistent, unsigned
+
+
+def test_setup_reads_a_trainers_config_with_keys_only(tmp_path, tiny_model_dir):
+    """Setup's "from a config file" in a real terminal: ^l (named in the footer), the path typed, Enter; Setup comes back
+    on the config's mode (TRL's QLoRA) saying which file its values came from."""
+    exe = Path(sys.executable).parent / "gpuaccept"
+    config = Path(__file__).resolve().parents[1] / "data" / "configs" / "trl_sft_qlora.yaml"
+    term = Tmux(tmp_path)
+    term.tmux("new-session", "-d", "-s", term.session, "-x", "80", "-y", "24",
+              f"cd {tmp_path} && {exe} run --model {tiny_model_dir} --devices cpu; sleep 30")
+    try:
+        term.wait_for("Step 1/7 · Mode", "⏎ Next")
+        keys(term, "Enter")
+        setup = term.wait_for("Step 2/7 · Setup (lora)", "^l From config")
+        assert "^l From config" in footer(setup)
+        keys(term, "C-l")
+        term.wait_for("From a config file", "⏎ Load")
+        keys(term, str(config), "Enter")
+        shown = term.wait_for("Step 2/7 · Setup (qlora)", "imported from trl config")
+        assert re.search(r"Micro-batch / device\s+2\s", shown) and re.search(r"Sequence length\s+512\s", shown), shown
+    finally:
+        subprocess.run([TMUX, "-L", term.socket, "kill-server"], capture_output=True)

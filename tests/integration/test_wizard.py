@@ -155,3 +155,32 @@ async def test_help_shows_the_terms(tiny_model_dir, tmp_path):
         assert type(app.screen).__name__ == "HelpScreen"
         await pilot.press("escape")
         assert isinstance(app.screen, ModeScreen)
+
+
+async def test_setup_reads_a_trainers_config_file_into_the_form_by_keys(tiny_model_dir, tmp_path):
+    """^l From config: a path that is no config is named in the dialog and nothing changes; TRL's QLoRA config turns
+    the LoRA Setup into QLoRA's with the config's micro-batch, sequence length and LoRA settings, and says which file
+    (its hash) they came from."""
+    from tests.paths import TESTS
+    from tui.screens.dialogs import ConfigDialog
+
+    app = make_app(tiny_model_dir, tmp_path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("3", "enter")  # LoRA
+        assert isinstance(app.screen, SetupScreen) and "From config" in footer_of(app.screen).values()
+        await pilot.press("ctrl+l")
+        assert isinstance(app.screen, ConfigDialog)
+        await pilot.press(*"README.md", "enter")
+        assert isinstance(app.screen, ConfigDialog) and "README.md" in text_of(app.screen.query_one("#config-error"))
+        app.screen.query_one("#config-path", Input).value = str(TESTS / "data" / "configs" / "trl_sft_qlora.yaml")
+        await pilot.press("enter")
+        await pilot.pause()
+        assert isinstance(app.screen, SetupScreen) and app.state.mode == "qlora"
+        shown = {name: app.screen.query_one(f"#{name}", Input).value for name in ("batch_size", "seq_len", "lora_r")}
+        assert shown == {"batch_size": "2", "seq_len": "512", "lora_r": "16"}, shown
+        assert "imported from trl config" in text_of(app.screen.query_one("#imported"))
+
+
+def footer_of(screen) -> dict[str, str]:
+    """What the footer offers: key -> description."""
+    return {key: b.binding.description for key, b in screen.active_bindings.items() if b.binding.show}

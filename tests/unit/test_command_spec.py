@@ -14,6 +14,7 @@ from core.command.spec import CommandSpec, read_command_table, substitute
 from core.errors import SpecError
 
 PY = sys.executable
+CONFIGS = Path(__file__).resolve().parents[1] / "data" / "configs"
 
 
 def spec(**kw):
@@ -22,6 +23,10 @@ def spec(**kw):
 
 @pytest.mark.parametrize("raw, field, words", [
     ({"train": f"{PY} train.py"}, "command.train", "put {out} where your script takes its output folder"),
+    ({"train": f"{PY} train.py --config {CONFIGS / 'trl_sft_qlora.yaml'} --output_dir out"}, "command.train",
+     "sets --output_dir itself"),
+    ({"train": f"{PY} train.py --config {CONFIGS / 'trl_sft_qlora.yaml'}", "resume": "--resume {checkpoint}"},
+     "command.resume", "start the resume command with {command}"),
     ({"train": f"{PY} train.py --out {{out}} > log.txt"}, "command.train", "runs without a shell"),
     ({"train": f"{PY} train.py --out {{out}}", "resume": "{command} --resume"}, "command.resume", "{checkpoint}"),
     ({"train": f"{PY} train.py --out {{out}}", "resume": "x{command} {checkpoint}"}, "command.resume",
@@ -405,3 +410,31 @@ def test_criteria_in_command_mode_come_from_the_accept_table_and_the_flags_and_t
     with pytest.raises(SpecError, match="min_accuracy judge what only gpuaccept's own recipe measures") as caught:
         command_criteria_from_args(args)
     assert caught.value.field == "accept.min_accuracy"
+
+
+@pytest.mark.parametrize("name, flag, keys", [
+    ("trl_sft_qlora.yaml", "--config", {"output_dir": "OUT"}),
+    # torchtune: its metric logger's ${output_dir}/logs follows output_dir, so it is left as written
+    ("torchtune_lora.yaml", "--config=", {"output_dir": "OUT", "metric_logger.log_dir": "${output_dir}/logs"}),
+    ("litgpt_lora.yaml", "--config", {"out_dir": "OUT"}),
+])
+def test_a_command_without_out_writes_each_run_into_its_own_folder_through_its_configs_output_key(
+        tmp_path, name, flag, keys):
+    import yaml
+
+    from core.command.configplan import run_words
+    from core.importers.base import leaves
+
+    (tmp_path / name).write_text((CONFIGS / name).read_text())
+    config_word = f"{flag}{name}" if flag.endswith("=") else name
+    words = [PY, "train.py"] + ([config_word] if flag.endswith("=") else [flag, config_word])
+    s = CommandSpec.from_dict({"train": " ".join(words), "workdir": str(tmp_path)})
+    out = tmp_path / "run" / "resume-resumed" / "out"
+    argv = run_words(s, s.resume_words(), {"{checkpoint}": "CKPT"}, out)
+    copy = out.parent / name.replace(".yaml", ".gpuaccept.yaml")
+    config_at = [w for w in argv if copy.name in w]
+    assert config_at == [f"{flag}{copy}" if flag.endswith("=") else str(copy)], argv
+    assert argv[-2:] == ["--resume_from_checkpoint", "CKPT"] and str(out) not in argv
+    written, original = leaves(yaml.safe_load(copy.read_text())), leaves(yaml.safe_load((CONFIGS / name).read_text()))
+    assert {k: written[k] for k in keys} == {k: str(out) if v == "OUT" else v for k, v in keys.items()}
+    assert {k: v for k, v in written.items() if k not in keys} == {k: v for k, v in original.items() if k not in keys}

@@ -91,7 +91,7 @@ async def test_ctrl_n_writes_the_record_then_opens_the_quiz(tmp_path):
             await pilot.pause(0.05)
             if run.written:
                 break
-        assert [s["operator"] for s in run.written] == ["ada"] and run.written[0]["decision"] == "accept"
+        assert [s["operator"] for s in run.written] == ["ada"] and run.written[0]["decision"] == "accept", str(app.screen.query_one("#export-error").content)
         await pilot.pause(0.2)
         assert footer_keys(app.screen).get("ctrl+n") == "Quiz"  # the next thing to do, under the same key
         assert "record written, UNSIGNED" in str(app.screen.query_one("#written").content)

@@ -529,3 +529,24 @@ def test_on_cuda_the_overhead_is_said_not_read():
 
     assert measured_cell(how_measured("overhead", m)) == "not read"
     assert measured_cell(how_measured("activations", m)) == "in peak"
+
+
+@pytest.mark.parametrize("loss_multiple, says", [
+    (16.0, "resume check loss: bound 0.001 is below 16 x the twin's noise 0.001"),  # losses by their own multiple
+    (4.0, "resume.tier cpu-fp32-twin-noise has loss_multiple 16.0, the record says 4.0"),  # a loosened multiple named
+])
+def test_a_twin_tiers_losses_are_held_to_their_own_multiple(record, capsys, loss_multiple, says):
+    from core.record.build import spec_table_hash
+
+    def bounded(data):
+        data["spec"]["resume"]["noise"] = "twin"
+        data["spec"]["hash"] = spec_table_hash(data["spec"])
+        data["resume"]["tier"] = {"name": "cpu-fp32-twin-noise", "method": "twin", "multiple": 4.0, "why": "twin",
+                                  "loss_multiple": loss_multiple}
+        for check in data["resume"]["checks"]:
+            if check["kind"] == "tolerance":
+                check.update(largest_difference=0.0, noise=1e-3, bound=4e-3 if check["name"] != "loss" else 1e-3)
+
+    edit(record, bounded)
+    code, out = verify(record, capsys)
+    assert code == EXIT_VERDICT and says in out, out

@@ -43,8 +43,49 @@ def _form_fields() -> list[tuple[str, str, str, str, str]]:
 #: ([command] key, label, default shown, placeholder, kind)
 FIELDS: list[tuple[str, str, str, str, str]] = _form_fields()
 INTRO = ("Run as you would (no shell), measured, killed after a checkpoint, resumed. {out}: each run's own output "
-         "folder (required); {checkpoint}: what to resume from; {command}: the training command; {train_data}: "
-         "gpuaccept's training split; {model}: the base model.")
+         "folder (or your trainer config's output key); {checkpoint}: what to resume from; {command}: the training "
+         "command; {train_data}: gpuaccept's training split; {model}: the base model.")
+
+
+def _criteria_fields() -> list[tuple[str, str, str]]:
+    """The criteria command mode applies (core/criteria.py ``COMMAND_CRITERIA``) as the form shows them: (criterion,
+    label, placeholder), labelled as on Setup (their declarations, core/criteria.py)."""
+    from core.api import COMMAND_CRITERIA, AcceptCriteria
+    from tui.screens.setup import FIELDS as SETUP_FIELDS
+
+    labels = {f.name.removeprefix("accept_"): f.label for f in SETUP_FIELDS}
+    defaults = AcceptCriteria()
+
+    def placeholder(name: str) -> str:
+        default = getattr(defaults, name)
+        choice = " (or exact)" if name == "resume_tier" else ""
+        return "not set" if default is None else f"{default:g}{choice}" if isinstance(default, float) else \
+            f"{default}{choice}"
+
+    return [(name, labels[name], placeholder(name)) for name in COMMAND_CRITERIA]
+
+
+#: (criterion, label, placeholder): the [accept] table of a command, on the same form
+CRITERIA: list[tuple[str, str, str]] = _criteria_fields()
+
+
+def criteria_table(values: dict[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
+    """The criteria fields' text (by criterion) as an ``[accept]`` table (blank: not set), and per-field errors of
+    conversion."""
+    table: dict[str, Any] = {}
+    errors: dict[str, str] = {}
+    for name, text in values.items():
+        text = text.strip()
+        if not text:
+            continue
+        if name == "resume_tier":
+            table[name] = text
+            continue
+        try:
+            table[name] = float(text)
+        except ValueError:
+            errors[f"accept_{name}"] = f"a number, e.g. 0.9 (got {text!r}); blank: not set"
+    return table, errors
 
 
 def raw_values(values: dict[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
@@ -89,6 +130,16 @@ class CommandSetupScreen(NavButtons, WizardScreen):
                     yield Label(label)
                     yield OrderedInput(value=value, placeholder=placeholder, id=f"c-{key}", compact=True)
                 yield Static("", classes="field-error", id=f"cerr-{key}")
+            yield Static(escape("Acceptance criteria ([accept]): what your command must meet to pass (blank: the "
+                                "default shown)"), classes="dim", id="criteria-heading")
+            given_criteria = self.app.state.command_criteria
+            for name, label, placeholder in CRITERIA:
+                value = getattr(given_criteria, name, None) if given_criteria is not None else None
+                with Horizontal(classes="field"):
+                    yield Label(label)
+                    yield OrderedInput(value="" if value is None else f"{value:g}" if isinstance(value, float)
+                                       else str(value), placeholder=placeholder, id=f"c-accept_{name}", compact=True)
+                yield Static("", classes="field-error", id=f"cerr-accept_{name}")
         yield Static("", classes="error", id="form-error")
         with Horizontal(classes="nav"):
             yield Button("← Back", id="back")
@@ -103,8 +154,24 @@ class CommandSetupScreen(NavButtons, WizardScreen):
     def values(self) -> dict[str, str]:
         return {key: self.query_one(f"#c-{key}", Input).value for key, *_ in FIELDS}
 
+    def criteria(self, errors: dict[str, str]) -> Any:
+        """The criteria of the form (``command_criteria``), or None with the error under its field in ``errors``."""
+        from core.api import command_criteria
+        from core.errors import SpecError
+
+        table, bad = criteria_table({name: self.query_one(f"#c-accept_{name}", Input).value for name, *_ in CRITERIA})
+        errors.update(bad)
+        if bad:
+            return None
+        try:
+            return command_criteria(table)
+        except SpecError as exc:
+            errors[exc.field.replace("accept.", "accept_")] = exc.message
+            return None
+
     def validate(self) -> Any:
-        """Build the spec from the form; show the error under its field; Next only when valid."""
+        """Build the spec and the criteria from the form; show the error under its field; Next only when both are
+        valid."""
         from core.api import CommandSpec
         from core.errors import SpecError
 
@@ -119,7 +186,11 @@ class CommandSetupScreen(NavButtons, WizardScreen):
             except SpecError as exc:
                 if values["train"].strip():  # an empty form is not an error yet: Next says what to type
                     errors[exc.field.removeprefix("command.")] = exc.message
-        for key, *_ in FIELDS:
+        criteria = self.criteria(errors)
+        self.app.state.command_criteria = criteria
+        if criteria is None:
+            spec = None
+        for key in [key for key, *_ in FIELDS] + [f"accept_{name}" for name, *_ in CRITERIA]:
             err = self.query_one(f"#cerr-{key}", Static)
             text = errors.pop(key, "")
             err.update(escape(text))
@@ -136,7 +207,8 @@ class CommandSetupScreen(NavButtons, WizardScreen):
     def next_blocked(self) -> str | None:
         if self.app.state.command_spec is not None:
             return None
-        at_fault = [label for key, label, *_ in FIELDS if self.query_one(f"#cerr-{key}", Static).display]
+        at_fault = [label for key, label, *_ in FIELDS + [(f"accept_{n}", label) for n, label, _ in CRITERIA]
+                    if self.query_one(f"#cerr-{key}", Static).display]
         return "fix what is marked ↑ first: " + ", ".join(at_fault) if at_fault else "give the training command"
 
     def action_next(self) -> None:

@@ -1,11 +1,16 @@
-"""Modal dialogs: the terms (``?``) and the quit confirmation while a stage runs."""
+"""Modal dialogs: the terms (``?``), the quit confirmation while a stage runs, and Setup's "from a config file"."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
+from rich.markup import escape
 from textual.app import ComposeResult
+from textual.binding import Binding
 from textual.containers import Horizontal, VerticalScroll
 from textual.screen import ModalScreen
-from textual.widgets import Button, Markdown, Static
+from textual.widgets import Button, Footer, Input, Markdown, Static
 
 TERMS = """\
 - **Weights**: the parameters, every one × bytes of its dtype.
@@ -114,3 +119,50 @@ class ConfirmDropSignoff(ModalScreen[str]):
 
     def action_choose(self, choice: str) -> None:
         self.dismiss(choice)
+
+
+@dataclass(frozen=True)
+class LoadedConfig:
+    """A trainer's config read for Setup: the spec it maps to and the importer's account (``core.importers.Imported``:
+    its format, path, sha256, the keys used and ignored, each with why)."""
+
+    spec: Any
+    imported: Any
+
+
+class ConfigDialog(ModalScreen[LoadedConfig | None]):
+    """Setup's "from a config file": the path of a TRL, axolotl, LLaMA-Factory, torchtune or LitGPT YAML config, read
+    as ``gpuaccept plan their.yaml`` reads it; an error (a key the planner cannot model, a file that is no config of
+    these) is shown here, named, and nothing changes."""
+
+    BINDINGS = [Binding("enter", "load", "Load", priority=True), Binding("escape", "cancel", "Cancel")]
+
+    def compose(self) -> ComposeResult:
+        with VerticalScroll(id="dialog"):
+            yield Static("From a config file: the YAML your team trains from (TRL, axolotl, LLaMA-Factory, torchtune, "
+                         "LitGPT). What moves memory is read into Setup; each key used or ignored is listed with why.")
+            yield Input(placeholder="path/to/config.yaml", id="config-path")
+            yield Static("", classes="error", id="config-error")
+        yield Footer(show_command_palette=False)
+
+    def on_mount(self) -> None:
+        self.query_one("#config-path", Input).focus()
+
+    def action_load(self) -> None:
+        from core.api import import_config
+        from core.errors import SpecError
+        from core.spec import RunSpec
+
+        path = self.query_one("#config-path", Input).value.strip()
+        if not path:
+            self.query_one("#config-error", Static).update("type the path of the config file")
+            return
+        try:
+            loaded = LoadedConfig(RunSpec.build(path), import_config(path))
+        except SpecError as exc:
+            self.query_one("#config-error", Static).update(escape(str(exc)))
+            return
+        self.dismiss(loaded)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)

@@ -25,6 +25,15 @@ from tui.widgets.inputs import OrderedInput, OrderedSelect
 _IMPORTING = threading.Lock()
 
 
+def fields_of(spec: Any) -> dict[str, Any]:
+    """The form's values of ``spec`` (a RunSpec): each setting whose value is not its mode's default, by its dest; the
+    mode itself is the screen's, not a field."""
+    from core.spec import RunSpec
+
+    defaults = RunSpec.build(mode=spec.mode)
+    return {s.dest: s.value(spec) for s in SETTINGS if s.value(spec) != s.value(defaults) and s.dest != "mode"}
+
+
 def form_fields(settings: tuple[Setting, ...]) -> list[FormField]:
     """The form's fields: each setting declared with a label (core/settings.py), in increasing ``form_order``."""
     return [s.form for s in sorted(settings, key=lambda s: s.form_order or 0) if s.form is not None]
@@ -95,9 +104,9 @@ def current_value(spec: Any, name: str) -> str:
 class SetupScreen(NavButtons, WizardScreen):
     """Model, dtype, batch, sequence, accumulation, optimizer, steps, LoRA and devices; Next only when valid."""
 
-    # q types here: ^q quits; ^o is the "Your own command…" button
+    # q types here: ^q quits; ^o is the "Your own command…" button; ^l reads a trainer's config into the form
     BINDINGS = [Binding("ctrl+n", "next", "Next"), Binding("ctrl+o", "own_command", "Own command"),
-                Binding("ctrl+q", "app.quit_typed", "Quit")]
+                Binding("ctrl+l", "from_config", "From config"), Binding("ctrl+q", "app.quit_typed", "Quit")]
     q_types = True  # the app's q Quit is not offered here (tui.app.GpuAcceptApp.check_action)
 
     def compose(self) -> ComposeResult:
@@ -122,6 +131,9 @@ class SetupScreen(NavButtons, WizardScreen):
                      + ("; the optimizer the states per trainable parameter" if training else "")
                      + ". Model: smollm2-135m (embedded) or a model folder; Data: embedded (the Python docs as "
                        "text) or a .txt / .jsonl file.", classes="intro")
+        if state.imported_note:  # ^l From config: where the values came from (gpuaccept plan FILE lists every key)
+            yield Static(f"[dim]{escape(state.imported_note)}; gpuaccept plan on the file lists each key[/]",
+                         id="imported")
         with VerticalScroll(classes="body", id="form"):
             for name, label, kind, choices, group in FIELDS:
                 if not method.takes(group):
@@ -373,6 +385,21 @@ class SetupScreen(NavButtons, WizardScreen):
             self.action_own_command()
             return
         super().on_button_pressed(event)
+
+    def action_from_config(self) -> None:
+        """The choice "from a config file": a trainer's YAML config read into the form (its mode too)."""
+        from tui.screens.dialogs import ConfigDialog
+
+        self.app.push_screen(ConfigDialog(), callback=self._load_config)
+
+    def _load_config(self, loaded: Any) -> None:
+        """Setup again, on the config's mode, with every value it sets that is not the mode's default."""
+        if loaded is None:
+            return
+        state = self.app.state
+        state.mode, state.fields = loaded.spec.mode, fields_of(loaded.spec)
+        state.imported_note = loaded.imported.summary()[0]
+        self.app.switch_screen(SetupScreen())
 
     def action_own_command(self) -> None:
         """The choice "your own command": the user's script, not this recipe."""

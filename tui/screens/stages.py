@@ -533,7 +533,8 @@ def tolerance_line(result: Any) -> str:
     where = f"twin run (steps {steps[0]}-{steps[1]})" if steps else "twin run"
     said = (f"; loss bound {loss.bound:.2g} (noise {loss.noise:.2g})" if loss is not None and loss.bound is not None
             else "")
-    return f"tolerance: {tier.multiple:g} x the noise a {where} measured, per tensor and step{said}"
+    return (f"tolerance: {tier.multiple:g} x (per tensor) and {tier.loss_multiple or tier.multiple:g} x (per step's "
+            f"loss) the noise a {where} measured{said}")
 
 
 #: the columns of the terminal a line of the resume timeline leaves to the screen's padding and scroll bar
