@@ -70,10 +70,44 @@ def git_state(path: Path) -> dict[str, Any]:
             "git_status": status.split(" ", 1)[0] if status else "unchanged"}
 
 
+#: run by the interpreter of a console script: the distribution whose console_scripts entry point has that name
+_WHICH_PACKAGE = """
+import sys, importlib.metadata as m
+for d in m.distributions():
+    if any(e.group == "console_scripts" and e.name == sys.argv[1] for e in d.entry_points):
+        print(d.metadata["Name"]); print(d.version); break
+"""
+
+
+def program_package(program: str) -> dict[str, str]:
+    """The Python package that installed ``program`` (a console script: ``litgpt``, ``trl``, ``tune``,
+    ``llamafactory-cli``), as the interpreter of its ``#!`` line reports it (``importlib.metadata``: the distribution
+    whose console_scripts entry point has the program's name): ``{"name", "version", "python"}``; ``{"package": why
+    not}`` for a binary, a shell script or a program no distribution declares."""
+    path = Path(program)
+    try:
+        with open(path, "rb") as f:
+            first = f.readline(512).decode("utf-8", "replace").strip()
+    except OSError as exc:
+        return {"package": f"not read: {exc}"}
+    python = first[2:].strip().split()[0] if first.startswith("#!") and first[2:].strip() else ""
+    if "python" not in Path(python).name:
+        return {"package": "not a Python console script (no python on its #! line)"}
+    try:
+        done = subprocess.run([python, "-c", _WHICH_PACKAGE, path.name], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return {"package": f"its interpreter {python} did not answer: {exc}"}
+    lines = done.stdout.split()
+    if done.returncode != 0 or len(lines) != 2:
+        return {"package": f"no distribution of {python} declares the console script {path.name}"}
+    return {"name": lines[0], "version": lines[1], "python": python}
+
+
 def command_table(spec: CommandSpec, argv: list[str] | None, resume_argv: list[str] | None,
                   env_added: dict[str, str] | None = None) -> dict[str, Any]:
-    """The record's ``command`` table: the words as run, the program's path, the workdir, the variables gpuaccept
-    added, every script file with its sha256, size and git state."""
+    """The record's ``command`` table: the words as run, the program's path and the package that installed it (the
+    trainer and its version: :func:`program_package`), the workdir, the variables gpuaccept added, every script file
+    (a trainer's config file too) with its sha256, size and git state."""
     scripts = []
     for path in script_files(spec):
         try:
@@ -87,6 +121,8 @@ def command_table(spec: CommandSpec, argv: list[str] | None, resume_argv: list[s
                                        "file the command names and git's commit of its folder",
                              "train": spec.train, "resume": spec.resume, "workdir": str(spec.workdir_path),
                              "program": program, "scripts": scripts}
+    if program != "not found":
+        table["program_package"] = program_package(program)
     if argv:
         table["train_argv"] = list(argv)
     if resume_argv:

@@ -83,6 +83,8 @@ def test_trl_sft_is_accepted_end_to_end_measured_from_inside(trl_env, tiny_model
     assert rc == 0 and stages == {"plan": "pass", "probe": "pass", "evaluation": "pass", "resume": "pass"}, stages
     assert rec["ran"]["view"] == "inside" and rec["ran"]["libraries"]["trl"] == TRL.split("==")[1]
     assert rec["plan"]["spec"]["mode"] == "lora" and rec["plan"]["spec"]["lora"]["r"] == 4  # planned from what ran
+    assert (rec["command"]["program_package"]["name"], rec["command"]["program_package"]["version"]) == \
+        tuple(TRL.split("=="))
     config = next(s for s in rec["command"]["scripts"] if s["path"] == str(CONFIG))
     assert config["sha256"] == hashlib.sha256(CONFIG.read_bytes()).hexdigest()
     resume = {c["name"]: c["status"] for c in rec["resume"]["checks"]}
@@ -164,6 +166,8 @@ def test_litgpt_finetune_full_is_accepted_end_to_end_measured_from_outside(litgp
     ev = rec["evaluation"]
     assert ev["metric"] == "perplexity" and ev["after"]["value"] < ev["before"]["value"]
     assert ev["checkpoint"] == "step-000006"
+    package = rec["command"]["program_package"]  # the trainer and its version, as its interpreter says
+    assert (package["name"], package["version"]) == tuple(LITGPT.split("=="))
     config = next(s for s in rec["command"]["scripts"] if s["path"] == str(LITGPT_CONFIG))
     assert config["sha256"] == hashlib.sha256(LITGPT_CONFIG.read_bytes()).hexdigest()
     resume = {c["name"]: c for c in rec["resume"]["checks"]}

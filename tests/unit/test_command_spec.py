@@ -438,3 +438,18 @@ def test_a_command_without_out_writes_each_run_into_its_own_folder_through_its_c
     written, original = leaves(yaml.safe_load(copy.read_text())), leaves(yaml.safe_load((CONFIGS / name).read_text()))
     assert {k: written[k] for k in keys} == {k: str(out) if v == "OUT" else v for k, v in keys.items()}
     assert {k: v for k, v in written.items() if k not in keys} == {k: v for k, v in original.items() if k not in keys}
+
+
+def test_the_record_names_the_package_that_installed_the_program(tmp_path):
+    """A console script's package and version, as its own interpreter reports them (gpuaccept's own script here); a
+    shell script is said to be none."""
+    import importlib.metadata
+    import shutil
+
+    from core.command.provenance import program_package
+
+    found = program_package(shutil.which("gpuaccept", path=str(Path(PY).parent)))
+    assert (found["name"], found["version"]) == ("gpuaccept", importlib.metadata.version("gpuaccept"))
+    script = tmp_path / "train.sh"
+    script.write_text("#!/bin/sh\necho hi\n")
+    assert program_package(str(script)) == {"package": "not a Python console script (no python on its #! line)"}
