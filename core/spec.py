@@ -377,6 +377,10 @@ class RunSpec:
                                       help="share of the documents held out for evaluation (between 0 and 1)")
     eval_max_blocks: int = setting(32, command_key="eval_max_blocks",
                                    help="held-out blocks evaluated before and after training, at most")
+    alloc_conf: str = setting(
+        "", flag="--alloc-conf", metavar="CONF",
+        help="PYTORCH_CUDA_ALLOC_CONF for the run (e.g. expandable_segments:True): the plan simulates PyTorch's "
+             "caching allocator under it and the probe runs under it; empty: the environment's")
     seed: int = setting(42, help="the run's random seed: torch's, and the Trainer's seed and data_seed (0 to "
                                  "2^32 - 1)")
     probe_steps: int = setting(3, help="real steps the probe runs and measures")
@@ -519,6 +523,10 @@ class RunSpec:
             raise SpecError(s.key, f"{value!r} is not one of {', '.join(s.choices)}")
 
     def _check_values(self) -> None:
+        if self.alloc_conf:
+            from core.allocconf import AllocConf
+
+            AllocConf.parse(self.alloc_conf)  # SpecError("alloc_conf", ...) naming the key
         """Each value on its own (and the dtype with the precision and attention implementation)."""
         check_path("model", self.model)  # a name or a path: one the file system can look up (core/bounds.py)
         if self.dtype not in DTYPES:

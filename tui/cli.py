@@ -574,7 +574,31 @@ def format_traced(traced: dict[str, Any]) -> str:
     peaks = f"  (peak: {traced.get('analytic_peak_phase', '?')} / {traced.get('peak_phase', '?')})".replace("_", " ")
     lines.append(f"  {'peak of tensors':<20} {a / gib:9.3f}  {t / gib:9.3f}  {relative_text(a, t):>10}{peaks}")
     lines.append(f"  on {traced['compared_with']}; {traced['note']}")
+    lines += format_device_memory(traced.get("device_memory"), traced["compared_with"])
     return "\n".join(lines)
+
+
+def format_device_memory(memory: dict[str, Any] | None, device: str) -> list[str]:
+    """The steady-state step as the device's three counters will show it (ESTIMATES), the reserved slack line by line,
+    the first step, and what expandable segments would change."""
+    if not memory:
+        return []
+    gib, mib = 2**30, 2**20
+    lines = [f"as {device} will count it (ESTIMATES, steady-state step):"]
+    for key, label in (("allocated", "peak allocated"), ("reserved", "peak reserved"), ("nvml_used", "NVML used")):
+        lines.append(f"  {label:<20} {memory[key + '_bytes'] / gib:9.3f} GiB  {memory['methods'][key]}")
+    for row in memory["slack"]:
+        lines.append(f"    {row['bytes'] / mib:10.1f} MiB  {row['what']}")
+    first = memory.get("first_step") or {}
+    if first:
+        lines.append(f"  step 1 (the optimizer's states are made in it): allocated {first['allocated_bytes'] / gib:.3f} "
+                     f"GiB, reserved {first['reserved_bytes'] / gib:.3f} GiB")
+    saves = memory.get("expandable_segments_saves_bytes")
+    if saves is not None:
+        lines.append("  with expandable_segments:True (--alloc-conf) the peak reserved would be "
+                     + (f"{saves / mib:.0f} MiB lower" if saves > 0 else f"{-saves / mib:.0f} MiB higher" if saves < 0
+                        else "the same"))
+    return lines
 
 
 def format_plan(plan: Any, spec: Any, fits: list[Any] | None = None) -> str:

@@ -44,147 +44,20 @@ import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from core.errors import SpecError
-
-KiB, MiB = 1024, 1024 * 1024
-#: c10/core/AllocatorConfig.h@cf30153c :17-25 (kLargeBuffer: 20 MiB, ``large_segment_size`` by default, :340)
-MIN_BLOCK = 512
-SMALL_SIZE = 1 * MiB
-SMALL_BUFFER = 2 * MiB
-LARGE_BUFFER = 20 * MiB
-MIN_LARGE_ALLOC = 10 * MiB
-ROUND_LARGE = 2 * MiB
-#: roundup_power2_divisions: 16 intervals from 1 MiB (AllocatorConfig.cpp@0ac71663 :8-11)
-INTERVALS = 16
-#: the keys of PYTORCH_CUDA_ALLOC_CONF this simulation reads (others are named and refused: the plan would not say
-#: what they do)
-KEYS = ("max_split_size_mb", "max_non_split_rounding_mb", "roundup_power2_divisions", "garbage_collection_threshold",
-        "expandable_segments", "per_process_memory_fraction")
-
-
-@dataclass(frozen=True)
-class AllocConf:
-    """The allocator's settings (``PYTORCH_CUDA_ALLOC_CONF``; defaults: PyTorch's).
-
-    Attributes:
-        max_split_size: bytes; blocks at least this large are never split (None: unlimited, the default).
-        max_non_split_rounding: bytes; how much larger than a request of at least ``max_split_size`` a reused block
-            may be (default 20 MiB).
-        divisions: ``roundup_power2_divisions`` per power-of-two interval from 1 MiB (16 entries; 0 or 1: off).
-        gc_threshold: ``garbage_collection_threshold`` in (0, 1); 0: off.
-        expandable_segments: ``expandable_segments:True``.
-        memory_fraction: the per-process memory fraction (``torch.cuda.set_per_process_memory_fraction``); garbage
-            collection only runs under one (``.cpp:1400-1407``). 1.0: none.
-    """
-
-    max_split_size: int | None = None
-    max_non_split_rounding: int = LARGE_BUFFER
-    divisions: tuple[int, ...] = (0,) * INTERVALS
-    gc_threshold: float = 0.0
-    expandable_segments: bool = False
-    memory_fraction: float = 1.0
-
-    @classmethod
-    def parse(cls, text: str) -> AllocConf:
-        """The settings of a ``PYTORCH_CUDA_ALLOC_CONF`` value (``"max_split_size_mb:128,expandable_segments:True"``;
-        ``roundup_power2_divisions`` as one number or ``[256:1,512:2,>:4]``), parsed as ``AllocatorConfig.cpp`` does.
-
-        Raises:
-            SpecError: (``alloc_conf``) an unknown key, or a value PyTorch refuses (``max_split_size_mb`` below 20, a
-                threshold outside (0, 1), divisions that are not powers of two)."""
-        values: dict[str, object] = {}
-        for key, value in _pairs(text):
-            if key not in KEYS:
-                raise SpecError("alloc_conf", f"{key}: not an allocator setting gpuaccept simulates ({', '.join(KEYS)})")
-            if key in ("max_split_size_mb", "max_non_split_rounding_mb"):
-                mb = _number(key, value, int)
-                if mb < LARGE_BUFFER // MiB:  # AllocatorConfig.cpp@0ac71663 :58-75
-                    raise SpecError("alloc_conf", f"{key}:{mb}: PyTorch requires at least {LARGE_BUFFER // MiB}")
-                values["max_split_size" if key == "max_split_size_mb" else "max_non_split_rounding"] = mb * MiB
-            elif key == "garbage_collection_threshold":
-                t = _number(key, value, float)
-                if not 0.0 < t < 1.0:  # :96-107
-                    raise SpecError("alloc_conf", f"{key}:{value}: give a fraction in (0, 1)")
-                values["gc_threshold"] = t
-            elif key == "per_process_memory_fraction":
-                f = _number(key, value, float)
-                if not 0.0 < f <= 1.0:
-                    raise SpecError("alloc_conf", f"{key}:{value}: give a fraction in (0, 1]")
-                values["memory_fraction"] = f
-            elif key == "expandable_segments":
-                if value not in ("True", "False"):
-                    raise SpecError("alloc_conf", f"{key}:{value}: give True or False")
-                values["expandable_segments"] = value == "True"
-            else:
-                values["divisions"] = _divisions(value)
-        return cls(**values)  # type: ignore[arg-type]
-
-    def divisions_of(self, size: int) -> int:
-        """The divisions of ``size``'s power-of-two interval (AllocatorConfig.cpp@0ac71663 :40-56)."""
-        log_size = size.bit_length() - 1
-        index = max(log_size - 20, 0)
-        return self.divisions[min(index, INTERVALS - 1)]
-
-
-def _pairs(text: str) -> list[tuple[str, str]]:
-    """``key:value`` pairs split on commas outside brackets."""
-    out, depth, part = [], 0, ""
-    for ch in text.strip() + ",":
-        depth += ch == "["
-        depth -= ch == "]"
-        if ch == "," and depth == 0:
-            if part.strip():
-                key, colon, value = part.strip().partition(":")
-                if not colon:
-                    raise SpecError("alloc_conf", f"{part.strip()!r}: give key:value")
-                out.append((key.strip(), value.strip()))
-            part = ""
-        else:
-            part += ch
-    return out
-
-
-def _number(key: str, value: str, kind: type) -> float:
-    try:
-        return kind(value)  # type: ignore[no-any-return]
-    except ValueError:
-        raise SpecError("alloc_conf", f"{key}:{value}: not a number") from None
-
-
-def _power_of_two_or_zero(key: str, n: int) -> int:
-    if n != 0 and n & (n - 1):
-        raise SpecError("alloc_conf", f"{key}: {n} is not 0 or a power of two")  # AllocatorConfig.cpp :119-121
-    return n
-
-
-def _divisions(value: str) -> tuple[int, ...]:
-    """``roundup_power2_divisions``: one value for every interval, or ``[MB:n, ..., >:n]`` (AllocatorConfig.cpp
-    :109-175: an entry's interval is log2 of its MB boundary; the first entry fills the intervals below it too; ``>``
-    fills every interval after the last)."""
-    key = "roundup_power2_divisions"
-    if not value.startswith("["):
-        return (_power_of_two_or_zero(key, int(_number(key, value, int))),) * INTERVALS
-    out = [0] * INTERVALS
-    last = -1
-    for entry in value.strip("[]").split(","):
-        bound, _, n = entry.partition(":")
-        n_int = _power_of_two_or_zero(key, int(_number(key, n.strip(), int)))
-        if bound.strip() == ">":
-            for i in range(last + 1, INTERVALS):
-                out[i] = n_int
-            continue
-        mb = int(_number(key, bound.strip(), int))
-        if mb <= 0 or mb & (mb - 1):
-            raise SpecError("alloc_conf", f"{key}: the boundary {mb} (MB) is not a power of two")
-        index = min(mb.bit_length() - 1, INTERVALS - 1)
-        for i in range(0 if last < 0 else index, index + 1):
-            out[i] = n_int
-        last = index
-    return tuple(out)
+from core.allocconf import (
+    DEFAULT_CONF,
+    LARGE_BUFFER,
+    MIN_BLOCK,
+    MIN_LARGE_ALLOC,
+    ROUND_LARGE,
+    SMALL_BUFFER,
+    SMALL_SIZE,
+    AllocConf,
+)
 
 
 # ------------------------------------------------------------------------------------------- the sizing rules
-def round_size(size: int, conf: AllocConf = AllocConf()) -> int:
+def round_size(size: int, conf: AllocConf = DEFAULT_CONF) -> int:
     """The block size a request of ``size`` bytes takes (``round_size``, ``.cpp:2493-2505``)."""
     if size < MIN_BLOCK:
         return MIN_BLOCK
@@ -272,10 +145,14 @@ class CachingAllocator:
     ``reserved_bytes`` and ``requested_bytes`` (``.cpp`` stats table: allocated counts whole blocks, requested the
     sizes asked for), with their peaks; ``segments`` counts ``cudaMalloc`` calls alive."""
 
-    def __init__(self, conf: AllocConf = AllocConf(), capacity: int | None = None) -> None:
+    def __init__(self, conf: AllocConf = DEFAULT_CONF, capacity: int | None = None) -> None:
         self.conf, self.capacity = conf, capacity
         self.small, self.large = Pool(True), Pool(False)
         self.allocated = self.reserved = self.requested = 0
+        #: per pool (True: small): reserved and allocated bytes, segments
+        self.pool_reserved = {True: 0, False: 0}
+        self.pool_allocated = {True: 0, False: 0}
+        self.pool_segments = {True: 0, False: 0}
         self.peak_allocated = self.peak_reserved = 0
         self.reserved_at_peak_allocated = 0
         self.segments = 0
@@ -313,6 +190,7 @@ class CachingAllocator:
             pool.insert(rest)
         block.allocated, block.requested = True, size
         self.allocated += block.size
+        self.pool_allocated[block.small] += block.size
         self.requested += size
         if self.allocated > self.peak_allocated:
             self.peak_allocated, self.reserved_at_peak_allocated = self.allocated, self.reserved
@@ -367,8 +245,9 @@ class CachingAllocator:
                                       f"allocated, of {self._limit()} B")
         block = Block(self._next_address, alloc, pool.small, next(self._segment_ids))
         self._next_address += alloc
-        self._reserve(alloc)
+        self._reserve(alloc, pool.small)
         self.segments += 1
+        self.pool_segments[pool.small] += 1
         return block
 
     def _limit(self) -> int | None:
@@ -378,8 +257,9 @@ class CachingAllocator:
         limit = self._limit()
         return limit is None or self.reserved + alloc <= limit
 
-    def _reserve(self, nbytes: int) -> None:
+    def _reserve(self, nbytes: int, small: bool) -> None:
         self.reserved += nbytes
+        self.pool_reserved[small] += nbytes
         self.peak_reserved = max(self.peak_reserved, self.reserved)
 
     def _expand(self, pool: Pool, size: int) -> Block:
@@ -392,6 +272,7 @@ class CachingAllocator:
                               expandable=True)
             self._next_address += 1 << 40
             self.segments += 1
+            self.pool_segments[pool.small] += 1
         tail = pool.tail
         before = tail.prev if tail.prev is not None and not tail.prev.allocated else None
         have = before.size if before is not None else 0
@@ -399,7 +280,7 @@ class CachingAllocator:
         limit = self._limit()
         if limit is not None and self.reserved + grow > limit:
             raise OutOfMemory(f"{size} B requested with {self.reserved} B reserved (expandable segments)")
-        self._reserve(grow)
+        self._reserve(grow, pool.small)
         if before is not None:
             pool.remove(before)
             before.size += grow
@@ -418,6 +299,7 @@ class CachingAllocator:
         """Free the block of ``handle``: back to its pool, merged with its free neighbours (``free_block``)."""
         block = self._live.pop(handle)
         self.allocated -= block.size
+        self.pool_allocated[block.small] -= block.size
         self.requested -= block.requested
         block.allocated = False
         pool = self.small if block.small else self.large
@@ -455,7 +337,9 @@ class CachingAllocator:
     def _release(self, pool: Pool, block: Block) -> int:
         pool.remove(block)
         self.reserved -= block.size
+        self.pool_reserved[block.small] -= block.size
         self.segments -= 1
+        self.pool_segments[block.small] -= 1
         return block.size
 
     def _release_oversize(self, size: int) -> bool:
@@ -510,17 +394,72 @@ class CachingAllocator:
 
 # ------------------------------------------------------------------------------------------- a replay
 @dataclass(frozen=True)
-class Replay:
-    """What a sequence of allocations and frees did to the allocator.
+class PoolState:
+    """The allocator at one moment, per pool (bytes): what each pool reserved, what its blocks held, in how many
+    segments, and what the live tensors asked for (``allocated - requested``: rounding and unsplit remainders)."""
+
+    small_reserved: int
+    small_allocated: int
+    small_segments: int
+    large_reserved: int
+    large_allocated: int
+    large_segments: int
+    requested: int
+
+    @classmethod
+    def of(cls, a: CachingAllocator) -> PoolState:
+        return cls(a.pool_reserved[True], a.pool_allocated[True], a.pool_segments[True], a.pool_reserved[False],
+                   a.pool_allocated[False], a.pool_segments[False], a.requested)
+
+    def slack_lines(self, expandable: bool = False) -> list[tuple[str, int]]:
+        """Why reserved exceeds what tensors asked for, line by line (bytes): each pool's cached free blocks (split
+        remainders and freed blocks kept for reuse), then the rounding inside the allocated blocks."""
+        small_unit = "2 MiB pages" if expandable else "2 MiB segments"
+        out = [(f"small pool (tensors <= 1 MiB): {self.small_segments} segment(s) in {small_unit}, free blocks cached",
+                self.small_reserved - self.small_allocated),
+               (f"large pool: {self.large_segments} segment(s)"
+                + (" in 20 MiB pages" if expandable else " (20 MiB below 10 MiB requests, else rounded to 2 MiB)")
+                + ", free blocks cached", self.large_reserved - self.large_allocated),
+               ("rounding inside allocated blocks (512 B multiples; large blocks handed out whole when <= 1 MiB "
+                "would remain)", self.small_allocated + self.large_allocated - self.requested)]
+        return out
+
+
+@dataclass(frozen=True)
+class Window:
+    """The allocator over one stretch of a replay (a step, between two marks).
 
     Attributes:
-        peak_allocated: bytes (``max_memory_allocated``: whole blocks, rounding and unsplit remainders included).
-        peak_reserved: bytes (``max_memory_reserved``).
-        peak_requested: bytes the tensors asked for at the most (their sizes as requested).
+        name: the mark that ended it (``"step 1"``).
+        peak_allocated: bytes allocated at most in it (whole blocks: ``max_memory_allocated`` after a reset).
+        peak_reserved: bytes reserved at most in it.
+        slack_at_peak: reserved that no block held at the fullest moment of its reserved peak (bytes).
+        peak_requested: bytes the live tensors asked for at most in it (their sizes as requested).
+    """
+
+    name: str
+    peak_allocated: int
+    peak_reserved: int
+    slack_at_peak: int
+    peak_requested: int
+    at_peak: PoolState | None = None
+
+    @property
+    def fragmentation(self) -> float:
+        """The share of the peak reserved that no block held then."""
+        return self.slack_at_peak / self.peak_reserved if self.peak_reserved else 0.0
+
+
+@dataclass(frozen=True)
+class Replay:
+    """What a sequence of allocations and frees did to the allocator: the whole replay's peaks, and each window's.
+
+    Attributes:
+        peak_allocated / peak_reserved / peak_requested / slack_at_peak: as :class:`Window`, over the whole replay.
         reserved_at_peak_allocated: what was reserved when allocated peaked.
-        slack_at_peak: ``peak_reserved`` minus the allocated bytes at that moment: cached, unused, reserved.
         segments: ``cudaMalloc`` segments (or expandable segments) alive at the end.
-        retries: pool misses that needed the OOM path (``num_alloc_retries``-like).
+        retries: pool misses that needed the OOM path.
+        windows: one per ``("mark", name, 0)`` event, in order.
     """
 
     peak_allocated: int
@@ -530,6 +469,7 @@ class Replay:
     slack_at_peak: int
     segments: int
     retries: int
+    windows: tuple[Window, ...] = ()
 
     @property
     def fragmentation(self) -> float:
@@ -537,28 +477,51 @@ class Replay:
         return self.slack_at_peak / self.peak_reserved if self.peak_reserved else 0.0
 
 
-def replay(events: Iterable[tuple[str, int, int]], conf: AllocConf = AllocConf(), capacity: int | None = None,
+class _Peaks:
+    """Peaks over a stretch of a replay (the fullest moment at the reserved peak: the least slack there)."""
+
+    def __init__(self, a: CachingAllocator) -> None:
+        self.allocated, self.reserved, self.requested = a.allocated, a.reserved, a.requested
+        self.slack = a.reserved - a.allocated
+        self.state = PoolState.of(a)
+
+    def after_malloc(self, a: CachingAllocator) -> None:
+        self.allocated = max(self.allocated, a.allocated)
+        self.requested = max(self.requested, a.requested)
+        unused = a.reserved - a.allocated
+        if a.reserved > self.reserved or (a.reserved == self.reserved and unused < self.slack):
+            self.reserved, self.slack, self.state = a.reserved, unused, PoolState.of(a)
+
+
+def replay(events: Iterable[tuple[str, int | str, int]], conf: AllocConf = DEFAULT_CONF, capacity: int | None = None,
            allocator: CachingAllocator | None = None) -> Replay:
-    """Replay ``events``: ``("alloc", key, nbytes)`` and ``("free", key, 0)`` in order (a key names one allocation).
+    """Replay ``events`` in order: ``("alloc", key, nbytes)``, ``("free", key, 0)`` (a key names one allocation) and
+    ``("mark", name, 0)``, which ends a window (a step) and starts the next.
 
     Raises:
         OutOfMemory: the sequence does not fit ``capacity`` under the allocator's rules.
         KeyError: a free of a key that is not allocated."""
     a = allocator if allocator is not None else CachingAllocator(conf, capacity)
-    handles: dict[int, int] = {}
-    peak_requested = a.requested
-    slack, at_peak = a.reserved - a.allocated, a.peak_reserved
+    handles: dict[int | str, int] = {}
+    whole, window = _Peaks(a), _Peaks(a)
+    windows: list[Window] = []
+    empty: set[int | str] = set()
     for kind, key, nbytes in events:
         if kind == "alloc":
-            if nbytes == 0:
-                continue  # NativeCachingAllocator::allocate skips size 0 (.cpp:4133-4135)
+            if nbytes == 0:  # NativeCachingAllocator::allocate skips size 0 (.cpp:4133-4135)
+                empty.add(key)
+                continue
             handles[key] = a.malloc(nbytes)
-            peak_requested = max(peak_requested, a.requested)
-            if a.reserved == a.peak_reserved:  # at the peak: the least slack while there (the fullest moment)
-                unused = a.reserved - a.allocated
-                slack = unused if a.peak_reserved != at_peak else min(slack, unused)
-                at_peak = a.peak_reserved
+            whole.after_malloc(a)
+            window.after_malloc(a)
+        elif kind == "free":
+            if key in empty:
+                empty.discard(key)
+            else:
+                a.free(handles.pop(key))
         else:
-            a.free(handles.pop(key))
-    return Replay(a.peak_allocated, a.peak_reserved, peak_requested, a.reserved_at_peak_allocated, slack,
-                  a.segments, a.retries)
+            windows.append(Window(str(key), window.allocated, window.reserved, window.slack, window.requested,
+                                  window.state))
+            window = _Peaks(a)
+    return Replay(a.peak_allocated, a.peak_reserved, whole.requested, a.reserved_at_peak_allocated, whole.slack,
+                  a.segments, a.retries, tuple(windows))

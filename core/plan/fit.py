@@ -34,9 +34,13 @@ class Fit:
         capacity_bytes: what it holds (None: unknown).
         analytic_bytes: the analytic plan's peak of the step (overhead included).
         traced_bytes: the traced peak plus what a trace cannot see (overhead, DDP buckets); None without a trace.
-        bytes: the larger of the two: what the fit is judged by.
-        judged_by: ``"analytic"`` or ``"traced"``.
+        bytes: the largest of the estimates: what the fit is judged by.
+        judged_by: ``"analytic"``, ``"traced"`` or ``"reserved"`` (the predicted NVML used).
         fits: ``bytes <= capacity_bytes``; None when the capacity is unknown.
+        tensor_bytes: the larger of the analytic and traced peaks (with the overhead): what a probe's peak
+            allocated is compared with (its tensors, without the overhead).
+        device_bytes: the traced step's predicted peak reserved (the caching allocator's, core/plan/allocator.py)
+            with what a trace cannot see: the predicted NVML used; None without a trace on a CUDA device.
     """
 
     device: str
@@ -46,12 +50,17 @@ class Fit:
     bytes: int
     judged_by: str
     fits: bool | None
+    tensor_bytes: int = 0
+    device_bytes: int | None = None
 
     @property
     def untraced_note(self) -> str:
         """Which estimate the fit used, in words."""
         if self.traced_bytes is None:
             return "judged by the analytic plan (no traced plan)"
+        if self.judged_by == "reserved":
+            return (f"judged by the predicted NVML used (the caching allocator's reserved + the overhead line), the "
+                    f"largest ({_gib(self.bytes)} vs tensors {_gib(self.tensor_bytes)})")
         other = self.analytic_bytes if self.judged_by == "traced" else self.traced_bytes
         return (f"judged by the {self.judged_by} plan, the larger ({_gib(self.bytes)} vs {_gib(other)} "
                 f"{'analytic' if self.judged_by == 'traced' else 'traced'})")
@@ -91,21 +100,33 @@ def traced_peak(traced: dict[str, Any] | None) -> int | None:
     return int(traced["peak_bytes"])
 
 
+def traced_reserved(traced: dict[str, Any] | None) -> int | None:
+    """The caching allocator's predicted peak reserved of a traced table on a CUDA device (its ``device_memory``), or
+    None (no trace, or a CPU device)."""
+    if traced_peak(traced) is None or not traced or not traced.get("device_memory"):
+        return None
+    return int(traced["device_memory"]["reserved_bytes"])
+
+
 def fit_of(name: str, capacity: int | None, analytic: int, untraced: int, traced: int | None,
-           strategy: str) -> Fit:
-    """The fit of one device from plain numbers (what :func:`fit_verdicts` and ``gpuaccept verify`` both use)."""
+           strategy: str, reserved: int | None = None) -> Fit:
+    """The fit of one device from plain numbers (what :func:`fit_verdicts` and ``gpuaccept verify`` both use): the
+    larger of the analytic peak and the traced one (tensors, with what a trace cannot see), and on a CUDA device with
+    a trace the predicted NVML used (the allocator's ``reserved`` with the same) when that is larger still."""
     with_trace = traced + untraced if traced is not None and strategy in TRACED_FIT_STRATEGIES else None
-    judged_by = "traced" if with_trace is not None and with_trace > analytic else "analytic"
-    used = with_trace if judged_by == "traced" and with_trace is not None else analytic
-    return Fit(name, capacity, analytic, with_trace, used, judged_by, fits_in(used, capacity))
+    tensors_by = "traced" if with_trace is not None and with_trace > analytic else "analytic"
+    tensors = with_trace if tensors_by == "traced" and with_trace is not None else analytic
+    device = reserved + untraced if reserved is not None and with_trace is not None else None
+    judged_by, used = ("reserved", device) if device is not None and device > tensors else (tensors_by, tensors)
+    return Fit(name, capacity, analytic, with_trace, used, judged_by, fits_in(used, capacity), tensors, device)
 
 
 def fit_verdicts(plan: Any, traced: dict[str, Any] | None = None) -> list[Fit]:
     """One :class:`Fit` per device of ``plan`` (:class:`core.plan.memory.MemoryPlan`), with the traced table when there is
     one (it covers one device holding the whole step: strategies single and ddp)."""
-    peak = traced_peak(traced)
-    return [fit_of(d.device.name, d.device.capacity_bytes, d.total_bytes, d.untraced_bytes, peak, plan.strategy)
-            for d in plan.devices]
+    peak, reserved = traced_peak(traced), traced_reserved(traced)
+    return [fit_of(d.device.name, d.device.capacity_bytes, d.total_bytes, d.untraced_bytes, peak, plan.strategy,
+                   reserved) for d in plan.devices]
 
 
 def plan_fits(plan: Any, traced: dict[str, Any] | None = None) -> bool:

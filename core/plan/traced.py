@@ -33,12 +33,15 @@ give identical category totals (benchmarks/plan_speed.py and the tests).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
+from core.allocconf import AllocConf
 from core.dtypes import torch_dtype_name
+from core.plan.allocator import PoolState, Window, replay
 from core.plan.phases import PHASES
 from core.spec import EIGHT_BIT_OPTIMIZERS, RunSpec
 
@@ -83,6 +86,7 @@ class TracedPlan:
     tensors: str
     modules: dict[str, int] = field(default_factory=dict)
     phases: dict[str, dict[str, int]] = field(default_factory=dict)
+    reserved: ReservedPrediction | None = None
 
     @property
     def maxima(self) -> dict[str, int]:
@@ -110,7 +114,93 @@ class TracedPlan:
             "phases": {p: {k: int(v) for k, v in c.items()} for p, c in self.phases.items()},
             "categories": {k: int(v) for k, v in self.categories.items()},
             "seconds": round(self.seconds, 3),
+            **({"reserved": self.reserved.to_json()} if self.reserved is not None else {}),
         }
+
+
+@dataclass(frozen=True)
+class ReservedPrediction:
+    """What PyTorch's CUDA caching allocator reserves for the traced steps (:mod:`core.plan.allocator`): the
+    allocations and frees of the weights, the batch, the first step (where the optimizer states appear) and the second
+    (the steady state) replayed through its rules.
+
+    Attributes:
+        conf: the ``PYTORCH_CUDA_ALLOC_CONF`` planned under ("": PyTorch's defaults).
+        steps: per step (``"step 1"``, ``"step 2"``): peak allocated (whole blocks), peak reserved, the slack at the
+            reserved peak (bytes).
+        expandable: the same replay with ``expandable_segments:True`` (a what-if; None when ``conf`` sets it already).
+        allocations: allocations replayed.
+    """
+
+    conf: str
+    steps: tuple[Window, ...]
+    expandable: tuple[Window, ...] | None
+    allocations: int
+
+    @property
+    def conf_expandable(self) -> bool:
+        """Whether the configuration planned under sets ``expandable_segments:True``."""
+        return AllocConf.parse(self.conf).expandable_segments
+
+    @property
+    def steady(self) -> Window:
+        """The last step's window: the steady state every later step repeats."""
+        return self.steps[-1]
+
+    @property
+    def peak_reserved(self) -> int:
+        """The largest reserved over the steps (bytes): reserved never shrinks in a step's replay."""
+        return max(w.peak_reserved for w in self.steps)
+
+    def expandable_saving(self) -> int | None:
+        """Bytes ``expandable_segments:True`` would save at the peak reserved (None: not planned)."""
+        if self.expandable is None:
+            return None
+        return self.peak_reserved - max(w.peak_reserved for w in self.expandable)
+
+    def to_json(self) -> dict[str, Any]:
+        def windows(ws: tuple[Window, ...]) -> list[dict[str, Any]]:
+            return [{"step": w.name, "peak_allocated_bytes": w.peak_allocated, "peak_reserved_bytes": w.peak_reserved,
+                     "slack_bytes": w.slack_at_peak, "peak_requested_bytes": w.peak_requested,
+                     "fragmentation": round(w.fragmentation, 4),
+                     **({"at_peak": dataclasses.asdict(w.at_peak)} if w.at_peak is not None else {})} for w in ws]
+
+        out: dict[str, Any] = {
+            "status": "estimated",
+            "method": "the traced steps' allocations and frees (in order, one per tensor storage) replayed through "
+                      "PyTorch's CUDA caching allocator's rules (core/plan/allocator.py, docs/allocator.md)",
+            "alloc_conf": self.conf, "allocations": self.allocations, "steps": windows(self.steps)}
+        if self.expandable is not None:
+            out["expandable_segments"] = {"steps": windows(self.expandable), "saves_bytes": self.expandable_saving()}
+        return out
+
+
+def reserved_from_json(data: dict[str, Any] | None) -> ReservedPrediction | None:
+    """The inverse of :meth:`ReservedPrediction.to_json` (None for None)."""
+    if not data:
+        return None
+
+    def windows(rows: list[dict[str, Any]]) -> tuple[Window, ...]:
+        return tuple(Window(str(r["step"]), int(r["peak_allocated_bytes"]), int(r["peak_reserved_bytes"]),
+                            int(r["slack_bytes"]), int(r.get("peak_requested_bytes", 0)),
+                            PoolState(**r["at_peak"]) if "at_peak" in r else None) for r in rows)
+
+    grown = data.get("expandable_segments")
+    return ReservedPrediction(str(data["alloc_conf"]), windows(data["steps"]),
+                              windows(grown["steps"]) if grown else None, int(data["allocations"]))
+
+
+def predict_reserved(events: list[tuple[str, Any, int]], conf_text: str) -> ReservedPrediction:
+    """Replay the recorded ``events`` under ``conf_text`` (and, unless it sets them, expandable segments).
+
+    Raises:
+        SpecError: ``conf_text`` is not an allocator configuration PyTorch accepts."""
+    conf = AllocConf.parse(conf_text)
+    allocations = sum(1 for e in events if e[0] == "alloc")
+    steps = replay(events, conf).windows
+    expandable = None if conf.expandable_segments else \
+        replay(events, dataclasses.replace(conf, expandable_segments=True)).windows
+    return ReservedPrediction(conf_text, steps, expandable, allocations)
 
 
 @dataclass(frozen=True)
@@ -152,6 +242,8 @@ class PlanDifference:
     note: str
     phases: list[LineDifference] = field(default_factory=list)
     analytic_peak_phase: str = ""
+    overhead_bytes: int = 0
+    overhead_text: str = ""
 
     @property
     def relative(self) -> float | None:
@@ -190,7 +282,8 @@ def compare(device_plan: Any, traced: TracedPlan) -> PlanDifference:
             "context is not a tensor)" + (f" and DDP's gradient buckets ({buckets:,} B)" if buckets else "") + ".")
     peak_phase = device_plan.peak_phase.name if device_plan.peak_phase else ""
     return PlanDifference(lines, most.component, device_plan.total_bytes - untraced, traced.peak_bytes, note, phases,
-                          peak_phase)
+                          peak_phase,
+                          int(device_plan.lines["overhead"].bytes), device_plan.lines["overhead"].method)
 
 
 def trace_plan(spec: RunSpec, config: Any, *, target: str = "cuda", fast: bool = True, real: bool = False) -> TracedPlan:
@@ -215,6 +308,7 @@ def trace_plan(spec: RunSpec, config: Any, *, target: str = "cuda", fast: bool =
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from core.plan.meta import build_meta_model
+    from core.plan.recorder import allocation_recorder
 
     started = time.perf_counter()
     model = build_meta_model(config, spec.mode, spec.lora if spec.adapters else None, spec.param_dtype,
@@ -222,7 +316,8 @@ def trace_plan(spec: RunSpec, config: Any, *, target: str = "cuda", fast: bool =
     fake_mode = None if real else FakeTensorMode()
     context = fake_mode if fake_mode is not None else _Nothing()
     generator = torch.Generator().manual_seed(spec.seed)
-    with context, warnings.catch_warnings(), _unpacked_blocks(), _dropout_as_on(target):
+    recorder = allocation_recorder()  # every storage's allocation and free, in order: the allocator's replay
+    with context, warnings.catch_warnings(), _unpacked_blocks(), _dropout_as_on(target), recorder:
         warnings.simplefilter("ignore")
         _materialise(model, real, generator)
         _as_trained(spec, model, config)
@@ -231,6 +326,7 @@ def trace_plan(spec: RunSpec, config: Any, *, target: str = "cuda", fast: bool =
         step = _step_fn(spec, model, batch, optimizer)
         if optimizer is not None:
             step()  # warm-up: creates the optimizer states, so the traced step is the steady state
+            recorder.mark("step 1")
         tracker = _tracker(fast)
         tracker.track_external(model, *( [optimizer] if optimizer is not None else []))
         # phase -> MemTracker's categories at that phase's own peak (the largest over micro-batches)
@@ -247,6 +343,7 @@ def trace_plan(spec: RunSpec, config: Any, *, target: str = "cuda", fast: bool =
         with tracker:
             # reset_mod_stats between micro-batches: MemTracker refuses a second forward otherwise
             kv_bytes = step(between=tracker.reset_mod_stats, mark=mark)
+        recorder.mark("step 2" if optimizer is not None else "forward")
     by_phase = _by_phase(spec, phases, kv_bytes)
     peak_phase = max(by_phase, key=lambda p: (sum(by_phase[p].values()), -PHASES.index(p)))
     components = by_phase[peak_phase]
@@ -264,7 +361,16 @@ def trace_plan(spec: RunSpec, config: Any, *, target: str = "cuda", fast: bool =
         tensors="real" if real else "fake",
         modules=modules,
         phases=by_phase,
+        reserved=predict_reserved(recorder.events, spec.alloc_conf or environment_alloc_conf()),
     )
+
+
+def environment_alloc_conf() -> str:
+    """The allocator configuration a run started from here inherits: ``PYTORCH_ALLOC_CONF``, else the older
+    ``PYTORCH_CUDA_ALLOC_CONF`` (the order PyTorch reads them in, ``AllocatorConfig.cpp:14-34``)."""
+    import os
+
+    return os.environ.get("PYTORCH_ALLOC_CONF") or os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
 
 
 def _as_trained(spec: RunSpec, model: Any, config: Any) -> None:
@@ -629,7 +735,32 @@ def comparison_json(traced: TracedPlan, difference: PlanDifference, device_name:
                            for d in difference.phases}
     out["analytic_peak_phase"] = difference.analytic_peak_phase
     out["note"] = difference.note
+    if traced.reserved is not None and device_name.startswith("cuda"):  # a CPU device has no caching allocator
+        out["device_memory"] = device_memory(traced.reserved, difference.overhead_bytes, difference.overhead_text)
     return out
+
+
+def device_memory(reserved: ReservedPrediction, overhead_bytes: int, overhead_text: str) -> dict[str, Any]:
+    """The device's memory as the three counters show it, predicted for the steady-state step (bytes): peak allocated
+    (``max_memory_allocated``: whole blocks), peak reserved (``max_memory_reserved``), and NVML's used (reserved + what
+    lies outside the allocator: the plan's overhead line), each with its method; and the slack, line by line."""
+    steady = reserved.steady
+    lines = steady.at_peak.slack_lines(reserved.conf_expandable) if steady.at_peak is not None else []
+    return {
+        "status": "estimated",
+        "allocated_bytes": steady.peak_allocated, "reserved_bytes": reserved.peak_reserved,
+        "nvml_used_bytes": reserved.peak_reserved + overhead_bytes,
+        "methods": {
+            "allocated": "the traced steady-state step's allocations replayed: blocks of 512 B multiples, a large "
+                         "block handed out whole when 1 MiB or less would remain",
+            "reserved": "the same replay through the caching allocator's segments and best fit (docs/allocator.md)"
+                        + (f" under {reserved.conf}" if reserved.conf else ", PyTorch's defaults"),
+            "nvml_used": f"reserved + the overhead line: {overhead_text}"},
+        "slack": [{"what": what, "bytes": n} for what, n in lines],
+        "first_step": {"allocated_bytes": reserved.steps[0].peak_allocated,
+                       "reserved_bytes": reserved.steps[0].peak_reserved} if len(reserved.steps) > 1 else {},
+        "expandable_segments_saves_bytes": reserved.expandable_saving(),
+    }
 
 
 def traced_from_json(data: dict[str, Any]) -> TracedPlan:
@@ -637,7 +768,8 @@ def traced_from_json(data: dict[str, Any]) -> TracedPlan:
     return TracedPlan(components={k: int(v) for k, v in data["components"].items()}, peak_bytes=int(data["peak_bytes"]),
                       categories={k: int(v) for k, v in data["categories"].items()}, method=str(data["method"]),
                       seconds=float(data["seconds"]), tensors=str(data["tensors"]),
-                      phases={p: {k: int(v) for k, v in c.items()} for p, c in data.get("phases", {}).items()})
+                      phases={p: {k: int(v) for k, v in c.items()} for p, c in data.get("phases", {}).items()},
+                      reserved=reserved_from_json(data.get("reserved")))
 
 
 def config_json(config: Any) -> dict[str, Any]:

@@ -467,8 +467,8 @@ def _version_2_problems(rec: dict[str, Any]) -> list[str]:
         phases = d["phases"]
         if not isinstance(phases, dict) or not phases or any(p not in PHASES for p in phases):
             out.append(f"{where}.phases must be a table of phases among {', '.join(PHASES)}")
-        if d["fit_judged_by"] not in ("analytic", "traced"):
-            out.append(f"{where}.fit_judged_by is {d['fit_judged_by']!r}; analytic or traced")
+        if d["fit_judged_by"] not in ("analytic", "traced", "reserved"):
+            out.append(f"{where}.fit_judged_by is {d['fit_judged_by']!r}; analytic, traced or reserved")
     return out
 
 

@@ -31,7 +31,7 @@ from typing import Any
 from core.bounds import TomlBoundsError, loads_bounded
 from core.criteria import AcceptCriteria, Judgement, device_label, speed_on
 from core.methods import trains
-from core.plan.fit import fit_of, measured_use_bytes, traced_peak, under_estimate
+from core.plan.fit import fit_of, measured_use_bytes, traced_peak, traced_reserved, under_estimate
 from core.record.build import schema_problems
 from core.record.judged import criteria_of, criteria_rows_problems
 from core.record.signing import check_signature
@@ -201,6 +201,7 @@ def _plan_verdict(rec: dict[str, Any], problems: list[str]
         return capacity, tensors, None
     v2 = rec["schema_version"] >= 2
     peak = traced_peak(plan.get("traced")) if v2 else None
+    reserved = traced_reserved(plan.get("traced")) if v2 else None
     strategy = text(entry(plan, "strategy", "plan"), "plan.strategy")
     planned: list[PlannedDevice] = []
     devices = tables(entry(plan, "devices", "plan"), "plan.devices")
@@ -225,8 +226,9 @@ def _plan_verdict(rec: dict[str, Any], problems: list[str]
         cap = d.get("capacity_bytes")  # absent: the capacity is unknown (TOML has no null)
         capacity[name] = None if cap is None else count(cap, f"{where}.capacity_bytes")
         untraced = entry(d, "untraced_bytes", where) if v2 else d.get("untraced_bytes", 0)  # schema 1: none
-        fit = fit_of(name, capacity[name], stated_total, count(untraced, f"{where}.untraced_bytes"), peak, strategy)
-        tensors[name] = (fit.bytes - lines.get("overhead", 0)) if v2 else stated_total
+        fit = fit_of(name, capacity[name], stated_total, count(untraced, f"{where}.untraced_bytes"), peak, strategy,
+                     reserved)
+        tensors[name] = (fit.tensor_bytes - lines.get("overhead", 0)) if v2 else stated_total
         planned.append(PlannedDevice(name, fit.bytes, capacity[name]))
         if v2 and (d.get("fit_bytes") != fit.bytes or d.get("fit_judged_by") != fit.judged_by):
             problems.append(f"plan device {name}: the fit is judged by {fit.bytes} B ({fit.judged_by}: the larger of "

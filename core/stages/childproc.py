@@ -74,11 +74,14 @@ class Launch:
             --nproc-per-node nproc``. Given for several nodes even with one process each.
         visible_devices: the device names the ranks use, in local-rank order (CUDA ones become
             ``CUDA_VISIBLE_DEVICES``); None: the stage's one device.
+        alloc_conf: the caching allocator's configuration the children run under (the spec's ``alloc_conf``, set as
+            ``PYTORCH_ALLOC_CONF`` and ``PYTORCH_CUDA_ALLOC_CONF``: the plan simulated it); "": the environment's.
     """
 
     nproc: int = 1
     torchrun_args: list[str] | None = None
     visible_devices: list[str] | None = None
+    alloc_conf: str = ""
 
     @property
     def torchrun(self) -> bool:
@@ -117,6 +120,8 @@ def start_child(name: str, job_dir: Path, job: Job, launch: Launch = SINGLE,
     child.job = job.placed(str(child.events_path), str(child.output_dir))
     (job_dir / "job.json").write_text(child.job.to_json(), encoding="utf-8")
     env = child_env()
+    if launch.alloc_conf:  # PyTorch reads PYTORCH_ALLOC_CONF first, the older name otherwise (AllocatorConfig.cpp)
+        env["PYTORCH_ALLOC_CONF"] = env["PYTORCH_CUDA_ALLOC_CONF"] = launch.alloc_conf
     cuda = [d for d in (launch.visible_devices or []) if d.startswith("cuda")]
     if cuda:
         env["CUDA_VISIBLE_DEVICES"] = visible_for(cuda, os.environ.get("CUDA_VISIBLE_DEVICES"))
@@ -144,11 +149,12 @@ def launch_options(spec: Any, names: list[str]) -> Launch:
     """How to start the children of ``spec`` whose ranks use the devices ``names`` on this node (:class:`Launch`). One
     process for strategies that do not run under torchrun (:meth:`core.spec.RunSpec.local_world_size`)."""
     nproc = spec.local_world_size(len(names))
+    conf = spec.alloc_conf
     if spec.strategy == "device_map":  # one process over every device named
-        return Launch(visible_devices=list(names))
+        return Launch(visible_devices=list(names), alloc_conf=conf)
     if nproc == 1 and spec.torchrun.nnodes == 1:
-        return SINGLE
-    return Launch(nproc=nproc, torchrun_args=spec.torchrun.args(nproc), visible_devices=list(names))
+        return Launch(alloc_conf=conf)
+    return Launch(nproc=nproc, torchrun_args=spec.torchrun.args(nproc), visible_devices=list(names), alloc_conf=conf)
 
 
 def visible_for(names: list[str], parent_visible: str | None) -> str:

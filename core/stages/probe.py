@@ -287,7 +287,7 @@ def judge_devices(spec: RunSpec, plan: Any, traced: dict[str, Any] | None, measu
     for m in measurements:
         plan_device = plan_by_name.get(m.device)
         if plan_device is not None:
-            comparison = compare_with_plan(plan_device, m, fit_by_name[m.device].bytes, plan.quantised)
+            comparison = compare_with_plan(plan_device, m, fit_by_name[m.device].tensor_bytes, plan.quantised)
             comparisons.append(comparison)
             if comparison.under_estimate is not None:
                 findings.append(f"{_where(m)}: UNDER-ESTIMATE: measured peak {_gib(m.peak_bytes)} is "

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import pytest
 
+from core.allocconf import AllocConf, MiB
 from core.errors import SpecError
 from core.plan.allocator import (
-    AllocConf,
     CachingAllocator,
-    MiB,
     OutOfMemory,
     replay,
     round_size,
@@ -164,6 +163,13 @@ def test_a_replay_reports_the_peaks_and_the_slack_at_the_peak_reserved():
     assert (got.peak_reserved, got.peak_allocated) == (22 * MiB, 600 * KiB + 3 * MiB)
     assert got.slack_at_peak == 22 * MiB - (600 * KiB + 3 * MiB)
     assert got.fragmentation == pytest.approx(got.slack_at_peak / (22 * MiB))
+    marked = replay([("alloc", 1, 600 * KiB), ("alloc", 2, 3 * MiB + 100), ("mark", "step 1", 0), ("free", 1, 0)])
+    (window,) = marked.windows
+    lines = dict((text.split(":")[0], n) for text, n in window.at_peak.slack_lines())
+    assert lines == {"small pool (tensors <= 1 MiB)": 2 * MiB - 600 * KiB, "large pool": 20 * MiB - (3 * MiB + 512),
+                     "rounding inside allocated blocks (512 B multiples; large blocks handed out whole when <= 1 MiB "
+                     "would remain)": 512 - 100}
+    assert sum(lines.values()) == window.peak_reserved - (600 * KiB + 3 * MiB + 100)  # reserved - requested, explained
 
 
 @pytest.mark.parametrize(("text", "says"), [
@@ -176,3 +182,14 @@ def test_a_replay_reports_the_peaks_and_the_slack_at_the_peak_reserved():
 def test_an_alloc_conf_pytorch_refuses_is_refused_by_name(text, says):
     with pytest.raises(SpecError, match=says.replace("(", r"\(").replace(")", r"\)")):
         AllocConf.parse(text)
+
+
+def test_the_spec_names_a_bad_alloc_conf_and_its_children_run_under_a_good_one():
+    from core.spec import RunSpec
+    from core.stages.childproc import launch_options
+
+    with pytest.raises(SpecError) as err:
+        RunSpec.build(alloc_conf="max_split_size_mb:10")
+    assert err.value.field == "alloc_conf" and "at least 20" in str(err.value)
+    spec = RunSpec.build(alloc_conf="expandable_segments:True")
+    assert launch_options(spec, ["cuda:0"]).alloc_conf == "expandable_segments:True"

@@ -168,7 +168,14 @@ def test_an_untraceable_spec_has_its_reason_and_a_traceable_one_is_judged_by_its
     traced = api.plan_report(single, traced=True)
     assert traced.traced["status"] == "estimated" and traced.traced["compared_with"] == "cuda:0"
     (fit,) = traced.fits
-    assert fit.traced_bytes is not None and fit.bytes == max(fit.analytic_bytes, fit.traced_bytes)
+    assert fit.traced_bytes is not None and fit.tensor_bytes == max(fit.analytic_bytes, fit.traced_bytes)
+    # on a CUDA device the caching allocator's predicted reserved (+ the overhead line) is judged too: NVML's used
+    memory = traced.traced["device_memory"]
+    overhead = traced.plan.devices[0].lines["overhead"].bytes
+    assert fit.device_bytes == memory["reserved_bytes"] + overhead == memory["nvml_used_bytes"]
+    assert memory["reserved_bytes"] >= memory["allocated_bytes"] and fit.bytes == max(fit.tensor_bytes,
+                                                                                       fit.device_bytes)
+    assert fit.judged_by == "reserved" and "predicted NVML used" in fit.untraced_note
     assert traced.to_json()["traced"] == traced.traced
 
 
