@@ -21,17 +21,24 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 MEASURED = ROOT / "benchmarks" / "results" / "gpu" / "2026-12-04-first-run" / "call2-summary.json"
 OUT = ROOT / "benchmarks" / "results" / "reserved_accuracy.json"
+#: the torch of the GPU run measured (its summary's versions step)
+TORCH_MEASURED = "2.11.0"
 
 
 def main() -> int:
     from benchmarks.gpu_accuracy import load_config, spec_of
+    from core.plan.lines import CUDA_OVERHEAD_BYTES
     from core.plan.traced import trace_plan
+    from core.plan.workspace import cublas_workspaces
 
     cells = [c for c in json.loads(MEASURED.read_text())["steps"]["accuracy"]["cells"] if c.get("peak_reserved_bytes")]
     rows = []
     for cell in cells:
         spec = spec_of(cell)
-        traced = trace_plan(spec, load_config(cell["config"]), target="cuda")
+        # the box measured: an H200 (compute capability 9.0) with torch 2.11.0, no CUBLAS_* variables
+        blocks, how = cublas_workspaces("NVIDIA H200", spec.training, TORCH_MEASURED, {})
+        traced = trace_plan(spec, load_config(cell["config"]), target="cuda", workspaces=tuple(blocks),
+                            workspace_method=how)
         assert traced.reserved is not None
         steady = traced.reserved.steady
         row = {k: cell[k] for k in ("config", "mode", "precision", "batch_size", "seq_len")}
@@ -41,10 +48,18 @@ def main() -> int:
             predicted_allocated_bytes=steady.peak_allocated, predicted_reserved_bytes=traced.reserved.peak_reserved,
             reserved_error_pct=round(100 * (traced.reserved.peak_reserved / cell["peak_reserved_bytes"] - 1), 2),
             slack_measured_bytes=cell["peak_reserved_bytes"] - cell["peak_allocated_bytes"],
-            slack_predicted_bytes=traced.reserved.peak_reserved - steady.peak_allocated)
+            slack_predicted_bytes=traced.reserved.peak_reserved - steady.peak_allocated,
+            allocated_error_pct=round(100 * (steady.peak_allocated / cell["peak_allocated_bytes"] - 1), 2),
+            traced_tensors_error_pct=round(100 * (traced.peak_bytes / cell["peak_allocated_bytes"] - 1), 2),
+            predicted_nvml_used_bytes=traced.reserved.peak_reserved + CUDA_OVERHEAD_BYTES,
+            nvml_used_error_pct=round(100 * ((traced.reserved.peak_reserved + CUDA_OVERHEAD_BYTES)
+                                             / cell["nvml_used_max_bytes"] - 1), 2),
+            outside_allocator_measured_bytes=cell["nvml_used_max_bytes"] - cell["peak_reserved_bytes"])
         rows.append(row)
         gib = 2**30
-        print(f"{row['mode']:9} {row['precision']:4} {row['batch_size']}x{row['seq_len']:<4} reserved predicted "
+        print(f"{row['mode']:9} {row['precision']:4} {row['batch_size']}x{row['seq_len']:<4} allocated "
+              f"{row['allocated_error_pct']:+.1f} % (tensors alone {row['traced_tensors_error_pct']:+.1f} %); NVML used "
+              f"{row['nvml_used_error_pct']:+.1f} %; reserved predicted "
               f"{row['predicted_reserved_bytes'] / gib:.3f} vs measured {row['measured_reserved_bytes'] / gib:.3f} GiB "
               f"({row['reserved_error_pct']:+.1f} %); slack predicted {row['slack_predicted_bytes'] / 2**20:.0f} vs "
               f"measured {row['slack_measured_bytes'] / 2**20:.0f} MiB", flush=True)

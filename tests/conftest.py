@@ -68,11 +68,11 @@ def _memoise_traces() -> None:
         return
     done: dict[str, object] = {}
 
-    def trace_in_child(spec, config, target, cancelled=None, timeout_s=600.0):
-        key = json.dumps([target, {k: v for k, v in spec.to_dict().items() if k not in UNTRACED_SETTINGS}],
-                         sort_keys=True, default=str)  # the config is spec.model's (core.pipeline.make_plan)
-        if key not in done:
-            done[key] = original(spec, config, target, cancelled, timeout_s)  # a failure raises, and is not kept
+    def trace_in_child(spec, config, target, cancelled=None, timeout_s=600.0, workspaces=(), workspace_method=""):
+        key = json.dumps([target, {k: v for k, v in spec.to_dict().items() if k not in UNTRACED_SETTINGS},
+                          list(workspaces)], sort_keys=True, default=str)  # the config is spec.model's
+        if key not in done:  # a failure raises, and is not kept
+            done[key] = original(spec, config, target, cancelled, timeout_s, workspaces, workspace_method)
         return copy.deepcopy(done[key])
 
     trace_in_child._gpuaccept_memo = True  # type: ignore[attr-defined]

@@ -593,7 +593,8 @@ def format_device_memory(memory: dict[str, Any] | None, device: str) -> list[str
     if first:
         lines.append(f"  step 1 (the optimizer's states are made in it): allocated {first['allocated_bytes'] / gib:.3f} "
                      f"GiB, reserved {first['reserved_bytes'] / gib:.3f} GiB")
-    saves = memory.get("expandable_segments_saves_bytes")
+    grown = memory.get("expandable_segments_reserved_bytes")
+    saves = None if grown is None else memory["reserved_bytes"] - grown
     if saves is not None:
         lines.append("  with expandable_segments:True (--alloc-conf) the peak reserved would be "
                      + (f"{saves / mib:.0f} MiB lower" if saves > 0 else f"{-saves / mib:.0f} MiB higher" if saves < 0

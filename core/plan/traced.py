@@ -130,12 +130,15 @@ class ReservedPrediction:
             reserved peak (bytes).
         expandable: the same replay with ``expandable_segments:True`` (a what-if; None when ``conf`` sets it already).
         allocations: allocations replayed.
+        workspace_bytes: cuBLAS's workspaces among them (bytes), sized as ``workspace_method`` says.
     """
 
     conf: str
     steps: tuple[Window, ...]
     expandable: tuple[Window, ...] | None
     allocations: int
+    workspace_bytes: int = 0
+    workspace_method: str = ""
 
     @property
     def conf_expandable(self) -> bool:
@@ -160,18 +163,22 @@ class ReservedPrediction:
 
     def to_json(self) -> dict[str, Any]:
         def windows(ws: tuple[Window, ...]) -> list[dict[str, Any]]:
-            return [{"step": w.name, "peak_allocated_bytes": w.peak_allocated, "peak_reserved_bytes": w.peak_reserved,
+            return [{"name": w.name, "peak_allocated_bytes": w.peak_allocated, "peak_reserved_bytes": w.peak_reserved,
                      "slack_bytes": w.slack_at_peak, "peak_requested_bytes": w.peak_requested,
                      "fragmentation": round(w.fragmentation, 4),
-                     **({"at_peak": dataclasses.asdict(w.at_peak)} if w.at_peak is not None else {})} for w in ws]
+                     **({"at_peak": {f"{k}_bytes" if not k.endswith("_segments") else k: v
+                                     for k, v in dataclasses.asdict(w.at_peak).items()}}
+                        if w.at_peak is not None else {})} for w in ws]
 
         out: dict[str, Any] = {
             "status": "estimated",
             "method": "the traced steps' allocations and frees (in order, one per tensor storage) replayed through "
                       "PyTorch's CUDA caching allocator's rules (core/plan/allocator.py, docs/allocator.md)",
-            "alloc_conf": self.conf, "allocations": self.allocations, "steps": windows(self.steps)}
+            "alloc_conf": self.conf, "allocations": self.allocations, "steps": windows(self.steps),
+            "workspace_bytes": self.workspace_bytes, "workspace_method": self.workspace_method}
         if self.expandable is not None:
-            out["expandable_segments"] = {"steps": windows(self.expandable), "saves_bytes": self.expandable_saving()}
+            out["expandable_segments"] = {"steps": windows(self.expandable),
+                                          "peak_reserved_bytes": max(w.peak_reserved for w in self.expandable)}
         return out
 
 
@@ -181,16 +188,19 @@ def reserved_from_json(data: dict[str, Any] | None) -> ReservedPrediction | None
         return None
 
     def windows(rows: list[dict[str, Any]]) -> tuple[Window, ...]:
-        return tuple(Window(str(r["step"]), int(r["peak_allocated_bytes"]), int(r["peak_reserved_bytes"]),
+        return tuple(Window(str(r["name"]), int(r["peak_allocated_bytes"]), int(r["peak_reserved_bytes"]),
                             int(r["slack_bytes"]), int(r.get("peak_requested_bytes", 0)),
-                            PoolState(**r["at_peak"]) if "at_peak" in r else None) for r in rows)
+                            PoolState(**{k.removesuffix("_bytes"): int(v) for k, v in r["at_peak"].items()})
+                            if "at_peak" in r else None) for r in rows)
 
     grown = data.get("expandable_segments")
     return ReservedPrediction(str(data["alloc_conf"]), windows(data["steps"]),
-                              windows(grown["steps"]) if grown else None, int(data["allocations"]))
+                              windows(grown["steps"]) if grown else None, int(data["allocations"]),
+                              int(data.get("workspace_bytes", 0)), str(data.get("workspace_method", "")))
 
 
-def predict_reserved(events: list[tuple[str, Any, int]], conf_text: str) -> ReservedPrediction:
+def predict_reserved(events: list[tuple[str, Any, int]], conf_text: str, workspace_bytes: int = 0,
+                     workspace_method: str = "") -> ReservedPrediction:
     """Replay the recorded ``events`` under ``conf_text`` (and, unless it sets them, expandable segments).
 
     Raises:
@@ -200,7 +210,7 @@ def predict_reserved(events: list[tuple[str, Any, int]], conf_text: str) -> Rese
     steps = replay(events, conf).windows
     expandable = None if conf.expandable_segments else \
         replay(events, dataclasses.replace(conf, expandable_segments=True)).windows
-    return ReservedPrediction(conf_text, steps, expandable, allocations)
+    return ReservedPrediction(conf_text, steps, expandable, allocations, workspace_bytes, workspace_method)
 
 
 @dataclass(frozen=True)
@@ -286,7 +296,8 @@ def compare(device_plan: Any, traced: TracedPlan) -> PlanDifference:
                           int(device_plan.lines["overhead"].bytes), device_plan.lines["overhead"].method)
 
 
-def trace_plan(spec: RunSpec, config: Any, *, target: str = "cuda", fast: bool = True, real: bool = False) -> TracedPlan:
+def trace_plan(spec: RunSpec, config: Any, *, target: str = "cuda", fast: bool = True, real: bool = False,
+               workspaces: tuple[int, ...] = (), workspace_method: str = "") -> TracedPlan:
     """Trace one steady-state step of ``spec`` on ``config`` (see the module docstring for what the step is).
 
     Args:
@@ -297,6 +308,9 @@ def trace_plan(spec: RunSpec, config: Any, *, target: str = "cuda", fast: bool =
             would (the trace itself always runs on CPU tensors: fake CUDA tensors abort the CPU build in autograd).
         fast: keep only the overall peak (about 10x faster on deep models) instead of MemTracker's per-module stats.
         real: real CPU tensors with random values instead of fake ones (memory for real: tiny models only).
+        workspaces: cuBLAS's workspace blocks on the target device (bytes each, :func:`core.plan.workspace.
+            cublas_workspaces`), allocated through the caching allocator at the first matmul and kept: added to the
+            allocator's replay before the first step (``workspace_method`` says how they were sized).
 
     Returns:
         a :class:`TracedPlan`.
@@ -322,6 +336,7 @@ def trace_plan(spec: RunSpec, config: Any, *, target: str = "cuda", fast: bool =
         _materialise(model, real, generator)
         _as_trained(spec, model, config)
         batch = _batch(spec, config, None if fake_mode else generator)
+        recorder.events.extend(("alloc", f"cublas workspace {i}", n) for i, n in enumerate(workspaces))
         optimizer = _optimizer(spec, model, foreach=target == "cuda") if spec.training else None
         step = _step_fn(spec, model, batch, optimizer)
         if optimizer is not None:
@@ -361,7 +376,8 @@ def trace_plan(spec: RunSpec, config: Any, *, target: str = "cuda", fast: bool =
         tensors="real" if real else "fake",
         modules=modules,
         phases=by_phase,
-        reserved=predict_reserved(recorder.events, spec.alloc_conf or environment_alloc_conf()),
+        reserved=predict_reserved(recorder.events, spec.alloc_conf or environment_alloc_conf(), sum(workspaces),
+                                  workspace_method),
     )
 
 
@@ -719,7 +735,8 @@ def trace_against(spec: RunSpec, config: Any, plan: Any, *, fast: bool = True) -
         field = "mode" if spec.method.takes("quant") else "optimizer" if spec.optimizer in EIGHT_BIT_OPTIMIZERS else "strategy"
         raise SpecError(field, reason)
     device = plan.devices[0]
-    traced = trace_plan(spec, config, target=device.device.kind, fast=fast)
+    blocks, how = workspaces_of(spec, device.device)
+    traced = trace_plan(spec, config, target=device.device.kind, fast=fast, workspaces=blocks, workspace_method=how)
     return traced, compare(device, traced)
 
 
@@ -752,14 +769,17 @@ def device_memory(reserved: ReservedPrediction, overhead_bytes: int, overhead_te
         "nvml_used_bytes": reserved.peak_reserved + overhead_bytes,
         "methods": {
             "allocated": "the traced steady-state step's allocations replayed: blocks of 512 B multiples, a large "
-                         "block handed out whole when 1 MiB or less would remain",
+                         "block handed out whole when 1 MiB or less would remain"
+                         + (f"; with cuBLAS's workspaces, {reserved.workspace_bytes / 2**20:.3g} MiB "
+                            f"({reserved.workspace_method})" if reserved.workspace_bytes else ""),
             "reserved": "the same replay through the caching allocator's segments and best fit (docs/allocator.md)"
                         + (f" under {reserved.conf}" if reserved.conf else ", PyTorch's defaults"),
             "nvml_used": f"reserved + the overhead line: {overhead_text}"},
         "slack": [{"what": what, "bytes": n} for what, n in lines],
         "first_step": {"allocated_bytes": reserved.steps[0].peak_allocated,
                        "reserved_bytes": reserved.steps[0].peak_reserved} if len(reserved.steps) > 1 else {},
-        "expandable_segments_saves_bytes": reserved.expandable_saving(),
+        **({"expandable_segments_reserved_bytes": max(w.peak_reserved for w in reserved.expandable)}
+           if reserved.expandable is not None else {}),
     }
 
 
@@ -796,8 +816,8 @@ def config_from_json(data: dict[str, Any]) -> Any:
     return AutoConfig.for_model(**data["transformers"])
 
 
-def trace_in_child(spec: RunSpec, config: Any, target: str, cancelled: Any = None,
-                   timeout_s: float = 600.0) -> TracedPlan:
+def trace_in_child(spec: RunSpec, config: Any, target: str, cancelled: Any = None, timeout_s: float = 600.0,
+                   workspaces: tuple[int, ...] = (), workspace_method: str = "") -> TracedPlan:
     """Run :func:`trace_plan` in a child process (``python -P -m core.plan.traced``), so the wizard stays responsive and a
     crash in a model's code cannot take the caller down; the child traces ``config``, the config the caller resolved
     (:func:`core.pipeline.make_plan`), written beside the spec (:func:`config_json`): the plan resolves no model.
@@ -805,6 +825,7 @@ def trace_in_child(spec: RunSpec, config: Any, target: str, cancelled: Any = Non
     Args:
         config: the model's config (a ``transformers.PretrainedConfig`` or a :class:`core.plan.shapes.FastConfig`).
         cancelled: polled twice a second; when it returns True the child's process group is killed.
+        workspaces, workspace_method: as :func:`trace_plan`'s.
 
     Raises:
         GpuAcceptError: the child failed (its last stderr lines are in the message), timed out or was cancelled.
@@ -828,7 +849,8 @@ def trace_in_child(spec: RunSpec, config: Any, target: str, cancelled: Any = Non
         with open(config_path, "w", encoding="utf-8") as fh:
             json.dump(config_json(config), fh)
         out_path, err_path = os.path.join(tmp, "traced.json"), os.path.join(tmp, "stderr.log")
-        argv = [spec_path, "--config", config_path, "--target", target, "--out", out_path, "--orphan-cleanup", tmp]
+        argv = [spec_path, "--config", config_path, "--target", target, "--out", out_path, "--orphan-cleanup", tmp,
+                *(f"--workspace={n}" for n in workspaces), f"--workspace-method={workspace_method}"]
         # gpuaccept's pid: the child ends itself and removes `tmp` if this process is killed (core.protocol.lifeline)
         env = {**child_env(), "TRANSFORMERS_VERBOSITY": "error"}
         child: Any = forkserver.start("core.plan.traced", argv, Path(err_path), env)
@@ -859,6 +881,20 @@ def trace_in_child(spec: RunSpec, config: Any, target: str, cancelled: Any = Non
             return traced_from_json(json.load(fh))
 
 
+def workspaces_of(spec: RunSpec, device: Any) -> tuple[tuple[int, ...], str]:
+    """cuBLAS's workspace blocks on ``device`` (:class:`core.plan.devices.DeviceInfo`) for ``spec``, and how they were
+    sized (:func:`core.plan.workspace.cublas_workspaces`, with this process's torch and environment); none on the CPU."""
+    import importlib.metadata
+    import os
+
+    from core.plan.workspace import cublas_workspaces
+
+    if device.kind != "cuda":
+        return (), ""
+    blocks, how = cublas_workspaces(device.label, spec.training, importlib.metadata.version("torch"), os.environ)
+    return tuple(blocks), how
+
+
 def traced_table(spec: RunSpec, ctx: Any, cancelled: Any = None) -> dict[str, Any]:
     """The traced plan of ``spec`` compared with ``ctx.plan`` (:class:`core.pipeline.PlanContext`), JSON-ready for the
     record and the screens; ``{"status": "not_run" | "cancelled" | "error", "reason": ...}`` when there is none."""
@@ -871,7 +907,9 @@ def traced_table(spec: RunSpec, ctx: Any, cancelled: Any = None) -> dict[str, An
         return {"status": "not_run", "reason": reason}
     device = plan.devices[0]
     try:
-        traced = trace_in_child(spec, ctx.config, device.device.kind, cancelled)
+        blocks, how = workspaces_of(spec, device.device)
+        traced = trace_in_child(spec, ctx.config, device.device.kind, cancelled, workspaces=blocks,
+                                workspace_method=how)
     except GpuAcceptError as exc:
         return {"status": str(Stopped.of(exc).status), "reason": str(exc)}
     return comparison_json(traced, compare(device, traced), device.device.name)
@@ -891,6 +929,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--target", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--out", required=True)
     parser.add_argument("--orphan-cleanup", help="a folder to remove if gpuaccept is gone before the trace ends")
+    parser.add_argument("--workspace", type=int, action="append", default=[],
+                        help="a cuBLAS workspace block on the target device, bytes (repeated)")
+    parser.add_argument("--workspace-method", default="", help="how the workspaces were sized, in words")
     args = parser.parse_args(argv)
     from pathlib import Path
 
@@ -901,7 +942,8 @@ def main(argv: list[str]) -> int:
         spec = RunSpec.from_dict(json.load(fh))
     with open(args.config, encoding="utf-8") as fh:
         config = config_from_json(json.load(fh))
-    traced = trace_plan(spec, config, target=args.target)
+    traced = trace_plan(spec, config, target=args.target, workspaces=tuple(args.workspace),
+                        workspace_method=args.workspace_method)
     tmp = args.out + ".tmp"
     with open(tmp, "w", encoding="utf-8") as fh:
         json.dump(traced.to_json(), fh)

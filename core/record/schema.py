@@ -61,7 +61,7 @@ _COUNT_NAMES = ("step", "steps", "*_step", "*_steps", "rank", "*_rank", "world_s
                 "parameters_*", "*_parameters", "total", "trainable", "blocks", "*_blocks", "*_blocks_evaluated", "*_documents", "tokens",
                 "threads", "*_threads", "cpu_count", "nnodes", "nproc_per_node", "batch_size", "seq_len", "grad_accum",
                 "r", "alpha", "tp", "*_every", "kill_after_checkpoint", "questions_asked", "score",
-                "killed_process_group", "lora_modules_adapted", "schema_version", "index")
+                "killed_process_group", "lora_modules_adapted", "schema_version", "index", "allocations", "*_segments")
 _STR_NAMES = ("status", "method", "evidence", "why", "summary", "name", "kind", "note", "label", "at", "device",
               "host", "operator", "role", "comment", "decision", "log", "tool", "tool_version", "run_dir",
               "capacity_source")
@@ -89,6 +89,10 @@ RULES: tuple[tuple[str, str], ...] = (
     ("plan.devices[].components.*", "count"), ("plan.devices[].phases.*.components.*", "count"),
     ("plan.traced.components.*", "count"), ("plan.traced.categories.*", "count"),
     ("plan.traced.phases.*", "count"),
+    # the caching allocator's prediction (core/plan/traced.py ReservedPrediction, device_memory)
+    ("*.fragmentation", "nonneg"), ("*.alloc_conf", "str"), ("*.workspace_method", "str"),
+    ("plan.traced.device_memory.methods.*", "str"), ("plan.traced.device_memory.slack[].what", "str"),
+    ("plan.traced.device_memory.slack[].bytes", "count"),
     ("probe.placement.*.bytes", "count"), ("*.findings[]", "str"), ("*.problems[]", "str"),
     # how the probe's speed was timed: 1-based steps, seconds per step, and two yes/no facts
     ("probe.timing.*_steps[]", "count"), ("probe.timing.timed_tracked", "bool"),

@@ -193,3 +193,21 @@ def test_the_spec_names_a_bad_alloc_conf_and_its_children_run_under_a_good_one()
     assert err.value.field == "alloc_conf" and "at least 20" in str(err.value)
     spec = RunSpec.build(alloc_conf="expandable_segments:True")
     assert launch_options(spec, ["cuda:0"]).alloc_conf == "expandable_segments:True"
+
+
+@pytest.mark.parametrize(("label", "training", "torch", "environ", "blocks"), [
+    # CublasHandlePool.cpp :147-150: 32 MiB on compute capability 9.0; two threads in training (forward, autograd)
+    ("NVIDIA H200", True, "2.13.0+cu130", {}, [32 * MiB, 32 * MiB]),
+    # up to 2.11, cuBLASLt's own 1 MiB block per thread as well (:186, :283)
+    ("NVIDIA H100 80GB HBM3", False, "2.11.0", {}, [32 * MiB, 1 * MiB]),
+    # Blackwell: 32 MiB from torch 2.12, 8.125 MiB (2 x 4 MiB + 8 x 16 KiB) before
+    ("NVIDIA B200", False, "2.13.0", {}, [32 * MiB]),
+    ("NVIDIA B200", False, "2.11.0", {}, [2 * 4 * MiB + 8 * 16 * KiB, 1 * MiB]),
+    ("NVIDIA A100-SXM4-80GB", False, "2.13.0", {}, [2 * 4 * MiB + 8 * 16 * KiB]),
+    # CUBLAS_WORKSPACE_CONFIG sums its :SIZE_KiB:COUNT pairs (:156-168)
+    ("NVIDIA H200", False, "2.13.0", {"CUBLAS_WORKSPACE_CONFIG": ":4096:8:16:8"}, [32 * MiB + 128 * KiB]),
+])
+def test_cublas_takes_its_workspaces_as_pytorchs_handle_pool_sizes_them(label, training, torch, environ, blocks):
+    from core.plan.workspace import cublas_workspaces
+
+    assert cublas_workspaces(label, training, torch, environ)[0] == blocks

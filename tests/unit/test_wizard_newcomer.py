@@ -620,3 +620,36 @@ async def test_a_check_that_answers_after_setup_was_closed_draws_nothing(tiny_mo
         assert isinstance(app.screen, ModeScreen)
         screen._inputs_checked(screen._draft, answer)  # the late answer: it raised NoMatches before
         assert screen._checked is answer and not screen.query("#form-error")  # kept, with nothing to draw on
+
+
+async def test_the_plan_screen_shows_what_a_gpu_will_count_side_by_side(tiny_model_dir, tmp_path):
+    """Issue 38: on a CUDA device the traced plan's steady-state step is shown as peak allocated, peak reserved (the
+    caching allocator's replay) and NVML used, each with its method, the slack line by line, the expandable-segments
+    what-if; the fit line says it is judged on the predicted NVML used."""
+    from core.plan.devices import DeviceInfo
+    from core.plan.traced import TracedPlan, compare, comparison_json, predict_reserved
+    from tests.wizard_helpers import GiB, text_of, wait_for
+
+    def tracer(spec, ctx, cancelled=None) -> dict:
+        device = ctx.plan.devices[0]
+        parts = {k: device.lines[k].bytes for k in ("weights", "optimizer_states", "activations", "temporaries")}
+        events = [("alloc", k, n) for k, n in parts.items() if n] + [("mark", "step 1", 0), ("mark", "step 2", 0)]
+        traced = TracedPlan(components={**parts, "gradients": 0, "kv_cache": 0}, peak_bytes=sum(parts.values()),
+                            categories={}, method="constructed", seconds=0.1, tensors="fake",
+                            reserved=predict_reserved(events, ""))
+        return comparison_json(traced, compare(device, traced), device.device.name)
+
+    app = make_app(tiny_model_dir, tmp_path, mode="lora")
+    app.tracer = tracer
+    app.state.devices_override = [DeviceInfo("cuda:0", "cuda", "NVIDIA H200", 140 * GiB, "constructed for tests")]
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("enter", "ctrl+n")  # a GPU planned, not here: Next stays off (planned, not runnable)
+        await wait_for(pilot, lambda: len(app.screen.query(".traced-table")) == 2, 60)
+        memory = app.state.traced["device_memory"]
+        table = app.screen.query(".traced-table")[1]
+        rows = [[str(c) for c in table.get_row_at(i)] for i in range(table.row_count)]
+        assert [r[0] for r in rows[:3]] == ["peak allocated", "peak reserved", "NVML used"]
+        assert rows[1][1] == f"{memory['reserved_bytes'] / 2**30:.3f}" and "caching allocator" in rows[1][2]
+        assert [r[0] for r in rows[3:]] == ["  slack"] * 3
+        shown = " ".join(text_of(w) for w in app.screen.query("Static"))
+        assert "expandable_segments:True" in shown and "judged by the predicted NVML used" in shown

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich.markup import escape
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -316,9 +317,33 @@ class PlanScreen(NavButtons, WizardScreen):
             table.add_row(f"phase {name.replace('_', ' ')}", f"{a / 2**30:.3f}", f"{t / 2**30:.3f}", relative_text(a, t))
         a, t = traced["analytic_tensor_bytes"], traced["peak_bytes"]
         table.add_row("peak of tensors", f"{a / 2**30:.3f}", f"{t / 2**30:.3f}", relative_text(a, t))
-        widgets = [table, Static(self.untraced_text()), Static(self.fit_text(traced)),
-                   Static(f"[dim]{traced['note']} Method: {traced['method']}.[/]")]
+        widgets = [table, Static(self.untraced_text()), *self.device_memory_widgets(traced),
+                   Static(self.fit_text(traced)), Static(f"[dim]{traced['note']} Method: {traced['method']}.[/]")]
         self.query_one("#plan-body", VerticalScroll).mount(*widgets, after=slot)
+
+    @staticmethod
+    def device_memory_widgets(traced: dict[str, Any]) -> list[Any]:
+        """The steady-state step as the device's counters will show it: peak allocated, peak reserved (the caching
+        allocator's replay) and NVML used side by side, each with its method; the reserved slack line by line; what
+        expandable segments would change. Nothing on a CPU device (no caching allocator)."""
+        memory = traced.get("device_memory")
+        if not memory:
+            return []
+        table = ReadTable(classes="traced-table")
+        table.add_columns("as the GPU counts it", "GiB", "how (ESTIMATE)")
+        for key, label in (("allocated", "peak allocated"), ("reserved", "peak reserved"), ("nvml_used", "NVML used")):
+            table.add_row(label, f"{memory[key + '_bytes'] / 2**30:.3f}", memory["methods"][key])
+        for row in memory["slack"]:
+            table.add_row("  slack", f"{row['bytes'] / 2**30:.3f}", row["what"])
+        grown = memory.get("expandable_segments_reserved_bytes")
+        saves = None if grown is None else memory["reserved_bytes"] - grown
+        what_if = "" if saves is None else (
+            " With expandable_segments:True (--alloc-conf) the peak reserved would be "
+            + (f"{saves / 2**20:.0f} MiB lower." if saves > 0 else f"{-saves / 2**20:.0f} MiB higher." if saves < 0
+               else "the same."))
+        return [table, Static("[dim]Reserved is what the caching allocator holds from the driver (cached free blocks "
+                              "included); NVML used adds what lies outside it (the CUDA context). The fit is judged "
+                              f"on the largest.{escape(what_if)}[/]")]
 
     def untraced_text(self) -> str:
         """Why the table's phase rows are below the phases line above: they hold tensors only."""
@@ -346,8 +371,10 @@ class PlanScreen(NavButtons, WizardScreen):
             # the traced peak decides it; the analytic search's largest batch fits only by the analytic peak, so
             # none is offered: lower it by hand (b), or probe anyway
             self.set_fit(True, None, None)
-        return "Fit, judged by the larger of the analytic and traced peaks: " + "; ".join(
-            parts + [f.untraced_note for f in fits[:1]])
+        heading = ("Fit, judged by the largest of the analytic and traced peaks and the predicted NVML used: "
+                   if any(f.device_bytes is not None for f in fits) else
+                   "Fit, judged by the larger of the analytic and traced peaks: ")
+        return heading + "; ".join(parts + [f.untraced_note for f in fits[:1]])
 
     def _what_if(self, **change: Any) -> None:
         from core.errors import SpecError

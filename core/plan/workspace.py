@@ -1,0 +1,80 @@
+"""cuBLAS's workspaces: memory PyTorch takes through its caching allocator for every (thread, stream) that runs a
+matmul on a device, so it counts in peak allocated and reserved (issue 38). Pure rules, no torch.
+
+Source: pytorch/pytorch ``aten/src/ATen/cuda/CublasHandlePool.cpp`` (line numbers at 26a39059ec58, which behaves as
+the 2.11.0 wheel; the 2.9.1-2.13.0 wheels read in their headers and binaries, docs/allocator.md):
+
+- size (:147-150): ``32 MiB for Hopper`` (compute capability 9.0; from 2.12 also 10.x and 12.x, Blackwell), else
+  ``:4096:2:16:8`` = 2 x 4 MiB + 8 x 16 KiB = 8.125 MiB; ``CUBLAS_WORKSPACE_CONFIG=:SIZE_KiB:COUNT...`` sums its pairs
+  (:134-168).
+- allocation (:241-242): ``CUDACachingAllocator::get()->allocate(getChosenWorkspaceSize())``, one per (cuBLAS handle,
+  stream) (:251); handles are per (thread, device) (:353-356): the forward's thread and autograd's backward thread
+  each get one in training.
+- cuBLASLt (:177-206, :283): a separate 1 MiB block per key up to torch 2.11 (``CUBLASLT_WORKSPACE_SIZE``, KiB);
+  from 2.12 it shares the cuBLAS block (``TORCH_CUBLASLT_UNIFIED_WORKSPACE``, on by default).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+MiB = 2**20
+#: the default for compute capability 9.0 (and from torch 2.12, 10.x and 12.x)
+LARGE_WORKSPACE = 32 * MiB
+#: the default elsewhere, ``:4096:2:16:8``
+SMALL_WORKSPACE = 2 * 4096 * 1024 + 8 * 16 * 1024
+#: cuBLASLt's own block before 2.12 (``CUBLASLT_WORKSPACE_SIZE`` default 1024 KiB)
+LT_WORKSPACE = 1 * MiB
+#: device names -> compute capability major (by NVIDIA's product names; a name not here is not guessed)
+GENERATIONS = ((re.compile(r"\b(G?H100|H200|H800|H20|GH200)\b"), 9),
+               (re.compile(r"\b(B100|B200|B300|GB200|GB300)\b"), 10),
+               (re.compile(r"\bRTX (PRO )?50\d0\b|\bRTX PRO 6000 Blackwell\b"), 12))
+
+
+def generation(label: str) -> int | None:
+    """The compute capability major of a device named ``label`` (``"NVIDIA H200"`` -> 9), or None when the name does
+    not say (A100, a planned GPU)."""
+    for pattern, major in GENERATIONS:
+        if pattern.search(label):
+            return major
+    return None
+
+
+def _version(torch_version: str) -> tuple[int, int]:
+    found = re.match(r"(\d+)\.(\d+)", torch_version)
+    return (int(found.group(1)), int(found.group(2))) if found else (0, 0)
+
+
+def cublas_workspaces(label: str, training: bool, torch_version: str,
+                      environ: Mapping[str, str] | None = None) -> tuple[list[int], str]:
+    """The workspace blocks a step takes on the device named ``label`` (bytes each), and how that was decided.
+
+    Args:
+        training: a backward runs (on autograd's own thread: a second cuBLAS handle, a second workspace).
+        torch_version: the torch that runs the step (``"2.13.0+cu130"``).
+        environ: ``CUBLAS_WORKSPACE_CONFIG``, ``CUBLASLT_WORKSPACE_SIZE``, ``TORCH_CUBLASLT_UNIFIED_WORKSPACE``.
+    """
+    environ = environ or {}
+    major = generation(label)
+    version = _version(torch_version)
+    large = major == 9 or (version >= (2, 12) and major in (10, 12))
+    config = environ.get("CUBLAS_WORKSPACE_CONFIG", "")
+    pairs = re.findall(r":([0-9]+):([0-9]+)", config)
+    if pairs:
+        size, how = sum(int(k) * 1024 * int(n) for k, n in pairs), f"CUBLAS_WORKSPACE_CONFIG={config}"
+    elif large:
+        size, how = LARGE_WORKSPACE, f"32 MiB: the default for compute capability {major}.x under torch {torch_version}"
+    else:
+        size = SMALL_WORKSPACE
+        how = ("8.125 MiB: the default below Hopper" if major is not None else
+               f"8.125 MiB: the default for a GPU whose generation its name ({label!r}) does not say (32 MiB on "
+               "Hopper)")
+    unified = version >= (2, 12) and environ.get("TORCH_CUBLASLT_UNIFIED_WORKSPACE", "1") not in ("0", "false")
+    lt = 0 if unified else int(environ.get("CUBLASLT_WORKSPACE_SIZE", "1024")) * 1024
+    threads = 2 if training else 1
+    blocks = [size] * threads + ([lt] * threads if lt else [])
+    how += (f"; one per thread that runs matmuls ({threads}: " + ("the forward's and autograd's backward thread)"
+                                                                  if training else "the forward's)"))
+    how += "; cuBLASLt shares it (torch >= 2.12)" if unified else f"; + cuBLASLt's own {lt // 1024} KiB each"
+    return blocks, how
