@@ -198,18 +198,33 @@ def _cuda_uuid(index: int) -> str | None:
 def plan_cell(cell: dict, cuda: bool) -> dict:
     from core.plan.devices import DeviceInfo
     from core.plan.memory import plan_memory
-    from core.plan.traced import trace_plan
+    from core.plan.traced import trace_plan, workspaces_of
 
     spec = spec_of(cell)
     config = load_config(cell["config"])
-    device = DeviceInfo("cuda:0", "cuda", "GPU", None, "not needed for accuracy")
+    device = DeviceInfo("cuda:0", "cuda", _gpu_name() if cuda else "GPU", None, "not needed for accuracy")
     plan = plan_memory(spec, config, [device]).devices[0]
-    traced = trace_plan(spec, config, target="cuda")
+    blocks, how = workspaces_of(spec, device)  # cuBLAS's workspaces on this GPU (core/plan/workspace.py)
+    traced = trace_plan(spec, config, target="cuda", workspaces=blocks, workspace_method=how)
     tensors = plan.total_bytes - plan.lines["overhead"].bytes
+    reserved = traced.reserved
+    assert reserved is not None
     return {"analytic_total_bytes": plan.total_bytes, "analytic_tensor_bytes": tensors,
             "analytic_components": {k: line.bytes for k, line in plan.lines.items()},
             "traced_peak_bytes": traced.peak_bytes, "traced_components": traced.components,
-            "traced_s": round(traced.seconds, 2)}
+            "traced_s": round(traced.seconds, 2),
+            # the caching allocator's replay (core/plan/allocator.py): the steady state's peaks, and NVML used as
+            # reserved + the overhead line
+            "predicted_allocated_bytes": reserved.steady.peak_allocated,
+            "predicted_reserved_bytes": reserved.peak_reserved,
+            "predicted_nvml_used_bytes": reserved.peak_reserved + plan.lines["overhead"].bytes,
+            "workspace_method": how}
+
+
+def _gpu_name() -> str:
+    import torch
+
+    return torch.cuda.get_device_name(0)
 
 
 class _Child:
@@ -281,7 +296,12 @@ def main() -> int:
                 row.update(measured=m, status="measured",
                            analytic_vs_allocated_pct=error_pct(row["analytic_tensor_bytes"], m["peak_allocated_bytes"]),
                            traced_vs_allocated_pct=error_pct(row["traced_peak_bytes"], m["peak_allocated_bytes"]),
-                           analytic_total_vs_nvml_pct=error_pct(row["analytic_total_bytes"], m["nvml_used_max_bytes"]))
+                           analytic_total_vs_nvml_pct=error_pct(row["analytic_total_bytes"], m["nvml_used_max_bytes"]),
+                           predicted_vs_allocated_pct=error_pct(row["predicted_allocated_bytes"],
+                                                                m["peak_allocated_bytes"]),
+                           predicted_vs_reserved_pct=error_pct(row["predicted_reserved_bytes"],
+                                                               m["peak_reserved_bytes"]),
+                           predicted_vs_nvml_pct=error_pct(row["predicted_nvml_used_bytes"], m["nvml_used_max_bytes"]))
             else:
                 row.update(status="error", error=child.tail(), exit=code)
         else:
@@ -308,7 +328,9 @@ def _print_row(row: dict) -> None:
         m = row["measured"]
         print(f"{head} {est}  allocated {m['peak_allocated_bytes'] / gib:7.3f}  reserved "
               f"{m['peak_reserved_bytes'] / gib:7.3f}  analytic {row['analytic_vs_allocated_pct']:+6.1f}%  traced "
-              f"{row['traced_vs_allocated_pct']:+6.1f}%", flush=True)
+              f"{row['traced_vs_allocated_pct']:+6.1f}%  predicted allocated {row['predicted_vs_allocated_pct']:+6.1f}% "
+              f"reserved {row['predicted_vs_reserved_pct']:+6.1f}% NVML used {row['predicted_vs_nvml_pct']:+6.1f}%",
+              flush=True)
     else:
         print(f"{head} {est}  {row['status']}", flush=True)
 
