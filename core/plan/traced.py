@@ -155,11 +155,15 @@ class ReservedPrediction:
         """The largest reserved over the steps (bytes): reserved never shrinks in a step's replay."""
         return max(w.peak_reserved for w in self.steps)
 
+    @property
+    def expandable_peak_reserved(self) -> int | None:
+        """The largest reserved over the steps with ``expandable_segments:True`` (None: not planned)."""
+        return None if self.expandable is None else max(w.peak_reserved for w in self.expandable)
+
     def expandable_saving(self) -> int | None:
         """Bytes ``expandable_segments:True`` would save at the peak reserved (None: not planned)."""
-        if self.expandable is None:
-            return None
-        return self.peak_reserved - max(w.peak_reserved for w in self.expandable)
+        grown = self.expandable_peak_reserved
+        return None if grown is None else self.peak_reserved - grown
 
     def to_json(self) -> dict[str, Any]:
         def windows(ws: tuple[Window, ...]) -> list[dict[str, Any]]:
@@ -178,7 +182,7 @@ class ReservedPrediction:
             "workspace_bytes": self.workspace_bytes, "workspace_method": self.workspace_method}
         if self.expandable is not None:
             out["expandable_segments"] = {"steps": windows(self.expandable),
-                                          "peak_reserved_bytes": max(w.peak_reserved for w in self.expandable)}
+                                          "peak_reserved_bytes": self.expandable_peak_reserved}
         return out
 
 
@@ -778,7 +782,7 @@ def device_memory(reserved: ReservedPrediction, overhead_bytes: int, overhead_te
         "slack": [{"what": what, "bytes": n} for what, n in lines],
         "first_step": {"allocated_bytes": reserved.steps[0].peak_allocated,
                        "reserved_bytes": reserved.steps[0].peak_reserved} if len(reserved.steps) > 1 else {},
-        **({"expandable_segments_reserved_bytes": max(w.peak_reserved for w in reserved.expandable)}
+        **({"expandable_segments_reserved_bytes": reserved.expandable_peak_reserved}
            if reserved.expandable is not None else {}),
     }
 
