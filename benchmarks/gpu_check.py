@@ -57,6 +57,9 @@ PY = sys.executable
 #: gpuaccept's console script from the tree as it is (the GPU box has no install step)
 CLI = [PY, "-c", "import sys; from tui.cli import main; sys.exit(main(sys.argv[1:]))"]
 GIB = 2**30
+#: the health preflight's criteria (core/monitor/health.py HEALTH_CRITERIA; not imported: the check must start even when
+#: the tree's core does not import)
+HEALTH_CRITERIA = ("max_ecc_uncorrected", "max_pending_repairs", "max_fault_clock_events", "min_pcie_width_share")
 #: archive members larger than this are left out (weights, optimizer states, checkpoints): the archive must come back
 ARCHIVE_MEMBER_LIMIT = 2 * 2**20
 ACCEPTANCE: dict[str, list[str]] = {
@@ -410,6 +413,9 @@ def record_facts(rec: dict[str, Any]) -> dict[str, Any]:
         "tier": (resume.get("tier") or {}).get("name"), "tolerance": tolerance_rows(resume),
         "resume_failed": [c.get("name") for c in resume.get("checks", []) if c.get("status") != "pass"],
         "traced": rec.get("plan", {}).get("traced", {}).get("status"),
+        "health": probe.get("health", {}),  # the NVML health preflight's table (issue 38)
+        "health_criteria": [row for row in rec.get("verdict", {}).get("stages", {}).get("probe", {}).get("criteria", [])
+                            if row.get("criterion") in HEALTH_CRITERIA],
         "test": {k: v for k, v in rec.get("environment", {}).items() if k.startswith("test_")},
     }
 
@@ -523,7 +529,9 @@ def describe(name: str, step: dict[str, Any]) -> str:
         return (f"verdict {step.get('verdict')} {step.get('stages')}; {rows}; step {step.get('step_time_s')} s; "
                 f"perplexity {step.get('perplexity')}; resume {step.get('resume', {}).get('status')} "
                 f"({step.get('tier')}: distance/bound {bounds}; failed {step.get('resume_failed')})"
-                + (f"; planted {step['fault']}, caught {step.get('caught')}" if step.get("fault") else ""))
+                + (f"; planted {step['fault']}, caught {step.get('caught')}" if step.get("fault") else "")
+                + f"; health preflight {step.get('health', {}).get('status')}, missed "
+                  f"{[r.get('criterion') for r in step.get('health_criteria', []) if r.get('met') is False]}")
     if name == "fork":
         server = step.get("server", {})
         return (f"fork server ready in {server.get('seconds')} s (CUDA initialised: {server.get('cuda_initialized')}); "

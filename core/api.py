@@ -51,6 +51,8 @@ if TYPE_CHECKING:  # the names of REEXPORTED, for type checkers; at run time eac
     from core.criteria import command_criteria as command_criteria
     from core.events import Event
     from core.importers import import_config as import_config
+    from core.monitor.health import HEALTH_COLUMNS as HEALTH_COLUMNS
+    from core.monitor.health import health_table as health_table
     from core.monitor.nvml import default_backend as default_backend
     from core.monitor.sampler import Sampler as Sampler
     from core.pipeline import AcceptanceRun as AcceptanceRun
@@ -125,6 +127,8 @@ REEXPORTED: dict[str, str] = {
     # the quiz and the monitor
     "Question": "core.quiz", "build_quiz": "core.quiz",
     "Sampler": "core.monitor.sampler", "default_backend": "core.monitor.nvml",
+    # the health preflight on the Probe screen
+    "health_table": "core.monitor.health", "HEALTH_COLUMNS": "core.monitor.health",
 }
 
 

@@ -97,6 +97,31 @@ class AcceptCriteria:
         doc="per device, |planned - measured peak| / measured peak x 100 <= PCT (the plan's own acceptance; an "
             "under-estimate is also a finding)")
 
+    # The health preflight's criteria (core/monitor/health.py): in force by default; judged on each GPU the probe uses
+    # when NVML could read it, not judged (and not written) where the preflight did not run.
+    max_ecc_uncorrected: float = setting(
+        0.0, metavar="N", stage="probe",
+        help="uncorrected ECC errors since the driver loaded, per GPU, at most N (default 0)",
+        doc="per GPU, uncorrected ECC errors since the driver loaded (NVML's volatile count) <= N; ECC off or "
+            "unreadable: not judged", doc_default="0")
+    max_pending_repairs: float = setting(
+        0.0, metavar="N", stage="probe",
+        help="memory repairs waiting for a GPU reset (retired pages, remapped rows), per GPU, at most N (default 0); "
+             "a failed row remap always misses",
+        doc="per GPU, page retirements (before A100) or row remaps (A100 on) pending a reset <= N; a failed row "
+            "remap misses whatever N", doc_default="0")
+    max_fault_clock_events: float = setting(
+        0.0, metavar="N", stage="probe",
+        help="clock event reasons that mean a fault (HW slowdown, HW/SW thermal, power brake) active per GPU, at "
+             "most N (default 0)",
+        doc="per GPU, active clock event reasons among HW slowdown, HW thermal, SW thermal and HW power brake "
+            "slowdown <= N (idle, power cap and the others are recorded, not judged)", doc_default="0")
+    min_pcie_width_share: float = setting(
+        1.0, metavar="F", stage="probe",
+        help="each GPU's PCIe link width at least F of the widest it can train to here (default 1.0)",
+        doc="per GPU, PCIe link width now / the widest the GPU and its slot allow >= F (the generation drops at "
+            "idle: recorded, not judged)", doc_default="1.0: full width")
+
     def __post_init__(self) -> None:
         self.validate()
 
@@ -133,13 +158,18 @@ class AcceptCriteria:
                   "max_device_share": (0.0, 1.0, "in (0, 1]: a share of each device's capacity"),
                   "max_step_time_s": (0.0, math.inf, "above 0 seconds"),
                   "min_tokens_per_s": (0.0, math.inf, "above 0"),
-                  "max_plan_error_pct": (0.0, math.inf, "at least 0 (percent)")}
+                  "max_plan_error_pct": (0.0, math.inf, "at least 0 (percent)"),
+                  "max_ecc_uncorrected": (0.0, math.inf, "at least 0 (a count of errors)"),
+                  "max_pending_repairs": (0.0, math.inf, "at least 0 (a count of repairs)"),
+                  "max_fault_clock_events": (0.0, math.inf, "at least 0 (a count of reasons)"),
+                  "min_pcie_width_share": (0.0, 1.0, "in (0, 1]: a share of the widest link")}
         for name, (low, high, what) in ranges.items():
             value = getattr(self, name)
             if value is None:
                 continue
             ok = math.isfinite(value) and low <= value <= high
-            if name in ("min_accuracy", "max_device_share", "max_step_time_s", "min_tokens_per_s"):
+            if name in ("min_accuracy", "max_device_share", "max_step_time_s", "min_tokens_per_s",
+                        "min_pcie_width_share"):
                 ok = ok and value > low
             if name == "min_improvement":
                 ok = ok and value < high
@@ -426,3 +456,77 @@ def judge_resume_tier(c: AcceptCriteria, tier_name: str, tier_multiple: float) -
     which tier judged)."""
     met = tier_multiple == 0.0 if c.resume_tier == "exact" else True
     return [Judgement("resume_tier", c.resume_tier, tier_name, met, on="the resumed steps' losses")]
+
+
+# --------------------------------------------------------------------------------------------- the GPU's health
+@dataclass(frozen=True)
+class HealthFacts:
+    """One GPU's health readings as the criteria judge them (core/monitor/health.py ``DeviceHealth.facts``).
+
+    Attributes:
+        on: the device (``cuda:0``).
+        ecc_uncorrected: uncorrected ECC errors since the driver loaded; None: not counted (``ecc_why``).
+        ecc_aggregate: the lifetime count (evidence beside the judged one; None: not read).
+        pending_repairs: page retirements or row remaps waiting for a reset; None: not read (``repairs_why``).
+        remap_failed: a row remap failed (the GPU needs service).
+        fault_clock_events: the active clock event reasons that mean a fault; None: not read (``clock_why``).
+        clock_events: every active reason (evidence).
+        pcie_width, pcie_width_max: the link's width now and the widest it can train to; None: not read.
+    """
+
+    on: str
+    ecc_uncorrected: int | None = None
+    ecc_why: str = ""
+    ecc_aggregate: int | None = None
+    pending_repairs: int | None = None
+    repairs_why: str = ""
+    remap_failed: bool = False
+    fault_clock_events: tuple[str, ...] | None = None
+    clock_events: tuple[str, ...] = ()
+    clock_why: str = ""
+    pcie_width: int | None = None
+    pcie_width_max: int | None = None
+    pcie_why: str = ""
+
+
+def judge_health(c: AcceptCriteria, devices: Sequence[HealthFacts]) -> list[Judgement]:
+    """The health preflight's criteria, per GPU: ``max_ecc_uncorrected``, ``max_pending_repairs`` (a failed row
+    remap misses whatever the threshold), ``max_fault_clock_events``, ``min_pcie_width_share`` (width now / the
+    widest). A reading NVML did not give is not judged, with its reason; each row's ``on`` holds the evidence."""
+    rows: list[Judgement] = []
+    for d in devices:
+        if d.ecc_uncorrected is None:
+            rows.append(Judgement("max_ecc_uncorrected", c.max_ecc_uncorrected, None, None, on=d.on, why=d.ecc_why))
+        else:
+            life = f", {d.ecc_aggregate} over its life" if d.ecc_aggregate is not None else ""
+            rows.append(Judgement("max_ecc_uncorrected", c.max_ecc_uncorrected, float(d.ecc_uncorrected),
+                                  d.ecc_uncorrected <= c.max_ecc_uncorrected,
+                                  on=f"{d.on} (uncorrected ECC errors since the driver loaded{life})"))
+        if d.remap_failed:
+            rows.append(Judgement("max_pending_repairs", c.max_pending_repairs, "failed", False,
+                                  on=f"{d.on} (a row remap failed: no spare row left, the GPU needs service)"))
+        elif d.pending_repairs is None:
+            rows.append(Judgement("max_pending_repairs", c.max_pending_repairs, None, None, on=d.on,
+                                  why=d.repairs_why))
+        else:
+            rows.append(Judgement("max_pending_repairs", c.max_pending_repairs, float(d.pending_repairs),
+                                  d.pending_repairs <= c.max_pending_repairs,
+                                  on=f"{d.on} (memory repairs waiting for a GPU reset)"))
+        if d.fault_clock_events is None:
+            rows.append(Judgement("max_fault_clock_events", c.max_fault_clock_events, None, None, on=d.on,
+                                  why=d.clock_why))
+        else:
+            active = ", ".join(d.clock_events) or "none"
+            rows.append(Judgement("max_fault_clock_events", c.max_fault_clock_events,
+                                  float(len(d.fault_clock_events)),
+                                  len(d.fault_clock_events) <= c.max_fault_clock_events,
+                                  on=f"{d.on} (clock event reasons active: {active})"))
+        if d.pcie_width is None or not d.pcie_width_max:
+            rows.append(Judgement("min_pcie_width_share", c.min_pcie_width_share, None, None, on=d.on,
+                                  why=d.pcie_why))
+        else:
+            share = d.pcie_width / d.pcie_width_max
+            rows.append(Judgement("min_pcie_width_share", c.min_pcie_width_share, share,
+                                  share >= c.min_pcie_width_share,
+                                  on=f"{d.on} (PCIe link x{d.pcie_width} of x{d.pcie_width_max})"))
+    return rows

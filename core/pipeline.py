@@ -303,6 +303,8 @@ class AcceptanceRun(StagedRun):
         ctx: a plan already made for this spec by :func:`make_plan` (the wizard's plan screen), else one is made.
         probe_unfit: run even though the plan does not fit (the wizard's "Probe anyway"): the plan stage fails as
             it would, and the probe measures what the step really needs.
+        nvml: what the health preflight reads the GPUs through (core/monitor/health.py): the ``pynvml`` module by
+            default, or an object with its API (tests/fake_nvml.py).
 
     Raises (on construction):
         SpecError, ModelNotFoundError, DataError: bad input (the data file is read and checked too), before any run
@@ -310,7 +312,8 @@ class AcceptanceRun(StagedRun):
     """
 
     def __init__(self, spec: RunSpec, runs_root: Path = Path("runs"), devices_override: list[Any] | None = None,
-                 ctx: PlanContext | None = None, traced: dict[str, Any] | None = None, probe_unfit: bool = False):
+                 ctx: PlanContext | None = None, traced: dict[str, Any] | None = None, probe_unfit: bool = False,
+                 nvml: Any = None):
         import tomli_w
 
         from core.record.build import utc_now
@@ -324,6 +327,7 @@ class AcceptanceRun(StagedRun):
         #: the user asked to probe a plan that does not fit (to learn whether the plan was too pessimistic); the plan
         #: stage still fails, and the probe's measurement says what the step really needs
         self.probe_unfit = probe_unfit
+        self.nvml = nvml
         check_runnable(spec, self.ctx, self.device, allow_unfit=probe_unfit)
         check_data(spec.data, spec.heldout_fraction)  # a bad data file is named here, before any run folder
         #: the devices of this node's ranks, in local-rank order (one for a single process), and how children start
@@ -396,6 +400,7 @@ class AcceptanceRun(StagedRun):
     def probe_stage(self, cancelled: Callable[[], bool] | None = None) -> Generator[Event, None, Any]:
         """Real steps in a child process; the measured ledger compared with the plan."""
         from core.models import embedded_cache_ready, runnable_path
+        from core.monitor.health import preflight
         from core.stages.probe import run_probe
 
         spec, device = self.spec, self.device
@@ -412,8 +417,11 @@ class AcceptanceRun(StagedRun):
             yield self.emit(Message("probe", text="converting the embedded model from GGUF to safetensors (once)"))
             convert_in_child(self.run_dir / "convert-embedded.log")
         self.model_path = runnable_path(self.ctx.source)
+        health = preflight(self.rank_devices, self.nvml)
+        yield self.emit(Message("probe", text=health.summary()))
         probe = yield from self._stage("probe", run_probe(spec, self.model_path, self.run_dir / "probe", device,
-                                                          self.ctx.plan, cancelled, self.launch, self.traced))
+                                                          self.ctx.plan, cancelled, self.launch, self.traced,
+                                                          health))
         self.results["probe"] = probe
         yield self.emit(StageFinished("probe", status=probe.status, result=probe, summary=probe.summary))
         return probe

@@ -28,6 +28,18 @@ class FakeGpu:
     gi: int | None = None
     ci: int | None = None
     errors: dict[str, type] = field(default_factory=dict)
+    # the health preflight's readings (core/monitor/health.py); a healthy H100 SXM at idle by default
+    ecc: bool = True
+    ecc_errors: dict[tuple[int, int], int] = field(default_factory=dict)  # (error type, counter type) -> count
+    retired_pages: dict[int, int] | None = None  # cause -> pages (None: NotSupported, a GPU with row remapping)
+    retired_pending: bool = False
+    remapped_rows: tuple[int, int, int, int] | None = (0, 0, 0, 0)  # corrected, uncorrected, pending, failure
+    clock_events: int = 0x1  # GPU idle
+    clocks: dict[int, tuple[int, int]] = field(default_factory=lambda: {1: (345, 1980), 2: (2619, 2619)})
+    pcie: tuple[int, int, int, int] = (1, 5, 16, 16)  # generation, its max, width, its max (idle: gen 1)
+    persistence: bool = True
+    compute_mode: int = 0
+    temperature: int = 31
 
 
 class FakeNvml:
@@ -114,3 +126,67 @@ class FakeNvml:
 
     def nvmlDeviceGetMigDeviceHandleByIndex(self, h: FakeGpu, n: int) -> FakeGpu:
         return h.mig[n]
+
+    # ---------------------------------------------------------------- the health preflight's queries
+    def nvmlDeviceGetEccMode(self, h: FakeGpu):
+        state = pynvml.NVML_FEATURE_ENABLED if h.ecc else pynvml.NVML_FEATURE_DISABLED
+        return [state, state]
+
+    def nvmlDeviceGetTotalEccErrors(self, h: FakeGpu, error_type: int, counter_type: int) -> int:
+        return h.ecc_errors.get((error_type, counter_type), 0)
+
+    def nvmlDeviceGetRetiredPages(self, h: FakeGpu, cause: int) -> list[int]:
+        if h.retired_pages is None:
+            raise pynvml.NVMLError_NotSupported()
+        return [0x1000 * i for i in range(h.retired_pages.get(cause, 0))]
+
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, h: FakeGpu) -> int:
+        if h.retired_pages is None:
+            raise pynvml.NVMLError_NotSupported()
+        return int(h.retired_pending)
+
+    def nvmlDeviceGetRemappedRows(self, h: FakeGpu):
+        if h.remapped_rows is None:
+            raise pynvml.NVMLError_NotSupported()
+        return h.remapped_rows
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, h: FakeGpu) -> int:
+        self._check(h, "nvmlDeviceGetCurrentClocksEventReasons")
+        return h.clock_events
+
+    def nvmlDeviceGetClockInfo(self, h: FakeGpu, clock: int) -> int:
+        return h.clocks[clock][0]
+
+    def nvmlDeviceGetMaxClockInfo(self, h: FakeGpu, clock: int) -> int:
+        return h.clocks[clock][1]
+
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, h: FakeGpu) -> int:
+        return h.pcie[0]
+
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, h: FakeGpu) -> int:
+        return h.pcie[1]
+
+    def nvmlDeviceGetCurrPcieLinkWidth(self, h: FakeGpu) -> int:
+        self._check(h, "nvmlDeviceGetCurrPcieLinkWidth")
+        return h.pcie[2]
+
+    def nvmlDeviceGetMaxPcieLinkWidth(self, h: FakeGpu) -> int:
+        return h.pcie[3]
+
+    def nvmlDeviceGetPersistenceMode(self, h: FakeGpu) -> int:
+        return pynvml.NVML_FEATURE_ENABLED if h.persistence else pynvml.NVML_FEATURE_DISABLED
+
+    def nvmlDeviceGetComputeMode(self, h: FakeGpu) -> int:
+        return h.compute_mode
+
+    def nvmlDeviceGetTemperature(self, h: FakeGpu, sensor: int) -> int:
+        return h.temperature
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        return "580.95.05"
+
+    def nvmlSystemGetCudaDriverVersion_v2(self) -> int:
+        return 13000
+
+    def nvmlShutdown(self) -> None:
+        pass

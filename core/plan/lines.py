@@ -40,8 +40,6 @@ from core.plan.quant import (
 )
 from core.spec import EIGHT_BIT_OPTIMIZERS, RunSpec, Strategy
 
-#: Per-process, per-device CUDA context + cuBLAS workspace estimate (docs/architecture.md §3: 300-700 MB; lazy module loading).
-CUDA_OVERHEAD_BYTES = 500 * 2**20
 #: Per-process memory of a CPU run beyond its tensors: the Python, torch and transformers runtime and the allocator's free
 #: memory, an estimate (measured here: the probe's peak RSS 0.44-0.59 GiB above its peak of live tensors on the embedded
 #: model, LoRA and full fine-tuning, fp32 and bf16). The CPU fit counts it, as the probe's RSS does.
@@ -456,20 +454,27 @@ def kv_cache_line(spec: RunSpec, shape: ModelShape, layers: int | None = None, t
 
 
 def overhead_line(device: DeviceInfo, strategy: Strategy = "single", n: int = 1, first: bool = True,
-                  quantised_source: tuple[int, str] = (0, "")) -> Line:
-    """CUDA: CUDA context + cuBLAS workspace, 500 MiB per process per device (estimate), plus NCCL communicator
-    buffers (:data:`NCCL_BUFFER_BYTES`, estimate) for strategies that run collectives on N >= 2 devices (ddp, zero*,
-    tp; not device_map, which is one process). CPU: the process's runtime, :data:`CPU_RUNTIME_BYTES` (estimate): on the
-    CPU the probe's fit is judged by the larger of its tensor peak and its RSS, which holds it."""
+                  quantised_source: tuple[int, str] = (0, ""), training: bool = True) -> Line:
+    """CUDA: the CUDA context outside torch's allocator per process per device, by GPU and mode
+    (:func:`core.plan.context.cuda_context`, an estimate from the GPU's SMs and one H200's measurement; cuBLAS's
+    workspaces are inside the allocator and in the traced replay), plus NCCL communicator buffers
+    (:data:`NCCL_BUFFER_BYTES`, estimate) for strategies that run collectives on N >= 2 devices (ddp, zero*, tp; not
+    device_map, which is one process). CPU: the process's runtime, :data:`CPU_RUNTIME_BYTES` (estimate): on the CPU the
+    probe's fit is judged by the larger of its tensor peak and its RSS, which holds it."""
     if device.kind == "cuda":
-        text = "CUDA context + cuBLAS workspace (estimate; 300-700 MB per process per device): 500 MiB"
+        import os
+
+        from core.plan.context import cuda_context
+
+        context = cuda_context(device.label, training, os.environ)
+        text = context.text
         if strategy in ("single", "device_map") or n < 2:
             if strategy == "device_map":
                 text += " (device_map: one process, a context on each device it uses; no NCCL)"
-            return Line("overhead", CUDA_OVERHEAD_BYTES, text)
+            return Line("overhead", context.bytes, text)
         return Line(
             "overhead",
-            CUDA_OVERHEAD_BYTES + NCCL_BUFFER_BYTES,
+            context.bytes + NCCL_BUFFER_BYTES,
             f"{text}; + NCCL communicator buffers for {strategy} over N={n} devices (estimate, not measured here): "
             f"{NCCL_BUFFER_BYTES // 2**20} MiB (NCCL_BUFFSIZE 4 MiB per channel, peer and protocol)",
         )

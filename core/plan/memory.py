@@ -254,7 +254,8 @@ def plan_memory(
     (:mod:`core.plan.activations`, equal to the traced plan on its layers); for other models Korthikanti et al. 2022 eq. 1,
     an approximation for GPT-style layers, said so in the method.
 
-    Overhead: the CUDA context line on every CUDA device; strategies that run collectives on N >= 2 devices (ddp,
+    Overhead: the CUDA context line on every CUDA device (:func:`core.plan.context.cuda_context`: by the GPU's SMs and
+    the mode); strategies that run collectives on N >= 2 devices (ddp,
     zero*, tp) add :data:`core.plan.lines.NCCL_BUFFER_BYTES` (estimate) to it; device_map runs in one process and uses
     none.
 
@@ -286,7 +287,8 @@ def plan_memory(
     quantised = quantised_base(spec, shape, summary) if spec.method.takes("quant") else None
     steps = strategy_steps(spec, shape, summary, devices, n)
     source = quantised_source_bytes(spec, config, quantised)
-    plans = [_device_plan(device, step, tag, overhead_line(device, strategy, n, first=i == 0, quantised_source=source))
+    plans = [_device_plan(device, step, tag, overhead_line(device, strategy, n, first=i == 0, quantised_source=source,
+                                                            training=spec.training))
              for i, (device, (step, tag)) in enumerate(zip(devices, steps))]
     model = "op-by-op" if shape.family in LLAMA_FAMILY and strategy != "tp" else "korthikanti"
     if strategy == "single":

@@ -223,6 +223,7 @@ def _probe_table(probe: Any) -> dict[str, Any]:
         **({"lora_targets_resolved": probe.lora_targets, "lora_modules_adapted": probe.lora_modules}
            if probe.lora_targets else {}),
         **({"layer_placement": probe.layers} if getattr(probe, "layers", None) else {}),
+        **({"health": probe.health.to_table()} if getattr(probe, "health", None) is not None else {}),
         "plan_comparison": [
             {"device": c.device, "rank": c.rank, "planned_bytes": c.planned_bytes, "measured_bytes": c.measured_bytes,
              "error_pct": c.error_pct, "compared": c.compared,
@@ -391,7 +392,8 @@ def probe_facts(spec: RunSpec, plan: Any, probe: Any) -> ProbeFacts:
         spec.accept, probe.step_time_s, probe.tokens_per_s,
         speed_on(timing.timed_steps, timing.timed_tracked) if timing is not None else None,
         expected_devices=expected_world_size(spec.to_dict(), len(planned)) if spec.torchrun.nnodes == 1 else None,
-        attention=str(probe.attention or ""), planned_attention=spec.attn_implementation)
+        attention=str(probe.attention or ""), planned_attention=spec.attn_implementation,
+        health=tuple(probe.health.facts()) if getattr(probe, "health", None) is not None else ())
 
 
 def quality_facts(spec: RunSpec, te: Any) -> QualityFacts:

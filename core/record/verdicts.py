@@ -42,7 +42,9 @@ from typing import Any, cast
 from core.criteria import (
     AcceptCriteria,
     DeviceUse,
+    HealthFacts,
     Judgement,
+    judge_health,
     judge_metric,
     judge_plan_error,
     judge_probe,
@@ -152,6 +154,7 @@ class ProbeFacts:
         exit_code: how the process ended (0: it exited cleanly; ``"killed"``: it was killed).
         steps, expected_steps: the steps it ran and those it was asked for (None: not known).
         quit: measured until the operator quit (command mode): not judged, cancelled.
+        health: the health preflight's facts per GPU (none: it did not run, or the record predates it).
     """
 
     devices: tuple[ProbedDevice, ...]
@@ -167,13 +170,14 @@ class ProbeFacts:
     steps: int | None = None
     expected_steps: int | None = None
     quit: bool = False
+    health: tuple[HealthFacts, ...] = ()
 
 
 def probe_verdict(facts: ProbeFacts) -> StageVerdict:
     """pass exactly when the probe ended as asked (exit 0, every step it was asked for), measured at least one device,
     each within ``accept.max_device_share`` of its capacity (1.0: it fits), in the strategy's wrapper, one device per
-    rank the spec runs, with the planned attention implementation and the speed criteria met; cancelled when the
-    operator quit it."""
+    rank the spec runs, with the planned attention implementation, the speed criteria and the health preflight's
+    criteria met; cancelled when the operator quit it."""
     if facts.quit:
         return StageVerdict(StageStatus.CANCELLED, ("measured until the operator quit: not judged",))
     reasons: list[str] = []
@@ -195,6 +199,7 @@ def probe_verdict(facts: ProbeFacts) -> StageVerdict:
         reasons.append(f"the model ran with {facts.attention} attention, the plan is for {facts.planned_attention}")
     rows = judge_probe(facts.criteria, [DeviceUse(d.on, d.used_bytes, d.capacity_bytes) for d in facts.devices],
                        facts.step_time_s, facts.tokens_per_s, facts.speed_on)
+    rows += judge_health(facts.criteria, facts.health)
     return _judged(reasons, rows)
 
 

@@ -15,6 +15,7 @@ from core.criteria import (
     DeviceUse,
     Judgement,
     device_label,
+    judge_health,
     judge_shares,
     judge_speed,
     missed,
@@ -149,6 +150,7 @@ class ProbeResult:
     lora_modules: int = 0  # LoRA: how many modules carry an adapter
     judgements: list[Judgement] = field(default_factory=list)  # the criteria it was judged by (core/criteria.py)
     timing: ProbeTiming | None = None  # which steps step_time_s is the mean of, and whether tracked
+    health: Any = None  # the health preflight (core/monitor/health.py HealthReport), read before the probe started
 
 
 #: The wrapper Trainer must have put the model in for each torchrun strategy (the class name of
@@ -182,7 +184,7 @@ def rank_ledgers(events: list[ChildEvent]) -> list[Ledger]:
 def run_probe(
     spec: RunSpec, model_path: Path, job_dir: Path, device: str, plan: Any,
     cancelled: Callable[[], bool] | None = None,
-    launch: Launch = SINGLE, traced: dict[str, Any] | None = None,
+    launch: Launch = SINGLE, traced: dict[str, Any] | None = None, health: Any = None,
 ) -> Generator[Event, None, ProbeResult]:
     """Run the probe child and yield its progress; return the :class:`ProbeResult`.
 
@@ -190,6 +192,8 @@ def run_probe(
         launch: :func:`core.stages.childproc.launch_options` for several ranks (torchrun); one process by default.
         traced: the traced plan's table (:func:`core.plan.traced.traced_table`): each device is compared with the plan its
             fit was judged by (the larger of the analytic and traced peaks, core/plan/fit.py).
+        health: the health preflight read before the probe (core/monitor/health.py ``HealthReport``); its criteria are
+            judged with the probe's (a GPU that misses one fails the stage).
 
     Raises:
         StageError: the child failed (its error and log are named), or fewer ranks reported than were started.
@@ -220,11 +224,11 @@ def run_probe(
     world = spec.world_size(len(names)) if gathered or spec.torchrun.nnodes == 1 else launch.nproc
     if len(ledgers) != world:
         raise StageError(f"probe: {len(ledgers)} rank(s) reported a ledger, {world} were started (see {child.log_path})")
-    return probe_result(spec, child.events, ledgers, plan, traced, device, str(child.log_path))
+    return probe_result(spec, child.events, ledgers, plan, traced, device, str(child.log_path), health)
 
 
 def probe_result(spec: RunSpec, events: list[ChildEvent], ledgers: list[Ledger], plan: Any,
-                 traced: dict[str, Any] | None, device: str, log_path: str) -> ProbeResult:
+                 traced: dict[str, Any] | None, device: str, log_path: str, health: Any = None) -> ProbeResult:
     """The stage's result from the child's events and every rank's ledger: a measurement per device compared with
     its plan; fail when a device is above its capacity, ran in another wrapper than the strategy asks for, or the
     model ran with another attention implementation than planned. An under-estimating plan is a finding."""
@@ -243,6 +247,10 @@ def probe_result(spec: RunSpec, events: list[ChildEvent], ledgers: list[Ledger],
                         on=speed_on(timing.timed_steps, timing.timed_tracked) if timing is not None else None)
     problems.extend(f"the probe's steps: {r.words()}" for r in missed(speed))
     judgements += speed
+    if health is not None:
+        rows = judge_health(spec.accept, health.facts())
+        problems.extend(f"health preflight: {r.words()}" for r in missed(rows))
+        judgements += rows
     used = next((e for e in events if isinstance(e, ModelBuilt)), None)
     attention = used.attention if used is not None else ""
     if attention and attention != spec.attn_implementation:
@@ -268,6 +276,7 @@ def probe_result(spec: RunSpec, events: list[ChildEvent], ledgers: list[Ledger],
         lora_modules=int((used.lora_modules if used is not None else None) or 0),
         judgements=judgements,
         timing=timing,
+        health=health,
     )
 
 

@@ -26,7 +26,8 @@ TERMS = """\
   constant per block of 64), each dequantised as it runs; the same adapters as LoRA are trained; embeddings and the LM
   head stay fp32. **8-bit AdamW** (bitsandbytes): two moments of 1 B per element plus a scale per 256 elements.
 - **Temporaries**: short-lived buffers at the peak (the optimizer step, the logits gradient).
-- **CUDA context**: memory the driver takes per process per GPU (~300-700 MB) before any tensor.
+- **CUDA context**: memory the driver takes per process per GPU before any tensor, outside torch's allocator: thread
+  stacks for every SM, loaded kernels (0.7-0.8 GiB measured on an H200).
 - **KV cache**: inference keeps keys and values per layer: 2 × layers × KV heads × head dim × batch × tokens × bytes.
 - **Peak allocated**: the most bytes torch's tensors held at once (`torch.cuda.max_memory_allocated`).
 - **Reserved**: what torch's caching allocator holds from the driver: allocated + cached free blocks.

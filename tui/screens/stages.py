@@ -214,6 +214,8 @@ class ProbeScreen(StageScreen):
         yield Static("", id="measured-title")
         yield ReadTable(id="measured")
         yield Static("", id="placement")
+        yield Static("", id="health-title").set_styles("display: none;")
+        yield ReadTable(id="health").set_styles("display: none;")
 
     def on_mount(self) -> None:
         self._bars: dict[str, LiveBar] = {}
@@ -319,6 +321,29 @@ class ProbeScreen(StageScreen):
         self.query_one("#placement", Static).update("placement: " + "; ".join(
             f"{dev}: {p['parameters']:,} parameters, {gib(p['bytes'])}"
             + (f" ({', '.join(layers[dev])})" if dev in layers else "") for dev, p in result.placement.items()))
+        self.show_health(result)
+
+    def show_health(self, result: Any) -> None:
+        """The health preflight NVML read before the probe: a row per GPU and the criteria it missed, or why it did
+        not run."""
+        from core.api import HEALTH_COLUMNS, health_table
+
+        report = getattr(result, "health", None)
+        title = self.query_one("#health-title", Static)
+        if report is None:
+            return
+        title.display = True
+        if not report.ran:
+            title.update(f"[dim]health preflight not run: {report.reason}[/]")
+            return
+        title.update(f"[b]health preflight[/b] (NVML, before the probe; driver {report.driver_version or '?'}, "
+                     f"CUDA {report.cuda_driver_version or '?'}; the PCIe generation drops at idle: not judged)")
+        table = self.query_one("#health", ReadTable)
+        table.display = True
+        table.clear(columns=True)
+        table.add_columns(*HEALTH_COLUMNS)
+        for row in health_table(report, getattr(result, "judgements", [])):
+            table.add_row(*row)
 
     def next_screen(self) -> Screen:
         probe = self.app.state.run.results.get("probe") if self.app.state.run else None

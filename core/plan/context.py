@@ -1,0 +1,108 @@
+"""The CUDA context: device memory a process holds outside PyTorch's caching allocator, by GPU and CUDA setting.
+
+NVML's "used" on a device is torch's reserved memory plus what the process holds outside the allocator. This module
+estimates the second part, per process per device, from three pieces (bytes):
+
+1. **Local memory reserved for thread stacks**: ``SMs x max resident threads per SM x stack size``. The driver
+   reserves local memory for every thread that can be resident at once, at the per-thread stack size
+   (``cudaLimitStackSize`` / ``CU_LIMIT_STACK_SIZE``, 1 KiB by default; CUDA Runtime API, ``cudaDeviceSetLimit``).
+   SM counts are NVIDIA's product specifications; the resident threads per SM are the CUDA C++ Programming Guide's
+   "Technical Specifications per Compute Capability" (2048 for 7.0, 8.0, 9.0, 10.0; 1536 for 8.6, 8.9, 12.0; 1024 for
+   7.5). ``PYTORCH_...`` does not change it; ``cudaDeviceSetLimit(cudaLimitStackSize, n)`` in the program does.
+2. **The device heap and the printf FIFO**: ``cudaLimitMallocHeapSize`` 8 MiB and ``cudaLimitPrintfFifoSize`` 1 MiB
+   by default (same API reference).
+3. **Loaded modules and the driver's own state**, which no public rule gives: the kernels of torch, cuBLAS and the
+   rest that the step loads (CUDA loads modules lazily: torch sets ``CUDA_MODULE_LOADING=LAZY`` since 1.13 and CUDA
+   12.2 makes it the default), the libraries' handles. **Measured** on one NVIDIA H200 (torch 2.11.0+cu130, driver
+   580.159.04; benchmarks/results/gpu/2026-12-04-first-run, NVML used minus torch's reserved, one process): 694.8 MiB
+   in inference and 766.8 MiB in training, the same on each of its cells; pieces 1 and 2 (264 + 9 MiB on its 132 SMs)
+   subtracted, the rest is :data:`MODULES_INFERENCE` and :data:`MODULES_TRAINING` (a backward loads more kernels).
+   Other GPUs and CUDA versions are assumed alike: not measured.
+
+A GPU whose name is not in :data:`GPUS` (a planned GPU given by its capacity) gets the H200's measured total, said so.
+``CUDA_MODULE_LOADING=EAGER`` loads every kernel of every library at start: the estimate is then a floor, and says so.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+MiB = 2**20
+#: ``cudaLimitStackSize``'s default: the local memory of one thread's stack
+STACK_BYTES = 1024
+#: ``cudaLimitMallocHeapSize`` (8 MiB) + ``cudaLimitPrintfFifoSize`` (1 MiB) defaults
+HEAP_AND_FIFO = 9 * MiB
+#: the H200's measured memory outside the allocator (NVML used - torch reserved), one process, per mode
+MEASURED_H200_INFERENCE = 728_563_712
+MEASURED_H200_TRAINING = 804_061_184
+_H200_STACKS = 132 * 2048 * STACK_BYTES
+#: piece 3 (module images and driver state) as the H200 measured it, for inference and for training
+MODULES_INFERENCE = MEASURED_H200_INFERENCE - _H200_STACKS - HEAP_AND_FIFO
+MODULES_TRAINING = MEASURED_H200_TRAINING - _H200_STACKS - HEAP_AND_FIFO
+
+#: product name pattern -> (SMs, max resident threads per SM, compute capability); the SXM part where a name covers
+#: two (an H100 PCIe has 114 SMs: its name says "PCIe")
+GPUS: tuple[tuple[re.Pattern[str], int, int, str], ...] = (
+    (re.compile(r"\bH100\b.*\bPCIe\b"), 114, 2048, "9.0"),
+    (re.compile(r"\b(GH200|H100|H200|H800)\b"), 132, 2048, "9.0"),
+    (re.compile(r"\b(B200|GB200)\b"), 148, 2048, "10.0"),
+    (re.compile(r"\b(A100|A800)\b"), 108, 2048, "8.0"),
+    (re.compile(r"\bV100\b"), 80, 2048, "7.0"),
+    (re.compile(r"\bT4\b"), 40, 1024, "7.5"),
+    (re.compile(r"\bA10\b"), 72, 1536, "8.6"),
+    (re.compile(r"\bA40\b"), 84, 1536, "8.6"),
+    (re.compile(r"\bL40S?\b"), 142, 1536, "8.9"),
+    (re.compile(r"\bL4\b"), 58, 1536, "8.9"),
+    (re.compile(r"\bRTX 3090\b"), 82, 1536, "8.6"),
+    (re.compile(r"\bRTX 4090\b"), 128, 1536, "8.9"),
+    (re.compile(r"\bRTX 5090\b"), 170, 1536, "12.0"),
+)
+
+
+@dataclass(frozen=True)
+class ContextEstimate:
+    """Memory outside the caching allocator for one process on one device (bytes), and how it was made."""
+
+    bytes: int
+    text: str
+    measured_on: str = "NVIDIA H200"
+
+
+def gpu_shape(label: str) -> tuple[int, int, str] | None:
+    """(SMs, max resident threads per SM, compute capability) of the GPU named ``label``, or None when the name does
+    not say (a planned GPU, a product not in :data:`GPUS`)."""
+    for pattern, sms, threads, cc in GPUS:
+        if pattern.search(label):
+            return sms, threads, cc
+    return None
+
+
+def cuda_context(label: str, training: bool, environ: Mapping[str, str] | None = None) -> ContextEstimate:
+    """The estimate for a process running a step on the GPU named ``label`` (see the module docstring).
+
+    Args:
+        label: the product name (``"NVIDIA H100 80GB HBM3"``); a name :data:`GPUS` does not hold gets the H200's
+            measured total.
+        training: a backward runs (more kernels loaded).
+        environ: ``CUDA_MODULE_LOADING`` (EAGER: the estimate is a floor).
+    """
+    environ = environ or {}
+    modules = MODULES_TRAINING if training else MODULES_INFERENCE
+    shape = gpu_shape(label)
+    mode = "training" if training else "inference"
+    if shape is None:
+        total = MEASURED_H200_TRAINING if training else MEASURED_H200_INFERENCE
+        text = (f"CUDA context and libraries outside torch's allocator: {total / MiB:.0f} MiB as measured on an H200 "
+                f"in {mode} (the GPU's name {label!r} does not say its SMs; estimate)")
+    else:
+        sms, threads, cc = shape
+        stacks = sms * threads * STACK_BYTES
+        total = stacks + HEAP_AND_FIFO + modules
+        text = (f"CUDA context outside torch's allocator (estimate): thread stacks {sms} SMs x {threads} threads x "
+                f"1 KiB = {stacks / MiB:.0f} MiB (compute capability {cc}) + heap and printf FIFO 9 MiB + modules and "
+                f"driver {modules / MiB:.0f} MiB ({mode}, measured on an H200) = {total / MiB:.0f} MiB")
+    if environ.get("CUDA_MODULE_LOADING", "").upper() == "EAGER":
+        text += "; CUDA_MODULE_LOADING=EAGER loads every kernel at start: more than this (a floor)"
+    return ContextEstimate(total, text)

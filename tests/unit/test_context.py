@@ -1,0 +1,35 @@
+"""Issue 38: the CUDA context by GPU (core/plan/context.py): thread stacks by SMs x resident threads x 1 KiB, the heap and
+printf FIFO, and the modules and driver part one H200 measured; each value below is worked by hand from those rules."""
+
+from __future__ import annotations
+
+from core.plan.context import MEASURED_H200_INFERENCE, MEASURED_H200_TRAINING, cuda_context, gpu_shape
+
+MiB = 2**20
+
+
+def test_on_the_measured_gpu_the_estimate_is_the_measurement():
+    assert cuda_context("NVIDIA H200", training=True).bytes == MEASURED_H200_TRAINING == 804_061_184
+    assert cuda_context("NVIDIA H200", training=False).bytes == MEASURED_H200_INFERENCE == 728_563_712
+
+
+def test_other_gpus_differ_by_their_thread_stacks():
+    # A100: 108 SMs x 2048 threads x 1 KiB = 216 MiB, 48 MiB less than the H200's 132 x 2048 x 1 KiB = 264 MiB
+    assert cuda_context("NVIDIA A100-SXM4-80GB", training=True).bytes == 804_061_184 - 48 * MiB == 753_729_536
+    # RTX 4090 (compute capability 8.9: 1536 resident threads per SM): 128 x 1536 x 1 KiB = 192 MiB
+    assert cuda_context("NVIDIA GeForce RTX 4090", training=False).bytes == 728_563_712 - 72 * MiB
+    # an H100 PCIe has 114 SMs, the SXM part 132: its name decides
+    assert gpu_shape("NVIDIA H100 PCIe") == (114, 2048, "9.0")
+    assert gpu_shape("NVIDIA H100 80GB HBM3") == (132, 2048, "9.0")
+    text = cuda_context("NVIDIA A100-SXM4-80GB", training=True).text
+    assert "108 SMs x 2048 threads x 1 KiB = 216 MiB" in text and "measured on an H200" in text
+
+
+def test_a_gpu_its_name_does_not_describe_gets_the_measured_total_said_so():
+    estimate = cuda_context("planned GPU", training=True)
+    assert estimate.bytes == MEASURED_H200_TRAINING and "does not say its SMs" in estimate.text
+
+
+def test_eager_module_loading_makes_the_estimate_a_floor():
+    assert "a floor" in cuda_context("NVIDIA H200", True, {"CUDA_MODULE_LOADING": "EAGER"}).text
+    assert "a floor" not in cuda_context("NVIDIA H200", True, {}).text
