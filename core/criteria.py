@@ -418,23 +418,27 @@ def judge_plan_error(c: AcceptCriteria, compared: Sequence[tuple[str, int, int]]
 #: a perplexity evaluation, the resume tier. The others need what only gpuaccept's recipe measures (the accuracy, the
 #: plan comparison of its probe, the improvement judged apart from the before/after rule) and are refused there.
 COMMAND_CRITERIA = ("max_device_share", "max_step_time_s", "min_tokens_per_s", "max_perplexity", "resume_tier")
+#: the health preflight's criteria (:func:`judge_health`), applied in both modes: set by flag or ``[accept]``, not on
+#: the forms
+HEALTH_CRITERIA = ("max_ecc_uncorrected", "max_pending_repairs", "max_fault_clock_events", "min_pcie_width_share")
 #: what command mode's speed is judged on (the record's criteria rows and ``verify`` say the same)
 COMMAND_SPEED_ON = "the command's logged steps (the median time between them)"
 
 
 def command_criteria(table: Mapping[str, Any] | None) -> AcceptCriteria:
     """Criteria for command mode from an ``[accept]`` table (a spec file's, or the flags'), each one of
-    :data:`COMMAND_CRITERIA`.
+    :data:`COMMAND_CRITERIA` or :data:`HEALTH_CRITERIA`.
 
     Raises:
         SpecError: a criterion command mode does not apply (naming those it does), or any error of
             :meth:`AcceptCriteria.from_table`.
     """
     criteria = AcceptCriteria.from_table(table)
-    other = sorted(k for k in criteria.set_values() if k not in COMMAND_CRITERIA)
+    applied = COMMAND_CRITERIA + HEALTH_CRITERIA
+    other = sorted(k for k in criteria.set_values() if k not in applied)
     if other:
         raise SpecError(f"accept.{other[0]}", f"{', '.join(other)} judge what only gpuaccept's own recipe measures; "
-                                              f"your own command is judged by {', '.join(COMMAND_CRITERIA)}: remove it")
+                                              f"your own command is judged by {', '.join(applied)}: remove it")
     return criteria
 
 

@@ -26,6 +26,7 @@ from core.criteria import (
     AcceptCriteria,
     DeviceUse,
     Judgement,
+    judge_health,
     judge_metric,
     judge_probe,
     judge_resume_tier,
@@ -166,6 +167,11 @@ class CommandRun(StagedRun):
         yield self.emit(StageStarted("probe", detail="your command, uninterrupted, measured per device (inside when "
                                                      "Trainer-based, always from outside)"))
         yield self.emit(Message("probe", text=shlex.join(argv)))
+        from core.monitor.health import preflight
+
+        # every GPU CUDA can use here, read before the command starts; those it used are judged once it ran
+        health = preflight(None, getattr(self.backend, "nvml", None))
+        yield self.emit(Message("probe", text=health.summary()))
         try:
             outcome = yield from self._stage("probe", run_command(spec, "reference", argv, out,
                                                                   self.run_dir / "reference", "probe",
@@ -180,10 +186,12 @@ class CommandRun(StagedRun):
                             f"process of it); measured until then: {_peaks(probe)}")
             raise
         self.reference = outcome
-        probe = build_probe(outcome, self._capacities(outcome))
+        probe = dataclasses.replace(build_probe(outcome, self._capacities(outcome)), health=health)
+        used = {d.device for d in probe.devices}
         probe = judged_by(probe, judge_probe(
             self.criteria, [DeviceUse(d.device, d.measured_bytes, d.capacity_bytes) for d in probe.devices],
-            probe.step_time_s, probe.tokens_per_s, COMMAND_SPEED_ON))
+            probe.step_time_s, probe.tokens_per_s, COMMAND_SPEED_ON)
+            + judge_health(self.criteria, [f for f in health.facts() if f.on in used]))
         self.results["probe"] = probe
         for finding in probe.findings:
             yield self.emit(Message("probe", text=f"finding: {finding}"))

@@ -70,6 +70,9 @@ class CommandProbe:
     containment: str = ""  # how its processes were held: a cgroup, a subreaper (core/command/keeper.py)
     #: the criteria it was judged by (core/criteria.py ``judge_probe``), with the numbers
     criteria: list[Judgement] = field(default_factory=list)
+    #: the health preflight read before the command started (core/monitor/health.py HealthReport; every GPU CUDA can
+    #: use here: the devices the command used are judged)
+    health: Any = None
 
 
 def rank_peaks(outcome: RunOutcome) -> dict[int, dict[str, int]]:

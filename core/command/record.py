@@ -130,7 +130,8 @@ def probe_table(probe: Any) -> dict[str, Any]:
             "checkpoints": probe.checkpoints, "log": probe.log_path,
             **({"containment": probe.containment} if probe.containment else {}),
             "devices": [dataclasses.asdict(d) for d in probe.devices], "placement": probe.placement,
-            "problems": probe.problems, "findings": probe.findings}
+            "problems": probe.problems, "findings": probe.findings,
+            **({"health": probe.health.to_table()} if getattr(probe, "health", None) is not None else {})}
 
 
 def evaluation_tables(spec: Any, ev: Any, ref: Any) -> tuple[dict[str, Any], dict[str, Any]]:

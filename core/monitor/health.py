@@ -45,7 +45,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from core.criteria import HealthFacts
+from core.criteria import HEALTH_CRITERIA, HealthFacts
 
 #: clock event reasons (NVML's ``nvmlClocksEventReason*`` bits) that mean a fault: the clock is held down by the
 #: hardware or by heat, not by the GPU's configuration
@@ -250,20 +250,18 @@ def health_table(report: Any, judgements: Sequence[Any] = ()) -> list[list[str]]
     return rows
 
 
-#: the criteria the preflight's readings are judged by (core/criteria.py ``judge_health``)
-HEALTH_CRITERIA = ("max_ecc_uncorrected", "max_pending_repairs", "max_fault_clock_events", "min_pcie_width_share")
-
 
 def _n(value: Any) -> str:
     return "?" if value is None else str(value)
 
 
 # --------------------------------------------------------------------------------------------------- reading NVML
-def preflight(devices: Sequence[str], nvml: Any = None, env: Mapping[str, str] | None = None) -> HealthReport:
+def preflight(devices: Sequence[str] | None, nvml: Any = None, env: Mapping[str, str] | None = None) -> HealthReport:
     """Read each CUDA device in ``devices`` (``["cuda:0", "cuda:1"]``, the probe's) from NVML.
 
     Args:
-        devices: the probe's device names; none starting with ``cuda``: not run (the probe runs on the CPU).
+        devices: the probe's device names; none starting with ``cuda``: not run (the probe runs on the CPU); None:
+            every device CUDA can use here (command mode: the command may use any of them).
         nvml: the ``pynvml`` module (default) or an object with its API (tests/fake_nvml.py).
         env: for ``CUDA_VISIBLE_DEVICES`` / ``CUDA_DEVICE_ORDER`` (default ``os.environ``): which NVML device each
             ``cuda:N`` is (core/monitor/nvml.py :func:`~core.monitor.nvml.cuda_devices`).
@@ -273,8 +271,8 @@ def preflight(devices: Sequence[str], nvml: Any = None, env: Mapping[str, str] |
     """
     from core.monitor.nvml import cuda_devices, discover
 
-    cuda = [d for d in devices if d.startswith("cuda")]
-    if not cuda:
+    cuda = None if devices is None else [d for d in devices if d.startswith("cuda")]
+    if cuda == []:
         return HealthReport("not_run", "the probe runs on the CPU: there is no GPU to check")
     try:
         if nvml is None:
@@ -287,8 +285,11 @@ def preflight(devices: Sequence[str], nvml: Any = None, env: Mapping[str, str] |
     env = os.environ if env is None else env
     mapped, _how = cuda_devices(discover(nvml), env.get("CUDA_VISIBLE_DEVICES"), env.get("CUDA_DEVICE_ORDER"))
     by_name = {f"cuda:{c.index}": c.device for c in mapped}
+    if cuda is None and not by_name:
+        _try(nvml.nvmlShutdown)
+        return HealthReport("not_run", "NVML lists no GPU that CUDA can use here")
     out = []
-    for name in dict.fromkeys("cuda:0" if d == "cuda" else d for d in cuda):
+    for name in dict.fromkeys("cuda:0" if d == "cuda" else d for d in (list(by_name) if cuda is None else cuda)):
         device = by_name.get(name)
         if device is None:
             out.append(DeviceHealth(name, unread={"device": "NVML lists no device that CUDA numbers so here"}))

@@ -57,6 +57,7 @@ from core.record.verdicts import (
     entry,
     evaluation_verdict,
     flag,
+    health_facts,
     number,
     plan_verdict,
     probe_verdict,
@@ -218,7 +219,8 @@ def _probe(probe: dict[str, Any], problems: list[str], computed: dict[str, Stage
         expected_steps=None if expected is None else count(expected, "probe.expected_steps"), criteria=crit,
         step_time_s=None if "step_time_s" not in probe else number(probe["step_time_s"], "probe.step_time_s"),
         tokens_per_s=None if "tokens_per_s" not in probe else number(probe["tokens_per_s"], "probe.tokens_per_s"),
-        speed_on=COMMAND_SPEED_ON)
+        speed_on=COMMAND_SPEED_ON,
+        health=health_facts(probe, used=[d["device"] for d in devices]))
     verdict = probe_verdict(facts)
     computed["probe"] = verdict.status
     if probe.get("status") != computed["probe"]:

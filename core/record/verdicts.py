@@ -494,3 +494,42 @@ def text(value: Any, where: str) -> str:
     if not isinstance(value, str):
         raise RecordValueError(f"{where} is {value!r}, not a string")
     return value
+
+
+#: the health preflight's readings the criteria judge, by kind (a device row's other keys are evidence only)
+_HEALTH_COUNTS = ("ecc_uncorrected_volatile", "ecc_uncorrected_aggregate", "pcie_width", "pcie_width_max")
+_HEALTH_FLAGS = ("retired_pages_pending", "row_remap_pending", "row_remap_failed")
+
+
+def health_facts(probe: Mapping[str, Any], used: Iterable[str] | None = None) -> tuple[HealthFacts, ...]:
+    """The health preflight's facts from ``probe.health`` (none when it did not run or the record predates it),
+    each judged reading checked for its kind first (a count, true / false, a list of names); ``used``: only the
+    devices of these names (command mode reads every visible GPU and judges those the command used).
+
+    Raises:
+        RecordValueError: a judged reading of the wrong kind, named by its key path.
+    """
+    from core.monitor.health import HealthReport
+
+    if "health" not in probe:
+        return ()
+    table = subtable(probe["health"], "probe.health")
+    if table.get("status") != "measured":
+        return ()
+    rows = tables(entry(table, "devices", "probe.health"), "probe.health.devices")
+    for i, row in enumerate(rows):
+        where = f"probe.health.devices[{i}]"
+        text(entry(row, "device", where), f"{where}.device")
+        for key in _HEALTH_COUNTS:
+            if key in row:
+                count(row[key], f"{where}.{key}")
+        for key in _HEALTH_FLAGS:
+            if key in row:
+                flag(row[key], f"{where}.{key}")
+        if "clock_events" in row and not (isinstance(row["clock_events"], list)
+                                          and all(isinstance(e, str) for e in row["clock_events"])):
+            raise RecordValueError(f"{where}.clock_events is {row['clock_events']!r}, not a list of names")
+    report = HealthReport.from_table(table)
+    facts = report.facts() if report is not None else []
+    wanted = None if used is None else set(used)
+    return tuple(f for f in facts if wanted is None or f.on in wanted)

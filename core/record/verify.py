@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from core.bounds import TomlBoundsError, loads_bounded
-from core.criteria import AcceptCriteria, HealthFacts, Judgement, device_label, speed_on
+from core.criteria import AcceptCriteria, Judgement, device_label, speed_on
 from core.methods import trains
 from core.plan.fit import fit_of, measured_use_bytes, traced_peak, traced_reserved, under_estimate
 from core.record.build import schema_problems
@@ -46,13 +46,13 @@ from core.record.verdicts import (
     ProbedDevice,
     ProbeFacts,
     QualityFacts,
-    RecordValueError,
     ResumeFacts,
     count,
     entry,
     evaluation_verdict,
     expected_world_size,
     flag,
+    health_facts,
     plan_verdict,
     probe_verdict,
     resume_contradictions,
@@ -401,40 +401,6 @@ def probe_facts(rec: dict[str, Any], crit: AcceptCriteria, capacity: dict[str, i
                       health=health_facts(probe))
 
 
-#: the health preflight's readings the criteria judge, by kind (a device row's other keys are evidence only)
-_HEALTH_COUNTS = ("ecc_uncorrected_volatile", "ecc_uncorrected_aggregate", "pcie_width", "pcie_width_max")
-_HEALTH_FLAGS = ("retired_pages_pending", "row_remap_pending", "row_remap_failed")
-
-
-def health_facts(probe: Mapping[str, Any]) -> tuple[HealthFacts, ...]:
-    """The health preflight's facts from ``probe.health`` (none when it did not run or the record predates it),
-    each judged reading checked for its kind first (a count, true / false, a list of names).
-
-    Raises:
-        RecordValueError: a judged reading of the wrong kind, named by its key path.
-    """
-    from core.monitor.health import HealthReport
-
-    if "health" not in probe:
-        return ()
-    table = subtable(probe["health"], "probe.health")
-    if table.get("status") != "measured":
-        return ()
-    rows = tables(entry(table, "devices", "probe.health"), "probe.health.devices")
-    for i, row in enumerate(rows):
-        where = f"probe.health.devices[{i}]"
-        text(entry(row, "device", where), f"{where}.device")
-        for key in _HEALTH_COUNTS:
-            if key in row:
-                count(row[key], f"{where}.{key}")
-        for key in _HEALTH_FLAGS:
-            if key in row:
-                flag(row[key], f"{where}.{key}")
-        if "clock_events" in row and not (isinstance(row["clock_events"], list)
-                                          and all(isinstance(e, str) for e in row["clock_events"])):
-            raise RecordValueError(f"{where}.clock_events is {row['clock_events']!r}, not a list of names")
-    report = HealthReport.from_table(table)
-    return tuple(report.facts()) if report is not None else ()
 
 
 def quality_facts(rec: dict[str, Any], crit: AcceptCriteria, training: bool) -> QualityFacts:

@@ -149,3 +149,19 @@ def test_the_gpu_check_keeps_the_same_health_criteria():
     from core.monitor.health import HEALTH_CRITERIA
 
     assert KEPT == HEALTH_CRITERIA
+
+
+def test_command_mode_takes_the_health_criteria_and_judges_the_gpus_the_command_used():
+    from core.criteria import command_criteria
+    from core.record.verdicts import health_facts
+
+    assert command_criteria({"max_ecc_uncorrected": 3, "min_pcie_width_share": 0.5}).max_ecc_uncorrected == 3.0
+    # every visible GPU is read (devices=None), those the command used are judged
+    healthy = FakeGpu(uuid="GPU-0", bus="00000000:01:00.0")
+    narrow = FakeGpu(uuid="GPU-1", bus="00000000:02:00.0", pcie=(4, 5, 4, 16))
+    report = preflight(None, FakeNvml([healthy, narrow]), env={})
+    assert [d.device for d in report.devices] == ["cuda:0", "cuda:1"]
+    probe = {"health": report.to_table()}
+    assert [f.on for f in health_facts(probe, used=["cuda:0"])] == ["cuda:0"]
+    assert missed(judge_health(AcceptCriteria(), health_facts(probe, used=["cuda:1"])))[0].value == 0.25
+    assert preflight(None, FakeNvml([]), env={}).reason == "NVML lists no GPU that CUDA can use here"

@@ -374,6 +374,7 @@ class CommandRunScreen(NavButtons, WizardScreen):
             parts += ["", f"[b]measured per device[/b] ({probe.view.split(' (')[0]}):",
                       wrapped_table(["device", "peak", "capacity", "fit", "how measured"], rows)]
             parts += [f"[yellow]! {escape(f)}[/]" for f in probe.findings]
+            parts += health_parts(probe)
         if plan is not None and plan.comparisons:
             rows = [[c.device, gib(c.planned_bytes), gib(c.measured_bytes), f"{c.error_pct:+.1f} %", c.compared]
                     for c in plan.comparisons]
@@ -402,3 +403,17 @@ class CommandRunScreen(NavButtons, WizardScreen):
 
         if not self.query_one("#next", Button).disabled:
             self.app.push_screen(ExportScreen())
+
+
+def health_parts(probe: Any) -> list[Any]:
+    """The health preflight NVML read before the command started: a table of the GPUs (the criteria judged those the
+    command used), or why it did not run."""
+    from core.api import HEALTH_COLUMNS, health_table
+
+    report = getattr(probe, "health", None)
+    if report is None:
+        return []
+    if not report.ran:
+        return ["", f"[dim]health preflight not run: {escape(report.reason)}[/]"]
+    return ["", f"[b]health preflight[/b] (NVML, before the command; driver {report.driver_version or '?'}):",
+            wrapped_table(list(HEALTH_COLUMNS), health_table(report, getattr(probe, "criteria", [])))]
