@@ -106,3 +106,43 @@ def cuda_context(label: str, training: bool, environ: Mapping[str, str] | None =
     if environ.get("CUDA_MODULE_LOADING", "").upper() == "EAGER":
         text += "; CUDA_MODULE_LOADING=EAGER loads every kernel at start: more than this (a floor)"
     return ContextEstimate(total, text)
+
+
+# ------------------------------------------------------------------------------------------------------ NCCL's buffers
+#: NCCL's default buffer per connection and protocol (NVIDIA/nccl v2.28.7 ``src/init.cc`` DEFAULT_BUFFSIZE,
+#: DEFAULT_LL_BUFFSIZE, DEFAULT_LL128_BUFFSIZE with ``src/include/device.h``'s constants): SIMPLE 1 << 22; LL
+#: 8 lines x 512 threads x 8 steps x 16 B; LL128 120 elements x 640 threads x 8 steps x 8 B. Each is overridden by
+#: ``NCCL_BUFFSIZE``, ``NCCL_LL_BUFFSIZE``, ``NCCL_LL128_BUFFSIZE``.
+NCCL_PROTOCOL_BUFFERS = {"NCCL_BUFFSIZE": 1 << 22, "NCCL_LL_BUFFSIZE": 8 * 512 * 8 * 16,
+                         "NCCL_LL128_BUFFSIZE": 120 * 640 * 8 * 8}
+#: channels per communicator assumed (NCCL picks them from the topology: more over NVLink than over PCIe; capped by
+#: ``NCCL_MAX_NCHANNELS``); not measured here
+NCCL_CHANNELS = 16
+#: connections whose buffers a rank holds per channel: the ring's and the tree's (one receive side each)
+NCCL_CONNECTIONS = 2
+
+
+def nccl_buffers(environ: Mapping[str, str] | None = None) -> tuple[int, str]:
+    """NCCL's communicator buffers on one rank's device (bytes; outside torch's allocator) and how: channels x
+    connections (ring and tree) x the three protocols' buffers, from NCCL's defaults or the environment. One
+    communicator (DDP's and FSDP's default process group)."""
+    environ = environ or {}
+    sizes = {k: _int(environ.get(k), v) for k, v in NCCL_PROTOCOL_BUFFERS.items()}
+    channels = min(NCCL_CHANNELS, _int(environ.get("NCCL_MAX_NCHANNELS"), NCCL_CHANNELS))
+    channels = max(channels, _int(environ.get("NCCL_MIN_NCHANNELS"), 0))
+    per_connection = sum(sizes.values())
+    total = channels * NCCL_CONNECTIONS * per_connection
+    changed = [f"{k}={environ[k]}" for k in (*NCCL_PROTOCOL_BUFFERS, "NCCL_MAX_NCHANNELS", "NCCL_MIN_NCHANNELS")
+               if k in environ]
+    text = (f"NCCL communicator buffers (estimate): {channels} channels (assumed) x {NCCL_CONNECTIONS} connections "
+            f"(ring, tree) x (SIMPLE {sizes['NCCL_BUFFSIZE'] / MiB:g} + LL {sizes['NCCL_LL_BUFFSIZE'] / MiB:g} + LL128 "
+            f"{sizes['NCCL_LL128_BUFFSIZE'] / MiB:.4g} MiB) = {total / MiB:.0f} MiB"
+            + (f" ({', '.join(changed)})" if changed else " (NCCL's defaults)"))
+    return total, text
+
+
+def _int(value: str | None, default: int) -> int:
+    try:
+        return int(value) if value is not None else default
+    except ValueError:
+        return default

@@ -44,10 +44,6 @@ from core.spec import EIGHT_BIT_OPTIMIZERS, RunSpec, Strategy
 #: memory, an estimate (measured here: the probe's peak RSS 0.44-0.59 GiB above its peak of live tensors on the embedded
 #: model, LoRA and full fine-tuning, fp32 and bf16). The CPU fit counts it, as the probe's RSS does.
 CPU_RUNTIME_BYTES = 640 * 2**20
-#: Per-process, per-device NCCL communicator buffers, an estimate (not measured here): NCCL allocates NCCL_BUFFSIZE
-#: (4 MiB by default) per channel, per peer and per protocol, so it grows with channels and peers; a few hundred MiB
-#: per GPU is common. Added to the overhead line of every strategy that runs collectives on N >= 2 devices.
-NCCL_BUFFER_BYTES = 256 * 2**20
 #: Bytes per logit element: transformers' causal-LM loss upcasts logits to fp32.
 LOGITS_BYTES = 4
 #: Korthikanti et al. 2022, eq. (1): bytes per token per hidden unit of one transformer layer in 16-bit, without the
@@ -458,13 +454,13 @@ def overhead_line(device: DeviceInfo, strategy: Strategy = "single", n: int = 1,
     """CUDA: the CUDA context outside torch's allocator per process per device, by GPU and mode
     (:func:`core.plan.context.cuda_context`, an estimate from the GPU's SMs and one H200's measurement; cuBLAS's
     workspaces are inside the allocator and in the traced replay), plus NCCL communicator buffers
-    (:data:`NCCL_BUFFER_BYTES`, estimate) for strategies that run collectives on N >= 2 devices (ddp, zero*, tp; not
+    (:func:`core.plan.context.nccl_buffers`, estimate) for strategies that run collectives on N >= 2 devices (ddp, zero*, tp; not
     device_map, which is one process). CPU: the process's runtime, :data:`CPU_RUNTIME_BYTES` (estimate): on the CPU the
     probe's fit is judged by the larger of its tensor peak and its RSS, which holds it."""
     if device.kind == "cuda":
         import os
 
-        from core.plan.context import cuda_context
+        from core.plan.context import cuda_context, nccl_buffers
 
         context = cuda_context(device.label, training, os.environ)
         text = context.text
@@ -472,12 +468,8 @@ def overhead_line(device: DeviceInfo, strategy: Strategy = "single", n: int = 1,
             if strategy == "device_map":
                 text += " (device_map: one process, a context on each device it uses; no NCCL)"
             return Line("overhead", context.bytes, text)
-        return Line(
-            "overhead",
-            context.bytes + NCCL_BUFFER_BYTES,
-            f"{text}; + NCCL communicator buffers for {strategy} over N={n} devices (estimate, not measured here): "
-            f"{NCCL_BUFFER_BYTES // 2**20} MiB (NCCL_BUFFSIZE 4 MiB per channel, peer and protocol)",
-        )
+        nccl, nccl_text = nccl_buffers(os.environ)
+        return Line("overhead", context.bytes + nccl, f"{text}; + {nccl_text}, for {strategy} over N={n} devices")
     if strategy == "device_map" and not first:
         return Line("overhead", 0, "device_map runs in one process: its runtime is counted on the first device")
     text = (f"no CUDA context on the CPU; the process's Python, torch and transformers runtime and the allocator's "

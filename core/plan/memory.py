@@ -256,7 +256,7 @@ def plan_memory(
 
     Overhead: the CUDA context line on every CUDA device (:func:`core.plan.context.cuda_context`: by the GPU's SMs and
     the mode); strategies that run collectives on N >= 2 devices (ddp,
-    zero*, tp) add :data:`core.plan.lines.NCCL_BUFFER_BYTES` (estimate) to it; device_map runs in one process and uses
+    zero*, tp) add :func:`core.plan.context.nccl_buffers` (estimate) to it; device_map runs in one process and uses
     none.
 
     Args:

@@ -33,3 +33,15 @@ def test_a_gpu_its_name_does_not_describe_gets_the_measured_total_said_so():
 def test_eager_module_loading_makes_the_estimate_a_floor():
     assert "a floor" in cuda_context("NVIDIA H200", True, {"CUDA_MODULE_LOADING": "EAGER"}).text
     assert "a floor" not in cuda_context("NVIDIA H200", True, {}).text
+
+
+def test_nccl_buffers_are_channels_times_connections_times_the_three_protocols():
+    from core.plan.context import nccl_buffers
+
+    # NCCL's defaults: SIMPLE 4 MiB, LL 8 x 512 x 8 x 16 B = 512 KiB, LL128 120 x 640 x 8 x 8 B = 4,915,200 B
+    per_connection = 4 * MiB + 512 * 1024 + 4_915_200
+    total, text = nccl_buffers({})
+    assert total == 16 * 2 * per_connection == 308_281_344 and "NCCL's defaults" in text
+    # NCCL_BUFFSIZE=1 MiB and at most 4 channels: 4 x 2 x (1 MiB + 512 KiB + 4,915,200 B)
+    small, text = nccl_buffers({"NCCL_BUFFSIZE": str(MiB), "NCCL_MAX_NCHANNELS": "4"})
+    assert small == 4 * 2 * (MiB + 512 * 1024 + 4_915_200) and "NCCL_BUFFSIZE=1048576" in text
