@@ -58,6 +58,7 @@ TOML layout (every key optional; the defaults are the embedded model and text)::
     rdzv_endpoint = ""            # host:port of the rendezvous (required when nnodes > 1)
     rdzv_id = "gpuaccept"
     rdzv_backend = "c10d"
+    scheduler = "none"            # slurm: nnodes and the rendezvous from srun's SLURM_* variables
 
     [accept]                      # the criteria the run is accepted by (core/criteria.py); unset: today's rules
     max_perplexity = 40.0         # held-out perplexity after training at most this
@@ -71,6 +72,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import os
 import re
 import tomllib
 from collections.abc import Mapping
@@ -272,6 +274,10 @@ class ResumeSettings:
 #: torchrun's rendezvous backends gpuaccept passes through (torch.distributed.elastic; c10d needs no etcd).
 RdzvBackend = Literal["c10d", "static"]
 RDZV_BACKENDS: tuple[RdzvBackend, ...] = get_args(RdzvBackend)
+#: Where the nodes of a several-node run learn the rendezvous: given by hand (none), or the scheduler's variables
+#: (slurm: srun's SLURM_*, core/cluster/slurm.py).
+JobScheduler = Literal["none", "slurm"]
+JOB_SCHEDULERS: tuple[JobScheduler, ...] = get_args(JobScheduler)
 #: Strategies that run one process per rank under torchrun (the others run in one process).
 TORCHRUN_STRATEGIES = ("ddp", "zero1", "zero2", "zero3")
 
@@ -291,6 +297,8 @@ class TorchrunSettings:
         rdzv_endpoint: ``host:port`` every node reaches (required when ``nnodes`` > 1).
         rdzv_id: the job id all nodes share.
         rdzv_backend: ``c10d`` (default) or ``static``.
+        scheduler: ``slurm``: ``nnodes``, ``rdzv_endpoint`` and ``rdzv_id`` are read from the variables srun sets
+            (core/cluster/slurm.py) when the spec is built, and the record keeps the values read; ``none``: given.
     """
 
     nproc_per_node: int = setting(0, flag="--nproc", label="Ranks per node", form_kind="autoint", form_order=250,
@@ -301,6 +309,9 @@ class TorchrunSettings:
     rdzv_endpoint: str = setting("", help="host:port every node reaches (--nnodes > 1)")
     rdzv_id: str = setting("gpuaccept", help="job id shared by every node (default gpuaccept)")
     rdzv_backend: RdzvBackend = setting("c10d", help="torchrun's rendezvous backend (default c10d)")
+    scheduler: JobScheduler = setting("none", help="slurm: nnodes, the rendezvous endpoint (the step's first node, "
+                                                "MASTER_PORT or 29500) and id from srun's SLURM_* variables; run one "
+                                                "task per node (srun --ntasks-per-node=1)")
 
     def args(self, nproc: int) -> list[str]:
         """torchrun's arguments for ``nproc`` processes on this node: ``--standalone`` on one node, the rendezvous
@@ -443,6 +454,11 @@ class RunSpec:
                     raw[key] = {**raw[key], **value}
             else:
                 raw[key] = value
+        torchrun = raw.get("torchrun")
+        if isinstance(torchrun, dict) and torchrun.get("scheduler") == "slurm":
+            from core.cluster.slurm import resolve  # the step's nodes and rendezvous, from srun's variables
+
+            raw["torchrun"] = resolve(torchrun, os.environ)
         return cls.from_dict(raw)
 
     @classmethod
@@ -639,6 +655,8 @@ class RunSpec:
                             f"{t.nproc_per_node} processes for the {count} devices of devices = {self.devices!r}: "
                             "one process per CUDA device; set nproc_per_node = 0 (one per device) or name that many "
                             "devices")
+        if t.scheduler not in JOB_SCHEDULERS:
+            raise SpecError("torchrun.scheduler", f"{t.scheduler!r}: choose one of {', '.join(JOB_SCHEDULERS)}")
         if t.rdzv_backend not in RDZV_BACKENDS:
             raise SpecError("torchrun.rdzv_backend", f"{t.rdzv_backend!r}: choose one of {', '.join(RDZV_BACKENDS)}")
         if t.nnodes > 1:

@@ -1,0 +1,1 @@
+"""Several nodes as clusters start them: the scheduler's conventions (Slurm), read into torchrun's rendezvous."""
