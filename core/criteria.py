@@ -122,6 +122,21 @@ class AcceptCriteria:
         doc="per GPU, PCIe link width now / the widest the GPU and its slot allow >= F (the generation drops at "
             "idle: recorded, not judged)", doc_default="1.0: full width")
 
+    # The links between ranks (core/child/links.py; two ranks or more, under torchrun): not set by default, as no
+    # bandwidth is right for every interconnect.
+    min_busbw_gbps: float | None = setting(
+        None, metavar="GBPS", stage="probe",
+        help="the probe's link check: bus bandwidth (GB/s, nccl-tests' definition) of the all-reduce and the "
+             "all-gather over every rank and of the slowest link between two nodes (one node: two ranks) at least "
+             "GBPS",
+        doc="bus bandwidth in GB/s (10^9 bytes/s, as nccl-tests defines it) >= GBPS: the all-reduce and the "
+            "all-gather over every rank, and the slowest one-way link between two nodes (one node: two ranks)")
+    max_step_time_spread: float | None = setting(
+        None, metavar="F", stage="probe",
+        help="the ranks' probe step times: slowest / fastest - 1 at most F (a straggler)",
+        doc="over the ranks, the slowest rank's step time / the fastest's - 1 <= F (each the mean of the timed "
+            "steps; a synchronous step waits for the slowest, so a straggler shows where its wait is not timed)")
+
     def __post_init__(self) -> None:
         self.validate()
 
@@ -162,14 +177,16 @@ class AcceptCriteria:
                   "max_ecc_uncorrected": (0.0, math.inf, "at least 0 (a count of errors)"),
                   "max_pending_repairs": (0.0, math.inf, "at least 0 (a count of repairs)"),
                   "max_fault_clock_events": (0.0, math.inf, "at least 0 (a count of reasons)"),
-                  "min_pcie_width_share": (0.0, 1.0, "in (0, 1]: a share of the widest link")}
+                  "min_pcie_width_share": (0.0, 1.0, "in (0, 1]: a share of the widest link"),
+                  "min_busbw_gbps": (0.0, math.inf, "above 0 (GB/s)"),
+                  "max_step_time_spread": (0.0, math.inf, "at least 0 (a share of the fastest rank's step time)")}
         for name, (low, high, what) in ranges.items():
             value = getattr(self, name)
             if value is None:
                 continue
             ok = math.isfinite(value) and low <= value <= high
             if name in ("min_accuracy", "max_device_share", "max_step_time_s", "min_tokens_per_s",
-                        "min_pcie_width_share"):
+                        "min_pcie_width_share", "min_busbw_gbps"):
                 ok = ok and value > low
             if name == "min_improvement":
                 ok = ok and value < high
@@ -533,4 +550,104 @@ def judge_health(c: AcceptCriteria, devices: Sequence[HealthFacts]) -> list[Judg
             rows.append(Judgement("min_pcie_width_share", c.min_pcie_width_share, share,
                                   share >= c.min_pcie_width_share,
                                   on=f"{d.on} (PCIe link x{d.pcie_width} of x{d.pcie_width_max})"))
+    return rows
+
+
+# ---------------------------------------------------------------------------------------- the links between ranks
+#: a link is named slow below this share of the fastest link measured between the same kind of members (the fastest
+#: is what this fabric gives; a median would be slow itself where one bad node of three touches 4 of the 6 links)
+SLOW_LINK_SHARE = 0.5
+
+def bus_factor(op: str, n: int) -> float:
+    """nccl-tests' correction from algorithm to bus bandwidth for ``op`` over ``n`` ranks
+    (https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md, "Summary"): ``all_reduce`` 2(n-1)/n,
+    ``all_gather`` (n-1)/n (S: the whole output), ``send`` (point to point) 1.
+
+    Raises:
+        ValueError: an operation not listed.
+    """
+    factors = {"all_reduce": 2 * (n - 1) / n, "all_gather": (n - 1) / n, "send": 1.0}
+    if op not in factors:
+        raise ValueError(f"no bus bandwidth factor for {op!r}; known: {', '.join(factors)}")
+    return factors[op]
+
+
+def algbw_gbps(size: int, seconds: float) -> float:
+    """Algorithm bandwidth in GB/s (10^9 bytes per second, nccl-tests' unit): ``size / seconds``; 0 when no time was
+    measured."""
+    return size / seconds / 1e9 if seconds > 0 else 0.0
+
+
+def busbw_gbps(op: str, n: int, size: int, seconds: float) -> float:
+    """Bus bandwidth in GB/s of ``op`` moving ``size`` bytes over ``n`` ranks in ``seconds``: :func:`algbw_gbps` x
+    :func:`bus_factor`."""
+    return algbw_gbps(size, seconds) * bus_factor(op, n)
+
+
+@dataclass(frozen=True)
+class LinkFacts:
+    """The probe's link check as the criteria judge it (core/stages/links.py ``LinkReport.facts``).
+
+    Attributes:
+        collectives: (what, bus bandwidth in GB/s) of the all-reduce and the all-gather over every rank.
+        pairs: (``from -> to``, bus bandwidth in GB/s) of each one-way link measured between two members.
+    """
+
+    collectives: tuple[tuple[str, float], ...] = ()
+    pairs: tuple[tuple[str, float], ...] = ()
+
+
+def slow_members(names: Sequence[str], pairs: Sequence[tuple[int, int, float]]) -> list[str]:
+    """The members whose links are slow, each with its evidence: a link is slow below :data:`SLOW_LINK_SHARE` of the
+    fastest link (``pairs``: ``(from, to, GB/s)``, indices into ``names``). A member is named when every link out of
+    it is slow (what it sends: its NIC, its cable, a shaper on its side); then one whose every link in is slow,
+    counting only links from senders not named already (with two members a slow direction names its sender)."""
+    if len(pairs) < 2:
+        return []
+    fastest = max(bw for _, _, bw in pairs)
+    slow = {(a, b) for a, b, bw in pairs if bw < SLOW_LINK_SHARE * fastest}
+    named: list[str] = []
+    senders: set[int] = set()
+    for i, name in enumerate(names):
+        out = [(a, b, bw) for a, b, bw in pairs if a == i]
+        if out and all((a, b) in slow for a, b, _ in out):
+            named.append(f"{name}: every link out of it is slow (down to {min(bw for *_, bw in out):.3g} GB/s; the "
+                         f"fastest link {fastest:.3g} GB/s)")
+            senders.add(i)
+    for i, name in enumerate(names):
+        into = [(a, b, bw) for a, b, bw in pairs if b == i and a not in senders]
+        if i not in senders and into and all((a, b) in slow for a, b, _ in into):
+            named.append(f"{name}: every link into it is slow (down to {min(bw for *_, bw in into):.3g} GB/s; the "
+                         f"fastest link {fastest:.3g} GB/s)")
+    return named
+
+
+def judge_links(c: AcceptCriteria, links: LinkFacts | None, rank_step_times: Sequence[tuple[str, float]]
+                ) -> list[Judgement]:
+    """The link criteria: ``min_busbw_gbps`` on the all-reduce, the all-gather and the slowest link (``links``; None:
+    not measured, one rank); ``max_step_time_spread`` on the ranks' step times ((on, seconds) each). A criterion not
+    set writes no row; one set on a single rank is not judged, with the reason."""
+    rows: list[Judgement] = []
+    if c.min_busbw_gbps is not None:
+        if links is None:
+            rows.append(Judgement("min_busbw_gbps", c.min_busbw_gbps, None, None, on="the links between ranks",
+                                  why="not measured: one rank, no link between ranks"))
+        else:
+            for on, bw in links.collectives:
+                rows.append(Judgement("min_busbw_gbps", c.min_busbw_gbps, bw, bw >= c.min_busbw_gbps, on=on))
+            if links.pairs:
+                on, bw = min(links.pairs, key=lambda p: p[1])
+                rows.append(Judgement("min_busbw_gbps", c.min_busbw_gbps, bw, bw >= c.min_busbw_gbps,
+                                      on=f"the slowest of {len(links.pairs)} links: {on}"))
+    if c.max_step_time_spread is not None:
+        timed = [(on, t) for on, t in rank_step_times if t > 0]
+        if len(timed) < 2:
+            rows.append(Judgement("max_step_time_spread", c.max_step_time_spread, None, None, on="the ranks",
+                                  why="one rank: no spread"))
+        else:
+            (fast_on, fast), (slow_on, slow) = min(timed, key=lambda r: r[1]), max(timed, key=lambda r: r[1])
+            spread = slow / fast - 1
+            rows.append(Judgement("max_step_time_spread", c.max_step_time_spread, spread,
+                                  spread <= c.max_step_time_spread,
+                                  on=f"{slow_on} {slow:.3g} s a step against {fast_on} {fast:.3g} s"))
     return rows

@@ -3,7 +3,8 @@
 Read in order: :func:`probe` reports where the parameters are (:func:`report_placement`), runs the steps the spec asks
 for (:func:`trainer_steps` with Trainer and a measuring callback, :func:`inference_steps` under ``torch.no_grad``, or
 :func:`fsdp2_cpu_steps` for zero3 on CPU ranks), then writes the :class:`~core.protocol.events.Ledger`
-(:func:`measured_ledger`) and, under torchrun, rank 0 gathers every rank's (:func:`gather_ledgers`). What a step saw
+(:func:`measured_ledger`) and, under torchrun, measures the links between the ranks (core/child/links.py) and rank 0
+gathers every rank's ledger (:func:`gather_ledgers`). What a step saw
 is kept in :class:`Seen`.
 
 Memory and speed are measured on different steps (:data:`TRACKED_STEPS`): on the CPU the live-tensor tracker (a
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from core.child.links import measure_links
 from core.child.recipe import build_trainer, collate
 from core.protocol.events import DeviceMap, EventWriter, Ledger, Ledgers, Placement, ProbeStep
 from core.protocol.job import WorkerJob
@@ -106,6 +108,7 @@ def probe(spec: RunSpec, model: Any, blocks: list[dict[str, Any]], out_dir: Path
             for i, n in enumerate(names)]
     event = Ledger(**ledger)
     events.write(event)
+    measure_links(events, name or device)  # after the peaks were read: its buffers are not the step's
     gather_ledgers(event, events)
 
 

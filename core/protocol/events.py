@@ -205,6 +205,26 @@ class Ledgers(ChildEvent):
     ledgers: list[Ledger] = field(metadata={"items": Ledger})
 
 
+@dataclass(frozen=True)
+class LinkCheck(ChildEvent):
+    """Rank 0's measurement of the links between the ranks after the probe's steps (core/child/links.py): an
+    all-reduce and an all-gather over every rank, and a one-way send between each ordered pair of members (the first
+    rank of each node when there are several nodes, else every rank).
+
+    ``collectives`` holds one dict per operation (``op``, ``ranks``, ``seconds``: the slowest rank's mean time of one,
+    ``algbw_gbps``, ``busbw_gbps``); ``pairs`` one per ordered pair (``from``, ``to``: indices into ``names``,
+    ``seconds``, ``busbw_gbps``). Bandwidths are GB/s (10^9 bytes per second) as nccl-tests defines them."""
+
+    KIND: ClassVar[str] = "links"
+    backend: str
+    bytes: int
+    iterations: int
+    members: Literal["node", "rank"]
+    names: list[str]
+    collectives: list[dict[str, Any]]
+    pairs: list[dict[str, Any]]
+
+
 # -------------------------------------------------------------------------------------------- train, evaluate
 #: what an :class:`Evaluation`'s perplexity is, in words (the record's definition of the metric, command mode's too)
 METRIC = (
@@ -310,7 +330,7 @@ class ManifestChecked(ChildEvent):
 
 #: every kind the child writes -> its class
 KINDS: dict[str, type[ChildEvent]] = {cls.KIND: cls for cls in (
-    Started, DeviceUuid, ModelBuilt, DataInfo, ChildError, Placement, DeviceMap, ProbeStep, Ledger, Ledgers,
+    Started, DeviceUuid, ModelBuilt, DataInfo, ChildError, Placement, DeviceMap, ProbeStep, Ledger, Ledgers, LinkCheck,
     Evaluation, Trainable, Step, CheckpointSaved, Trained, KillPoint, RngRestored, ManifestChecked)}
 
 #: events that report their place under torchrun in the payload (the local rank written after the global rank)

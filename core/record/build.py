@@ -40,6 +40,7 @@ from core.record.verdicts import (
     plan_verdict,
     probe_verdict,
     resume_verdict,
+    timed_means,
 )
 from core.spec import RunSpec
 from core.stages.noise import RecordedRule
@@ -224,6 +225,7 @@ def _probe_table(probe: Any) -> dict[str, Any]:
            if probe.lora_targets else {}),
         **({"layer_placement": probe.layers} if getattr(probe, "layers", None) else {}),
         **({"health": probe.health.to_table()} if getattr(probe, "health", None) is not None else {}),
+        **({"links": probe.links.to_table()} if getattr(probe, "links", None) is not None else {}),
         "plan_comparison": [
             {"device": c.device, "rank": c.rank, "planned_bytes": c.planned_bytes, "measured_bytes": c.measured_bytes,
              "error_pct": c.error_pct, "compared": c.compared,
@@ -393,7 +395,10 @@ def probe_facts(spec: RunSpec, plan: Any, probe: Any) -> ProbeFacts:
         speed_on(timing.timed_steps, timing.timed_tracked) if timing is not None else None,
         expected_devices=expected_world_size(spec.to_dict(), len(planned)) if spec.torchrun.nnodes == 1 else None,
         attention=str(probe.attention or ""), planned_attention=spec.attn_implementation,
-        health=tuple(probe.health.facts()) if getattr(probe, "health", None) is not None else ())
+        health=tuple(probe.health.facts()) if getattr(probe, "health", None) is not None else (),
+        links=probe.links.facts() if getattr(probe, "links", None) is not None else None,
+        rank_step_times=timed_means({m.rank: (device_label(m.device, m.rank, m.world_size), m.step_times_s)
+                                     for m in probe.devices}.values(), timing.timed_steps if timing else ()))
 
 
 def quality_facts(spec: RunSpec, te: Any) -> QualityFacts:

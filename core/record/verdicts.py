@@ -44,7 +44,10 @@ from core.criteria import (
     DeviceUse,
     HealthFacts,
     Judgement,
+    LinkFacts,
+    busbw_gbps,
     judge_health,
+    judge_links,
     judge_metric,
     judge_plan_error,
     judge_probe,
@@ -155,6 +158,8 @@ class ProbeFacts:
         steps, expected_steps: the steps it ran and those it was asked for (None: not known).
         quit: measured until the operator quit (command mode): not judged, cancelled.
         health: the health preflight's facts per GPU (none: it did not run, or the record predates it).
+        links: the links between the ranks, measured after the steps (None: one rank, or a record before them).
+        rank_step_times: (rank, seconds) each rank's step time over the timed steps (the spread criterion's).
     """
 
     devices: tuple[ProbedDevice, ...]
@@ -171,13 +176,15 @@ class ProbeFacts:
     expected_steps: int | None = None
     quit: bool = False
     health: tuple[HealthFacts, ...] = ()
+    links: LinkFacts | None = None
+    rank_step_times: tuple[tuple[str, float], ...] = ()
 
 
 def probe_verdict(facts: ProbeFacts) -> StageVerdict:
     """pass exactly when the probe ended as asked (exit 0, every step it was asked for), measured at least one device,
     each within ``accept.max_device_share`` of its capacity (1.0: it fits), in the strategy's wrapper, one device per
     rank the spec runs, with the planned attention implementation, the speed criteria and the health preflight's
-    criteria met; cancelled when the operator quit it."""
+    criteria and the link criteria met; cancelled when the operator quit it."""
     if facts.quit:
         return StageVerdict(StageStatus.CANCELLED, ("measured until the operator quit: not judged",))
     reasons: list[str] = []
@@ -200,6 +207,7 @@ def probe_verdict(facts: ProbeFacts) -> StageVerdict:
     rows = judge_probe(facts.criteria, [DeviceUse(d.on, d.used_bytes, d.capacity_bytes) for d in facts.devices],
                        facts.step_time_s, facts.tokens_per_s, facts.speed_on)
     rows += judge_health(facts.criteria, facts.health)
+    rows += judge_links(facts.criteria, facts.links, facts.rank_step_times)
     return _judged(reasons, rows)
 
 
@@ -533,3 +541,63 @@ def health_facts(probe: Mapping[str, Any], used: Iterable[str] | None = None) ->
     facts = report.facts() if report is not None else []
     wanted = None if used is None else set(used)
     return tuple(f for f in facts if wanted is None or f.on in wanted)
+
+
+def timed_means(step_times: Iterable[tuple[str, list[float]]], timed: Collection[int]) -> tuple[tuple[str, float], ...]:
+    """Each rank's mean seconds over the ``timed`` steps (1-based), by its name: the step times the spread criterion
+    judges (core/child/probe.py ``step_timing`` takes the same mean in the child). A rank that ran fewer steps than
+    ``timed`` names is left out."""
+    return tuple((on, sum(times[s - 1] for s in timed) / len(timed)) for on, times in step_times
+                 if timed and max(timed) <= len(times))
+
+
+def links_facts(probe: Mapping[str, Any]) -> tuple[LinkFacts | None, list[str]]:
+    """The link check's facts from ``probe.links`` (None when it did not run or the record predates it), every
+    bandwidth recomputed from its bytes and seconds (core/criteria.py ``busbw_gbps``), and what disagrees: a recorded
+    bandwidth that is not its recomputed one, or a ``slow`` list that is not what the links say.
+
+    Raises:
+        RecordValueError: a key of the wrong kind, named by its key path.
+    """
+    from core.stages.links import LinkReport
+
+    if "links" not in probe:
+        return None, []
+    table = subtable(probe["links"], "probe.links")
+    names = entry(table, "names", "probe.links")
+    if not (isinstance(names, list) and all(isinstance(n, str) for n in names)):
+        raise RecordValueError(f"probe.links.names is {names!r}, not a list of names")
+    count(entry(table, "bytes", "probe.links"), "probe.links.bytes")
+    count(entry(table, "iterations", "probe.links"), "probe.links.iterations")
+    text(entry(table, "backend", "probe.links"), "probe.links.backend")
+    problems: list[str] = []
+    collectives = []
+    for i, c in enumerate(tables(entry(table, "collectives", "probe.links"), "probe.links.collectives")):
+        where = f"probe.links.collectives[{i}]"
+        op = text(entry(c, "op", where), f"{where}.op")
+        if op not in ("all_reduce", "all_gather"):
+            raise RecordValueError(f"{where}.op is {op!r}, not all_reduce or all_gather")
+        ranks = count(entry(c, "ranks", where), f"{where}.ranks")
+        busbw = busbw_gbps(op, ranks, count(entry(c, "bytes", where), f"{where}.bytes"),
+                           number(entry(c, "seconds", where), f"{where}.seconds"))
+        _recomputed(problems, where, number(entry(c, "busbw_gbps", where), f"{where}.busbw_gbps"), busbw)
+        collectives.append({**c, "busbw_gbps": busbw})
+    pairs = []
+    for i, p in enumerate(tables(entry(table, "pairs", "probe.links"), "probe.links.pairs")):
+        where = f"probe.links.pairs[{i}]"
+        ends = [count(entry(p, k, where), f"{where}.{k}") for k in ("from", "to")]
+        if any(e >= len(names) for e in ends):
+            raise RecordValueError(f"{where} joins {ends}, but probe.links.names has {len(names)} members")
+        busbw = busbw_gbps("send", 2, count(table["bytes"], "probe.links.bytes"),
+                           number(entry(p, "seconds", where), f"{where}.seconds"))
+        _recomputed(problems, where, number(entry(p, "busbw_gbps", where), f"{where}.busbw_gbps"), busbw)
+        pairs.append({**p, "busbw_gbps": busbw})
+    report = LinkReport.from_table({**table, "collectives": collectives, "pairs": pairs})
+    if table.get("slow", []) != report.slow:
+        problems.append(f"probe.links.slow is {table.get('slow')!r}, but the links measured name {report.slow!r}")
+    return report.facts(), problems
+
+
+def _recomputed(problems: list[str], where: str, recorded: float, recomputed: float) -> None:
+    if not math.isclose(recorded, recomputed, rel_tol=1e-9, abs_tol=1e-12):
+        problems.append(f"{where}.busbw_gbps is {recorded!r}, but its bytes and seconds give {recomputed!r}")

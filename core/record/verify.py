@@ -53,6 +53,7 @@ from core.record.verdicts import (
     expected_world_size,
     flag,
     health_facts,
+    links_facts,
     plan_verdict,
     probe_verdict,
     resume_contradictions,
@@ -61,6 +62,7 @@ from core.record.verdicts import (
     subtable,
     tables,
     text,
+    timed_means,
 )
 from core.record.verdicts import number as num
 from core.spec import ADAPTER_MODES
@@ -398,7 +400,24 @@ def probe_facts(rec: dict[str, Any], crit: AcceptCriteria, capacity: dict[str, i
                       if v2 else "",
                       planned_attention=text(entry(spec, "attn_implementation", "spec"), "spec.attn_implementation")
                       if v2 else "",
-                      health=health_facts(probe))
+                      health=health_facts(probe), links=links_facts(probe)[0],
+                      rank_step_times=_rank_step_times(probe))
+
+
+def _rank_step_times(probe: dict[str, Any]) -> tuple[tuple[str, float], ...]:
+    """Each rank's mean over ``probe.timing.timed_steps`` of its ``devices[].step_times_s`` (none without a timing
+    table: a record before it); the kinds were checked by :func:`probe_speed`."""
+    timing = probe.get("timing")
+    if not isinstance(timing, dict):
+        return ()
+    timed = [s for s in timing.get("timed_steps", []) if isinstance(s, int)]
+    ranks = {}
+    for d in probe.get("devices", []):
+        times = d.get("step_times_s")
+        if isinstance(times, list) and all(isinstance(t, (int, float)) for t in times):
+            rank, world = d.get("rank", 0), d.get("world_size", 1)
+            ranks[rank] = (device_label(str(d.get("device", "")), rank, world), [float(t) for t in times])
+    return timed_means(ranks.values(), timed)
 
 
 
@@ -481,6 +500,7 @@ def _probe_verdict(rec: dict[str, Any], capacity: dict[str, int | None], planned
                             + "; ".join(map(str, probe["problems"]))[:200])
         _plan_comparison_problems(rec, probe, planned_tensors, problems)
         problems.extend(probe_speed(rec)[3])
+        problems.extend(links_facts(probe)[1])
         if rec["schema_version"] >= 2:
             problems.extend(_ran_as_planned(spec, probe))
         computed["probe"] = probe_verdict(facts).status

@@ -16,6 +16,7 @@ from core.criteria import (
     Judgement,
     device_label,
     judge_health,
+    judge_links,
     judge_shares,
     judge_speed,
     missed,
@@ -31,6 +32,7 @@ from core.protocol.events import (
     DeviceUuid,
     Ledger,
     Ledgers,
+    LinkCheck,
     ModelBuilt,
     Placement,
     ProbeStep,
@@ -38,6 +40,7 @@ from core.protocol.events import (
 from core.protocol.job import worker_job
 from core.spec import RunSpec
 from core.stages.childproc import SINGLE, Launch, check_exit, start_child, watch
+from core.stages.links import LinkReport
 from core.status import StageStatus
 
 
@@ -151,6 +154,7 @@ class ProbeResult:
     judgements: list[Judgement] = field(default_factory=list)  # the criteria it was judged by (core/criteria.py)
     timing: ProbeTiming | None = None  # which steps step_time_s is the mean of, and whether tracked
     health: Any = None  # the health preflight (core/monitor/health.py HealthReport), read before the probe started
+    links: LinkReport | None = None  # the links between the ranks (two ranks or more), measured after the steps
 
 
 #: The wrapper Trainer must have put the model in for each torchrun strategy (the class name of
@@ -251,6 +255,13 @@ def probe_result(spec: RunSpec, events: list[ChildEvent], ledgers: list[Ledger],
         rows = judge_health(spec.accept, health.facts())
         problems.extend(f"health preflight: {r.words()}" for r in missed(rows))
         judgements += rows
+    check = next((e for e in events if isinstance(e, LinkCheck)), None)
+    links = LinkReport.from_event(check) if check is not None else None
+    if links is not None:
+        findings.extend(f"slow link: {name}" for name in links.slow)
+    rows = judge_links(spec.accept, links.facts() if links is not None else None, rank_step_times(ledgers))
+    problems.extend(f"the links between ranks: {r.words()}" for r in missed(rows))
+    judgements += rows
     used = next((e for e in events if isinstance(e, ModelBuilt)), None)
     attention = used.attention if used is not None else ""
     if attention and attention != spec.attn_implementation:
@@ -267,7 +278,8 @@ def probe_result(spec: RunSpec, events: list[ChildEvent], ledgers: list[Ledger],
         placement=placement,
         comparisons=comparisons,
         log_path=log_path,
-        summary=_summary(first, measurements, comparisons, problems, findings, timing, step_time_s),
+        summary=_summary(first, measurements, comparisons, problems, findings, timing, step_time_s)
+        + (f"; {links.summary()}" if links is not None else ""),
         problems=problems,
         layers=next((e.layers for e in events if isinstance(e, DeviceMap)), {}),
         findings=findings,
@@ -277,7 +289,13 @@ def probe_result(spec: RunSpec, events: list[ChildEvent], ledgers: list[Ledger],
         judgements=judgements,
         timing=timing,
         health=health,
+        links=links,
     )
+
+
+def rank_step_times(ledgers: list[Ledger]) -> list[tuple[str, float]]:
+    """Each rank's step time (the mean of its timed steps) with the rank's name, as the spread criterion judges it."""
+    return [(device_label(e.device, e.global_rank, e.world_size), e.step_time_s) for e in ledgers]
 
 
 def judge_devices(spec: RunSpec, plan: Any, traced: dict[str, Any] | None, measurements: list[DeviceMeasurement],

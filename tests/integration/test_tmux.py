@@ -236,7 +236,11 @@ def test_setup_reads_a_trainers_config_with_keys_only(tmp_path, tiny_model_dir):
     """Setup's "from a config file" in a real terminal: ^l (named in the footer), the path typed, Enter; Setup comes back
     on the config's mode (TRL's QLoRA) saying which file its values came from."""
     exe = Path(sys.executable).parent / "gpuaccept"
-    config = Path(__file__).resolve().parents[1] / "data" / "configs" / "trl_sft_qlora.yaml"
+    # the config names its model MODEL: this one names the test's model, as a user's config names theirs (a model
+    # not found would put its long error under Model and push the fields below off the 24 rows)
+    source = Path(__file__).resolve().parents[1] / "data" / "configs" / "trl_sft_qlora.yaml"
+    config = tmp_path / source.name
+    config.write_text(source.read_text(encoding="utf-8").replace("MODEL", str(tiny_model_dir)), encoding="utf-8")
     term = Tmux(tmp_path)
     term.tmux("new-session", "-d", "-s", term.session, "-x", "80", "-y", "24",
               f"cd {tmp_path} && {exe} run --model {tiny_model_dir} --devices cpu; sleep 30")

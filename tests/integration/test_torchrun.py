@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from core.errors import SpecError, StageError
-from core.protocol.events import Ledger, Ledgers, ProbeStep, Started
+from core.protocol.events import Ledger, Ledgers, LinkCheck, ProbeStep, Started
 from core.protocol.job import worker_job
 from core.spec import RunSpec
 from core.stages.childproc import (
@@ -76,6 +76,12 @@ def test_ddp_probe_reports_each_rank_against_its_planned_device(ddp_run):
         assert row["planned_bytes"] == plan[name]["fit_bytes"] - plan[name]["components"]["overhead"]
         assert row["measured_bytes"] == probe["devices"][rank]["peak_bytes"]
     assert record["spec"]["torchrun"]["nproc_per_node"] == 2
+    # the links between the two ranks, in the record as measured, and in the stage's summary
+    links = probe["links"]
+    assert (links["provenance"], links["members"], links["names"]) == ("measured", "rank",
+                                                                      ["rank 0 (cpu:0)", "rank 1 (cpu:1)"])
+    assert [c["op"] for c in links["collectives"]] == ["all_reduce", "all_gather"] and len(links["pairs"]) == 2
+    assert "links over gloo (4 MiB): all-reduce" in run.results["probe"].summary
 
 
 def test_ddp_training_merges_the_ranks_steps(ddp_run):
@@ -206,6 +212,10 @@ def test_two_nodes_ledgers_are_merged_on_node_0(tiny_model_dir, tmp_path):
     assert [(x.global_rank, x.world_size) for x in ledgers] == [(0, 2), (1, 2)]
     assert sorted(x.node_rank for x in ledgers) == [0, 1]
     assert all(x.wrapper == "DistributedDataParallel" for x in ledgers)
+    # the links between the nodes: one member per node, both directions measured
+    (links,) = [e for node in events for e in node if isinstance(e, LinkCheck)]
+    assert links.members == "node" and [n.split(" (")[0] for n in links.names] == ["node 0", "node 1"]
+    assert sorted((p["from"], p["to"]) for p in links.pairs) == [(0, 1), (1, 0)]
 
 
 def test_the_probe_under_torchrun_leaves_no_process(tiny_model_dir, tmp_path):
@@ -217,6 +227,17 @@ def test_the_probe_under_torchrun_leaves_no_process(tiny_model_dir, tmp_path):
     check_exit(child)
     ledgers = {e.rank: e for e in events if isinstance(e, Ledger)}
     assert sorted(ledgers) == [0, 1]
+    # the links between the two ranks (core/child/links.py), written once, by rank 0, in nccl-tests' units
+    (links,) = [e for e in events if isinstance(e, LinkCheck)]
+    assert (links.rank, links.backend, links.members, links.bytes) == (0, "gloo", "rank", 4 * 2**20)
+    assert links.names == ["rank 0 (cpu:0)", "rank 1 (cpu:1)"]
+    reduce, gather = links.collectives
+    assert (reduce["op"], gather["op"], reduce["ranks"]) == ("all_reduce", "all_gather", 2)
+    assert reduce["algbw_gbps"] == pytest.approx(links.bytes / reduce["seconds"] / 1e9)
+    assert reduce["busbw_gbps"] == pytest.approx(reduce["algbw_gbps"])  # 2(n-1)/n = 1 at n = 2
+    assert gather["busbw_gbps"] == pytest.approx(gather["algbw_gbps"] / 2)  # (n-1)/n
+    assert sorted((p["from"], p["to"]) for p in links.pairs) == [(0, 1), (1, 0)]
+    assert all(p["busbw_gbps"] == pytest.approx(links.bytes / p["seconds"] / 1e9) for p in links.pairs)
     assert (tmp_path / "probe" / "events.rank1.jsonl").is_file()  # rank 1 never writes into rank 0's file
     for ledger in ledgers.values():
         assert ledger.optimizer_states_bytes >= 2 * ledger.weights_bytes  # AdamW: 2 moments, not sharded

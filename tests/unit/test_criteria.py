@@ -64,7 +64,8 @@ def test_a_criterion_outside_its_table_says_where_it_belongs():
 def test_the_record_table_names_the_criteria_not_set():
     table = AcceptCriteria(max_perplexity=40.0).to_table()
     assert table["max_perplexity"] == 40.0 and table["min_improvement"] == 0.0 and table["max_device_share"] == 1.0
-    assert sorted(table["not_set"]) == ["max_plan_error_pct", "max_step_time_s", "min_accuracy", "min_tokens_per_s"]
+    assert sorted(table["not_set"]) == ["max_plan_error_pct", "max_step_time_s", "max_step_time_spread",
+                                        "min_accuracy", "min_busbw_gbps", "min_tokens_per_s"]
     assert AcceptCriteria.from_table(table) == AcceptCriteria(max_perplexity=40.0)
 
 

@@ -1,0 +1,134 @@
+"""The links between the ranks, measured in the probe child after its steps (under torchrun, two ranks or more).
+
+What is measured, over the run's own process group (gloo on CPU ranks, NCCL on CUDA):
+
+- an **all-reduce** of :func:`link_bytes` bytes over every rank, and an **all-gather** whose output is that size;
+- a **one-way send** of the same size between each ordered pair of *members*: the first rank of each node when the
+  run has several nodes (the links between nodes), else every rank (the links between devices). Above
+  :data:`MAX_ALL_PAIRS` members only each member's ring neighbours are measured, both ways.
+
+Each measurement is one untimed warm-up operation, then :func:`iterations` operations timed together after a barrier;
+its time is the slowest rank's mean (a collective is done when every rank has its result).
+
+Bandwidths are nccl-tests' (core/criteria.py ``busbw_gbps``), in GB/s (10^9 bytes per second): ``algbw = S / t``;
+all-reduce ``busbw = algbw x 2(n-1)/n``; all-gather ``busbw = algbw x (n-1)/n`` with S the whole output (n x each
+rank's part); a send between two ranks ``busbw = algbw``.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+from core.criteria import algbw_gbps, busbw_gbps
+from core.protocol.events import EventWriter, LinkCheck
+
+#: the message on CUDA: 64 MiB, where NVLink's and InfiniBand's bus bandwidth is near its plateau in nccl-tests'
+#: published runs; on CPU ranks (gloo over TCP) 4 MiB keeps the check within seconds over a slow link
+CUDA_LINK_BYTES = 64 * 2**20
+CPU_LINK_BYTES = 4 * 2**20
+#: members up to which every ordered pair is measured (16 x 15 = 240 sends); above, ring neighbours only
+MAX_ALL_PAIRS = 16
+
+
+def link_bytes(cuda: bool) -> int:
+    """S, the bytes of each measured operation (all-gather: its whole output)."""
+    return CUDA_LINK_BYTES if cuda else CPU_LINK_BYTES
+
+
+def iterations(cuda: bool) -> int:
+    """Timed operations per measurement, after one warm-up."""
+    return 5 if cuda else 3
+
+
+def pairs_of(count: int) -> list[tuple[int, int]]:
+    """The ordered pairs of ``count`` members measured: every one up to :data:`MAX_ALL_PAIRS` members, else each
+    member to its ring neighbours (i -> i+1 and i -> i-1)."""
+    if count <= MAX_ALL_PAIRS:
+        return [(a, b) for a in range(count) for b in range(count) if a != b]
+    return sorted({(a, (a + step) % count) for a in range(count) for step in (1, -1)})
+
+
+def measure_links(events: EventWriter, device: str) -> None:
+    """Measure the links (the module's docstring) on every rank and write one :class:`LinkCheck` from rank 0;
+    nothing when the process group is not up or has one rank. Every rank must call it (collectives)."""
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+        return
+    world, rank = dist.get_world_size(), dist.get_rank()
+    cuda = dist.get_backend() == "nccl"
+    on = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+    places: list[Any] = [None] * world
+    dist.all_gather_object(places, (int(os.environ.get("GROUP_RANK", 0)), socket.gethostname(), device))
+    nodes = sorted({p[0] for p in places})
+    if len(nodes) > 1:
+        members = [min(r for r, p in enumerate(places) if p[0] == n) for n in nodes]
+        names = [f"node {n} ({places[r][1]})" for n, r in zip(nodes, members)]
+    else:
+        members = list(range(world))
+        names = [f"rank {r} ({p[2]})" for r, p in enumerate(places)]
+    size, count = link_bytes(cuda), iterations(cuda)
+    elements = size // 4  # float32
+    sync: Callable[[], None] = torch.cuda.synchronize if cuda else (lambda: None)
+
+    data = torch.ones(elements, dtype=torch.float32, device=on)
+    reduce_s = _slowest(_timed(partial(dist.all_reduce, data), sync, count), on)
+    part = torch.ones(elements // world, dtype=torch.float32, device=on)
+    parts = [torch.empty_like(part) for _ in range(world)]
+    gather_s = _slowest(_timed(partial(dist.all_gather, parts, part), sync, count), on)
+    gathered = part.numel() * 4 * world  # S of the all-gather: its whole output
+    del parts, part
+    pairs = []
+    for a, b in pairs_of(len(members)):
+        src, dst = members[a], members[b]
+        dist.barrier()
+        seconds = 0.0
+        if rank == src:
+            seconds = _timed(partial(dist.send, data, dst), sync, count, barrier=False)
+        elif rank == dst:
+            seconds = _timed(partial(dist.recv, data, src), sync, count, barrier=False)
+        pairs.append({"from": a, "to": b, "seconds": _slowest(seconds, on)})
+    if rank != 0:
+        return
+    collectives = [{"op": "all_reduce", "ranks": world, "bytes": size, "seconds": reduce_s,
+                    "algbw_gbps": algbw_gbps(size, reduce_s),
+                    "busbw_gbps": busbw_gbps("all_reduce", world, size, reduce_s)},
+                   {"op": "all_gather", "ranks": world, "bytes": gathered, "seconds": gather_s,
+                    "algbw_gbps": algbw_gbps(gathered, gather_s),
+                    "busbw_gbps": busbw_gbps("all_gather", world, gathered, gather_s)}]
+    events.write(LinkCheck(
+        backend=str(dist.get_backend()), bytes=size, iterations=count, members="node" if len(nodes) > 1 else "rank",
+        names=names, collectives=collectives,
+        pairs=[{**p, "busbw_gbps": busbw_gbps("send", 2, size, p["seconds"])} for p in pairs]))
+
+
+def _timed(op: Callable[[], Any], sync: Callable[[], None], count: int, barrier: bool = True) -> float:
+    """One warm-up ``op``, then the mean seconds of ``count`` more timed together (after a barrier over every rank
+    when ``barrier``: a pair's two ranks time without one, the others not taking part)."""
+    import torch.distributed as dist
+
+    op()
+    sync()
+    if barrier:
+        dist.barrier()
+    start = time.perf_counter()
+    for _ in range(count):
+        op()
+    sync()
+    return (time.perf_counter() - start) / count
+
+
+def _slowest(seconds: float, on: Any) -> float:
+    """The largest of every rank's ``seconds`` (all-reduce MAX): a rank not taking part gives 0."""
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([seconds], dtype=torch.float64, device=on)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
