@@ -507,22 +507,73 @@ def run_pipeline(
     directory is created. A stage that fails or is cancelled stops the ones after it; the record is written anyway.
     """
     yield StageStarted("plan", detail="per-component memory plan per device (no weights loaded)")
-    run = AcceptanceRun(spec, runs_root, devices_override)
+    cluster = node_agreement(spec)
+    try:
+        run = AcceptanceRun(spec, runs_root, devices_override)
+    except GpuAcceptError as exc:
+        if cluster is not None:  # the other nodes stop at their next gate with this reason
+            _quietly(cluster.stop, str(exc))
+            _quietly(cluster.close)
+        raise
     try:
         yield from run.plan_stage(cancelled)
+        yield from gate(run, cluster, "probe", True)
         probe = yield from run.probe_stage(cancelled)
-        if probe.status != StageStatus.PASS:
+        passed = probe.status == StageStatus.PASS
+        yield from gate(run, cluster, "train_eval", passed, "" if passed else
+                        f"its probe failed: {'; '.join(probe.problems) or probe.summary}")
+        if not passed:
             raise GpuAcceptError("the probe failed; later stages were not run")
         yield from run.train_eval_stage(cancelled)
         yield from run.resume_stage(cancelled)
     except GpuAcceptError as exc:
+        if cluster is not None:
+            _quietly(cluster.stop, str(exc))
         yield run.emit(Message("pipeline", text=f"stopped: {exc}"))
     finally:
         run.close()
+    if cluster is not None:  # the node holding the store waits for the others to be done with it
+        _quietly(cluster.close)
     if run.log_error:
         yield Message("pipeline", text=f"the event log stopped being written ({run.log_error}); the events shown here "
                                        "are complete, the file is not")
     return (yield from record_stage(run))
+
+
+def node_agreement(spec: RunSpec) -> Any:
+    """The gate the nodes of a several-node run pass together (core/cluster/agree.py ``NodeAgreement``), or None on
+    one node."""
+    t = spec.torchrun
+    if t.nnodes < 2:
+        return None
+    from core.cluster.agree import NodeAgreement
+
+    return NodeAgreement(t.rdzv_endpoint, t.rdzv_id, t.nnodes)
+
+
+def _quietly(call: Callable[..., Any], *args: Any) -> None:
+    """``call(*args)``, its named error dropped: telling the other nodes is best effort once this one stopped."""
+    try:
+        call(*args)
+    except GpuAcceptError:
+        pass
+
+
+def gate(run: AcceptanceRun, cluster: Any, stage: str, goes_on: bool, why: str = "") -> Generator[Event, None, None]:
+    """Before ``stage`` on several nodes: post whether this node goes on and wait for every node's word; when another
+    node stops, this one stops too, the record saying which node stopped and why (``stage`` not run).
+
+    Raises:
+        GpuAcceptError: another node stopped, or not every node came within the wait.
+    """
+    if cluster is None:
+        return
+    from core.cluster.agree import stopped_by
+
+    yield run.emit(Message("pipeline", text=f"waiting for every node of {cluster.nnodes} before the {stage} stage"))
+    others = cluster.gate(stage, goes_on, why)
+    if others and goes_on:
+        raise run._refused(stage, f"another node stopped, so this one stops too: {stopped_by(others)}")
 
 
 def record_stage(run: Any) -> Generator[Event, None, Path | None]:

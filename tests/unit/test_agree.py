@@ -1,0 +1,66 @@
+"""Issue 39: the nodes of a several-node run stop together (core/cluster/agree.py). Two agreements in this process
+stand for two nodes on one host (the first holds the store, the second finds its port taken and joins it); each gate
+is passed in a thread, as each node passes it in its own process."""
+
+from __future__ import annotations
+
+import socket
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from core.cluster.agree import NodeAgreement, is_local, stopped_by, store_port
+from core.errors import GpuAcceptError
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def two_nodes():
+    port = free_port() - 1  # the store listens on the rendezvous port + 1
+    nodes = [NodeAgreement(f"127.0.0.1:{port}", "test", 2, wait_s=20) for _ in range(2)]
+    assert [n.holds for n in nodes] == [True, False]
+    return nodes
+
+
+def both(nodes, *words):
+    with ThreadPoolExecutor(2) as pool:
+        return list(pool.map(lambda nw: nw[0].gate("probe", *nw[1]), zip(nodes, words)))
+
+
+def test_every_node_goes_on_only_when_every_node_does(two_nodes):
+    assert both(two_nodes, (True,), (True,)) == [[], []]
+    first, second = two_nodes
+    with ThreadPoolExecutor(2) as pool:
+        stops, goes = pool.map(lambda a: a[0].gate("train_eval", *a[1]),
+                               [(first, (False, "its probe failed: min_busbw_gbps 0.1 MISSED")), (second, (True,))])
+    assert stops == []  # the node that stops hears of no other
+    (word,) = goes
+    assert (word.node, word.goes_on) == (first.node, False)
+    assert stopped_by(goes) == f"{first.node}: its probe failed: min_busbw_gbps 0.1 MISSED"
+
+
+def test_a_node_that_stopped_for_good_stops_the_others_at_their_next_gate(two_nodes):
+    first, second = two_nodes
+    first.stop("plan: the plan does not fit on the device")
+    (word,) = second.gate("probe", True)  # returns at once: the other will never post
+    assert word.why == "plan: the plan does not fit on the device"
+    second.close()
+    first.close(wait_s=5)  # the holder waits until both are done
+
+
+def test_a_node_that_never_comes_is_named_after_the_wait():
+    port = free_port() - 1
+    alone = NodeAgreement(f"127.0.0.1:{port}", "alone", 2, wait_s=0.5)
+    with pytest.raises(GpuAcceptError, match="1 of 2 nodes reached this stage within 0 s"):
+        alone.gate("probe", True)
+
+
+def test_the_store_is_beside_the_rendezvous():
+    assert store_port("node0.cluster:29500") == ("node0.cluster", 29501)
+    assert store_port("[::1]:29500") == ("::1", 29501)
+    assert is_local("127.0.0.1") and not is_local("192.0.2.1")  # TEST-NET-1: never this machine's
