@@ -513,6 +513,7 @@ def run_pipeline(
     except GpuAcceptError as exc:
         if cluster is not None:  # the other nodes stop at their next gate with this reason
             _quietly(cluster.stop, str(exc))
+            _quietly(cluster.share, None, False, 0.0)  # no record from this node
             _quietly(cluster.close)
         raise
     try:
@@ -532,12 +533,40 @@ def run_pipeline(
         yield run.emit(Message("pipeline", text=f"stopped: {exc}"))
     finally:
         run.close()
-    if cluster is not None:  # the node holding the store waits for the others to be done with it
-        _quietly(cluster.close)
     if run.log_error:
         yield Message("pipeline", text=f"the event log stopped being written ({run.log_error}); the events shown here "
                                        "are complete, the file is not")
-    return (yield from record_stage(run))
+    path = yield from record_stage(run)
+    if cluster is not None:
+        yield from cluster_stage(run, cluster, path)
+        _quietly(cluster.close)  # the node holding the store waits for the others to be done with it
+    return path
+
+
+def cluster_stage(run: AcceptanceRun, cluster: Any, path: Path | None) -> Generator[Event, None, Path | None]:
+    """Several nodes: every node shares its record; the node holding rank 0 writes the cluster record
+    (core/record/cluster.py) beside its own, ``cluster.toml``. Returns its path on that node, None elsewhere."""
+    from core.record.build import write_record
+    from core.record.cluster import cluster_record
+
+    probe = run.results.get("probe")
+    holds = probe is not None and any(d.rank == 0 for d in probe.devices)
+    text = path.read_text(encoding="utf-8") if path is not None else None
+    try:
+        shared = cluster.share(text, holds)
+    except GpuAcceptError as exc:
+        yield Message("record", text=f"the cluster record was not written: {exc}")
+        return None
+    if shared is None:
+        if holds:
+            yield Message("record", text="the cluster record was not written: not every node shared its record")
+        return None
+    rank0 = next((i for i, (_, h) in enumerate(shared) if h), 0)
+    out = write_record(cluster_record([t for t, _ in shared], rank0), run.run_dir / "cluster.toml")
+    missing = cluster.nnodes - len(shared)
+    yield Message("record", text=f"cluster record: {out} ({len(shared)} node records"
+                                 + (f"; {missing} node(s) stopped before writing one" if missing else "") + ")")
+    return out
 
 
 def node_agreement(spec: RunSpec) -> Any:

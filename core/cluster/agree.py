@@ -126,6 +126,37 @@ class NodeAgreement:
         words = self._words(stage) + stopped
         return [w for w in words if not w.goes_on and w.id != self.id]
 
+    def share(self, text: str | None, holds_rank_0: bool, wait_s: float = 300.0) -> list[tuple[str, bool]] | None:
+        """Post this node's record (``text``; None: it wrote none, having stopped before its run began) and whether
+        this node holds rank 0, and wait for every node's word; return every node's (record text, holds rank 0) on the
+        node that writes the cluster record (the one holding rank 0; without one, the node holding the store), None
+        on the others and when not every node posted within ``wait_s``."""
+        if text is not None:
+            self._store_call(lambda: self.store.set(f"{self.prefix}record/{self.id}", text), "record")
+        line = f"{self.id}\t{int(holds_rank_0)}\t{int(text is not None)}\n"
+        self._store_call(lambda: self.store.append(self.prefix + "records", line), "record")
+        deadline = time.monotonic() + wait_s
+        while len(self._posted()) < self.nnodes:
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(POLL_S)
+        posted = self._posted()
+        holder = next((id_ for id_, holds, _ in posted if holds), None)
+        if holder != self.id and not (holder is None and self.holds):
+            return None
+        return [(self._text(f"record/{id_}"), holds) for id_, holds, written in posted if written]
+
+    def _text(self, key: str) -> str:
+        return bytes(self._store_call(lambda: self.store.get(self.prefix + key), key)).decode()
+
+    def _posted(self) -> list[tuple[str, bool, bool]]:
+        """(id, holds rank 0, wrote a record) of each node that posted its word on its record."""
+        if not self._store_call(lambda: self.store.check([self.prefix + "records"]), "record"):
+            return []
+        text = self._text("records")
+        return [(id_, holds == "1", written == "1")
+                for id_, holds, written in (line.split("\t") for line in text.splitlines() if line)]
+
     def stop(self, why: str) -> None:
         """Say this node stopped for good (an error before or between gates), so the others stop at their next."""
         self._post("stopped", False, why)
@@ -156,7 +187,7 @@ class NodeAgreement:
     def _words(self, key: str) -> list[NodeWord]:
         if not self._store_call(lambda: self.store.check([self.prefix + key]), key):
             return []
-        text = bytes(self._store_call(lambda: self.store.get(self.prefix + key), key)).decode()
+        text = self._text(key)
         return [_word(line) for line in text.splitlines() if line]
 
 

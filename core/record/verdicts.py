@@ -229,6 +229,38 @@ def expected_world_size(spec: Mapping[str, Any], planned_devices: int) -> int | 
     return (nproc or planned_devices) * nnodes
 
 
+def expected_probe_devices(spec: Mapping[str, Any], planned_devices: int) -> int | None:
+    """The devices one node's probe must have measured (:class:`ProbeFacts` ``expected_devices``): every rank the spec
+    runs on one node; None on several nodes, where a node's record holds every rank or only its own
+    (:func:`node_ranks_problem` checks which)."""
+    torchrun = spec.get("torchrun")
+    if isinstance(torchrun, dict) and torchrun.get("nnodes", 1) != 1:
+        return None
+    return expected_world_size(spec, planned_devices)
+
+
+def node_ranks_problem(spec: Mapping[str, Any], planned_devices: int, ranks: list[int]) -> str | None:
+    """What is wrong with the ranks a record's probe lists (``probe.devices[].rank``), or None. One node: every rank
+    the spec runs, 0..N-1, once each. Several nodes: the record of the node holding rank 0 lists every node's ranks
+    (gathered over the process group); another node's lists its own, one block of ``nproc_per_node`` consecutive
+    ranks (torchrun's global rank = node rank x ranks per node + local rank)."""
+    world = expected_world_size(spec, planned_devices)
+    torchrun = spec.get("torchrun")
+    nnodes = torchrun.get("nnodes", 1) if isinstance(torchrun, dict) else 1
+    if world is None or spec.get("strategy") == "device_map":
+        return None
+    ranks = sorted(ranks)
+    if nnodes > 1 and isinstance(nnodes, int) and len(ranks) == world // nnodes and ranks:
+        if ranks == list(range(ranks[0], ranks[0] + len(ranks))) and ranks[0] % len(ranks) == 0:
+            return None
+        return f"probe.devices ranks are {ranks}: one node's ranks are {len(ranks)} consecutive ranks from a multiple of it"
+    if len(ranks) != world:
+        return f"probe lists {len(ranks)} device(s) (one per rank), but the spec runs {world} rank(s)"
+    if world > 1 and ranks != list(range(world)):
+        return f"probe.devices ranks are {ranks}: each rank 0..{world - 1} must appear once"
+    return None
+
+
 # ------------------------------------------------------------------------------------------------------- evaluation
 @dataclass(frozen=True)
 class QualityFacts:

@@ -50,10 +50,12 @@ from core.record.verdicts import (
     count,
     entry,
     evaluation_verdict,
+    expected_probe_devices,
     expected_world_size,
     flag,
     health_facts,
     links_facts,
+    node_ranks_problem,
     plan_verdict,
     probe_verdict,
     resume_contradictions,
@@ -163,6 +165,10 @@ def record_problems(rec: dict[str, Any]) -> tuple[list[str], list[str]]:
         verdicts are not recomputed when the schema fails (the second list is then empty); a value a verdict depends
         on that is missing or of the wrong type is a schema problem.
     """
+    if rec.get("kind") == "cluster":  # a several-node run: every node's record inside it (core/record/cluster.py)
+        from core.record.cluster import cluster_problems
+
+        return cluster_problems(rec, record_problems)
     if rec.get("kind") == "command":  # the user's own command (core/command/record.py)
         from core.record.command import command_schema_problems, command_verdict_problems
 
@@ -395,7 +401,7 @@ def probe_facts(rec: dict[str, Any], crit: AcceptCriteria, capacity: dict[str, i
     step_time_s, tokens_per_s, on, _ = probe_speed(rec)
     v2 = rec["schema_version"] >= 2  # the attention implementation is planned and recorded from schema 2
     return ProbeFacts(tuple(devices), crit, step_time_s, tokens_per_s, on,
-                      expected_devices=expected_world_size(spec, len(plan.get("devices", []))),
+                      expected_devices=expected_probe_devices(spec, len(plan.get("devices", []))),
                       attention=text(probe.get("attention_implementation", ""), "probe.attention_implementation")
                       if v2 else "",
                       planned_attention=text(entry(spec, "attn_implementation", "spec"), "spec.attn_implementation")
@@ -597,13 +603,11 @@ def _probe_devices_problems(spec: dict[str, Any], plan: dict[str, Any], probe: d
         if capacity.get(name) is None:  # its share of the capacity (judgements_of) is not judged either
             problems.append(f"probe device {name}: no planned device of that name with a capacity, so its fit "
                             f"cannot be judged")
+    wrong_ranks = node_ranks_problem(spec, len(plan.get("devices", [])), [d.get("rank", 0) for d in devices])
+    if devices and wrong_ranks:
+        problems.append(wrong_ranks)
     world = expected_world_size(spec, len(plan.get("devices", [])))
-    if devices and world is not None and len(devices) != world:
-        problems.append(f"probe lists {len(devices)} device(s) (one per rank), but the spec runs {world} rank(s)")
     if world is not None and world > 1 and strategy != "device_map":
-        ranks = sorted(d.get("rank", 0) for d in devices)
-        if ranks != list(range(len(devices))):
-            problems.append(f"probe.devices ranks are {ranks}: each rank 0..{len(devices) - 1} must appear once")
         sizes = {d.get("world_size", 1) for d in devices}
         if sizes != {world}:
             problems.append(f"probe.devices say world size {sorted(sizes)}, the spec runs {world} ranks")

@@ -19,7 +19,9 @@ from tui.cli import main
 #: the plan within 0.01 % of the peak) but for two: min_improvement (it improves by ~0.08 %) and the plan's error
 STRICT = dict(accept_max_perplexity=1e9, accept_min_improvement=0.5, accept_min_accuracy=0.001,
               accept_max_device_share=0.5, accept_max_step_time_s=600.0, accept_min_tokens_per_s=1.0,
-              accept_resume_tier="exact", accept_max_plan_error_pct=0.0)
+              accept_resume_tier="exact", accept_max_plan_error_pct=0.0,
+              # the links between ranks: one process has none, so these two are written as not judged, with why
+              accept_min_busbw_gbps=0.001, accept_max_step_time_spread=10.0)
 
 
 @pytest.fixture(scope="module")
@@ -49,8 +51,11 @@ def test_each_stage_names_the_criteria_it_was_judged_by_met_and_missed(strict_ru
     assert plan["met"] is False and plan["value"] > 0 and plan["on"] == "cpu"
     assert "max_plan_error_pct 0 on cpu" in rec["verdict"]["stages"]["plan"]["evidence"]
     probe = rows(rec, "probe")
-    assert {k: r["met"] for k, r in probe.items()} == {"max_device_share": True, "max_step_time_s": True,
-                                                      "min_tokens_per_s": True}
+    assert {k: r.get("met") for k, r in probe.items()} == {"max_device_share": True, "max_step_time_s": True,
+                                                          "min_tokens_per_s": True, "min_busbw_gbps": None,
+                                                          "max_step_time_spread": None}
+    assert probe["min_busbw_gbps"]["why"] == "not measured: one rank, no link between ranks"
+    assert probe["max_step_time_spread"]["why"] == "one rank: no spread"
     assert probe["max_step_time_s"]["value"] == rec["probe"]["step_time_s"]
     ev = rows(rec, "evaluation")
     assert {k: r["met"] for k, r in ev.items()} == {"min_improvement": False, "max_perplexity": True,

@@ -79,8 +79,9 @@ def run_nodes(hosts: list[str], runs: Path, model: Path, port: int, *extra: str)
         for p in procs:
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
-    records = [tomllib.loads(path.read_text()) for path in sorted(runs.glob("node*/*/record.toml"))]
-    assert len(records) == 2, "\n".join(o[-2000:] for o in outputs)
+    paths = sorted(runs.glob("node*/*/record.toml"))
+    assert len(paths) == 2, "\n".join(o[-2000:] for o in outputs)
+    records = [{**tomllib.loads(path.read_text()), "path": path} for path in paths]
     return sorted(records, key=lambda r: -len(r["probe"]["devices"]))
 
 
@@ -95,6 +96,29 @@ def test_two_hosts_meet_and_rank_0_records_both_nodes_and_their_links(hosts, tmp
     assert links["members"] == "node" and sorted(n.split(" (")[1] for n in links["names"]) == ["node0)", "node1)"]
     assert len(links["pairs"]) == 2 and all(p["busbw_gbps"] > 0 for p in links["pairs"])
     assert links["slow"] == []  # an even link: neither direction below half the other
+    # the cluster record, beside rank 0's node record: every node's record inside it, by sha256, and verified
+    from core.record.cluster import sha256
+    from core.record.verify import record_problems
+
+    assert not (other["path"].parent / "cluster.toml").exists()
+    cluster = tomllib.loads((first["path"].parent / "cluster.toml").read_text())
+    assert cluster["kind"] == "cluster" and len(cluster["nodes"]) == 2
+    assert {n["sha256"] for n in cluster["nodes"]} == {sha256(r["path"].read_text()) for r in (first, other)}
+    assert [n["holds_rank_0"] for n in cluster["nodes"]].count(True) == 1
+    assert sorted((d["host"], d["rank"]) for d in cluster["devices"]) == [
+        (d["host"], d["rank"]) for d in sorted(probe["devices"], key=lambda d: (d["host"], d["rank"]))]
+    assert all(d["fits"] is True and d["planned_bytes"] > 0 for d in cluster["devices"])
+    assert record_problems(cluster) == ([], [])
+    from core.record.verify import EXIT_UNSIGNED, verify
+
+    assert verify(first["path"].parent / "cluster.toml").exit_code == EXIT_UNSIGNED  # consistent, not yet signed
+    assert cluster["verdict"]["status"] == ("pass" if {first["verdict"]["status"], other["verdict"]["status"]} ==
+                                            {"pass"} else "fail")
+    # a node's record edited inside it: its hash no longer holds, and its own numbers no longer give its verdict
+    edited = cluster["nodes"][1]["record"].replace('status = "pass"', 'status = "fail"', 1)
+    cluster["nodes"][1]["record"] = edited
+    _, verdicts = record_problems(cluster)
+    assert any("its record's sha256 is" in v for v in verdicts), verdicts
 
 
 def test_a_slowed_link_names_its_node_and_fails_min_busbw(hosts, tmp_path, tiny_model_dir):

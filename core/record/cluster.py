@@ -1,0 +1,131 @@
+"""The cluster record (kind ``cluster``): one per several-node run, written by the node that holds rank 0 beside its
+own record (``cluster.toml``), from every node's record as that node wrote it.
+
+It holds each node's record whole, as text, with its sha256 (so it is verified on its own, with no access to the other
+nodes' disks), the node's host and verdict; per device (every rank of every node) the plan, the measured peak and
+whether it fits, read from the rank-0 node's record, which gathered every rank's measurement; and the cluster's verdict:
+pass exactly when every node's record passed. ``gpuaccept verify`` checks each embedded record as it checks a node's
+own (its schema, signature aside, and every verdict recomputed), each sha256, that every node ran the same spec, and
+recomputes the device rows and the verdict (:func:`cluster_problems`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import tomllib
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from core.record.build import TOOL, tool_version, utc_now
+
+CLUSTER_SCHEMA_VERSION = 1
+KIND = "cluster"
+#: a node record's problems as ``gpuaccept verify`` finds them: (schema problems, verdict problems)
+NodeCheck = Callable[[dict[str, Any]], tuple[list[str], list[str]]]
+
+
+def sha256(text: str) -> str:
+    """The sha256 of a record's text (UTF-8), hex."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def cluster_record(texts: Sequence[str], rank0: int) -> dict[str, Any]:
+    """The cluster record of every node's record (``texts``, as written), ``rank0`` the index of the node that
+    holds rank 0 (whose record gathered every rank's measurement).
+
+    Raises:
+        tomllib.TOMLDecodeError, KeyError: a text that is not a node record.
+    """
+    records = [tomllib.loads(t) for t in texts]
+    nodes = [{"host": str(r["environment"]["host"]), "sha256": sha256(t), "verdict": str(r["verdict"]["status"]),
+              "holds_rank_0": i == rank0, "record": t} for i, (r, t) in enumerate(zip(records, texts))]
+    status, evidence = cluster_verdict(nodes)
+    return {"kind": KIND, "schema_version": CLUSTER_SCHEMA_VERSION, "tool": TOOL, "tool_version": tool_version(),
+            "created_utc": utc_now(), "spec_hash": str(records[rank0]["spec"]["hash"]), "nodes": nodes,
+            "devices": device_rows(records[rank0]), "verdict": {"status": status, "evidence": evidence},
+            "signoff": {"status": "unsigned"}}
+
+
+def cluster_verdict(nodes: Sequence[Mapping[str, Any]]) -> tuple[str, str]:
+    """pass exactly when every node's record passed; the evidence names those that did not."""
+    failed = [f"{n['host']} ({n['verdict']})" for n in nodes if n["verdict"] != "pass"]
+    if failed:
+        return "fail", f"{len(failed)} of {len(nodes)} nodes did not pass: {', '.join(failed)}"
+    return "pass", f"every one of the {len(nodes)} nodes passed"
+
+
+def device_rows(rank0: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Per rank of every node (the rank-0 node's ``probe.devices``): host, device, rank, the plan's tensors and the
+    measured peak compared with them (``probe.plan_comparison``), and the device's fit row (``max_device_share``);
+    none when the probe did not run."""
+    probe = rank0.get("probe", {})
+    compared = {(c["device"], c["rank"]): c for c in probe.get("plan_comparison", [])}
+    shares = {r.get("on", ""): r for r in rank0.get("verdict", {}).get("stages", {}).get("probe", {}).get("criteria", [])
+              if r.get("criterion") == "max_device_share"}
+    rows = []
+    for d in probe.get("devices", []):
+        row: dict[str, Any] = {"host": d["host"], "device": d["device"], "rank": d["rank"],
+                               "measured_peak_bytes": d["peak_bytes"]}
+        c = compared.get((d["device"], d["rank"]))
+        if c is not None:
+            row["planned_bytes"] = c["planned_bytes"]
+        label = d["device"] if d.get("world_size", 1) <= 1 else f"rank {d['rank']} ({d['device']})"
+        if label in shares and "met" in shares[label]:
+            row["fits"] = shares[label]["met"]
+        rows.append(row)
+    return rows
+
+
+def cluster_problems(rec: dict[str, Any], node_check: NodeCheck) -> tuple[list[str], list[str]]:
+    """(schema problems, verdict problems) of a cluster record: each node's embedded record checked by
+    ``node_check`` (``gpuaccept verify``'s own check of a record), its sha256, one spec hash over every node, and the
+    device rows and verdict recomputed."""
+    schema: list[str] = []
+    for key in ("schema_version", "spec_hash", "nodes", "devices", "verdict"):
+        if key not in rec:
+            schema.append(f"a cluster record without {key}")
+    if rec.get("schema_version") not in (None, CLUSTER_SCHEMA_VERSION):
+        schema.append(f"schema_version {rec.get('schema_version')!r}: this gpuaccept reads cluster records of version "
+                      f"{CLUSTER_SCHEMA_VERSION}")
+    nodes = rec.get("nodes")
+    if not isinstance(nodes, list) or not nodes or not all(isinstance(n, dict) for n in nodes):
+        return schema + ["nodes is not a list of node tables"], []
+    if schema:
+        return schema, []
+    verdicts: list[str] = []
+    parsed = []
+    for i, n in enumerate(nodes):
+        where = f"nodes[{i}] ({n.get('host', '?')})"
+        text = n.get("record")
+        if not isinstance(text, str):
+            schema.append(f"{where}.record is not the node's record text")
+            continue
+        if sha256(text) != n.get("sha256"):
+            verdicts.append(f"{where}: its record's sha256 is {sha256(text)}, the cluster record says {n.get('sha256')}")
+        try:
+            node = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            schema.append(f"{where}.record is not TOML ({exc})")
+            continue
+        node_schema, node_verdicts = node_check(node)
+        schema.extend(f"{where}: {p}" for p in node_schema)
+        verdicts.extend(f"{where}: {p}" for p in node_verdicts)
+        parsed.append((n, node))
+    if schema:
+        return schema, verdicts
+    for n, node in parsed:
+        if node.get("spec", {}).get("hash") != rec["spec_hash"]:
+            verdicts.append(f"{n['host']}: its record's spec hash is not the cluster's {rec['spec_hash']}: the nodes "
+                            "did not run the same spec")
+        if node.get("verdict", {}).get("status") != n.get("verdict"):
+            verdicts.append(f"{n['host']}: the cluster record says {n.get('verdict')!r}, its record says "
+                            f"{node.get('verdict', {}).get('status')!r}")
+    holders = [node for n, node in parsed if n.get("holds_rank_0") is True]
+    if len(holders) != 1:
+        verdicts.append(f"{len(holders)} nodes are said to hold rank 0; one does")
+    elif device_rows(holders[0]) != rec["devices"]:
+        verdicts.append("devices do not follow from the rank-0 node's record (its probe's devices and plan comparison)")
+    status, _ = cluster_verdict([n for n, _ in parsed])
+    if rec["verdict"].get("status") != status:
+        verdicts.append(f"verdict.status is {rec['verdict'].get('status')!r}, the nodes' verdicts give {status!r}")
+    return schema, verdicts
