@@ -469,6 +469,11 @@ def cmd_wizard(args: argparse.Namespace) -> int:
             print(f"record: {app.state.record_path}")
         return int(code or 0)
     spec = spec_from_args(args)  # validates flags first: a bad flag is one line, before any screen
+    if spec.torchrun.nnodes > 1:  # the nodes agree between stages in the headless run only (core/cluster/agree.py)
+        print(f"gpuaccept: error: torchrun.nnodes: a run on {spec.torchrun.nnodes} nodes is headless: its nodes stop "
+              "together and share their records there, not in the wizard; run `gpuaccept run --headless ...` with "
+              "the same flags on every node", file=sys.stderr)
+        return EXIT_USAGE
     fields = {k: getattr(args, k) for k in _SPEC_KEYS if getattr(args, k, None) is not None and k != "mode"}
     if args.spec:  # what the file sets, in its tables and [accept] too: each value not the mode's default (the form's)
         from tui.screens.setup import fields_of

@@ -128,4 +128,22 @@ def cluster_problems(rec: dict[str, Any], node_check: NodeCheck) -> tuple[list[s
     status, _ = cluster_verdict([n for n, _ in parsed])
     if rec["verdict"].get("status") != status:
         verdicts.append(f"verdict.status is {rec['verdict'].get('status')!r}, the nodes' verdicts give {status!r}")
+    verdicts.extend(signoff_problems(rec.get("signoff"), status))
     return schema, verdicts
+
+
+def signoff_problems(signoff: Any, status: str) -> list[str]:
+    """The sign-off against the cluster's verdict, by the rule of a node record's (core/record/signoff.py
+    ``checked_signoff``): an accept of a cluster that did not pass holds the operator's ``override`` (the reason), and
+    one that passed holds none."""
+    if not isinstance(signoff, dict):
+        return ["signoff is not a table"]
+    if signoff.get("status") == "unsigned":
+        return []
+    override = signoff.get("override")
+    if signoff.get("decision") == "accept" and status != "pass":
+        if not (isinstance(override, str) and override.strip()):
+            return ["the sign-off accepts a cluster that did not pass without the operator's override (the reason)"]
+    elif override is not None:
+        return ["the sign-off holds an override, but there is nothing to override (an accept of a pass, or a reject)"]
+    return []

@@ -64,3 +64,13 @@ def test_the_store_is_beside_the_rendezvous():
     assert store_port("node0.cluster:29500") == ("node0.cluster", 29501)
     assert store_port("[::1]:29500") == ("::1", 29501)
     assert is_local("127.0.0.1") and not is_local("192.0.2.1")  # TEST-NET-1: never this machine's
+
+
+def test_the_wizard_refuses_several_nodes_by_name(capsys):
+    """The nodes pass their gates and share their records in the headless run only: the wizard says so, exit 2."""
+    from tui.cli import main
+
+    code = main(["run", "--nnodes", "2", "--rdzv-endpoint", "10.0.0.1:29500", "--strategy", "ddp", "--devices", "cpu",
+                 "--nproc", "1"])
+    assert code == 2
+    assert "a run on 2 nodes is headless" in capsys.readouterr().err

@@ -42,3 +42,29 @@ def test_what_a_cluster_record_must_not_hide():
     broken["nodes"][0]["record"] = text.replace("schema_version = 5", "schema_version = 99", 1)
     schema, _ = record_problems(broken)
     assert schema and schema[0].startswith("nodes[0] (")  # the node's own schema finding, named by node
+
+
+def test_a_cluster_record_is_signed_and_its_sign_off_follows_its_verdict(tmp_path):
+    import subprocess
+
+    from core.record.build import write_record
+    from core.record.cluster import cluster_problems
+    from core.record.signoff import sign_record
+    from core.record.verify import EXIT_SIGNER_NOT_CHECKED, verify
+
+    text = path_of("lora").read_text()
+    path = write_record(cluster_record([text, text], rank0=0), tmp_path / "cluster.toml")
+    key = tmp_path / "key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    sign_record(path, key, {"operator": "Ada", "role": "", "decision": "accept", "comment": "",
+                            "time_utc": cluster_record([text], 0)["created_utc"]})
+    assert verify(path).exit_code == EXIT_SIGNER_NOT_CHECKED  # signed, consistent; the signer not checked
+    # a cluster that did not pass, accepted: only with the operator's reason (node records taken as they are here)
+    failing = cluster_record([text, text.replace('[verdict]\nstatus = "pass"', '[verdict]\nstatus = "fail"', 1)], 0)
+    assert failing["verdict"]["status"] == "fail"
+    failing["signoff"] = {"status": "signed", "operator": "Ada", "decision": "accept"}
+    as_they_are = lambda rec: ([], [])  # noqa: E731 - the node records' own checks are not what is tested here
+    assert cluster_problems(failing, as_they_are)[1] == [
+        "the sign-off accepts a cluster that did not pass without the operator's override (the reason)"]
+    failing["signoff"]["override"] = "node1's link is being replaced; accepted on node0 alone"
+    assert cluster_problems(failing, as_they_are)[1] == []
