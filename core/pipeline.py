@@ -250,7 +250,7 @@ class StagedRun:
                                                   f"{name}: cancelled (the wizard or the process was closed)"))
             raise
 
-    def _refused(self, stage: str, why: str) -> GpuAcceptError:
+    def refused(self, stage: str, why: str) -> GpuAcceptError:
         """The error that refuses ``stage`` before it starts, remembered so the record says why it did not run."""
         self.stopped[stage] = Stopped(StageStatus.NOT_RUN, f"not run: {why}")
         return GpuAcceptError(why)
@@ -435,7 +435,7 @@ class AcceptanceRun(StagedRun):
             raise GpuAcceptError("the probe did not pass; training and evaluation were not run")
         if self.spec.strategy == "zero3" and self.device == "cpu":
             self.stopped["resume"] = Stopped(StageStatus.NOT_RUN, "not run: training was not run (zero3 on the CPU)")
-            raise self._refused(
+            raise self.refused(
                 "train_eval",
                 "zero3 on the CPU: the probe measured FSDP2 sharding (torch fully_shard), but Trainer cannot train with "
                 "FSDP on the CPU (accelerate enables it only on accelerators) and would run DDP instead; training, "
@@ -602,7 +602,7 @@ def gate(run: AcceptanceRun, cluster: Any, stage: str, goes_on: bool, why: str =
     yield run.emit(Message("pipeline", text=f"waiting for every node of {cluster.nnodes} before the {stage} stage"))
     others = cluster.gate(stage, goes_on, why)
     if others and goes_on:
-        raise run._refused(stage, f"another node stopped, so this one stops too: {stopped_by(others)}")
+        raise run.refused(stage, f"another node stopped, so this one stops too: {stopped_by(others)}")
 
 
 def record_stage(run: Any) -> Generator[Event, None, Path | None]:

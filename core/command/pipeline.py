@@ -222,7 +222,7 @@ class CommandRun(StagedRun):
         yield self.emit(StageStarted("plan", detail="the memory plan of what your command ran, compared per device"))
         outcome = self.reference
         if outcome is None:
-            raise self._refused("plan", "the command did not run, so nothing says what to plan")
+            raise self.refused("plan", "the command did not run, so nothing says what to plan")
         ran, measured = self._what_ran(outcome)
         ctx, why = plan_for(ran)
         if ctx is None:
@@ -280,7 +280,7 @@ class CommandRun(StagedRun):
         """The final checkpoint against its base on the held-out split (or the user's evaluation command)."""
         outcome = self.reference
         if outcome is None or outcome.exit_code != 0:
-            raise self._refused("train_eval", "the command did not end well, so there is no final checkpoint to "
+            raise self.refused("train_eval", "the command did not end well, so there is no final checkpoint to "
                                               "evaluate")
         if self.spec.eval == "none":
             off = CommandEvaluation(StageStatus.NOT_APPLICABLE, "none", "", "", False, None, None, "", None, "", "",
@@ -344,7 +344,7 @@ class CommandRun(StagedRun):
             yield self.emit(StageStarted("resume", detail="nothing to resume"))
         else:
             if outcome is None or outcome.exit_code != 0:
-                raise self._refused("resume", "the uninterrupted run did not end well, so it is no reference")
+                raise self.refused("resume", "the uninterrupted run did not end well, so it is no reference")
             yield self.emit(StageStarted("resume", detail="kill your command after a checkpoint, resume it with your "
                                                           "resume command, compare"))
             result = yield from self._stage("resume", resume_stage(self.spec, outcome, self.run_dir, self.values,

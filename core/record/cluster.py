@@ -16,6 +16,7 @@ import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from core.criteria import device_label
 from core.record.build import TOOL, tool_version, utc_now
 
 CLUSTER_SCHEMA_VERSION = 1
@@ -69,7 +70,7 @@ def device_rows(rank0: Mapping[str, Any]) -> list[dict[str, Any]]:
         c = compared.get((d["device"], d["rank"]))
         if c is not None:
             row["planned_bytes"] = c["planned_bytes"]
-        label = d["device"] if d.get("world_size", 1) <= 1 else f"rank {d['rank']} ({d['device']})"
+        label = device_label(d["device"], d["rank"], d.get("world_size", 1))  # how the probe's rows name it
         if label in shares and "met" in shares[label]:
             row["fits"] = shares[label]["met"]
         rows.append(row)
