@@ -7,8 +7,10 @@ What is measured, over the run's own process group (gloo on CPU ranks, NCCL on C
   run has several nodes (the links between nodes), else every rank (the links between devices). Above
   :data:`MAX_ALL_PAIRS` members only each member's ring neighbours are measured, both ways.
 
-Each measurement is one untimed warm-up operation, then :func:`iterations` operations timed together after a barrier;
-its time is the slowest rank's mean (a collective is done when every rank has its result).
+Each measurement is one untimed warm-up operation, then :func:`iterations` operations each timed on its own after a
+barrier; its time is the slowest rank's median of them (a collective is done when every rank has its result). The
+median, not nccl-tests' mean, because one stall of a busy host (a 2-core CI machine running two nodes measured one
+even link 2.7 x below the other with a mean of 3) must not name a node slow; a slow link is slow in every operation.
 
 Bandwidths are nccl-tests' (core/criteria.py ``busbw_gbps``), in GB/s (10^9 bytes per second): ``algbw = S / t``;
 all-reduce ``busbw = algbw x 2(n-1)/n``; all-gather ``busbw = algbw x (n-1)/n`` with S the whole output (n x each
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import os
 import socket
+import statistics
 import time
 from collections.abc import Callable
 from functools import partial
@@ -42,7 +45,7 @@ def link_bytes(cuda: bool) -> int:
 
 def iterations(cuda: bool) -> int:
     """Timed operations per measurement, after one warm-up."""
-    return 5 if cuda else 3
+    return 5 if cuda else 7
 
 
 def pairs_of(count: int) -> list[tuple[int, int]]:
@@ -109,19 +112,21 @@ def measure_links(events: EventWriter, device: str) -> None:
 
 
 def _timed(op: Callable[[], Any], sync: Callable[[], None], count: int, barrier: bool = True) -> float:
-    """One warm-up ``op``, then the mean seconds of ``count`` more timed together (after a barrier over every rank
-    when ``barrier``: a pair's two ranks time without one, the others not taking part)."""
+    """One warm-up ``op``, then the median seconds of ``count`` more, each timed on its own (after a barrier over
+    every rank when ``barrier``: a pair's two ranks time without one, the others not taking part)."""
     import torch.distributed as dist
 
     op()
     sync()
     if barrier:
         dist.barrier()
-    start = time.perf_counter()
+    times = []
     for _ in range(count):
+        start = time.perf_counter()
         op()
-    sync()
-    return (time.perf_counter() - start) / count
+        sync()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
 
 
 def _slowest(seconds: float, on: Any) -> float:

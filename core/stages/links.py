@@ -14,7 +14,7 @@ from core.protocol.events import LinkCheck
 #: how the bandwidths are defined, written into the record beside them
 METHOD = ("nccl-tests' bus bandwidth (doc/PERFORMANCE.md) in GB/s = 10^9 bytes/s over the run's own process group, "
           "after the probe's steps: all_reduce busbw = S/t x 2(n-1)/n, all_gather = S/t x (n-1)/n with S its whole "
-          "output, a one-way send = S/t; t the slowest rank's mean of the timed operations after one warm-up")
+          "output, a one-way send = S/t; t the slowest rank's median of the operations timed one by one after one warm-up")
 OPS = {"all_reduce": "all-reduce", "all_gather": "all-gather"}
 
 
