@@ -449,8 +449,11 @@ class AcceptanceRun(StagedRun):
         yield self.emit(StageFinished("train_eval", status=te.status, result=te, summary=te.summary))
         return te
 
-    def resume_stage(self, cancelled: Callable[[], bool] | None = None) -> Generator[Event, None, Any]:
-        """Kill the training process after a checkpoint, resume it, compare with the reference (training modes)."""
+    def resume_stage(self, cancelled: Callable[[], bool] | None = None, cluster: Any = None,
+                     ) -> Generator[Event, None, Any]:
+        """Kill the training process after a checkpoint, resume it, compare with the reference (training modes).
+        ``cluster`` (several nodes: the nodes' agreement): one node is lost (core/stages/nodeloss.py)."""
+        from core.stages.nodeloss import NodeLoss
         from core.stages.resume import not_applicable, run_resume_check
 
         spec = self.spec
@@ -460,8 +463,10 @@ class AcceptanceRun(StagedRun):
                 raise GpuAcceptError("the training run (the reference) did not run; the resume check was not run")
             yield self.emit(StageStarted("resume", detail="kill the training process, resume from its checkpoint, "
                                                           "compare"))
+            nodes = NodeLoss(cluster, spec.torchrun.nnodes) if cluster is not None else None
             resume = yield from self._stage(
-                "resume", run_resume_check(spec, self.model_path, self.run_dir, self.device, te, cancelled, self.launch))
+                "resume", run_resume_check(spec, self.model_path, self.run_dir, self.device, te, cancelled, self.launch,
+                                           nodes=nodes))
         else:
             yield self.emit(StageStarted("resume", detail="nothing to resume"))
             resume = not_applicable(spec)
@@ -526,7 +531,9 @@ def run_pipeline(
         if not passed:
             raise GpuAcceptError("the probe failed; later stages were not run")
         yield from run.train_eval_stage(cancelled)
-        yield from run.resume_stage(cancelled)
+        if spec.training and spec.resume.check:
+            yield from gate(run, cluster, "resume", True)
+        yield from run.resume_stage(cancelled, cluster)
     except GpuAcceptError as exc:
         if cluster is not None:
             _quietly(cluster.stop, str(exc))
@@ -680,11 +687,11 @@ def check_runnable(spec: RunSpec, ctx: PlanContext, device: str, allow_unfit: bo
         raise GpuAcceptError("strategy: device_map is probed for inference in this version (layers split over the "
                              "devices, one process); training with it is planned only: gpuaccept plan --strategy "
                              "device_map, or train with ddp or zero3")
-    if spec.torchrun.nnodes > 1 and spec.training and spec.resume.check:
-        raise GpuAcceptError(f"resume.check: the kill-and-resume check runs on one node, and this run has "
-                             f"{spec.torchrun.nnodes} (a kill on one node leaves the other nodes' ranks waiting in "
-                             "collectives): run with --no-resume-check (resume.check = false) on every node, and check "
-                             "resume on one node with the same nproc_per_node")
+    if spec.torchrun.nnodes > 1 and spec.training and spec.resume.check and spec.strategy != "ddp":
+        raise GpuAcceptError(f"resume.check: across nodes the kill-and-resume check runs under ddp, where each node "
+                             f"keeps a whole checkpoint of its own; under {spec.strategy} Trainer gathers the full "
+                             "state to rank 0's node only, so another node has nothing to resume from: run with "
+                             "--no-resume-check (resume.check = false) on every node, or --strategy ddp")
     if spec.strategy == "zero3" and device == "cpu" and spec.training and spec.optimizer not in ("adamw", "sgd"):
         raise GpuAcceptError(f"optimizer: the CPU zero3 probe (torch FSDP2 outside Trainer) runs adamw or sgd, not "
                              f"{spec.optimizer}: choose one of them, or probe zero3 on CUDA devices")

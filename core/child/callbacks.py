@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -40,7 +41,8 @@ class KillSwitch:
     """
 
     def __init__(self, job: WorkerJob, events: EventWriter, grad_accum: int) -> None:
-        interrupted = job.role == "interrupted"
+        interrupted = job.role == "interrupted" and (
+            job.kill_node is None or int(os.environ.get("GROUP_RANK", "0")) == job.kill_node)  # a node loss: one node
         self.kill_at: str | None = job.kill_at if interrupted else None
         self.kill_step: int = (job.kill_step or 0) if interrupted else 0
         self.events = events

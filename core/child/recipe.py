@@ -240,6 +240,9 @@ def training_arguments(spec: RunSpec, out_dir: Path, device: str, job: WorkerJob
         save_strategy="steps" if save else "no",
         save_steps=every,
         save_total_limit=job.save_total_limit,
+        # several nodes: each node keeps a whole checkpoint in its own run folder (its local rank 0 writes the weights,
+        # optimizer, scheduler and trainer state; every rank its RNG state), as on nodes without a shared filesystem
+        save_on_each_node=spec.torchrun.nnodes > 1,
         seed=spec.seed,
         data_seed=spec.seed,
         report_to=[],

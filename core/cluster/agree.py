@@ -157,6 +157,38 @@ class NodeAgreement:
         return [(id_, holds == "1", written == "1")
                 for id_, holds, written in (line.split("\t") for line in text.splitlines() if line)]
 
+    def tell(self, key: str, text: str) -> None:
+        """Post ``text`` under ``key`` for the other nodes to read (:meth:`heard`); a later post replaces it."""
+        self._store_call(lambda: self.store.set(self.prefix + "told/" + key, text), key)
+
+    def heard(self, key: str) -> str | None:
+        """What a node told under ``key`` (:meth:`tell`), or None when nothing yet: it does not wait."""
+        if not self._store_call(lambda: self.store.check([self.prefix + "told/" + key]), key):
+            return None
+        return self._text("told/" + key)
+
+    def exchange(self, key: str, text: str) -> list[tuple[str, str]]:
+        """Post this node's ``text`` under ``key`` and wait for every node's; return (node, text) of every node,
+        this one included, in the order they posted.
+
+        Raises:
+            GpuAcceptError: a node stopped for good (its reason named), or not every node posted within ``wait_s``.
+        """
+        self._store_call(lambda: self.store.set(f"{self.prefix}{key}/{self.id}", text), key)
+        self._store_call(lambda: self.store.append(f"{self.prefix}{key}/ids", f"{self.id}\t{self.node}\n"), key)
+        deadline = time.monotonic() + self.wait_s
+        while True:
+            posted = [line.split("\t", 1) for line in self._text(f"{key}/ids").splitlines() if line]
+            if len(posted) >= self.nnodes:
+                return [(node, self._text(f"{key}/{id_}")) for id_, node in posted]
+            stopped = self._words("stopped")
+            if stopped:
+                raise GpuAcceptError(f"{key}: another node stopped: {stopped_by(stopped)}")
+            if time.monotonic() > deadline:
+                raise GpuAcceptError(f"{key}: {len(posted)} of {self.nnodes} nodes reached this point within "
+                                     f"{self.wait_s:.0f} s")
+            time.sleep(POLL_S)
+
     def stop(self, why: str) -> None:
         """Say this node stopped for good (an error before or between gates), so the others stop at their next."""
         self._post("stopped", False, why)

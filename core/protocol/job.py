@@ -162,6 +162,10 @@ class WorkerJob(_JobFile):
     kill_at: str | None = None
     """The interrupted run's kill point (a :data:`core.killpoints.KILL_POINTS` name): where it holds for the parent's
     SIGKILL; None for every other role."""
+    kill_node: int | None = None
+    """Several nodes: only the ranks of this node (torchrun's ``GROUP_RANK``) hold at the kill point, so that the
+    parent kills every rank of one node, as a node loss (:func:`core.stages.nodeloss.lost_node`); None: every rank
+    holds."""
     device_map: str | dict[str, Any] | None = None
     """accelerate's ``device_map`` to load the model with (``{"": "cpu"}``, ``"balanced"``); None: the spec's
     strategy decides (``balanced`` for ``device_map``)."""

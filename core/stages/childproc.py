@@ -196,9 +196,10 @@ def watch(
     interval_s: float = 0.1,
     stop_when: Callable[[ChildEvent], bool] | None = None,
     cancelled: Callable[[], bool] | None = None,
+    until: Callable[[], bool] | None = None,
 ) -> Iterator[ChildEvent]:
     """Yield the child's typed events (:mod:`core.protocol.events`) as they arrive, until it exits (or
-    ``stop_when(event)`` is true).
+    ``stop_when(event)`` is true, or ``until()`` is: the child is left running for the caller).
 
     When ``cancelled()`` becomes true the child's process group is killed and :class:`StageError` is raised; a line
     that is no event raises :class:`~core.protocol.events.EventFormatError` (the child is killed too).
@@ -214,6 +215,9 @@ def watch(
                     return
             if cancelled is not None and cancelled():
                 raise StageCancelled(f"{child.name}: cancelled; the child's process group was killed")
+            if until is not None and until():
+                finished = True
+                return
             if child.proc.poll() is not None:
                 for event in poll_events(child):  # what it wrote just before exiting
                     yield event

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Generator, Iterable
+from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -55,6 +55,7 @@ from core.stages.compare import (
     span,
     verdict,
 )
+from core.stages.nodeloss import NodeLoss, Survived, node_rank, node_ranks, span_ranks
 from core.stages.noise import Tier, judge_tensors, optimizer_state_tensors, required_tier
 from core.stages.train import StepMean, merge_rank_steps
 from core.status import StageStatus
@@ -103,10 +104,11 @@ def expected_checks(dtype: str, schema_version: int | None = None) -> dict[str, 
     return checks
 
 
-def required_files(spec: RunSpec, world_size: int = 1) -> dict[str, str]:
+def required_files(spec: RunSpec, world_size: int = 1, ranks: Sequence[int] | None = None) -> dict[str, str]:
     """Checkpoint files that must exist, by component (Trainer's names). Under torchrun (``world_size`` > 1) Trainer
     writes one RNG state per process, ``rng_state_<rank>.pth``; the weights, optimizer (DDP: rank 0's, the same on
-    every rank; FSDP: a full state dict gathered to rank 0), scheduler and trainer state once."""
+    every rank; FSDP: a full state dict gathered to rank 0), scheduler and trainer state once. ``ranks``: the ranks
+    whose RNG states this checkpoint holds (several nodes: one node's; None: every rank of ``world_size``)."""
     files = {
         "adapter weights" if spec.adapters else "model weights": (
             "adapter_model.safetensors" if spec.adapters else "model.safetensors"
@@ -116,7 +118,8 @@ def required_files(spec: RunSpec, world_size: int = 1) -> dict[str, str]:
         "trainer state": "trainer_state.json",
     }
     if world_size > 1:
-        files.update({f"RNG state of rank {r}": f"rng_state_{r}.pth" for r in range(world_size)})
+        files.update({f"RNG state of rank {r}": f"rng_state_{r}.pth"
+                      for r in (range(world_size) if ranks is None else ranks)})
     else:
         files["RNG state"] = "rng_state.pth"
     if spec.dtype == "fp16":
@@ -124,13 +127,13 @@ def required_files(spec: RunSpec, world_size: int = 1) -> dict[str, str]:
     return files
 
 
-def completeness(spec: RunSpec, ckpt: Path, world_size: int = 1) -> Check:
+def completeness(spec: RunSpec, ckpt: Path, world_size: int = 1, ranks: Sequence[int] | None = None) -> Check:
     """Every component a resume needs is in ``ckpt`` (case R6): fail, naming each missing component and its file.
 
     Trainer itself loads the optimizer and scheduler only when both files exist and only logs a missing RNG state; this
     check fails instead of warning.
     """
-    files = required_files(spec, world_size)
+    files = required_files(spec, world_size, ranks)
     missing = [f"{comp} ({name})" for comp, name in files.items() if not (ckpt / name).is_file()]
     if missing:
         return Check("checkpoint_complete", StageStatus.FAIL, "missing: " + ", ".join(missing), kind="completeness")
@@ -173,11 +176,11 @@ def safe_load(path: Path) -> Any:
             from None
 
 
-def safe_loading(spec: RunSpec, ckpt: Path, world_size: int = 1) -> Check:
+def safe_loading(spec: RunSpec, ckpt: Path, world_size: int = 1, ranks: Sequence[int] | None = None) -> Check:
     """Every pickle the resume will load (optimizer, scheduler, RNG state, GradScaler) loads with
     ``weights_only=True`` (case R8); otherwise fail and name the file, and the resume is not run
     (:func:`pickles_load_safely` over the recipe's pickles)."""
-    names = [name for name in required_files(spec, world_size).values() if name.endswith((".pt", ".pth"))]
+    names = [name for name in required_files(spec, world_size, ranks).values() if name.endswith((".pt", ".pth"))]
     return pickles_load_safely(ckpt, [ckpt / name for name in names])
 
 
@@ -216,8 +219,9 @@ def compare_rng(restored: dict[str, str] | None, saved: dict[str, str], resumed:
         resumed: the resumed run's step events (``step``, ``rng``: digest at the start of the step).
         ref: the reference's step events by step.
     """
-    ranks = sorted({k.split("@rank")[1] for k in saved if "@rank" in k})
-    files = f"rng_state_{ranks[0]}..{ranks[-1]}.pth" if ranks else "rng_state.pth"
+    ranks = sorted({int(k.split("@rank")[1]) for k in saved if "@rank" in k})
+    files = (f"rng_state_{ranks[0]}..{ranks[-1]}.pth" if len(ranks) > 1 else f"rng_state_{ranks[0]}.pth" if ranks
+             else "rng_state.pth")
     if restored is None:
         first = Check("rng_restored", StageStatus.FAIL, "the resumed run never restored an RNG state (Trainer's "
                                                         "_load_rng_state did not run or found no file)")
@@ -258,7 +262,8 @@ class Selection:
     skipped: list[str]
 
 
-def select_checkpoint(spec: RunSpec, output_dir: Path, world_size: int = 1) -> Selection:
+def select_checkpoint(spec: RunSpec, output_dir: Path, world_size: int = 1, ranks: Sequence[int] | None = None
+                      ) -> Selection:
     """The newest ``checkpoint-N`` in ``output_dir`` that holds every component (:func:`completeness`) and whose
     ``trainer_state.json`` says global step N; newer partial ones (a kill during the write) are skipped with the reason.
 
@@ -270,7 +275,7 @@ def select_checkpoint(spec: RunSpec, output_dir: Path, world_size: int = 1) -> S
     for ckpt in sorted(output_dir.glob("checkpoint-*"), key=_step_of, reverse=True):
         if not ckpt.is_dir() or _step_of(ckpt) < 0:
             continue
-        complete = completeness(spec, ckpt, world_size)
+        complete = completeness(spec, ckpt, world_size, ranks)
         if complete.status != StageStatus.PASS:
             skipped.append(f"{ckpt.name} is partial ({complete.evidence})")
             continue
@@ -295,10 +300,21 @@ def checkpoint_world_size(ckpt: Path) -> int | None:
     return 1 if (ckpt / "rng_state.pth").is_file() else None
 
 
-def world_size_check(ckpt: Path, resume_world: int) -> Check:
+def world_size_check(ckpt: Path, resume_world: int, ranks: Sequence[int] | None = None) -> Check:
     """The resume runs at the world size the checkpoint was written at (exact). Trainer resumes at another world size
     with only a log line: each rank's RNG file is missing or another rank's, the sampler splits the data into other
-    shards and the global batch changes, so the run that continues is not the one that was checkpointed."""
+    shards and the global batch changes, so the run that continues is not the one that was checkpointed.
+
+    ``ranks`` (several nodes): this node's ranks of the run that wrote it; its checkpoint holds their RNG states and
+    only theirs (each node keeps its own), and the resume restarts the same world."""
+    if ranks is not None and tuple(ranks) != tuple(range(resume_world)):
+        held = sorted(int(m.group(1)) for p in ckpt.glob("rng_state_*.pth")
+                      if (m := re.fullmatch(r"rng_state_(\d+)\.pth", p.name)))
+        ok = held == sorted(ranks)
+        return Check("world_size", StageStatus.judged(ok),
+                     f"{ckpt.name} on this node holds the RNG states of ranks {held} of this node's ranks "
+                     f"{list(ranks)}, written at world size {resume_world}; resumed at {resume_world}"
+                     + ("" if ok else ": it was not written by this node's ranks; the resume was not started"))
     written = checkpoint_world_size(ckpt)
     files = "rng_state.pth" if written == 1 else f"rng_state_0..{(written or 1) - 1}.pth"
     if written is None:
@@ -313,9 +329,10 @@ def world_size_check(ckpt: Path, resume_world: int) -> Check:
                                                  f"at {resume_world}")
 
 
-def _rank_digests(digests: dict[int, dict[str, str]]) -> dict[str, str]:
-    """One digest mapping for several ranks' generators (``<generator>@rank<r>``); one rank's as it is."""
-    if list(digests) in ([0], []):
+def _rank_digests(digests: dict[int, dict[str, str]], world: int = 1) -> dict[str, str]:
+    """One digest mapping for several ranks' generators (``<generator>@rank<r>``); one process's (``world`` 1) as it
+    is."""
+    if world == 1 and list(digests) in ([0], []):
         return digests.get(0, {})
     return {f"{k}@rank{r}": v for r in sorted(digests) for k, v in digests[r].items()}
 
@@ -370,7 +387,7 @@ def not_applicable(spec: RunSpec) -> ResumeResult:
 def run_resume_check(
     spec: RunSpec, model_path: Path, run_dir: Path, device: str, reference: Any,
     cancelled: Callable[[], bool] | None = None,
-    launch: Launch = SINGLE, resume_launch: Launch | None = None,
+    launch: Launch = SINGLE, resume_launch: Launch | None = None, nodes: NodeLoss | None = None,
 ) -> Generator[Event, None, ResumeResult]:
     """Run the twin, interrupted and resumed children and compare with ``reference`` (a TrainEvalResult).
 
@@ -384,6 +401,7 @@ def run_resume_check(
             default. Under torchrun the kill lands once every rank of this node holds at its kill point.
         resume_launch: the resumed child's launch when it differs (a different world size is refused by the
             ``world_size`` check before the resumed child starts).
+        nodes: several nodes: this node's part in losing one of them (:mod:`core.stages.nodeloss`); None: one node.
 
     Raises:
         StageError: a child failed to start or run (not a failed comparison, which is a ``fail`` result).
@@ -400,6 +418,8 @@ def run_resume_check(
     world = launch.nproc * spec.torchrun.nnodes
     # the training run's job: each run of the check replaces what differs (its role, where it starts and stops)
     base = worker_job(spec, "train", model_path, device, launch.names(device))
+    if nodes is not None:  # only the lost node's ranks hold at the kill point
+        base = replace(base, kill_node=nodes.lost)
 
     work = CheckWork.of(spec, twin=not tier.exact)
 
@@ -408,20 +428,37 @@ def run_resume_check(
     twin = (yield from run_twin(spec, run_dir, base, launch, cancelled, work)) if not tier.exact else None
 
     # 1. the interrupted run, killed at the kill point (after checkpoint c, before the next is complete)
-    interrupted, held = yield from run_interrupted(spec, run_dir, reference, base, launch, cancelled, work)
-    pgid, checks = kill_checks(spec, interrupted, held, launch.nproc)
+    interrupted, held = yield from run_interrupted(spec, run_dir, reference, base, launch, cancelled, work, nodes)
+    ranks = node_ranks(interrupted) if nodes is not None else tuple(range(world))
+    if held:
+        pgid, checks = kill_checks(spec, interrupted, held, launch.nproc, lost=nodes is not None)
+        if nodes is not None:
+            host = next((e.host for e in interrupted.events if isinstance(e, Started)), "?")
+            nodes.tell_lost(held[min(held)], host, node_rank(interrupted) or 0)
+    else:  # a node that survived the loss of another
+        assert nodes is not None
+        yield Message("resume", text=f"node {nodes.lost} was lost: waiting for this node's ranks to end")
+        survived = nodes.survive(interrupted)
+        pgid, checks = survived.pgid, survivor_checks(spec, survived, ranks)
 
     # 2. which checkpoint to resume from; completeness, manifest and safe loading, before anything loads it
     ckpt = interrupted.output_dir / f"checkpoint-{c}"
     manifest_path = run_dir / "resume-interrupted" / f"manifest-checkpoint-{c}.json"
     manifest = write_manifest(ckpt, manifest_path)
     gate, resumable = checkpoint_checks(spec, interrupted.output_dir, ckpt, manifest, world,
-                                        resume_launch.nproc * spec.torchrun.nnodes)
+                                        resume_launch.nproc * spec.torchrun.nnodes, ranks, nodes)
     checks.extend(gate)
+    if nodes is not None:  # every node restarts, or none: a node left out would hold the others at the rendezvous
+        failed = ", ".join(ch.name for ch in gate if ch.status != StageStatus.PASS)
+        others = nodes.resumable(resumable, f"its checkpoint failed {failed}" if failed else "")
+        if others:
+            checks.append(Check("nodes_resumable", StageStatus.FAIL,
+                                "another node cannot resume, so no node restarts: " + "; ".join(others)))
+            resumable = False
     if not resumable:
         return _finish(spec, checks, c, k, pgid, tier, [], manifest, 0, started, twin)
     saved_rng = _rank_digests({r: rng_digest(safe_load(ckpt / (f"rng_state_{r}.pth" if world > 1 else "rng_state.pth")))
-                               for r in range(world)})
+                               for r in ranks}, world)
 
     # 3. the resumed run
     job = replace(base, devices=resume_launch.names(device), resume_from=str(ckpt), manifest=str(manifest_path))
@@ -431,7 +468,8 @@ def run_resume_check(
         return _finish(spec, checks, c, k, pgid, tier, [], manifest, 0, started, twin)
 
     # 4. compare
-    compared, comparison, extra = compare_runs(spec, reference, interrupted, resumed, saved_rng, world, tier, twin)
+    compared, comparison, extra = compare_runs(spec, reference, interrupted, resumed, saved_rng, world, tier, twin,
+                                               len(ranks))
     checks.extend(compared)
     return _finish(spec, checks, c, k, pgid, tier, comparison, manifest, extra, started, twin)
 
@@ -475,13 +513,15 @@ def _run_to_end(child: ChildJob, launch: Launch, cancelled: Callable[[], bool] |
 
 def run_interrupted(spec: RunSpec, run_dir: Path, reference: Any, base: WorkerJob, launch: Launch,
                     cancelled: Callable[[], bool] | None = None, work: CheckWork | None = None,
+                    nodes: NodeLoss | None = None,
                     ) -> Generator[Event, None, tuple[ChildJob, dict[int, KillPoint]]]:
     """Start the interrupted run and follow it until every rank of this node holds at its kill point (it is not
     killed here). It starts from a copy of the reference's checkpoint before c (itself a resume) unless c is the
-    first checkpoint or ``resume.interrupted_from = "start"``.
+    first checkpoint or ``resume.interrupted_from = "start"``. On several nodes (``nodes``) only the lost node's ranks
+    hold; on the others it is followed until the lost node says it was killed, or until it ends.
 
     Returns:
-        (the child, rank -> its :class:`~core.protocol.events.KillPoint`).
+        (the child, rank -> its :class:`~core.protocol.events.KillPoint`; empty on a node that survived the loss).
 
     Raises:
         StageError: the run ended (or failed) before its kill point.
@@ -508,21 +548,26 @@ def run_interrupted(spec: RunSpec, run_dir: Path, reference: Any, base: WorkerJo
         return len(held) >= launch.nproc
 
     mean = StepMean(launch.nproc)
-    for event in watch(interrupted, stop_when=all_held, cancelled=cancelled):
+    for event in watch(interrupted, stop_when=all_held, cancelled=cancelled,
+                       until=nodes.told if nodes is not None else None):
         if (waiting := wait.see(event)) is not None:
             yield waiting
         if isinstance(event, Step) and (averaged := mean.add(event)) is not None:
             yield work.progress("interrupted", averaged.step, averaged.loss)
+    if nodes is not None and not held and node_rank(interrupted) not in (None, nodes.lost):
+        return interrupted, held  # it survived: the caller waits for its end (NodeLoss.survive)
     if len(held) < launch.nproc:
         check_exit(interrupted)
         raise StageError(f"the interrupted run ended before its kill point (see {interrupted.log_path})")
     return interrupted, held
 
 
-def kill_checks(spec: RunSpec, interrupted: ChildJob, held: dict[int, KillPoint], local: int) -> tuple[int, list[Check]]:
+def kill_checks(spec: RunSpec, interrupted: ChildJob, held: dict[int, KillPoint], local: int, lost: bool = False,
+                ) -> tuple[int, list[Check]]:
     """SIGKILL every process group of the held interrupted run (:func:`core.stages.childproc.kill_group`) and check
     the kill: ``kill`` (no process of its groups is left, polled up to :data:`KILL_SETTLE_S` s) and ``kill_point``
-    (where it held is where the spec placed the kill, on every one of the ``local`` ranks of this node).
+    (where it held is where the spec placed the kill, on every one of the ``local`` ranks of this node). ``lost``:
+    this node is the one lost of several (:mod:`core.stages.nodeloss`).
 
     Returns:
         (the process group id killed, [kill, kill_point])."""
@@ -533,7 +578,7 @@ def kill_checks(spec: RunSpec, interrupted: ChildJob, held: dict[int, KillPoint]
     what = (f"process group {pgid}" if len(groups) == 1 else
             f"process groups {pgid} (torchrun) and {', '.join(map(str, groups[1:]))} (its ranks)")
     killed = Check("kill", StageStatus.judged(not alive),
-                   f"SIGKILL to {what} {kill_position(kill_event)}; "
+                   ("node loss, this node: " if lost else "") + f"SIGKILL to {what} {kill_position(kill_event)}; "
                    + (f"a process of group{'s' * (len(alive) > 1)} {', '.join(map(str, alive))} is still alive "
                       f"{KILL_SETTLE_S:.0f} s later" if alive else
                       f"no process of the group{'s' * (len(groups) > 1)} is left"))
@@ -550,31 +595,59 @@ def kill_checks(spec: RunSpec, interrupted: ChildJob, held: dict[int, KillPoint]
     return pgid, [killed, point]
 
 
+def survivor_checks(spec: RunSpec, survived: Survived, ranks: tuple[int, ...]) -> list[Check]:
+    """``kill`` and ``kill_point`` on a surviving node: the lost node's kill where the spec placed it (its own word),
+    and how this node's ranks ended after it (on their own, or SIGKILLed after the grace), none left."""
+    event = KillPoint(**survived.told["event"])
+    who = f"node {survived.told['node']} ({survived.told['host']})"
+    ended = (f"this node's ranks {span_ranks(ranks)} ended on their own {survived.seconds:.1f} s later (torchrun exit code "
+             f"{survived.exit_code})" if survived.exit_code is not None else
+             f"this node's ranks {span_ranks(ranks)} were still waiting {survived.seconds:.0f} s later and were SIGKILLed, "
+             "as a scheduler ends the job step of a node it lost")
+    left = (f"; a process of group{'s' * (len(survived.alive) > 1)} {', '.join(map(str, survived.alive))} is still "
+            "alive" if survived.alive else "; no process of this node's run is left")
+    kill = Check("kill", StageStatus.judged(not survived.alive),
+                 f"node loss: every process of {who}'s run SIGKILLed {kill_position(event)}; {ended}{left}")
+    point = kill_point_check(spec, event)
+    return [kill, Check("kill_point", point.status, f"{who}: {point.evidence}")]
+
+
 def checkpoint_checks(spec: RunSpec, output_dir: Path, ckpt: Path, manifest: dict[str, str], world: int,
-                      resume_world: int) -> tuple[list[Check], bool]:
+                      resume_world: int, ranks: Sequence[int] | None = None, nodes: NodeLoss | None = None,
+                      ) -> tuple[list[Check], bool]:
     """The checks of the interrupted run's checkpoint ``ckpt`` (checkpoint-c) before anything loads it: the newest
     complete one is c (``checkpoint_selection``), it holds every component (``checkpoint_complete``), its files match
     the ``manifest`` taken after the kill, every pickle loads with ``weights_only=True``, its trainer state says step
     c, and it was written at the resume's world size.
 
+    Several nodes (``nodes``; ``ranks``: this node's, whose RNG states its checkpoint holds): the checkpoint resumed
+    from is the newest complete on every node (:meth:`core.stages.nodeloss.NodeLoss.agree`).
+
     Returns:
         (the checks, True when the resumed run may start: every check that guards loading passed)."""
     c = spec.resume.kill_checkpoint_step()
-    selection = select_checkpoint(spec, output_dir, world)
+    node_ranks_ = ranks if nodes is not None else None
+    selection = select_checkpoint(spec, output_dir, world, node_ranks_)
+    if nodes is not None:
+        agreed, others = nodes.agree(_step_of(selection.checkpoint) if selection.checkpoint is not None else None)
+        newer = [] if selection.checkpoint is None or agreed == _step_of(selection.checkpoint) else [
+            f"{selection.checkpoint.name} is complete on this node, not on every node"]
+        selection = Selection(output_dir / f"checkpoint-{agreed}" if agreed is not None else None,
+                              selection.skipped + newer + others)
     checks = [selection_check(selection, c)]
-    complete = completeness(spec, ckpt, world)
+    complete = completeness(spec, ckpt, world, node_ranks_)
     checks.append(complete)
     if complete.status != StageStatus.PASS or selection.checkpoint != ckpt:
         return checks, False
     bad = verify_manifest(ckpt, manifest)
     checks.append(Check("manifest", StageStatus.judged(not bad),
                         ("sha256 mismatch: " + ", ".join(bad)) if bad else f"sha256 of {len(manifest)} files verified"))
-    safe = safe_loading(spec, ckpt, world)
+    safe = safe_loading(spec, ckpt, world, node_ranks_)
     checks.append(safe)
     state = json.loads((ckpt / "trainer_state.json").read_text(encoding="utf-8"))
     checks.append(Check("trainer_state", StageStatus.judged(state.get("global_step") == c),
                         f"trainer_state.json global_step = {state.get('global_step')} (expected {c})"))
-    sized = world_size_check(ckpt, resume_world)
+    sized = world_size_check(ckpt, resume_world, node_ranks_)
     checks.append(sized)
     return checks, not bad and safe.status == StageStatus.PASS and sized.status == StageStatus.PASS
 
@@ -594,7 +667,7 @@ def run_resumed(spec: RunSpec, run_dir: Path, job: WorkerJob, launch: Launch,
 
 
 def compare_runs(spec: RunSpec, reference: Any, interrupted: ChildJob, resumed: ChildJob, saved_rng: dict[str, str],
-                 world: int, tier: Tier, twin: ChildJob | None = None,
+                 world: int, tier: Tier, twin: ChildJob | None = None, local: int | None = None,
                  ) -> tuple[list[Check], list[dict[str, Any]], int]:
     """Compare the interrupted and resumed runs with the reference: the steps (:func:`compare_steps`), the trainable
     set, the random generators (``saved_rng``: the digests of checkpoint-c's RNG files), the final weights and
@@ -616,7 +689,7 @@ def compare_runs(spec: RunSpec, reference: Any, interrupted: ChildJob, resumed: 
                                     {"names": trainable.names, "parameters": trainable.parameters}
                                     if trainable is not None else {}))
     restored_by_rank = {e.rank or 0: e.digest for e in resumed.events if isinstance(e, RngRestored)}
-    restored = _rank_digests(restored_by_rank) if len(restored_by_rank) == world else None
+    restored = _rank_digests(restored_by_rank, world) if len(restored_by_rank) == (local or world) else None
     checks.extend(compare_rng(restored, saved_rng, res, ref, c))
     final = f"checkpoint-{end}"  # a checkpoint of the reference by construction (ResumeSettings.compare_steps)
     weights_file = required_files(spec).get("adapter weights") or required_files(spec)["model weights"]

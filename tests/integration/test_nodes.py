@@ -1,7 +1,9 @@
 """Issue 39: two nodes as two hosts. Two network namespaces on this machine joined by a veth pair, each with its own
 address and, through a UTS namespace, its own hostname, each running its own ``gpuaccept run`` (CPU ranks over gloo)
 that meet at torchrun's c10d rendezvous on node0's address: rank 0's node records both nodes' ranks and the links
-between them; with node1's side of the link slowed by tc, node1 is named and ``min_busbw_gbps`` fails.
+between them, and the resume check loses node1 (every process of its run SIGKILLed between checkpoints), restarts both
+nodes from the last checkpoint and passes on each; with node1's side of the link slowed by tc, node1 is named and
+``min_busbw_gbps`` fails.
 
 Needs root and iproute2 (``ip netns``, ``tc``), as CI has; skipped, with the reason, where namespaces cannot be made.
 The kernel here has no ``netem`` qdisc ("Specified qdisc kind is unknown"), so the link is slowed with ``tbf``, tc's
@@ -21,9 +23,9 @@ from pathlib import Path
 import pytest
 
 SUBNET = "10.231.7"
-#: LoRA at the smallest size that runs every stage's path on two nodes (the resume check runs on one node only)
+#: LoRA at the smallest size that runs every stage's path on two nodes
 RUN = ["run", "--headless", "--mode", "lora", "--strategy", "ddp", "--devices", "cpu", "--nproc", "1", "--nnodes", "2",
-       "--no-resume-check", "--steps", "2", "--seq-len", "32", "--batch-size", "1", "--eval-max-blocks", "2",
+       "--steps", "3", "--checkpoint-every", "1", "--kill-after-checkpoint", "1", "--seq-len", "32", "--batch-size", "1", "--eval-max-blocks", "2",
        "--probe-steps", "3", "--learning-rate", "5e-3"]
 
 
@@ -96,6 +98,20 @@ def test_two_hosts_meet_and_rank_0_records_both_nodes_and_their_links(hosts, tmp
     assert links["members"] == "node" and sorted(n.split(" (")[1] for n in links["names"]) == ["node0)", "node1)"]
     assert len(links["pairs"]) == 2 and all(p["busbw_gbps"] > 0 for p in links["pairs"])
     assert links["slow"] == []  # an even link: neither direction below half the other
+    # losing a node: node1's every process SIGKILLed inside step 2, node0's rank failing without it, both restarted
+    # from checkpoint-1 and equal to the uninterrupted run at step 2
+    checks = {r["probe"]["devices"][0]["host"]: {c["name"]: c for c in r["resume"]["checks"]} for r in (first, other)}
+    assert first["resume"]["status"] == other["resume"]["status"] == "pass", checks
+    assert checks["node1"]["kill"]["evidence"].startswith("node loss, this node: SIGKILL to process groups ")
+    survived = checks["node0"]["kill"]["evidence"]
+    assert survived.startswith("node loss: every process of node 1 (node1)'s run SIGKILLed inside step 2, after "
+                               "micro-batch 1 of 1"), survived
+    assert "this node's ranks 0 ended on their own" in survived and survived.endswith("no process of this node's run "
+                                                                                      "is left")
+    assert checks["node0"]["kill_point"]["evidence"].startswith("node 1 (node1): boundary+1: killed inside step 2")
+    for host, rank in (("node0", 0), ("node1", 1)):  # each node resumed its own ranks from its own checkpoint
+        assert f"RNG state of rank {rank} (rng_state_{rank}.pth)" in checks[host]["checkpoint_complete"]["evidence"]
+        assert checks[host]["loss"]["evidence"] == "1 resumed losses: bit-identical"
     # the cluster record, beside rank 0's node record: every node's record inside it, by sha256, and verified
     from core.record.cluster import sha256
     from core.record.verify import record_problems
@@ -127,7 +143,8 @@ def test_a_slowed_link_names_its_node_and_fails_min_busbw(hosts, tmp_path, tiny_
                           "200mbit", "burst", "32kbit", "latency", "400ms"], capture_output=True, text=True)
     assert cap.returncode == 0, cap.stderr
     try:
-        first, other = run_nodes(hosts, tmp_path, tiny_model_dir, 29520, "--min-busbw-gbps", "0.1")
+        first, other = run_nodes(hosts, tmp_path, tiny_model_dir, 29520, "--min-busbw-gbps", "0.1",
+                                  "--no-resume-check")
     finally:
         subprocess.run(["ip", "netns", "exec", hosts[1], "tc", "qdisc", "del", "dev", "eth1", "root"])
     probe = first["probe"]

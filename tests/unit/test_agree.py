@@ -5,6 +5,7 @@ is passed in a thread, as each node passes it in its own process."""
 from __future__ import annotations
 
 import socket
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -74,3 +75,37 @@ def test_the_wizard_refuses_several_nodes_by_name(capsys):
                  "--nproc", "1"])
     assert code == 2
     assert "a run on 2 nodes is headless" in capsys.readouterr().err
+
+
+def test_nodes_exchange_words_and_one_tells_the_others(two_nodes):
+    """The resume check across nodes: each posts its newest complete checkpoint and gets every node's; the lost node
+    tells the others it was killed, which they read without waiting."""
+    first, second = two_nodes
+    with ThreadPoolExecutor(2) as pool:
+        got = list(pool.map(lambda nw: nw[0].exchange("checkpoint", nw[1]), [(first, "20"), (second, "10")]))
+    assert all(sorted(g) == sorted([(first.node, "20"), (second.node, "10")]) for g in got)
+    assert first.heard("lost") is None
+    second.tell("lost", '{"node": 1}')
+    deadline = time.monotonic() + 10  # a client's set is not acknowledged: the other node sees it within a poll or two
+    while first.heard("lost") is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert first.heard("lost") == '{"node": 1}'
+    first.stop("resume: its checkpoint failed manifest")
+    with pytest.raises(GpuAcceptError, match="resumable: another node stopped: .*its checkpoint failed manifest"):
+        second.exchange("resumable", "{}")
+
+
+def test_the_resume_check_across_nodes_runs_under_ddp_and_is_refused_by_name_under_zero3(tiny_model_dir):
+    from core import api
+    from core.plan.devices import DeviceInfo
+    from core.spec import RunSpec
+
+    host = [DeviceInfo("cpu", "cpu", "test host", 64 * 2**30, "constructed for tests")]
+    reasons = {}
+    for strategy in ("ddp", "zero3"):
+        spec = RunSpec.build(model=str(tiny_model_dir), seq_len=64, strategy=strategy, torchrun_nnodes=2,
+                             torchrun_rdzv_endpoint="10.0.0.1:29500", torchrun_nproc_per_node=1)
+        reasons[strategy] = api.runnable_reason(spec, api.plan(spec, host))
+    assert reasons["ddp"] is None
+    assert reasons["zero3"] is not None and reasons["zero3"].startswith(
+        "resume.check: across nodes the kill-and-resume check runs under ddp")

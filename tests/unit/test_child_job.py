@@ -20,7 +20,7 @@ from core.spec import RunSpec
 
 #: every key the worker child read from its job before the job was typed (core/child/*: job["..."], job.get("..."))
 WORKER_KEYS = {"role", "spec", "model_path", "device", "devices", "events", "output_dir", "save_total_limit",
-               "stop_after_step", "save_steps", "resume_from", "manifest", "kill_step", "kill_at", "device_map"}
+               "stop_after_step", "save_steps", "resume_from", "manifest", "kill_step", "kill_at", "kill_node", "device_map"}
 #: every key command mode's evaluation child read (core/child/checkpoint_eval.py), and the two start_child adds
 EVAL_KEYS = {"checkpoint", "base", "data", "heldout_fraction", "seq_len", "max_blocks", "batch_size", "events",
              "output_dir"}
@@ -158,7 +158,7 @@ def full_job(tmp_path: Path) -> WorkerJob:
     """A job with every key given a value (as no stage writes it: each role has some)."""
     return replace(worker_job(spec(), "train", tmp_path / "model", "cpu", ["cpu:0", "cpu:1"]), role="interrupted",
                    save_total_limit=2, resume_from="/ckpt", manifest="/m.json", stop_after_step=6, save_steps=2,
-                   kill_step=5, kill_at="boundary", device_map={"": "cpu"}, events="/e.jsonl", output_dir="/out")
+                   kill_step=5, kill_at="boundary", kill_node=1, device_map={"": "cpu"}, events="/e.jsonl", output_dir="/out")
 
 
 def test_the_json_keys_are_exactly_the_ones_the_child_read():

@@ -102,7 +102,7 @@ def test_the_sbatch_example_builds_its_spec_under_a_two_node_step(monkeypatch):
     argv = shlex.split(os.path.expandvars(line))
     spec = _run_args(argv[argv.index(".venv/bin/gpuaccept") + 1:])
     t = spec.torchrun
-    assert (spec.strategy, spec.resume.check, t.nnodes, t.rdzv_endpoint) == ("ddp", False, 2, "gnode10:29500")
+    assert (spec.strategy, spec.resume.check, t.nnodes, t.rdzv_endpoint) == ("ddp", True, 2, "gnode10:29500")
     assert "--ntasks-per-node=1" in argv[:argv.index(".venv/bin/gpuaccept")]
 
 
