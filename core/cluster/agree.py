@@ -189,6 +189,10 @@ class NodeAgreement:
                                      f"{self.wait_s:.0f} s")
             time.sleep(POLL_S)
 
+    def stopped(self) -> list[NodeWord]:
+        """The other nodes that stopped for good (:meth:`stop`), with why; it does not wait."""
+        return [w for w in self._words("stopped") if w.id != self.id]
+
     def stop(self, why: str) -> None:
         """Say this node stopped for good (an error before or between gates), so the others stop at their next."""
         self._post("stopped", False, why)

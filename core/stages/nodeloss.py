@@ -27,7 +27,8 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from core.errors import GpuAcceptError
+from core.cluster.agree import stopped_by
+from core.errors import GpuAcceptError, StageError
 from core.protocol.events import KillPoint, Started
 from core.stages.childproc import ChildJob, child_groups, groups_left_after_kill, kill_group
 
@@ -85,8 +86,19 @@ class NodeLoss:
         return lost_node(self.nnodes)
 
     def told(self) -> bool:
-        """Whether the lost node said its ranks were killed (it does not wait)."""
-        return self.cluster.heard("lost") is not None
+        """Whether the lost node said its ranks were killed, or another node stopped (it does not wait)."""
+        return self.cluster.heard("lost") is not None or bool(self.cluster.stopped())
+
+    def stop_if_another_stopped(self, child: ChildJob) -> None:
+        """When another node stopped for good (its check failed before the loss), SIGKILL this node's run, which
+        would wait for it in a collective, and stop naming it.
+
+        Raises:
+            StageError: another node stopped."""
+        others = self.cluster.stopped()
+        if others:
+            kill_group(child)
+            raise StageError(f"another node stopped, so this one stops too: {stopped_by(others)}")
 
     def tell_lost(self, event: KillPoint, host: str, node: int) -> None:
         """On the lost node, once every process of its run is killed: tell the others where it held."""
@@ -102,6 +114,7 @@ class NodeLoss:
         assert child.proc is not None
         deadline = time.monotonic() + told_wait_s
         while (text := self.cluster.heard("lost")) is None:
+            self.stop_if_another_stopped(child)
             if child.proc.poll() is not None and time.monotonic() > deadline:
                 raise GpuAcceptError(f"the lost node never said it was killed at its kill point, and this node's run "
                                      f"ended (exit code {child.proc.returncode}; see {child.log_path})")

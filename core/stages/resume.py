@@ -554,6 +554,8 @@ def run_interrupted(spec: RunSpec, run_dir: Path, reference: Any, base: WorkerJo
             yield waiting
         if isinstance(event, Step) and (averaged := mean.add(event)) is not None:
             yield work.progress("interrupted", averaged.step, averaged.loss)
+    if nodes is not None and len(held) < launch.nproc:
+        nodes.stop_if_another_stopped(interrupted)
     if nodes is not None and not held and node_rank(interrupted) not in (None, nodes.lost):
         return interrupted, held  # it survived: the caller waits for its end (NodeLoss.survive)
     if len(held) < launch.nproc:

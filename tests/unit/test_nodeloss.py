@@ -119,3 +119,53 @@ def test_a_surviving_node_says_where_the_lost_node_died_and_how_its_own_ranks_en
 
     assert point.evidence == "node 1 (node1): " + kill_point_check(spec, event).evidence
     assert point.status == kill_point_check(spec, event).status
+
+
+class Store(Posts):
+    """The agreement's words a surviving node reads while it waits: the lost node's, or another node's stop."""
+
+    def __init__(self, lost: dict | None = None, stopped: list | None = None) -> None:
+        super().__init__()
+        self.lost, self.words = lost, stopped or []
+
+    def heard(self, key: str) -> str | None:
+        return json.dumps(self.lost) if key == "lost" and self.lost is not None else None
+
+    def stopped(self) -> list:
+        return self.words
+
+
+def a_nodes_run(tmp_path, seconds: float):
+    """A process standing for this node's run (its own session, as torchrun's is), ending after ``seconds``."""
+    import subprocess
+    import sys
+
+    from core.stages.childproc import ChildJob
+
+    proc = subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({seconds})"], start_new_session=True)
+    return ChildJob("interrupted", tmp_path, job=None, proc=proc)  # type: ignore[arg-type]
+
+
+LOST = {"node": 1, "host": "node1", "event": {"step": 2, "where": "micro", "micro_done": 1, "micro_in_step": 1}}
+
+
+def test_a_surviving_node_waits_for_its_run_to_end_then_kills_what_is_left(tmp_path):
+    ended = NodeLoss(Store(lost=LOST), 2).survive(a_nodes_run(tmp_path, 0.2), grace_s=20)
+    assert ended.exit_code == 0 and ended.seconds < 10 and ended.alive == []  # it ended on its own
+    waiting = a_nodes_run(tmp_path, 600)  # a rank waiting out a collective's timeout (NCCL's)
+    killed = NodeLoss(Store(lost=LOST), 2).survive(waiting, grace_s=0.5)
+    assert killed.exit_code is None and waiting.proc.poll() == -9 and killed.alive == []
+
+
+def test_another_nodes_stop_ends_the_wait_and_names_it(tmp_path):
+    from core.cluster.agree import NodeWord
+    from core.errors import StageError
+
+    run = a_nodes_run(tmp_path, 600)
+    nodes = NodeLoss(Store(stopped=[NodeWord("node1 (pid 7)", False, "the interrupted run ended before its kill "
+                                                                     "point")]), 2)
+    assert nodes.told()  # the interrupted run stops being followed
+    with pytest.raises(StageError, match=r"another node stopped, so this one stops too: node1 \(pid 7\): the "
+                                         "interrupted run ended before its kill point"):
+        nodes.survive(run)
+    assert run.proc.poll() == -9  # its ranks would wait for the stopped node in a collective
