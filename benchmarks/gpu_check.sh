@@ -23,6 +23,11 @@ trap 'rm -rf "$WORK"' EXIT
     echo "gpu_check: $CARRIED/ has no wheels or no smollm2/tokenizer.json: run 'make gpu-wheels' here and carry $CARRIED"
     exit 2
   fi
+  if ! "$PYTHON" -c "import torch, transformers, peft" >/dev/null 2>&1; then
+    echo "gpu_check: $PYTHON cannot import torch, transformers and peft; give the interpreter that has them:"
+    echo "  PYTHON=.venv/bin/python bash benchmarks/gpu_check.sh --dry-run   (here; the GPU box's python3 has them)"
+    exit 2
+  fi
   "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$WORK/site" \
     "$CARRIED"/*.whl || { echo "gpu_check: installing the carried wheels failed"; exit 2; }
   echo "carried wheels installed into $WORK/site: $(cd "$WORK/site" && ls -d *.dist-info | tr '\n' ' ')"

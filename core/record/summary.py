@@ -144,7 +144,10 @@ def records_below(folder: Path) -> list[Path]:
 
 def box_of(rec: dict[str, Any]) -> str:
     """The box a record was measured on, in words: its host and its GPUs (``host: 2x NVIDIA H200``), or ``host
-    (CPU)``."""
+    (CPU)``; a cluster record's nodes (``2 nodes: node0, node1``)."""
+    nodes = rec.get("nodes") if isinstance(rec, dict) and rec.get("kind") == "cluster" else None
+    if isinstance(nodes, list):  # a cluster record: the hosts of its nodes
+        return f"{len(nodes)} nodes: " + ", ".join(str(n.get("host", "?")) for n in nodes if isinstance(n, dict))
     env = rec.get("environment", {}) if isinstance(rec, dict) else {}
     gpus = [str(g.get("name")) for g in env.get("gpus", []) if isinstance(g, dict)]
     host = str(env.get("host", "?"))

@@ -24,6 +24,10 @@ def test_a_cluster_record_holds_every_node_record_and_verifies():
     assert row["device"] == "cpu" and row["fits"] is True and row["measured_peak_bytes"] > 0
     assert rec["verdict"] == {"status": "pass", "evidence": "every one of the 2 nodes passed"}
     assert record_problems(rec) == ([], [])
+    from core.record.summary import box_of
+
+    host = rec["nodes"][0]["host"]  # `gpuaccept verify FOLDER` names a cluster record's nodes in its box column
+    assert box_of(rec) == f"2 nodes: {host}, {host}"
 
 
 def test_what_a_cluster_record_must_not_hide():
