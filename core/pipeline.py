@@ -193,10 +193,11 @@ class StagedRun:
     """What every acceptance run shares (gpuaccept's recipe, :class:`AcceptanceRun`, and a user's command,
     :class:`core.command.pipeline.CommandRun`): its run directory, its event log (``events.jsonl``), why each stage
     stopped, and how the record is written. A subclass sets ``run_dir``, ``_log`` (an :class:`EventWriter`),
-    ``stopped``, ``log_error``, ``record_path``, ``verdict`` and ``signed``."""
+    ``results`` (each stage's result by name: ``probe``...), ``stopped``, ``log_error``, ``record_path``, ``verdict`` and ``signed``."""
 
     run_dir: Path
     _log: EventWriter
+    results: dict[str, Any]
     stopped: dict[str, Stopped]
     log_error: str | None
     record_path: Path | None
@@ -516,10 +517,7 @@ def run_pipeline(
     try:
         run = AcceptanceRun(spec, runs_root, devices_override)
     except GpuAcceptError as exc:
-        if cluster is not None:  # the other nodes stop at their next gate with this reason
-            _quietly(cluster.stop, str(exc))
-            _quietly(cluster.share, None, False, 0.0)  # no record from this node
-            _quietly(cluster.close)
+        stopped_before_start(cluster, exc)  # the other nodes stop at their next gate with this reason
         raise
     try:
         yield from run.plan_stage(cancelled)
@@ -536,7 +534,7 @@ def run_pipeline(
         yield from run.resume_stage(cancelled, cluster)
     except GpuAcceptError as exc:
         if cluster is not None:
-            _quietly(cluster.stop, str(exc))
+            quietly(cluster.stop, str(exc))
         yield run.emit(Message("pipeline", text=f"stopped: {exc}"))
     finally:
         run.close()
@@ -546,11 +544,11 @@ def run_pipeline(
     path = yield from record_stage(run)
     if cluster is not None:
         yield from cluster_stage(run, cluster, path)
-        _quietly(cluster.close)  # the node holding the store waits for the others to be done with it
+        quietly(cluster.close)  # the node holding the store waits for the others to be done with it
     return path
 
 
-def cluster_stage(run: AcceptanceRun, cluster: Any, path: Path | None) -> Generator[Event, None, Path | None]:
+def cluster_stage(run: StagedRun, cluster: Any, path: Path | None) -> Generator[Event, None, Path | None]:
     """Several nodes: every node shares its record; the node holding rank 0 writes the cluster record
     (core/record/cluster.py) beside its own, ``cluster.toml``. Returns its path on that node, None elsewhere."""
     from core.record.build import write_record
@@ -580,14 +578,32 @@ def node_agreement(spec: RunSpec) -> Any:
     """The gate the nodes of a several-node run pass together (core/cluster/agree.py ``NodeAgreement``), or None on
     one node."""
     t = spec.torchrun
-    if t.nnodes < 2:
+    return agreement(t.rdzv_endpoint, t.rdzv_id, t.nnodes)
+
+
+def agreement(endpoint: str, run_id: str, nnodes: int) -> Any:
+    """The nodes' agreement at the rendezvous ``endpoint`` (its port + 1) for the run ``run_id`` of ``nnodes`` nodes,
+    or None on one node (gpuaccept's recipe and a user's command alike).
+
+    Raises:
+        GpuAcceptError: the store cannot be reached or held."""
+    if nnodes < 2:
         return None
     from core.cluster.agree import NodeAgreement
 
-    return NodeAgreement(t.rdzv_endpoint, t.rdzv_id, t.nnodes)
+    return NodeAgreement(endpoint, run_id, nnodes)
 
 
-def _quietly(call: Callable[..., Any], *args: Any) -> None:
+def stopped_before_start(cluster: Any, exc: GpuAcceptError) -> None:
+    """This node could not start its run (``exc``): the other nodes stop at their next gate with its reason, and
+    none waits for a record from it."""
+    if cluster is not None:
+        quietly(cluster.stop, str(exc))
+        quietly(cluster.share, None, False, 0.0)
+        quietly(cluster.close)
+
+
+def quietly(call: Callable[..., Any], *args: Any) -> None:
     """``call(*args)``, its named error dropped: telling the other nodes is best effort once this one stopped."""
     try:
         call(*args)
@@ -595,7 +611,7 @@ def _quietly(call: Callable[..., Any], *args: Any) -> None:
         pass
 
 
-def gate(run: AcceptanceRun, cluster: Any, stage: str, goes_on: bool, why: str = "") -> Generator[Event, None, None]:
+def gate(run: StagedRun, cluster: Any, stage: str, goes_on: bool, why: str = "") -> Generator[Event, None, None]:
     """Before ``stage`` on several nodes: post whether this node goes on and wait for every node's word; when another
     node stops, this one stops too, the record saying which node stopped and why (``stage`` not run).
 

@@ -304,10 +304,11 @@ class TorchrunSettings:
     nproc_per_node: int = setting(0, flag="--nproc", label="Ranks per node", form_kind="autoint", form_order=250,
                                   help="torchrun processes on this node (ddp, zero3): default one per CUDA device; on "
                                        "the CPU N >= 2 gloo ranks")
-    nnodes: int = setting(1, help="nodes of a several-node run: run the same spec on every node with the same "
-                                  "--rdzv-endpoint")
-    rdzv_endpoint: str = setting("", help="host:port every node reaches (--nnodes > 1)")
-    rdzv_id: str = setting("gpuaccept", help="job id shared by every node (default gpuaccept)")
+    nnodes: int = setting(1, command_key="nnodes",
+                          help="nodes of a several-node run: run the same spec on every node with the same "
+                               "--rdzv-endpoint")
+    rdzv_endpoint: str = setting("", command_key="rdzv_endpoint", help="host:port every node reaches (--nnodes > 1)")
+    rdzv_id: str = setting("gpuaccept", command_key="rdzv_id", help="job id shared by every node (default gpuaccept)")
     rdzv_backend: RdzvBackend = setting("c10d", help="torchrun's rendezvous backend (default c10d)")
     scheduler: JobScheduler = setting("none", help="slurm: nnodes, the rendezvous endpoint (the step's first node, "
                                                 "MASTER_PORT or 29500) and id from srun's SLURM_* variables; run one "

@@ -455,12 +455,23 @@ def cmd_quiz(args: argparse.Namespace) -> int:
     return QuizApp(path, args.operator).run() or 0
 
 
+def _several_nodes_headless(field: str, nnodes: int) -> int:
+    """The wizard refuses a run on several nodes: the nodes agree between stages in the headless run only
+    (core/cluster/agree.py). Prints the error; returns :data:`EXIT_USAGE`."""
+    print(f"gpuaccept: error: {field}: a run on {nnodes} nodes is headless: its nodes stop together and share their "
+          "records there, not in the wizard; run `gpuaccept run --headless ...` with the same flags on every node",
+          file=sys.stderr)
+    return EXIT_USAGE
+
+
 def cmd_wizard(args: argparse.Namespace) -> int:
     """The Textual wizard, prefilled with the spec file and flags given."""
     from tui.app import GpuAcceptApp
 
     if command_mode(args):  # prefilled from the flags and the [command] table; validated on the form
         command = command_spec_from_args(args)  # a bad flag is one line, before any screen
+        if command.nnodes > 1:
+            return _several_nodes_headless("command.nnodes", command.nnodes)
         app = GpuAcceptApp(runs_root=Path(args.runs_dir), mode="command",
                            command_fields=command.to_dict()["command"])
         app.state.command_criteria = command_criteria_from_args(args)
@@ -469,11 +480,8 @@ def cmd_wizard(args: argparse.Namespace) -> int:
             print(f"record: {app.state.record_path}")
         return int(code or 0)
     spec = spec_from_args(args)  # validates flags first: a bad flag is one line, before any screen
-    if spec.torchrun.nnodes > 1:  # the nodes agree between stages in the headless run only (core/cluster/agree.py)
-        print(f"gpuaccept: error: torchrun.nnodes: a run on {spec.torchrun.nnodes} nodes is headless: its nodes stop "
-              "together and share their records there, not in the wizard; run `gpuaccept run --headless ...` with "
-              "the same flags on every node", file=sys.stderr)
-        return EXIT_USAGE
+    if spec.torchrun.nnodes > 1:
+        return _several_nodes_headless("torchrun.nnodes", spec.torchrun.nnodes)
     fields = {k: getattr(args, k) for k in _SPEC_KEYS if getattr(args, k, None) is not None and k != "mode"}
     if args.spec:  # what the file sets, in its tables and [accept] too: each value not the mode's default (the form's)
         from tui.screens.setup import fields_of

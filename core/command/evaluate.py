@@ -98,6 +98,19 @@ def evaluate_stage(spec: CommandSpec, final: Checkpoint | None, base: str, seq_l
     return (yield from _own_command(spec, final, base, job_dir, common, cancelled, heldout))
 
 
+#: the weight files a checkpoint folder may hold (transformers' and peft's names, sharded or not)
+WEIGHT_GLOBS = ("*.safetensors", "pytorch_model*.bin", "adapter_model.bin", "model*.pt")
+
+
+def holds_weights(checkpoint: Path) -> bool:
+    """Whether the checkpoint (a folder, or a file standing for one) holds model weights. Across nodes Trainer writes
+    them on the node holding rank 0 only (``save_on_each_node`` off); another node's checkpoint folder holds its
+    ranks' RNG states."""
+    if checkpoint.is_file():
+        return True
+    return any(next(checkpoint.glob(g), None) is not None for g in WEIGHT_GLOBS)
+
+
 def _independence(spec: CommandSpec) -> str:
     """Whether the evaluated documents are disjoint from what the command trained on, in words."""
     if spec.eval != "perplexity" and not spec.uses_heldout_split():

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from core.command.configplan import run_words
-from core.command.evaluate import DEFAULT_EVAL_SEQ_LEN, CommandEvaluation, evaluate_stage
+from core.command.evaluate import DEFAULT_EVAL_SEQ_LEN, CommandEvaluation, evaluate_stage, holds_weights
 from core.command.plan import DeviceComparison, RanSpec, compare, plan_for, spec_from_run
 from core.command.probe import CommandProbe, build_probe, rank_devices, rank_peaks
 from core.command.reaper import start_reaper, stop_reaper
@@ -34,7 +34,18 @@ from core.criteria import (
 )
 from core.errors import GpuAcceptError, StageCancelled, StageError
 from core.events import Event, Message, StageFinished, StageStarted
-from core.pipeline import RESERVE_NAME, StagedRun, _reserve, new_run_dir, record_stage
+from core.pipeline import (
+    RESERVE_NAME,
+    StagedRun,
+    _reserve,
+    agreement,
+    cluster_stage,
+    gate,
+    new_run_dir,
+    quietly,
+    record_stage,
+    stopped_before_start,
+)
 from core.protocol.events import EventWriter
 from core.status import StageStatus, Stopped
 
@@ -288,8 +299,17 @@ class CommandRun(StagedRun):
             self.results["train_eval"] = off
             yield self.emit(StageFinished("train_eval", status=off.status, result=off, summary=off.summary))
             return off
-        yield self.emit(StageStarted("train_eval", detail="the final checkpoint against its base on held-out data"))
         final = outcome.checkpoints[-1] if outcome.checkpoints else None
+        if self.spec.nnodes > 1 and final is not None and not holds_weights(Path(final.path)):
+            elsewhere = CommandEvaluation(
+                StageStatus.NOT_APPLICABLE, "none", "", "", False, None, None, "", None, "", "",
+                summary=f"not evaluated on this node: its {final.name} holds no weights (the command wrote them on "
+                        "another node: the one holding rank 0 evaluates them; its record is in the cluster record)")
+            self.results["train_eval"] = elsewhere
+            yield self.emit(StageFinished("train_eval", status=elsewhere.status, result=elsewhere,
+                                          summary=elsewhere.summary))
+            return elsewhere
+        yield self.emit(StageStarted("train_eval", detail="the final checkpoint against its base on held-out data"))
         result: CommandEvaluation = yield from self._stage("train_eval", evaluate_stage(
             self.spec, final, self.base_model(), self.eval_seq_len(), self.run_dir / "evaluation", cancelled,
             heldout=self.values.get("{heldout_data}", "")))
@@ -391,14 +411,20 @@ def _nvml_backend() -> Any:
     return backend if getattr(backend, "name", "") == "nvml" else None
 
 
-def every_stage(run: CommandRun, cancelled: Callable[[], bool] | None = None) -> Generator[Event, None, None]:
+def every_stage(run: CommandRun, cancelled: Callable[[], bool] | None = None, cluster: Any = None,
+                ) -> Generator[Event, None, None]:
     """Run the stages of ``run`` in order (the headless pipeline and the wizard's run screen both): probe, plan, then
     evaluation and the resume check only when the command exited 0. A stage that stops (cancelled, an error) stops the
-    rest; the reason is a message and stays in ``run.stopped`` for the record."""
+    rest; the reason is a message and stays in ``run.stopped`` for the record. ``cluster`` (several nodes: the nodes'
+    agreement, core/cluster/agree.py): every node starts its command together and goes on to the evaluation only when
+    every node's command exited 0; a node that stops stops the others."""
     try:
+        yield from gate(run, cluster, "probe", True)
         yield from run.probe_stage(cancelled)
         yield from run.plan_stage()
-        if run.reference is None or run.reference.exit_code != 0:
+        ended = run.reference is not None and run.reference.exit_code == 0
+        yield from gate(run, cluster, "train_eval", ended, "" if ended else "its command did not exit 0")
+        if not ended:
             why = "the command did not exit 0; its evaluation and the resume check were not run"
             for stage in ("train_eval", "resume"):
                 run.stopped[stage] = Stopped(StageStatus.NOT_RUN, f"not run: {why}")
@@ -406,6 +432,8 @@ def every_stage(run: CommandRun, cancelled: Callable[[], bool] | None = None) ->
         yield from run.train_eval_stage(cancelled)
         yield from run.resume_stage(cancelled)
     except GpuAcceptError as exc:
+        if cluster is not None:
+            quietly(cluster.stop, str(exc))
         yield run.emit(Message("pipeline", text=f"stopped: {exc}"))
 
 
@@ -424,9 +452,18 @@ def run_command_pipeline(spec: CommandSpec, runs_root: Path = Path("runs"),
 
     if spec.model == EMBEDDED_MODEL and not embedded_cache_ready():
         yield Message("probe", text="converting the embedded model from GGUF to safetensors (once, ~16 s)")
-    run = CommandRun(spec, runs_root, criteria=criteria)
+    cluster = agreement(spec.rdzv_endpoint, spec.rdzv_id, spec.nnodes)
     try:
-        yield from every_stage(run, cancelled)
+        run = CommandRun(spec, runs_root, criteria=criteria)
+    except GpuAcceptError as exc:
+        stopped_before_start(cluster, exc)
+        raise
+    try:
+        yield from every_stage(run, cancelled, cluster)
     finally:
         run.close()
-    return (yield from record_stage(run))
+    path = yield from record_stage(run)
+    if cluster is not None:
+        yield from cluster_stage(run, cluster, path)
+        quietly(cluster.close)
+    return path

@@ -138,6 +138,12 @@ class CommandSpec:
                          help="the compute dtype, for the resume check's tier when no Trainer reports it (--dtype)")
     timeout_s: float = setting(0.0, flag="--timeout", metavar="S",
                                help="the longest one run of the command may take (default: no limit)")
+    nnodes: int = setting(1, cli=False, help="nodes your launcher line runs on (--nnodes): above 1, run gpuaccept with "
+                                             "the same command on every node; the nodes stop together and the node "
+                                             "holding rank 0 writes the cluster record")
+    rdzv_endpoint: str = setting("", cli=False, help="host:port of your launcher's rendezvous (--rdzv-endpoint; "
+                                                     "nnodes > 1): the nodes' gpuaccept agree on port + 1 of that host")
+    rdzv_id: str = setting("gpuaccept", cli=False, help="the job id every node's gpuaccept shares (--rdzv-id)")
 
     # ------------------------------------------------------------------ what the pipeline and the screens read
     mode = "command"
@@ -322,6 +328,31 @@ class CommandSpec:
             raise SpecError("command.dtype", f"{self.dtype!r}: choose one of {', '.join(DTYPES)}")
         if self.timeout_s < 0:
             raise SpecError("command.timeout_s", f"must be 0 (no limit) or a number of seconds (got {self.timeout_s})")
+        self._check_nodes()
+
+    def _check_nodes(self) -> None:
+        """Several nodes: an endpoint for the nodes' agreement, the launcher line's own node count the same, and no
+        resume check (not built across nodes for a user's command)."""
+        launched = launcher_nnodes(self.words())
+        if launched is not None and launched != self.nnodes:
+            raise SpecError("command.nnodes", f"your launcher line runs on {launched} nodes (--nnodes {launched}) and "
+                                              f"gpuaccept was told {self.nnodes}: give gpuaccept --nnodes {launched} "
+                                              "--rdzv-endpoint HOST:PORT on every node")
+        if self.nnodes < 1:
+            raise SpecError("command.nnodes", f"must be at least 1 (got {self.nnodes})")
+        if self.nnodes == 1:
+            return
+        host, sep, port = self.rdzv_endpoint.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise SpecError("command.rdzv_endpoint", f"{self.rdzv_endpoint!r}: several nodes need the rendezvous "
+                                                     "host:port every node reaches (the one your launcher line "
+                                                     "names); gpuaccept's nodes agree on its port + 1")
+        if self.resume_check:
+            raise SpecError("command.resume_check", "the kill-and-resume check of your own command runs on one node "
+                                                    f"(this one runs on {self.nnodes}): run with --no-resume-check on "
+                                                    "every node, and check resume on one node with the same ranks "
+                                                    "per node, or accept gpuaccept's own recipe across nodes, whose "
+                                                    "resume check loses a node")
 
     # ------------------------------------------------------------------ the record
     def to_dict(self) -> dict[str, Any]:
@@ -333,6 +364,30 @@ class CommandSpec:
     def spec_hash(self) -> str:
         """sha256 of the canonical JSON of :meth:`to_dict` (what ``gpuaccept verify`` recomputes)."""
         return canonical_sha256(self.to_dict())
+
+
+#: the programs that are torchrun: its console script, or the module run with ``python -m``
+TORCHRUN_MODULES = ("torch.distributed.run", "torch.distributed.launch")
+
+
+def launcher_nnodes(words: list[str]) -> int | None:
+    """The node count a torchrun launcher line asks for (``--nnodes N``, ``--nnodes=N`` before the script; ``MIN:MAX``
+    gives MAX), or None when the line is no torchrun or does not say (one node)."""
+    is_torchrun = bool(words) and (Path(words[0]).name == "torchrun" or any(
+        a == "-m" and b in TORCHRUN_MODULES for a, b in zip(words, words[1:])))
+    if not is_torchrun:
+        return None
+    start = 1 if Path(words[0]).name == "torchrun" else words.index("-m") + 2
+    for i in range(start, len(words)):
+        word = words[i]
+        if word.endswith(".py") or word == "-m":  # the script and its own arguments: not torchrun's
+            return None
+        value = word.split("=", 1)[1] if word.startswith("--nnodes=") else (
+            words[i + 1] if word == "--nnodes" and i + 1 < len(words) else None)
+        if value is not None:
+            last = value.rsplit(":", 1)[-1]
+            return int(last) if last.isdigit() else None
+    return None
 
 
 def substitute(words: list[str], values: Mapping[str, str]) -> list[str]:

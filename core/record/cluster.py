@@ -43,7 +43,7 @@ def cluster_record(texts: Sequence[str], rank0: int) -> dict[str, Any]:
     status, evidence = cluster_verdict(nodes)
     return {"kind": KIND, "schema_version": CLUSTER_SCHEMA_VERSION, "tool": TOOL, "tool_version": tool_version(),
             "created_utc": utc_now(), "spec_hash": str(records[rank0]["spec"]["hash"]), "nodes": nodes,
-            "devices": device_rows(records[rank0]), "verdict": {"status": status, "evidence": evidence},
+            "devices": cluster_devices(records, rank0), "verdict": {"status": status, "evidence": evidence},
             "signoff": {"status": "unsigned"}}
 
 
@@ -53,6 +53,33 @@ def cluster_verdict(nodes: Sequence[Mapping[str, Any]]) -> tuple[str, str]:
     if failed:
         return "fail", f"{len(failed)} of {len(nodes)} nodes did not pass: {', '.join(failed)}"
     return "pass", f"every one of the {len(nodes)} nodes passed"
+
+
+def cluster_devices(records: Sequence[Mapping[str, Any]], rank0: int) -> list[dict[str, Any]]:
+    """The cluster's device rows: gpuaccept's recipe gathers every rank's measurement into the rank-0 node's record
+    (:func:`device_rows`); a user's command is measured on each node, each node's record holding its own devices
+    (:func:`command_device_rows`, in rank order)."""
+    if records[rank0].get("kind") == "command":
+        return sorted((row for r in records for row in command_device_rows(r)), key=lambda row: (row["rank"], row["host"]))
+    return device_rows(records[rank0])
+
+
+def command_device_rows(rec: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """A command record's devices as cluster rows: its host, each device and rank its probe measured, the measured
+    bytes its fit is judged by, the plan's bytes where the plan compared them (``plan.comparison``), and the fit."""
+    host = str(rec.get("environment", {}).get("host", "?"))
+    planned = {(c.get("device"), c.get("rank")): c.get("planned_bytes")
+               for c in rec.get("plan", {}).get("comparison", []) if isinstance(c, dict)}
+    rows = []
+    for d in rec.get("probe", {}).get("devices", []):
+        row: dict[str, Any] = {"host": host, "device": d["device"], "rank": d["rank"],
+                               "measured_peak_bytes": d["measured_bytes"]}
+        if planned.get((d["device"], d["rank"])) is not None:
+            row["planned_bytes"] = planned[(d["device"], d["rank"])]
+        if isinstance(d.get("fits"), bool):
+            row["fits"] = d["fits"]
+        rows.append(row)
+    return rows
 
 
 def device_rows(rank0: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -121,11 +148,11 @@ def cluster_problems(rec: dict[str, Any], node_check: NodeCheck) -> tuple[list[s
         if node.get("verdict", {}).get("status") != n.get("verdict"):
             verdicts.append(f"{n['host']}: the cluster record says {n.get('verdict')!r}, its record says "
                             f"{node.get('verdict', {}).get('status')!r}")
-    holders = [node for n, node in parsed if n.get("holds_rank_0") is True]
+    holders = [i for i, (n, _) in enumerate(parsed) if n.get("holds_rank_0") is True]
     if len(holders) != 1:
         verdicts.append(f"{len(holders)} nodes are said to hold rank 0; one does")
-    elif device_rows(holders[0]) != rec["devices"]:
-        verdicts.append("devices do not follow from the rank-0 node's record (its probe's devices and plan comparison)")
+    elif cluster_devices([node for _, node in parsed], holders[0]) != rec["devices"]:
+        verdicts.append("devices do not follow from the node records (their probes' devices and plan comparison)")
     status, _ = cluster_verdict([n for n, _ in parsed])
     if rec["verdict"].get("status") != status:
         verdicts.append(f"verdict.status is {rec['verdict'].get('status')!r}, the nodes' verdicts give {status!r}")

@@ -65,11 +65,19 @@ def hosts():
 
 def run_nodes(hosts: list[str], runs: Path, model: Path, port: int, *extra: str) -> list[dict]:
     """``gpuaccept run`` on both hosts at once, meeting at node0's address; every node's record, rank 0's first."""
-    exe = Path(sys.executable).parent / "gpuaccept"
     args = [*RUN, "--model", str(model), "--rdzv-endpoint", f"{SUBNET}.1:{port}", "--rdzv-id", f"test-{port}", *extra]
+    records = start_nodes(hosts, runs, args)
+    return sorted(records, key=lambda r: -len(r["probe"]["devices"]))
+
+
+def start_nodes(hosts: list[str], runs: Path, args: list[str]) -> list[dict]:
+    """``gpuaccept ARGS`` on both hosts at once, each with its own runs folder; every node's record, node0's first."""
+    import shlex
+
+    exe = Path(sys.executable).parent / "gpuaccept"
     procs = []
     for i, ns in enumerate(hosts):
-        line = " ".join([str(exe), *args, "--runs-dir", str(runs / f"node{i}")])
+        line = shlex.join([str(exe), *args, "--runs-dir", str(runs / f"node{i}")])
         procs.append(subprocess.Popen(["ip", "netns", "exec", ns, "unshare", "--uts", "sh", "-c",
                                        f"hostname node{i} && exec {line}"], stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True, start_new_session=True))
@@ -83,8 +91,7 @@ def run_nodes(hosts: list[str], runs: Path, model: Path, port: int, *extra: str)
                 os.killpg(p.pid, signal.SIGKILL)
     paths = sorted(runs.glob("node*/*/record.toml"))
     assert len(paths) == 2, "\n".join(o[-2000:] for o in outputs)
-    records = [{**tomllib.loads(path.read_text()), "path": path} for path in paths]
-    return sorted(records, key=lambda r: -len(r["probe"]["devices"]))
+    return [{**tomllib.loads(path.read_text()), "path": path} for path in paths]
 
 
 def test_two_hosts_meet_and_rank_0_records_both_nodes_and_their_links(hosts, tmp_path, tiny_model_dir):
@@ -161,3 +168,30 @@ def test_a_slowed_link_names_its_node_and_fails_min_busbw(hosts, tmp_path, tiny_
     evidence = other["verdict"]["stages"]["evaluation"]["evidence"]
     assert evidence.startswith("not run: another node stopped, so this one stops too: ")
     assert "its probe failed: the links between ranks: min_busbw_gbps 0.1" in evidence
+
+
+def test_your_own_launcher_line_runs_on_both_hosts_and_they_share_one_cluster_record(hosts, tmp_path, tiny_model_dir):
+    """Command mode across nodes: the user's own torchrun line (Trainer + PEFT LoRA, examples/train_hf.py), its own
+    rendezvous on node0, run by each host's gpuaccept told only the node count and that endpoint; each node measures
+    its own rank, the node holding the weights evaluates them, and node0 writes the cluster record of both."""
+    from core.record.verify import record_problems
+
+    hf = Path(__file__).resolve().parents[2] / "examples" / "train_hf.py"
+    endpoint = f"{SUBNET}.1:29540"
+    line = (f"{sys.executable} -m torch.distributed.run --nnodes 2 --nproc-per-node 1 --rdzv-backend c10d "
+            f"--rdzv-endpoint {endpoint} --rdzv-id cmd {hf} --model {tiny_model_dir} --out {{out}} --text "
+            "{train_data} --max_steps 2 --save_steps 2 --learning_rate 0.2")
+    first, other = start_nodes(hosts, tmp_path, ["run", "--headless", "--command", line, "--nnodes", "2",
+                                                 "--rdzv-endpoint", endpoint, "--no-resume-check",
+                                                 "--eval-max-blocks", "4"])
+    assert first["kind"] == other["kind"] == "command"
+    stages = [{k: v["status"] for k, v in r["verdict"]["stages"].items()} for r in (first, other)]
+    assert stages[0]["probe"] == stages[1]["probe"] == "pass", stages
+    assert [d["rank"] for d in first["probe"]["devices"]] == [0] and [d["rank"] for d in other["probe"]["devices"]] == [1]
+    assert first["ran"]["world_size"] == 2 and first["evaluation"]["after"]["value"] > 0  # node0 holds the weights
+    assert other["verdict"]["stages"]["evaluation"]["evidence"].startswith(
+        "not evaluated on this node: its checkpoint-2 holds no weights")
+    cluster = tomllib.loads((first["path"].parent / "cluster.toml").read_text())
+    assert [(d["host"], d["rank"]) for d in cluster["devices"]] == [("node0", 0), ("node1", 1)]
+    assert all(d["measured_peak_bytes"] > 0 for d in cluster["devices"])
+    assert record_problems(cluster) == ([], [])

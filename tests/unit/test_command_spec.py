@@ -377,6 +377,37 @@ def test_a_recipe_flag_in_command_mode_is_refused_under_its_own_name(tmp_path):
         command_spec_from_args(args)
 
 
+TORCHRUN_2 = f"{PY} -m torch.distributed.run --nnodes 2 --nproc-per-node 4 --rdzv-endpoint n0:29500 t.py --out {{out}}"
+
+
+@pytest.mark.parametrize("raw, field, words", [
+    ({"train": TORCHRUN_2, "resume_check": False}, "command.nnodes",
+     "your launcher line runs on 2 nodes (--nnodes 2) and gpuaccept was told 1"),
+    ({"train": TORCHRUN_2, "nnodes": 2, "resume_check": False}, "command.rdzv_endpoint", "host:port every node"),
+    ({"train": TORCHRUN_2, "nnodes": 2, "rdzv_endpoint": "n0:29500"}, "command.resume_check",
+     "runs on one node (this one runs on 2): run with --no-resume-check on every node"),
+])
+def test_a_launcher_line_across_nodes_needs_gpuaccept_told_so_and_its_resume_check_is_refused(raw, field, words):
+    with pytest.raises(SpecError) as err:
+        CommandSpec.from_dict(raw)
+    assert err.value.field == field and words in str(err.value)
+
+
+def test_the_node_count_is_read_from_torchrun_options_not_from_the_scripts_own():
+    from core.command.spec import launcher_nnodes
+
+    assert launcher_nnodes(["torchrun", "--nnodes=1:4", "--nproc-per-node", "8", "t.py"]) == 4
+    assert launcher_nnodes([PY, "-u", "-m", "torch.distributed.run", "--nnodes", "3", "t.py"]) == 3
+    assert launcher_nnodes(["torchrun", "--standalone", "t.py", "--nnodes", "9"]) is None  # the script's own flag
+    assert launcher_nnodes([PY, "t.py", "--nnodes", "2"]) is None  # no launcher
+    from tui.cli import build_parser, command_spec_from_args
+
+    args = build_parser().parse_args(["run", "--command", TORCHRUN_2, "--nnodes", "2", "--rdzv-endpoint", "n0:29500",
+                                      "--no-resume-check"])
+    spec = command_spec_from_args(args)  # the recipe's flags of the same meaning set the command's
+    assert (spec.nnodes, spec.rdzv_endpoint, spec.resume_check) == (2, "n0:29500", False)
+
+
 def test_the_hook_is_not_installed_in_a_process_that_never_imports_transformers(tmp_path):
     """core/child/inject on PYTHONPATH: a Python process that never imports transformers' Trainer is not made to
     (the import hook waits for it), and says nothing. The hook's reports on a real Trainer, one per rank:
