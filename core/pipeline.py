@@ -562,9 +562,7 @@ def cluster_stage(run: StagedRun, cluster: Any, path: Path | None) -> Generator[
     except GpuAcceptError as exc:
         yield Message("record", text=f"the cluster record was not written: {exc}")
         return None
-    if shared is None:
-        if holds:
-            yield Message("record", text="the cluster record was not written: not every node shared its record")
+    if shared is None:  # another node writes it
         return None
     rank0 = next((i for i, (_, h) in enumerate(shared) if h), 0)
     out = write_record(cluster_record([t for t, _ in shared], rank0), run.run_dir / "cluster.toml")
@@ -578,12 +576,12 @@ def node_agreement(spec: RunSpec) -> Any:
     """The gate the nodes of a several-node run pass together (core/cluster/agree.py ``NodeAgreement``), or None on
     one node."""
     t = spec.torchrun
-    return agreement(t.rdzv_endpoint, t.rdzv_id, t.nnodes)
+    return agreement(t.rdzv_endpoint, t.rdzv_id, t.nnodes, spec.spec_hash())
 
 
-def agreement(endpoint: str, run_id: str, nnodes: int) -> Any:
-    """The nodes' agreement at the rendezvous ``endpoint`` (its port + 1) for the run ``run_id`` of ``nnodes`` nodes,
-    or None on one node (gpuaccept's recipe and a user's command alike).
+def agreement(endpoint: str, run_id: str, nnodes: int, spec_hash: str) -> Any:
+    """The nodes' agreement at the rendezvous ``endpoint`` (its port + 1) for the run ``run_id`` of ``nnodes`` nodes
+    running the spec of ``spec_hash``, or None on one node (gpuaccept's recipe and a user's command alike).
 
     Raises:
         GpuAcceptError: the store cannot be reached or held."""
@@ -591,7 +589,7 @@ def agreement(endpoint: str, run_id: str, nnodes: int) -> Any:
         return None
     from core.cluster.agree import NodeAgreement
 
-    return NodeAgreement(endpoint, run_id, nnodes)
+    return NodeAgreement(endpoint, run_id, nnodes, spec_hash=spec_hash)
 
 
 def stopped_before_start(cluster: Any, exc: GpuAcceptError) -> None:
@@ -623,7 +621,10 @@ def gate(run: StagedRun, cluster: Any, stage: str, goes_on: bool, why: str = "")
     from core.cluster.agree import stopped_by
 
     yield run.emit(Message("pipeline", text=f"waiting for every node of {cluster.nnodes} before the {stage} stage"))
-    others = cluster.gate(stage, goes_on, why)
+    try:
+        others = cluster.gate(stage, goes_on, why)
+    except GpuAcceptError as exc:  # another spec on a node, a node that never came: the record keeps why
+        raise run.refused(stage, str(exc)) from None
     if others and goes_on:
         raise run.refused(stage, f"another node stopped, so this one stops too: {stopped_by(others)}")
 

@@ -54,13 +54,14 @@ def is_local(host: str) -> bool:
 
 @dataclass(frozen=True)
 class NodeWord:
-    """One node's word at a gate: its name (host and process), whether it goes on, why not, and the id of the
-    agreement that posted it (two "nodes" on one host share a name)."""
+    """One node's word at a gate: its name (host and process), whether it goes on, why not, the id of the
+    agreement that posted it (two "nodes" on one host share a name) and the hash of the spec it runs."""
 
     node: str
     goes_on: bool
     why: str = ""
     id: str = ""
+    spec: str = ""
 
 
 class NodeAgreement:
@@ -71,16 +72,18 @@ class NodeAgreement:
         run_id: the rendezvous id: keys are kept apart per run.
         nnodes: nodes taking part.
         wait_s: how long to wait for every node at a gate.
+        spec_hash: the hash of the spec this node runs: a node that runs another spec (another --nnodes, --steps...)
+            is refused at the first gate, by name, instead of leaving the nodes waiting for each other.
 
     Raises:
         GpuAcceptError: the store cannot be reached or held (the port named).
     """
 
-    def __init__(self, endpoint: str, run_id: str, nnodes: int, wait_s: float = WAIT_S) -> None:
+    def __init__(self, endpoint: str, run_id: str, nnodes: int, wait_s: float = WAIT_S, spec_hash: str = "") -> None:
         import torch.distributed as dist
 
         host, port = store_port(endpoint)
-        self.nnodes, self.wait_s = nnodes, wait_s
+        self.nnodes, self.wait_s, self.spec_hash = nnodes, wait_s, spec_hash
         self.node = f"{socket.gethostname()} (pid {os.getpid()})"
         self.id = uuid.uuid4().hex
         timeout = timedelta(seconds=wait_s)
@@ -109,7 +112,8 @@ class NodeAgreement:
         that stop (empty: every node goes on). A node that stopped for good (:meth:`stop`) counts at every gate.
 
         Raises:
-            GpuAcceptError: not every node posted within ``wait_s`` (naming how many did).
+            GpuAcceptError: not every node posted within ``wait_s`` (naming how many did); a node runs another spec
+                (named, with both hashes).
         """
         self._post(stage, goes_on, why)
         self._store_call(lambda: self.store.add(f"{self.prefix}{stage}/posted", 1), stage)
@@ -123,22 +127,30 @@ class NodeAgreement:
                 raise GpuAcceptError(f"{stage}: {posted} of {self.nnodes} nodes reached this stage within "
                                      f"{self.wait_s:.0f} s; start the same spec on every node")
             time.sleep(POLL_S)
-        words = self._words(stage) + stopped
-        return [w for w in words if not w.goes_on and w.id != self.id]
+        words = self._words(stage)
+        other = next((w for w in words if w.spec and self.spec_hash and w.spec != self.spec_hash), None)
+        if other is not None:
+            raise GpuAcceptError(f"{stage}: {other.node} runs another spec (hash {other.spec[:12]}, this node's "
+                                 f"{self.spec_hash[:12]}): every node must run the same spec, node count and steps "
+                                 "included; start the same command on every node")
+        return [w for w in words + stopped if not w.goes_on and w.id != self.id]
 
     def share(self, text: str | None, holds_rank_0: bool, wait_s: float = 300.0) -> list[tuple[str, bool]] | None:
         """Post this node's record (``text``; None: it wrote none, having stopped before its run began) and whether
         this node holds rank 0, and wait for every node's word; return every node's (record text, holds rank 0) on the
-        node that writes the cluster record (the one holding rank 0; without one, the node holding the store), None
-        on the others and when not every node posted within ``wait_s``."""
+        node that writes the cluster record (the first to say it holds rank 0; without one, the node holding the
+        store), None on the others.
+
+        Raises:
+            GpuAcceptError: not every node posted within ``wait_s`` (naming how many did)."""
         if text is not None:
             self._store_call(lambda: self.store.set(f"{self.prefix}record/{self.id}", text), "record")
         line = f"{self.id}\t{int(holds_rank_0)}\t{int(text is not None)}\n"
         self._store_call(lambda: self.store.append(self.prefix + "records", line), "record")
         deadline = time.monotonic() + wait_s
-        while len(self._posted()) < self.nnodes:
+        while len(posted := self._posted()) < self.nnodes:
             if time.monotonic() > deadline:
-                return None
+                raise GpuAcceptError(f"{len(posted)} of {self.nnodes} nodes shared their record within {wait_s:.0f} s")
             time.sleep(POLL_S)
         posted = self._posted()
         holder = next((id_ for id_, holds, _ in posted if holds), None)
@@ -217,7 +229,7 @@ class NodeAgreement:
                                  "between the nodes failed") from None
 
     def _post(self, key: str, goes_on: bool, why: str) -> None:
-        line = _line(NodeWord(self.node, goes_on, why, self.id))
+        line = _line(NodeWord(self.node, goes_on, why, self.id, self.spec_hash))
         self._store_call(lambda: self.store.append(self.prefix + key, line), key)
 
     def _words(self, key: str) -> list[NodeWord]:
@@ -228,12 +240,12 @@ class NodeAgreement:
 
 
 def _line(word: NodeWord) -> str:
-    return f"{word.id}\t{word.node}\t{int(word.goes_on)}\t{' '.join(word.why.split())}\n"
+    return f"{word.id}\t{word.node}\t{int(word.goes_on)}\t{word.spec}\t{' '.join(word.why.split())}\n"
 
 
 def _word(line: str) -> NodeWord:
-    id_, node, goes_on, why = (line.split("\t") + ["", "", ""])[:4]
-    return NodeWord(node, goes_on == "1", why, id_)
+    id_, node, goes_on, spec, why = (line.split("\t") + ["", "", "", ""])[:5]
+    return NodeWord(node, goes_on == "1", why, id_, spec)
 
 
 def stopped_by(words: list[NodeWord]) -> str:

@@ -452,7 +452,7 @@ def run_command_pipeline(spec: CommandSpec, runs_root: Path = Path("runs"),
 
     if spec.model == EMBEDDED_MODEL and not embedded_cache_ready():
         yield Message("probe", text="converting the embedded model from GGUF to safetensors (once, ~16 s)")
-    cluster = agreement(spec.rdzv_endpoint, spec.rdzv_id, spec.nnodes)
+    cluster = agreement(spec.rdzv_endpoint, spec.rdzv_id, spec.nnodes, spec.spec_hash())
     try:
         run = CommandRun(spec, runs_root, criteria=criteria)
     except GpuAcceptError as exc:

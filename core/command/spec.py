@@ -335,9 +335,10 @@ class CommandSpec:
         resume check (not built across nodes for a user's command)."""
         launched = launcher_nnodes(self.words())
         if launched is not None and launched != self.nnodes:
-            raise SpecError("command.nnodes", f"your launcher line runs on {launched} nodes (--nnodes {launched}) and "
-                                              f"gpuaccept was told {self.nnodes}: give gpuaccept --nnodes {launched} "
-                                              "--rdzv-endpoint HOST:PORT on every node")
+            runs = f"on {launched} nodes (--nnodes {launched})" if launched > 1 else "on one node (torchrun's default)"
+            raise SpecError("command.nnodes", f"your launcher line runs {runs} and gpuaccept was told {self.nnodes}: "
+                                              f"give your torchrun and gpuaccept the same --nnodes (with "
+                                              "--rdzv-endpoint HOST:PORT) on every node")
         if self.nnodes < 1:
             raise SpecError("command.nnodes", f"must be at least 1 (got {self.nnodes})")
         if self.nnodes == 1:
@@ -372,7 +373,7 @@ TORCHRUN_MODULES = ("torch.distributed.run", "torch.distributed.launch")
 
 def launcher_nnodes(words: list[str]) -> int | None:
     """The node count a torchrun launcher line asks for (``--nnodes N``, ``--nnodes=N`` before the script; ``MIN:MAX``
-    gives MAX), or None when the line is no torchrun or does not say (one node)."""
+    gives MAX; none given: torchrun's default, 1), or None when the line is no torchrun or its value is no number."""
     is_torchrun = bool(words) and (Path(words[0]).name == "torchrun" or any(
         a == "-m" and b in TORCHRUN_MODULES for a, b in zip(words, words[1:])))
     if not is_torchrun:
@@ -381,13 +382,13 @@ def launcher_nnodes(words: list[str]) -> int | None:
     for i in range(start, len(words)):
         word = words[i]
         if word.endswith(".py") or word == "-m":  # the script and its own arguments: not torchrun's
-            return None
+            return 1
         value = word.split("=", 1)[1] if word.startswith("--nnodes=") else (
             words[i + 1] if word == "--nnodes" and i + 1 < len(words) else None)
         if value is not None:
             last = value.rsplit(":", 1)[-1]
             return int(last) if last.isdigit() else None
-    return None
+    return 1
 
 
 def substitute(words: list[str], values: Mapping[str, str]) -> list[str]:

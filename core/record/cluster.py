@@ -40,19 +40,48 @@ def cluster_record(texts: Sequence[str], rank0: int) -> dict[str, Any]:
     records = [tomllib.loads(t) for t in texts]
     nodes = [{"host": str(r["environment"]["host"]), "sha256": sha256(t), "verdict": str(r["verdict"]["status"]),
               "holds_rank_0": i == rank0, "record": t} for i, (r, t) in enumerate(zip(records, texts))]
-    status, evidence = cluster_verdict(nodes)
+    status, evidence = cluster_verdict(nodes, rank_problems(records))
     return {"kind": KIND, "schema_version": CLUSTER_SCHEMA_VERSION, "tool": TOOL, "tool_version": tool_version(),
             "created_utc": utc_now(), "spec_hash": str(records[rank0]["spec"]["hash"]), "nodes": nodes,
             "devices": cluster_devices(records, rank0), "verdict": {"status": status, "evidence": evidence},
             "signoff": {"status": "unsigned"}}
 
 
-def cluster_verdict(nodes: Sequence[Mapping[str, Any]]) -> tuple[str, str]:
-    """pass exactly when every node's record passed; the evidence names those that did not."""
+def cluster_verdict(nodes: Sequence[Mapping[str, Any]], problems: Sequence[str] = ()) -> tuple[str, str]:
+    """pass exactly when every node's record passed and the nodes ran one job (``problems``: :func:`rank_problems`);
+    the evidence names what did not."""
     failed = [f"{n['host']} ({n['verdict']})" for n in nodes if n["verdict"] != "pass"]
-    if failed:
-        return "fail", f"{len(failed)} of {len(nodes)} nodes did not pass: {', '.join(failed)}"
+    why = ([f"{len(failed)} of {len(nodes)} nodes did not pass: {', '.join(failed)}"] if failed else []) + list(problems)
+    if why:
+        return "fail", "; ".join(why)
     return "pass", f"every one of the {len(nodes)} nodes passed"
+
+
+def rank_problems(records: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Why the nodes' records are not one job's, for records of a user's command (each node measures its own ranks):
+    a global rank measured on two nodes (each node ran a job of its own), or fewer ranks than the world size the
+    Trainer reported. gpuaccept's recipe gathers every rank over its own process group, so its ranks are one job's by
+    construction."""
+    if not records or records[0].get("kind") != "command":
+        return []
+    seen: dict[int, str] = {}
+    problems = []
+    for r in records:
+        host = str(r.get("environment", {}).get("host", "?"))
+        for d in r.get("probe", {}).get("devices", []):
+            rank = d.get("rank")
+            if isinstance(rank, int) and rank in seen and seen[rank] != host:
+                problems.append(f"rank {rank} ran on {seen[rank]} and on {host}: each node ran a job of its own, "
+                                "not one job over the nodes (does the launcher line give every node the same "
+                                "rendezvous and --nnodes?)")
+            elif isinstance(rank, int):
+                seen[rank] = host
+    worlds = {r.get("ran", {}).get("world_size") for r in records} - {None}
+    if len(worlds) == 1 and not problems:
+        (world,) = worlds
+        if isinstance(world, int) and len(seen) < world:
+            problems.append(f"{len(seen)} ranks measured over the nodes, and the Trainer reported world size {world}")
+    return problems
 
 
 def cluster_devices(records: Sequence[Mapping[str, Any]], rank0: int) -> list[dict[str, Any]]:
@@ -153,7 +182,7 @@ def cluster_problems(rec: dict[str, Any], node_check: NodeCheck) -> tuple[list[s
         verdicts.append(f"{len(holders)} nodes are said to hold rank 0; one does")
     elif cluster_devices([node for _, node in parsed], holders[0]) != rec["devices"]:
         verdicts.append("devices do not follow from the node records (their probes' devices and plan comparison)")
-    status, _ = cluster_verdict([n for n, _ in parsed])
+    status, _ = cluster_verdict([n for n, _ in parsed], rank_problems([node for _, node in parsed]))
     if rec["verdict"].get("status") != status:
         verdicts.append(f"verdict.status is {rec['verdict'].get('status')!r}, the nodes' verdicts give {status!r}")
     verdicts.extend(signoff_problems(rec.get("signoff"), status))

@@ -532,7 +532,9 @@ def run_interrupted(spec: RunSpec, run_dir: Path, reference: Any, base: WorkerJo
         first = str(copy_reference_checkpoint(Path(reference.output_dir), start,
                                               run_dir / "resume-interrupted" / "output"))
     origin = f"checkpoint-{start} of the uninterrupted run" if start else "step 0"
-    yield Message("resume", text=f"interrupted run from {origin}: SIGKILL {planned_kill(spec)}")
+    yield Message("resume", text=f"interrupted run from {origin}: SIGKILL {planned_kill(spec)}" if nodes is None else
+                  f"interrupted run from {origin}: node {nodes.lost} is lost {planned_kill(spec)} (SIGKILL to every "
+                  "process of its run); the other nodes' ranks run on until they fail waiting for it")
     interrupted = start_child("interrupted", run_dir / "resume-interrupted", replace(
         base, role="interrupted", resume_from=first, kill_step=spec.resume.kill_step(), kill_at=spec.resume.kill_at),
         launch)

@@ -109,3 +109,32 @@ def test_the_resume_check_across_nodes_runs_under_ddp_and_is_refused_by_name_und
     assert reasons["ddp"] is None
     assert reasons["zero3"] is not None and reasons["zero3"].startswith(
         "resume.check: across nodes the kill-and-resume check runs under ddp")
+
+
+def test_a_node_running_another_spec_is_refused_by_name_at_the_first_gate():
+    """Found by trying it: node0 given --nnodes 2 and node1 --nnodes 3 once left both waiting (node0 at torchrun's
+    rendezvous, node1 at its gate) with nothing named; the spec's hash in each word refuses it at once."""
+    port = free_port() - 1
+    nodes = [NodeAgreement(f"127.0.0.1:{port}", "spec", 2, wait_s=20, spec_hash=h) for h in ("a" * 64, "b" * 64)]
+    with ThreadPoolExecutor(2) as pool:
+        outcomes = list(pool.map(lambda n: _gate_or_error(n), nodes))
+    assert all(isinstance(o, GpuAcceptError) for o in outcomes), outcomes
+    assert "runs another spec (hash bbbbbbbbbbbb, this node's aaaaaaaaaaaa)" in str(outcomes[0])
+
+
+def _gate_or_error(node):
+    try:
+        return node.gate("probe", True)
+    except GpuAcceptError as exc:
+        return exc
+
+
+def test_the_node_holding_rank_0_gets_every_record_and_a_missing_node_is_counted(two_nodes):
+    first, second = two_nodes
+    with ThreadPoolExecutor(2) as pool:
+        got = list(pool.map(lambda a: a[0].share(*a[1]), [(first, ("rec0", False)), (second, ("rec1", True))]))
+    assert got[0] is None and sorted(got[1]) == [("rec0", False), ("rec1", True)]  # the rank-0 node writes
+    port = free_port() - 1
+    alone = NodeAgreement(f"127.0.0.1:{port}", "alone", 2, wait_s=5)
+    with pytest.raises(GpuAcceptError, match="1 of 2 nodes shared their record within 0 s"):
+        alone.share("rec", True, wait_s=0.3)

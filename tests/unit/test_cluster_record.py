@@ -72,3 +72,23 @@ def test_a_cluster_record_is_signed_and_its_sign_off_follows_its_verdict(tmp_pat
         "the sign-off accepts a cluster that did not pass without the operator's override (the reason)"]
     failing["signoff"]["override"] = "node1's link is being replaced; accepted on node0 alone"
     assert cluster_problems(failing, as_they_are)[1] == []
+
+
+def command_node(host: str, ranks: list[int], world: int) -> dict:
+    """What rank_problems reads of a node's record of a user's command."""
+    return {"kind": "command", "environment": {"host": host}, "ran": {"world_size": world},
+            "probe": {"devices": [{"device": "cpu:0", "rank": r} for r in ranks]}}
+
+
+def test_records_of_a_command_that_ran_a_job_per_node_are_not_one_cluster():
+    """A launcher line without the nodes' rendezvous: each node trains alone as rank 0 of world 1, and gpuaccept was
+    told two nodes; the cluster must not pass on two unrelated runs."""
+    from core.record.cluster import cluster_verdict, rank_problems
+
+    assert rank_problems([command_node("node0", [0], 2), command_node("node1", [1], 2)]) == []
+    alone = rank_problems([command_node("node0", [0], 1), command_node("node1", [0], 1)])
+    assert alone and alone[0].startswith("rank 0 ran on node0 and on node1: each node ran a job of its own")
+    nodes = [{"host": h, "verdict": "pass"} for h in ("node0", "node1")]
+    assert cluster_verdict(nodes, alone) == ("fail", alone[0])
+    short = rank_problems([command_node("node0", [0], 4), command_node("node1", [1], 4)])
+    assert short == ["2 ranks measured over the nodes, and the Trainer reported world size 4"]

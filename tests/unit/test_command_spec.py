@@ -383,6 +383,9 @@ TORCHRUN_2 = f"{PY} -m torch.distributed.run --nnodes 2 --nproc-per-node 4 --rdz
 @pytest.mark.parametrize("raw, field, words", [
     ({"train": TORCHRUN_2, "resume_check": False}, "command.nnodes",
      "your launcher line runs on 2 nodes (--nnodes 2) and gpuaccept was told 1"),
+    ({"train": f"{PY} -m torch.distributed.run --nproc-per-node 1 t.py --out {{out}}", "nnodes": 2,
+      "rdzv_endpoint": "n0:29500", "resume_check": False}, "command.nnodes",
+     "your launcher line runs on one node (torchrun's default) and gpuaccept was told 2"),
     ({"train": TORCHRUN_2, "nnodes": 2, "resume_check": False}, "command.rdzv_endpoint", "host:port every node"),
     ({"train": TORCHRUN_2, "nnodes": 2, "rdzv_endpoint": "n0:29500"}, "command.resume_check",
      "runs on one node (this one runs on 2): run with --no-resume-check on every node"),
@@ -398,7 +401,7 @@ def test_the_node_count_is_read_from_torchrun_options_not_from_the_scripts_own()
 
     assert launcher_nnodes(["torchrun", "--nnodes=1:4", "--nproc-per-node", "8", "t.py"]) == 4
     assert launcher_nnodes([PY, "-u", "-m", "torch.distributed.run", "--nnodes", "3", "t.py"]) == 3
-    assert launcher_nnodes(["torchrun", "--standalone", "t.py", "--nnodes", "9"]) is None  # the script's own flag
+    assert launcher_nnodes(["torchrun", "--standalone", "t.py", "--nnodes", "9"]) == 1  # the script's own flag
     assert launcher_nnodes([PY, "t.py", "--nnodes", "2"]) is None  # no launcher
     from tui.cli import build_parser, command_spec_from_args
 
