@@ -103,9 +103,17 @@ class NodeAgreement:
                                  f"{host}:{port} (the rendezvous port + 1), which could not be reached ({exc}); "
                                  f"open that port between the nodes") from None
         self.store = store
-        self.prefix = f"gpuaccept/{run_id}/"  # keys of one run apart from another's on the same store
         self.holds = held  # this process holds the store: it must outlive the others' use of it
         self.where = f"{host}:{port}"
+        self.prefix = f"gpuaccept/{run_id}/"
+        self.prefix += f"attempt{self._attempt()}/"  # keys of one run apart from another's on the same store
+
+    def _attempt(self) -> int:
+        """This run's attempt on the store: the nodes join in turn, ``nnodes`` per attempt. A store held by the
+        previous run's node (still waiting in :meth:`close`) keeps that run's keys; a run started again at once
+        joins it and must not read them (its gates would pass on the old run's words)."""
+        joined = int(self._store_call(lambda: self.store.add(self.prefix + "joined", 1), "join"))
+        return (joined - 1) // self.nnodes
 
     def gate(self, stage: str, goes_on: bool, why: str = "") -> list[NodeWord]:
         """Post this node's word before ``stage`` and wait for every node's; return the words of the other nodes

@@ -138,3 +138,14 @@ def test_the_node_holding_rank_0_gets_every_record_and_a_missing_node_is_counted
     alone = NodeAgreement(f"127.0.0.1:{port}", "alone", 2, wait_s=5)
     with pytest.raises(GpuAcceptError, match="1 of 2 nodes shared their record within 0 s"):
         alone.share("rec", True, wait_s=0.3)
+
+
+def test_a_run_started_again_on_a_store_still_held_does_not_read_the_previous_runs_words(two_nodes):
+    """The store's holder waits up to 60 s in close() for the other nodes; a run started again meanwhile joins that
+    store, and its gates must wait for its own nodes, not pass on the previous run's posts."""
+    first, second = two_nodes
+    assert both(two_nodes, (True,), (True,)) == [[], []]  # the previous run passed its probe gate
+    again = NodeAgreement(f"127.0.0.1:{first.store.port - 1}", "test", 2, wait_s=0.5)  # the store's port - 1  # the same run id, on the store still held
+    assert not again.holds and again.prefix != first.prefix == second.prefix
+    with pytest.raises(GpuAcceptError, match="1 of 2 nodes reached this stage"):
+        again.gate("probe", True)
