@@ -265,7 +265,8 @@ class CommandRun(StagedRun):
         job measured from outside whose command names a trainer's config, that config and each device's reading of
         the probe (sampled RSS, NVML)."""
         ran = spec_from_run(outcome.trainer, list(outcome.hook.batches.values()),
-                            self.run_dir / "plan" / "config.json", outcome.last_step())
+                            self.run_dir / "plan" / "config.json", outcome.last_step(),
+                            (self.spec.nnodes, self.spec.rdzv_endpoint))
         measured = [{"device": device, "rank": rank, **rank_peaks(outcome).get(rank, {})}
                     for rank, device in rank_devices(outcome).items()]
         probe = self.results.get("probe")

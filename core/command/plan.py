@@ -51,7 +51,7 @@ class RanSpec:
 
 
 def spec_from_run(trainer: dict[str, Any] | None, batches: list[dict[str, Any]], config_path: Path,
-                  steps_ran: int) -> RanSpec:
+                  steps_ran: int, nodes: tuple[int, str] | None = None) -> RanSpec:
     """The RunSpec of what the Trainer-based script ran (see the module docstring).
 
     Args:
@@ -59,6 +59,8 @@ def spec_from_run(trainer: dict[str, Any] | None, batches: list[dict[str, Any]],
         batches: the hook's ``batches`` events (widths of the micro-batches, padding seen).
         config_path: where to write the model's config (``config.json``) for the planner to read.
         steps_ran: optimizer steps the run made (when ``max_steps`` is not set).
+        nodes: several nodes (``command.nnodes`` and its ``rdzv_endpoint``): the world size is shared among them,
+            and this node's plan holds its own ranks (world size / nodes).
     """
     if trainer is None:
         return RanSpec(None, "measured from outside: the command reported no transformers Trainer (the Trainer hook "
@@ -74,7 +76,7 @@ def spec_from_run(trainer: dict[str, Any] | None, batches: list[dict[str, Any]],
     sources: dict[str, str] = {}
     try:
         values = {**_mode(trainer, sources), **_precision(trainer, args, sources), **_shape(args, batches, sources),
-                  **_placement(trainer, args, sources), **_schedule(args, steps_ran, sources)}
+                  **_placement(trainer, args, sources, nodes), **_schedule(args, steps_ran, sources)}
     except _NotPlanned as exc:
         return RanSpec(None, str(exc), sources)
     config_path.parent.mkdir(parents=True, exist_ok=True)
@@ -166,7 +168,8 @@ def _shape(args: dict[str, Any], batches: list[dict[str, Any]], sources: dict[st
             "padding": "padded" if padded else "packed"}
 
 
-def _placement(trainer: dict[str, Any], args: dict[str, Any], sources: dict[str, str]) -> dict[str, Any]:
+def _placement(trainer: dict[str, Any], args: dict[str, Any], sources: dict[str, str],
+               nodes: tuple[int, str] | None = None) -> dict[str, Any]:
     attention = str(trainer.get("attn_implementation") or "sdpa")
     if attention not in ATTN_IMPLEMENTATIONS:
         raise _NotPlanned(f"attention implementation {attention!r}: the planner models {', '.join(ATTN_IMPLEMENTATIONS)}")
@@ -181,16 +184,22 @@ def _placement(trainer: dict[str, Any], args: dict[str, Any], sources: dict[str,
     out: dict[str, Any] = {"optimizer": optimizer, "attn_implementation": attention,
                            "gradient_checkpointing": bool(args.get("gradient_checkpointing")
                                                           or trainer.get("gradient_checkpointing"))}
+    nnodes, endpoint = nodes if nodes is not None and nodes[0] > 1 and world % nodes[0] == 0 else (1, "")
+    local = world // nnodes  # this node's ranks
     if world > 1:
         out["strategy"] = "zero3" if fsdp else "ddp"
         sources["strategy"] = f"{world} ranks ({'FSDP' if fsdp else 'DDP'}: TrainingArguments.fsdp = {fsdp!r})"
         if device.startswith("cuda"):
-            out["devices"] = ",".join(str(i) for i in range(world))
+            out["devices"] = ",".join(str(i) for i in range(local))
         else:
-            out["devices"], out["torchrun_nproc_per_node"] = "cpu", world
+            out["devices"], out["torchrun_nproc_per_node"] = "cpu", local
+        if nnodes > 1:
+            out["torchrun_nnodes"], out["torchrun_rdzv_endpoint"] = nnodes, endpoint
+            out["torchrun_nproc_per_node"] = local
     else:
         out["devices"] = "cpu" if not device.startswith("cuda") else device.split(":", 1)[-1] or "0"
-    sources["devices"] = f"the Trainer's device {device}, world size {world}"
+    sources["devices"] = f"the Trainer's device {device}, world size {world}" + (
+        f" over {nnodes} nodes (command.nnodes): {local} rank(s) on this node" if nnodes > 1 else "")
     return out
 
 

@@ -189,6 +189,9 @@ def test_your_own_launcher_line_runs_on_both_hosts_and_they_share_one_cluster_re
     assert stages[0]["probe"] == stages[1]["probe"] == "pass", stages
     assert [d["rank"] for d in first["probe"]["devices"]] == [0] and [d["rank"] for d in other["probe"]["devices"]] == [1]
     assert first["ran"]["world_size"] == 2 and first["evaluation"]["after"]["value"] > 0  # node0 holds the weights
+    for r in (first, other):  # each node's plan holds its own rank (world size 2 over 2 nodes), compared with it
+        assert len(r["plan"]["devices"]) == 1 and len(r["plan"]["comparison"]) == 1, r["plan"]
+        assert r["plan"]["comparison"][0]["measured_bytes"] == r["probe"]["devices"][0]["peak_rss_bytes"]
     assert other["verdict"]["stages"]["evaluation"]["evidence"].startswith(
         "not evaluated on this node: its checkpoint-2 holds no weights")
     cluster = tomllib.loads((first["path"].parent / "cluster.toml").read_text())
