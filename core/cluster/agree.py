@@ -201,7 +201,7 @@ class NodeAgreement:
             posted = [line.split("\t", 1) for line in self._text(f"{key}/ids").splitlines() if line]
             if len(posted) >= self.nnodes:
                 return [(node, self._text(f"{key}/{id_}")) for id_, node in posted]
-            stopped = self._words("stopped")
+            stopped = self.stopped()
             if stopped:
                 raise GpuAcceptError(f"{key}: another node stopped: {stopped_by(stopped)}")
             if time.monotonic() > deadline:

@@ -149,7 +149,7 @@ class NodeLoss:
             GpuAcceptError: a node stopped, or not every node posted in time."""
         posted = [(node, json.loads(text)) for node, text in
                   self.cluster.exchange("resumable", json.dumps({"ok": ok, "why": why}))]
-        return [f"{node}: {word['why']}" for node, word in posted if not word["ok"] and word["why"] != why]
+        return [f"{node}: {word['why']}" for node, word in posted if not word["ok"] and node != self.cluster.node]
 
 
 def span_ranks(ranks: tuple[int, ...]) -> str:

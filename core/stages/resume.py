@@ -630,8 +630,8 @@ def checkpoint_checks(spec: RunSpec, output_dir: Path, ckpt: Path, manifest: dic
     Returns:
         (the checks, True when the resumed run may start: every check that guards loading passed)."""
     c = spec.resume.kill_checkpoint_step()
-    node_ranks_ = ranks if nodes is not None else None
-    selection = select_checkpoint(spec, output_dir, world, node_ranks_)
+    own_ranks = ranks if nodes is not None else None
+    selection = select_checkpoint(spec, output_dir, world, own_ranks)
     if nodes is not None:
         agreed, others = nodes.agree(_step_of(selection.checkpoint) if selection.checkpoint is not None else None)
         newer = [] if selection.checkpoint is None or agreed == _step_of(selection.checkpoint) else [
@@ -639,19 +639,19 @@ def checkpoint_checks(spec: RunSpec, output_dir: Path, ckpt: Path, manifest: dic
         selection = Selection(output_dir / f"checkpoint-{agreed}" if agreed is not None else None,
                               selection.skipped + newer + others)
     checks = [selection_check(selection, c)]
-    complete = completeness(spec, ckpt, world, node_ranks_)
+    complete = completeness(spec, ckpt, world, own_ranks)
     checks.append(complete)
     if complete.status != StageStatus.PASS or selection.checkpoint != ckpt:
         return checks, False
     bad = verify_manifest(ckpt, manifest)
     checks.append(Check("manifest", StageStatus.judged(not bad),
                         ("sha256 mismatch: " + ", ".join(bad)) if bad else f"sha256 of {len(manifest)} files verified"))
-    safe = safe_loading(spec, ckpt, world, node_ranks_)
+    safe = safe_loading(spec, ckpt, world, own_ranks)
     checks.append(safe)
     state = json.loads((ckpt / "trainer_state.json").read_text(encoding="utf-8"))
     checks.append(Check("trainer_state", StageStatus.judged(state.get("global_step") == c),
                         f"trainer_state.json global_step = {state.get('global_step')} (expected {c})"))
-    sized = world_size_check(ckpt, resume_world, node_ranks_)
+    sized = world_size_check(ckpt, resume_world, own_ranks)
     checks.append(sized)
     return checks, not bad and safe.status == StageStatus.PASS and sized.status == StageStatus.PASS
 
