@@ -599,7 +599,8 @@ class LinkFacts:
 
 def slow_members(names: Sequence[str], pairs: Sequence[tuple[int, int, float]]) -> list[str]:
     """The members whose links are slow, each with its evidence: a link is slow below :data:`SLOW_LINK_SHARE` of the
-    fastest link (``pairs``: ``(from, to, GB/s)``, indices into ``names``). A member is named when every link out of
+    fastest link (``pairs``: ``(from, to, GB/s)``, indices into ``names``; the probe passes what each link can carry,
+    its fastest operation, core/stages/links.py ``capacity``). A member is named when every link out of
     it is slow (what it sends: its NIC, its cable, a shaper on its side); then one whose every link in is slow,
     counting only links from senders not named already (with two members a slow direction names its sender)."""
     if len(pairs) < 2:

@@ -7,10 +7,17 @@ What is measured, over the run's own process group (gloo on CPU ranks, NCCL on C
   run has several nodes (the links between nodes), else every rank (the links between devices). Above
   :data:`MAX_ALL_PAIRS` members only each member's ring neighbours are measured, both ways.
 
-Each measurement is one untimed warm-up operation, then :func:`iterations` operations each timed on its own after a
+Each collective is one untimed warm-up operation, then :func:`iterations` operations each timed on its own after a
 barrier; its time is the slowest rank's median of them (a collective is done when every rank has its result). The
-median, not nccl-tests' mean, because one stall of a busy host (a 2-core CI machine running two nodes measured one
-even link 2.7 x below the other with a mean of 3) must not name a node slow; a slow link is slow in every operation.
+median, not nccl-tests' mean: one stall of a busy host must not decide the number.
+
+The sends go round by round: one untimed round over every pair, then :func:`iterations` rounds, each sending once
+over every pair in turn after a barrier. Interleaved so, every link is timed across the same stretch of time: a busy
+host slows every link's operations in that stretch alike. (Timed pair after pair, a 2-core CI machine running two
+nodes measured one even link 2.5 x below the other, the median of 7 included: the whole of one direction's 20 ms fell
+in a busy stretch.) Each pair keeps its slowest rank's median (``seconds``: what the link carries, which the criteria
+judge) and its slowest rank's fastest operation (``best_seconds``: what the link can carry; a busy host only slows
+an operation, a slow link slows every one, so this is what names a link slow).
 
 Bandwidths are nccl-tests' (core/criteria.py ``busbw_gbps``), in GB/s (10^9 bytes per second): ``algbw = S / t``;
 all-reduce ``busbw = algbw x 2(n-1)/n``; all-gather ``busbw = algbw x (n-1)/n`` with S the whole output (n x each
@@ -87,16 +94,8 @@ def measure_links(events: EventWriter, device: str) -> None:
     gather_s = _slowest(_timed(partial(dist.all_gather, parts, part), sync, count), on)
     gathered = part.numel() * 4 * world  # S of the all-gather: its whole output
     del parts, part
-    pairs = []
-    for a, b in pairs_of(len(members)):
-        src, dst = members[a], members[b]
-        dist.barrier()
-        seconds = 0.0
-        if rank == src:
-            seconds = _timed(partial(dist.send, data, dst), sync, count, barrier=False)
-        elif rank == dst:
-            seconds = _timed(partial(dist.recv, data, src), sync, count, barrier=False)
-        pairs.append({"from": a, "to": b, "seconds": _slowest(seconds, on)})
+    order = pairs_of(len(members))
+    sends = _sends(data, [(members[a], members[b]) for a, b in order], sync, count, on)
     if rank != 0:
         return
     collectives = [{"op": "all_reduce", "ranks": world, "bytes": size, "seconds": reduce_s,
@@ -108,25 +107,55 @@ def measure_links(events: EventWriter, device: str) -> None:
     events.write(LinkCheck(
         backend=str(dist.get_backend()), bytes=size, iterations=count, members="node" if len(nodes) > 1 else "rank",
         names=names, collectives=collectives,
-        pairs=[{**p, "busbw_gbps": busbw_gbps("send", 2, size, p["seconds"])} for p in pairs]))
+        pairs=[{"from": a, "to": b, **p, "busbw_gbps": busbw_gbps("send", 2, size, p["seconds"]),
+                "best_busbw_gbps": busbw_gbps("send", 2, size, p["best_seconds"])} for (a, b), p in zip(order, sends)]))
 
 
-def _timed(op: Callable[[], Any], sync: Callable[[], None], count: int, barrier: bool = True) -> float:
-    """One warm-up ``op``, then the median seconds of ``count`` more, each timed on its own (after a barrier over
-    every rank when ``barrier``: a pair's two ranks time without one, the others not taking part)."""
+def _timed(op: Callable[[], Any], sync: Callable[[], None], count: int) -> float:
+    """One warm-up ``op``, then the median seconds of ``count`` more, each timed on its own after a barrier over
+    every rank."""
     import torch.distributed as dist
 
     op()
     sync()
-    if barrier:
-        dist.barrier()
     times = []
     for _ in range(count):
+        dist.barrier()
         start = time.perf_counter()
         op()
         sync()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+def _sends(data: Any, ranks: list[tuple[int, int]], sync: Callable[[], None], count: int, on: Any
+           ) -> list[dict[str, float]]:
+    """Per (sender, receiver) in ``ranks``: ``seconds``, the slowest of the two ranks' median, and ``best_seconds``,
+    the slowest of their fastest, over ``count`` interleaved rounds after one untimed round (the module's docstring).
+    Every rank must call it: each send is preceded by a barrier over every rank."""
+    import torch
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    times: list[list[float]] = [[] for _ in ranks]
+    for round_ in range(count + 1):
+        for i, (src, dst) in enumerate(ranks):
+            dist.barrier()
+            if rank not in (src, dst):
+                continue
+            start = time.perf_counter()
+            if rank == src:
+                dist.send(data, dst)
+            else:
+                dist.recv(data, src)
+            sync()
+            if round_:
+                times[i].append(time.perf_counter() - start)
+    mine = [(statistics.median(t), min(t)) if t else (0.0, 0.0) for t in times]
+    slowest = torch.tensor([s for pair in mine for s in pair], dtype=torch.float64, device=on)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    values = slowest.tolist()
+    return [{"seconds": values[2 * i], "best_seconds": values[2 * i + 1]} for i in range(len(ranks))]
 
 
 def _slowest(seconds: float, on: Any) -> float:

@@ -211,9 +211,10 @@ class LinkCheck(ChildEvent):
     all-reduce and an all-gather over every rank, and a one-way send between each ordered pair of members (the first
     rank of each node when there are several nodes, else every rank).
 
-    ``collectives`` holds one dict per operation (``op``, ``ranks``, ``seconds``: the slowest rank's mean time of one,
+    ``collectives`` holds one dict per operation (``op``, ``ranks``, ``seconds``: the slowest rank's median time,
     ``algbw_gbps``, ``busbw_gbps``); ``pairs`` one per ordered pair (``from``, ``to``: indices into ``names``,
-    ``seconds``, ``busbw_gbps``). Bandwidths are GB/s (10^9 bytes per second) as nccl-tests defines them."""
+    ``seconds`` and ``busbw_gbps``: the slowest rank's median, ``best_seconds`` and ``best_busbw_gbps``: the slowest rank's
+    fastest operation). Bandwidths are GB/s (10^9 bytes per second) as nccl-tests defines them."""
 
     KIND: ClassVar[str] = "links"
     backend: str

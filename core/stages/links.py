@@ -14,8 +14,16 @@ from core.protocol.events import LinkCheck
 #: how the bandwidths are defined, written into the record beside them
 METHOD = ("nccl-tests' bus bandwidth (doc/PERFORMANCE.md) in GB/s = 10^9 bytes/s over the run's own process group, "
           "after the probe's steps: all_reduce busbw = S/t x 2(n-1)/n, all_gather = S/t x (n-1)/n with S its whole "
-          "output, a one-way send = S/t; t the slowest rank's median of the operations timed one by one after one warm-up")
+          "output, a one-way send = S/t; t the slowest rank's median of the operations timed one by one after one "
+          "warm-up, the sends interleaved round by round over the pairs; a send's best_busbw_gbps from its slowest "
+          "rank's fastest operation, which names a link slow")
 OPS = {"all_reduce": "all-reduce", "all_gather": "all-gather"}
+
+
+def capacity(pair: Mapping[str, Any]) -> float:
+    """What a link can carry, in GB/s: its ``best_busbw_gbps`` (the fastest operation: a busy host slows some
+    operations, a slow link every one), or its ``busbw_gbps`` in a record written before links kept their best."""
+    return float(pair.get("best_busbw_gbps", pair["busbw_gbps"]))
 
 
 @dataclass(frozen=True)
@@ -29,8 +37,11 @@ class LinkReport:
         members: ``node`` (the first rank of each node) or ``rank`` (one node: every rank), what ``pairs`` join.
         names: each member's name (``node 1 (host)``, ``rank 0 (cuda:0)``).
         collectives: per operation ``op``, ``ranks``, ``bytes``, ``seconds``, ``algbw_gbps``, ``busbw_gbps``.
-        pairs: per ordered pair ``from``, ``to`` (indices into ``names``), ``seconds``, ``busbw_gbps``.
-        slow: the members named slow, with their evidence (core/criteria.py ``slow_members``).
+        pairs: per ordered pair ``from``, ``to`` (indices into ``names``), ``seconds``, ``busbw_gbps`` (the slowest
+            rank's median), ``best_seconds``, ``best_busbw_gbps`` (its fastest operation; absent in records written
+            before it).
+        slow: the members named slow, with their evidence (core/criteria.py ``slow_members``), judged on each link's
+            best bandwidth (:func:`capacity`).
     """
 
     backend: str
@@ -48,7 +59,7 @@ class LinkReport:
         return cls(backend=event.backend, bytes=event.bytes, iterations=event.iterations, members=event.members,
                    names=list(event.names), collectives=[dict(c) for c in event.collectives],
                    pairs=[dict(p) for p in event.pairs],
-                   slow=slow_members(event.names, [(p["from"], p["to"], p["busbw_gbps"]) for p in event.pairs]))
+                   slow=slow_members(event.names, [(p["from"], p["to"], capacity(p)) for p in event.pairs]))
 
     def link_name(self, pair: Mapping[str, Any]) -> str:
         """``node 1 (b) -> node 0 (a)``: the pair's sender and receiver."""

@@ -238,6 +238,7 @@ def test_the_probe_under_torchrun_leaves_no_process(tiny_model_dir, tmp_path):
     assert gather["busbw_gbps"] == pytest.approx(gather["algbw_gbps"] / 2)  # (n-1)/n
     assert sorted((p["from"], p["to"]) for p in links.pairs) == [(0, 1), (1, 0)]
     assert all(p["busbw_gbps"] == pytest.approx(links.bytes / p["seconds"] / 1e9) for p in links.pairs)
+    assert all(0 < p["best_seconds"] <= p["seconds"] and p["best_busbw_gbps"] >= p["busbw_gbps"] for p in links.pairs)
     assert (tmp_path / "probe" / "events.rank1.jsonl").is_file()  # rank 1 never writes into rank 0's file
     for ledger in ledgers.values():
         assert ledger.optimizer_states_bytes >= 2 * ledger.weights_bytes  # AdamW: 2 moments, not sharded

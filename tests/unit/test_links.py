@@ -29,13 +29,17 @@ def test_bus_bandwidth_is_nccl_tests():
         bus_factor("broadcast", 2)
 
 
-def report(pairs: list[tuple[int, int, float]], names=("node 0 (a)", "node 1 (b)")) -> LinkReport:
-    """A report of one all-reduce over 4 ranks in 10 ms and one-way sends of 4 MiB, each taking ``seconds``."""
+def report(pairs: list[tuple[int, int, float]], names=("node 0 (a)", "node 1 (b)"),
+           best: list[float] | None = None) -> LinkReport:
+    """A report of one all-reduce over 4 ranks in 10 ms and one-way sends of 4 MiB, each taking ``seconds`` at the
+    median and ``best`` (default: the same) at its fastest."""
     return LinkReport.from_event(LinkCheck(
         backend="gloo", bytes=MiB4, iterations=3, members="node", names=list(names),
         collectives=[{"op": "all_reduce", "ranks": 4, "bytes": MiB4, "seconds": 0.01, "algbw_gbps": 0.4194304,
                       "busbw_gbps": busbw_gbps("all_reduce", 4, MiB4, 0.01)}],
-        pairs=[{"from": a, "to": b, "seconds": s, "busbw_gbps": busbw_gbps("send", 2, MiB4, s)} for a, b, s in pairs]))
+        pairs=[{"from": a, "to": b, "seconds": s, "busbw_gbps": busbw_gbps("send", 2, MiB4, s), "best_seconds": f,
+                "best_busbw_gbps": busbw_gbps("send", 2, MiB4, f)}
+               for (a, b, s), f in zip(pairs, best or [s for *_, s in pairs])]))
 
 
 def test_a_slow_direction_names_the_node_it_leaves_from():
@@ -43,6 +47,22 @@ def test_a_slow_direction_names_the_node_it_leaves_from():
     slow = report([(0, 1, 0.01), (1, 0, 0.1)])
     assert len(slow.slow) == 1 and slow.slow[0].startswith("node 1 (b): every link out of it is slow (down to 0.0419")
     assert report([(0, 1, 0.01), (1, 0, 0.015)]).slow == []  # 1.5 times slower is not below half the fastest
+
+
+def test_a_link_is_named_slow_by_its_fastest_operation_not_its_median():
+    # CI's busy 2-core machine: one direction's median 2.5 x the other's, its fastest operation as fast as the other's
+    busy = report([(0, 1, 0.01), (1, 0, 0.025)], best=[0.009, 0.0095])
+    assert busy.slow == [] and min(c for _, c in busy.facts().pairs) == pytest.approx(MiB4 / 0.025 / 1e9)
+    # a capped link (tc on node 1's side): slow in every operation, its fastest too
+    capped = report([(0, 1, 0.01), (1, 0, 0.17)], best=[0.009, 0.16])
+    assert capped.slow == ["node 1 (b): every link out of it is slow (down to 0.0262 GB/s; the fastest link "
+                           "0.466 GB/s)"]
+    # a record written before links kept their best: judged on the median, as it was written
+    old = capped.to_table()
+    for p in old["pairs"]:
+        del p["best_seconds"], p["best_busbw_gbps"]
+    assert LinkReport.from_table(old).slow == ["node 1 (b): every link out of it is slow (down to 0.0247 GB/s; the "
+                                               "fastest link 0.419 GB/s)"]
 
 
 def test_a_node_slow_both_ways_is_named_among_three():
@@ -99,3 +119,8 @@ def test_verify_recomputes_the_links_from_their_bytes_and_seconds():
     problems = recompute_verdicts(rec)
     assert any("pairs[1].busbw_gbps is 0.42, but its bytes and seconds give 0.0419" in p for p in problems), problems
     assert any("probe.links.slow is []" in p for p in problems), problems
+    table = report([(0, 1, 0.01), (1, 0, 0.1)]).to_table()
+    table["pairs"][1]["best_busbw_gbps"] = 0.42  # its fastest operation written up as a fast one
+    rec["probe"]["links"] = table
+    assert any("pairs[1].best_busbw_gbps is 0.42, but its bytes and seconds give 0.0419" in p
+               for p in recompute_verdicts(rec))
