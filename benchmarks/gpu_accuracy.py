@@ -204,7 +204,7 @@ def plan_cell(cell: dict, cuda: bool) -> dict:
     config = load_config(cell["config"])
     device = DeviceInfo("cuda:0", "cuda", _gpu_name() if cuda else "GPU", None, "not needed for accuracy")
     plan = plan_memory(spec, config, [device]).devices[0]
-    blocks, how = workspaces_of(spec, device)  # cuBLAS's workspaces on this GPU (core/plan/workspace.py)
+    blocks, how = workspaces_of(spec, device, config)  # cuBLAS's and cuDNN's workspaces here (core/plan/workspace.py)
     traced = trace_plan(spec, config, target="cuda", workspaces=blocks, workspace_method=how)
     tensors = plan.total_bytes - plan.lines["overhead"].bytes
     reserved = traced.reserved

@@ -458,8 +458,12 @@ def step_accuracy(check: Check) -> dict[str, Any]:
     if not path.exists():
         return {"status": "failed", "why": f"exit {rc}", "log": output[-2000:]}
     rows = json.loads(path.read_text())["cells"]
+    # the caching allocator's predictions (predicted_*_bytes, core/plan/allocator.py) and their errors against the
+    # measured peaks are kept per cell, not only in the archived gpu_accuracy.json
     keep = ("config", "mode", "precision", "batch_size", "seq_len", "status", "analytic_vs_allocated_pct",
-            "traced_vs_allocated_pct", "analytic_total_vs_nvml_pct")
+            "traced_vs_allocated_pct", "analytic_total_vs_nvml_pct", "predicted_allocated_bytes",
+            "predicted_reserved_bytes", "predicted_nvml_used_bytes", "predicted_vs_allocated_pct",
+            "predicted_vs_reserved_pct", "predicted_vs_nvml_pct")
     table = [{k: r.get(k) for k in keep} | {"analytic_tensor_bytes": r.get("analytic_tensor_bytes"),
                                              "traced_peak_bytes": r.get("traced_peak_bytes")}
              | {k: (r.get("measured") or {}).get(k) for k in ("peak_allocated_bytes", "peak_reserved_bytes",
@@ -509,6 +513,17 @@ def summary_table(summary: dict[str, Any]) -> str:
                          f"{gib(c.get('peak_allocated_bytes'))} / {gib(c.get('peak_reserved_bytes'))} / "
                          f"{gib(c.get('nvml_used_max_bytes'))} | {pct(c['analytic_vs_allocated_pct'])} | "
                          f"{pct(c['traced_vs_allocated_pct'])} | {pct(c['analytic_total_vs_nvml_pct'])} |")
+        # the caching allocator's replay against the same measurement: predicted / measured GiB (error)
+        lines += ["", "| cell | predicted / measured allocated GiB | predicted / measured reserved GiB | predicted / "
+                  "measured NVML used GiB |", "|---|---|---|---|"]
+        for c in acc:
+            lines.append(f"| {c['config']} {c['mode']} {c.get('precision') or ''} {c['batch_size']}x{c['seq_len']} | "
+                         f"{gib(c.get('predicted_allocated_bytes'))} / {gib(c.get('peak_allocated_bytes'))} "
+                         f"({pct(c.get('predicted_vs_allocated_pct'))}) | "
+                         f"{gib(c.get('predicted_reserved_bytes'))} / {gib(c.get('peak_reserved_bytes'))} "
+                         f"({pct(c.get('predicted_vs_reserved_pct'))}) | "
+                         f"{gib(c.get('predicted_nvml_used_bytes'))} / {gib(c.get('nvml_used_max_bytes'))} "
+                         f"({pct(c.get('predicted_vs_nvml_pct'))}) |")
     return "\n".join(lines) + "\n"
 
 

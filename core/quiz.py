@@ -319,7 +319,7 @@ def _memory_readings(rec: dict[str, Any], seed: str) -> Question | None:
         right = (f"Blocks torch's caching allocator took from the driver and keeps for reuse, not live tensors "
                  f"({_gib(reserved - peak)})")
         wrong = [f"Memory other processes hold on {d['device']}, counted in the reserved figure",
-                 "The CUDA context and cuBLAS workspace, which torch counts as reserved memory",
+                 "The CUDA context, which torch counts as reserved memory",
                  f"Rounding: allocated is in GB (10^9 B) and reserved in GiB (2^30 B), {_gib(reserved - peak)} apart"]
         explanation = ("Peak allocated is the most bytes live tensors held; reserved is what torch's caching allocator "
                        "held (allocated + cached free blocks). Neither counts the CUDA context or other processes: "

@@ -17,7 +17,9 @@ estimates the second part, per process per device, from three pieces (bytes):
    580.159.04; benchmarks/results/gpu/2026-12-04-first-run, NVML used minus torch's reserved, one process): 694.8 MiB
    in inference and 766.8 MiB in training, the same on each of its cells; pieces 1 and 2 (264 + 9 MiB on its 132 SMs)
    subtracted, the rest is :data:`MODULES_INFERENCE` and :data:`MODULES_TRAINING` (a backward loads more kernels).
-   Other GPUs and CUDA versions are assumed alike: not measured.
+   Other GPUs and CUDA versions are assumed alike: not measured. The CUDA version of the torch that plans is an input
+   all the same: where it is not :data:`MEASURED_CUDA`, the estimate says its module part was measured under another
+   CUDA (a CPU-only torch planning for a GPU does not know the box's CUDA, and says nothing).
 
 A GPU whose name is not in :data:`GPUS` (a planned GPU given by its capacity) gets the H200's measured total, said so.
 ``CUDA_MODULE_LOADING=EAGER`` loads every kernel of every library at start: the estimate is then a floor, and says so.
@@ -41,6 +43,8 @@ _H200_STACKS = 132 * 2048 * STACK_BYTES
 #: piece 3 (module images and driver state) as the H200 measured it, for inference and for training
 MODULES_INFERENCE = MEASURED_H200_INFERENCE - _H200_STACKS - HEAP_AND_FIFO
 MODULES_TRAINING = MEASURED_H200_TRAINING - _H200_STACKS - HEAP_AND_FIFO
+#: the CUDA of the torch that measured piece 3 (torch 2.11.0+cu130)
+MEASURED_CUDA = "13.0"
 
 #: product name pattern -> (SMs, max resident threads per SM, compute capability); the SXM part where a name covers
 #: two (an H100 PCIe has 114 SMs: its name says "PCIe")
@@ -79,7 +83,8 @@ def gpu_shape(label: str) -> tuple[int, int, str] | None:
     return None
 
 
-def cuda_context(label: str, training: bool, environ: Mapping[str, str] | None = None) -> ContextEstimate:
+def cuda_context(label: str, training: bool, environ: Mapping[str, str] | None = None,
+                 cuda_version: str | None = None) -> ContextEstimate:
     """The estimate for a process running a step on the GPU named ``label`` (see the module docstring).
 
     Args:
@@ -87,6 +92,8 @@ def cuda_context(label: str, training: bool, environ: Mapping[str, str] | None =
             measured total.
         training: a backward runs (more kernels loaded).
         environ: ``CUDA_MODULE_LOADING`` (EAGER: the estimate is a floor).
+        cuda_version: the CUDA the step's torch was built with (``torch.version.cuda``, ``"12.8"``); None when not
+            known (a CPU-only torch planning for a GPU elsewhere).
     """
     environ = environ or {}
     modules = MODULES_TRAINING if training else MODULES_INFERENCE
@@ -95,14 +102,18 @@ def cuda_context(label: str, training: bool, environ: Mapping[str, str] | None =
     if shape is None:
         total = MEASURED_H200_TRAINING if training else MEASURED_H200_INFERENCE
         text = (f"CUDA context and libraries outside torch's allocator: {total / MiB:.0f} MiB as measured on an H200 "
-                f"in {mode} (the GPU's name {label!r} does not say its SMs; estimate)")
+                f"under CUDA {MEASURED_CUDA} in {mode} (the GPU's name {label!r} does not say its SMs; estimate)")
     else:
         sms, threads, cc = shape
         stacks = sms * threads * STACK_BYTES
         total = stacks + HEAP_AND_FIFO + modules
         text = (f"CUDA context outside torch's allocator (estimate): thread stacks {sms} SMs x {threads} threads x "
                 f"1 KiB = {stacks / MiB:.0f} MiB (compute capability {cc}) + heap and printf FIFO 9 MiB + modules and "
-                f"driver {modules / MiB:.0f} MiB ({mode}, measured on an H200) = {total / MiB:.0f} MiB")
+                f"driver {modules / MiB:.0f} MiB ({mode}, measured on an H200 under CUDA {MEASURED_CUDA}) = "
+                f"{total / MiB:.0f} MiB")
+    if cuda_version is not None and cuda_version != MEASURED_CUDA:
+        text += (f"; this torch runs CUDA {cuda_version}, the module part was measured under CUDA {MEASURED_CUDA}: "
+                 "it may differ (not measured)")
     if environ.get("CUDA_MODULE_LOADING", "").upper() == "EAGER":
         text += "; CUDA_MODULE_LOADING=EAGER loads every kernel at start: more than this (a floor)"
     return ContextEstimate(total, text)

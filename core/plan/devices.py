@@ -9,7 +9,9 @@ core/plan/memory.py (issue 36: one concern per module).
 from __future__ import annotations
 
 import dataclasses
+import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from core.spec import parse_device_capacities, parse_devices
 
@@ -30,6 +32,9 @@ class DeviceInfo:
             ``capacity_bytes`` on a GPU.
         read_at: when a capacity that moves (host memory available now) was read, as ``time.time()``; None for one
             that does not move (a GPU's total, a box given).
+        others_bytes: a GPU's memory in use by other processes when it was planned (NVML's used memory of the device,
+            :func:`others_on_gpus`), which the plan's overhead line adds; None when not read, with
+            ``others_source`` saying why (empty for a GPU planned from its size: nothing of it is known).
     """
 
     name: str
@@ -40,6 +45,10 @@ class DeviceInfo:
     # not compared: two readings of one device with the same capacity are the same device to plan for
     total_bytes: int | None = field(default=None, compare=False)
     read_at: float | None = field(default=None, compare=False)
+    # a GPU's memory other processes hold when planned (NVML used), which the plan adds to its overhead line: what
+    # NVML will show is ours and theirs (None: not read, or a GPU planned from its size, with ``others_source`` why)
+    others_bytes: int | None = field(default=None, compare=False)
+    others_source: str = field(default="", compare=False)
 
     def capacity_text(self, digits: int = 2) -> str:
         """The capacity as every screen and command line says it, e.g. ``23.04 GiB (available host memory (psutil),
@@ -131,7 +140,35 @@ def detect_devices(devices: str, cpu_ranks: int = 1) -> list[DeviceInfo]:
             props = torch.cuda.get_device_properties(index)
             out.append(DeviceInfo(name, "cuda", props.name, int(props.total_memory), "torch.cuda total memory",
                                   int(props.total_memory)))
-    return out
+    return others_on_gpus(out)
+
+
+def others_on_gpus(devices: list[DeviceInfo], nvml: Any = None) -> list[DeviceInfo]:
+    """``devices`` with what other processes hold on each readable GPU now: NVML's used memory of the device
+    (``nvmlDeviceGetMemoryInfo``; nothing of this run holds it yet), through the live bars' own reader
+    (core/monitor/nvml.py, which maps ``cuda:N`` to its NVML device as CUDA numbers them). A GPU NVML cannot read
+    keeps ``others_bytes`` None with the reason; devices that are not live GPUs are returned as they are.
+
+    Args:
+        nvml: the ``pynvml`` module or a stand-in with its functions (tests); default: pynvml.
+    """
+    gpus = [d for d in devices if d.kind == "cuda" and d.capacity_bytes is not None and d.label != "planned GPU"]
+    if not gpus:
+        return devices
+    from core.monitor.nvml import NvmlBackend, default_backend
+
+    backend, line = default_backend(nvml)
+    readings: dict[str, tuple[int | None, str]]
+    if not isinstance(backend, NvmlBackend):
+        readings = {d.name: (None, f"not read: {line}") for d in gpus}
+    else:
+        when = time.time()
+        readings = {s.device: (s.others_bytes.value, f"NVML used when planned (read at {_clock(when)})"
+                               if s.others_bytes.value is not None else f"not read: {s.others_bytes.reason}")
+                    for s in backend.sample(set())}
+    unlisted = (None, "not read: NVML does not list it")
+    return [dataclasses.replace(d, others_bytes=readings.get(d.name, unlisted)[0],
+                                others_source=readings.get(d.name, unlisted)[1]) if d in gpus else d for d in devices]
 
 
 def _host_devices(ranks: int) -> list[DeviceInfo]:

@@ -449,27 +449,46 @@ def kv_cache_line(spec: RunSpec, shape: ModelShape, layers: int | None = None, t
     )
 
 
+def _torch_cuda() -> str | None:
+    """The CUDA the loaded torch was built with (``torch.version.cuda``), without importing torch for it: None when
+    torch is not loaded in this process or is a CPU build."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    version = getattr(getattr(torch, "version", None), "cuda", None)
+    return str(version) if version else None
+
+
+def _others_text(device: DeviceInfo) -> str:
+    """What other processes hold on a GPU, as the overhead line says it (empty for a GPU planned from its size)."""
+    if device.others_bytes is not None:
+        return f"; + other processes on this GPU: {device.others_bytes / 2**20:,.0f} MiB ({device.others_source})"
+    return f"; other processes on this GPU {device.others_source}" if device.others_source else ""
+
+
 def overhead_line(device: DeviceInfo, strategy: Strategy = "single", n: int = 1, first: bool = True,
                   quantised_source: tuple[int, str] = (0, ""), training: bool = True) -> Line:
     """CUDA: the CUDA context outside torch's allocator per process per device, by GPU and mode
     (:func:`core.plan.context.cuda_context`, an estimate from the GPU's SMs and one H200's measurement; cuBLAS's
     workspaces are inside the allocator and in the traced replay), plus NCCL communicator buffers
     (:func:`core.plan.context.nccl_buffers`, estimate) for strategies that run collectives on N >= 2 devices (ddp, zero*, tp; not
-    device_map, which is one process). CPU: the process's runtime, :data:`CPU_RUNTIME_BYTES` (estimate): on the CPU the
+    device_map, which is one process), plus what other processes hold on the GPU when planned (NVML, read by
+    :func:`core.plan.devices.others_on_gpus`: NVML will show theirs beside ours). CPU: the process's runtime, :data:`CPU_RUNTIME_BYTES` (estimate): on the CPU the
     probe's fit is judged by the larger of its tensor peak and its RSS, which holds it."""
     if device.kind == "cuda":
         import os
 
         from core.plan.context import cuda_context, nccl_buffers
 
-        context = cuda_context(device.label, training, os.environ)
-        text = context.text
+        context = cuda_context(device.label, training, os.environ, _torch_cuda())
+        text, others = context.text, device.others_bytes or 0
         if strategy in ("single", "device_map") or n < 2:
             if strategy == "device_map":
                 text += " (device_map: one process, a context on each device it uses; no NCCL)"
-            return Line("overhead", context.bytes, text)
+            return Line("overhead", context.bytes + others, text + _others_text(device))
         nccl, nccl_text = nccl_buffers(os.environ)
-        return Line("overhead", context.bytes + nccl, f"{text}; + {nccl_text}, for {strategy} over N={n} devices")
+        return Line("overhead", context.bytes + nccl + others,
+                    f"{text}; + {nccl_text}, for {strategy} over N={n} devices{_others_text(device)}")
     if strategy == "device_map" and not first:
         return Line("overhead", 0, "device_map runs in one process: its runtime is counted on the first device")
     text = (f"no CUDA context on the CPU; the process's Python, torch and transformers runtime and the allocator's "

@@ -27,7 +27,8 @@ Accounting convention (also in :attr:`MemoryPlan.convention`, shown on screen an
   (arXiv 2205.05198) otherwise; the loss's logits; under amp the 16-bit weight copies autocast keeps;
 - temporaries: the loss's gradients at the start of backward, the optimizer step's buffers
   (:func:`core.plan.lines.step_temporaries`); one layer's working set for inference;
-- overhead: a line of its own (never hidden in another): the CUDA context and cuBLAS workspace on a CUDA device, the
+- overhead: a line of its own (never hidden in another): what lies outside torch's allocator on a CUDA device (the
+  CUDA context, NCCL's buffers, other processes' memory; cuBLAS's and cuDNN's workspaces are inside it), the
   process's runtime (Python, torch, the libraries) on the CPU (:data:`OVERHEAD_NAMES`);
 - kv_cache: inference only.
 
@@ -66,7 +67,8 @@ COMPONENTS = ("weights", "gradients", "optimizer_states", "activations", "tempor
 
 
 #: What the ``overhead`` line is on each kind of device, for people: (short, words). The record's key stays
-#: ``overhead`` on both: on CUDA the CUDA context and cuBLAS workspace; on the CPU no CUDA context, the process's
+#: ``overhead`` on both: on CUDA the CUDA context (with NCCL's buffers and other processes' memory); on the CPU no CUDA
+#: context, the process's
 #: runtime (Python, torch and the libraries, the allocator's free memory).
 OVERHEAD_NAMES: dict[str, tuple[str, str]] = {"cuda": ("CTX", "CUDA context"), "cpu": ("RT", "process runtime")}
 
@@ -186,7 +188,8 @@ CONVENTION = (
     "tensors, autocast's 16-bit copies), Korthikanti et al. 2022 otherwise; a frozen linear layer saves no input; "
     "the loss keeps fp32 logits and log_softmax. Inference holds weights and the KV cache, with the logits at the end of "
     "the forward or one layer's working set before it, whichever is larger. The overhead line is a separate estimate: "
-    "on a CUDA device the CUDA context and cuBLAS workspace; on the CPU, which has no CUDA context, the process's "
+    "on a CUDA device what lies outside torch's allocator (the CUDA context, NCCL's buffers, other processes); on the "
+    "CPU, which has no CUDA context, the process's "
     "runtime (Python, torch and the libraries)."
 )
 

@@ -6,8 +6,9 @@ and a ``weakref.finalize`` on that storage records its free when the last tensor
 one allocation). Storages are the Python objects torch keeps for the life of the C++ storage (the same identity
 MemTracker keys on, ``torch.distributed._tools.mem_tracker``), so one storage is one key.
 
-Not seen: buffers a kernel allocates and frees inside one op (on CUDA, cuBLAS's and cuDNN's workspaces are outside
-the caching allocator's tensors in any case: they are planned apart), and allocations another thread makes.
+Not seen: buffers a kernel allocates and frees inside one op, and allocations another thread makes. On CUDA, cuBLAS's
+and cuDNN attention's workspaces go through the caching allocator without being tensors: they are sized apart
+(core/plan/workspace.py) and added to the replay as blocks.
 """
 
 from __future__ import annotations

@@ -130,7 +130,8 @@ class ReservedPrediction:
             reserved peak (bytes).
         expandable: the same replay with ``expandable_segments:True`` (a what-if; None when ``conf`` sets it already).
         allocations: allocations replayed.
-        workspace_bytes: cuBLAS's workspaces among them (bytes), sized as ``workspace_method`` says.
+        workspace_bytes: the libraries' workspaces among them (cuBLAS's; cuDNN attention's backward), in bytes, sized
+            as ``workspace_method`` says.
     """
 
     conf: str
@@ -739,7 +740,7 @@ def trace_against(spec: RunSpec, config: Any, plan: Any, *, fast: bool = True) -
         field = "mode" if spec.method.takes("quant") else "optimizer" if spec.optimizer in EIGHT_BIT_OPTIMIZERS else "strategy"
         raise SpecError(field, reason)
     device = plan.devices[0]
-    blocks, how = workspaces_of(spec, device.device)
+    blocks, how = workspaces_of(spec, device.device, config)
     traced = trace_plan(spec, config, target=device.device.kind, fast=fast, workspaces=blocks, workspace_method=how)
     return traced, compare(device, traced)
 
@@ -774,7 +775,7 @@ def device_memory(reserved: ReservedPrediction, overhead_bytes: int, overhead_te
         "methods": {
             "allocated": "the traced steady-state step's allocations replayed: blocks of 512 B multiples, a large "
                          "block handed out whole when 1 MiB or less would remain"
-                         + (f"; with cuBLAS's workspaces, {reserved.workspace_bytes / 2**20:.3g} MiB "
+                         + (f"; with the libraries' workspaces, {reserved.workspace_bytes / 2**20:.3g} MiB "
                             f"({reserved.workspace_method})" if reserved.workspace_bytes else ""),
             "reserved": "the same replay through the caching allocator's segments and best fit (docs/allocator.md)"
                         + (f" under {reserved.conf}" if reserved.conf else ", PyTorch's defaults"),
@@ -885,17 +886,25 @@ def trace_in_child(spec: RunSpec, config: Any, target: str, cancelled: Any = Non
             return traced_from_json(json.load(fh))
 
 
-def workspaces_of(spec: RunSpec, device: Any) -> tuple[tuple[int, ...], str]:
+def workspaces_of(spec: RunSpec, device: Any, config: Any = None) -> tuple[tuple[int, ...], str]:
     """cuBLAS's workspace blocks on ``device`` (:class:`core.plan.devices.DeviceInfo`) for ``spec``, and how they were
-    sized (:func:`core.plan.workspace.cublas_workspaces`, with this process's torch and environment); none on the CPU."""
+    sized (:func:`core.plan.workspace.cublas_workspaces`, with this process's torch and environment), with cuDNN
+    attention's backward workspace when ``config`` (the model's, for its heads) is given and the step reaches it
+    (:func:`core.plan.workspace.cudnn_attention_workspace`); none on the CPU."""
     import importlib.metadata
     import os
 
-    from core.plan.workspace import cublas_workspaces
+    from core.plan.workspace import cublas_workspaces, cudnn_attention_workspace
 
     if device.kind != "cuda":
         return (), ""
     blocks, how = cublas_workspaces(device.label, spec.training, importlib.metadata.version("torch"), os.environ)
+    if config is not None:
+        heads = int(config.num_attention_heads)
+        head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
+        cudnn, why = cudnn_attention_workspace(device.label, spec.training, spec.attn_implementation, spec.dtype,
+                                               spec.batch_size, heads, spec.seq_len, head_dim, os.environ)
+        blocks, how = blocks + ([cudnn] if cudnn else []), f"{how}; {why}"
     return tuple(blocks), how
 
 
@@ -911,7 +920,7 @@ def traced_table(spec: RunSpec, ctx: Any, cancelled: Any = None) -> dict[str, An
         return {"status": "not_run", "reason": reason}
     device = plan.devices[0]
     try:
-        blocks, how = workspaces_of(spec, device.device)
+        blocks, how = workspaces_of(spec, device.device, ctx.config)
         traced = trace_in_child(spec, ctx.config, device.device.kind, cancelled, workspaces=blocks,
                                 workspace_method=how)
     except GpuAcceptError as exc:

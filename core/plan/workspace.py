@@ -1,5 +1,6 @@
-"""cuBLAS's workspaces: memory PyTorch takes through its caching allocator for every (thread, stream) that runs a
-matmul on a device, so it counts in peak allocated and reserved (issue 38). Pure rules, no torch.
+"""cuBLAS's and cuDNN's workspaces: memory PyTorch takes through its caching allocator for every (thread, stream) that
+runs a matmul on a device, and for each cuDNN attention call, so it counts in peak allocated and reserved (issue 38).
+Pure rules, no torch.
 
 Source: pytorch/pytorch ``aten/src/ATen/cuda/CublasHandlePool.cpp`` (line numbers at 26a39059ec58, which behaves as
 the 2.11.0 wheel; the 2.9.1-2.13.0 wheels read in their headers and binaries, docs/allocator.md):
@@ -12,12 +13,28 @@ the 2.11.0 wheel; the 2.9.1-2.13.0 wheels read in their headers and binaries, do
   each get one in training.
 - cuBLASLt (:177-206, :283): a separate 1 MiB block per key up to torch 2.11 (``CUBLASLT_WORKSPACE_SIZE``, KiB);
   from 2.12 it shares the cuBLAS block (``TORCH_CUBLASLT_UNIFIED_WORKSPACE``, on by default).
+
+cuDNN's attention (:func:`cudnn_attention_workspace`):
+
+- which backend: ``F.scaled_dot_product_attention`` tries cuDNN attention first when
+  ``check_prefer_cudnn_attention()`` holds (pytorch/pytorch ``aten/src/ATen/native/transformers/cuda/sdp_utils.cpp``
+  at 001f694aef6f): ``TORCH_CUDNN_SDPA_DEPRIORITIZED`` not set, the runtime cuDNN newer than 9.15.0, compute
+  capability 9.x or 10.x (Hopper, Blackwell); it takes fp16 and bf16 inputs only. The cuDNN version is the
+  wheel's, unknown to a plan made elsewhere: the plan assumes the newer one (the larger estimate).
+- its workspace: ``aten/src/ATen/native/cudnn/MHA.cpp`` allocates ``mha_graph->get_workspace_size()`` through
+  ``CUDACachingAllocator::get()->allocate`` for each call, freed when the call returns. In the backward, cuDNN
+  frontend's graph (NVIDIA/cudnn-frontend ``include/cudnn_frontend/node/scaled_dot_product_flash_attention.h``,
+  ``SDPABackwardNode::expand_and_infer_properties_node``, at b607105d5ad7) holds a float32 dQ accumulator of
+  b x h_q x s_q x d_qk (unless deterministic) and a float32 softmax sum of b x h_q x s_q; the engine's own part is not
+  published, so this is a floor of the size. The forward's graph holds no such tensor.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+
+from core.plan.context import gpu_shape
 
 MiB = 2**20
 #: the default for compute capability 9.0 (and from torch 2.12, 10.x and 12.x)
@@ -78,3 +95,44 @@ def cublas_workspaces(label: str, training: bool, torch_version: str,
                                                                   if training else "the forward's)"))
     how += "; cuBLASLt shares it (torch >= 2.12)" if unified else f"; + cuBLASLt's own {lt // 1024} KiB each"
     return blocks, how
+
+
+#: compute capability majors on which torch tries cuDNN attention first (sdp_utils.cpp check_prefer_cudnn_attention)
+CUDNN_ATTENTION_MAJORS = (9, 10)
+
+
+def cudnn_attention_workspace(label: str, training: bool, attention: str, dtype: str, batch: int, heads: int,
+                              seq_len: int, head_dim: int, environ: Mapping[str, str] | None = None
+                              ) -> tuple[int, str]:
+    """cuDNN attention's backward workspace on the device named ``label`` (bytes), and why that much or none (the
+    module's docstring): ``batch x heads x seq_len x (head_dim + 1) x 4`` B, the float32 dQ accumulator and softmax
+    sum, when training runs SDPA in fp16/bf16 on compute capability 9.x/10.x; 0 otherwise, with the reason.
+
+    Args:
+        attention: the model's ``attn_implementation`` (``sdpa`` reaches cuDNN; ``eager`` and flash-attn do not).
+        dtype: the compute dtype (``fp32``, ``bf16``, ``fp16``).
+        batch, heads, seq_len, head_dim: the micro-batch, query heads, tokens and head size of one attention call.
+        environ: ``TORCH_CUDNN_SDPA_DEPRIORITIZED``.
+    """
+    environ = environ or {}
+    shape = gpu_shape(label)
+    major = generation(label) or (int(shape[2].split(".")[0]) if shape else None)
+    if not training:
+        return 0, "no cuDNN attention backward (no training step): its forward holds no workspace tensor"
+    if attention != "sdpa":
+        return 0, f"attention {attention}: not SDPA, so not cuDNN's"
+    if dtype not in ("bf16", "fp16"):
+        return 0, f"SDPA in {dtype}: cuDNN attention takes fp16 and bf16 only"
+    if major not in CUDNN_ATTENTION_MAJORS:
+        return 0, ("SDPA tries flash attention first on this GPU (cuDNN attention first only on compute capability "
+                   "9.x/10.x)" if major is not None else
+                   f"the GPU's name ({label!r}) does not say its generation: cuDNN attention not assumed (it is tried "
+                   "first on Hopper and Blackwell)")
+    if environ.get("TORCH_CUDNN_SDPA_DEPRIORITIZED", "").strip().lower() in ("1", "true", "on", "yes", "y"):
+        return 0, "TORCH_CUDNN_SDPA_DEPRIORITIZED: SDPA tries flash attention first"
+    size = batch * heads * seq_len * (head_dim + 1) * 4
+    return size, (f"cuDNN attention's backward workspace, at least {size / MiB:.3g} MiB a call: float32 dQ "
+                  f"accumulator {batch} x {heads} heads x {seq_len} x {head_dim} x 4 B + softmax sum "
+                  f"{batch} x {heads} x {seq_len} x 4 B (cuDNN attention is tried first on compute capability "
+                  f"{major}.x when the runtime cuDNN is newer than 9.15.0, assumed; freed after each call, held "
+                  "through the replay)")

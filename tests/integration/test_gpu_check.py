@@ -181,6 +181,42 @@ def test_weights_are_dropped_from_a_run_directory_and_the_record_kept(tmp_path):
     assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == ["record.toml", "rng_state.pth"]
 
 
+def test_the_accuracy_step_keeps_the_allocator_predictions_per_cell_and_tabulates_them(tmp_path, monkeypatch):
+    """The caching allocator's predicted allocated / reserved / NVML used and their errors against the measured peaks
+    (benchmarks/gpu_accuracy.py) survive into the check's summary and its table, not only the archived JSON: a fake
+    measured cell predicting 3 GiB reserved where 2.5 GiB was measured is +20 % (gpu_accuracy's error_pct)."""
+    gpu_check, error_pct = _module("gpu_check"), _module("gpu_accuracy").error_pct
+    gib = 2**30
+    measured = {"peak_allocated_bytes": 2 * gib, "peak_reserved_bytes": 5 * gib // 2, "nvml_used_max_bytes": 4 * gib}
+    cell = {"config": "smollm2-135m", "mode": "lora", "precision": "bf16", "batch_size": 4, "seq_len": 256,
+            "status": "measured", "measured": measured, "analytic_tensor_bytes": 2 * gib, "traced_peak_bytes": 2 * gib,
+            "analytic_vs_allocated_pct": 0.0, "traced_vs_allocated_pct": 0.0, "analytic_total_vs_nvml_pct": 0.0,
+            "predicted_allocated_bytes": 3 * gib // 2, "predicted_reserved_bytes": 3 * gib,
+            "predicted_nvml_used_bytes": 5 * gib}
+    cell |= {"predicted_vs_allocated_pct": error_pct(cell["predicted_allocated_bytes"], measured["peak_allocated_bytes"]),
+             "predicted_vs_reserved_pct": error_pct(cell["predicted_reserved_bytes"], measured["peak_reserved_bytes"]),
+             "predicted_vs_nvml_pct": error_pct(cell["predicted_nvml_used_bytes"], measured["nvml_used_max_bytes"])}
+    check = gpu_check.Check(tmp_path / "out", tmp_path / "work", deadline_s=60, dry_run=False)
+
+    def child(name, cmd, limit_s, extra_env=None):  # what benchmarks/gpu_accuracy.py would have written
+        out = Path(cmd[cmd.index("--out") + 1])
+        out.mkdir(parents=True)
+        (out / "gpu_accuracy.json").write_text(json.dumps({"cuda": True, "cells": [cell]}))
+        return 0, ""
+
+    monkeypatch.setattr(check, "child", child)
+    step = gpu_check.step_accuracy(check)
+    (kept,) = step["cells"]
+    assert step["status"] == "measured"
+    assert (kept["predicted_vs_allocated_pct"], kept["predicted_vs_reserved_pct"], kept["predicted_vs_nvml_pct"]) \
+        == (-25.0, 20.0, 25.0)
+    assert (kept["predicted_reserved_bytes"], kept["peak_reserved_bytes"]) == (3 * gib, 5 * gib // 2)
+    assert (kept["predicted_allocated_bytes"], kept["predicted_nvml_used_bytes"]) == (3 * gib // 2, 5 * gib)
+    table = gpu_check.summary_table({"dry_run": False, "cuda": True, "seconds": 1.0, "steps": {"accuracy": step}})
+    assert ("| smollm2-135m lora bf16 4x256 | 1.500 / 2.000 (-25.0 %) | 3.000 / 2.500 (+20.0 %) | "
+            "5.000 / 4.000 (+25.0 %) |") in table
+
+
 def test_a_step_with_too_little_time_left_is_not_run_and_says_so(tmp_path):
     gpu_check = _module("gpu_check")
     check = gpu_check.Check(tmp_path / "out", tmp_path / "work", deadline_s=5, dry_run=True)

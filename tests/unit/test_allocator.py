@@ -46,6 +46,26 @@ def test_a_pool_miss_allocates_the_segment_get_allocation_size_gives(rounded, se
     assert segment_size(rounded) == segment
 
 
+def test_exactly_1_mib_goes_to_the_small_pool_and_one_byte_more_to_the_large_pool():
+    """get_pool (.cpp:2954-2977): a rounded size <= kSmallSize (1048576) is the small pool's, anything above the large
+    pool's. 1 MiB is a multiple of 512 (.cpp:2502): kept, small pool, a 2 MiB segment (kSmallBuffer, .cpp:2998-2999),
+    1 MiB of it left cached. 1 MiB + 1 rounds to 1 MiB + 512: large pool, a 20 MiB segment (kLargeBuffer,
+    .cpp:3000-3001) at address 2 MiB, split (more than 1 MiB remains)."""
+    a = CachingAllocator()
+    a.malloc(1 * MiB)
+    assert round_size(1 * MiB) == 1 * MiB
+    assert (a.pool_reserved, a.pool_allocated, a.pool_segments) == ({True: 2 * MiB, False: 0},
+                                                                     {True: 1 * MiB, False: 0}, {True: 1, False: 0})
+    assert a.small.keys == [(1 * MiB, 1 * MiB)] and a.large.keys == []
+    a.malloc(1 * MiB + 1)
+    assert round_size(1 * MiB + 1) == 1 * MiB + 512
+    assert (a.pool_reserved, a.pool_allocated, a.pool_segments) == ({True: 2 * MiB, False: 20 * MiB},
+                                                                     {True: 1 * MiB, False: 1 * MiB + 512},
+                                                                     {True: 1, False: 1})
+    assert a.large.keys == [(19 * MiB - 512, 3 * MiB + 512)]
+    assert (a.reserved, a.segments, a.requested) == (22 * MiB, 2, 2 * MiB + 1)
+
+
 def test_small_requests_share_a_2_mib_segment_split_down_to_512_bytes():
     """Two 600 KiB tensors: the first makes a 2 MiB small segment and is split off it (a remainder >= 512 B,
     .cpp:2989-2990); the second is the best fit in that remainder: one segment, 2 MiB reserved."""
@@ -211,3 +231,42 @@ def test_cublas_takes_its_workspaces_as_pytorchs_handle_pool_sizes_them(label, t
     from core.plan.workspace import cublas_workspaces
 
     assert cublas_workspaces(label, training, torch, environ)[0] == blocks
+
+
+def test_cudnn_attention_backward_takes_its_float32_dq_accumulator_and_softmax_sum():
+    """core/plan/workspace.py ``cudnn_attention_workspace``: on Hopper and Blackwell SDPA tries cuDNN attention first
+    (sdp_utils.cpp ``check_prefer_cudnn_attention``), whose backward graph holds a float32 dQ accumulator of
+    b x h_q x s_q x d and a float32 softmax sum of b x h_q x s_q (cudnn-frontend
+    ``scaled_dot_product_flash_attention.h``), allocated through the caching allocator for each call (MHA.cpp)."""
+    from core.plan.workspace import cudnn_attention_workspace
+
+    # a 1.2B Llama shape, micro-batch 2 x 256 tokens, 32 heads of 64: 2 x 32 x 256 x 65 x 4 B = 4,259,840 B (4.06 MiB)
+    size, how = cudnn_attention_workspace("NVIDIA H200", True, "sdpa", "bf16", 2, 32, 256, 64)
+    assert size == 4_259_840 and "float32 dQ accumulator 2 x 32 heads x 256 x 64 x 4 B" in how
+    assert cudnn_attention_workspace("NVIDIA B200", True, "sdpa", "fp16", 1, 8, 128, 128)[0] == 1 * 8 * 128 * 129 * 4
+    # where cuDNN attention is not reached, none, with the reason
+    for args, why in [(("NVIDIA A100-SXM4-80GB", True, "sdpa", "bf16"), "flash attention first"),
+                      (("NVIDIA H200", True, "sdpa", "fp32"), "fp16 and bf16 only"),
+                      (("NVIDIA H200", True, "eager", "bf16"), "not SDPA"),
+                      (("NVIDIA H200", False, "sdpa", "bf16"), "no training step"),
+                      (("planned GPU", True, "sdpa", "bf16"), "does not say its generation")]:
+        size, how = cudnn_attention_workspace(*args, 2, 32, 256, 64)
+        assert size == 0 and why in how, (args, how)
+    size, how = cudnn_attention_workspace("NVIDIA H200", True, "sdpa", "bf16", 2, 32, 256, 64,
+                                          {"TORCH_CUDNN_SDPA_DEPRIORITIZED": "1"})
+    assert size == 0 and "DEPRIORITIZED" in how
+
+
+def test_the_traced_replay_holds_cudnns_block_beside_cublas_on_hopper():
+    from types import SimpleNamespace
+
+    from core.plan.devices import DeviceInfo
+    from core.plan.traced import workspaces_of
+    from core.spec import RunSpec
+
+    spec = RunSpec(mode="lora", dtype="bf16", batch_size=2, seq_len=256)
+    config = SimpleNamespace(num_attention_heads=32, hidden_size=2048, head_dim=None)
+    h200 = DeviceInfo("cuda:0", "cuda", "NVIDIA H200", 140 * 2**30, "given")
+    blocks, how = workspaces_of(spec, h200, config)
+    assert blocks[-1] == 2 * 32 * 256 * 65 * 4 and "cuDNN attention's backward workspace" in how
+    assert workspaces_of(spec, h200)[0] == blocks[:-1]  # without the model's heads: cuBLAS's only

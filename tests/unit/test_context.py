@@ -45,3 +45,35 @@ def test_nccl_buffers_are_channels_times_connections_times_the_three_protocols()
     # NCCL_BUFFSIZE=1 MiB and at most 4 channels: 4 x 2 x (1 MiB + 512 KiB + 4,915,200 B)
     small, text = nccl_buffers({"NCCL_BUFFSIZE": str(MiB), "NCCL_MAX_NCHANNELS": "4"})
     assert small == 4 * 2 * (MiB + 512 * 1024 + 4_915_200) and "NCCL_BUFFSIZE=1048576" in text
+
+
+def test_other_processes_on_a_gpu_count_in_what_nvml_will_show():
+    """core/plan/devices.py ``others_on_gpus``: a GPU's used memory before the run, read by NVML, is added to the
+    plan's overhead line (NVML shows every process's memory); not read, it is said why; a planned GPU is left alone."""
+    import pynvml
+
+    from core.plan.devices import DeviceInfo, others_on_gpus
+    from core.plan.lines import overhead_line
+    from tests.fake_nvml import FakeGpu, FakeNvml
+
+    h100 = DeviceInfo("cuda:0", "cuda", "NVIDIA H100 80GB HBM3", 80 * 2**30, "torch.cuda total memory", 80 * 2**30)
+    planned = DeviceInfo("cuda:1", "cuda", "planned GPU", 80 * 2**30, "given: 80GiB", 80 * 2**30)
+    busy = FakeNvml([FakeGpu("GPU-aaaa", name="NVIDIA H100 80GB HBM3", used=12 * 2**30, procs=[(4242, 12 * 2**30)])])
+    (read, same) = others_on_gpus([h100, planned], busy)
+    assert (read.others_bytes, same) == (12 * 2**30, planned)
+    context = cuda_context("NVIDIA H100 80GB HBM3", training=True).bytes
+    line = overhead_line(read)
+    assert line.bytes == context + 12 * 2**30 and "+ other processes on this GPU: 12,288 MiB (NVML used" in line.method
+    assert overhead_line(h100).bytes == context and "other processes" not in overhead_line(planned).method
+    (unread,) = others_on_gpus([h100], FakeNvml([], init_error=pynvml.NVMLError_LibraryNotFound))
+    assert unread.others_bytes is None and overhead_line(unread).bytes == context
+    assert "other processes on this GPU not read: CPU mode: NVML unavailable" in overhead_line(unread).method
+
+
+def test_another_cuda_than_the_measurements_is_said():
+    same = cuda_context("NVIDIA H200", True, {}, "13.0").text
+    other = cuda_context("NVIDIA H200", True, {}, "12.8").text
+    assert "under CUDA 13.0" in same and "may differ" not in same
+    assert other.endswith("this torch runs CUDA 12.8, the module part was measured under CUDA 13.0: it may differ "
+                          "(not measured)")
+    assert cuda_context("NVIDIA H200", True, {}, "12.8").bytes == MEASURED_H200_TRAINING  # said, not guessed
