@@ -40,6 +40,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seq_len", type=int, default=32)
     p.add_argument("--learning_rate", type=float, default=1e-3)
     p.add_argument("--save_steps", type=int, default=2)
+    p.add_argument("--save_on_each_node", action="store_true",
+                   help="Trainer's save_on_each_node: every node writes whole checkpoints to its own --out (a job "
+                        "whose nodes do not share a filesystem must, to resume after losing a node)")
     p.add_argument("--lora_r", type=int, default=8)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--resume_from_checkpoint", help="a checkpoint-<step> folder Trainer wrote")
@@ -117,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         save_steps=args.save_steps, save_strategy="steps", logging_steps=1, seed=args.seed, data_seed=args.seed,
         report_to=[], disable_tqdm=True, use_cpu=on_cpu, dataloader_num_workers=0,
         ddp_backend="gloo" if on_cpu and int(os.environ.get("WORLD_SIZE", "1")) > 1 else None,
-        ignore_data_skip=args.fault == "data_restart",
+        ignore_data_skip=args.fault == "data_restart", save_on_each_node=args.save_on_each_node,
     )
     trainer = faulty_trainer(Trainer, args.fault)(model=model, args=training_args,
                                                   train_dataset=blocks(tokenizer, args.text, args.seq_len),

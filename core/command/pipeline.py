@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 from core.command.configplan import run_words
 from core.command.evaluate import DEFAULT_EVAL_SEQ_LEN, CommandEvaluation, evaluate_stage, holds_weights
+from core.command.nodeloss import CommandNodes
 from core.command.plan import DeviceComparison, RanSpec, compare, plan_for, spec_from_run
 from core.command.probe import CommandProbe, build_probe, rank_devices, rank_peaks
 from core.command.reaper import start_reaper, stop_reaper
@@ -357,8 +358,10 @@ class CommandRun(StagedRun):
         return required_tier(device, dtype, self.criteria.resume_tier, self.spec.resume_noise,
                              jittered=amplitude() > 0)
 
-    def resume_stage(self, cancelled: Callable[[], bool] | None = None) -> Generator[Event, None, CommandResume]:
-        """Kill the command after a checkpoint, resume it, compare with the uninterrupted run."""
+    def resume_stage(self, cancelled: Callable[[], bool] | None = None, cluster: Any = None,
+                     ) -> Generator[Event, None, CommandResume]:
+        """Kill the command after a checkpoint, resume it, compare with the uninterrupted run; across nodes
+        (``cluster``: the nodes' agreement) one node is lost (:mod:`core.command.nodeloss`)."""
         outcome = self.reference
         if not self.spec.resume_check:
             result = not_applicable("switched off (command.resume_check = false)")
@@ -368,8 +371,11 @@ class CommandRun(StagedRun):
                 raise self.refused("resume", "the uninterrupted run did not end well, so it is no reference")
             yield self.emit(StageStarted("resume", detail="kill your command after a checkpoint, resume it with your "
                                                           "resume command, compare"))
+            nodes = None
+            if cluster is not None:
+                nodes = yield from self._stage("resume", _lost_node(cluster, self.spec.nnodes))
             result = yield from self._stage("resume", resume_stage(self.spec, outcome, self.run_dir, self.values,
-                                                                   self.tier(), cancelled, self.backend))
+                                                                   self.tier(), cancelled, self.backend, nodes=nodes))
             if result.tier is not None and result.status != StageStatus.NOT_APPLICABLE:
                 result = judged_by(result, judge_resume_tier(self.criteria, result.tier.name, result.tier.multiple))
             for finding in result.findings:
@@ -398,6 +404,14 @@ class CommandRun(StagedRun):
             raise GpuAcceptError(f"{self.record_path} is already signed; start a new run to sign again")
         record = build_command_record(self, started=self.started, finished=utc_now(), env=environment())
         return self._write_record_file(record, signoff)
+
+
+def _lost_node(cluster: Any, nnodes: int) -> Generator[Event, None, CommandNodes]:
+    """Agree with the other nodes which one the resume check loses (:meth:`CommandNodes.choose`), and say it."""
+    nodes = CommandNodes.choose(cluster, nnodes)
+    yield Message("resume", text=f"across {nnodes} nodes the check loses one: {nodes.lost_name}"
+                                 + (" (this node)" if nodes.is_lost else ""))
+    return nodes
 
 
 def _peaks(probe: CommandProbe) -> str:
@@ -431,7 +445,7 @@ def every_stage(run: CommandRun, cancelled: Callable[[], bool] | None = None, cl
                 run.stopped[stage] = Stopped(StageStatus.NOT_RUN, f"not run: {why}")
             raise GpuAcceptError(why)
         yield from run.train_eval_stage(cancelled)
-        yield from run.resume_stage(cancelled)
+        yield from run.resume_stage(cancelled, cluster)
     except GpuAcceptError as exc:
         if cluster is not None:
             quietly(cluster.stop, str(exc))

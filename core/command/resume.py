@@ -25,21 +25,27 @@ Where the tier measures the noise (:mod:`core.stages.noise`: on CUDA, or under t
 first: the training command again, uninterrupted, into its own ``{out}``; the bound of every tolerance check is
 ``NOISE_MULTIPLE`` times the twin's distance from the reference (the losses of the steps compared; per tensor at the
 reference's last checkpoint; each number of a JSON state).
+
+Across nodes (``command.nnodes`` > 1) one node is lost between the checkpoints instead of the whole job
+(:mod:`core.command.nodeloss`): every node runs each run together, the lost node's command is held and killed, the
+others' fail waiting for it, and every node resumes from its own newest checkpoint complete on every node.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Generator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from core.command.configplan import run_words
+from core.command.nodeloss import CommandNodes, survived_evidence
 from core.command.reports import Checkpoint, StepRecord, failure_lines, last_lines
 from core.command.run import RunOutcome, run_command
 from core.command.spec import CommandSpec
 from core.criteria import Judgement
+from core.errors import GpuAcceptError, StageError
 from core.events import Event, Message
 from core.protocol.manifest import verify_manifest, write_manifest
 from core.stages.compare import (
@@ -54,6 +60,7 @@ from core.stages.compare import (
     span,
     verdict,
 )
+from core.stages.nodeloss import LOSS_GRACE_S
 from core.stages.noise import Bounded, Tier, judge_tensors
 from core.stages.resume import (
     PICKLE_SUFFIXES,
@@ -73,6 +80,10 @@ TRAINER_UNLOADED = ("training_args.bin", "README.md")
 #: the checks of the checkpoint left by the kill that stop the resume when they fail: nothing unsafe or written at
 #: another world size is loaded
 LOADING_GUARDS = ("manifest", "safe_loading", "world_size", "trainer_state")
+#: why a script without the Trainer hook is not checked across nodes
+NO_HOOK_ACROSS_NODES = ("across nodes the check holds the lost node's ranks after a step and resumes each node from "
+                        "its own ranks' checkpoint, which it learns from the Trainer hook; this script reported no "
+                        "Trainer: check its resume on one node, or run it with transformers' Trainer")
 #: suffixes of the files read as pickles (``torch.load``)
 PICKLES = PICKLE_SUFFIXES
 
@@ -159,13 +170,14 @@ class _Progress:
                              findings=self.findings, twin_final_step=self.twin_final)
 
 
-def trainer_files(trainer: dict[str, Any], world: int) -> list[str]:
+def trainer_files(trainer: dict[str, Any], world: int, ranks: list[int] | None = None) -> list[str]:
     """The files a Trainer checkpoint must hold to resume (transformers' ``_save_checkpoint``): the adapter (a
-    PeftModel) or the model's weights, optimizer, scheduler, trainer state, one RNG state per process, and the
-    GradScaler with fp16."""
+    PeftModel) or the model's weights, optimizer, scheduler, trainer state, one RNG state per process (``ranks``,
+    several nodes: this node's only, each node keeping its own checkpoint), and the GradScaler with fp16."""
     weights = "adapter_model.safetensors" if trainer.get("peft") else "model.safetensors"
     files = [weights, "optimizer.pt", "scheduler.pt", "trainer_state.json"]
-    files += [f"rng_state_{r}.pth" for r in range(world)] if world > 1 else ["rng_state.pth"]
+    files += [f"rng_state_{r}.pth" for r in (ranks if ranks is not None else range(world))] if world > 1 \
+        else ["rng_state.pth"]
     if (trainer.get("arguments") or {}).get("fp16"):
         files.append("scaler.pt")
     return files
@@ -205,7 +217,7 @@ def run_twin(spec: CommandSpec, reference: RunOutcome, run_dir: Path, values: di
 
 def resume_stage(spec: CommandSpec, reference: RunOutcome, run_dir: Path, values: dict[str, str], tier: Tier,
                  cancelled: Callable[[], bool] | None = None, backend: Any = None, twin: RunOutcome | None = None,
-                 ) -> Generator[Event, None, CommandResume]:
+                 nodes: CommandNodes | None = None) -> Generator[Event, None, CommandResume]:
     """Kill the command after checkpoint c, resume it, compare with ``reference`` (see the module docstring): the
     plan of the kill (:func:`kill_plan`), the twin where the tier needs one (:func:`_twin_phase`), the interrupted run
     (:func:`_interrupted_phase`), the checkpoint it left (:func:`_gate`), the resumed run (:func:`_resumed_phase`),
@@ -217,24 +229,32 @@ def resume_stage(spec: CommandSpec, reference: RunOutcome, run_dir: Path, values
             bounded by a twin run's distance from the reference (the twin then runs first: :func:`run_twin`).
         twin: the twin already run (the same command and reference: several resumes judged by one measurement of
             the noise); None runs it here when the tier needs one.
+        nodes: several nodes: this node's part in losing one of them (:mod:`core.command.nodeloss`); None: one node.
 
     Raises:
         StageCancelled: the user stopped it; every process of the command was killed.
         StageError: a run could not start.
     """
+    runs = _Runs(spec, reference, run_dir, values, cancelled, backend, nodes)
     trainer, world = reference.trainer, reference.hook.world_size
-    progress = _Progress(time.perf_counter(), tier,
-                         list(spec.checkpoint_files) or (trainer_files(trainer, world) if trainer else []))
+    progress = _Progress(time.perf_counter(), tier, list(spec.checkpoint_files) or (
+        trainer_files(trainer, world, runs.ranks if nodes is not None else None) if trainer else []))
+    if nodes is not None and trainer is None:  # the same script on every node: every node stops here alike
+        progress.checks.append(Check("nodes", StageStatus.FAIL, NO_HOOK_ACROSS_NODES, kind="completeness"))
+        return progress.finish()
     plan = kill_plan(spec, reference, progress.checks)
     if plan is None:
         return progress.finish()
-    runs = _Runs(spec, reference, run_dir, values, cancelled, backend)
     twin, measured = yield from _twin_phase(runs, tier, twin, progress)
     if not measured:
         return progress.finish()
     progress.plan = plan
-    interrupted, ckpt = yield from _interrupted_phase(runs, plan, progress)
-    if ckpt is None or not _gate(runs, interrupted, ckpt, plan, progress):
+    interrupted, ckpt = yield from (_interrupted_phase(runs, plan, progress) if nodes is None else
+                                    _node_loss_phase(runs, nodes, plan, progress))
+    resumable = ckpt is not None and _gate(runs, interrupted, ckpt, plan, progress)
+    if nodes is not None:  # every node restarts, or none: a node left out would hold the others at the rendezvous
+        resumable = _every_node_resumable(nodes, resumable, progress)
+    if ckpt is None or not resumable:
         return progress.finish()
     resumed = yield from _resumed_phase(runs, ckpt, plan, progress)
     if resumed is not None:
@@ -252,6 +272,7 @@ class _Runs:
     values: dict[str, str]
     cancelled: Callable[[], bool] | None
     backend: Any
+    nodes: CommandNodes | None = None
 
     @property
     def trainer(self) -> dict[str, Any] | None:
@@ -261,14 +282,19 @@ class _Runs:
     def world(self) -> int:
         return self.reference.hook.world_size
 
+    @property
+    def ranks(self) -> list[int]:
+        """This node's ranks in the uninterrupted run (the hook's ``trainer`` events: every rank on one node)."""
+        return sorted({int(e.get("rank", 0) or 0) for e in self.reference.hook.trainers})
+
 
 def kill_plan(spec: CommandSpec, reference: RunOutcome, checks: list[Check]) -> KillPlan | None:
     """Where to kill and compare, from the uninterrupted run's checkpoints (what is on disk, and the steps a Trainer
     saved: ``save_total_limit`` deletes the older folders), with its ``checkpoints`` check (or ``metrics``: a script
     without per-step metrics cannot be killed at a step) appended to ``checks``; None when the check cannot go on."""
     ckpts = reference.checkpoints
-    saved = sorted({x.step for x in ckpts} | {int(e.get("step", 0)) for e in reference.hook.saves
-                                                 if e.get("rank", 0) == 0})
+    # every rank saves at the same steps (a node without rank 0 has only its own ranks' words)
+    saved = sorted({x.step for x in ckpts} | {int(e.get("step", 0)) for e in reference.hook.saves})
     need = spec.kill_after_checkpoint + 1
     if len(saved) < need or not ckpts:
         checks.append(Check("checkpoints", StageStatus.FAIL,
@@ -302,6 +328,8 @@ def _twin_phase(runs: _Runs, tier: Tier, twin: RunOutcome | None, progress: _Pro
     if tier.exact:
         return None, True
     if twin is None:
+        if runs.nodes is not None:
+            runs.nodes.together("twin")
         twin = yield from run_twin(runs.spec, runs.reference, runs.run_dir, runs.values, runs.cancelled, runs.backend)
     progress.runs["twin"] = _summary(twin)
     if twin.exit_code == 0:
@@ -342,13 +370,108 @@ def _interrupted_phase(runs: _Runs, plan: KillPlan, progress: _Progress,
     return interrupted, ckpt if kill.status == StageStatus.PASS else None
 
 
+def _node_loss_phase(runs: _Runs, nodes: CommandNodes, plan: KillPlan, progress: _Progress,
+                     ) -> Generator[Event, None, tuple[RunOutcome, Checkpoint | None]]:
+    """1. across nodes: one node lost after step k (:mod:`core.command.nodeloss`), with this node's ``kill`` and
+    ``kill_point`` checks. Returns (this node's run, the newest checkpoint complete on every node; None when the loss
+    went wrong here or no checkpoint is complete on every node).
+
+    Raises:
+        StageError: another node stopped, or the lost node never said it was killed."""
+    spec, k, ranks = runs.spec, plan.k, runs.ranks
+    out_i = runs.run_dir / "resume-interrupted" / "out"
+    argv_i = run_words(spec, spec.words(), runs.values, out_i)
+    nodes.together("interrupted")
+    if nodes.is_lost:
+        yield Message("resume", text=f"interrupted run: this node is the one lost: its command is held by the Trainer "
+                                     f"hook after step {k}, after checkpoint {plan.c} and before {plan.n}, then SIGKILL "
+                                     "to every process of it")
+        interrupted = yield from run_command(spec, "interrupted", argv_i, out_i, runs.run_dir / "resume-interrupted",
+                                             "resume", total=k, hold_at_step=k,
+                                             kill_when=lambda o: len(o.hook.held) >= len(ranks),
+                                             cancelled=runs.cancelled, backend=runs.backend)
+        progress.runs["interrupted"] = _summary(interrupted)
+        kill, point, ckpt = _kill_checks(interrupted, True, len(ranks), plan, progress.required)
+        kill = replace(kill, evidence=f"node loss, this node: {kill.evidence}")
+        point = replace(point, evidence=point.evidence.replace("every rank", "this node's every rank", 1))
+        progress.checks += [kill, point]
+        if kill.status != StageStatus.PASS or point.status != StageStatus.PASS:
+            nodes.cluster.stop(f"the node the check loses was not killed at its kill point: {point.evidence}")
+            return interrupted, None
+        nodes.tell_lost(k, sorted(interrupted.hook.held))
+        yield Message("resume", text=f"this node's command killed after step {k} ({interrupted.kill.evidence()})"
+                                     if interrupted.kill is not None else "this node's command killed")
+    else:
+        yield Message("resume", text=f"interrupted run: {nodes.lost_name} is lost after step {k} (SIGKILL to every "
+                                     "process of its command); this node's ranks run on until they fail waiting for "
+                                     "it")
+        interrupted = yield from run_command(spec, "interrupted", argv_i, out_i, runs.run_dir / "resume-interrupted",
+                                             "resume", total=k, kill_when=nodes.survivor_kill(),
+                                             cancelled=runs.cancelled, backend=runs.backend)
+        progress.runs["interrupted"] = _summary(interrupted)
+        word = nodes.wait_lost()
+        killed = interrupted.kill is not None
+        ok = interrupted.exit_code != 0 and (not killed or bool(interrupted.kill and interrupted.kill.clean))
+        evidence = survived_evidence(word, interrupted.exit_code, killed, LOSS_GRACE_S, ranks)
+        if interrupted.exit_code == 0:
+            evidence += ": yet this node's command ended well, as if it did not need the lost node's ranks"
+        progress.checks += [Check("kill", StageStatus.judged(ok), evidence),
+                            Check("kill_point", StageStatus.PASS,
+                                  f"{word.get('node')}: held after step {word.get('step')}: after checkpoint "
+                                  f"{plan.c}, before {plan.n}")]
+    return interrupted, _agreed_checkpoint(nodes, interrupted, plan, progress)
+
+
+def _agreed_checkpoint(nodes: CommandNodes, o: RunOutcome, plan: KillPlan, progress: _Progress) -> Checkpoint | None:
+    """The newest checkpoint complete on every node (this node's own files: its ranks' RNG states), which every node
+    resumes from; None, with a failed ``checkpoint_selection`` check, when it is not checkpoint c."""
+    newest = [x for x in o.checkpoints if complete(x, progress.required)]
+    try:
+        agreed, others = nodes.agreement.agree(newest[-1].step if newest else None)
+    except GpuAcceptError as exc:
+        raise StageError(f"the resume check across nodes: {exc}") from None
+    if agreed == plan.c:
+        return next((x for x in o.checkpoints if x.step == agreed), None)
+    mine = newest[-1].name if newest else "none"
+    progress.checks.append(Check("checkpoint_selection", StageStatus.FAIL,
+                                 f"the newest checkpoint complete on every node is "
+                                 f"{f'checkpoint-{agreed}' if agreed is not None else 'none'}, not checkpoint-{plan.c} "
+                                 f"(this node's: {mine}; {'; '.join(others) or 'every node the same'})"
+                                 + ("" if newest else f"; missing here: {_missing_text(o, plan, progress.required)}"),
+                                 kind="completeness"))
+    return None
+
+
+def _missing_text(o: RunOutcome, plan: KillPlan, required: list[str]) -> str:
+    ckpt = next((x for x in o.checkpoints if x.step == plan.c), None)
+    if ckpt is None:
+        return f"checkpoint-{plan.c} itself"
+    return (f"{', '.join(missing_files(ckpt.path, required))} from {ckpt.name} (a node resumes from its own disk: "
+            "the job must save a whole checkpoint on each node, Trainer's save_on_each_node)")
+
+
+def _every_node_resumable(nodes: CommandNodes, resumable: bool, progress: _Progress) -> bool:
+    """Whether every node may restart: this node's word and the others' (:meth:`NodeLoss.resumable`); a
+    ``nodes_resumable`` check fails naming the nodes that may not."""
+    failed = [ch.name for ch in progress.checks if ch.status == StageStatus.FAIL]
+    try:
+        others = nodes.agreement.resumable(resumable, f"its checkpoint failed {', '.join(failed)}" if failed else
+                                           "it may not resume")
+    except GpuAcceptError as exc:
+        raise StageError(f"the resume check across nodes: {exc}") from None
+    if others:
+        progress.checks.append(Check("nodes_resumable", StageStatus.FAIL,
+                                     f"not every node may resume, so none restarts: {'; '.join(others)}"))
+    return resumable and not others
+
+
 def _gate(runs: _Runs, interrupted: RunOutcome, ckpt: Checkpoint, plan: KillPlan, progress: _Progress) -> bool:
     """2. The checkpoint the kill left, before anything loads it: its manifest and checks. True when it may be
     resumed: a checkpoint that cannot be loaded safely, or at another world size, never is; an incomplete one is (the
     user's resume is what is accepted: what it does without the missing part is evidence too)."""
     progress.manifest = write_manifest(ckpt.path, runs.run_dir / "resume-interrupted" / f"manifest-{ckpt.name}.json")
     gate = _checkpoint_checks(interrupted, ckpt, plan.c, progress.required, progress.manifest, runs.trainer,
-                              runs.world)
+                              runs.world, runs.ranks if runs.nodes is not None else None)
     progress.checks += gate
     return all(ch.status == StageStatus.PASS for ch in gate if ch.name in LOADING_GUARDS)
 
@@ -360,8 +483,11 @@ def _resumed_phase(runs: _Runs, ckpt: Checkpoint, plan: KillPlan, progress: _Pro
     out_r = runs.run_dir / "resume-resumed" / "out"
     argv_r = run_words(runs.spec, runs.spec.resume_words(), {**runs.values, "{checkpoint}": str(ckpt.path)}, out_r)
     last = runs.reference.last_step() or plan.final
+    if runs.nodes is not None:
+        runs.nodes.together("resumed")
     yield Message("resume", text=f"resumed run from {ckpt.name} to its end (step {last}), compared with the "
-                                 "uninterrupted run")
+                                 "uninterrupted run" + (" (every node restarts its command together)"
+                                                        if runs.nodes is not None else ""))
     resumed = yield from run_command(runs.spec, "resumed", argv_r, out_r, runs.run_dir / "resume-resumed", "resume",
                                      total=last, cancelled=runs.cancelled, backend=runs.backend)
     progress.runs["resumed"] = _summary(resumed)
@@ -470,16 +596,17 @@ def _seen_at(o: RunOutcome, k: int) -> tuple[str, bool]:
 
 
 def _checkpoint_checks(o: RunOutcome, ckpt: Checkpoint, c: int, required: list[str], manifest: dict[str, str],
-                       trainer: dict[str, Any] | None, world: int) -> list[Check]:
+                       trainer: dict[str, Any] | None, world: int, ranks: list[int] | None = None) -> list[Check]:
     """The checks of checkpoint c before anything loads it: ``checkpoint_selection``, ``checkpoint_complete``,
-    ``manifest``, ``safe_loading``, and for a Trainer ``trainer_state`` and ``world_size``."""
+    ``manifest``, ``safe_loading``, and for a Trainer ``trainer_state`` and ``world_size`` (``ranks``, several
+    nodes: this node's, whose RNG states its checkpoint holds)."""
     checks = [_selection_check(o, c, required), _complete_check(ckpt, required),
               Check("manifest", StageStatus.judged(bool(manifest)),
                     f"sha256 of {len(manifest)} files taken right after the kill" if manifest else
                     f"{ckpt.name} holds no file"),
               safe_loading(ckpt.path, trainer is not None)]
     if trainer is not None:
-        checks += [_trainer_state_check(ckpt, c), world_size_check(ckpt.path, world)]
+        checks += [_trainer_state_check(ckpt, c), world_size_check(ckpt.path, world, ranks)]
     return checks
 
 

@@ -348,12 +348,6 @@ class CommandSpec:
             raise SpecError("command.rdzv_endpoint", f"{self.rdzv_endpoint!r}: several nodes need the rendezvous "
                                                      "host:port every node reaches (the one your launcher line "
                                                      "names); gpuaccept's nodes agree on its port + 1")
-        if self.resume_check:
-            raise SpecError("command.resume_check", "the kill-and-resume check of your own command runs on one node "
-                                                    f"(this one runs on {self.nnodes}): run with --no-resume-check on "
-                                                    "every node, and check resume on one node with the same ranks "
-                                                    "per node, or accept gpuaccept's own recipe across nodes, whose "
-                                                    "resume check loses a node")
 
     # ------------------------------------------------------------------ the record
     def to_dict(self) -> dict[str, Any]:

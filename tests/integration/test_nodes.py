@@ -3,7 +3,8 @@ address and, through a UTS namespace, its own hostname, each running its own ``g
 that meet at torchrun's c10d rendezvous on node0's address: rank 0's node records both nodes' ranks and the links
 between them, and the resume check loses node1 (every process of its run SIGKILLed between checkpoints), restarts both
 nodes from the last checkpoint and passes on each; with node1's side of the link slowed by tc, node1 is named and
-``min_busbw_gbps`` fails.
+``min_busbw_gbps`` fails. In command mode the user's own launcher line runs on both, and its resume check loses node1
+the same way.
 
 Needs root and iproute2 (``ip netns``, ``tc``), as CI has; skipped, with the reason, where namespaces cannot be made.
 The kernel here has no ``netem`` qdisc ("Specified qdisc kind is unknown"), so the link is slowed with ``tbf``, tc's
@@ -170,20 +171,22 @@ def test_a_slowed_link_names_its_node_and_fails_min_busbw(hosts, tmp_path, tiny_
     assert "its probe failed: the links between ranks: min_busbw_gbps 0.1" in evidence
 
 
-def test_your_own_launcher_line_runs_on_both_hosts_and_they_share_one_cluster_record(hosts, tmp_path, tiny_model_dir):
-    """Command mode across nodes: the user's own torchrun line (Trainer + PEFT LoRA, examples/train_hf.py), its own
-    rendezvous on node0, run by each host's gpuaccept told only the node count and that endpoint; each node measures
-    its own rank, the node holding the weights evaluates them, and node0 writes the cluster record of both."""
+def test_your_own_launcher_line_runs_on_both_hosts_loses_one_and_they_share_one_cluster_record(hosts, tmp_path,
+                                                                                                tiny_model_dir):
+    """Command mode across nodes: the user's own torchrun line (Trainer + PEFT LoRA, examples/train_hf.py, saving on
+    each node), its own rendezvous on node0, run by each host's gpuaccept told only the node count and that endpoint;
+    each node measures its own rank and evaluates its weights, the resume check loses node1 and both resume, and node0
+    writes the cluster record of both. Without save_on_each_node node1 has no checkpoint of its own to resume from:
+    tests/unit/test_command_nodeloss.py."""
     from core.record.verify import record_problems
 
     hf = Path(__file__).resolve().parents[2] / "examples" / "train_hf.py"
     endpoint = f"{SUBNET}.1:29540"
     line = (f"{sys.executable} -m torch.distributed.run --nnodes 2 --nproc-per-node 1 --rdzv-backend c10d "
             f"--rdzv-endpoint {endpoint} --rdzv-id cmd {hf} --model {tiny_model_dir} --out {{out}} --text "
-            "{train_data} --max_steps 2 --save_steps 2 --learning_rate 0.2")
+            "{train_data} --max_steps 6 --save_steps 2 --learning_rate 0.2 --save_on_each_node")
     first, other = start_nodes(hosts, tmp_path, ["run", "--headless", "--command", line, "--nnodes", "2",
-                                                 "--rdzv-endpoint", endpoint, "--no-resume-check",
-                                                 "--eval-max-blocks", "4"])
+                                                 "--rdzv-endpoint", endpoint, "--eval-max-blocks", "4"])
     assert first["kind"] == other["kind"] == "command"
     stages = [{k: v["status"] for k, v in r["verdict"]["stages"].items()} for r in (first, other)]
     assert stages[0]["probe"] == stages[1]["probe"] == "pass", stages
@@ -192,8 +195,21 @@ def test_your_own_launcher_line_runs_on_both_hosts_and_they_share_one_cluster_re
     for r in (first, other):  # each node's plan holds its own rank (world size 2 over 2 nodes), compared with it
         assert len(r["plan"]["devices"]) == 1 and len(r["plan"]["comparison"]) == 1, r["plan"]
         assert r["plan"]["comparison"][0]["measured_bytes"] == r["probe"]["devices"][0]["peak_rss_bytes"]
-    assert other["verdict"]["stages"]["evaluation"]["evidence"].startswith(
-        "not evaluated on this node: its checkpoint-2 holds no weights")
+    # save_on_each_node: each node holds the weights and evaluates them
+    assert other["evaluation"]["after"]["value"] == first["evaluation"]["after"]["value"]
+    # the resume check loses node1 (not the rendezvous host's): killed after step 3, node0's rank failing without it,
+    # both restarted from their own checkpoint-2 and equal to the uninterrupted run up to step 6
+    checks = [{c["name"]: c for c in r["resume"]["checks"]} for r in (first, other)]
+    assert first["resume"]["status"] == other["resume"]["status"] == "pass", checks
+    assert checks[1]["kill"]["evidence"].startswith("node loss, this node: SIGKILL to ")
+    assert checks[1]["kill_point"]["evidence"] == "this node's every rank (1) held after step 3: after checkpoint 2, " \
+                                                  "before 4"
+    assert checks[0]["kill"]["evidence"].startswith("node loss: every process of node1 (pid ")
+    assert "SIGKILLed after step 3 (its ranks 1 held there); this node's ranks 0 " in checks[0]["kill"]["evidence"]
+    for rank, node in enumerate(checks):
+        assert node["checkpoint_complete"]["evidence"].endswith(f"trainer_state.json, rng_state_{rank}.pth")
+        assert node["loss"]["evidence"] == "4 resumed losses (every rank): bit-identical"
+        assert node["final_weights"]["evidence"].endswith("bit-identical")
     cluster = tomllib.loads((first["path"].parent / "cluster.toml").read_text())
     assert [(d["host"], d["rank"]) for d in cluster["devices"]] == [("node0", 0), ("node1", 1)]
     assert all(d["measured_peak_bytes"] > 0 for d in cluster["devices"])

@@ -1,0 +1,119 @@
+"""Issue 39: command mode's resume check across nodes (core/command/nodeloss.py and its part of core/command/resume.py),
+its decisions taken against a stand-in for the nodes' agreement. The runs themselves, two network-namespace hosts each
+running its gpuaccept, are in tests/integration/test_nodes.py."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from core.command.nodeloss import CommandNodes
+from core.command.reports import Checkpoint
+from core.command.resume import KillPlan, _agreed_checkpoint, _every_node_resumable, _Progress, trainer_files
+from core.command.run import RunOutcome
+from core.errors import StageError
+from core.stages.noise import Tier
+from core.status import StageStatus
+
+
+class Agreement:
+    """The NodeAgreement calls the check makes, with the other node's words given (``said``: key -> its text)."""
+
+    def __init__(self, id_: str, holds: bool, said: dict[str, str], other: str = "node0 (pid 1)") -> None:
+        self.id, self.holds, self.said, self.other = id_, holds, said, other
+        self.node = "node1 (pid 2)"
+        self.told: dict[str, str] = {}
+        self.stops: list[str] = []
+
+    def exchange(self, key: str, text: str) -> list[tuple[str, str]]:
+        return [(self.other, self.said[key]), (self.node, text)]
+
+    def tell(self, key: str, text: str) -> None:
+        self.told[key] = text
+
+    def heard(self, key: str) -> str | None:
+        return self.said.get(key)
+
+    def stopped(self) -> list:
+        return []
+
+
+def test_the_node_lost_is_one_that_does_not_hold_the_store():
+    # node0 holds the store the nodes agree through (the rendezvous host): node1 is lost, whatever the ids' order
+    words = {"command-resume/nodes": json.dumps({"id": "zzz", "holds": True})}
+    nodes = CommandNodes.choose(Agreement("aaa", False, words), 2)
+    assert (nodes.lost, nodes.lost_name, nodes.is_lost) == ("aaa", "node1 (pid 2)", True)
+    words = {"command-resume/nodes": json.dumps({"id": "aaa", "holds": False})}
+    nodes = CommandNodes.choose(Agreement("zzz", True, words), 2)
+    assert (nodes.lost, nodes.lost_name, nodes.is_lost) == ("aaa", "node0 (pid 1)", False)
+
+
+def checkpoint(root: Path, step: int, files: list[str]) -> Checkpoint:
+    folder = root / f"checkpoint-{step}"
+    folder.mkdir(parents=True)
+    for name in files:
+        (folder / name).write_bytes(b"x")
+    return Checkpoint(step, folder)
+
+
+def node1(tmp_path: Path, files: list[str]) -> tuple[RunOutcome, _Progress]:
+    """Node 1's interrupted run after the loss, its checkpoint-2 holding ``files``; its required files are a LoRA
+    Trainer's with its own rank's RNG state."""
+    run = RunOutcome("interrupted", [], tmp_path, tmp_path, tmp_path / "command.log")
+    run.checkpoints = [checkpoint(tmp_path, 2, files)]
+    return run, _Progress(time.perf_counter(), Tier("cpu-fp32-exact", "exact", 0.0, "the CPU"), trainer_files({"peft": True}, 2, [1]))
+
+
+def test_a_node_without_a_whole_checkpoint_of_its_own_stops_every_nodes_resume(tmp_path):
+    """Trainer's default across nodes (save_on_each_node off): rank 0's node writes the checkpoint, the other node's
+    folder holds its ranks' RNG states only. After losing a node, that node has nothing to resume from on its disk:
+    no checkpoint is complete on every node, and the check says which files and what to change."""
+    run, progress = node1(tmp_path, ["rng_state_1.pth"])
+    nodes = CommandNodes(Agreement("b", False, {"checkpoint": json.dumps(2)}), 2, "b", "node1 (pid 2)")
+    assert _agreed_checkpoint(nodes, run, KillPlan(2, 4, 3, 6), progress) is None
+    (check,) = progress.checks
+    assert (check.name, check.status) == ("checkpoint_selection", StageStatus.FAIL)
+    assert check.evidence == (
+        "the newest checkpoint complete on every node is none, not checkpoint-2 (this node's: none; node0 (pid 1)'s "
+        "newest complete checkpoint is checkpoint-2); missing here: adapter_model.safetensors, optimizer.pt, "
+        "scheduler.pt, trainer_state.json from checkpoint-2 (a node resumes from its own disk: the job must save a "
+        "whole checkpoint on each node, Trainer's save_on_each_node)")
+
+
+def test_with_a_whole_checkpoint_on_each_node_every_node_resumes_from_the_same_one(tmp_path):
+    run, progress = node1(tmp_path, ["adapter_model.safetensors", "optimizer.pt", "scheduler.pt",
+                                     "trainer_state.json", "rng_state_1.pth"])
+    nodes = CommandNodes(Agreement("b", False, {"checkpoint": json.dumps(2)}), 2, "b", "node1 (pid 2)")
+    assert _agreed_checkpoint(nodes, run, KillPlan(2, 4, 3, 6), progress) == run.checkpoints[0]
+    assert progress.checks == []
+
+
+def test_a_node_that_may_not_resume_stops_the_others_restart(tmp_path):
+    _, progress = node1(tmp_path, [])
+    said = {"resumable": json.dumps({"ok": False, "why": "its checkpoint failed safe_loading"})}
+    nodes = CommandNodes(Agreement("b", False, said), 2, "b", "node1 (pid 2)")
+    assert _every_node_resumable(nodes, True, progress) is False
+    (check,) = progress.checks
+    assert check.evidence == "not every node may resume, so none restarts: node0 (pid 1): its checkpoint failed " \
+                             "safe_loading"
+    said = {"resumable": json.dumps({"ok": True, "why": ""})}
+    _, progress = node1(tmp_path / "again", [])
+    assert _every_node_resumable(CommandNodes(Agreement("b", False, said), 2, "b", "n"), True, progress) is True
+
+
+def test_a_surviving_node_is_killed_after_the_grace_and_waits_for_the_word():
+    words: dict[str, str] = {}
+    nodes = CommandNodes(Agreement("a", True, words), 2, "b", "node1 (pid 2)")
+    kill = nodes.survivor_kill(grace_s=0.05)
+    assert kill(None) is False  # nothing said: its ranks are still training
+    words["command-lost"] = json.dumps({"node": "node1 (pid 2)", "host": "node1", "step": 3, "ranks": [1]})
+    assert kill(None) is False  # told: the grace begins
+    time.sleep(0.06)
+    assert kill(None) is True
+    assert nodes.wait_lost(0.1)["step"] == 3
+    del words["command-lost"]
+    with pytest.raises(StageError, match="never said its command was killed at its kill point within 0 s"):
+        nodes.wait_lost(0.01)
