@@ -43,7 +43,7 @@ from core.command.configplan import run_words
 from core.command.nodeloss import CommandNodes, survived_evidence
 from core.command.reports import Checkpoint, StepRecord, failure_lines, last_lines
 from core.command.run import RunOutcome, run_command
-from core.command.spec import CommandSpec
+from core.command.spec import CommandSpec, launcher_nproc, launcher_world, with_nproc
 from core.criteria import Judgement
 from core.errors import GpuAcceptError, StageError
 from core.events import Event, Message
@@ -61,7 +61,7 @@ from core.stages.compare import (
     verdict,
 )
 from core.stages.nodeloss import LOSS_GRACE_S
-from core.stages.noise import Bounded, Tier, judge_tensors
+from core.stages.noise import Bounded, Tier, judge_tensors, resized_tier
 from core.stages.resume import (
     PICKLE_SUFFIXES,
     UntrustedCheckpoint,
@@ -84,6 +84,10 @@ LOADING_GUARDS = ("manifest", "safe_loading", "world_size", "trainer_state")
 NO_HOOK_ACROSS_NODES = ("across nodes the check holds the lost node's ranks after a step and resumes each node from "
                         "its own ranks' checkpoint, which it learns from the Trainer hook; this script reported no "
                         "Trainer: check its resume on one node, or run it with transformers' Trainer")
+#: why a resume at another world size is not checked across nodes
+RESIZE_ACROSS_NODES = ("the resume command runs at another world size than the training, across nodes: the check "
+                       "restarts the same nodes after losing one, so a restart on fewer nodes is not checked; give "
+                       "the resume command the training's world size, or check the resize on one node")
 #: suffixes of the files read as pickles (``torch.load``)
 PICKLES = PICKLE_SUFFIXES
 
@@ -201,16 +205,23 @@ def not_applicable(why: str) -> CommandResume:
 
 
 def run_twin(spec: CommandSpec, reference: RunOutcome, run_dir: Path, values: dict[str, str],
-             cancelled: Callable[[], bool] | None = None, backend: Any = None) -> Generator[Event, None, RunOutcome]:
+             cancelled: Callable[[], bool] | None = None, backend: Any = None, resize: Resize | None = None,
+             ) -> Generator[Event, None, RunOutcome]:
     """The twin of the resume check (:mod:`core.stages.noise`): the training command again, uninterrupted, into its
-    own ``{out}`` (``run_dir/resume-twin``).
+    own ``{out}`` (``run_dir/resume-twin``); with ``resize``, at the resume's world size (its torchrun line starting
+    the resume's processes per node).
 
     Raises:
         StageCancelled: the user stopped it; every process of the command was killed."""
     out = run_dir / "resume-twin" / "out"
+    words = spec.words() if resize is None else with_nproc(spec.words(), resize.nproc)
     yield Message("resume", text="twin run: the training command again, uninterrupted; its distance from the "
-                                 "uninterrupted run is the run-to-run noise the comparison is bounded by")
-    return (yield from run_command(spec, "twin", run_words(spec, spec.words(), values, out), out,
+                                 "uninterrupted run is the run-to-run noise the comparison is bounded by"
+                                 if resize is None else
+                                 f"twin run: the training command again at the resume's world size "
+                                 f"({resize.resumed}, of {resize.trained}); its distance from the uninterrupted run "
+                                 "is what the world size alone moves, the bound of the comparison")
+    return (yield from run_command(spec, "twin", run_words(spec, words, values, out), out,
                                    run_dir / "resume-twin", "resume", total=reference.last_step() or 0,
                                    cancelled=cancelled, backend=backend))
 
@@ -235,17 +246,23 @@ def resume_stage(spec: CommandSpec, reference: RunOutcome, run_dir: Path, values
         StageCancelled: the user stopped it; every process of the command was killed.
         StageError: a run could not start.
     """
-    runs = _Runs(spec, reference, run_dir, values, cancelled, backend, nodes)
+    resize = resize_of(spec)
+    runs = _Runs(spec, reference, run_dir, values, cancelled, backend, nodes, resize)
     trainer, world = reference.trainer, reference.hook.world_size
     progress = _Progress(time.perf_counter(), tier, list(spec.checkpoint_files) or (
         trainer_files(trainer, world, runs.ranks if nodes is not None else None) if trainer else []))
     if nodes is not None and trainer is None:  # the same script on every node: every node stops here alike
         progress.checks.append(Check("nodes", StageStatus.FAIL, NO_HOOK_ACROSS_NODES, kind="completeness"))
         return progress.finish()
+    if resize is not None and nodes is not None:
+        progress.checks.append(Check("world_size", StageStatus.FAIL, RESIZE_ACROSS_NODES))
+        return progress.finish()
+    if resize is not None and trainer is None:  # DCP may reshard: judged against a twin at the resume's world size
+        progress.tier = resize.tier(tier)
     plan = kill_plan(spec, reference, progress.checks)
     if plan is None:
         return progress.finish()
-    twin, measured = yield from _twin_phase(runs, tier, twin, progress)
+    twin, measured = yield from _twin_phase(runs, progress.tier, twin, progress)
     if not measured:
         return progress.finish()
     progress.plan = plan
@@ -273,6 +290,7 @@ class _Runs:
     cancelled: Callable[[], bool] | None
     backend: Any
     nodes: CommandNodes | None = None
+    resize: Resize | None = None
 
     @property
     def trainer(self) -> dict[str, Any] | None:
@@ -325,12 +343,13 @@ def _twin_phase(runs: _Runs, tier: Tier, twin: RunOutcome | None, progress: _Pro
                 ) -> Generator[Event, None, tuple[RunOutcome | None, bool]]:
     """0. The twin, where the tier measures the noise: the one given, else the training command again,
     uninterrupted. Returns (the twin, or None on an exact tier; False when it failed: no bound is measured)."""
-    if tier.exact:
+    if tier.exact or (runs.resize is not None and runs.trainer is not None):  # the latter is refused at its checkpoint
         return None, True
     if twin is None:
         if runs.nodes is not None:
             runs.nodes.together("twin")
-        twin = yield from run_twin(runs.spec, runs.reference, runs.run_dir, runs.values, runs.cancelled, runs.backend)
+        twin = yield from run_twin(runs.spec, runs.reference, runs.run_dir, runs.values, runs.cancelled, runs.backend,
+                                   runs.resize)
     progress.runs["twin"] = _summary(twin)
     if twin.exit_code == 0:
         return twin, True
@@ -368,6 +387,49 @@ def _interrupted_phase(runs: _Runs, plan: KillPlan, progress: _Progress,
     kill, point, ckpt = _kill_checks(interrupted, trainer is not None, world, plan, progress.required)
     progress.checks += [kill, point]
     return interrupted, ckpt if kill.status == StageStatus.PASS else None
+
+
+@dataclass(frozen=True)
+class Resize:
+    """A resume at another world size than the training's: the resume command's torchrun line starts ``nproc``
+    processes per node, ``resumed`` in all, where the training line started ``trained``."""
+
+    trained: int
+    resumed: int
+    nproc: int
+
+    def tier(self, tier: Tier) -> Tier:
+        """The tier of this resume in place of the device's ``tier`` (:func:`core.stages.noise.resized_tier`)."""
+        return resized_tier(tier, self.trained, self.resumed)
+
+
+def resize_of(spec: CommandSpec) -> Resize | None:
+    """The resume's change of world size, from the two torchrun lines (None: the same, or a line gpuaccept cannot
+    read: no torchrun, or a count only the node knows)."""
+    trained, resumed = launcher_world(spec.words()), launcher_world(spec.resume_words())
+    nproc = launcher_nproc(spec.resume_words())
+    if trained is None or resumed is None or nproc is None or trained == resumed:
+        return None
+    return Resize(trained, resumed, nproc)
+
+
+def dcp_world_check(ckpt: Path, resize: Resize) -> Check:
+    """``world_size`` of a script's checkpoint resumed at another world size: allowed for a torch.distributed.checkpoint
+    (DCP) checkpoint, whose ``.metadata`` maps every tensor's shards and which DCP reshards on load (its
+    ``load_planner``); refused by name for any other, whose files say nothing of how they would reshard."""
+    shards = sorted(p.name for p in ckpt.glob("__*_*.distcp"))
+    if is_dcp(ckpt):
+        return Check("world_size", StageStatus.PASS,
+                     f"{ckpt.name} is a torch.distributed.checkpoint (DCP) checkpoint ({len(shards)} shard file(s): "
+                     f"{', '.join(shards[:8])}{', ...' if len(shards) > 8 else ''}), whose .metadata maps every "
+                     f"tensor's shards: DCP reshards it on load; written at world size {resize.trained}, resumed at "
+                     f"{resize.resumed}")
+    return Check("world_size", StageStatus.FAIL,
+                 f"refused: the resume command runs at world size {resize.resumed} and the training ran at "
+                 f"{resize.trained}, and {ckpt.name} is not a torch.distributed.checkpoint (DCP) checkpoint (no "
+                 ".metadata): nothing says how its files would reshard; resume at world size "
+                 f"{resize.trained}, or save with torch.distributed.checkpoint, which reshards on load; the resume "
+                 "was not started")
 
 
 def _node_loss_phase(runs: _Runs, nodes: CommandNodes, plan: KillPlan, progress: _Progress,
@@ -471,7 +533,10 @@ def _gate(runs: _Runs, interrupted: RunOutcome, ckpt: Checkpoint, plan: KillPlan
     user's resume is what is accepted: what it does without the missing part is evidence too)."""
     progress.manifest = write_manifest(ckpt.path, runs.run_dir / "resume-interrupted" / f"manifest-{ckpt.name}.json")
     gate = _checkpoint_checks(interrupted, ckpt, plan.c, progress.required, progress.manifest, runs.trainer,
-                              runs.world, runs.ranks if runs.nodes is not None else None)
+                              runs.resize.resumed if runs.resize is not None else runs.world,
+                              runs.ranks if runs.nodes is not None else None)
+    if runs.resize is not None and runs.trainer is None:
+        gate.append(dcp_world_check(ckpt.path, runs.resize))
     progress.checks += gate
     return all(ch.status == StageStatus.PASS for ch in gate if ch.name in LOADING_GUARDS)
 
@@ -517,7 +582,7 @@ def _compare(runs: _Runs, interrupted: RunOutcome, resumed: RunOutcome, twin: Ru
     if trainer:
         progress.checks.append(trainable_check(trainer, resumed.trainer))
     progress.checks += compare_final(reference, resumed, plan.final, tier, progress.not_compared, trainer is not None,
-                                     twin)
+                                     twin, scratch=runs.run_dir / "resume-resumed" / "dcp-as-torch-save")
     progress.findings = [f"{o.name} run: {p}" for o in (twin, interrupted, resumed) if o is not None for p in o.problems]
     progress.twin_final = twin.last_step() if twin is not None else None
 
@@ -762,7 +827,7 @@ def trainable_check(reference: dict[str, Any], resumed: dict[str, Any] | None) -
 
 
 def compare_final(reference: RunOutcome, resumed: RunOutcome, step: int, tier: Tier, not_compared: list[str],
-                  trainer: bool = False, twin: RunOutcome | None = None) -> list[Check]:
+                  trainer: bool = False, twin: RunOutcome | None = None, scratch: Path | None = None) -> list[Check]:
     """At the reference's last checkpoint (step ``step``), the resumed run's checkpoint of the same step, file by
     file: every ``.safetensors`` file's tensors (``final_weights``, bound), every optimizer file (progress exact,
     moments bound: :func:`core.stages.resume.compare_optimizers`), every other pickle (RNG, scheduler, progress; exact)
@@ -770,10 +835,13 @@ def compare_final(reference: RunOutcome, resumed: RunOutcome, step: int, tier: T
     ``states``. The bounds are the tier's (:mod:`core.stages.noise`): bit-exact, or from the ``twin``'s checkpoint of
     the same step. A Trainer checkpoint's JSON files are its configs (peft writes ``target_modules`` from a set, in no
     fixed order) and its trainer state (timings, paths; its steps are compared above); they and other files (text)
-    are listed in ``not_compared``."""
+    are listed in ``not_compared``. A torch.distributed.checkpoint (DCP) folder, whose shards follow the world size
+    that wrote it, is compared as its whole state (:func:`dcp_as_files`, written under ``scratch``)."""
     found = _final_folders(reference, resumed, step, tier, twin)
     if isinstance(found, Check):
         return [found]
+    if scratch is not None and is_dcp(found[0].path):
+        found = dcp_as_files(found, scratch)
     return compare_final_files(*found, tier, not_compared, trainer)
 
 
@@ -815,6 +883,36 @@ def compare_final_files(a: Checkpoint, b: Checkpoint, t: Path | None, tier: Tier
     if states or parts.rest[0]:
         checks.append(_compare_states(a.path, b.path, states, tier, t, parts.rest))
     return checks
+
+
+def is_dcp(folder: Path) -> bool:
+    """The folder is a torch.distributed.checkpoint (DCP) checkpoint: its ``.metadata`` is there (the coordinator
+    writes it last, after every rank's shards)."""
+    return (folder / ".metadata").is_file()
+
+
+def dcp_as_files(found: tuple[Checkpoint, Checkpoint, Path | None], scratch: Path
+                 ) -> tuple[Checkpoint, Checkpoint, Path | None]:
+    """The reference's, the resumed run's and the twin's DCP checkpoints each as one whole ``state.pt``
+    (``torch.distributed.checkpoint.format_utils.dcp_to_torch_save``: every tensor gathered from its shards, whatever
+    the world size that wrote them) beside the folder's other files (its JSON state), in ``scratch/<run>/<name>``:
+    the folders :func:`compare_final_files` compares."""
+    import shutil
+
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    def whole(path: Path, run: str) -> Path:
+        folder = scratch / run / path.name
+        folder.mkdir(parents=True, exist_ok=True)
+        dcp_to_torch_save(path, folder / "state.pt")
+        for f in path.iterdir():
+            if f.is_file() and f.name != ".metadata" and f.suffix != ".distcp":
+                shutil.copy2(f, folder / f.name)
+        return folder
+
+    a, b, t = found
+    return (Checkpoint(a.step, whole(a.path, "uninterrupted")), Checkpoint(b.step, whole(b.path, "resumed")),
+            whole(t, "twin") if t is not None else None)
 
 
 def _named(ch: Check, where: str) -> Check:

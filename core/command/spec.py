@@ -368,6 +368,61 @@ TORCHRUN_MODULES = ("torch.distributed.run", "torch.distributed.launch")
 def launcher_nnodes(words: list[str]) -> int | None:
     """The node count a torchrun launcher line asks for (``--nnodes N``, ``--nnodes=N`` before the script; ``MIN:MAX``
     gives MAX; none given: torchrun's default, 1), or None when the line is no torchrun or its value is no number."""
+    found = _launcher_option(words, ("--nnodes",))
+    if found is None:
+        return None
+    _, value = found
+    if value is None:
+        return 1
+    last = value.rsplit(":", 1)[-1]
+    return int(last) if last.isdigit() else None
+
+
+def launcher_nproc(words: list[str]) -> int | None:
+    """The processes per node a torchrun launcher line starts (``--nproc-per-node N`` / ``--nproc_per_node``, ``=``
+    forms too; none given: torchrun's default, 1), or None when the line is no torchrun or the value is no number
+    (``gpu``, ``auto``: as many as the node has, which only the node knows)."""
+    found = _launcher_option(words, NPROC_FLAGS)
+    if found is None:
+        return None
+    _, value = found
+    return 1 if value is None else (int(value) if value.isdigit() else None)
+
+
+def launcher_world(words: list[str]) -> int | None:
+    """The world size a torchrun launcher line runs at: nodes x processes per node (None: no torchrun, or a value
+    only the node knows)."""
+    nodes, procs = launcher_nnodes(words), launcher_nproc(words)
+    return None if nodes is None or procs is None else nodes * procs
+
+
+def with_nproc(words: list[str], nproc: int) -> list[str]:
+    """The torchrun launcher line ``words`` starting ``nproc`` processes per node: its ``--nproc-per-node`` value
+    replaced, or the flag added after the launcher when it had none.
+
+    Raises:
+        ValueError: ``words`` is no torchrun line."""
+    found = _launcher_option(words, NPROC_FLAGS)
+    if found is None:
+        raise ValueError("not a torchrun launcher line")
+    i, value = found
+    out = list(words)
+    if value is None:
+        out.insert(i, f"--nproc-per-node={nproc}")
+    elif "=" in out[i]:
+        out[i] = f"{out[i].split('=', 1)[0]}={nproc}"
+    else:
+        out[i + 1] = str(nproc)
+    return out
+
+
+#: torchrun's spellings of its processes-per-node flag
+NPROC_FLAGS = ("--nproc-per-node", "--nproc_per_node")
+
+
+def _launcher_option(words: list[str], names: tuple[str, ...]) -> tuple[int, str | None] | None:
+    """Where a torchrun line sets the option ``names`` (before its script) and its value: (index of the flag, value);
+    (index where the launcher's options end, None) when it does not; None when the line is no torchrun."""
     is_torchrun = bool(words) and (Path(words[0]).name == "torchrun" or any(
         a == "-m" and b in TORCHRUN_MODULES for a, b in zip(words, words[1:])))
     if not is_torchrun:
@@ -376,13 +431,12 @@ def launcher_nnodes(words: list[str]) -> int | None:
     for i in range(start, len(words)):
         word = words[i]
         if word.endswith(".py") or word == "-m":  # the script and its own arguments: not torchrun's
-            return 1
-        value = word.split("=", 1)[1] if word.startswith("--nnodes=") else (
-            words[i + 1] if word == "--nnodes" and i + 1 < len(words) else None)
-        if value is not None:
-            last = value.rsplit(":", 1)[-1]
-            return int(last) if last.isdigit() else None
-    return 1
+            return start, None
+        flag = word.split("=", 1)[0]
+        if flag in names:
+            value = word.split("=", 1)[1] if "=" in word else (words[i + 1] if i + 1 < len(words) else None)
+            return i, value
+    return start, None
 
 
 def substitute(words: list[str], values: Mapping[str, str]) -> list[str]:

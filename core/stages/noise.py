@@ -109,12 +109,27 @@ def required_tier(device: str, dtype: str, resume_tier: str = "auto", noise: str
                 "kernels" + (" under the test jitter" if jittered else "") + ", measured", LOSS_MULTIPLE)
 
 
+def resized_tier(tier: Tier, trained: int, resumed: int) -> Tier:
+    """The tier of a resume at another world size (``resumed`` ranks, the training ``trained``), in place of ``tier``
+    (the device's): never bit-exact, as each reduction's sum is split over other ranks; bounded by a twin run at the
+    resume's world size, by the multiples of :func:`required_tier`'s twin tier."""
+    base = tier.name
+    for suffix in ("-exact-required", "-exact", "-twin-noise"):
+        base = base.removesuffix(suffix)
+    return Tier(f"{base}-world-size-twin", "twin", NOISE_MULTIPLE,
+                f"resumed at world size {resumed} of {trained}: the sum of each reduction is split over other ranks, "
+                "so the run is not bit-exact; the bound is a twin run's distance at the resume's world size",
+                LOSS_MULTIPLE)
+
+
 def known_tiers() -> dict[str, Tier]:
-    """Every tier :func:`required_tier` can give, by name (what ``gpuaccept verify`` holds a record's tier to)."""
+    """Every tier :func:`required_tier` (and :func:`resized_tier`) can give, by name (what ``gpuaccept verify`` holds a
+    record's tier to)."""
     from core.dtypes import DTYPES
 
     tiers = [required_tier(d, t, r, n, j) for d in ("cpu", "cuda") for t in DTYPES for r in ("auto", "exact")
              for n in ("auto", "twin", "off") for j in (False, True)]
+    tiers += [resized_tier(t, 2, 1) for t in list(tiers)]
     return {t.name: t for t in tiers}
 
 

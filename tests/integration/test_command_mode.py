@@ -34,6 +34,7 @@ GPUACCEPT = str(Path(PY).parent / "gpuaccept")
 FAKE = ROOT / "tests" / "data" / "commands" / "fake_train.py"
 PLAIN = ROOT / "examples" / "train_plain.py"
 HF = ROOT / "examples" / "train_hf.py"
+FSDP = ROOT / "examples" / "train_fsdp_dcp.py"
 PLAIN_FILES = ["config.json", "model.safetensors", "optimizer.pt", "scheduler.pt", "rng.pt", "progress.json"]
 
 
@@ -191,6 +192,33 @@ def test_the_trainer_script_under_torchrun_is_measured_from_inside_planned_from_
         assert [e["global_step"] for e in lines if e["kind"] == "train_end"] == [6]
     assert ran["optimizer"] == "AdamW" and ran["config"]["model_type"] == "llama"
     assert verify(run_dir / "record.toml").returncode == 3
+
+
+def test_an_fsdp_job_resumes_at_another_world_size_from_its_dcp_checkpoint(tmp_path):
+    """Issue 39: FSDP2 + torch.distributed.checkpoint (examples/train_fsdp_dcp.py) trained on 2 ranks and resumed on 1
+    (its resume line starts one process): DCP reshards on load, so the resume is allowed (``world_size``), judged
+    against a twin run at the resume's world size (never bit-exact: each reduction is split otherwise), and the
+    final DCP checkpoints compared as whole states whatever world size wrote their shards. Trainer's per-rank
+    checkpoints at another world size, and a script's that are not DCP, are refused by name:
+    tests/unit/test_command_nodeloss.py."""
+    line = f"{PY} -m torch.distributed.run --standalone --nproc-per-node {{n}} {FSDP} --out {{{{out}}}} --steps 6 " \
+           "--save_every 2 --step_seconds 0.2"
+    record, _ = accept({"train": line.format(n=2), "resume": line.format(n=1) + " --resume {checkpoint}",
+                        "metrics": "metrics.jsonl", "checkpoint_files": [".metadata", "train_state.json"],
+                        "eval": "none"}, tmp_path / "runs")
+    assert record["resume"]["status"] == "pass", record["resume"]["summary"]
+    assert record["resume"]["tier"]["name"] == "cpu-fp32-world-size-twin"
+    c = checks(record)
+    assert c["world_size"]["evidence"].startswith("checkpoint-2 is a torch.distributed.checkpoint (DCP) checkpoint "
+                                                  "(2 shard file(s): __0_0.distcp, __1_0.distcp)")
+    assert c["world_size"]["evidence"].endswith("written at world size 2, resumed at 1")
+    assert c["loss"]["evidence"].startswith("4 resumed losses (every rank): within the noise bound")
+    assert c["final_weights"]["evidence"].startswith("4 tensors of state.pt[model]: within the noise bound")
+    assert c["optimizer_progress"]["evidence"].endswith("optimizer step counts [6.0] vs [6.0]")
+    run_dir = Path(record["run_dir"])  # the twin ran at the resume's world size: one shard file per checkpoint
+    assert sorted(p.name for p in (run_dir / "resume-twin" / "out" / "checkpoint-6").glob("*.distcp")) == \
+        ["__0_0.distcp"]
+    assert consistent(run_dir / "record.toml")
 
 
 # ------------------------------------------------------------------------------------- what a command can do wrong

@@ -117,3 +117,50 @@ def test_a_surviving_node_is_killed_after_the_grace_and_waits_for_the_word():
     del words["command-lost"]
     with pytest.raises(StageError, match="never said its command was killed at its kill point within 0 s"):
         nodes.wait_lost(0.01)
+
+
+# ------------------------------------------------------------------------------ resuming at another world size
+def test_the_resume_lines_world_size_is_read_from_torchrun():
+    from core.command.resume import resize_of
+    from core.command.spec import CommandSpec, launcher_nproc, with_nproc
+
+    run = "python -m torch.distributed.run --standalone --nproc-per-node {n} train.py --out {{out}}"
+    spec = CommandSpec.from_dict({"train": run.format(n=4), "resume": run.format(n=2) + " --resume {checkpoint}",
+                                  "metrics": "m.jsonl", "checkpoint_files": [".metadata"]})
+    resize = resize_of(spec)
+    assert (resize.trained, resize.resumed, resize.nproc) == (4, 2, 2)
+    assert resize_of(CommandSpec.from_dict({"train": run.format(n=4), "metrics": "m.jsonl"})) is None  # {command}
+    assert launcher_nproc(["torchrun", "--nproc_per_node=gpu", "t.py"]) is None  # only the node knows
+    assert launcher_nproc(["torchrun", "t.py", "--nproc-per-node", "8"]) == 1  # the script's own flag: torchrun's 1
+    assert with_nproc(["torchrun", "--nproc_per_node=4", "t.py"], 1) == ["torchrun", "--nproc_per_node=1", "t.py"]
+    assert with_nproc(["torchrun", "--nproc-per-node", "4", "t.py", "--nproc-per-node", "9"], 2)[:4] == \
+        ["torchrun", "--nproc-per-node", "2", "t.py"]
+    assert with_nproc(["torchrun", "t.py"], 2) == ["torchrun", "--nproc-per-node=2", "t.py"]
+    exact = Tier("cuda-bf16-twin-noise", "twin", 4.0, "CUDA")
+    assert resize.tier(exact).name == "cuda-bf16-world-size-twin" and resize.tier(exact).loss_multiple == 16.0
+
+
+def test_a_checkpoint_at_another_world_size_is_resumed_only_when_dcp_can_reshard_it(tmp_path):
+    from core.command.resume import Resize, dcp_world_check
+    from core.stages.resume import world_size_check
+
+    resize = Resize(trained=2, resumed=1, nproc=1)
+    dcp = tmp_path / "checkpoint-2"
+    dcp.mkdir()
+    for name in (".metadata", "__0_0.distcp", "__1_0.distcp"):
+        (dcp / name).write_bytes(b"x")
+    allowed = dcp_world_check(dcp, resize)
+    assert allowed.status == StageStatus.PASS and "DCP reshards it on load" in allowed.evidence
+    (dcp / ".metadata").unlink()  # one file per rank, nothing saying how they reshard: refused by name
+    refused = dcp_world_check(dcp, resize)
+    assert refused.status == StageStatus.FAIL and refused.evidence.startswith(
+        "refused: the resume command runs at world size 1 and the training ran at 2, and checkpoint-2 is not a "
+        "torch.distributed.checkpoint (DCP) checkpoint (no .metadata)")
+    # Trainer's checkpoint: an RNG state per rank, each rank's data shard: refused at the resume's world size
+    trainer = tmp_path / "trainer" / "checkpoint-2"
+    trainer.mkdir(parents=True)
+    for r in range(2):
+        (trainer / f"rng_state_{r}.pth").write_bytes(b"x")
+    check = world_size_check(trainer, resize.resumed)
+    assert check.status == StageStatus.FAIL and check.evidence.startswith(
+        "refused: checkpoint-2 was written by 2 process(es) (rng_state_0..1.pth) and this resume would run 1")
