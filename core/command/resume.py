@@ -85,9 +85,11 @@ NO_HOOK_ACROSS_NODES = ("across nodes the check holds the lost node's ranks afte
                         "its own ranks' checkpoint, which it learns from the Trainer hook; this script reported no "
                         "Trainer: check its resume on one node, or run it with transformers' Trainer")
 #: why a resume at another world size is not checked across nodes
-RESIZE_ACROSS_NODES = ("the resume command runs at another world size than the training, across nodes: the check "
-                       "restarts the same nodes after losing one, so a restart on fewer nodes is not checked; give "
-                       "the resume command the training's world size, or check the resize on one node")
+RESIZE_ACROSS_NODES = ("refused: the resume command runs at another world size than the training, across nodes. The "
+                       "check gives each node its own {out} on its own disk, so after losing a node the others hold "
+                       "only their own ranks' shards and a restart on fewer nodes has nothing to reshard from; give "
+                       "the resume command the training's world size, or check the resize on one node (a job "
+                       "restarting on fewer nodes needs its checkpoints on a filesystem every node reads)")
 #: suffixes of the files read as pickles (``torch.load``)
 PICKLES = PICKLE_SUFFIXES
 

@@ -164,3 +164,21 @@ def test_a_checkpoint_at_another_world_size_is_resumed_only_when_dcp_can_reshard
     check = world_size_check(trainer, resize.resumed)
     assert check.status == StageStatus.FAIL and check.evidence.startswith(
         "refused: checkpoint-2 was written by 2 process(es) (rng_state_0..1.pth) and this resume would run 1")
+
+
+def test_a_resize_across_nodes_is_refused_by_name(tmp_path):
+    from core.command.resume import resume_stage
+    from core.command.spec import CommandSpec
+
+    line = "python -m torch.distributed.run --nnodes {n} --nproc-per-node 1 --rdzv-endpoint n0:29500 t.py --out {{out}}"
+    spec = CommandSpec.from_dict({"train": line.format(n=2), "resume": line.format(n=1) + " --resume {checkpoint}",
+                                  "nnodes": 2, "rdzv_endpoint": "n0:29500", "metrics": "m.jsonl"})
+    reference = RunOutcome("reference", [], tmp_path, tmp_path, tmp_path / "command.log")
+    reference.hook.trainers.append({"rank": 0, "world_size": 2})
+    nodes = CommandNodes(Agreement("a", True, {}), 2, "b", "node1 (pid 2)")
+    stage = resume_stage(spec, reference, tmp_path, {}, Tier("cpu-fp32-exact", "exact", 0.0, "the CPU"), nodes=nodes)
+    with pytest.raises(StopIteration) as done:
+        next(stage)
+    (check,) = done.value.value.checks
+    assert check.name == "world_size" and check.status == StageStatus.FAIL
+    assert "after losing a node the others hold only their own ranks' shards" in check.evidence
