@@ -39,11 +39,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from core.cluster.agree import stopped_by
 from core.command.configplan import run_words
 from core.command.nodeloss import CommandNodes, survived_evidence
 from core.command.reports import Checkpoint, StepRecord, failure_lines, last_lines
 from core.command.run import RunOutcome, run_command
-from core.command.spec import CommandSpec, launcher_nproc, launcher_world, with_nproc
+from core.command.spec import CommandSpec, launcher_nnodes, launcher_nproc, launcher_world, with_nproc
 from core.criteria import Judgement
 from core.errors import GpuAcceptError, StageError
 from core.events import Event, Message
@@ -160,6 +161,8 @@ class _Progress:
     not_compared: list[str] = field(default_factory=list)
     findings: list[str] = field(default_factory=list)
     twin_final: int | None = None
+    #: across nodes, this node stopped the others (its part of the loss went wrong)
+    stopped_nodes: bool = False
 
     def finish(self) -> CommandResume:
         status, failed = verdict(self.checks)
@@ -256,20 +259,22 @@ def resume_stage(spec: CommandSpec, reference: RunOutcome, run_dir: Path, values
     if nodes is not None and trainer is None:  # the same script on every node: every node stops here alike
         progress.checks.append(Check("nodes", StageStatus.FAIL, NO_HOOK_ACROSS_NODES, kind="completeness"))
         return progress.finish()
-    if resize is not None and nodes is not None:
+    if resize is not None and (nodes is not None or resize.nodes_changed):
         progress.checks.append(Check("world_size", StageStatus.FAIL, RESIZE_ACROSS_NODES))
         return progress.finish()
     if resize is not None and trainer is None:  # DCP may reshard: judged against a twin at the resume's world size
         progress.tier = resize.tier(tier)
     plan = kill_plan(spec, reference, progress.checks)
     if plan is None:
-        return progress.finish()
+        return _stopped_here(nodes, progress)
     twin, measured = yield from _twin_phase(runs, progress.tier, twin, progress)
     if not measured:
-        return progress.finish()
+        return _stopped_here(nodes, progress)
     progress.plan = plan
     interrupted, ckpt = yield from (_interrupted_phase(runs, plan, progress) if nodes is None else
                                     _node_loss_phase(runs, nodes, plan, progress))
+    if progress.stopped_nodes:  # this node's loss went wrong: the others were told and stop
+        return progress.finish()
     resumable = ckpt is not None and _gate(runs, interrupted, ckpt, plan, progress)
     if nodes is not None:  # every node restarts, or none: a node left out would hold the others at the rendezvous
         resumable = _every_node_resumable(nodes, resumable, progress)
@@ -279,6 +284,15 @@ def resume_stage(spec: CommandSpec, reference: RunOutcome, run_dir: Path, values
     if resumed is not None:
         _compare(runs, interrupted, resumed, twin, plan, progress)
     return progress.finish()
+
+
+def _stopped_here(nodes: CommandNodes | None, progress: _Progress) -> CommandResume:
+    """The check ends early on this node: the result, after telling the other nodes (across nodes), which would
+    otherwise wait for it at the next run's rendezvous."""
+    result = progress.finish()
+    if nodes is not None:
+        nodes.cluster.stop(f"its resume check stopped before the runs every node makes together: {result.summary}")
+    return result
 
 
 @dataclass(frozen=True)
@@ -399,6 +413,8 @@ class Resize:
     trained: int
     resumed: int
     nproc: int
+    #: the resume line runs on another node count than the training's (the twin could not stand for it)
+    nodes_changed: bool = False
 
     def tier(self, tier: Tier) -> Tier:
         """The tier of this resume in place of the device's ``tier`` (:func:`core.stages.noise.resized_tier`)."""
@@ -412,7 +428,7 @@ def resize_of(spec: CommandSpec) -> Resize | None:
     nproc = launcher_nproc(spec.resume_words())
     if trained is None or resumed is None or nproc is None or trained == resumed:
         return None
-    return Resize(trained, resumed, nproc)
+    return Resize(trained, resumed, nproc, launcher_nnodes(spec.words()) != launcher_nnodes(spec.resume_words()))
 
 
 def dcp_world_check(ckpt: Path, resize: Resize) -> Check:
@@ -452,15 +468,20 @@ def _node_loss_phase(runs: _Runs, nodes: CommandNodes, plan: KillPlan, progress:
                                      "to every process of it")
         interrupted = yield from run_command(spec, "interrupted", argv_i, out_i, runs.run_dir / "resume-interrupted",
                                              "resume", total=k, hold_at_step=k,
-                                             kill_when=lambda o: len(o.hook.held) >= len(ranks),
+                                             kill_when=lambda o: bool(nodes.cluster.stopped())
+                                             or len(o.hook.held) >= len(ranks),
                                              cancelled=runs.cancelled, backend=runs.backend)
         progress.runs["interrupted"] = _summary(interrupted)
+        others = nodes.cluster.stopped()
+        if others:
+            raise StageError(f"another node stopped, so this one stops too: {stopped_by(others)}")
         kill, point, ckpt = _kill_checks(interrupted, True, len(ranks), plan, progress.required)
         kill = replace(kill, evidence=f"node loss, this node: {kill.evidence}")
         point = replace(point, evidence=point.evidence.replace("every rank", "this node's every rank", 1))
         progress.checks += [kill, point]
         if kill.status != StageStatus.PASS or point.status != StageStatus.PASS:
             nodes.cluster.stop(f"the node the check loses was not killed at its kill point: {point.evidence}")
+            progress.stopped_nodes = True
             return interrupted, None
         nodes.tell_lost(k, sorted(interrupted.hook.held))
         yield Message("resume", text=f"this node's command killed after step {k} ({interrupted.kill.evidence()})"
@@ -483,6 +504,14 @@ def _node_loss_phase(runs: _Runs, nodes: CommandNodes, plan: KillPlan, progress:
                             Check("kill_point", StageStatus.PASS,
                                   f"{word.get('node')}: held after step {word.get('step')}: after checkpoint "
                                   f"{plan.c}, before {plan.n}")]
+    ran = sorted({int(e.get("rank", 0) or 0) for e in interrupted.hook.trainers})
+    if ran and ran != ranks:
+        progress.checks.append(Check("node_ranks", StageStatus.FAIL,
+                                     f"this node ran ranks {ran} in the interrupted run and {ranks} in the "
+                                     "uninterrupted one: torchrun's rendezvous numbered the nodes otherwise, so its "
+                                     "checkpoints hold other ranks' RNG states and data shards than the run it is "
+                                     "compared with; give every node a fixed node rank (torchrun's static rendezvous, "
+                                     "--node-rank) to check it"))
     return interrupted, _agreed_checkpoint(nodes, interrupted, plan, progress)
 
 

@@ -900,8 +900,9 @@ def workspaces_of(spec: RunSpec, device: Any, config: Any = None) -> tuple[tuple
         return (), ""
     blocks, how = cublas_workspaces(device.label, spec.training, importlib.metadata.version("torch"), os.environ)
     if config is not None:
-        heads = int(config.num_attention_heads)
-        head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
+        text = config.get_text_config() if hasattr(config, "get_text_config") else config  # a composite model's LM
+        heads = int(text.num_attention_heads)
+        head_dim = int(getattr(text, "head_dim", None) or text.hidden_size // heads)
         cudnn, why = cudnn_attention_workspace(device.label, spec.training, spec.attn_implementation, spec.dtype,
                                                spec.batch_size, heads, spec.seq_len, head_dim, os.environ)
         blocks, how = blocks + ([cudnn] if cudnn else []), f"{how}; {why}"

@@ -624,8 +624,8 @@ def links_facts(probe: Mapping[str, Any]) -> tuple[LinkFacts | None, list[str]]:
         busbw = busbw_gbps("send", 2, size, number(entry(p, "seconds", where), f"{where}.seconds"))
         _recomputed(problems, where, number(entry(p, "busbw_gbps", where), f"{where}.busbw_gbps"), busbw)
         pair = {**p, "busbw_gbps": busbw}
-        if "best_seconds" in p:  # absent in records written before links kept their fastest operation
-            best = busbw_gbps("send", 2, size, number(p["best_seconds"], f"{where}.best_seconds"))
+        if "best_seconds" in p or "best_busbw_gbps" in p:  # both absent in records written before links kept it
+            best = busbw_gbps("send", 2, size, number(entry(p, "best_seconds", where), f"{where}.best_seconds"))
             _recomputed(problems, where, number(entry(p, "best_busbw_gbps", where), f"{where}.best_busbw_gbps"),
                         best, "best_busbw_gbps")
             pair["best_busbw_gbps"] = best

@@ -40,6 +40,9 @@ class Agreement:
     def stopped(self) -> list:
         return []
 
+    def stop(self, why: str) -> None:
+        self.stops.append(why)
+
 
 def test_the_node_lost_is_one_that_does_not_hold_the_store():
     # node0 holds the store the nodes agree through (the rendezvous host): node1 is lost, whatever the ids' order
@@ -182,3 +185,23 @@ def test_a_resize_across_nodes_is_refused_by_name(tmp_path):
     (check,) = done.value.value.checks
     assert check.name == "world_size" and check.status == StageStatus.FAIL
     assert "after losing a node the others hold only their own ranks' shards" in check.evidence
+
+
+def test_a_node_whose_check_ends_before_the_runs_tells_the_others(tmp_path):
+    """A node that cannot place the kill (no checkpoint in its uninterrupted run) ends its check there, and says so to
+    the others, which would otherwise wait for it at the next run's rendezvous."""
+    from core.command.resume import resume_stage
+    from core.command.spec import CommandSpec
+
+    line = "python -m torch.distributed.run --nnodes 2 --nproc-per-node 1 --rdzv-endpoint n0:29500 t.py --out {out}"
+    spec = CommandSpec.from_dict({"train": line, "nnodes": 2, "rdzv_endpoint": "n0:29500"})
+    reference = RunOutcome("reference", [], tmp_path, tmp_path, tmp_path / "command.log")
+    reference.hook.trainers.append({"rank": 1, "world_size": 2})
+    agreement = Agreement("a", True, {})
+    stage = resume_stage(spec, reference, tmp_path, {}, Tier("cpu-fp32-exact", "exact", 0.0, "the CPU"),
+                         nodes=CommandNodes(agreement, 2, "b", "node1 (pid 2)"))
+    with pytest.raises(StopIteration) as done:
+        next(stage)
+    assert [c.name for c in done.value.value.checks] == ["checkpoints"]
+    (why,) = agreement.stops
+    assert why.startswith("its resume check stopped before the runs every node makes together: failed: checkpoints")

@@ -124,3 +124,8 @@ def test_verify_recomputes_the_links_from_their_bytes_and_seconds():
     rec["probe"]["links"] = table
     assert any("pairs[1].best_busbw_gbps is 0.42, but its bytes and seconds give 0.0419" in p
                for p in recompute_verdicts(rec))
+    del table["pairs"][1]["best_seconds"]  # a best bandwidth with nothing to recompute it from is not taken on trust
+    from core.record.verdicts import RecordValueError
+
+    with pytest.raises(RecordValueError, match=r"pairs\[1\]\.best_seconds is missing"):
+        recompute_verdicts(rec)
