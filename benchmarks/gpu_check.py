@@ -508,8 +508,7 @@ def summary_table(summary: dict[str, Any]) -> str:
         lines += ["", "| cell | status | analytic / traced GiB | allocated / reserved / NVML used GiB | analytic vs "
                   "allocated | traced vs allocated | analytic total vs NVML |", "|---|---|---|---|---|---|---|"]
         for c in acc:
-            lines.append(f"| {c['config']} {c['mode']} {c.get('precision') or ''} {c['batch_size']}x{c['seq_len']} | "
-                         f"{c['status']} | {gib(c.get('analytic_tensor_bytes'))} / {gib(c.get('traced_peak_bytes'))} | "
+            lines.append(f"| {cell_name(c)} | {c['status']} | {gib(c.get('analytic_tensor_bytes'))} / {gib(c.get('traced_peak_bytes'))} | "
                          f"{gib(c.get('peak_allocated_bytes'))} / {gib(c.get('peak_reserved_bytes'))} / "
                          f"{gib(c.get('nvml_used_max_bytes'))} | {pct(c['analytic_vs_allocated_pct'])} | "
                          f"{pct(c['traced_vs_allocated_pct'])} | {pct(c['analytic_total_vs_nvml_pct'])} |")
@@ -517,14 +516,18 @@ def summary_table(summary: dict[str, Any]) -> str:
         lines += ["", "| cell | predicted / measured allocated GiB | predicted / measured reserved GiB | predicted / "
                   "measured NVML used GiB |", "|---|---|---|---|"]
         for c in acc:
-            lines.append(f"| {c['config']} {c['mode']} {c.get('precision') or ''} {c['batch_size']}x{c['seq_len']} | "
-                         f"{gib(c.get('predicted_allocated_bytes'))} / {gib(c.get('peak_allocated_bytes'))} "
+            lines.append(f"| {cell_name(c)} | {gib(c.get('predicted_allocated_bytes'))} / {gib(c.get('peak_allocated_bytes'))} "
                          f"({pct(c.get('predicted_vs_allocated_pct'))}) | "
                          f"{gib(c.get('predicted_reserved_bytes'))} / {gib(c.get('peak_reserved_bytes'))} "
                          f"({pct(c.get('predicted_vs_reserved_pct'))}) | "
                          f"{gib(c.get('predicted_nvml_used_bytes'))} / {gib(c.get('nvml_used_max_bytes'))} "
                          f"({pct(c.get('predicted_vs_nvml_pct'))}) |")
     return "\n".join(lines) + "\n"
+
+
+def cell_name(c: dict[str, Any]) -> str:
+    """An accuracy cell in a few words: its config, mode, precision and micro-batch x sequence length."""
+    return f"{c['config']} {c['mode']} {c.get('precision') or ''} {c['batch_size']}x{c['seq_len']}"
 
 
 def describe(name: str, step: dict[str, Any]) -> str:
