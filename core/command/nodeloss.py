@@ -31,7 +31,7 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from core.cluster.agree import stopped_by
 from core.errors import GpuAcceptError, StageError
@@ -39,6 +39,10 @@ from core.stages.nodeloss import LOSS_GRACE_S, TOLD_WAIT_S, NodeLoss, span_ranks
 
 #: the word the lost node posts once every process of its command is killed
 LOST = "command-lost"
+#: how often a run's poll reads the store for the other nodes' words (the agreement's own poll, core/cluster/agree.py)
+STORE_READ_S = 0.2
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -75,10 +79,25 @@ class CommandNodes:
         """This node is the one lost."""
         return bool(self.cluster.id == self.lost)
 
-    @property
-    def agreement(self) -> NodeLoss:
-        """The checkpoint and restart agreement the recipe's check uses (:class:`core.stages.nodeloss.NodeLoss`)."""
-        return NodeLoss(self.cluster, self.nnodes)
+    def agree(self, newest: int | None) -> tuple[int | None, list[str]]:
+        """The newest checkpoint step complete on every node, and why other nodes' differ (the recipe's rule,
+        :meth:`core.stages.nodeloss.NodeLoss.agree`).
+
+        Raises:
+            StageError: a node stopped, or not every node posted in time."""
+        return _stage_errors(lambda: NodeLoss(self.cluster, self.nnodes).agree(newest))
+
+    def resumable(self, ok: bool, why: str) -> list[str]:
+        """The other nodes' reasons where they may not restart (:meth:`core.stages.nodeloss.NodeLoss.resumable`).
+
+        Raises:
+            StageError: a node stopped, or not every node posted in time."""
+        return _stage_errors(lambda: NodeLoss(self.cluster, self.nnodes).resumable(ok, why))
+
+    def stopped_reader(self) -> Callable[[], list[Any]]:
+        """The other nodes that stopped for good, read from the store at most every :data:`STORE_READ_S` (a run is
+        polled every 20 ms; the store is on the rendezvous host)."""
+        return _sampled(self.cluster.stopped)
 
     def together(self, what: str) -> None:
         """Wait until every node is about to start the run ``what`` (each run is one rendezvous over every node).
@@ -97,15 +116,19 @@ class CommandNodes:
         text = self.cluster.heard(LOST)
         return None if text is None else dict(json.loads(text))
 
-    def survivor_kill(self, grace_s: float = LOSS_GRACE_S) -> Callable[[Any], bool]:
+    def survivor_kill(self, grace_s: float = LOSS_GRACE_S, read_every_s: float = STORE_READ_S
+                      ) -> Callable[[Any], bool]:
         """The ``kill_when`` of a surviving node's interrupted run: True ``grace_s`` after the lost node's word (its
-        ranks would wait out the backend's timeout), or at once when another node stopped for good."""
+        ranks would wait out the backend's timeout), or at once when another node stopped for good; the store read
+        at most every ``read_every_s``."""
         told_at: list[float] = []
+        stopped = _sampled(self.cluster.stopped, read_every_s)
+        heard = _sampled(lambda: self.cluster.heard(LOST), read_every_s)
 
         def kill(_outcome: Any) -> bool:
-            if self.cluster.stopped():
+            if stopped():
                 return True
-            if not told_at and self.cluster.heard(LOST) is not None:
+            if not told_at and heard() is not None:
                 told_at.append(time.monotonic())
             return bool(told_at) and time.monotonic() - told_at[0] > grace_s
 
@@ -134,10 +157,30 @@ def together(cluster: Any, what: str, text: str) -> list[tuple[str, str]]:
 
     Raises:
         StageError: a node stopped (its reason named), or not every node posted in time."""
+    return _stage_errors(lambda: list(cluster.exchange(f"command-resume/{what}", text)))
+
+
+def _stage_errors(call: Callable[[], T]) -> T:
+    """``call()``, the agreement's errors (a node stopped, a node late) raised as the resume stage's."""
     try:
-        return list(cluster.exchange(f"command-resume/{what}", text))
+        return call()
     except GpuAcceptError as exc:
         raise StageError(f"the resume check across nodes: {exc}") from None
+
+
+def _sampled(read: Callable[[], T], every_s: float | None = None) -> Callable[[], T]:
+    """``read`` called again only when :data:`STORE_READ_S` (or ``every_s``) has passed since its last call; its
+    last value otherwise."""
+    interval = STORE_READ_S if every_s is None else every_s
+    last: list[Any] = [None, None]  # (when, value)
+
+    def get() -> T:
+        now = time.monotonic()
+        if last[0] is None or now - last[0] >= interval:
+            last[:] = [now, read()]
+        return last[1]  # type: ignore[no-any-return]
+
+    return get
 
 
 def survived_evidence(word: dict[str, Any], exit_code: int | None, killed: bool, grace_s: float,

@@ -46,7 +46,7 @@ from core.command.reports import Checkpoint, StepRecord, failure_lines, last_lin
 from core.command.run import RunOutcome, run_command
 from core.command.spec import CommandSpec, launcher_nnodes, launcher_nproc, launcher_world, with_nproc
 from core.criteria import Judgement
-from core.errors import GpuAcceptError, StageError
+from core.errors import StageError
 from core.events import Event, Message
 from core.protocol.manifest import verify_manifest, write_manifest
 from core.stages.compare import (
@@ -316,10 +316,20 @@ class _Runs:
     def world(self) -> int:
         return self.reference.hook.world_size
 
+    def interrupted_words(self) -> tuple[Path, list[str]]:
+        """The interrupted run's ``{out}`` and its words (the training command into it)."""
+        out = self.run_dir / "resume-interrupted" / "out"
+        return out, run_words(self.spec, self.spec.words(), self.values, out)
+
     @property
     def ranks(self) -> list[int]:
-        """This node's ranks in the uninterrupted run (the hook's ``trainer`` events: every rank on one node)."""
-        return sorted({int(e.get("rank", 0) or 0) for e in self.reference.hook.trainers})
+        """This node's ranks in the uninterrupted run (every rank on one node)."""
+        return hook_ranks(self.reference)
+
+
+def hook_ranks(o: RunOutcome) -> list[int]:
+    """The ranks a run held on this node: its Trainer hook's ``trainer`` events (none: no Trainer, or none began)."""
+    return sorted({int(e.get("rank", 0) or 0) for e in o.hook.trainers})
 
 
 def kill_plan(spec: CommandSpec, reference: RunOutcome, checks: list[Check]) -> KillPlan | None:
@@ -382,8 +392,7 @@ def _interrupted_phase(runs: _Runs, plan: KillPlan, progress: _Progress,
     """1. The interrupted run, killed between checkpoint c and the next, with its ``kill`` and ``kill_point`` checks.
     Returns (the run, checkpoint c it left; None when the kill failed or left no checkpoint c)."""
     spec, trainer, world, k = runs.spec, runs.trainer, runs.world, plan.k
-    out_i = runs.run_dir / "resume-interrupted" / "out"
-    argv_i = run_words(spec, spec.words(), runs.values, out_i)
+    out_i, argv_i = runs.interrupted_words()
     how = "held by the Trainer hook after step" if trainer else "killed when its metrics show step"
     yield Message("resume", text=f"interrupted run: {how} {k}, after checkpoint {plan.c} and before {plan.n}; "
                                  "SIGKILL to every process of it")
@@ -459,17 +468,16 @@ def _node_loss_phase(runs: _Runs, nodes: CommandNodes, plan: KillPlan, progress:
     Raises:
         StageError: another node stopped, or the lost node never said it was killed."""
     spec, k, ranks = runs.spec, plan.k, runs.ranks
-    out_i = runs.run_dir / "resume-interrupted" / "out"
-    argv_i = run_words(spec, spec.words(), runs.values, out_i)
+    out_i, argv_i = runs.interrupted_words()
     nodes.together("interrupted")
     if nodes.is_lost:
         yield Message("resume", text=f"interrupted run: this node is the one lost: its command is held by the Trainer "
                                      f"hook after step {k}, after checkpoint {plan.c} and before {plan.n}, then SIGKILL "
                                      "to every process of it")
+        stopped = nodes.stopped_reader()
         interrupted = yield from run_command(spec, "interrupted", argv_i, out_i, runs.run_dir / "resume-interrupted",
                                              "resume", total=k, hold_at_step=k,
-                                             kill_when=lambda o: bool(nodes.cluster.stopped())
-                                             or len(o.hook.held) >= len(ranks),
+                                             kill_when=lambda o: bool(stopped()) or len(o.hook.held) >= len(ranks),
                                              cancelled=runs.cancelled, backend=runs.backend)
         progress.runs["interrupted"] = _summary(interrupted)
         others = nodes.cluster.stopped()
@@ -504,7 +512,7 @@ def _node_loss_phase(runs: _Runs, nodes: CommandNodes, plan: KillPlan, progress:
                             Check("kill_point", StageStatus.PASS,
                                   f"{word.get('node')}: held after step {word.get('step')}: after checkpoint "
                                   f"{plan.c}, before {plan.n}")]
-    ran = sorted({int(e.get("rank", 0) or 0) for e in interrupted.hook.trainers})
+    ran = hook_ranks(interrupted)
     if ran and ran != ranks:
         progress.checks.append(Check("node_ranks", StageStatus.FAIL,
                                      f"this node ran ranks {ran} in the interrupted run and {ranks} in the "
@@ -519,10 +527,7 @@ def _agreed_checkpoint(nodes: CommandNodes, o: RunOutcome, plan: KillPlan, progr
     """The newest checkpoint complete on every node (this node's own files: its ranks' RNG states), which every node
     resumes from; None, with a failed ``checkpoint_selection`` check, when it is not checkpoint c."""
     newest = [x for x in o.checkpoints if complete(x, progress.required)]
-    try:
-        agreed, others = nodes.agreement.agree(newest[-1].step if newest else None)
-    except GpuAcceptError as exc:
-        raise StageError(f"the resume check across nodes: {exc}") from None
+    agreed, others = nodes.agree(newest[-1].step if newest else None)
     if agreed == plan.c:
         return next((x for x in o.checkpoints if x.step == agreed), None)
     mine = newest[-1].name if newest else "none"
@@ -547,11 +552,7 @@ def _every_node_resumable(nodes: CommandNodes, resumable: bool, progress: _Progr
     """Whether every node may restart: this node's word and the others' (:meth:`NodeLoss.resumable`); a
     ``nodes_resumable`` check fails naming the nodes that may not."""
     failed = [ch.name for ch in progress.checks if ch.status == StageStatus.FAIL]
-    try:
-        others = nodes.agreement.resumable(resumable, f"its checkpoint failed {', '.join(failed)}" if failed else
-                                           "it may not resume")
-    except GpuAcceptError as exc:
-        raise StageError(f"the resume check across nodes: {exc}") from None
+    others = nodes.resumable(resumable, f"its checkpoint failed {', '.join(failed)}" if failed else "it may not resume")
     if others:
         progress.checks.append(Check("nodes_resumable", StageStatus.FAIL,
                                      f"not every node may resume, so none restarts: {'; '.join(others)}"))

@@ -110,7 +110,7 @@ def test_a_node_that_may_not_resume_stops_the_others_restart(tmp_path):
 def test_a_surviving_node_is_killed_after_the_grace_and_waits_for_the_word():
     words: dict[str, str] = {}
     nodes = CommandNodes(Agreement("a", True, words), 2, "b", "node1 (pid 2)")
-    kill = nodes.survivor_kill(grace_s=0.05)
+    kill = nodes.survivor_kill(grace_s=0.05, read_every_s=0.0)
     assert kill(None) is False  # nothing said: its ranks are still training
     words["command-lost"] = json.dumps({"node": "node1 (pid 2)", "host": "node1", "step": 3, "ranks": [1]})
     assert kill(None) is False  # told: the grace begins
