@@ -20,7 +20,7 @@ from typing import Any
 from core.errors import GpuAcceptError, SpecError, StageError
 from core.events import Event, Message, RunFinished, StageFinished, StageStarted
 from core.protocol.events import EventWriter
-from core.spec import EIGHT_BIT_OPTIMIZERS, RunSpec, parse_devices
+from core.spec import RunSpec, parse_devices
 from core.stages.childproc import launch_options
 from core.status import RecordStatus, StageStatus, Stopped
 
@@ -709,13 +709,15 @@ def check_runnable(spec: RunSpec, ctx: PlanContext, device: str, allow_unfit: bo
                              f"keeps a whole checkpoint of its own; under {spec.strategy} Trainer gathers the full "
                              "state to rank 0's node only, so another node has nothing to resume from: run with "
                              "--no-resume-check (resume.check = false) on every node, or --strategy ddp")
-    if spec.strategy == "zero3" and device == "cpu" and spec.training and spec.optimizer not in ("adamw", "sgd"):
-        raise GpuAcceptError(f"optimizer: the CPU zero3 probe (torch FSDP2 outside Trainer) runs adamw or sgd, not "
-                             f"{spec.optimizer}: choose one of them, or probe zero3 on CUDA devices")
-    if spec.optimizer == "paged_adamw_8bit" and device == "cpu" and spec.training:
-        raise GpuAcceptError("optimizer: paged_adamw_8bit keeps its states in CUDA unified memory, paged between a GPU "
+    optimizer = spec.optimizer_kind
+    if spec.strategy == "zero3" and device == "cpu" and spec.training and not optimizer.traceable:
+        raise GpuAcceptError(f"optimizer: the CPU zero3 probe (torch FSDP2 outside Trainer) runs torch's own "
+                             f"optimizers, not {spec.optimizer}: choose adamw or sgd, or probe zero3 on CUDA devices")
+    if optimizer.needs_cuda and device == "cpu" and spec.training:
+        raise GpuAcceptError(f"optimizer: {spec.optimizer} keeps its states in CUDA unified memory, paged between a GPU "
                              "and the host; on the CPU there is nothing to page (bitsandbytes would run the unpaged "
-                             "optimizer instead): run adamw_8bit here, or paged_adamw_8bit on a CUDA device")
+                             "optimizer instead): run an unpaged optimizer here (adamw_8bit), or this one on a CUDA "
+                             "device")
     if spec.strategy in ("ddp", "zero3") and not spec.training:
         raise GpuAcceptError(f"strategy: inference runs in one process; {spec.strategy} is for training (every rank "
                              "would evaluate the same held-out blocks): use strategy single")
@@ -733,7 +735,7 @@ def check_runnable(spec: RunSpec, ctx: PlanContext, device: str, allow_unfit: bo
     if missing:
         raise GpuAcceptError(f"attn_implementation: {missing}")
     needs_bnb = f"mode: {spec.mode}" if spec.method.takes("quant") else (
-        f"optimizer: {spec.optimizer}" if spec.training and spec.optimizer in EIGHT_BIT_OPTIMIZERS else None)
+        f"optimizer: {spec.optimizer}" if spec.training and optimizer.needs_bitsandbytes else None)
     if needs_bnb and importlib.util.find_spec("bitsandbytes") is None:
         raise GpuAcceptError(f"{needs_bnb} runs on bitsandbytes, which is not installed here: pip install -e "
                              "\".[qlora]\" (make run and make test install it), or plan it only (gpuaccept plan)")

@@ -296,10 +296,12 @@ def _state_bytes_per_parameter(spec: dict[str, Any]) -> tuple[int, str]:
 
     dtype = spec.get("dtype", "fp32") if spec.get("precision", "amp") == "pure" else "fp32"
     b = dtype_bytes(dtype)  # an unknown dtype (a hand-edited record) raises: this question is then not asked
-    states = {"adamw": (2, "2 AdamW moments"), "sgd": (1, "1 momentum buffer")}.get(spec.get("optimizer", "adamw"))
-    if states is None:
+    from core.optim import OPTIMIZERS
+
+    optimizer = OPTIMIZERS.get(str(spec.get("optimizer", "adamw")))
+    if optimizer is None or not optimizer.state_count:  # factored, quantised or fp32 states: not per parameter
         return 0, ""
-    n, what = states
+    n, what = optimizer.state_count, optimizer.state_words
     return b * (1 + n), f"{b} B gradient + {what} x {b} B in {dtype}, the dtype the base is held in"
 
 

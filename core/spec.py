@@ -87,6 +87,7 @@ from core.dtypes import DTYPES, Dtype, dtype_bytes
 from core.errors import SpecError
 from core.methods import METHODS, Method, lora_variants, method_of
 from core.methods.lora import ALL_LINEAR, QUANT_TYPES, QuantType  # noqa: F401 - re-exported: the spec's values
+from core.optim import Optimizer, optimizer_names, optimizer_of
 from core.settings import (
     by_dest,
     by_key,
@@ -121,12 +122,9 @@ ATTN_IMPLEMENTATIONS: tuple[AttnImplementation, ...] = get_args(AttnImplementati
 #: without a mask). gpuaccept's own data is packed but for its last, padded block (dropped from training when packed).
 Padding = Literal["padded", "packed"]
 PADDINGS: tuple[Padding, ...] = get_args(Padding)
-#: ``adamw_8bit`` and ``paged_adamw_8bit``: bitsandbytes' AdamW with 8-bit states (a variant; core/plan/quant.py);
-#: paged is CUDA only (its states in unified memory the driver may page to the host): planned anywhere, run on CUDA
-Optimizer = Literal["adamw", "sgd", "adafactor", "adamw_8bit", "paged_adamw_8bit"]
-#: bitsandbytes' AdamW with 8-bit states (variants; core/plan/quant.py)
-EIGHT_BIT_OPTIMIZERS: tuple[Optimizer, ...] = ("adamw_8bit", "paged_adamw_8bit")
-OPTIMIZERS: tuple[Optimizer, ...] = get_args(Optimizer)
+#: The optimizers are objects (core/optim/: their states, dtypes, paging and the names each trainer gives them); the
+#: spec holds the name, ``RunSpec.optimizer_kind`` is the object
+OPTIMIZERS: tuple[str, ...] = optimizer_names()
 Scheduler = Literal["linear", "cosine", "constant"]
 SCHEDULERS: tuple[Scheduler, ...] = get_args(Scheduler)
 #: How a run is spread over devices (docs/architecture.md §3). ``fsdp`` is accepted and stored as ``zero3`` (FSDP full shard).
@@ -358,10 +356,11 @@ class RunSpec:
     seq_len: int = setting(128, help="tokens per sequence", label="Sequence length", form_order=80)
     grad_accum: int = setting(1, help="gradient accumulation steps", label="Grad accumulation", form_order=90,
                               group="training")
-    optimizer: Optimizer = setting(
-        "adamw", label="Optimizer", form_order=100, group="training",
-        help="adamw, sgd (momentum 0.9), adafactor, or bitsandbytes' AdamW with 8-bit states (adamw_8bit; "
-             "paged_adamw_8bit runs on CUDA only)")
+    optimizer: str = setting(
+        "adamw", label="Optimizer", form_order=100, group="training", choices=optimizer_names,
+        help="adamw (torch's default: foreach on CUDA), adamw_fused (Trainer's default on CUDA), sgd (momentum 0.9), "
+             "adafactor, or bitsandbytes' variants: adamw_8bit (8-bit states), paged_adamw_8bit and paged_adamw_32bit "
+             "(paged states, CUDA only)")
     learning_rate: float = setting(1e-3, aliases=("--lr",), mode_default=True, label="Learning rate", form_order=120,
                                    group="training", help="the peak learning rate (default: by mode)")
     lr_scheduler: Scheduler = setting("linear", group="training",
@@ -689,6 +688,11 @@ class RunSpec:
     def method(self) -> Method:
         """The method object of :attr:`mode` (core/methods/): every rule that depends on the method."""
         return method_of(self.mode)
+
+    @property
+    def optimizer_kind(self) -> Optimizer:
+        """The optimizer object of :attr:`optimizer` (core/optim/): every rule that depends on the optimizer."""
+        return optimizer_of(self.optimizer)
 
     @property
     def training(self) -> bool:

@@ -28,7 +28,7 @@ from core.child.links import measure_links
 from core.child.recipe import build_trainer, collate
 from core.protocol.events import DeviceMap, EventWriter, Ledger, Ledgers, Placement, ProbeStep
 from core.protocol.job import WorkerJob
-from core.spec import EIGHT_BIT_OPTIMIZERS, RunSpec
+from core.spec import RunSpec
 
 #: The probe's steps that run under the CPU's live-tensor tracker (the first ones): step 1, the warm-up, which creates
 #: the optimizer's states inside its optimizer step, and step 2, the first that starts with them alive (the steady
@@ -150,7 +150,7 @@ def trainer_steps(spec: RunSpec, model: Any, blocks: list[dict[str, Any]], out_d
 
     is_cuda = device.startswith("cuda")
     tracker, n = seen.tracker, spec.probe_steps
-    if tracker is not None and (spec.optimizer in EIGHT_BIT_OPTIMIZERS or spec.method.takes("quant")):
+    if tracker is not None and (spec.optimizer_kind.needs_bitsandbytes or spec.method.takes("quant")):
         from core.child.measure import expose_bitsandbytes_cpu_kernels
 
         # the step's fp32 copies, and a 4-bit layer's dequantised weight, are made inside bitsandbytes' ops
@@ -322,9 +322,9 @@ def fsdp2_cpu_steps(spec: RunSpec, model: Any, blocks: list[dict[str, Any]], see
     from core.child.measure import optimizer_state_bytes, tensor_bytes
     from core.errors import SpecError
 
-    if spec.optimizer not in ("adamw", "sgd"):
-        raise SpecError("optimizer", "the CPU zero3 probe (FSDP2 outside Trainer) runs adamw or sgd; choose one, or "
-                                     "probe zero3 on CUDA devices")
+    if not spec.optimizer_kind.traceable:
+        raise SpecError("optimizer", f"the CPU zero3 probe (FSDP2 outside Trainer) runs torch's own optimizers, not "
+                                     f"{spec.optimizer}; choose one of them, or probe zero3 on CUDA devices")
     if not dist.is_initialized():
         dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -338,11 +338,7 @@ def fsdp2_cpu_steps(spec: RunSpec, model: Any, blocks: list[dict[str, Any]], see
     placed = parameter_placement(model)  # after sharding: this rank's shard of each parameter, on the CPU
     events.write(Placement(devices={name: placed["cpu"]}))
     params = [p for p in model.parameters() if p.requires_grad]
-    opt: torch.optim.Optimizer
-    if spec.optimizer == "adamw":
-        opt = torch.optim.AdamW(params, lr=spec.learning_rate, weight_decay=0.0)
-    else:
-        opt = torch.optim.SGD(params, lr=spec.learning_rate, momentum=0.9)
+    opt: torch.optim.Optimizer = spec.optimizer_kind.build(params, spec.learning_rate, False)
     local_weights = sum(tensor_bytes(p) for p in model.parameters())
     mine = blocks[rank::world] or blocks
     model.train()

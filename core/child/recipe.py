@@ -24,9 +24,6 @@ if TYPE_CHECKING:
 
     from core.child.callbacks import MeasuringTrainer
 
-#: Trainer's ``optim`` name of each optimizer (the 8-bit ones are bitsandbytes' AdamW with ``optim_bits=8``)
-_TRAINER_OPTIM = {"adamw": "adamw_torch", "sgd": "sgd", "adafactor": "adafactor", "adamw_8bit": "adamw_8bit",
-                  "paged_adamw_8bit": "paged_adamw_8bit"}
 
 
 # ------------------------------------------------------------------------------------------------------ the model
@@ -233,8 +230,8 @@ def training_arguments(spec: RunSpec, out_dir: Path, device: str, job: WorkerJob
         learning_rate=spec.learning_rate,
         lr_scheduler_type=spec.lr_scheduler,
         warmup_steps=spec.warmup_steps,
-        optim=_TRAINER_OPTIM[spec.optimizer],
-        optim_args="momentum=0.9" if spec.optimizer == "sgd" else None,
+        optim=spec.optimizer_kind.trainer_optim,
+        optim_args=spec.optimizer_kind.optim_args or None,
         weight_decay=0.0,
         logging_steps=1,
         save_strategy="steps" if save else "no",

@@ -18,14 +18,9 @@ from typing import Any
 
 from core.errors import GpuAcceptError, SpecError
 from core.methods import METHODS
+from core.optim import named
 from core.spec import ALL_LINEAR, ATTN_IMPLEMENTATIONS, RunSpec
 
-#: Trainer's ``optim`` names -> the planner's optimizer (the fused and foreach AdamW keep the same two states)
-TRAINER_OPTIMIZERS = {
-    "adamw_torch": "adamw", "adamw_torch_fused": "adamw", "adamw_hf": "adamw", "adamw_apex_fused": "adamw",
-    "adamw_torch_xla": "adamw", "adamw_torch_npu_fused": "adamw", "sgd": "sgd", "adafactor": "adafactor",
-    "adamw_bnb_8bit": "adamw_8bit", "adamw_8bit": "adamw_8bit", "paged_adamw_8bit": "paged_adamw_8bit",
-}
 _DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
 
@@ -174,9 +169,10 @@ def _placement(trainer: dict[str, Any], args: dict[str, Any], sources: dict[str,
     if attention not in ATTN_IMPLEMENTATIONS:
         raise _NotPlanned(f"attention implementation {attention!r}: the planner models {', '.join(ATTN_IMPLEMENTATIONS)}")
     optim = str(args.get("optim") or "adamw_torch")
-    optimizer = TRAINER_OPTIMIZERS.get(optim)
-    if optimizer is None:
+    found = named("trainer", optim)  # Trainer's optim names, read by the optimizers' registry (core/optim/)
+    if found is None:
         raise _NotPlanned(f"optimizer {optim!r} (TrainingArguments.optim): not one the planner models")
+    optimizer = found.name
     sources["optimizer"] = f"TrainingArguments.optim = {optim} ({trainer.get('optimizer') or 'class not reported'})"
     world = int(trainer.get("world_size", 1))
     device = str(trainer.get("device", "cpu"))

@@ -10,11 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import SpecError
+from core.optim import known_names, named
 
-#: transformers ``TrainingArguments.optim`` values (TRL, axolotl and LLaMA-Factory pass them on) -> the spec's optimizer
-HF_OPTIMIZERS = {"adamw_torch": "adamw", "adamw_torch_fused": "adamw", "adamw_hf": "adamw", "adamw": "adamw",
-                 "adafactor": "adafactor", "sgd": "sgd", "adamw_bnb_8bit": "adamw_8bit", "adamw_8bit": "adamw_8bit",
-                 "paged_adamw_8bit": "paged_adamw_8bit"}
 #: transformers ``lr_scheduler_type`` values -> the spec's scheduler (the schedule moves no memory; warmup is its own key)
 HF_SCHEDULERS = {"linear": "linear", "cosine": "cosine", "constant": "constant",
                  "constant_with_warmup": "constant"}
@@ -175,8 +172,10 @@ def training_keys(r: Reader, *, batch: str, packing: str, schedule: str, optim: 
     optimizer(r, optim)
 
 
-def optimizer(r: Reader, key: str, names: dict[str, str] = HF_OPTIMIZERS) -> None:
-    """The optimizer named by ``key``.
+def optimizer(r: Reader, key: str, tool: str = "trainer", implementation: str = "default") -> None:
+    """The optimizer named by ``key``, as ``tool`` names it (core/optim/: ``trainer`` for ``TrainingArguments.optim``,
+    which TRL, axolotl and LLaMA-Factory pass on; ``torchtune`` and ``litgpt`` class paths), in ``implementation``
+    (``fused`` for a torch class with ``fused: True``).
 
     Raises:
         SpecError: an optimizer the planner does not model, naming those it does.
@@ -184,9 +183,12 @@ def optimizer(r: Reader, key: str, names: dict[str, str] = HF_OPTIMIZERS) -> Non
     if not r.has(key):
         return
     name = str(r.value(key))
-    if name not in names:
-        raise r.refuse(key, f"optimizer {name!r} is not one the planner models; use one of {', '.join(names)}")
-    r.set(key, "optimizer", names[name], f"{name}")
+    found = named(tool, name, implementation)
+    if found is None:
+        raise r.refuse(key, f"optimizer {name!r} is not one the planner models; use one of "
+                            f"{', '.join(known_names(tool))}")
+    r.set(key, "optimizer", found.name, f"{name}" + (f" ({implementation})" if implementation != "default" else "")
+          + (f": {found.label}" if found.variant else ""))
 
 
 def scheduler(r: Reader, key: str) -> None:

@@ -30,10 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from core.importers.base import Format, Imported, Reader
+from core.optim import known_names, named
 
-#: LitGPT's optimizer names (``--optimizer AdamW``) and class paths -> the spec's optimizer
-OPTIMIZERS = {"AdamW": "adamw", "torch.optim.AdamW": "adamw", "SGD": "sgd", "torch.optim.SGD": "sgd",
-              "bitsandbytes.optim.AdamW8bit": "adamw_8bit", "bitsandbytes.optim.PagedAdamW8bit": "paged_adamw_8bit"}
 #: ``precision`` -> (the spec's dtype, precision)
 PRECISIONS = {"32-true": ("fp32", "pure"), "bf16-true": ("bf16", "pure"), "16-true": ("fp16", "pure"),
               "bf16-mixed": ("bf16", "amp"), "16-mixed": ("fp16", "amp")}
@@ -152,10 +150,12 @@ def _adapters(r: Reader) -> None:
 
 def _optimizer(r: Reader) -> None:
     name = r.value("optimizer.class_path", r.value("optimizer", "AdamW"))
-    if not isinstance(name, str) or name not in OPTIMIZERS:
-        raise r.refuse("optimizer", f"{name!r} is not one the planner models; use one of {', '.join(OPTIMIZERS)}")
+    found = named("litgpt", name) if isinstance(name, str) else None
+    if found is None:
+        raise r.refuse("optimizer", f"{name!r} is not one the planner models; use one of "
+                                    f"{', '.join(known_names('litgpt'))}")
     key = "optimizer.class_path" if r.has("optimizer.class_path") else "optimizer"
-    r.set(key, "optimizer", OPTIMIZERS[name], name if r.has(key) else "LitGPT's default AdamW")
+    r.set(key, "optimizer", found.name, name if r.has(key) else "LitGPT's default AdamW")
     r.take("optimizer.init_args.lr", "learning_rate", float)
     for leaf in [k for k in r.leaves if k.startswith("optimizer.init_args.") and k != "optimizer.init_args.lr"]:
         r.ignore(leaf, "an optimizer argument: moves no memory")

@@ -15,9 +15,6 @@ from typing import Any
 
 from core.importers.base import Format, Imported, Reader, optimizer
 
-#: torch / bitsandbytes optimizer classes torchtune configs name -> the spec's optimizer
-OPTIMIZERS = {"torch.optim.AdamW": "adamw", "torch.optim.SGD": "sgd", "bitsandbytes.optim.AdamW8bit": "adamw_8bit",
-              "bitsandbytes.optim.PagedAdamW8bit": "paged_adamw_8bit"}
 SCHEDULERS = {"torchtune.training.lr_schedulers.get_cosine_schedule_with_warmup": "cosine",
               "torchtune.modules.get_cosine_schedule_with_warmup": "cosine"}
 DTYPES = {"bf16": "bf16", "fp32": "fp32", "fp16": "fp16"}
@@ -62,7 +59,10 @@ def read(data: dict[str, Any], path: Path) -> Imported:
     if r.value("enable_activation_offloading", False):
         raise r.refuse("enable_activation_offloading", "activations offloaded to the CPU: the planner plans device "
                                                        "memory without offload; turn it off to plan")
-    optimizer(r, "optimizer._component_", OPTIMIZERS)
+    fused = bool(r.value("optimizer.fused", False))
+    optimizer(r, "optimizer._component_", "torchtune", "fused" if fused else "default")
+    if r.has("optimizer.fused"):
+        r.used["optimizer.fused"] = f"{fused}: torch's {'fused' if fused else 'default'} implementation"
     r.take("optimizer.lr", "learning_rate", float)
     r.run_length("max_steps_per_epoch", "lr_scheduler.num_warmup_steps")
     name = str(r.value("lr_scheduler._component_", ""))

@@ -24,21 +24,14 @@ How a strategy divides the model between devices is :mod:`core.plan.strategies`;
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from core.dtypes import dtype_bytes
 from core.plan.activations import LLAMA_FAMILY, Adapter, Dims, Numerics, StepActivations, step_activations
 from core.plan.devices import DeviceInfo
 from core.plan.meta import AdapterInfo, ModelShape, ModelSummary, ParamInfo
-from core.plan.quant import (
-    QuantisedBase,
-    adamw_8bit_is_8bit,
-    adamw_8bit_maps_bytes,
-    adamw_8bit_state_bytes,
-    adamw_8bit_step_temporaries,
-)
-from core.spec import EIGHT_BIT_OPTIMIZERS, RunSpec, Strategy
+from core.plan.quant import QuantisedBase
+from core.spec import RunSpec, Strategy
 
 #: Per-process memory of a CPU run beyond its tensors: the Python, torch and transformers runtime and the allocator's free
 #: memory, an estimate (measured here: the probe's peak RSS 0.44-0.59 GiB above its peak of live tensors on the embedded
@@ -151,98 +144,19 @@ def _trainable(summary: ModelSummary) -> list[ParamInfo]:
 
 
 def optimizer_states_line(spec: RunSpec, summary: ModelSummary, kind: str = "cuda") -> Line:
-    """Optimizer states in the steady state, each in the dtype the optimizer creates it in (read from the libraries):
-
-    - AdamW (torch): ``exp_avg`` and ``exp_avg_sq`` are ``torch.zeros_like(param)``, so 2 x T x each parameter's
-      bytes (bf16 moments for a bf16 model); plus a 4 B fp32 step counter per trainable tensor, a CPU tensor (not on
-      a CUDA device) unless fused or capturable;
-    - SGD with momentum (torch): ``momentum_buffer = clone(grad)``: T x the parameter's bytes;
-    - Adafactor (transformers, no first moment; Shazeer & Stern 2018, arXiv 1804.04235): the gradient is upcast to fp32
-      before its statistics are made, so (rows + cols) x 4 B per matrix and n x 4 B per vector, whatever the dtype.
-    """
+    """Optimizer states in the steady state, each in the dtype the optimizer creates it in: the optimizer's own rule
+    (core/optim/: torch's AdamW 2 moments x T in each parameter's dtype, SGD one buffer, Adafactor factored fp32
+    statistics, bitsandbytes' 8-bit and paged states), over this device's trained tensors; none for inference."""
     if not spec.training:
         return Line("optimizer_states", 0, "inference: no optimizer")
-    trainable = _trainable(summary)
-    if spec.optimizer in EIGHT_BIT_OPTIMIZERS:
-        return _adamw_8bit_states(spec, trainable)
-    if spec.optimizer == "adamw":
-        moments = 2 * _group_bytes(summary.grad_groups)
-        steps = 4 * len(trainable) if kind == "cpu" else 0
-        text = f"AdamW: 2 moments x T in each parameter's dtype (zeros_like(param)) = 2 x ({_groups(summary.grad_groups)})"
-        text += (f" + a 4 B fp32 step counter per trainable tensor ({len(trainable):,})" if kind == "cpu"
-                 else "; its step counters are CPU tensors, not on the device")
-        return Line("optimizer_states", moments + steps, text)
-    if spec.optimizer == "sgd":
-        return Line("optimizer_states", _group_bytes(summary.grad_groups),
-                    f"SGD with momentum: 1 buffer x T in each parameter's dtype (clone of the gradient) = "
-                    f"{_groups(summary.grad_groups)} (0 without momentum)")
-    elements = 0
-    for shape in summary.trainable_shapes:
-        if len(shape) >= 2:
-            leading = 1
-            for d in shape[:-2]:
-                leading *= d
-            elements += leading * (shape[-2] + shape[-1])
-        else:
-            elements += math.prod(shape)
-    return Line(
-        "optimizer_states",
-        elements * 4,
-        f"Adafactor factored second moment in fp32 (the gradient is upcast first): (rows + cols) x 4 B per matrix, "
-        f"n x 4 B per vector = {elements:,} x 4 B",
-    )
-
-
-def _adamw_8bit_states(spec: RunSpec, trainable: list[ParamInfo]) -> Line:
-    """bitsandbytes' AdamW8bit states (core/plan/quant.py): uint8 moments with an fp32 absmax per 256 elements, fp32
-    moments for a tensor under 4,096 elements and for an embedding (Trainer gives every ``nn.Embedding`` 32-bit
-    states), and the two dynamic maps once."""
-    eight: list[ParamInfo] = []
-    full: list[ParamInfo] = []
-    for p in trainable:
-        (eight if adamw_8bit_is_8bit(p.numel, p.kind == "embedding") else full).append(p)
-    states = sum(adamw_8bit_state_bytes(p.numel, p.kind == "embedding") for p in trainable)
-    maps = adamw_8bit_maps_bytes(bool(eight))
-    n8, n32 = sum(p.numel for p in eight), sum(p.numel for p in full)
-    paged = ("; paged: tensors of 100k elements or more are allocated in CUDA unified memory, which the driver may page "
-             "to the host under pressure (planned on the device)") if spec.optimizer == "paged_adamw_8bit" else ""
-    return Line("optimizer_states", states + maps,
-                f"bitsandbytes AdamW8bit (a variant): uint8 moments + an fp32 absmax per 256 elements for {len(eight):,} "
-                f"tensors of {n8:,} elements (2 B + 8 B per 256); fp32 moments (8 B) for {len(full):,} tensors of "
-                f"{n32:,} elements (under 4,096 elements, or an embedding: Trainer keeps those 32-bit); 2 dynamic maps "
-                f"{maps:,} B{paged}")
+    nbytes, text = spec.optimizer_kind.state_bytes(_trainable(summary), kind)
+    return Line("optimizer_states", nbytes, text)
 
 
 def step_temporaries(spec: RunSpec, summary: ModelSummary, kind: str) -> tuple[int, str]:
-    """The optimizer step's transient buffers (bytes, formula), read from the optimizers' code and checked against the
-    traced plan:
-
-    - AdamW with ``foreach`` (torch's default on CUDA): ``torch._foreach_sqrt(exp_avg_sqs)`` makes one more state's
-      worth, T x the parameters' bytes; per tensor (the CPU default): ``exp_avg_sq.sqrt() / bias_correction`` makes
-      two copies of a tensor, 2 x the largest trainable tensor;
-    - SGD with momentum: in place, none;
-    - Adafactor: ``grad ** 2 + eps`` and the update, 2 fp32 copies of the largest trainable tensor, and for a 16-bit
-      parameter its fp32 gradient and fp32 weight as well (4 copies).
-    """
-    trainable = _trainable(summary)
-    if spec.optimizer in EIGHT_BIT_OPTIMIZERS:
-        return adamw_8bit_step_temporaries(
-            [(p.numel, dtype_bytes(p.dtype), p.kind == "embedding") for p in trainable], kind)
-    largest = max(trainable, key=lambda p: p.numel * dtype_bytes(p.dtype), default=None)
-    if spec.optimizer == "sgd" or largest is None:
-        return 0, "SGD step: in-place updates, no temporaries"
-    if spec.optimizer == "adafactor":
-        copies = 2 if dtype_bytes(largest.dtype) == 4 else 4
-        return copies * largest.numel * 4, (f"Adafactor step: {copies} fp32 copies of the largest trainable tensor = "
-                                            f"{copies} x {largest.numel:,} x 4 B")
-    if kind == "cuda":
-        return (_group_bytes(summary.grad_groups),
-                f"foreach AdamW (torch's default on CUDA): _foreach_sqrt makes one more state, T x bytes = "
-                f"{_groups(summary.grad_groups)}")
-    nbytes = dtype_bytes(largest.dtype)
-    return (2 * largest.numel * nbytes,
-            f"per-tensor AdamW (torch's default on the CPU): sqrt and the division of the largest trainable tensor, "
-            f"2 x {largest.numel:,} x {nbytes} B")
+    """The optimizer step's transient buffers (bytes, formula): the optimizer's own rule (core/optim/; e.g. foreach
+    AdamW on CUDA one more state's worth, fused AdamW none), checked against the traced plan."""
+    return spec.optimizer_kind.step_temporaries(_trainable(summary), kind)
 
 
 def temporaries_text(act: StepActivations, step_text: str, grads: dict[str, int],

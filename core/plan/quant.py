@@ -1,4 +1,4 @@
-"""Bytes of bitsandbytes' quantised layouts: 4-bit weights (QLoRA's base) and 8-bit optimizer states.
+"""Bytes of bitsandbytes' quantised layouts of a base model: 4-bit weights (QLoRA's base).
 
 These are the variants' own memory lines, exact where the layout is fixed. Each formula is read from bitsandbytes 0.50.2
 (the version pinned in constraints.txt) and checked to the byte against the live tensors on this CPU
@@ -16,14 +16,7 @@ does not change it):
     second level (1,024 B), the fp32 ``offset`` (4 B), and the 16-entry code table (64 B).
   Every quantised layer has its own code tables (measured: none is shared between layers).
 
-8-bit AdamW (``bitsandbytes/optim/optimizer.py``, ``Optimizer2State.init_state``), per parameter of ``n`` elements:
-
-- ``n < min_8bit_size`` (4,096): both moments stay fp32, ``8 * n``;
-- otherwise: both moments ``uint8`` (``2 * n``) and one fp32 ``absmax`` per block of 256 per moment
-  (``8 * ceil(n / 256)``);
-- once per optimizer, when any state is 8-bit: the signed and unsigned 256-entry fp32 dynamic maps (2,048 B);
-- transformers' Trainer gives every ``nn.Embedding`` weight fp32 states (``optim_bits=32``;
-  ``Trainer.create_optimizer``), whatever its size.
+bitsandbytes' 8-bit and paged optimizer states are the optimizers' own (core/optim/bnb.py).
 
 QLoRA's base over the model as it runs (:func:`quantised_base`, :class:`QuantisedBase`): every decoder linear weight
 in 4 bits, every other parameter in its dtype, the adapters fp32; on the CPU, the checkpoint's pages of the quantised
@@ -39,6 +32,7 @@ from typing import Any, Literal
 
 from core.dtypes import dtype_bytes, dtype_name
 from core.errors import SpecError
+from core.optim.bnb import DYNAMIC_MAP_ENTRIES
 from core.plan.activations import LLAMA_FAMILY
 from core.plan.meta import ModelShape, ModelSummary, ParamInfo
 from core.spec import RunSpec
@@ -49,12 +43,6 @@ BLOCKSIZE_4BIT = 64
 NESTED_BLOCKSIZE = 256
 #: entries of a 4-bit code table (NF4 or FP4), fp32
 CODE_4BIT_ENTRIES = 16
-#: entries of bitsandbytes' 8-bit dynamic map (``create_dynamic_map``), fp32
-DYNAMIC_MAP_ENTRIES = 256
-#: the 8-bit optimizers' block size (``Optimizer2State.init_state``: ``blocksize = 256``)
-OPTIM_8BIT_BLOCKSIZE = 256
-#: a parameter with fewer elements keeps fp32 states under an 8-bit optimizer (``min_8bit_size=4096``)
-OPTIM_8BIT_MIN_SIZE = 4096
 FP32 = 4
 
 QuantType = Literal["nf4", "fp4"]
@@ -101,61 +89,6 @@ def quantised_4bit(numel: int, double_quant: bool, blocksize: int = BLOCKSIZE_4B
     else:
         constants = FP32 * blocks + code
     return Quantised4bit(packed_bytes=(numel + 1) // 2, constants_bytes=constants)
-
-
-def adamw_8bit_state_bytes(numel: int, fp32_states: bool = False, min_8bit_size: int = OPTIM_8BIT_MIN_SIZE) -> int:
-    """Bytes of bitsandbytes' 8-bit AdamW states (both moments) for one parameter of ``numel`` elements, without the
-    per-optimizer dynamic maps (:func:`adamw_8bit_maps_bytes`).
-
-    Args:
-        numel: elements of the parameter, >= 0.
-        fp32_states: the parameter was given 32-bit states (Trainer does this for every ``nn.Embedding`` weight).
-        min_8bit_size: bitsandbytes' threshold below which states stay fp32.
-    """
-    if fp32_states or numel < min_8bit_size:
-        return 2 * FP32 * numel
-    return 2 * numel + 2 * FP32 * _blocks(numel, OPTIM_8BIT_BLOCKSIZE)
-
-
-def adamw_8bit_maps_bytes(any_8bit: bool) -> int:
-    """The signed and unsigned dynamic maps an 8-bit optimizer keeps once (shared by every 8-bit state), in bytes."""
-    return 2 * DYNAMIC_MAP_ENTRIES * FP32 if any_8bit else 0
-
-
-def adamw_8bit_is_8bit(numel: int, fp32_states: bool = False, min_8bit_size: int = OPTIM_8BIT_MIN_SIZE) -> bool:
-    """Whether a parameter of ``numel`` elements gets 8-bit states."""
-    return not fp32_states and numel >= min_8bit_size
-
-
-#: fp32 copies of a tensor that bitsandbytes' CPU 8-bit AdamW step holds at its peak (``backends/cpu/ops.py``,
-#: ``_optimizer_update_8bit_blockwise_cpu``: both moments dequantised, the gradient as fp32 times ``gnorm_scale``,
-#: ``sqrt(v)`` and its division; measured 5 x 4 B x n here), and one more for a 16-bit parameter (its fp32 copy)
-CPU_8BIT_STEP_COPIES = 5
-#: the same for a tensor with fp32 states (``_optimizer_update_32bit_cpu``: the fp32 gradient, ``sqrt(v)`` and its
-#: division; measured 3 x 4 B x n), one more for a 16-bit parameter
-CPU_32BIT_STEP_COPIES = 3
-
-
-def adamw_8bit_step_temporaries(params: list[tuple[int, int, bool]], kind: str) -> tuple[int, str]:
-    """The transient bytes of one bitsandbytes AdamW8bit step, and the formula (module docstring for the sources).
-
-    Args:
-        params: ``(numel, bytes per element, fp32_states)`` of each trainable tensor.
-        kind: ``"cuda"`` (one fused kernel per tensor, called with pointers: no tensor is allocated) or ``"cpu"`` (the
-            CPU backend steps tensor by tensor in fp32 copies; the largest tensor's copies are the peak).
-    """
-    if kind != "cpu" or not params:
-        return 0, ("bitsandbytes' 8-bit AdamW step on CUDA: one fused kernel per tensor updating the states in place "
-                   "(backends/cuda/ops.py allocates no tensor)")
-    best, text = 0, ""
-    for numel, nbytes, fp32_states in params:
-        eight = adamw_8bit_is_8bit(numel, fp32_states)
-        copies = (CPU_8BIT_STEP_COPIES if eight else CPU_32BIT_STEP_COPIES) + (1 if nbytes < FP32 else 0)
-        if copies * FP32 * numel > best:
-            best = copies * FP32 * numel
-            text = (f"bitsandbytes' 8-bit AdamW step on the CPU, tensor by tensor in fp32: {copies} fp32 copies of the "
-                    f"largest, {numel:,} elements with {'8-bit' if eight else 'fp32'} states = {copies} x {numel:,} x 4 B")
-    return best, text
 
 
 def dequantised_bytes(numel: int, compute_bytes: int, double_quant: bool, blocksize: int = BLOCKSIZE_4BIT) -> int:

@@ -43,7 +43,7 @@ from core.allocconf import AllocConf
 from core.dtypes import torch_dtype_name
 from core.plan.allocator import PoolState, Window, replay
 from core.plan.phases import PHASES
-from core.spec import EIGHT_BIT_OPTIMIZERS, RunSpec
+from core.spec import RunSpec
 
 #: The tensor components the trace measures (the plan's COMPONENTS without ``overhead``).
 TRACED_COMPONENTS = ("weights", "gradients", "optimizer_states", "activations", "temporaries", "kv_cache")
@@ -575,16 +575,8 @@ def _materialise(model: Any, real: bool, generator: Any) -> None:
 
 
 def _optimizer(spec: RunSpec, model: Any, foreach: bool) -> Any:
-    import torch
-
-    params = [p for p in model.parameters() if p.requires_grad]
-    if spec.optimizer == "adamw":
-        return torch.optim.AdamW(params, lr=spec.learning_rate, weight_decay=0.0, foreach=foreach)
-    if spec.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=spec.learning_rate, momentum=0.9, foreach=foreach)
-    from transformers.optimization import Adafactor
-
-    return Adafactor(params, lr=spec.learning_rate, scale_parameter=False, relative_step=False)
+    """The optimizer as the optimizer object builds it (core/optim/; ``foreach``: torch's default on CUDA)."""
+    return spec.optimizer_kind.build([p for p in model.parameters() if p.requires_grad], spec.learning_rate, foreach)
 
 
 def _step_fn(spec: RunSpec, model: Any, batch: dict[str, Any], optimizer: Any) -> Any:
@@ -715,9 +707,8 @@ def untraceable_reason(plan: Any, spec: RunSpec | None = None) -> str | None:
     if spec is not None and spec.method.takes("quant"):
         return ("the traced plan builds the model on meta tensors without bitsandbytes' 4-bit layers; qlora's base is "
                 "planned from the 4-bit layout (core/plan/quant.py) and measured by the probe")
-    if spec is not None and spec.training and spec.optimizer in EIGHT_BIT_OPTIMIZERS:
-        return (f"the traced plan steps torch's own optimizers; {spec.optimizer} (bitsandbytes) is planned from its "
-                "layout (core/plan/quant.py) and measured by the probe")
+    if spec is not None and spec.training and not spec.optimizer_kind.traceable:
+        return spec.optimizer_kind.untraced
     if plan.strategy in TRACEABLE_STRATEGIES:
         return None
     return (f"the traced plan covers one device holding the whole step (strategy single or ddp); strategy "
@@ -737,7 +728,8 @@ def trace_against(spec: RunSpec, config: Any, plan: Any, *, fast: bool = True) -
 
     reason = untraceable_reason(plan, spec)
     if reason is not None:
-        field = "mode" if spec.method.takes("quant") else "optimizer" if spec.optimizer in EIGHT_BIT_OPTIMIZERS else "strategy"
+        field = ("mode" if spec.method.takes("quant") else
+                 "optimizer" if spec.training and not spec.optimizer_kind.traceable else "strategy")
         raise SpecError(field, reason)
     device = plan.devices[0]
     blocks, how = workspaces_of(spec, device.device, config)

@@ -95,12 +95,12 @@ def test_torchtune_lora_recipe(tmp_path):
     assert got.format == "torchtune"
     assert got.settings == {
         "model": "some/model", "batch_size": 4, "grad_accum": 8, "seq_len": 2048, "padding": "padded",
-        "dtype": "bf16", "precision": "pure", "gradient_checkpointing": False, "optimizer": "adamw",
+        "dtype": "bf16", "precision": "pure", "gradient_checkpointing": False, "optimizer": "adamw_fused",
         "learning_rate": 3e-4, "lr_scheduler": "cosine", "mode": "lora",
         "lora_r": 64, "lora_alpha": 128, "lora_dropout": 0.0,
         "lora_targets": "q_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"}
     assert "an estimate of torchtune's own modules" in got.used["checkpointer.checkpoint_dir"]
-    assert got.ignored["optimizer.fused"] == NOT_READ.format("torchtune")
+    assert got.used["optimizer.fused"] == "True: torch's fused implementation"
     assert got.ignored["max_steps_per_epoch"] == got.ignored["lr_scheduler.num_warmup_steps"] == RUN_LENGTH
     assert got.ignored["metric_logger.log_dir"] == NO_MEMORY and got.ignored["loss._component_"] == NO_MEMORY
     RunSpec.from_dict(got.raw())

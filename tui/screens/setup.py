@@ -14,6 +14,7 @@ from textual.widgets import Button, Footer, Header, Input, Label, Select, Static
 
 from core import killpoints
 from core.methods import method_of
+from core.optim import OPTIMIZERS
 from core.settings import SETTINGS, FormField, Setting, by_dest, by_key
 from tui.screens.base import WizardScreen
 from tui.screens.nav import NavButtons
@@ -65,8 +66,7 @@ CHOICE_LABELS: dict[str, str] = {
     "flash_attention_2": "flash_attention_2 · CUDA",
     "padded": "padded · some hold padding",
     "nf4": "nf4 · NormalFloat4 (QLoRA's)",
-    "adamw_8bit": "adamw_8bit · bitsandbytes variant",
-    "paged_adamw_8bit": "paged_adamw_8bit · CUDA, variant",
+    **{name: f"{name} · {o.choice}" for name, o in OPTIMIZERS.items() if o.choice},
     "fp4": "fp4 · 4-bit float",
     "packed": "packed · full blocks only",
     "auto": "auto · the dtype's tier",
