@@ -85,6 +85,7 @@ from core.bounds import TomlBoundsError, check_path, loads_bounded, special_file
 from core.criteria import AcceptCriteria
 from core.dtypes import DTYPES, Dtype, dtype_bytes
 from core.errors import SpecError
+from core.gpus import Gpu, gpu_named, nameable
 from core.methods import METHODS, Method, lora_variants, method_of
 from core.methods.lora import ALL_LINEAR, QUANT_TYPES, QuantType  # noqa: F401 - re-exported: the spec's values
 from core.optim import Optimizer, optimizer_names, optimizer_of
@@ -374,7 +375,8 @@ class RunSpec:
     devices: str = setting(
         "auto", label="Devices", form_order=230,
         help="auto, cpu, CUDA indices such as 0 or 0,1; to plan for a box you do not have: 8x80GiB (count x "
-             "capacity) or 24GiB,8GiB (capacities; GiB/GB/MiB/MB)")
+             "capacity), 24GiB,8GiB (capacities; GiB/GB/MiB/MB), or GPUs by name such as 1xH200, 8xA100-80GB or "
+             "4xRTX4090 (their memory as CUDA reports it, and what they run: workspaces, attention backend)")
     strategy: Strategy = setting(
         "single", value_aliases=STRATEGY_ALIASES, label="Strategy", form_order=240, group="distributed",
         form_choices=("single", "ddp", "zero3"),
@@ -798,7 +800,7 @@ def _parse_device_names(devices: str) -> list[str]:
         raise SpecError(
             "devices",
             f"{devices!r}: give auto, cpu, or CUDA indices such as 0 or 0,1 (or, to plan for a box you do not have, "
-            "capacities such as 8x80GiB or 24GiB,8GiB)",
+            "capacities such as 8x80GiB or 24GiB,8GiB, or GPUs by name such as 1xH200)",
         )
     if len(set(parts)) != len(parts):
         raise SpecError("devices", f"{devices!r} names a device twice")
@@ -806,41 +808,97 @@ def _parse_device_names(devices: str) -> list[str]:
 
 
 _BOX_ITEM = re.compile(r"^(?:(\d+)\s*[x×]\s*)?(\d+(?:\.\d+)?)\s*([a-z]+)$")
+#: an item of a box naming a GPU product, with an optional count (``8xa100-80gb``, ``h200``)
+_NAMED_ITEM = re.compile(r"^(?:(\d+)\s*[x×]\s*)?([a-z][a-z0-9 \-]*)$")
+#: an item naming a CUDA device of this machine (``0``, ``cuda:1``) or ``auto`` / ``cpu``
+_DEVICE_INDEX = re.compile(r"^(cuda:)?\d+$|^(auto|cpu)$")
 
 
-def parse_device_capacities(devices: str) -> list[int] | None:
-    """Capacities in bytes of a planned box, or ``None`` when ``devices`` is not a box (auto, cpu, CUDA indices).
+@dataclass(frozen=True)
+class PlannedDevice:
+    """A device of a box planned, not run on: its capacity in bytes and the GPU product it was named by (None for a
+    device given by its capacity alone)."""
 
-    A box is a comma-separated list of items, each a capacity (``24GiB``) or a count x capacity (``8x80GiB``), e.g.
-    ``"8x80GiB"`` (eight 80 GiB devices), ``"24GiB,8GiB"`` (two devices, heterogeneous), ``"2x24GiB,8GB"``. Units:
-    GiB = 2^30 B, GB = 10^9 B, MiB = 2^20 B, MB = 10^6 B (case-insensitive); a number without a unit is a CUDA index,
-    never a capacity. The devices are numbered ``cuda:0`` ... in the order given.
+    capacity_bytes: int
+    gpu: Gpu | None = None
+
+
+def parse_planned_devices(devices: str) -> list[PlannedDevice] | None:
+    """The devices of a planned box, or ``None`` when ``devices`` is not a box (auto, cpu, CUDA indices).
+
+    A box is a comma-separated list of items, each a capacity (``24GiB``) or a GPU by name (``H200``, ``A100-80GB``,
+    ``RTX4090``: core/gpus.py, case, spaces and dashes aside), alone or as a count x it (``8x80GiB``, ``1xH200``):
+    ``"8x80GiB"`` (eight 80 GiB devices), ``"24GiB,8GiB"`` (two devices, heterogeneous), ``"2xH100,1xRTX4090"``.
+    Units: GiB = 2^30 B, GB = 10^9 B, MiB = 2^20 B, MB = 10^6 B (case-insensitive); a number without a unit is a CUDA
+    index, never a capacity. A GPU named has the total memory CUDA reports for it (:attr:`core.gpus.Gpu.reported_bytes`).
+    The devices are numbered ``cuda:0`` ... in the order given.
 
     Raises:
-        SpecError: a box with a bad item (unknown unit, zero count or capacity, more than
+        SpecError: a box with a bad item (unknown unit or GPU, zero count or capacity, more than
             :data:`MAX_PLANNED_DEVICES` devices, an item mixed with CUDA indices).
     """
     text = devices.strip().lower()
     items = [p.strip() for p in text.split(",")]
-    if text in ("auto", "cpu") or not any(re.search(r"[0-9]\s*[a-z]", item) and not item.startswith("cuda:") for item in items):
-        return None
-    hint = "give a capacity per device such as 24GiB,8GiB or a count x capacity such as 8x80GiB (units GiB, GB, MiB, MB)"
-    out: list[int] = []
+    if text in ("auto", "cpu") or not any(_looks_planned(item) for item in items):
+        return None  # CUDA indices, or nothing like a box: named by parse_devices
+    hint = ("give a capacity per device such as 24GiB,8GiB, a count x capacity such as 8x80GiB (units GiB, GB, MiB, "
+            f"MB), or GPUs by name such as 1xH200 or 8xA100-80GB ({', '.join(nameable())})")
+    out: list[PlannedDevice] = []
     for item, given in zip(items, (p.strip() for p in devices.strip().split(","))):
-        match = _BOX_ITEM.match(item)
-        if not match:
-            raise SpecError("devices", f"{devices!r}: {given!r} is not a capacity; {hint}")
-        count_text, number, unit = match.groups()
-        if unit not in CAPACITY_UNITS:
-            raise SpecError("devices", f"{devices!r}: unknown unit {unit!r}; {hint}")
-        count = int(count_text) if count_text is not None else 1
-        capacity = int(round(float(number) * CAPACITY_UNITS[unit]))
-        if count < 1 or capacity < 1:
-            raise SpecError("devices", f"{devices!r}: {given!r} names no memory; counts and capacities must be above 0")
+        count, device = _box_item(devices, item, given, hint)
+        if count < 1:
+            raise SpecError("devices", f"{devices!r}: {given!r} names no device; counts must be above 0")
         if len(out) + count > MAX_PLANNED_DEVICES:
             raise SpecError("devices", f"{devices!r}: more than {MAX_PLANNED_DEVICES} devices; plan at most {MAX_PLANNED_DEVICES}")
-        out.extend([capacity] * count)
+        out.extend([device] * count)
     return out
+
+
+def _looks_planned(item: str) -> bool:
+    """An item of ``devices`` meant as a device to plan for: a capacity, a count x something, or a GPU's name."""
+    named = _NAMED_ITEM.match(item)
+    return bool(_BOX_ITEM.match(item)) or bool(named and named.group(1)) or gpu_named(item) is not None
+
+
+def _box_item(devices: str, item: str, given: str, hint: str) -> tuple[int, PlannedDevice]:
+    """One item of a planned box: (count, device).
+
+    Raises:
+        SpecError: neither a capacity nor a GPU known by name, or a GPU whose reported memory is not known here.
+    """
+    match = _BOX_ITEM.match(item)
+    if match:
+        count_text, number, unit = match.groups()
+        if unit not in CAPACITY_UNITS:
+            if gpu_named(number + unit) is None:
+                raise SpecError("devices", f"{devices!r}: unknown unit {unit!r}; {hint}")
+        else:
+            capacity = int(round(float(number) * CAPACITY_UNITS[unit]))
+            if capacity < 1:
+                raise SpecError("devices", f"{devices!r}: {given!r} names no memory; capacities must be above 0")
+            return (int(count_text) if count_text is not None else 1), PlannedDevice(capacity)
+    named = _NAMED_ITEM.match(item)
+    gpu = gpu_named(named.group(2)) if named else None
+    if named is None or gpu is None:
+        if _DEVICE_INDEX.match(item):
+            raise SpecError("devices", f"{devices!r} mixes CUDA indices with devices to plan for; {hint}")
+        raise SpecError("devices", f"{devices!r}: {given!r} is neither a capacity nor a GPU gpuaccept knows by name; "
+                                   f"{hint}")
+    if gpu.reported_bytes is None:
+        raise SpecError("devices", f"{devices!r}: gpuaccept knows the {gpu.name}'s SMs but not the memory CUDA reports "
+                                   f"for it (NVIDIA: {gpu.memory}): give its capacity, e.g. 1x24GiB")
+    return (int(named.group(1)) if named.group(1) else 1), PlannedDevice(gpu.reported_bytes, gpu)
+
+
+def parse_device_capacities(devices: str) -> list[int] | None:
+    """Capacities in bytes of a planned box (:func:`parse_planned_devices`), or ``None`` when ``devices`` is not a box
+    (auto, cpu, CUDA indices).
+
+    Raises:
+        SpecError: as :func:`parse_planned_devices`.
+    """
+    planned = parse_planned_devices(devices)
+    return None if planned is None else [d.capacity_bytes for d in planned]
 
 
 def device_count(devices: str) -> int | None:

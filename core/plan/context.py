@@ -21,15 +21,16 @@ estimates the second part, per process per device, from three pieces (bytes):
    all the same: where it is not :data:`MEASURED_CUDA`, the estimate says its module part was measured under another
    CUDA (a CPU-only torch planning for a GPU does not know the box's CUDA, and says nothing).
 
-A GPU whose name is not in :data:`GPUS` (a planned GPU given by its capacity) gets the H200's measured total, said so.
+A GPU whose name is not in :data:`core.gpus.GPUS` (a planned GPU given by its capacity) gets the H200's measured total, said so.
 ``CUDA_MODULE_LOADING=EAGER`` loads every kernel of every library at start: the estimate is then a floor, and says so.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+
+from core.gpus import gpu_of_label
 
 MiB = 2**20
 #: ``cudaLimitStackSize``'s default: the local memory of one thread's stack
@@ -46,23 +47,6 @@ MODULES_TRAINING = MEASURED_H200_TRAINING - _H200_STACKS - HEAP_AND_FIFO
 #: the CUDA of the torch that measured piece 3 (torch 2.11.0+cu130)
 MEASURED_CUDA = "13.0"
 
-#: product name pattern -> (SMs, max resident threads per SM, compute capability); the SXM part where a name covers
-#: two (an H100 PCIe has 114 SMs: its name says "PCIe")
-GPUS: tuple[tuple[re.Pattern[str], int, int, str], ...] = (
-    (re.compile(r"\bH100\b.*\bPCIe\b"), 114, 2048, "9.0"),
-    (re.compile(r"\b(GH200|H100|H200|H800)\b"), 132, 2048, "9.0"),
-    (re.compile(r"\b(B200|GB200)\b"), 148, 2048, "10.0"),
-    (re.compile(r"\b(A100|A800)\b"), 108, 2048, "8.0"),
-    (re.compile(r"\bV100\b"), 80, 2048, "7.0"),
-    (re.compile(r"\bT4\b"), 40, 1024, "7.5"),
-    (re.compile(r"\bA10\b"), 72, 1536, "8.6"),
-    (re.compile(r"\bA40\b"), 84, 1536, "8.6"),
-    (re.compile(r"\bL40S?\b"), 142, 1536, "8.9"),
-    (re.compile(r"\bL4\b"), 58, 1536, "8.9"),
-    (re.compile(r"\bRTX 3090\b"), 82, 1536, "8.6"),
-    (re.compile(r"\bRTX 4090\b"), 128, 1536, "8.9"),
-    (re.compile(r"\bRTX 5090\b"), 170, 1536, "12.0"),
-)
 
 
 @dataclass(frozen=True)
@@ -76,11 +60,9 @@ class ContextEstimate:
 
 def gpu_shape(label: str) -> tuple[int, int, str] | None:
     """(SMs, max resident threads per SM, compute capability) of the GPU named ``label``, or None when the name does
-    not say (a planned GPU, a product not in :data:`GPUS`)."""
-    for pattern, sms, threads, cc in GPUS:
-        if pattern.search(label):
-            return sms, threads, cc
-    return None
+    not say (a planned GPU, a product not in :data:`core.gpus.GPUS`)."""
+    gpu = gpu_of_label(label)
+    return (gpu.sms, gpu.threads_per_sm, gpu.capability) if gpu is not None and gpu.sms else None
 
 
 def cuda_context(label: str, training: bool, environ: Mapping[str, str] | None = None,
@@ -88,7 +70,7 @@ def cuda_context(label: str, training: bool, environ: Mapping[str, str] | None =
     """The estimate for a process running a step on the GPU named ``label`` (see the module docstring).
 
     Args:
-        label: the product name (``"NVIDIA H100 80GB HBM3"``); a name :data:`GPUS` does not hold gets the H200's
+        label: the product name (``"NVIDIA H100 80GB HBM3"``); a name :data:`core.gpus.GPUS` does not hold gets the H200's
             measured total.
         training: a backward runs (more kernels loaded).
         environ: ``CUDA_MODULE_LOADING`` (EAGER: the estimate is a floor).

@@ -13,7 +13,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.spec import parse_device_capacities, parse_devices
+from core.spec import PlannedDevice, parse_devices, parse_planned_devices
+
+#: the label of a device of a planned box given by its capacity alone
+PLANNED_LABEL = "planned GPU"
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,11 @@ class DeviceInfo:
     # NVML will show is ours and theirs (None: not read, or a GPU planned from its size, with ``others_source`` why)
     others_bytes: int | None = field(default=None, compare=False)
     others_source: str = field(default="", compare=False)
+
+    @property
+    def planned(self) -> bool:
+        """A device of a box planned, not of this machine (``--devices 8x80GiB``, ``1xH200``)."""
+        return self.capacity_source.startswith("given:")
 
     def capacity_text(self, digits: int = 2) -> str:
         """The capacity as every screen and command line says it, e.g. ``23.04 GiB (available host memory (psutil),
@@ -107,17 +115,17 @@ def detect_devices(devices: str, cpu_ranks: int = 1) -> list[DeviceInfo]:
     - ``"auto"``: every visible CUDA device if ``torch.cuda.is_available()``, else the host CPU;
     - ``"0,1"`` / ``"cuda:0"``: those CUDA devices, capacity = ``torch.cuda.get_device_properties(i).total_memory``,
       or ``None`` (with ``capacity_source`` saying why) when CUDA is unavailable or the index is not visible;
-    - a box you do not have, to plan for (``"8x80GiB"``, ``"24GiB,8GiB"``, see
-      :func:`core.spec.parse_device_capacities`): ``DeviceInfo("cuda:i", "cuda", "planned GPU", capacity,
-      "given: 8x80GiB")`` per device, in the order given; torch is not asked.
+    - a box you do not have, to plan for (``"8x80GiB"``, ``"24GiB,8GiB"``, ``"1xH200"``, see
+      :func:`core.spec.parse_planned_devices`): ``DeviceInfo("cuda:i", "cuda", "planned GPU", capacity,
+      "given: 8x80GiB")`` per device given by its capacity, labelled with the product name for a GPU named
+      (``"NVIDIA H200"``, the total CUDA reports for it), in the order given; torch is not asked.
 
     Raises:
         SpecError: ``devices`` is none of the forms above.
     """
-    capacities = parse_device_capacities(devices)
-    if capacities is not None:
-        given = f"given: {devices.strip()}"
-        return [DeviceInfo(f"cuda:{i}", "cuda", "planned GPU", cap, given, cap) for i, cap in enumerate(capacities)]
+    planned = parse_planned_devices(devices)
+    if planned is not None:
+        return [_planned(i, d, devices.strip()) for i, d in enumerate(planned)]
     names = parse_devices(devices)
     if names == ["cpu"]:
         return _host_devices(cpu_ranks)
@@ -143,6 +151,18 @@ def detect_devices(devices: str, cpu_ranks: int = 1) -> list[DeviceInfo]:
     return others_on_gpus(out)
 
 
+def _planned(index: int, device: PlannedDevice, given: str) -> DeviceInfo:
+    """A device of a box planned: ``planned GPU`` with the capacity given, or the GPU named, labelled with its product
+    name (so the plan assumes what that GPU runs: its cuBLAS workspace, cuDNN attention, CUDA context)."""
+    if device.gpu is None:
+        return DeviceInfo(f"cuda:{index}", "cuda", PLANNED_LABEL, device.capacity_bytes, f"given: {given}",
+                          device.capacity_bytes)
+    gpu = device.gpu
+    return DeviceInfo(f"cuda:{index}", "cuda", gpu.name, device.capacity_bytes,
+                      f"given: {given}; the total CUDA reports for it: {gpu.reported_source}; NVIDIA's specification "
+                      f"{gpu.memory}", device.capacity_bytes)
+
+
 def others_on_gpus(devices: list[DeviceInfo], nvml: Any = None) -> list[DeviceInfo]:
     """``devices`` with what other processes hold on each readable GPU now: NVML's used memory of the device
     (``nvmlDeviceGetMemoryInfo``; nothing of this run holds it yet), through the live bars' own reader
@@ -152,7 +172,7 @@ def others_on_gpus(devices: list[DeviceInfo], nvml: Any = None) -> list[DeviceIn
     Args:
         nvml: the ``pynvml`` module or a stand-in with its functions (tests); default: pynvml.
     """
-    gpus = [d for d in devices if d.kind == "cuda" and d.capacity_bytes is not None and d.label != "planned GPU"]
+    gpus = [d for d in devices if d.kind == "cuda" and d.capacity_bytes is not None and not d.planned]
     if not gpus:
         return devices
     from core.monitor.nvml import NvmlBackend, default_backend

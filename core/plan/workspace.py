@@ -34,7 +34,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from core.plan.context import gpu_shape
+from core.gpus import gpu_of_label
 
 MiB = 2**20
 #: the default for compute capability 9.0 (and from torch 2.12, 10.x and 12.x)
@@ -43,19 +43,18 @@ LARGE_WORKSPACE = 32 * MiB
 SMALL_WORKSPACE = 2 * 4096 * 1024 + 8 * 16 * 1024
 #: cuBLASLt's own block before 2.12 (``CUBLASLT_WORKSPACE_SIZE`` default 1024 KiB)
 LT_WORKSPACE = 1 * MiB
-#: device names -> compute capability major (by NVIDIA's product names; a name not here is not guessed)
-GENERATIONS = ((re.compile(r"\b(G?H100|H200|H800|H20|GH200)\b"), 9),
-               (re.compile(r"\b(B100|B200|B300|GB200|GB300)\b"), 10),
-               (re.compile(r"\bRTX (PRO )?50\d0\b|\bRTX PRO 6000 Blackwell\b"), 12))
+#: Hopper and Blackwell parts core.gpus.GPUS does not list one by one: their generation only (a name not here is not
+#: guessed)
+GENERATIONS = ((re.compile(r"\bH20\b"), 9), (re.compile(r"\b(B100|B300|GB300)\b"), 10))
 
 
 def generation(label: str) -> int | None:
-    """The compute capability major of a device named ``label`` (``"NVIDIA H200"`` -> 9), or None when the name does
-    not say (A100, a planned GPU)."""
-    for pattern, major in GENERATIONS:
-        if pattern.search(label):
-            return major
-    return None
+    """The compute capability major of a device named ``label`` (``"NVIDIA H200"`` -> 9; core/gpus.py, and
+    :data:`GENERATIONS`), or None when the name does not say (a planned GPU given by its capacity)."""
+    gpu = gpu_of_label(label)
+    if gpu is not None:
+        return gpu.major
+    return next((major for pattern, major in GENERATIONS if pattern.search(label)), None)
 
 
 def _version(torch_version: str) -> tuple[int, int]:
@@ -115,8 +114,7 @@ def cudnn_attention_workspace(label: str, training: bool, attention: str, dtype:
         environ: ``TORCH_CUDNN_SDPA_DEPRIORITIZED``.
     """
     environ = environ or {}
-    shape = gpu_shape(label)
-    major = generation(label) or (int(shape[2].split(".")[0]) if shape else None)
+    major = generation(label)
     if not training:
         return 0, "no cuDNN attention backward (no training step): its forward holds no workspace tensor"
     if attention != "sdpa":

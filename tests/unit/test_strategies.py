@@ -271,7 +271,7 @@ def test_fsdp_is_stored_as_zero3():
         ({"strategy": "tp", "tp": 3, "devices": "8x80GiB"}, "tp", "choose tp among 2, 4, 8"),
         ({"devices": "8x80TB"}, "devices", "units GiB, GB, MiB, MB"),
         ({"devices": "0x80GiB"}, "devices", "above 0"),
-        ({"devices": "80GiB,0"}, "devices", "is not a capacity"),
+        ({"devices": "80GiB,0"}, "devices", "mixes CUDA indices with devices to plan for"),
         ({"devices": "2000x1GiB"}, "devices", "plan at most 1024"),
     ],
 )
