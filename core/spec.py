@@ -431,7 +431,7 @@ class RunSpec:
         if toml_path is not None and Path(toml_path).suffix.lower() in YAML_SUFFIXES:
             from core.importers import import_config  # a trainer's YAML config (TRL, axolotl, LLaMA-Factory...)
 
-            raw = import_config(toml_path).raw()
+            raw = import_config(toml_path, {k: v for k, v in overrides.items() if v is not None}).raw()
         elif toml_path is not None:
             path = Path(toml_path)
             check_path("spec", str(toml_path))

@@ -311,7 +311,9 @@ def imported_config(args: argparse.Namespace) -> Any:
     from core.spec import YAML_SUFFIXES
 
     spec = getattr(args, "spec", None)
-    return import_config(spec) if spec and Path(spec).suffix.lower() in YAML_SUFFIXES else None
+    if not spec or Path(spec).suffix.lower() not in YAML_SUFFIXES:
+        return None
+    return import_config(spec, {k: getattr(args, k, None) for k in _SPEC_KEYS})  # the flags apply over the file
 
 
 def spec_from_args(args: argparse.Namespace) -> Any:

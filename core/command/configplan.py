@@ -83,7 +83,7 @@ def spec_from_config(spec: CommandSpec, values: dict[str, str], placement: dict[
     for key, value in given.items():
         set_key(merged, key, value)
     try:
-        imported = fmt.read(merged, path)
+        imported = fmt.read(merged, path, {})
     except SpecError as exc:
         return RanSpec(None, f"your {fmt.name} config {path.name} (with the command's flags over it): {exc}")
     return _ran(spec, imported, given, data, placement, steps)

@@ -19,13 +19,14 @@ format by the file's keys; ``gpuaccept plan their.yml`` and ``run their.yml`` re
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from core.bounds import check_path
 from core.errors import SpecError
 from core.importers import axolotl, litgpt, llamafactory, torchtune, trl
-from core.importers.base import Format, Imported
+from core.importers.base import Format, Imported, NeedsValue
 from core.spec import YAML_SUFFIXES
 
 #: each format: its name, whether a config is of it (by its keys), and its importer; in the order they are tried
@@ -58,15 +59,22 @@ def read_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
-def import_config(path: str | Path) -> Imported:
-    """The spec a trainer's YAML config at ``path`` describes, with what was used and ignored.
+def import_config(path: str | Path, overrides: Mapping[str, Any] | None = None) -> Imported:
+    """The spec a trainer's YAML config at ``path`` describes, with an account of every key
+    (:class:`core.importers.base.Imported`).
+
+    Args:
+        overrides: the spec settings given on the command line (flat ``dest`` keywords, ``{"seq_len": 2048}``): they
+            apply over the file before anything is refused, and give what the file leaves to the data.
 
     Raises:
-        SpecError: the file cannot be read, is of no known format (naming the four), or holds a setting the planner
-            cannot plan (naming the key and what to change).
+        SpecError: the file cannot be read, is of no known format (naming them), or holds a setting the planner
+            cannot plan that no flag replaces (naming the key and what to change).
+        NeedsValue: the file leaves a value the plan needs to the data (``tokenizer.max_seq_len: null``) and no flag
+            gives it (naming the key and the flag).
     """
     path = Path(path)
-    return import_data(read_yaml(path), path)
+    return import_data(read_yaml(path), path, overrides)
 
 
 def format_of(data: dict[str, Any]) -> Format | None:
@@ -74,7 +82,7 @@ def format_of(data: dict[str, Any]) -> Format | None:
     return next((fmt for fmt in FORMATS if fmt.detect(data)), None)
 
 
-def import_data(data: dict[str, Any], path: Path) -> Imported:
+def import_data(data: dict[str, Any], path: Path, overrides: Mapping[str, Any] | None = None) -> Imported:
     """:func:`import_config` on the mapping ``data`` read from ``path`` (command mode sets the command's flags over
     the file's keys first).
 
@@ -83,11 +91,11 @@ def import_data(data: dict[str, Any], path: Path) -> Imported:
     """
     fmt = format_of(data)
     if fmt is not None:
-        return fmt.read(data, path)
+        return fmt.read(data, path, overrides or {})
     raise SpecError("spec", f"{path}: not a config of {', '.join(f.name for f in FORMATS)} (none of their keys: "
                             "e.g. model_name_or_path, base_model, a torchtune model _component_ or a LitGPT train table); give "
                             "one of those, or a gpuaccept TOML spec")
 
 
-__all__ = ["FORMATS", "YAML_SUFFIXES", "Format", "Imported", "format_of", "import_config", "import_data",
+__all__ = ["FORMATS", "YAML_SUFFIXES", "Format", "Imported", "NeedsValue", "format_of", "import_config", "import_data",
            "read_yaml"]

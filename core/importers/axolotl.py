@@ -5,6 +5,7 @@ set: precision pure. ``sequence_len`` has to be given (the plan does not guess a
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +26,8 @@ def detect(data: dict[str, Any]) -> bool:
     return "base_model" in data
 
 
-def read(data: dict[str, Any], path: Path) -> Imported:
-    r = Reader("axolotl", data, path, NO_MEMORY)
+def read(data: dict[str, Any], path: Path, overrides: Mapping[str, Any]) -> Imported:
+    r = Reader("axolotl", data, path, NO_MEMORY, overrides)
     r.take("base_model", "model", str)
     training_keys(r, batch="micro_batch_size", packing="sample_packing", schedule="lr_scheduler", optim="optimizer")
     if not r.has("sequence_len"):

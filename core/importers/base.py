@@ -4,8 +4,8 @@ walks a config's keys so that each is either used (as a spec setting), ignored (
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,8 @@ HF_SCHEDULERS = {"linear": "linear", "cosine": "cosine", "constant": "constant",
                  "constant_with_warmup": "constant"}
 #: keys that move no memory, read by no importer: ignored with this reason
 NO_MEMORY = "moves no memory (logging, saving, data or evaluation schedule, naming)"
+#: a key no importer reads: listed as unknown, never as harmless
+UNKNOWN = "not read by the {} importer: if it moves memory, the plan does not know it"
 #: the real run's length and warmup: the acceptance run is a short one of its own (``--steps``, ``--warmup-steps``)
 RUN_LENGTH = ("the real run's length: the acceptance run trains its own few steps (the method's default; --steps and "
               "--warmup-steps set them)")
@@ -24,15 +26,22 @@ RUN_LENGTH = ("the real run's length: the acceptance run trains its own few step
 
 @dataclass(frozen=True)
 class Imported:
-    """A trainer's config read as a spec.
+    """A trainer's config read as a spec, with an account of every key.
 
     Attributes:
         format: the tool whose config it is (``"axolotl"``).
         path: the file read.
         sha256: of the file's bytes (what a record can name).
-        settings: the spec's flat keywords (``core.spec.RunSpec.build``: ``batch_size``, ``lora_r`` ...).
+        settings: the spec's flat keywords (``core.spec.RunSpec.build``: ``batch_size``, ``lora_r`` ...), flags given
+            on the command line included (they apply over the file before anything is refused).
         used: each config key used, with what it set (``"micro_batch_size": "batch_size = 2"``).
-        ignored: each config key not used, with why.
+        ignored: each config key known to move no memory, with why.
+        unknown: each config key this importer does not read: if it moves memory, the plan does not know it.
+        defaults: each setting the file leaves out that the tool's own default supplied (``"batch_size": "8
+            (TrainingArguments.per_device_train_batch_size)"``).
+        not_modelled: each key that moves memory in a way the plan does not model, with the direction of the error.
+        flags: each setting a command-line flag gave over the file (or in place of what the file could not state),
+            with what it replaced.
     """
 
     format: str
@@ -41,6 +50,10 @@ class Imported:
     settings: dict[str, Any]
     used: dict[str, str]
     ignored: dict[str, str]
+    unknown: dict[str, str] = field(default_factory=dict)
+    defaults: dict[str, str] = field(default_factory=dict)
+    not_modelled: dict[str, str] = field(default_factory=dict)
+    flags: dict[str, str] = field(default_factory=dict)
 
     def raw(self) -> dict[str, Any]:
         """The settings as a spec file's mapping (``{"lora": {"r": 8}, ...}``: ``core.spec.RunSpec.from_dict``)."""
@@ -49,11 +62,19 @@ class Imported:
         return nest(dict(self.settings))
 
     def summary(self) -> list[str]:
-        """Lines saying what was read: the format, each key used, each key ignored and why."""
-        out = [f"imported from {self.format} config {self.path} (sha256 {self.sha256[:12]}): "
-               f"{len(self.used)} keys used, {len(self.ignored)} ignored"]
+        """Lines saying what was read: the format, each key used, each default of the tool applied, each flag given
+        over the file, each key not modelled (with the direction of the error), ignored (with why) or unknown."""
+        counts = [f"{len(self.used)} keys used", f"{len(self.defaults)} defaults of {self.format} applied"]
+        counts += [f"{len(self.flags)} set by flags"] if self.flags else []
+        counts += [f"{len(self.not_modelled)} not modelled"] if self.not_modelled else []
+        counts += [f"{len(self.ignored)} moving no memory", f"{len(self.unknown)} unknown"]
+        out = [f"imported from {self.format} config {self.path} (sha256 {self.sha256[:12]}): {', '.join(counts)}"]
         out += [f"  used {k}: {v}" for k, v in self.used.items()]
+        out += [f"  default {k} = {v}" for k, v in self.defaults.items()]
+        out += [f"  flag {k}: {v}" for k, v in self.flags.items()]
+        out += [f"  not modelled {k}: {v}" for k, v in self.not_modelled.items()]
         out += [f"  ignored {k}: {v}" for k, v in self.ignored.items()]
+        out += [f"  unknown {k}: {v}" for k, v in self.unknown.items()]
         return out
 
 
@@ -67,7 +88,7 @@ class Format:
 
     name: str
     detect: Callable[[dict[str, Any]], bool]
-    read: Callable[[dict[str, Any], Path], Imported]
+    read: Callable[[dict[str, Any], Path, Mapping[str, Any]], Imported]
     positional: str = ""
     out_keys: tuple[str, ...] = ()
 
@@ -84,16 +105,45 @@ def leaves(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+class NeedsValue(SpecError):
+    """A value the config leaves to the data or the command line (torchtune's ``tokenizer.max_seq_len: null``), asked
+    for by name: the setting's ``dest`` and the flag that gives it."""
+
+    def __init__(self, key: str, dest: str, flag: str, message: str) -> None:
+        super().__init__(key, message)
+        self.dest, self.flag = dest, flag
+
+
+def flag_of(dest: str) -> str:
+    """The command-line flag of the spec setting ``dest`` (``seq_len`` -> ``--seq-len``)."""
+    from core.settings import by_dest
+
+    found = by_dest().get(dest)
+    return found.flags[0] if found is not None and found.flags else f"--{dest.replace('_', '-')}"
+
+
 class Reader:
     """Walks one config: :meth:`value` reads a key (dotted for nested ones), :meth:`set` makes it a spec setting,
-    :meth:`ignore` and :meth:`refuse` say why not; :meth:`done` lists every key never read as ignored."""
+    :meth:`default` applies the tool's own default for a key the file leaves out, :meth:`ignore` says why a key moves
+    no memory, :meth:`not_modelled` names what moves memory that the plan does not model, :meth:`need` asks for a
+    value the file leaves to the data, :meth:`refuse` refuses what cannot be planned; :meth:`done` lists every key
+    never read as unknown.
 
-    def __init__(self, fmt: str, data: dict[str, Any], path: Path, no_memory: frozenset[str] = frozenset()) -> None:
+    ``overrides``: the spec settings given on the command line (flat ``dest`` keywords): they apply over the file
+    before anything is refused (:meth:`refuse_unless_given`, :meth:`need`)."""
+
+    def __init__(self, fmt: str, data: dict[str, Any], path: Path, no_memory: frozenset[str] = frozenset(),
+                 overrides: Mapping[str, Any] | None = None) -> None:
         self.fmt, self.path, self.no_memory = fmt, path, no_memory
         self.leaves = leaves(data)
+        self.overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
         self.settings: dict[str, Any] = {}
         self.used: dict[str, str] = {}
         self.ignored: dict[str, str] = {}
+        self.defaults: dict[str, str] = {}
+        self.missing: dict[str, str] = {}
+        self.unmodelled: dict[str, str] = {}
+        self.given_by_flag: dict[str, str] = {}
         self._seen: set[str] = set()
 
     def has(self, key: str) -> bool:
@@ -112,10 +162,20 @@ class Reader:
         text = f"{dest} = {value!r}" + (f" ({how})" if how else "")
         self.used[key] = f"{self.used[key]}; {text}" if key in self.used else text
 
+    def default(self, dest: str, value: Any, source: str) -> None:
+        """The spec setting ``dest`` = ``value``, the tool's own default for a key the file leaves out (``source``:
+        where the tool sets it, e.g. ``"TrainingArguments.per_device_train_batch_size"``)."""
+        self.settings[dest] = value
+        self.defaults[dest] = f"{value!r} ({self.fmt}'s default: {source})"
+
     def take(self, key: str, dest: str, convert: Callable[[Any], Any] = lambda v: v, how: str = "") -> None:
         """:meth:`set` from ``key`` when it is given."""
         if self.has(key):
             self.set(key, dest, convert(self.value(key)), how)
+
+    def given(self, dest: str) -> bool:
+        """A flag on the command line gives the spec setting ``dest``."""
+        return dest in self.overrides
 
     def run_length(self, *keys: str) -> None:
         """The real run's length and warmup keys: ignored with :data:`RUN_LENGTH`."""
@@ -127,9 +187,40 @@ class Reader:
             self._seen.add(key)
             self.ignored[key] = why
 
+    def not_modelled(self, key: str, why: str) -> None:
+        """``key`` moves memory in a way the plan does not model: ``why`` says how and the direction of the error
+        ("compile usually lowers activations: this plan is an upper bound")."""
+        self._seen.add(key)
+        self.unmodelled[key] = why
+
     def refuse(self, key: str, why: str) -> SpecError:
         """The error naming ``key`` (raise it)."""
         return SpecError(f"{self.fmt}:{key}", f"{why} ({self.path.name})")
+
+    def refuse_unless_given(self, key: str, why: str, dest: str) -> None:
+        """Refuse ``key`` (raise :meth:`refuse`'s error) unless a flag gives the setting ``dest`` it would have set:
+        then the file's value is not used, and said so. The caller goes on without setting ``dest``.
+
+        Raises:
+            SpecError: no flag gives ``dest``.
+        """
+        self._seen.add(key)
+        if not self.given(dest):
+            raise self.refuse(key, f"{why}; or give {flag_of(dest)} on the command line")
+        self.given_by_flag[dest] = f"{flag_of(dest)} {self.overrides[dest]!r} in place of {key} ({why})"
+
+    def need(self, key: str, dest: str, why: str) -> None:
+        """A value the file leaves to the data or the command line (``why``: what the tool then does): taken from the
+        flag that gives ``dest``.
+
+        Raises:
+            NeedsValue: no flag gives it, naming ``key`` and the flag.
+        """
+        self._seen.add(key)
+        flag = flag_of(dest)
+        if not self.given(dest):
+            raise NeedsValue(f"{self.fmt}:{key}", dest, flag, f"{why}; give it with {flag} ({self.path.name})")
+        self.given_by_flag[dest] = f"{flag} {self.overrides[dest]!r}: {key} {why}"
 
     def number(self, key: str, kind: type = int) -> Any:
         """The value of ``key`` as a number of ``kind``.
@@ -146,16 +237,31 @@ class Reader:
             raise self.refuse(key, f"{value!r} is not {'an integer' if kind is int else 'a number'}") from None
 
     def done(self) -> Imported:
-        """The result: every leaf never read is ignored (:data:`NO_MEMORY` when listed so, else not read by this
-        importer)."""
+        """The result: every leaf never read is listed as moving no memory (when the importer knows it so) or as
+        unknown; the flags given apply over the file's settings."""
+        unknown: dict[str, str] = {}
         for key, value in self.leaves.items():
             if key in self._seen or key in self.ignored or value is None:
                 continue
             top = key.split(".")[0]
-            self.ignored[key] = NO_MEMORY if key in self.no_memory or top in self.no_memory else (
-                f"not read by the {self.fmt} importer: the plan assumes it moves no memory")
+            if key in self.no_memory or top in self.no_memory:
+                self.ignored[key] = NO_MEMORY
+            else:
+                unknown[key] = UNKNOWN.format(self.fmt)
+        settings = dict(self.settings)
+        flags = dict(self.given_by_flag)
+        for dest, value in self.overrides.items():
+            if dest in flags:
+                continue
+            before = settings.get(dest)
+            if dest in settings and before != value:
+                flags[dest] = f"{flag_of(dest)} {value!r} over the file's {before!r}"
+            elif dest in self.defaults and dest in settings:
+                flags[dest] = f"{flag_of(dest)} {value!r} over {self.fmt}'s default {before!r}"
+        settings.update(self.overrides)
         digest = hashlib.sha256(self.path.read_bytes()).hexdigest()
-        return Imported(self.fmt, str(self.path), digest, dict(self.settings), dict(self.used), dict(self.ignored))
+        return Imported(self.fmt, str(self.path), digest, settings, dict(self.used), dict(self.ignored), unknown,
+                        dict(self.defaults), dict(self.unmodelled), flags)
 
 
 def training_keys(r: Reader, *, batch: str, packing: str, schedule: str, optim: str) -> None:
@@ -185,8 +291,9 @@ def optimizer(r: Reader, key: str, tool: str = "trainer", implementation: str = 
     name = str(r.value(key))
     found = named(tool, name, implementation)
     if found is None:
-        raise r.refuse(key, f"optimizer {name!r} is not one the planner models; use one of "
-                            f"{', '.join(known_names(tool))}")
+        r.refuse_unless_given(key, f"optimizer {name!r} is not one the planner models; use one of "
+                                   f"{', '.join(known_names(tool))}", "optimizer")
+        return
     r.set(key, "optimizer", found.name, f"{name}" + (f" ({implementation})" if implementation != "default" else "")
           + (f": {found.label}" if found.variant else ""))
 

@@ -26,6 +26,7 @@ projections, and says so (an estimate of LitGPT's activations).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -57,8 +58,8 @@ def detect(data: dict[str, Any]) -> bool:
     return isinstance(train, dict) and bool({"micro_batch_size", "global_batch_size"} & set(train))
 
 
-def read(data: dict[str, Any], path: Path) -> Imported:
-    r = Reader("litgpt", data, path, NO_MEMORY)
+def read(data: dict[str, Any], path: Path, overrides: Mapping[str, Any]) -> Imported:
+    r = Reader("litgpt", data, path, NO_MEMORY, overrides)
     if not r.has("checkpoint_dir"):
         raise r.refuse("checkpoint_dir", "no checkpoint folder: the planner reads the model's shapes from its "
                                          "config.json; give checkpoint_dir (LitGPT's positional argument)")
@@ -152,8 +153,9 @@ def _optimizer(r: Reader) -> None:
     name = r.value("optimizer.class_path", r.value("optimizer", "AdamW"))
     found = named("litgpt", name) if isinstance(name, str) else None
     if found is None:
-        raise r.refuse("optimizer", f"{name!r} is not one the planner models; use one of "
-                                    f"{', '.join(known_names('litgpt'))}")
+        r.refuse_unless_given("optimizer", f"{name!r} is not one the planner models; use one of "
+                                           f"{', '.join(known_names('litgpt'))}", "optimizer")
+        return
     key = "optimizer.class_path" if r.has("optimizer.class_path") else "optimizer"
     r.set(key, "optimizer", found.name, name if r.has(key) else "LitGPT's default AdamW")
     r.take("optimizer.init_args.lr", "learning_rate", float)

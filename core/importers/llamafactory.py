@@ -7,6 +7,7 @@ LLaMA-Factory loads the model in the compute dtype (precision pure) and turns gr
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +27,8 @@ def detect(data: dict[str, Any]) -> bool:
     return "model_name_or_path" in data and bool({"stage", "finetuning_type", "cutoff_len"} & set(data))
 
 
-def read(data: dict[str, Any], path: Path) -> Imported:
-    r = Reader("llamafactory", data, path, NO_MEMORY)
+def read(data: dict[str, Any], path: Path, overrides: Mapping[str, Any]) -> Imported:
+    r = Reader("llamafactory", data, path, NO_MEMORY, overrides)
     r.take("model_name_or_path", "model", str)
     stage = r.value("stage", "sft")
     if stage not in ("sft", "pt"):

@@ -10,6 +10,8 @@ for the checkpoint's transformers model with the same shapes, and says so (an es
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,17 @@ from core.importers.base import Format, Imported, Reader, optimizer
 SCHEDULERS = {"torchtune.training.lr_schedulers.get_cosine_schedule_with_warmup": "cosine",
               "torchtune.modules.get_cosine_schedule_with_warmup": "cosine"}
 DTYPES = {"bf16": "bf16", "fp32": "fp32", "fp16": "fp16"}
+#: torchtune's model builders (``torchtune.models.<family>.<builder>``, LoRA and QLoRA ones by the same name) -> the
+#: Hub model they are made for, as its configs download it (``tune download <id>``): the shapes the plan reads when
+#: the config's checkpoint folder is not here (pytorch/torchtune recipes/configs/*, their header comments)
+BUILDERS = {"llama2_7b": "meta-llama/Llama-2-7b-hf", "llama2_13b": "meta-llama/Llama-2-13b-hf",
+            "llama2_70b": "meta-llama/Llama-2-70b-hf", "llama3_8b": "meta-llama/Meta-Llama-3-8B-Instruct",
+            "llama3_70b": "meta-llama/Meta-Llama-3-70B-Instruct",
+            "llama3_1_8b": "meta-llama/Meta-Llama-3.1-8B-Instruct",
+            "llama3_1_70b": "meta-llama/Meta-Llama-3.1-70B-Instruct",
+            "llama3_1_405b": "meta-llama/Meta-Llama-3.1-405B-Instruct",
+            "llama3_2_1b": "meta-llama/Llama-3.2-1B-Instruct", "llama3_2_3b": "meta-llama/Llama-3.2-3B-Instruct",
+            "llama3_3_70b": "meta-llama/Llama-3.3-70B-Instruct"}
 MLP = ("gate_proj", "up_proj", "down_proj")
 #: torchtune's attention module names -> transformers' (Llama)
 ATTENTION_MODULES = {"q_proj": "q_proj", "k_proj": "k_proj", "v_proj": "v_proj", "output_proj": "o_proj"}
@@ -32,26 +45,26 @@ def detect(data: dict[str, Any]) -> bool:
     return isinstance(model, dict) and str(model.get("_component_", "")).startswith("torchtune.")
 
 
-def read(data: dict[str, Any], path: Path) -> Imported:
-    r = Reader("torchtune", data, path, NO_MEMORY)
+def read(data: dict[str, Any], path: Path, overrides: Mapping[str, Any]) -> Imported:
+    r = Reader("torchtune", _interpolated(data), path, NO_MEMORY, overrides)
     component = str(r.value("model._component_"))
-    if r.has("checkpointer.checkpoint_dir"):
-        r.set("checkpointer.checkpoint_dir", "model", str(r.value("checkpointer.checkpoint_dir")),
-              f"the checkpoint's transformers model stands for {component.rsplit('.', 1)[-1]} (an estimate of "
-              "torchtune's own modules)")
-    else:
-        raise r.refuse("checkpointer.checkpoint_dir", "no checkpoint folder: the planner reads the model's shapes "
-                                                      "from its Hugging Face checkpoint; give checkpoint_dir")
+    _model(r, component)
     r.take("batch_size", "batch_size", int)
     r.take("gradient_accumulation_steps", "grad_accum", int)
-    if not r.has("tokenizer.max_seq_len"):
-        raise r.refuse("tokenizer.max_seq_len", "not given: the planner needs the sequence length; set it")
-    r.set("tokenizer.max_seq_len", "seq_len", r.number("tokenizer.max_seq_len"))
+    if r.has("tokenizer.max_seq_len"):
+        r.set("tokenizer.max_seq_len", "seq_len", r.number("tokenizer.max_seq_len"))
+    else:
+        r.need("tokenizer.max_seq_len", "seq_len", "is null (or absent): torchtune then truncates nothing and each "
+                                                    "batch is as long as its longest sample, which the plan cannot "
+                                                    "know; the plan needs the longest sequence")
     r.set("dataset.packed", "padding", "packed" if r.value("dataset.packed", False) else "padded")
     dtype = str(r.value("dtype", "bf16"))
     if dtype not in DTYPES:
         raise r.refuse("dtype", f"{dtype!r}: give bf16, fp16 or fp32")
-    r.set("dtype", "dtype", DTYPES[dtype], "" if r.has("dtype") else "torchtune's default")
+    if r.has("dtype"):
+        r.set("dtype", "dtype", DTYPES[dtype])
+    else:
+        r.default("dtype", DTYPES[dtype], "the recipes' dtype: bf16")
     if dtype != "fp32":
         r.settings["precision"] = "pure"
     r.set("enable_activation_checkpointing", "gradient_checkpointing",
@@ -73,6 +86,51 @@ def read(data: dict[str, Any], path: Path) -> Imported:
             r.ignore("lr_scheduler._component_", f"the schedule {name} moves no memory; the run uses linear")
     _adapters(r, component)
     return r.done()
+
+
+def _interpolated(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` with OmegaConf's ``${key}`` references in string values replaced by the top-level values they name
+    (torchtune reads its configs with OmegaConf: ``checkpoint_dir: ${checkpoint_dir}``, ``log_dir: ${output_dir}/logs``);
+    a reference to a key the file does not hold stays as it is (torchtune takes it from the command line)."""
+    def resolve(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: resolve(v) for k, v in value.items()}
+        if isinstance(value, str):
+            return re.sub(r"\$\{([A-Za-z_][\w.]*)\}", lambda m: _lookup(data, m.group(1), m.group(0)), value)
+        return value
+    return {k: resolve(v) for k, v in data.items()}
+
+
+def _lookup(data: dict[str, Any], dotted: str, unresolved: str) -> str:
+    value: Any = data
+    for part in dotted.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return unresolved
+        value = value[part]
+    return unresolved if isinstance(value, (dict, list)) or value is None or "${" in str(value) else str(value)
+
+
+def _model(r: Reader, component: str) -> None:
+    """The model torchtune builds: ``model._component_`` (its builder) defines the shapes; its weights are
+    ``checkpointer.checkpoint_dir``. A checkpoint folder here (with its config.json) is planned from; otherwise the
+    Hub model the builder is made for (the id of its configs' ``tune download`` line), from the local Hub cache."""
+    builder = component.rsplit(".", 1)[-1].removeprefix("lora_").removeprefix("qlora_")
+    folder = str(r.value("checkpointer.checkpoint_dir", "")).rstrip("/").removesuffix("/original")
+    if folder and "${" not in folder and (Path(folder) / "config.json").is_file():
+        r.set("checkpointer.checkpoint_dir", "model", folder,
+              f"the checkpoint's transformers model stands for {builder} (an estimate of torchtune's own modules)")
+        return
+    hub = BUILDERS.get(builder)
+    if hub is None:
+        r.need("checkpointer.checkpoint_dir", "model",
+               f"names {folder or 'no folder'} (not here), and the builder {component} is not one whose Hub model "
+               "gpuaccept knows: give the model's folder or config.json")
+        return
+    r.set("model._component_", "model", hub,
+          f"the builder {builder} is made for {hub} (torchtune's `tune download` of it); checkpoint_dir "
+          f"{folder or '(unset)'} is not here, so its config is read from the Hub cache; the transformers model "
+          "stands for torchtune's own modules (an estimate)")
+    r.value("checkpointer.checkpoint_dir")
 
 
 def _adapters(r: Reader, component: str) -> None:

@@ -10,6 +10,7 @@ is QLoRA, ``use_dora`` DoRA. A default the config leaves out is used as TRL's an
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +29,8 @@ def detect(data: dict[str, Any]) -> bool:
     return "model_name_or_path" in data and not {"stage", "finetuning_type", "cutoff_len"} & set(data)
 
 
-def read(data: dict[str, Any], path: Path) -> Imported:
-    r = Reader("trl", data, path, NO_MEMORY)
+def read(data: dict[str, Any], path: Path, overrides: Mapping[str, Any]) -> Imported:
+    r = Reader("trl", data, path, NO_MEMORY, overrides)
     r.take("model_name_or_path", "model", str)
     training_keys(r, batch="per_device_train_batch_size", packing="packing", schedule="lr_scheduler_type", optim="optim")
     length_key = "max_length" if "max_length" in data else "max_seq_length"  # the older name

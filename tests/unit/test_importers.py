@@ -93,13 +93,13 @@ def test_llamafactory_dora_and_its_defaults(tmp_path):
 def test_torchtune_lora_recipe(tmp_path):
     got = import_config(_config(tmp_path, "torchtune_lora.yaml"))
     assert got.format == "torchtune"
-    assert got.settings == {
-        "model": "some/model", "batch_size": 4, "grad_accum": 8, "seq_len": 2048, "padding": "padded",
+    assert got.settings == {  # checkpoint_dir some/model is not here: the builder's Hub model
+        "model": "meta-llama/Llama-3.2-1B-Instruct", "batch_size": 4, "grad_accum": 8, "seq_len": 2048, "padding": "padded",
         "dtype": "bf16", "precision": "pure", "gradient_checkpointing": False, "optimizer": "adamw_fused",
         "learning_rate": 3e-4, "lr_scheduler": "cosine", "mode": "lora",
         "lora_r": 64, "lora_alpha": 128, "lora_dropout": 0.0,
         "lora_targets": "q_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"}
-    assert "an estimate of torchtune's own modules" in got.used["checkpointer.checkpoint_dir"]
+    assert "an estimate" in got.used["model._component_"] and "lora_llama3_2_1b" not in got.unknown
     assert got.used["optimizer.fused"] == "True: torch's fused implementation"
     assert got.ignored["max_steps_per_epoch"] == got.ignored["lr_scheduler.num_warmup_steps"] == RUN_LENGTH
     assert got.ignored["metric_logger.log_dir"] == NO_MEMORY and got.ignored["loss._component_"] == NO_MEMORY
@@ -204,3 +204,29 @@ def test_the_wizard_opens_prefilled_from_a_trainers_config(tmp_path, monkeypatch
     assert {k: seen["fields"][k] for k in ("model", "seq_len", "lora_r", "lora_targets", "strategy", "batch_size")} == \
         {"model": "some/model", "seq_len": 1024, "lora_r": 32, "lora_targets": ("all-linear",), "strategy": "zero2",
          "batch_size": 1}
+
+
+def test_a_value_the_file_leaves_to_the_data_is_asked_for_by_name_and_taken_from_the_flag(tmp_path):
+    """torchtune's ``tokenizer.max_seq_len: null`` (no truncation: the data decides): the import names the key and the
+    flag; with ``--seq-len`` given it plans, and says where the length came from."""
+    from core.importers import NeedsValue
+
+    path = _config(tmp_path, "torchtune_lora.yaml", **{"max_seq_len: 2048": "max_seq_len: null"})
+    with pytest.raises(NeedsValue, match="give it with --seq-len") as caught:
+        import_config(path)
+    assert (caught.value.field, caught.value.dest) == ("torchtune:tokenizer.max_seq_len", "seq_len")
+    got = import_config(path, {"seq_len": 4096})
+    assert got.settings["seq_len"] == 4096 and "--seq-len 4096" in got.flags["seq_len"]
+    assert RunSpec.build(path, seq_len=4096).seq_len == 4096
+
+
+def test_flags_apply_over_the_file_before_anything_is_refused(tmp_path):
+    """An optimizer the planner does not model is refused, naming the key and the flag that replaces it; given that
+    flag, the file's value is not used and the summary says so; a flag over a value the file holds is listed too."""
+    path = _config(tmp_path, "trl_sft_qlora.yaml", **{"optim: paged_adamw_8bit": "optim: lion_32bit"})
+    with pytest.raises(SpecError, match="or give --optimizer on the command line"):
+        import_config(path)
+    got = import_config(path, {"optimizer": "adamw", "batch_size": 1})
+    assert got.settings["optimizer"] == "adamw" and "in place of optim" in got.flags["optimizer"]
+    assert got.flags["batch_size"] == "--batch-size 1 over the file's 2"
+    assert any(line.startswith("  flag optimizer:") for line in got.summary())
