@@ -683,6 +683,23 @@ def convert_in_child(log_path: Path) -> None:
         raise StageError(f"converting the embedded model failed (see {log_path})")
 
 
+def recipe_unrunnable(spec: RunSpec) -> tuple[str, str] | None:
+    """The first setting of ``spec`` gpuaccept's own recipe does not run (it plans them all): (the setting, what it
+    asks), or None."""
+    if spec.objective_kind.preference:
+        return "objective", f"a preference objective ({spec.objective_kind.label})"
+    for name, value, words in (("loss", spec.loss != "standard", f"the loss {spec.loss}"),
+                               ("compile", spec.compile, "torch.compile"),
+                               ("optimizer_in_backward", spec.optimizer_in_backward, "the optimizer stepped in backward"),
+                               ("activation_offloading", spec.activation_offloading, "activation offloading"),
+                               ("offload", spec.offload != "none", f"ZeRO / FSDP offload ({spec.offload})"),
+                               ("lora.modules_to_save", bool(spec.lora.modules_to_save), "modules trained in full "
+                                                                                         "beside LoRA")):
+        if value:
+            return name, words
+    return None
+
+
 def check_runnable(spec: RunSpec, ctx: PlanContext, device: str, allow_unfit: bool = False) -> None:
     """Refuse, before a run directory exists, a run that cannot start here (``allow_unfit``: all but a plan that does
     not fit, which the user asked to probe anyway).
@@ -694,6 +711,12 @@ def check_runnable(spec: RunSpec, ctx: PlanContext, device: str, allow_unfit: bo
     """
     from core.plan.fit import plan_fits
 
+    spec.method.check_run(spec)  # what the method plans but this version's recipe does not run
+    planned_only = recipe_unrunnable(spec)
+    if planned_only:
+        raise GpuAcceptError(f"{planned_only[0]}: {planned_only[1]} is planned (gpuaccept plan), not run by gpuaccept's own "
+                             "recipe in this version (Trainer, standard cross-entropy, SFT); run your own trainer on it "
+                             "in command mode (gpuaccept run --command ...), which measures what it does")
     if spec.strategy not in RUNNABLE_STRATEGIES:
         why = {"zero1": "Trainer runs ZeRO stages 1 and 2 through DeepSpeed, which is not installed here",
                "zero2": "Trainer runs ZeRO stages 1 and 2 through DeepSpeed, which is not installed here",

@@ -86,8 +86,10 @@ from core.criteria import AcceptCriteria
 from core.dtypes import DTYPES, Dtype, dtype_bytes
 from core.errors import SpecError
 from core.gpus import Gpu, gpu_named, nameable
+from core.losses import Loss, loss_names, loss_of
 from core.methods import METHODS, Method, lora_variants, method_of
 from core.methods.lora import ALL_LINEAR, QUANT_TYPES, QuantType  # noqa: F401 - re-exported: the spec's values
+from core.objectives import REFERENCES, Objective, Reference, objective_names, objective_of
 from core.optim import Optimizer, optimizer_names, optimizer_of
 from core.settings import (
     by_dest,
@@ -126,6 +128,15 @@ PADDINGS: tuple[Padding, ...] = get_args(Padding)
 #: The optimizers are objects (core/optim/: their states, dtypes, paging and the names each trainer gives them); the
 #: spec holds the name, ``RunSpec.optimizer_kind`` is the object
 OPTIMIZERS: tuple[str, ...] = optimizer_names()
+#: ZeRO / FSDP offload to the host (DeepSpeed ``offload_optimizer`` / ``offload_param``, FSDP ``cpu_offload``)
+Offload = Literal["none", "optimizer", "all"]
+OFFLOADS: tuple[Offload, ...] = get_args(Offload)
+#: settings added after records were written, by their TOML key, with their defaults: left out of a spec's dict (and
+#: hash) while at the default (``RunSpec.to_dict``)
+LATER_DEFAULTS: dict[str, Any] = {
+    "objective": "sft", "reference": "auto", "reference_dtype": "", "loss": "standard", "loss_chunks": 8,
+    "compile": False, "optimizer_in_backward": False, "activation_offloading": False, "offload": "none",
+    "lora.modules_to_save": []}
 Scheduler = Literal["linear", "cosine", "constant"]
 SCHEDULERS: tuple[Scheduler, ...] = get_args(Scheduler)
 #: How a run is spread over devices (docs/architecture.md §3). ``fsdp`` is accepted and stored as ``zero3`` (FSDP full shard).
@@ -157,7 +168,10 @@ class LoraSettings:
     targets: tuple[str, ...] = setting(
         ("q_proj", "v_proj"), label="LoRA targets", form_order=200,
         help="comma-separated module names, e.g. q_proj,v_proj, or all-linear (peft: every linear layer but the LM "
-             "head)")
+             "head); lm_head adapts the output head")
+    modules_to_save: tuple[str, ...] = setting(
+        (), help="modules trained in full beside the adapters, e.g. embed_tokens,lm_head (peft's modules_to_save: a "
+                 "trained copy of each, the original kept)")
 
 
 @dataclass(frozen=True)
@@ -372,6 +386,38 @@ class RunSpec:
     gradient_checkpointing: bool = setting(
         False, label="Grad checkpointing", form_order=130, group="training",
         help="recompute the activations in backward instead of keeping them (less memory, more time)")
+    objective: str = setting(
+        "sft", choices=objective_names, group="training",
+        help="sft (default), or a preference objective, planned (gpuaccept's own recipe trains sft): dpo (and IPO, "
+             "APO: chosen and rejected through the policy, a reference), orpo, simpo (no reference), kto (KL rows)")
+    reference: Reference = setting(
+        "auto", group="training",
+        help="a preference objective's reference: auto (adapters disabled under LoRA, a frozen copy in full "
+             "fine-tuning), copy, adapters, precomputed (before training: none held), none")
+    reference_dtype: str = setting(
+        "", group="training", metavar="DTYPE",
+        help="the dtype a reference copy is loaded in (fp32, bf16, fp16; empty: the model's; TRL loads it in fp32)")
+    loss: str = setting(
+        "standard", choices=loss_names, group="training",
+        help="how the loss is made: standard (full logits), chunked (torchtune's CEWithChunkedOutputLoss), "
+             "linear_chunked (LinearCrossEntropyLoss), chunked_nll (TRL's default), fused_linear (Liger), cut (Cut "
+             "Cross-Entropy), litgpt_chunked")
+    loss_chunks: int = setting(8, group="training", help="chunks of a chunked loss (torchtune's num_output_chunks)")
+    compile: bool = setting(
+        False, group="training",
+        help="torch.compile each decoder layer: what a layer saves for backward is measured by AOTAutograd's "
+             "partitioner on this CPU when planned (seconds)")
+    optimizer_in_backward: bool = setting(
+        False, group="training",
+        help="step each parameter in its gradient hook and free the gradient at once (torchtune's optimizer_in_bwd; "
+             "no gradient accumulation)")
+    activation_offloading: bool = setting(
+        False, group="training",
+        help="saved activations copied to pinned host memory in forward and back in backward (torchtune, TRL)")
+    offload: Offload = setting(
+        "none", group="distributed",
+        help="ZeRO / FSDP offload to the host: none, optimizer (states and the step on the CPU), all (the "
+             "parameters too)")
     devices: str = setting(
         "auto", label="Devices", form_order=230,
         help="auto, cpu, CUDA indices such as 0 or 0,1; to plan for a box you do not have: 8x80GiB (count x "
@@ -490,6 +536,8 @@ class RunSpec:
         lora_raw = given["lora"]
         if "targets" in lora_raw:
             lora_raw["targets"] = _targets(lora_raw["targets"])
+        if "modules_to_save" in lora_raw:
+            lora_raw["modules_to_save"] = _targets(lora_raw["modules_to_save"], "lora.modules_to_save")
         lora = _sub(LoraSettings, lora_raw, "lora")
         qlora_raw = given["qlora"]
         if qlora_raw and "qlora" not in method.own_tables:
@@ -577,6 +625,40 @@ class RunSpec:
                                      "shorter run of the same setup")
         if not 0.0 < self.heldout_fraction < 1.0:
             raise SpecError("heldout_fraction", f"must be between 0 and 1, exclusive (got {self.heldout_fraction})")
+        self._check_step_features()
+
+    def _check_step_features(self) -> None:
+        """The objective and its reference, the loss, the optimizer in backward and the offloads."""
+        objective = self.objective_kind
+        if self.reference not in REFERENCES:
+            raise SpecError("reference", f"{self.reference!r}: choose one of {', '.join(REFERENCES)}")
+        if self.reference not in ("auto", "none") and not objective.reference:
+            raise SpecError("reference", f"objective {self.objective} uses no reference model: leave reference at auto")
+        if self.reference == "none" and objective.reference:
+            raise SpecError("reference", f"objective {self.objective} needs the reference's log-probabilities: choose "
+                                         "auto, copy, adapters or precomputed")
+        if self.reference == "adapters" and not self.adapters:
+            raise SpecError("reference", "adapters disabled is the reference of a LoRA run; full fine-tuning's is a "
+                                         "copy (or precomputed)")
+        if self.reference_dtype and self.reference_dtype not in DTYPES:
+            raise SpecError("reference_dtype", f"{self.reference_dtype!r}: choose one of {', '.join(DTYPES)}, or leave "
+                                               "it empty (the model's)")
+        if objective.preference and not self.training:
+            raise SpecError("objective", f"{self.objective} trains; inference has no objective: use objective sft")
+        if self.loss_chunks < 1:
+            raise SpecError("loss_chunks", f"must be at least 1 (got {self.loss_chunks})")
+        if self.optimizer_in_backward and self.grad_accum > 1:
+            raise SpecError("optimizer_in_backward", "each parameter steps as soon as its gradient is made, so there "
+                                                     "is nothing to accumulate (torchtune refuses it too): set "
+                                                     "grad_accum = 1 or turn it off")
+        if self.offload not in OFFLOADS:
+            raise SpecError("offload", f"{self.offload!r}: choose one of {', '.join(OFFLOADS)}")
+        if self.offload != "none" and self.strategy not in ("zero1", "zero2", "zero3"):
+            raise SpecError("offload", f"offload is ZeRO's and FSDP's (strategy zero1-3), not {self.strategy}'s: "
+                                       "set the strategy, or offload = \"none\"")
+        if self.offload == "all" and self.strategy != "zero3":
+            raise SpecError("offload", "offloading the parameters is ZeRO stage 3's (FSDP full shard): set strategy "
+                                       "zero3, or offload = \"optimizer\"")
 
     def _check_resume(self) -> None:
         """The resume check's settings (training with the check on): intervals, the kill point, where the
@@ -692,6 +774,28 @@ class RunSpec:
         return method_of(self.mode)
 
     @property
+    def objective_kind(self) -> Objective:
+        """The objective object of :attr:`objective` (core/objectives.py)."""
+        return objective_of(self.objective)
+
+    @property
+    def loss_kind(self) -> Loss:
+        """The loss object of :attr:`loss` (core/losses.py)."""
+        return loss_of(self.loss)
+
+    @property
+    def reference_source(self) -> str:
+        """Where a preference objective's reference comes from: ``copy``, ``adapters``, ``precomputed`` or ``none``
+        (:meth:`core.objectives.Objective.reference_of`)."""
+        return self.objective_kind.reference_of(self.reference, self.adapters)
+
+    @property
+    def policy_rows(self) -> int:
+        """Sequences through the policy with gradients per micro-batch: ``batch_size`` x the objective's rows per
+        example (2 for a preference pair)."""
+        return self.batch_size * self.objective_kind.policy_rows
+
+    @property
     def optimizer_kind(self) -> Optimizer:
         """The optimizer object of :attr:`optimizer` (core/optim/): every rule that depends on the optimizer."""
         return optimizer_of(self.optimizer)
@@ -741,9 +845,16 @@ class RunSpec:
 
     def to_dict(self) -> dict[str, Any]:
         """The setup as a TOML/JSON-ready mapping (tuples become lists): what is hashed, what a child runs, the
-        record's ``spec`` table. The criteria are not in it (:meth:`to_file_dict`)."""
+        record's ``spec`` table. The criteria are not in it (:meth:`to_file_dict`). A setting added after records
+        were written (:data:`LATER_DEFAULTS`) is left out while at its default: every spec hashes as before."""
         out = dataclasses.asdict(self)
         out["lora"]["targets"] = list(self.lora.targets)
+        out["lora"]["modules_to_save"] = list(self.lora.modules_to_save)
+        for key, default in LATER_DEFAULTS.items():
+            table, _, name = key.rpartition(".")
+            where = out[table] if table else out
+            if where.get(name) == default:
+                del where[name]
         del out["lora"]["variant"]  # the mode names it: every spec hashes as before variants were a LoRA setting
         del out["accept"]
         if "qlora" not in self.method.own_tables:  # the 4-bit settings belong to QLoRA alone: other specs hash as
@@ -1119,8 +1230,8 @@ def _table(raw: dict[str, Any], name: str) -> dict[str, Any]:
     return dict(value)
 
 
-def _targets(value: Any) -> tuple[str, ...]:
-    """LoRA targets as given: a list of module names or one comma-separated string.
+def _targets(value: Any, key: str = "lora.targets") -> tuple[str, ...]:
+    """LoRA targets (or ``key``'s module names) as given: a list of module names or one comma-separated string.
 
     Raises:
         SpecError: anything else (``targets = [1, 2]``).
@@ -1130,8 +1241,8 @@ def _targets(value: Any) -> tuple[str, ...]:
     elif isinstance(value, (list, tuple)) and all(isinstance(t, str) for t in value):
         items = list(value)
     else:
-        raise SpecError("lora.targets", f"give module names as a list of strings, e.g. [\"q_proj\", \"v_proj\"] (got "
-                                        f"{value!r:.60})")
+        raise SpecError(key, f"give module names as a list of strings, e.g. [\"q_proj\", \"v_proj\"] (got "
+                             f"{value!r:.60})")
     return tuple(t.strip() for t in items if t.strip())
 
 

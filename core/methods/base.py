@@ -78,6 +78,8 @@ class Method:
             ``prepare_model_for_kbit_training``).
         dtype_note: what the dtype means for this method, for the Setup screen's intro ("" when nothing to add).
         checks: what it refuses, each ``check(spec)`` raising :class:`core.errors.SpecError` (first failure reported).
+        run_checks: what it plans but does not run in this version (gpuaccept's own recipe), each ``check(spec)``
+            raising :class:`core.errors.SpecError`; asked before a run, never before a plan.
         peft_options: a LoRA variant's keywords to peft's ``LoraConfig`` (``{"use_dora": True}``), used wherever the
             adapters are made (the plan's meta model and the child's model alike).
         adapter_terms: a LoRA variant's plan terms per adapted layer (:class:`AdapterTerms`), or None.
@@ -99,6 +101,7 @@ class Method:
     fp32_params: bool = False
     dtype_note: str = ""
     checks: tuple[Callable[[Any], None], ...] = ()
+    run_checks: tuple[Callable[[Any], None], ...] = ()
     peft_options: Mapping[str, Any] = field(default_factory=dict)
     adapter_terms: AdapterTerms | None = None
 
@@ -124,4 +127,13 @@ class Method:
             SpecError: naming the field and what to change.
         """
         for check in self.checks:
+            check(spec)
+
+    def check_run(self, spec: Any) -> None:
+        """Refuse what this method plans but gpuaccept's recipe does not run in this version (see ``run_checks``).
+
+        Raises:
+            SpecError: naming the field and what to change.
+        """
+        for check in self.run_checks:
             check(spec)

@@ -47,8 +47,7 @@ def check_adapters(spec: Any) -> None:
 
 
 def check_qlora(spec: Any) -> None:
-    """QLoRA's settings, and what this version runs it with: the pure precision (the 4-bit base has no fp32 master
-    copy) and one process (strategy single).
+    """QLoRA's settings and precision: pure (the 4-bit base has no fp32 master copy).
 
     Raises:
         SpecError: naming the field.
@@ -58,11 +57,19 @@ def check_qlora(spec: Any) -> None:
     if spec.precision != "pure":
         raise SpecError("precision", "qlora stores the base in 4 bits, with no fp32 master copy to keep: set "
                                      "precision = \"pure\" (dtype is the compute dtype the 4-bit layers dequantise to)")
+
+
+def check_qlora_run(spec: Any) -> None:
+    """What this version runs QLoRA with: one process (strategy single); it plans the others (FSDP-QLoRA).
+
+    Raises:
+        SpecError: on ``strategy``.
+    """
     if spec.strategy != "single":
         lora_runs = (f"; mode lora runs {spec.strategy}" if spec.strategy in ("ddp", "zero3")
                      else f"; mode lora plans {spec.strategy}")
         raise SpecError("strategy", f"qlora runs in one process in this version (strategy single), not "
-                                    f"{spec.strategy}: plan the 4-bit base on one device{lora_runs}")
+                                    f"{spec.strategy} (it plans it): run the 4-bit base on one device{lora_runs}")
 
 
 def lora_config(lora: Any, options: Mapping[str, Any] | None = None) -> Any:
@@ -95,4 +102,4 @@ QLORA = Method(
     trains=True, adapters=True, layout="lora", groups=TRAINING_GROUPS | {"adapter", "quant"},
     steps=30, learning_rate=1e-3, checkpoint_every=10, kill_after_checkpoint=2, own_tables=("qlora",),
     fp32_params=True, dtype_note=" (here the compute dtype of the 4-bit layers)",
-    checks=(check_training, check_qlora, check_adapters))
+    checks=(check_training, check_qlora, check_adapters), run_checks=(check_qlora_run,))

@@ -33,8 +33,10 @@ Korthikanti's formula (:mod:`core.plan.lines`), said so in the plan.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from core.losses import LossTerms
 from core.methods.base import AdaptedLinear, AdapterTerms
 
 #: model_type values whose decoder layer is transformers' Llama layer (RMSNorm, RoPE, gated SiLU MLP); Mistral and
@@ -161,9 +163,9 @@ class _Layer:
 
     def __init__(self, dims: Dims, num: Numerics, tag: str, saved: Saved, *, full: bool,
                  adapters: dict[str, Adapter], attention: str, biases: frozenset[str] = frozenset(),
-                 masked: bool = False) -> None:
+                 masked: bool = False, trained: frozenset[str] = frozenset()) -> None:
         self.d, self.n, self.tag, self.saved = dims, num, tag, saved
-        self.full, self.adapters, self.attention = full, adapters, attention
+        self.full, self.adapters, self.attention, self.trained = full, adapters, attention, trained
         self.biases, self.masked = biases, masked
         self._count = 0
 
@@ -197,10 +199,11 @@ class _Layer:
         tokens, c = self.d.tokens, self.n.compute_bytes
         four_bit = self.n.quantised_base and name != "lm_head"
         x_in = self._autocast_in(x)
-        if self.full:
+        weight_trained = self.full or name in self.trained
+        if weight_trained:
             self.saved.save(x_in, "linear input (weight trained)")
         weight16 = f"{self.tag}.{name}.weight16"
-        if self.full and self.n.cast_weights:  # a trained fp32 weight (and bias): cast once, cached to the forward's end
+        if weight_trained and self.n.cast_weights:  # a trained fp32 weight (and bias): cast once, cached to the forward's end
             self.saved.cache[weight16] = fan_in * fan_out * c
             if name in self.biases:
                 self.saved.cache[weight16 + ".bias"] = fan_out * c
@@ -211,7 +214,7 @@ class _Layer:
         if four_bit:  # Linear4bit returns its output in its input's dtype (and peft adds in it)
             out_bytes = x.nbytes
         adapter = self.adapters.get(name)
-        out = self._new(tokens * fan_out, out_bytes, x.grad or self.full or adapter is not None)
+        out = self._new(tokens * fan_out, out_bytes, x.grad or weight_trained or adapter is not None)
         if adapter is not None:
             x32 = self._to(x, FP32)  # peft casts the input to the adapter's dtype
             if adapter.dropout:
@@ -372,47 +375,64 @@ class StepActivations:
 
 
 def step_activations(dims: Dims, num: Numerics, *, full: bool, adapters: dict[str, Adapter], attention: str,
-                     checkpointing: bool, biases: frozenset[str] = frozenset(), masked: bool = False) -> StepActivations:
+                     checkpointing: bool, biases: frozenset[str] = frozenset(), masked: bool = False,
+                     loss: LossTerms | None = None, loss_projects: bool = False, trained: frozenset[str] = frozenset(),
+                     compiled: Callable[[Saved], int] | None = None) -> StepActivations:
     """The activation terms of one micro-batch through a Llama-family model (see :class:`StepActivations`).
 
     The first layer's input is the embedding's output: it needs a gradient in full fine-tuning, and in LoRA only with
     gradient checkpointing (peft's ``enable_input_require_grads``); without it the first layer saves less.
     Gradient checkpointing (non-reentrant, Trainer's): each layer keeps its input (b·s·h in the residual dtype) and one
     layer is recomputed at a time in backward.
+
+    Args:
+        loss: the loss's terms (core/losses.py); None: transformers' cross-entropy over full logits.
+        loss_projects: the loss runs the LM head's projection itself (its input is the loss's to keep).
+        trained: modules outside the layers whose weights are trained besides adapters (``lm_head``: a LoRA
+            ``modules_to_save`` head): they save their input.
+        compiled: a compiled layer's saved bytes for the eager layer's :class:`Saved` (``torch.compile``: measured by
+            the partitioner, core/plan/compiled.py), or None.
     """
     tokens = dims.tokens
     steady = decoder_layer(dims, num, full=full, adapters=adapters, attention=attention, input_grad=True,
                            biases=biases, masked=masked)
+    steady_bytes = compiled(steady) if compiled is not None else steady.total
     layer_input = tokens * dims.h * num.residual_bytes
     if checkpointing:  # nothing inside a layer is kept; autocast's cache still holds every cast weight to the end
-        first = steady
+        first_bytes = steady_bytes
         layers = dims.layers * layer_input
-        recompute = steady.total
+        recompute = steady_bytes
         cache = dims.layers * sum(steady.cache.values())
+        first = steady
     else:
         first = decoder_layer(dims, num, full=full, adapters=adapters, attention=attention, input_grad=full,
                               biases=biases, masked=masked)
-        layers = first.total + (dims.layers - 1) * steady.total
+        first_bytes = first.total if compiled is None else first.total * steady_bytes // max(steady.total, 1)
+        layers = first_bytes + (dims.layers - 1) * steady_bytes
         recompute = 0
         cache = first.cache_only + (dims.layers - 1) * steady.cache_only
     head = Saved()
     final = _Layer(dims, num, "head", head, full=full, adapters={k: v for k, v in adapters.items() if k == "lm_head"},
-                   attention=attention)
+                   attention=attention, trained=trained)
     y = final.norm(_T("last layer output", tokens * dims.h, num.residual_bytes, True))
-    final.linear("lm_head", y, dims.h, dims.vocab)
+    if not loss_projects:  # a loss that projects keeps the head's input itself (its terms)
+        final.linear("lm_head", y, dims.h, dims.vocab)
     cos_sin = 2 * tokens * dims.head_dim * num.residual_bytes  # RoPE's cos and sin, saved once for every layer
     c = num.compute_bytes if num.autocast else num.param_bytes
     logits = tokens * dims.vocab
+    if loss is None:
+        loss = LossTerms(logits * (c + (FP32 if c != FP32 else 0) + FP32), logits * FP32, 2 * logits * FP32,
+                         logits * c, "")
     return StepActivations(
-        layer=steady.total,
-        first=first.total,
+        layer=steady_bytes,
+        first=first_bytes,
         layer_input=layer_input,
         layers=layers,
         head=head.total + cos_sin,
-        logits_forward=logits * (c + (FP32 if c != FP32 else 0) + FP32),
-        logits_saved=logits * FP32,
-        logits_backward=2 * logits * FP32,
-        logits_grad=logits * c,
+        logits_forward=loss.forward,
+        logits_saved=loss.saved,
+        logits_backward=loss.backward,
+        logits_grad=loss.grad,
         hidden_grad=tokens * dims.h * c,
         recompute=recompute,
         forward_cache=cache + head.cache_only,

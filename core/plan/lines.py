@@ -24,9 +24,12 @@ How a strategy divides the model between devices is :mod:`core.plan.strategies`;
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 from core.dtypes import dtype_bytes
+from core.losses import LossInput, LossTerms
 from core.plan.activations import LLAMA_FAMILY, Adapter, Dims, Numerics, StepActivations, step_activations
 from core.plan.devices import DeviceInfo
 from core.plan.meta import AdapterInfo, ModelShape, ModelSummary, ParamInfo
@@ -183,48 +186,91 @@ def _numerics(spec: RunSpec) -> Numerics:
                     autocast=spec.autocast, quantised_base=spec.method.takes("quant"))
 
 
+def loss_input(spec: RunSpec, shape: ModelShape, summary: ModelSummary, tp: int = 1) -> LossInput:
+    """The sizes the spec's loss (core/losses.py) is made of, for the policy's rows of one micro-batch."""
+    num = _numerics(spec)
+    head = next((p for p in summary.params if p.unit == "head" and p.kind == "linear"
+                 and p.numel == shape.vocab * shape.hidden), None)
+    head_trained = spec.method.trains_base or "lm_head" in spec.lora.modules_to_save
+    return LossInput(tokens=spec.policy_rows * spec.seq_len, rows=spec.policy_rows, vocab=-(-shape.vocab // tp),
+                     hidden=shape.hidden, logit_bytes=num.compute_bytes,
+                     head_bytes=dtype_bytes(head.dtype) if head is not None else num.param_bytes,
+                     head_trained=head_trained, chunks=spec.loss_chunks, compiled=spec.compile)
+
+
+def _rows(spec: RunSpec) -> RunSpec:
+    """``spec`` with its micro-batch counted in the policy's rows (a preference pair is two sequences), for the terms
+    made of the micro-batch's tokens."""
+    return dataclasses.replace(spec, batch_size=spec.policy_rows) if spec.policy_rows != spec.batch_size else spec
+
+
 def activation_terms(spec: RunSpec, shape: ModelShape, summary: ModelSummary, kind: str,
-                     tp: int = 1) -> tuple[StepActivations, str]:
+                     tp: int = 1, config: Any = None) -> tuple[StepActivations, str]:
     """The activation terms of one micro-batch (see :class:`core.plan.activations.StepActivations`) and their formula.
 
     The Llama family, without tensor parallelism: op by op (:func:`core.plan.activations.step_activations`). Others:
-    Korthikanti et al. 2022 (eq. 1; eq. 2 under tp) for the layers, an approximation stated in the method."""
+    Korthikanti et al. 2022 (eq. 1; eq. 2 under tp) for the layers, an approximation stated in the method. The
+    micro-batch is the policy's rows (a preference objective's pairs are two sequences each); the loss is the spec's
+    (core/losses.py); with ``compile`` each layer's saved tensors are what AOTAutograd's partitioner keeps, measured on
+    ``config``'s layer (core/plan/compiled.py)."""
     num = _numerics(spec)
-    c = num.compute_bytes
+    loss = spec.loss_kind.terms(loss_input(spec, shape, summary, tp))
+    spec = _rows(spec)
     b, s, h, V = spec.batch_size, spec.seq_len, shape.hidden, shape.vocab
     mask = 1 if kind == "cuda" else 4
     terms = spec.method.adapter_terms
     adapters = {a.module: Adapter(a.r, spec.lora.dropout > 0, mask, terms) for a in summary.adapters}
+    trained = frozenset(m for m in spec.lora.modules_to_save if m == "lm_head") if spec.adapters else frozenset()
     if shape.family in LLAMA_FAMILY and tp == 1:
         dims = Dims(b, s, h, shape.inter, shape.heads, shape.kv_heads, shape.head_dim, V, shape.layers, shape.tied)
+        compiled, compiled_text = _compiled(spec, config, b * s)
         act = step_activations(dims, num, full=spec.method.trains_base, adapters=adapters, attention=shape.attention,
                                checkpointing=spec.gradient_checkpointing, biases=shape.biases,
-                               masked=spec.padding == "padded")
+                               masked=spec.padding == "padded", loss=loss, loss_projects=spec.loss_kind.projects,
+                               trained=trained, compiled=compiled)
         top = sorted(act.breakdown.items(), key=lambda kv: -kv[1])
         parts = ", ".join(f"{why} {n:,}" for why, n in top)
         text = (f"op by op from the {shape.family} decoder's code (core/plan/activations.py): one layer saves "
-                f"{act.layer:,} B ({parts})")
+                f"{act.layer:,} B ({compiled_text}{parts})")
         if spec.gradient_checkpointing:
             text += (f"; checkpointing: each of L={shape.layers} layers keeps its input {act.layer_input:,} B, one "
                      f"layer recomputed in backward")
         else:
             text += f"; L={shape.layers} layers" + (f" (the first {act.first:,} B)" if act.first != act.layer else "")
-        text += (f"; + final norm, LM head and RoPE {act.head:,} B; + the loss at the end of the forward: logits b·s·V "
-                 f"x ({c if c != 4 else ''}{' + 4' if c != 4 else '4'} + 4) B (compute dtype, fp32 copy, "
-                 f"log_softmax), V={V:,}")
+        text += f"; + final norm, LM head and RoPE {act.head:,} B; + {loss.text}"
+        if spec.objective_kind.policy_rows > 1:
+            text += (f"; {spec.objective_kind.label}: b = {b} rows (each pair's chosen and rejected sequences, "
+                     "concatenated)")
         if act.forward_cache:
             text += f"; + autocast's cached {spec.dtype} weight copies {act.forward_cache:,} B to the forward's end"
         if terms is not None:
             text += f"; {spec.method.label}: {terms.method}"
         return act, text
-    return _korthikanti_terms(spec, shape, summary, num, adapters, tp)
+    return _korthikanti_terms(spec, shape, summary, num, adapters, tp, loss)
+
+
+def _compiled(spec: RunSpec, config: Any, tokens: int) -> tuple[Any, str]:
+    """With ``compile``: the function giving a layer's saved bytes at ``tokens`` tokens as AOTAutograd's partitioner
+    measures them (core/plan/compiled.py), and its words; (None, "") otherwise."""
+    if not spec.compile or config is None:
+        return None, ""
+    from core.plan.compiled import compiled_layer_bytes
+
+    num = _numerics(spec)
+    autocast = spec.dtype if num.cast_weights else None
+    layer = compiled_layer_bytes(config, spec.param_dtype, autocast, spec.lora if spec.adapters else None,
+                                 spec.padding == "padded")
+    saved = int(round(layer.per_token * tokens))
+    return (lambda eager: saved), (f"compiled: {layer.per_token:,.1f} B a token as AOTAutograd's min-cut partitioner "
+                                    f"keeps them, measured on this layer here; eager it would keep ")
 
 
 def _korthikanti_terms(spec: RunSpec, shape: ModelShape, summary: ModelSummary, num: Numerics,
-                       adapters: dict[str, Adapter], tp: int) -> tuple[StepActivations, str]:
+                       adapters: dict[str, Adapter], tp: int, loss: LossTerms) -> tuple[StepActivations, str]:
     """Activation terms for layers this planner has no op-by-op model of (or under tensor parallelism)."""
     c = num.compute_bytes
-    s, b, h, V = spec.seq_len, spec.batch_size, shape.hidden, shape.vocab
+    spec = _rows(spec)
+    s, b, h = spec.seq_len, spec.batch_size, shape.hidden
     per_layer, layer_text = _layer_activation_bytes(spec, shape, tp, c)
     lora_extra = _adapter_activation_bytes(spec, summary.adapters, c)
     cast = 0
@@ -232,15 +278,14 @@ def _korthikanti_terms(spec: RunSpec, shape: ModelShape, summary: ModelSummary, 
         cast = sum(p.numel for p in summary.params if p.kind == "linear" and p.unit == "layer") * c // max(tp, 1)
     per_layer_all = per_layer + (lora_extra + cast) // max(shape.layers, 1)
     layer_input = b * s * h * num.residual_bytes
-    logits = -(-b * s * V // tp)
     if spec.gradient_checkpointing:
         layers, recompute, cache = shape.layers * layer_input, per_layer_all, cast
     else:
         layers, recompute, cache = shape.layers * per_layer_all, 0, 0
     act = StepActivations(
         layer=per_layer_all, first=per_layer_all, layer_input=layer_input, layers=layers,
-        head=b * s * h * (4 + c), logits_forward=logits * (c + (4 if c != 4 else 0) + 4), logits_saved=logits * 4,
-        logits_backward=2 * logits * 4, logits_grad=logits * c, hidden_grad=b * s * h * c, recompute=recompute,
+        head=b * s * h * (4 + c), logits_forward=loss.forward, logits_saved=loss.saved,
+        logits_backward=loss.backward, logits_grad=loss.grad, hidden_grad=b * s * h * c, recompute=recompute,
         forward_cache=cache, breakdown={})
     text = (f"Korthikanti et al. 2022 (an approximation for {shape.family or 'this'} layers): L={shape.layers} x "
             f"{layer_text}, h={h}, s={s}, b={b}")
@@ -250,8 +295,10 @@ def _korthikanti_terms(spec: RunSpec, shape: ModelShape, summary: ModelSummary, 
         text += f"; + the {spec.dtype} copies of the linear weights under amp {cast:,} B"
     if spec.gradient_checkpointing:
         text += f"; checkpointing: each layer keeps its input {layer_input:,} B, one layer recomputed in backward"
-    split = f"/{tp} (vocab-parallel)" if tp > 1 else ""
-    text += f"; + the loss: logits b·s·V{split} (compute dtype, fp32 copy, fp32 log_softmax), V={V:,}"
+    split = f" (vocab-parallel: V/{tp})" if tp > 1 else ""
+    text += f"; + {loss.text}{split}"
+    if spec.compile:
+        text += "; torch.compile not measured for these layers (an eager upper bound)"
     if spec.method.adapter_terms is not None:
         text += f"; {spec.method.label}'s own saved tensors are not in this approximation (op by op: Llama family)"
     return act, text
@@ -414,3 +461,93 @@ def overhead_line(device: DeviceInfo, strategy: Strategy = "single", n: int = 1,
                  f"resident in the process ({name} in the checkpoint as config.json states it; measured here: the "
                  f"process's RSS after the 4-bit load of the embedded model 0.44 GiB above LoRA's load) {source:,} B")
     return Line("overhead", CPU_RUNTIME_BYTES + source, text)
+
+
+# ------------------------------------------------------------------------------------------ preference objectives
+def reference_weights(spec: RunSpec, summary: ModelSummary) -> tuple[int, str]:
+    """A preference objective's reference copy (bytes, words): when the reference is a copy, every base parameter
+    (adapters aside) once more, in ``reference_dtype`` (or each parameter's own); none when the reference is the
+    policy with its adapters disabled, precomputed, or absent (core/objectives.py)."""
+    source = spec.reference_source
+    if not spec.training or source == "none":
+        return 0, ""
+    if source != "copy":
+        return 0, {"adapters": "; the reference is the same model with its adapters disabled: no second copy",
+                   "precomputed": "; the reference's log-probabilities are precomputed before training: no reference "
+                                  "model held"}[source]
+    base = [p for p in summary.params if p.kind != "adapter"]
+    nbytes = sum(p.numel * dtype_bytes(spec.reference_dtype or p.dtype) for p in base)
+    dtype = spec.reference_dtype or "each parameter's dtype"
+    return nbytes, (f"; + the reference model, a frozen copy of the base in {dtype}: {sum(p.numel for p in base):,} "
+                    f"parameters = {nbytes:,} B (no gradients, no optimizer states)")
+
+
+def reference_forward(spec: RunSpec, shape: ModelShape, summary: ModelSummary) -> tuple[int, int, str]:
+    """A preference objective's forward passes without gradient, after the policy's (the reference's, KTO's KL rows):
+    (the transient at its peak, the policy's logits still held, words). The transient is its logits (the rows through
+    it x s x V in the logits' dtype), one row's fp32 log-softmax and its exp, and one decoder layer's working set (an
+    inference layer's, Korthikanti et al. 2022); the policy's logits (2b rows in the compute dtype) are still
+    referenced by the loss's caller while it runs (TRL ``_compute_loss``, LLaMA-Factory ``concatenated_forward``,
+    torchtune's recipes). None without such a forward (SFT, ORPO, SimPO; precomputed reference log-probabilities)."""
+    objective = spec.objective_kind
+    if not spec.training or not objective.preference:
+        return 0, 0, ""
+    rows = spec.batch_size * (objective.policy_rows + objective.no_grad_rows) if spec.reference_source not in (
+        "none", "precomputed") else spec.batch_size * objective.no_grad_rows
+    if rows == 0:
+        return 0, 0, ""
+    num = _numerics(spec)
+    ref_bytes = dtype_bytes(spec.reference_dtype) if spec.reference_source == "copy" and spec.reference_dtype else \
+        num.compute_bytes
+    logits = rows * spec.seq_len * shape.vocab * ref_bytes + 2 * spec.seq_len * shape.vocab * 4
+    layer, _ = _layer_activation_bytes(dataclasses.replace(spec, batch_size=rows), shape)
+    held = spec.policy_rows * spec.seq_len * shape.vocab * num.compute_bytes
+    what = "the reference's" if spec.reference_source not in ("none", "precomputed") else "the KL rows'"
+    return logits + layer, held, (f"; {what} forward without gradient after the policy's, {rows} rows: its logits "
+                                  f"{rows}·s·V x {ref_bytes} B + one row's fp32 log-softmax and exp + a layer's working "
+                                  f"set {layer:,} B = {logits + layer:,} B, the policy's logits {held:,} B still held")
+
+
+# ---------------------------------------------------------------------------- optimizer in backward, offloading
+def in_backward(spec: RunSpec, summary: ModelSummary, kind: str) -> tuple[int, int, str]:
+    """The optimizer stepped in backward (torchtune's ``optimizer_in_bwd``, ``OptimizerInBackward``: one optimizer
+    per parameter, stepped and zeroed in its post-accumulate-grad hook): (the gradients alive at once, the step's
+    temporaries, words). Only the gradient of the parameter being stepped is alive (the largest one at most); the step
+    is the optimizer's over that one tensor."""
+    trained = _trainable(summary)
+    largest = max(trained, key=lambda p: p.numel * dtype_bytes(p.dtype), default=None)
+    if largest is None:
+        return 0, 0, ""
+    grad = largest.numel * dtype_bytes(largest.dtype)
+    step, step_text = spec.optimizer_kind.step_temporaries([largest], kind)
+    return grad, step, (f"optimizer stepped in backward: each gradient freed as soon as its parameter steps; at most the "
+                        f"largest, {largest.numel:,} x {dtype_bytes(largest.dtype)} B = {grad:,} B, alive at once; "
+                        f"its step: {step_text}")
+
+
+#: torchtune's ``OffloadActivations``: offloaded tensors kept on the device in flight (``max_fwd_stash_size``)
+OFFLOAD_IN_FLIGHT = 5
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def offloaded_activations(spec: RunSpec, act: StepActivations, n_layers: int) -> tuple[int, int, str]:
+    """Activation offloading (torchtune's ``OffloadActivations``, TRL's copy of it): saved tensors of at least 1 KiB
+    are copied to pinned host memory as they are saved and brought back when their node runs in backward; up to
+    :data:`OFFLOAD_IN_FLIGHT` stay on the device in flight. With checkpointing the saved tensors are each layer's input:
+    (the layers' bytes left on the device, the pinned host bytes (each copy rounded up to a power of two by the CUDA
+    host allocator), words). Without checkpointing a layer's saved tensors go the same way: one layer's worth is
+    planned on the device."""
+    if spec.gradient_checkpointing:
+        device = min(n_layers, OFFLOAD_IN_FLIGHT) * act.layer_input
+        host = n_layers * _pow2(act.layer_input)
+        what = (f"each layer's input offloaded, {min(n_layers, OFFLOAD_IN_FLIGHT)} in flight on the device x "
+                f"{act.layer_input:,} B")
+    else:
+        device = act.first
+        host = n_layers * _pow2(act.layer)
+        what = f"every layer's saved tensors offloaded, one layer's worth ({act.first:,} B) planned in flight"
+    return device, host, (f"activation offloading: {what}; pinned host memory {host:,} B (each copy rounded up to a "
+                          "power of two); the LM head's input and the loss stay on the device")

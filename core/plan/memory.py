@@ -96,6 +96,9 @@ class DevicePlan:
     phases: dict[str, Phase] = field(default_factory=dict)
     #: bytes of this plan a traced step cannot see: the overhead line and DDP's gradient buckets
     untraced_bytes: int = 0
+    #: host memory this device's process holds for it (offloaded activations, optimizer states, parameters), each a
+    #: line of its own: never counted in the device's total
+    host: tuple[Line, ...] = ()
 
     @property
     def peak_phase(self) -> Phase | None:
@@ -167,6 +170,8 @@ class MemoryPlan:
                                for p in dp.phases.values()},
                     "peak_phase": dp.peak_phase.name if dp.peak_phase else "",
                     "sum_of_components_bytes": int(dp.sum_of_lines),
+                    **({"host": {line.component: {"bytes": int(line.bytes), "method": line.method}
+                                 for line in dp.host}} if dp.host else {}),
                     "untraced_bytes": int(dp.untraced_bytes),
                     "total_bytes": int(dp.total_bytes),
                     "fits": dp.fits,
@@ -288,7 +293,7 @@ def plan_memory(
     summary = meta_summary(config, spec.mode, spec.lora if spec.adapters else None, spec.param_dtype)
     counts = parameters if parameters is not None else summary.count
     quantised = quantised_base(spec, shape, summary) if spec.method.takes("quant") else None
-    steps = strategy_steps(spec, shape, summary, devices, n)
+    steps = strategy_steps(spec, shape, summary, devices, n, config)
     source = quantised_source_bytes(spec, config, quantised)
     plans = [_device_plan(device, step, tag, overhead_line(device, strategy, n, first=i == 0, quantised_source=source,
                                                             training=spec.training))
@@ -321,7 +326,7 @@ def _device_plan(device: DeviceInfo, step: DeviceStep, tag: str, overhead: Line)
         if len(moments) > 1 and largest.components[name] and name not in ("weights", "optimizer_states", "kv_cache"):
             method += f" (largest at {largest.at})"
         lines[name] = Line(name, largest.components[name], f"{tag}: {method}" if tag else method)
-    return DevicePlan(device, lines, phases, untraced)
+    return DevicePlan(device, lines, phases, untraced, step.host)
 
 
 def _convention(spec: RunSpec) -> str:

@@ -90,6 +90,10 @@ class StepTerms:
             recomputed layer; else 0.
         forward_working: a LoRA variant's working set inside one adapted layer's forward (DoRA's weight norm), at
             its largest in the last layer's forward; else 0.
+        reference_forward: a preference objective's forward without gradient (the reference's, and KTO's KL rows),
+            run after the policy's forward while its saved activations are alive: its logits and one layer's working
+            set; else 0.
+        logits_held: the policy's logits still referenced while that forward runs (the loss's caller holds them).
     """
 
     weights: int
@@ -117,6 +121,8 @@ class StepTerms:
     kv_cache: int = 0
     dequantised: int = 0
     forward_working: int = 0
+    reference_forward: int = 0
+    logits_held: int = 0
 
 
 def _phase(name: str, at: str, **parts: int) -> Phase:
@@ -138,6 +144,9 @@ def training_moments(t: StepTerms) -> list[Phase]:
         *([_phase("forward", "a LoRA variant's working set in the last layer's forward", **during,
                   gradients=t.accumulated_gradients, activations=t.layers + t.forward_cache,
                   temporaries=t.forward_working + extra)] if t.forward_working else []),
+        *([_phase("forward", "the reference's forward without gradient, after the policy's", **during,
+                  gradients=t.accumulated_gradients, activations=t.layers + t.head + t.logits_saved + t.logits_held,
+                  temporaries=t.reference_forward + extra)] if t.reference_forward else []),
         _phase("backward", "the loss's gradient, at the start of backward", **during,
                gradients=t.accumulated_gradients, activations=t.layers + t.head + t.logits_saved,
                temporaries=t.logits_backward + extra),

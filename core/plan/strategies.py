@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 from core.dtypes import dtype_bytes
 from core.errors import SpecError
@@ -28,11 +29,15 @@ from core.plan.lines import (
     activation_terms,
     gradient_terms,
     gradients_line,
+    in_backward,
     inference_activations_line,
     inference_temporaries_line,
     kv_cache_line,
+    offloaded_activations,
     optimizer_states_line,
     qlora_weights_line,
+    reference_forward,
+    reference_weights,
     step_temporaries,
     temporaries_text,
     weights_line,
@@ -58,18 +63,19 @@ class DeviceStep:
     methods: dict[str, str]
     terms: StepTerms | None = None  # training
     inference: dict[str, int] | None = None  # weights, activations, temporaries, kv_cache
+    host: tuple[Line, ...] = ()  # host memory the device's process holds for it (offloads), not device memory
 
 
 def strategy_steps(spec: RunSpec, shape: ModelShape, summary: ModelSummary, devices: list[DeviceInfo],
-                   n: int) -> list[tuple[DeviceStep, str]]:
+                   n: int, config: Any = None) -> list[tuple[DeviceStep, str]]:
     """Each device's step by ``spec.strategy`` (see :func:`core.plan.memory.plan_memory`) with its tag for the
-    device's methods; ``n``: the ranks sharing the work."""
+    device's methods; ``n``: the ranks sharing the work; ``config``: the model's (a compiled layer is measured on it)."""
     strategy = spec.strategy
     wholes: dict[str, DeviceStep] = {}  # the whole run per device kind: CPU and CUDA differ (optimizer foreach, dropout)
 
     def whole(kind: str) -> DeviceStep:
         if kind not in wholes:
-            wholes[kind] = _whole_step(spec, shape, summary, kind)
+            wholes[kind] = _whole_step(spec, shape, summary, kind, config)
         return wholes[kind]
 
     if strategy == "single":
@@ -100,7 +106,8 @@ def check_tp_heads(tp: int, shape: ModelShape) -> None:
 
 
 def _part_step(spec: RunSpec, shape: ModelShape, summary: ModelSummary, local: ModelSummary, kind: str,
-               n_layers: int, *, first: bool, head: bool, scope: str | None = None, tp: int = 1) -> DeviceStep:
+               n_layers: int, *, first: bool, head: bool, scope: str | None = None, tp: int = 1,
+               config: Any = None) -> DeviceStep:
     """The step of a device holding ``n_layers`` decoder layers of the model and the parameters in ``local``
     (device_map: its own layers; tp: every layer's shards; the whole model: ``local`` is ``summary``, no ``scope``),
     with the first layer when ``first`` and the loss when ``head``."""
@@ -120,15 +127,30 @@ def _part_step(spec: RunSpec, shape: ModelShape, summary: ModelSummary, local: M
                        "temporaries": temporaries.bytes, "kv_cache": kv.bytes})
     gradients, states = gradients_line(spec, local), optimizer_states_line(spec, local, kind)
     step_bytes, step_text = step_temporaries(spec, local, kind)
-    act, act_text = activation_terms(spec, shape, summary, kind, tp)
+    act, act_text = activation_terms(spec, shape, summary, kind, tp, config)
     per_layer = act.layer_input if act.recompute else act.layer
     layers = n_layers * per_layer + (act.first - act.layer if first and not act.recompute and n_layers else 0)
+    host: list[Line] = []
+    if spec.activation_offloading and n_layers:
+        layers, pinned, offload_text = offloaded_activations(spec, act, n_layers)
+        act_text += f"; {offload_text}"
+        host.append(Line("activations", pinned, offload_text))
+    ref_bytes, ref_text = reference_weights(spec, local)
+    weights = Line(weights.component, weights.bytes + ref_bytes, weights.method + ref_text)
+    ref_forward, held, forward_text = reference_forward(spec, shape, local) if head else (0, 0, "")
+    act_text += forward_text
+    grad_bytes = gradients.bytes
+    if spec.optimizer_in_backward:
+        grad_bytes, step_bytes, in_text = in_backward(spec, local, kind)
+        gradients = Line("gradients", grad_bytes, in_text)
+        step_text = in_text
     loss = {"head": act.head, "logits_forward": act.logits_forward, "logits_saved": act.logits_saved,
             "logits_backward": act.logits_backward, "logits_grad": act.logits_grad} if head else {}
     grads = gradient_terms(spec, shape, local) if head or first else {}
     values: dict[str, int] = dict(
-        weights=weights.bytes, gradients=gradients.bytes, optimizer_states=states.bytes, step_temporaries=step_bytes,
-        accumulated_gradients=gradients.bytes if spec.grad_accum > 1 else 0, layers=layers,
+        weights=weights.bytes, gradients=grad_bytes, optimizer_states=states.bytes, step_temporaries=step_bytes,
+        accumulated_gradients=grad_bytes if spec.grad_accum > 1 else 0, layers=layers,
+        reference_forward=ref_forward, logits_held=held,
         first_layer=(act.layer_input + act.recompute if act.recompute else (act.first if first else act.layer))
         if n_layers else 0,
         logits_forward=0, logits_saved=0, logits_backward=0, logits_grad=0, head=0,
@@ -138,22 +160,24 @@ def _part_step(spec: RunSpec, shape: ModelShape, summary: ModelSummary, local: M
         forward_working=act.working if n_layers else 0)
     values.update(loss)
     values.update(grads)
+    if spec.optimizer_in_backward:  # no gradient outlives its parameter's step
+        values.update(first_gradients=0, head_gradient=min(values.get("head_gradient", 0), grad_bytes))
     terms = StepTerms(**values)
     where = "" if scope is None else f"{_n_layers(n_layers)} here" + ("" if head else "; no logits here") + ": "
     return DeviceStep(methods={"weights": weights.method, "gradients": gradients.method,
                                "optimizer_states": states.method, "activations": f"{where}{act_text}",
                                "temporaries": temporaries_text(act, step_text, grads, quantised) if head
                                else f"optimizer step (this device's parameters): {step_text}",
-                               "kv_cache": "training: use_cache off, no KV cache"}, terms=terms)
+                               "kv_cache": "training: use_cache off, no KV cache"}, terms=terms, host=tuple(host))
 
 
 def _n_layers(n: int) -> str:
     return f"{n} layer" if n == 1 else f"{n} layers"
 
 
-def _whole_step(spec: RunSpec, shape: ModelShape, summary: ModelSummary, kind: str) -> DeviceStep:
+def _whole_step(spec: RunSpec, shape: ModelShape, summary: ModelSummary, kind: str, config: Any = None) -> DeviceStep:
     """The whole run on one device of ``kind`` (cpu | cuda): every layer, the embedding and the loss."""
-    return _part_step(spec, shape, summary, summary, kind, shape.layers, first=True, head=True)
+    return _part_step(spec, shape, summary, summary, kind, shape.layers, first=True, head=True, config=config)
 
 
 def _ceil_div(value: int, n: int) -> int:

@@ -31,8 +31,8 @@ GiB = 2**30
 
 #: what tui may import of core besides core.api: the modules that declare what a run is and what it says (the spec
 #: and its settings, the training methods, the kill points, the errors, the events, the statuses)
-VOCABULARY = {"core.spec", "core.settings", "core.methods", "core.optim", "core.killpoints", "core.errors",
-              "core.events", "core.status"}
+VOCABULARY = {"core.spec", "core.settings", "core.methods", "core.optim", "core.objectives", "core.losses",
+              "core.killpoints", "core.errors", "core.events", "core.status"}
 ALLOWED = VOCABULARY | {"core.api"}
 
 
