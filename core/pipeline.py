@@ -688,6 +688,8 @@ def recipe_unrunnable(spec: RunSpec) -> tuple[str, str] | None:
     asks), or None."""
     if spec.objective_kind.preference:
         return "objective", f"a preference objective ({spec.objective_kind.label})"
+    if spec.training and spec.optimizer_kind.library == "torchao":
+        return "optimizer", f"{spec.optimizer_kind.label} (torchao is not installed here)"
     for name, value, words in (("loss", spec.loss != "standard", f"the loss {spec.loss}"),
                                ("compile", spec.compile, "torch.compile"),
                                ("optimizer_in_backward", spec.optimizer_in_backward, "the optimizer stepped in backward"),
@@ -757,7 +759,7 @@ def check_runnable(spec: RunSpec, ctx: PlanContext, device: str, allow_unfit: bo
     missing = attention_unavailable(spec.attn_implementation, device)
     if missing:
         raise GpuAcceptError(f"attn_implementation: {missing}")
-    needs_bnb = f"mode: {spec.mode}" if spec.method.takes("quant") else (
+    needs_bnb = f"mode: {spec.mode}" if spec.method.quantised else (
         f"optimizer: {spec.optimizer}" if spec.training and optimizer.needs_bitsandbytes else None)
     if needs_bnb and importlib.util.find_spec("bitsandbytes") is None:
         raise GpuAcceptError(f"{needs_bnb} runs on bitsandbytes, which is not installed here: pip install -e "

@@ -107,7 +107,7 @@ from core.settings import (
 #: (``qlora``: the same adapters over a base stored in 4 bits by bitsandbytes and dequantised layer by layer as it runs).
 #: Each is a method object (core/methods/): ``RunSpec.method``. Written out as a ``Literal`` so that mypy catches a
 #: misspelt mode; tests/unit/test_methods.py keeps this list and ``core.methods.METHODS`` equal.
-Mode = Literal["inference", "full", "lora", "qlora", "dora"]
+Mode = Literal["inference", "full", "lora", "qlora", "dora", "lora_int8"]
 MODES: tuple[Mode, ...] = get_args(Mode)
 #: The modes that train LoRA adapters over a frozen base: basic LoRA and its 4-bit variant (QLoRA)
 ADAPTER_MODES: tuple[Mode, ...] = tuple(m for m in MODES if METHODS[m].adapters)

@@ -150,7 +150,7 @@ def trainer_steps(spec: RunSpec, model: Any, blocks: list[dict[str, Any]], out_d
 
     is_cuda = device.startswith("cuda")
     tracker, n = seen.tracker, spec.probe_steps
-    if tracker is not None and (spec.optimizer_kind.needs_bitsandbytes or spec.method.takes("quant")):
+    if tracker is not None and (spec.optimizer_kind.needs_bitsandbytes or spec.method.quantised):
         from core.child.measure import expose_bitsandbytes_cpu_kernels
 
         # the step's fp32 copies, and a 4-bit layer's dequantised weight, are made inside bitsandbytes' ops

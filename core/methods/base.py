@@ -83,6 +83,10 @@ class Method:
         peft_options: a LoRA variant's keywords to peft's ``LoraConfig`` (``{"use_dora": True}``), used wherever the
             adapters are made (the plan's meta model and the child's model alike).
         adapter_terms: a LoRA variant's plan terms per adapted layer (:class:`AdapterTerms`), or None.
+        runs: gpuaccept's own recipe runs it (the wizard's Mode screen offers it); False: planned only (a trainer's
+            config names it; ``run_checks`` refuses a run by name).
+        quantised: how the frozen base's linear layers are stored: ``""`` (in the dtype), ``"4bit"`` (QLoRA:
+            bitsandbytes' NF4 / FP4) or ``"int8"`` (LLM.int8).
     """
 
     name: str
@@ -104,6 +108,8 @@ class Method:
     run_checks: tuple[Callable[[Any], None], ...] = ()
     peft_options: Mapping[str, Any] = field(default_factory=dict)
     adapter_terms: AdapterTerms | None = None
+    quantised: str = ""
+    runs: bool = True
 
     @property
     def variant(self) -> bool:

@@ -59,6 +59,27 @@ def check_qlora(spec: Any) -> None:
                                      "precision = \"pure\" (dtype is the compute dtype the 4-bit layers dequantise to)")
 
 
+def check_pure(spec: Any) -> None:
+    """A quantised base keeps no fp32 master copy: the precision is pure.
+
+    Raises:
+        SpecError: on ``precision``.
+    """
+    if spec.precision != "pure":
+        raise SpecError("precision", f"{spec.mode} stores the base quantised, with no fp32 master copy to keep: set "
+                                     "precision = \"pure\" (dtype is the compute dtype the layers dequantise to)")
+
+
+def planned_only(spec: Any) -> None:
+    """A method this version plans but does not run.
+
+    Raises:
+        SpecError: on ``mode``, always.
+    """
+    raise SpecError("mode", f"{spec.mode} is planned (gpuaccept plan), not run by gpuaccept's own recipe in this "
+                            "version; run your own trainer on it in command mode (gpuaccept run --command ...)")
+
+
 def check_qlora_run(spec: Any) -> None:
     """What this version runs QLoRA with: one process (strategy single); it plans the others (FSDP-QLoRA).
 
@@ -101,5 +122,15 @@ QLORA = Method(
             "from LoRA's.",
     trains=True, adapters=True, layout="lora", groups=TRAINING_GROUPS | {"adapter", "quant"},
     steps=30, learning_rate=1e-3, checkpoint_every=10, kill_after_checkpoint=2, own_tables=("qlora",),
-    fp32_params=True, dtype_note=" (here the compute dtype of the 4-bit layers)",
+    fp32_params=True, dtype_note=" (here the compute dtype of the 4-bit layers)", quantised="4bit",
     checks=(check_training, check_qlora, check_adapters), run_checks=(check_qlora_run,))
+
+LORA_INT8 = Method(
+    name="lora_int8", label="LoRA over an 8-bit base (LLM.int8, variant)",
+    summary="LoRA over a base whose linear layers are stored in 8 bits by bitsandbytes (LLM.int8: ~1 B a parameter "
+            "and an fp32 scale per row), each dequantised in backward; embeddings, norms and the LM head in the "
+            "model's dtype. The same adapters as LoRA. Planned only in this version.",
+    trains=True, adapters=True, layout="lora", groups=TRAINING_GROUPS | {"adapter"},
+    steps=30, learning_rate=1e-3, checkpoint_every=10, kill_after_checkpoint=2, quantised="int8", runs=False,
+    dtype_note=" (here the compute dtype the 8-bit layers dequantise to)",
+    checks=(check_training, check_pure, check_adapters), run_checks=(planned_only,))

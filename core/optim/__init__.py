@@ -1,5 +1,5 @@
 """The optimizers, one module each: torch's AdamW in its default and fused implementations (core/optim/adamw.py),
-SGD with momentum (sgd.py), transformers' Adafactor (adafactor.py), bitsandbytes' 8-bit and paged AdamW (bnb.py).
+SGD with momentum (sgd.py), transformers' Adafactor (adafactor.py), bitsandbytes' 8-bit and paged AdamW (bnb.py), torchao's low-bit AdamW (torchao.py).
 Each is a :class:`core.optim.base.Optimizer`: its states and their dtypes, its step's temporaries, paging, what it
 needs to run, and the names each trainer's config gives it.
 
@@ -16,10 +16,12 @@ from core.optim.adamw import ADAMW, ADAMW_FUSED
 from core.optim.base import Optimizer, Param
 from core.optim.bnb import ADAMW_8BIT, PAGED_ADAMW_8BIT, PAGED_ADAMW_32BIT
 from core.optim.sgd import SGD
+from core.optim.torchao import ADAMW_AO_4BIT, ADAMW_AO_8BIT, ADAMW_AO_FP8
 
 #: every optimizer by its spec name, in the order the Setup form lists them
 OPTIMIZERS: dict[str, Optimizer] = {o.name: o for o in (ADAMW, ADAMW_FUSED, SGD, ADAFACTOR, ADAMW_8BIT,
-                                                         PAGED_ADAMW_8BIT, PAGED_ADAMW_32BIT)}
+                                                         PAGED_ADAMW_8BIT, PAGED_ADAMW_32BIT, ADAMW_AO_8BIT,
+                                                         ADAMW_AO_4BIT, ADAMW_AO_FP8)}
 #: the tools whose names :func:`named` reads (a key of :attr:`Optimizer.names`)
 TOOLS = ("trainer", "torchtune", "litgpt")
 

@@ -83,7 +83,7 @@ class Optimizer:
             optimizer per tool and implementation.
         implementation: ``default`` (the library's own choice), ``fused`` or ``foreach``: a torch class path names
             several implementations, told apart by its ``fused`` / ``foreach`` argument.
-        library: who implements it (``torch``, ``transformers``, ``bitsandbytes``).
+        library: who implements it (``torch``, ``transformers``, ``bitsandbytes``, ``torchao``).
         variant: a variant of a basic optimizer (8-bit or paged states), labelled as one.
         needs_cuda: runs on CUDA only (paged states live in CUDA unified memory); planned anywhere.
         needs_bitsandbytes: runs on bitsandbytes.

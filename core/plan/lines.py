@@ -98,7 +98,14 @@ def weights_line(summary: ModelSummary, scope: str | None = None) -> Line:
 
 
 def qlora_weights_line(q: QuantisedBase) -> Line:
-    """QLoRA's weights line: the 4-bit layers (packed and constants), the rest of the base, the adapters."""
+    """A quantised base's weights line: QLoRA's 4-bit layers (packed and constants), or LLM.int8's 8-bit ones, the
+    rest of the base, the adapters."""
+    if q.quant_type == "int8":
+        return Line("weights", q.weights_bytes,
+                    f"LoRA over an 8-bit base (a variant, LLM.int8): {q.layers:,} decoder linear layers in int8, "
+                    f"{q.quantised_parameters:,} parameters x 1 B + an fp32 scale per row {q.constants_bytes:,} B; "
+                    f"embeddings, norms and LM head not quantised, {q.unquantised_bytes:,} B in the model's dtype; "
+                    f"LoRA adapters fp32 {q.adapter_bytes:,} B")
     constants = ("uint8 absmax per block of 64 + fp32 absmax per 256 blocks + 1,024 B map + 4 B offset + 64 B code "
                  "table per layer (double quantisation)" if q.double_quant else
                  "fp32 absmax per block of 64 + 64 B code table per layer")
@@ -183,7 +190,7 @@ def temporaries_text(act: StepActivations, step_text: str, grads: dict[str, int]
 def _numerics(spec: RunSpec) -> Numerics:
     param = dtype_bytes(spec.param_dtype)
     return Numerics(param_bytes=param, compute_bytes=spec.dtype_bytes if spec.autocast else param,
-                    autocast=spec.autocast, quantised_base=spec.method.takes("quant"))
+                    autocast=spec.autocast, quantised_base=bool(spec.method.quantised))
 
 
 def loss_input(spec: RunSpec, shape: ModelShape, summary: ModelSummary, tp: int = 1) -> LossInput:

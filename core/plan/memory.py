@@ -292,7 +292,7 @@ def plan_memory(
     # precision: pure keeps the parameters in the dtype (LoRA adapters fp32), amp keeps fp32 master weights
     summary = meta_summary(config, spec.mode, spec.lora if spec.adapters else None, spec.param_dtype)
     counts = parameters if parameters is not None else summary.count
-    quantised = quantised_base(spec, shape, summary) if spec.method.takes("quant") else None
+    quantised = quantised_base(spec, shape, summary) if spec.method.quantised else None
     steps = strategy_steps(spec, shape, summary, devices, n, config)
     source = quantised_source_bytes(spec, config, quantised)
     plans = [_device_plan(device, step, tag, overhead_line(device, strategy, n, first=i == 0, quantised_source=source,
@@ -331,7 +331,11 @@ def _device_plan(device: DeviceInfo, step: DeviceStep, tag: str, overhead: Line)
 
 def _convention(spec: RunSpec) -> str:
     """:data:`CONVENTION` with the precision of this spec."""
-    if spec.method.takes("quant"):
+    if spec.method.quantised == "int8":
+        precision = (f"LoRA over an 8-bit base (a variant of LoRA, LLM.int8): the decoder's linear weights stored as "
+                     f"int8 with an fp32 scale per row, each dequantised to {spec.dtype} for its input's gradient; "
+                     f"every other parameter in the model's dtype, the adapters fp32")
+    elif spec.method.quantised:
         precision = (f"QLoRA (a variant of LoRA): the decoder's linear weights stored in 4 bits "
                      f"({spec.qlora.quant_type}) and dequantised to the compute dtype {spec.dtype} layer by layer as "
                      f"they run; every other parameter, the adapters, their gradients and optimizer states in fp32"

@@ -149,15 +149,22 @@ def _is_quantised(p: ParamInfo) -> bool:
     return p.kind == "linear" and p.unit == "layer" and len(p.shape) == 2
 
 
+#: bytes of LLM.int8's per-row scale (``SCB``: one fp32 absmax per output row, bitsandbytes ``Int8Params._quantize``)
+INT8_ROW_SCALE = 4
+
+
 def quantised_base(spec: RunSpec, shape: ModelShape, summary: ModelSummary) -> QuantisedBase:
-    """QLoRA's weights part by part (:class:`QuantisedBase`), from each parameter of the model as it runs.
+    """A quantised base's weights part by part (:class:`QuantisedBase`), from each parameter of the model as it runs:
+    QLoRA's 4-bit layers, or LLM.int8's 8-bit ones (:func:`int8_base`).
 
     Raises:
         SpecError: the model is not of a family whose layers this plan knows to be ``nn.Linear``.
     """
     if shape.family not in QLORA_FAMILIES:
-        raise SpecError("mode", f"qlora is planned for the {', '.join(QLORA_FAMILIES)} families in this version, "
+        raise SpecError("mode", f"{spec.mode} is planned for the {', '.join(QLORA_FAMILIES)} families in this version, "
                                 f"not {shape.family or 'this model'}: use mode lora, or a model of those families")
+    if spec.method.quantised == "int8":
+        return int8_base(spec, summary)
     dq = spec.qlora.double_quant
     packed = constants = unquantised = adapters = dequantised = layers = numel = 0
     for p in summary.params:
@@ -172,6 +179,26 @@ def quantised_base(spec: RunSpec, shape: ModelShape, summary: ModelSummary) -> Q
             unquantised += p.numel * dtype_bytes(p.dtype)
     return QuantisedBase(spec.qlora.quant_type, dq, layers, numel, packed, constants, unquantised, adapters,
                          dequantised)
+
+
+def int8_base(spec: RunSpec, summary: ModelSummary) -> QuantisedBase:
+    """LLM.int8's base (Dettmers et al. 2022, arXiv 2208.07339; transformers' ``load_in_8bit``, bitsandbytes
+    ``Linear8bitLt`` with ``has_fp16_weights=False``): every decoder linear weight stored as int8, ``out x in`` bytes,
+    with an fp32 absmax per output row (``SCB``, ``Int8Params._quantize``); the embeddings, norms and the LM head kept
+    in the model's dtype (``get_keys_to_not_convert`` keeps the output embedding). The backward dequantises each
+    layer's whole weight to the compute dtype for its input's gradient (``MatMul8bitLt.backward``: ``CB.to(dtype) *
+    SCB / 127``, measured on this CPU): the largest layer's at a time."""
+    packed = constants = unquantised = adapters = dequantised = layers = numel = 0
+    for p in summary.params:
+        if p.kind == "adapter":
+            adapters += p.numel * dtype_bytes(p.dtype)
+        elif _is_quantised(p):
+            packed, constants = packed + p.numel, constants + INT8_ROW_SCALE * p.shape[0]
+            layers, numel = layers + 1, numel + p.numel
+            dequantised = max(dequantised, p.numel * spec.dtype_bytes)
+        else:
+            unquantised += p.numel * dtype_bytes(p.dtype)
+    return QuantisedBase("int8", False, layers, numel, packed, constants, unquantised, adapters, dequantised)
 
 
 def quantised_source_bytes(spec: RunSpec, config: Any, quantised: QuantisedBase | None) -> tuple[int, str]:

@@ -111,7 +111,7 @@ def _part_step(spec: RunSpec, shape: ModelShape, summary: ModelSummary, local: M
     """The step of a device holding ``n_layers`` decoder layers of the model and the parameters in ``local``
     (device_map: its own layers; tp: every layer's shards; the whole model: ``local`` is ``summary``, no ``scope``),
     with the first layer when ``first`` and the loss when ``head``."""
-    quantised = quantised_base(spec, shape, local) if spec.method.takes("quant") else None
+    quantised = quantised_base(spec, shape, local) if spec.method.quantised else None
     weights = qlora_weights_line(quantised) if quantised is not None else weights_line(local, scope)
     if not spec.training:
         activations = inference_activations_line(spec, shape, tp) if head else Line(

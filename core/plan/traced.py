@@ -704,7 +704,7 @@ TRACEABLE_STRATEGIES = ("single", "ddp")
 
 def untraceable_reason(plan: Any, spec: RunSpec | None = None) -> str | None:
     """Why ``plan`` (:class:`core.plan.memory.MemoryPlan`) of ``spec`` has no traced plan, or None when it can have one."""
-    if spec is not None and spec.method.takes("quant"):
+    if spec is not None and spec.method.quantised:
         return ("the traced plan builds the model on meta tensors without bitsandbytes' 4-bit layers; qlora's base is "
                 "planned from the 4-bit layout (core/plan/quant.py) and measured by the probe")
     if spec is not None and spec.training and not spec.optimizer_kind.traceable:
@@ -728,7 +728,7 @@ def trace_against(spec: RunSpec, config: Any, plan: Any, *, fast: bool = True) -
 
     reason = untraceable_reason(plan, spec)
     if reason is not None:
-        field = ("mode" if spec.method.takes("quant") else
+        field = ("mode" if spec.method.quantised else
                  "optimizer" if spec.training and not spec.optimizer_kind.traceable else "strategy")
         raise SpecError(field, reason)
     device = plan.devices[0]

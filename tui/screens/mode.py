@@ -11,9 +11,10 @@ from textual.widgets import Button, Footer, Header, RadioButton, RadioSet, Stati
 from core.methods import METHODS
 from tui.screens.base import WizardScreen
 
-#: what the Mode screen lists: every method (core/methods/: its label and help), then your own command
+#: what the Mode screen lists: every method gpuaccept's recipe runs (core/methods/: its label and help), then your own
+#: command (a method planned only, LoRA over an 8-bit base, is for `gpuaccept plan` and a trainer's config)
 MODES = {
-    **{name: (method.label, method.summary) for name, method in METHODS.items()},
+    **{name: (method.label, method.summary) for name, method in METHODS.items() if method.runs},
     "command": ("Your own command",
                 "Your training script as you run it (python or torchrun, Trainer-based or a plain loop): measured on "
                 "each device (inside a transformers Trainer, from outside otherwise), planned from what it ran, its "
