@@ -46,11 +46,13 @@ def make_plan(spec: RunSpec, devices_override: list[Any] | None = None) -> PlanC
     from core.models import declared_max_positions, load_config, resolve_model
     from core.plan.devices import detect_devices
     from core.plan.memory import plan_memory
-    from core.plan.meta import linear_module_names
+    from core.plan.meta import linear_module_names, untied
     from core.spec import validate_against_config
 
     source = resolve_model(spec.model)
     config = load_config(source)
+    if spec.untie_embeddings:
+        config = untied(config)
     modules = linear_module_names(config) if spec.adapters else None
     validate_against_config(spec, declared_max_positions(source, config), modules)
     # on the CPU, torchrun's ranks are planned as devices: local_world_size(1) is nproc_per_node there (else 1)
@@ -688,15 +690,16 @@ def recipe_unrunnable(spec: RunSpec) -> tuple[str, str] | None:
     asks), or None."""
     if spec.objective_kind.preference:
         return "objective", f"a preference objective ({spec.objective_kind.label})"
-    if spec.training and spec.optimizer_kind.library == "torchao":
-        return "optimizer", f"{spec.optimizer_kind.label} (torchao is not installed here)"
+    if spec.training and spec.optimizer_kind.library in ("torchao", "galore_torch"):
+        return "optimizer", f"{spec.optimizer_kind.label} ({spec.optimizer_kind.library} is not installed here)"
     for name, value, words in (("loss", spec.loss != "standard", f"the loss {spec.loss}"),
                                ("compile", spec.compile, "torch.compile"),
                                ("optimizer_in_backward", spec.optimizer_in_backward, "the optimizer stepped in backward"),
                                ("activation_offloading", spec.activation_offloading, "activation offloading"),
                                ("offload", spec.offload != "none", f"ZeRO / FSDP offload ({spec.offload})"),
                                ("lora.modules_to_save", bool(spec.lora.modules_to_save), "modules trained in full "
-                                                                                         "beside LoRA")):
+                                                                                         "beside LoRA"),
+                               ("untie_embeddings", spec.untie_embeddings, "an LM head untied from the embedding")):
         if value:
             return name, words
     return None

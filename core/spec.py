@@ -107,7 +107,7 @@ from core.settings import (
 #: (``qlora``: the same adapters over a base stored in 4 bits by bitsandbytes and dequantised layer by layer as it runs).
 #: Each is a method object (core/methods/): ``RunSpec.method``. Written out as a ``Literal`` so that mypy catches a
 #: misspelt mode; tests/unit/test_methods.py keeps this list and ``core.methods.METHODS`` equal.
-Mode = Literal["inference", "full", "lora", "qlora", "dora", "lora_int8"]
+Mode = Literal["inference", "full", "lora", "qlora", "dora", "lora_int8", "badam"]
 MODES: tuple[Mode, ...] = get_args(Mode)
 #: The modes that train LoRA adapters over a frozen base: basic LoRA and its 4-bit variant (QLoRA)
 ADAPTER_MODES: tuple[Mode, ...] = tuple(m for m in MODES if METHODS[m].adapters)
@@ -128,6 +128,11 @@ PADDINGS: tuple[Padding, ...] = get_args(Padding)
 #: The optimizers are objects (core/optim/: their states, dtypes, paging and the names each trainer gives them); the
 #: spec holds the name, ``RunSpec.optimizer_kind`` is the object
 OPTIMIZERS: tuple[str, ...] = optimizer_names()
+#: The dtype LoRA's adapters are kept in: fp32 (peft's ``autocast_adapter_dtype``) or the base model's
+AdapterDtype = Literal["fp32", "model"]
+#: Whether a sequence longer than the model's declared ``max_position_embeddings`` is refused (``model``) or planned as
+#: asked (``none``: what a trainer's config asks, its tool not capping it)
+SeqLenLimit = Literal["model", "none"]
 #: ZeRO / FSDP offload to the host (DeepSpeed ``offload_optimizer`` / ``offload_param``, FSDP ``cpu_offload``)
 Offload = Literal["none", "optimizer", "all"]
 OFFLOADS: tuple[Offload, ...] = get_args(Offload)
@@ -136,7 +141,8 @@ OFFLOADS: tuple[Offload, ...] = get_args(Offload)
 LATER_DEFAULTS: dict[str, Any] = {
     "objective": "sft", "reference": "auto", "reference_dtype": "", "loss": "standard", "loss_chunks": 8,
     "compile": False, "optimizer_in_backward": False, "activation_offloading": False, "offload": "none",
-    "lora.modules_to_save": []}
+    "seq_len_limit": "model", "untie_embeddings": False,
+    "lora.modules_to_save": [], "lora.dtype": "fp32", "embedding_fp32_states": True}
 Scheduler = Literal["linear", "cosine", "constant"]
 SCHEDULERS: tuple[Scheduler, ...] = get_args(Scheduler)
 #: How a run is spread over devices (docs/architecture.md §3). ``fsdp`` is accepted and stored as ``zero3`` (FSDP full shard).
@@ -172,6 +178,9 @@ class LoraSettings:
     modules_to_save: tuple[str, ...] = setting(
         (), help="modules trained in full beside the adapters, e.g. embed_tokens,lm_head (peft's modules_to_save: a "
                  "trained copy of each, the original kept)")
+    dtype: AdapterDtype = setting(
+        "fp32", help="the adapters' dtype: fp32 (peft's autocast_adapter_dtype, the default) or model (the base's: "
+                     "torchtune's and LitGPT's LoRA, TRL's over a quantised base)")
 
 
 @dataclass(frozen=True)
@@ -192,6 +201,16 @@ class QloraSettings:
     double_quant: bool = setting(True, label="Double quant", form_order=220,
                                  help="qlora: quantise the per-block absmax constants too (bnb_4bit_use_double_quant; "
                                       "default on)")
+
+
+@dataclass(frozen=True)
+class GaloreSettings:
+    """GaLore's settings (optimizer ``galore_adamw``; core/optim/galore.py): the rank of the gradients' projection and
+    the matrices projected (module names or parts of them, ``all-linear``: every decoder linear weight)."""
+
+    rank: int = setting(128, help="galore_adamw: the rank the targeted gradients are projected to (default 128)")
+    targets: tuple[str, ...] = setting(("all-linear",), help="galore_adamw: the matrices projected, module names or "
+                                                             "parts of them (mlp, self_attn), or all-linear")
 
 
 #: Where the interrupted run of the resume check starts (:attr:`ResumeSettings.interrupted_from`).
@@ -403,6 +422,15 @@ class RunSpec:
              "linear_chunked (LinearCrossEntropyLoss), chunked_nll (TRL's default), fused_linear (Liger), cut (Cut "
              "Cross-Entropy), litgpt_chunked")
     loss_chunks: int = setting(8, group="training", help="chunks of a chunked loss (torchtune's num_output_chunks)")
+    embedding_fp32_states: bool = setting(
+        True, help="bitsandbytes' 8-bit optimizers keep fp32 states for every nn.Embedding, as transformers' Trainer "
+                   "registers them (torchtune and LitGPT do not: false)")
+    untie_embeddings: bool = setting(
+        False, help="the LM head trained apart from the embedding even where the model ties them (LitGPT's models "
+                    "never tie them: the checkpoint's embedding copied into the head)")
+    seq_len_limit: SeqLenLimit = setting(
+        "model", help="model (default): refuse a sequence longer than the model's max_position_embeddings; none: plan "
+                      "it as asked (a trainer's config: its tool does not cap the length)")
     compile: bool = setting(
         False, group="training",
         help="torch.compile each decoder layer: what a layer saves for backward is measured by AOTAutograd's "
@@ -445,6 +473,7 @@ class RunSpec:
     probe_steps: int = setting(3, help="real steps the probe runs and measures")
     lora: LoraSettings = table(LoraSettings, flag_prefix="lora-", group="adapter")
     qlora: QloraSettings = table(QloraSettings, group="quant")
+    galore: GaloreSettings = table(GaloreSettings, group="training")
     resume: ResumeSettings = table(ResumeSettings, group="training")
     torchrun: TorchrunSettings = table(TorchrunSettings, group="distributed")
     #: what the run is accepted by (the ``[accept]`` table, :mod:`core.criteria`); not part of the setup: it is left
@@ -544,6 +573,10 @@ class RunSpec:
             raise SpecError("qlora", f"the [qlora] settings ({', '.join(sorted(qlora_raw))}) apply to mode qlora; "
                                      f"set mode = \"qlora\" or remove them")
         qlora = _sub(QloraSettings, qlora_raw, "qlora")
+        galore_raw = given["galore"]
+        if "targets" in galore_raw:
+            galore_raw["targets"] = _targets(galore_raw["targets"], "galore.targets")
+        galore = _sub(GaloreSettings, galore_raw, "galore")
         resume = _sub(ResumeSettings, given["resume"], "resume")
         torchrun = _sub(TorchrunSettings, given["torchrun"], "torchrun")
         accept = AcceptCriteria.from_table(given["accept"])
@@ -552,7 +585,7 @@ class RunSpec:
             value = scalars["devices"]
             scalars["devices"] = ",".join(str(v) for v in value) if isinstance(value, list) else str(value)
         _check_types(cls, scalars)
-        spec = cls(**scalars, lora=lora, qlora=qlora, resume=resume, torchrun=torchrun, accept=accept)
+        spec = cls(**scalars, lora=lora, qlora=qlora, galore=galore, resume=resume, torchrun=torchrun, accept=accept)
         spec.validate()
         return spec
 
@@ -797,8 +830,10 @@ class RunSpec:
 
     @property
     def optimizer_kind(self) -> Optimizer:
-        """The optimizer object of :attr:`optimizer` (core/optim/): every rule that depends on the optimizer."""
-        return optimizer_of(self.optimizer)
+        """The optimizer object of :attr:`optimizer` (core/optim/): every rule that depends on the optimizer, with its
+        own settings table where it has one (GaLore's ``[galore]``)."""
+        kind = optimizer_of(self.optimizer)
+        return kind.configure(kind, self) if kind.configure is not None else kind
 
     @property
     def training(self) -> bool:
@@ -829,7 +864,8 @@ class RunSpec:
         QLoRA: fp32 for every parameter not stored in 4 bits (embeddings, norms, LM head), whatever the dtype: peft's
         ``prepare_model_for_kbit_training`` casts every fp16 and bf16 parameter but the 4-bit ones to fp32
         (peft/utils/other.py, read in peft 0.21.2)."""
-        return "fp32" if self.precision == "amp" or self.method.fp32_params else self.dtype
+        fp32_rest = self.method.fp32_params and self.lora.dtype == "fp32"  # peft's prepare_model_for_kbit_training
+        return "fp32" if self.precision == "amp" or fp32_rest else self.dtype
 
     @property
     def autocast(self) -> bool:
@@ -840,8 +876,9 @@ class RunSpec:
 
     @property
     def all_linear(self) -> bool:
-        """LoRA targets peft's ``all-linear``: every linear layer but the LM head."""
-        return self.adapters and self.lora.targets == (ALL_LINEAR,)
+        """LoRA targets peft's ``all-linear``: every linear layer but the LM head (with the LM head too when it is
+        named beside it)."""
+        return self.adapters and ALL_LINEAR in self.lora.targets
 
     def to_dict(self) -> dict[str, Any]:
         """The setup as a TOML/JSON-ready mapping (tuples become lists): what is hashed, what a child runs, the
@@ -859,6 +896,9 @@ class RunSpec:
         del out["accept"]
         if "qlora" not in self.method.own_tables:  # the 4-bit settings belong to QLoRA alone: other specs hash as
             del out["qlora"]                     # they always did
+        out["galore"]["targets"] = list(self.galore.targets)
+        if optimizer_of(self.optimizer).own_table != "galore":  # GaLore's settings belong to it alone
+            del out["galore"]
         return out
 
     def to_file_dict(self) -> dict[str, Any]:
@@ -1095,14 +1135,14 @@ def config_problems(spec: RunSpec, max_positions: int | None,
         the errors, at most one per field, in the form's order (sequence length, then LoRA targets); empty when none.
     """
     problems: list[SpecError] = []
-    if max_positions is not None and spec.seq_len > int(max_positions):
+    if max_positions is not None and spec.seq_len > int(max_positions) and spec.seq_len_limit == "model":
         problems.append(SpecError(
             "seq_len",
             f"{spec.seq_len} is above the model's max_position_embeddings ({max_positions}); "
             f"use a sequence length of at most {max_positions}",
         ))
     if spec.adapters and module_names is not None and not spec.all_linear:
-        missing = [t for t in spec.lora.targets if t not in module_names]
+        missing = [t for t in spec.lora.targets if t not in module_names and t != ALL_LINEAR]
         if missing:
             problems.append(SpecError(
                 "lora.targets",

@@ -238,7 +238,9 @@ class Reader:
 
     def done(self) -> Imported:
         """The result: every leaf never read is listed as moving no memory (when the importer knows it so) or as
-        unknown; the flags given apply over the file's settings."""
+        unknown; the flags given apply over the file's settings. A trainer does not cap the sequence length at the
+        model's declared maximum: neither does the plan of its config (``seq_len_limit = "none"``)."""
+        self.settings.setdefault("seq_len_limit", "none")
         unknown: dict[str, str] = {}
         for key, value in self.leaves.items():
             if key in self._seen or key in self.ignored or value is None:
@@ -270,10 +272,14 @@ def training_keys(r: Reader, *, batch: str, packing: str, schedule: str, optim: 
     warmup are ignored (:data:`RUN_LENGTH`)."""
     r.take(batch, "batch_size", int)
     r.take("gradient_accumulation_steps", "grad_accum", int)
-    r.set(packing, "padding", "packed" if r.value(packing, False) else "padded")
+    if r.has(packing):
+        r.set(packing, "padding", "packed" if r.value(packing) else "padded")
+    else:
+        r.default("padding", "padded", f"{packing} off: batches padded")
     r.take("learning_rate", "learning_rate", float)
     r.run_length("max_steps", "warmup_steps", "warmup_ratio")
     r.take("seed", "seed", int)
+    hyper(r)
     scheduler(r, schedule)
     optimizer(r, optim)
 
@@ -316,32 +322,172 @@ def targets(value: Any) -> str:
 
 
 def deepspeed_strategy(r: Reader, key: str) -> None:
-    """A DeepSpeed config (a path or an inline mapping): ZeRO stage 1/2/3 -> zero1/2/3.
+    """A DeepSpeed config (a path or an inline mapping): ZeRO stage 1/2/3 -> zero1/2/3, its offloads to the CPU ->
+    the spec's ``offload``. A relative path is resolved against the working directory, as transformers' and
+    accelerate's ``HfDeepSpeedConfig`` does (``os.path.exists``), which axolotl, LLaMA-Factory and TRL all hand it to;
+    failing that, against the config's own folder (said so in the summary).
+    The stage shards over the ranks the launcher starts, which the file does not say (:func:`sharded`).
 
     Raises:
-        SpecError: an offload (to the CPU or NVMe) or a stage the planner does not model.
+        SpecError: a config that cannot be read, or a stage the planner does not model, naming the key.
     """
-    import json
-
     value = r.value(key)
     if value in (None, ""):
         return
     if isinstance(value, str):
-        path = (r.path.parent / value) if not Path(value).is_absolute() else Path(value)
-        try:
-            value = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            raise r.refuse(key, f"the DeepSpeed config {path} cannot be read ({exc}); give its path") from None
+        value = _deepspeed_file(r, key, value)
     zero = value.get("zero_optimization", {}) if isinstance(value, dict) else {}
     stage = zero.get("stage", 0)
-    for part in ("offload_optimizer", "offload_param"):
-        device = (zero.get(part) or {}).get("device", "none")
-        if device not in ("none", None):
-            raise r.refuse(key, f"ZeRO {part} to {device}: the planner plans device memory without offload; remove "
-                                "the offload or plan without it")
     if stage not in (1, 2, 3):
         raise r.refuse(key, f"ZeRO stage {stage!r}: the planner models stages 1, 2 and 3")
-    r.set(key, "strategy", f"zero{stage}", "the DeepSpeed config's zero_optimization.stage")
+    offloads = [part for part in ("offload_optimizer", "offload_param")
+                if (zero.get(part) or {}).get("device", "none") not in ("none", None)]
+    if "offload_optimizer" in offloads and stage in (1, 2, 3):
+        offload = "all" if "offload_param" in offloads and stage == 3 else "optimizer"
+        how = f"ZeRO stage {stage}, {' and '.join(offloads)} to the CPU"
+    else:
+        offload, how = "none", f"ZeRO stage {stage}"
+        if offloads:
+            r.not_modelled(key, f"{offloads[0]} without offload_optimizer: the parameters' offload is planned on the "
+                                "device (an upper bound)")
+    sharded(r, key, f"zero{stage}", how, offload)
+
+
+def _deepspeed_file(r: Reader, key: str, name: str) -> dict[str, Any]:
+    """The DeepSpeed config ``name`` read from the working directory, else from beside the config file."""
+    import json
+
+    tried = [Path(name)]
+    if not Path(name).is_absolute():
+        tried.append(r.path.parent / name)
+    for path in tried:
+        if path.is_file():
+            try:
+                data = json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, ValueError) as exc:
+                raise r.refuse(key, f"the DeepSpeed config {path} is not readable JSON ({exc})") from None
+            if not isinstance(data, dict):
+                raise r.refuse(key, f"the DeepSpeed config {path} is not a JSON object")
+            if path is not tried[0]:
+                r.used[key] = f"read from {path} (not found in the working directory {Path.cwd()})"
+            return data
+    raise r.refuse(key, f"the DeepSpeed config {name} is neither in the working directory {Path.cwd()} nor beside "
+                        f"the config ({r.path.parent}); DeepSpeed configs are resolved against the working "
+                        "directory, as the tool resolves them: run from where the tool runs, or give its path")
+
+
+def fsdp_strategy(r: Reader, key: str, offload_key: str) -> None:
+    """transformers' / accelerate's ``fsdp`` (``full_shard`` ...) -> zero3 (FSDP full shard; ``shard_grad_op``:
+    zero2), with parameters offloaded to the CPU where ``offload_key`` says so."""
+    value = r.value(key)
+    if not value:
+        return
+    text = " ".join(value) if isinstance(value, list) else str(value)
+    stage = "zero2" if "shard_grad_op" in text else "zero3"
+    offload = "all" if bool(r.value(offload_key, False)) or "offload" in text else "none"
+    if r.has(offload_key):
+        r._seen.add(offload_key)
+        r.used[offload_key] = ("the parameters, gradients and optimizer states to the CPU when sharded "
+                               f"(offload = {offload!r})")
+    sharded(r, key, stage, f"FSDP {'full shard' if stage == 'zero3' else 'shard_grad_op'}"
+            + (" with the parameters offloaded to the CPU" if offload != "none" else ""), offload)
+
+
+def sharded(r: Reader, key: str, strategy: str, how: str, offload: str = "none") -> None:
+    """A strategy that shards over the ranks a launcher starts (accelerate, torchrun, deepspeed), whose number the
+    config file does not say: planned sharded when ``--devices`` names two or more devices (or CPU ranks), else on
+    one device, where one rank shards nothing (strategy single), said so."""
+    from core.spec import device_count
+
+    devices = r.overrides.get("devices")
+    count = device_count(str(devices)) if devices is not None else None
+    count = max(count or 1, int(r.overrides.get("torchrun_nproc_per_node") or 1))
+    if count >= 2:
+        r.set(key, "strategy", strategy, f"{how}, over the {count} devices given")
+        if offload != "none":
+            r.settings["offload"] = offload
+        return
+    r._seen.add(key)
+    text = (f"{how} over the ranks its launcher starts, which the file does not say: planned on one device "
+            f"(strategy single: one rank shards nothing); give --devices (e.g. 8xH100) to plan it sharded")
+    r.used[key] = f"{r.used[key]}; {text}" if key in r.used else text
+    if offload != "none":
+        r.not_modelled(key, f"the offload to the CPU on one device (ZeRO-Offload): planned with the "
+                            f"{offload_words(offload)} on the device (an upper bound); give --devices "
+                            "(e.g. 2xA100-80GB) to plan it offloaded")
+
+
+def offload_words(offload: str) -> str:
+    """What an ``offload`` setting moves to the host, in words."""
+    return "optimizer states" if offload == "optimizer" else "parameters, gradients and optimizer states"
+
+
+#: keys transformers' TrainingArguments has that move no memory (logging, saving, schedules, the hub, naming)
+NO_MEMORY_TRAINER = frozenset({
+    "output_dir", "overwrite_output_dir", "logging_steps", "logging_strategy", "logging_dir", "logging_first_step",
+    "save_steps", "save_strategy", "save_total_limit", "save_only_model", "save_safetensors", "report_to", "run_name",
+    "num_train_epochs", "push_to_hub", "hub_model_id", "hub_strategy", "hub_private_repo", "hub_token",
+    "max_grad_norm", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "ddp_timeout", "seed", "data_seed",
+    "dataloader_num_workers", "dataloader_pin_memory", "remove_unused_columns", "log_level", "disable_tqdm",
+    "resume_from_checkpoint", "ignore_data_skip", "label_names", "load_best_model_at_end", "metric_for_best_model",
+    "greater_is_better", "tf32", "local_rank", "do_train", "do_predict", "optim_args"})
+#: keys whose value is a hyper-parameter of the loss or the schedule, with why they move no memory
+HYPER = {"beta": "a loss hyper-parameter (the preference loss's temperature): moves no memory",
+         "rl_beta": "a loss hyper-parameter: moves no memory", "pref_beta": "a loss hyper-parameter: moves no memory",
+         "orpo_alpha": "a loss hyper-parameter: moves no memory", "loss.beta": "a loss hyper-parameter: moves no memory",
+         "tf32": "TF32 matmuls: the same tensors, another precision inside the kernels: moves no memory",
+         "label_smoothing": "a loss hyper-parameter: moves no memory"}
+
+
+def hyper(r: Reader) -> None:
+    """The hyper-parameters of :data:`HYPER` the file holds, ignored with why."""
+    for key, why in HYPER.items():
+        r.ignore(key, why)
+
+
+#: keys of the evaluation during training: the evaluation's forward has no gradients, and the plan is of the step
+EVALUATION = ("do_eval", "eval_strategy", "evaluation_strategy", "eval_steps", "per_device_eval_batch_size",
+              "eval_accumulation_steps", "eval_on_start", "val_size", "val_set_size", "eval_sample_packing",
+              "eval_max_new_tokens", "eval_table_max_new_tokens", "evals_per_epoch", "eval_batch_size")
+EVALUATION_WHY = "the evaluation's: the plan is of the training step"
+
+
+def evaluation(r: Reader) -> None:
+    """The evaluation keys of :data:`EVALUATION` the file holds, ignored with why."""
+    for key in EVALUATION:
+        r.ignore(key, EVALUATION_WHY)
+
+
+def sharded_master(r: Reader, keys: tuple[str, ...] = ("deepspeed", "fsdp")) -> None:
+    """Full fine-tuning under DeepSpeed or FSDP in a 16-bit dtype keeps fp32 master weights and fp32 optimizer states
+    (DeepSpeed's bf16 optimizer; accelerate upcasts the trained parameters for FSDP's mixed precision): planned as
+    precision amp, 16 B a parameter with AdamW, as DeepSpeed and FSDP hold it whether or not the run is sharded."""
+    key = next((k for k in keys if r.value(k)), None)
+    if key is None and str(r.overrides.get("strategy", "")).startswith("zero"):
+        key = "strategy"  # the launcher's (accelerate's DeepSpeed config): given on the command line
+    from core.methods import method_of
+
+    if key is None or r.settings.get("dtype", "fp32") == "fp32" or \
+            not method_of(str(r.settings.get("mode") or "full")).trains_base:
+        return
+    r.settings["precision"] = "amp"
+    words = ("precision = 'amp' (fp32 master weights and optimizer states under "
+             f"{'FSDP' if key == 'fsdp' else 'DeepSpeed or FSDP'}'s mixed precision)")
+    if key == "strategy":
+        r.defaults["precision"] = f"'amp': {words}"
+    else:
+        r.used[key] = r.used.get(key, "") + f"; {words}"
+
+
+def trainer_defaults(r: Reader, tool: str, batch: bool = True, optim: bool = True) -> None:
+    """The defaults transformers' Trainer applies where the file is silent: ``per_device_train_batch_size`` 8, and the
+    optimizer ``adamw_torch_fused`` (``TrainingArguments.optim`` with transformers >= 4.54 and torch >= 2.8; before,
+    ``adamw_torch``: foreach on CUDA)."""
+    if batch and "batch_size" not in r.settings:
+        r.default("batch_size", 8, f"TrainingArguments.per_device_train_batch_size, as {tool} passes it on")
+    if optim and "optimizer" not in r.settings:
+        r.default("optimizer", "adamw_fused", "TrainingArguments.optim = adamw_torch_fused (transformers >= 4.54 with "
+                                              "torch >= 2.8; adamw_torch before: give --optimizer adamw)")
 
 
 def precision(r: Reader, compute: str, model_dtype: str | None, key: str) -> None:

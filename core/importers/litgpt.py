@@ -48,8 +48,9 @@ FUSED = ("lora_query", "lora_key", "lora_value")
 #: ``finetune_lora``'s defaults (its ``setup()`` signature)
 LORA_DEFAULTS = {"lora_r": 8, "lora_alpha": 16, "lora_dropout": 0.05, "lora_query": True, "lora_key": False,
                  "lora_value": True, "lora_projection": False, "lora_mlp": False, "lora_head": False}
-NO_MEMORY = frozenset({"out_dir", "resume", "data", "eval", "logger_name", "log", "access_token", "seed",
+NO_MEMORY = frozenset({"out_dir", "resume", "data", "logger_name", "log", "access_token", "seed",
                        "train.save_interval", "train.log_interval", "train.max_norm", "train.min_lr",
+                       "train.beta1", "train.beta2", "train.weight_decay",
                        "train.tie_embeddings"})
 
 
@@ -63,9 +64,7 @@ def read(data: dict[str, Any], path: Path, overrides: Mapping[str, Any]) -> Impo
     if not r.has("checkpoint_dir"):
         raise r.refuse("checkpoint_dir", "no checkpoint folder: the planner reads the model's shapes from its "
                                          "config.json; give checkpoint_dir (LitGPT's positional argument)")
-    r.set("checkpoint_dir", "model", str(r.value("checkpoint_dir")),
-          "the checkpoint's transformers model stands for LitGPT's GPT of the same shapes (an estimate of LitGPT's "
-          "own modules)")
+    _model(r)
     _shape(r)
     _precision(r)
     if any(r.has(k) for k in LORA_DEFAULTS):
@@ -73,11 +72,41 @@ def read(data: dict[str, Any], path: Path, overrides: Mapping[str, Any]) -> Impo
     else:
         r.settings["mode"] = "full"
         r.used["checkpoint_dir"] += "; no lora_* key: finetune_full, every parameter trained"
-    _optimizer(r)
+    if "optimizer" not in r.settings:
+        _optimizer(r)
+    else:
+        r.ignore("optimizer.class_path", "replaced by PagedAdamW under quantize")
+        r.take("optimizer.init_args.lr", "learning_rate", float)
+        for leaf in [k for k in r.leaves if k.startswith("optimizer.init_args.") and k != "optimizer.init_args.lr"]:
+            r.ignore(leaf, "an optimizer argument: moves no memory")
     _placement(r)
+    for key in [k for k in r.leaves if k.startswith("eval.")]:
+        r.ignore(key, "the periodic validation's and sample generation's (a KV cache of max_new_tokens): forward "
+                      "only, below the training step's peak")
+    r.settings["loss"] = "litgpt_chunked"
+    r.defaults["loss"] = ("'litgpt_chunked' (LitGPT's finetune loop: lm_head_chunk_size=128 and chunked_cross_entropy, "
+                          "the logits held by the loop)")
     r.run_length("train.max_steps", "train.epochs", "train.max_tokens", "train.max_time", "train.lr_warmup_steps",
                  "train.lr_warmup_fraction")
     return r.done()
+
+
+def _model(r: Reader) -> None:
+    """``checkpoint_dir``: a LitGPT checkpoint folder here (its config.json, as ``litgpt download`` keeps it), else the
+    Hub model it was downloaded from (``litgpt download <org>/<name>`` writes ``checkpoints/<org>/<name>``), from the
+    local Hub cache. LitGPT's GPT never ties its LM head to the embedding (the conversion copies it): planned untied."""
+    folder = str(r.value("checkpoint_dir")).rstrip("/")
+    parts = Path(folder).parts
+    if (Path(folder) / "config.json").is_file() or len(parts) < 2:
+        model, how = folder, "the checkpoint's transformers model stands for LitGPT's GPT of the same shapes"
+    else:
+        model = "/".join(parts[-2:])
+        how = (f"{folder} is not here: the Hub model it is downloaded from (litgpt download {model}), from the Hub "
+               "cache; its transformers model stands for LitGPT's GPT of the same shapes")
+    r.set("checkpoint_dir", "model", model, how)
+    r.settings["untie_embeddings"] = True
+    r.settings["embedding_fp32_states"] = False  # only transformers' Trainer registers embeddings for 32-bit states
+    r.used["checkpoint_dir"] += "; untie_embeddings = True (LitGPT's GPT keeps the LM head apart from the embedding)"
 
 
 def _shape(r: Reader) -> None:
@@ -121,10 +150,11 @@ def _precision(r: Reader) -> None:
 
 def _adapters(r: Reader) -> None:
     values = {k: r.value(k, default) for k, default in LORA_DEFAULTS.items()}
-    if values["lora_head"]:
-        raise r.refuse("lora_head", "LoRA on the output head: the planner adapts the transformer blocks' linear "
-                                    "layers only; set lora_head: false")
     targets = [m for k, modules in LORA_TARGETS.items() if values[k] for m in modules]
+    if all(values[k] for k in LORA_TARGETS):  # every linear of the blocks: whatever the family names them
+        targets = ["all-linear"]
+    if values["lora_head"]:
+        targets.append("lm_head")
     if not targets:
         raise r.refuse("lora_query", "every lora_query ... lora_mlp switch is off: no layer would get an adapter")
     quantize = r.value("quantize")
@@ -132,6 +162,7 @@ def _adapters(r: Reader) -> None:
         raise r.refuse("quantize", f"{quantize!r}: the planner models 4-bit bases (bnb.nf4, bnb.nf4-dq, bnb.fp4, "
                                    "bnb.fp4-dq) only")
     r.settings["mode"] = "qlora" if quantize else "lora"
+    r.settings["lora_dtype"] = "model"  # LitGPT's LoRA parameters are in the model's dtype (bf16-true: bf16)
     for key, dest in (("lora_r", "lora_r"), ("lora_alpha", "lora_alpha"), ("lora_dropout", "lora_dropout")):
         r.set(key, dest, (float if key == "lora_dropout" else int)(values[key]),
               "" if r.has(key) else "finetune_lora's default")
@@ -141,12 +172,17 @@ def _adapters(r: Reader) -> None:
             r.used[key] = f"on: lora_targets gets {', '.join(modules)}" + (
                 " (a part of LitGPT's fused qkv linear: the same adapter shapes)" if key in FUSED else "") \
                 if values[key] else "off"
-    r.ignore("lora_head", "off: no adapter on the output head")
+    if r.has("lora_head"):
+        r.used["lora_head"] = "on: lora_targets gets lm_head (an adapter on the output head)" if values["lora_head"] \
+            else "off"
     if quantize:
         kind, double = QUANTIZE[str(quantize)]
         r.set("quantize", "qlora_quant_type", kind)
         r.set("quantize", "qlora_double_quant", double)
         r.settings["precision"] = "pure"  # a 4-bit base has no fp32 master copy (and LitGPT refuses *-mixed with it)
+        r.settings["optimizer"] = "paged_adamw_32bit"  # instantiate_bnb_optimizer: whatever the config names
+        r.used["quantize"] += ("; optimizer = 'paged_adamw_32bit' (LitGPT replaces the optimizer by bitsandbytes' "
+                               "PagedAdamW with a quantised base: utils.py instantiate_bnb_optimizer)")
 
 
 def _optimizer(r: Reader) -> None:
@@ -159,6 +195,7 @@ def _optimizer(r: Reader) -> None:
     key = "optimizer.class_path" if r.has("optimizer.class_path") else "optimizer"
     r.set(key, "optimizer", found.name, name if r.has(key) else "LitGPT's default AdamW")
     r.take("optimizer.init_args.lr", "learning_rate", float)
+    r.take("train.learning_rate", "learning_rate", float)
     for leaf in [k for k in r.leaves if k.startswith("optimizer.init_args.") and k != "optimizer.init_args.lr"]:
         r.ignore(leaf, "an optimizer argument: moves no memory")
 

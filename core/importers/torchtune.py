@@ -15,7 +15,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from core.importers.base import Format, Imported, Reader, optimizer
+from core.importers.base import Format, Imported, Reader, optimizer, sharded
+from core.objectives import named as objective_named
 
 SCHEDULERS = {"torchtune.training.lr_schedulers.get_cosine_schedule_with_warmup": "cosine",
               "torchtune.modules.get_cosine_schedule_with_warmup": "cosine"}
@@ -36,8 +37,11 @@ MLP = ("gate_proj", "up_proj", "down_proj")
 ATTENTION_MODULES = {"q_proj": "q_proj", "k_proj": "k_proj", "v_proj": "v_proj", "output_proj": "o_proj"}
 NO_MEMORY = frozenset({"output_dir", "metric_logger", "log_every_n_steps", "log_peak_memory_stats", "profiler",
                        "resume_from_checkpoint", "save_adapter_weights_only", "shuffle", "epochs", "device",
-                       "loss", "clip_grad_norm", "tokenizer", "checkpointer", "dataset", "seed", "compile",
-                       "log_level", "optimizer_in_bwd"})
+                       "clip_grad_norm", "tokenizer", "checkpointer", "dataset", "seed", "log_level",
+                       "loss.label_smoothing", "loss.gamma", "ref_checkpointer"})
+#: torchtune's loss classes that make SFT's cross-entropy -> the spec's loss (core/losses.py)
+LOSSES = {"torch.nn.CrossEntropyLoss": "standard", "torchtune.modules.loss.CEWithChunkedOutputLoss": "chunked",
+          "torchtune.modules.loss.LinearCrossEntropyLoss": "linear_chunked"}
 
 
 def detect(data: dict[str, Any]) -> bool:
@@ -57,26 +61,40 @@ def read(data: dict[str, Any], path: Path, overrides: Mapping[str, Any]) -> Impo
         r.need("tokenizer.max_seq_len", "seq_len", "is null (or absent): torchtune then truncates nothing and each "
                                                     "batch is as long as its longest sample, which the plan cannot "
                                                     "know; the plan needs the longest sequence")
-    r.set("dataset.packed", "padding", "packed" if r.value("dataset.packed", False) else "padded")
+    if r.has("dataset.packed"):
+        r.set("dataset.packed", "padding", "packed" if r.value("dataset.packed") else "padded")
+    else:
+        r.default("padding", "padded", "dataset.packed off")
     dtype = str(r.value("dtype", "bf16"))
     if dtype not in DTYPES:
         raise r.refuse("dtype", f"{dtype!r}: give bf16, fp16 or fp32")
     if r.has("dtype"):
-        r.set("dtype", "dtype", DTYPES[dtype])
+        r.set("dtype", "dtype", DTYPES[dtype], "the whole model in it, no autocast")
     else:
         r.default("dtype", DTYPES[dtype], "the recipes' dtype: bf16")
     if dtype != "fp32":
         r.settings["precision"] = "pure"
-    r.set("enable_activation_checkpointing", "gradient_checkpointing",
-          bool(r.value("enable_activation_checkpointing", False)))
+    if r.has("enable_activation_checkpointing"):
+        r.set("enable_activation_checkpointing", "gradient_checkpointing",
+              bool(r.value("enable_activation_checkpointing")))
+    else:
+        r.default("gradient_checkpointing", False, "enable_activation_checkpointing")
     if r.value("enable_activation_offloading", False):
-        raise r.refuse("enable_activation_offloading", "activations offloaded to the CPU: the planner plans device "
-                                                       "memory without offload; turn it off to plan")
+        r.set("enable_activation_offloading", "activation_offloading", True,
+              "OffloadActivations: each checkpointed layer's input to pinned host memory")
+    elif r.has("enable_activation_offloading"):
+        r.used["enable_activation_offloading"] = "off"
+    if r.has("compile"):
+        r.set("compile", "compile", bool(r.value("compile")), "each decoder layer and the loss compiled")
+    if r.has("optimizer_in_bwd"):
+        r.set("optimizer_in_bwd", "optimizer_in_backward", bool(r.value("optimizer_in_bwd")))
     fused = bool(r.value("optimizer.fused", False))
     optimizer(r, "optimizer._component_", "torchtune", "fused" if fused else "default")
     if r.has("optimizer.fused"):
         r.used["optimizer.fused"] = f"{fused}: torch's {'fused' if fused else 'default'} implementation"
     r.take("optimizer.lr", "learning_rate", float)
+    r.ignore("optimizer.weight_decay", "a hyper-parameter: moves no memory")
+    r.settings["embedding_fp32_states"] = False  # only transformers' Trainer registers embeddings for 32-bit states
     r.run_length("max_steps_per_epoch", "lr_scheduler.num_warmup_steps")
     name = str(r.value("lr_scheduler._component_", ""))
     if name:
@@ -84,8 +102,47 @@ def read(data: dict[str, Any], path: Path, overrides: Mapping[str, Any]) -> Impo
             r.set("lr_scheduler._component_", "lr_scheduler", SCHEDULERS[name])
         else:
             r.ignore("lr_scheduler._component_", f"the schedule {name} moves no memory; the run uses linear")
+    _loss(r)
     _adapters(r, component)
+    _distributed(r)
+    r.ignore("low_cpu_ram", "host memory while loading: not the device's")
+    r.ignore("loss.beta", "a loss hyper-parameter: moves no memory")
+    if r.has("custom_sharded_layers"):
+        r.not_modelled("custom_sharded_layers", "the embedding and the output sharded as units of their own: the root "
+                                                "unit the plan gathers is smaller (an upper bound)")
     return r.done()
+
+
+def _loss(r: Reader) -> None:
+    """``loss._component_``: SFT's cross-entropy in one of its forms, or DPO's loss (the recipe is a DPO recipe)."""
+    name = str(r.value("loss._component_", ""))
+    if not name:
+        return
+    if name in LOSSES:
+        r.set("loss._component_", "loss", LOSSES[name])
+        r.take("loss.num_output_chunks", "loss_chunks", int)
+        return
+    found = objective_named("torchtune", name)
+    if found is None:
+        r.refuse_unless_given("loss._component_", f"{name}: not a loss the planner models", "loss")
+        return
+    r.set("loss._component_", "objective", found.name, f"{name}: the recipe is a {found.label} one")
+    if r.has("ref_checkpointer.checkpoint_dir"):
+        r.set("ref_checkpointer.checkpoint_dir", "reference", "copy", "full_dpo_distributed: a reference model of its "
+                                                                      "own, in the recipe's dtype")
+
+
+def _distributed(r: Reader) -> None:
+    """A distributed recipe shards the model with FSDP2 (``fully_shard``) over the ranks ``tune run
+    --nproc_per_node`` starts, which the file does not say; ``fsdp_cpu_offload`` offloads the parameters, gradients and
+    optimizer states (and the step) to the CPU."""
+    offload = bool(r.value("fsdp_cpu_offload", False))
+    if r.has("fsdp.cpu_offload"):
+        r.ignore("fsdp.cpu_offload", "not read by the recipes (they read fsdp_cpu_offload)")
+    if r.has("fsdp_cpu_offload") or offload:
+        sharded(r, "fsdp_cpu_offload", "zero3", "FSDP2 full shard" + (" with the parameters, gradients and optimizer "
+                                                                      "states offloaded to the CPU" if offload else ""),
+                "all" if offload else "none")
 
 
 def _interpolated(data: dict[str, Any]) -> dict[str, Any]:
@@ -134,15 +191,26 @@ def _model(r: Reader, component: str) -> None:
 
 
 def _adapters(r: Reader, component: str) -> None:
-    lora = "lora_" in component.rsplit(".", 1)[-1] or r.has("model.lora_rank")
-    if r.value("model.quantize_base", False):
-        raise r.refuse("model.quantize_base", "torchtune's own NF4 base (torchao): the planner models bitsandbytes' "
-                                              "4-bit base; plan it as lora, or with a bitsandbytes recipe")
+    builder = component.rsplit(".", 1)[-1]
+    lora = builder.startswith(("lora_", "qlora_")) or r.has("model.lora_rank")
+    quantised = builder.startswith("qlora_") or bool(r.value("model.quantize_base", False))
     if not lora:
         r.set("model._component_", "mode", "full")
         return
     dora = bool(r.value("model.use_dora", False))
-    r.set("model._component_", "mode", "dora" if dora else "lora")
+    if quantised and dora:
+        raise r.refuse("model.use_dora", "DoRA over a 4-bit base: the planner models one LoRA variant at a time")
+    mode = "qlora" if quantised else "dora" if dora else "lora"
+    r.set("model._component_", "mode", mode, "torchao's NF4 base (QLoRA), planned with bitsandbytes' NF4 layout with "
+                                             "double quantisation (the same 0.5 B a parameter and a byte a block of "
+                                             "64)" if quantised else "")
+    if quantised:
+        r.settings.update(qlora_quant_type="nf4", qlora_double_quant=True)
+        r.not_modelled("model._component_", "torchtune keeps the frozen base's unquantised parameters and the "
+                                            "adapters in the model's dtype (bf16); the plan keeps them fp32, as "
+                                            "peft's prepare_model_for_kbit_training does (an upper bound)")
+    r.settings["lora_dtype"] = "model"
+    r.defaults["lora_dtype"] = "'model' (torchtune's LoRA parameters are built in the model's dtype)"
     r.take("model.lora_rank", "lora_r", int)
     r.take("model.lora_alpha", "lora_alpha", lambda v: int(float(v)))
     r.take("model.lora_dropout", "lora_dropout", float)
@@ -151,6 +219,9 @@ def _adapters(r: Reader, component: str) -> None:
         modules += MLP
     if r.value("model.apply_lora_to_output", False):
         modules.append("lm_head")
+    for key in ("model.apply_lora_to_mlp", "model.apply_lora_to_output"):
+        if r.has(key):
+            r.used[key] = f"{r.value(key)}: in lora_targets"
     if modules:
         r.set("model.lora_attn_modules", "lora_targets", ",".join(modules), "torchtune's names as transformers'")
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from core.methods.base import SETTING_GROUPS, AdaptedLinear, AdapterTerms, Method
 from core.methods.dora import DORA
-from core.methods.full import FULL
+from core.methods.full import BADAM, FULL
 from core.methods.inference import INFERENCE
 from core.methods.lora import LORA, LORA_INT8, QLORA
 
 #: every method by its name, in the order the Mode screen lists them
-METHODS: dict[str, Method] = {m.name: m for m in (INFERENCE, FULL, LORA, QLORA, DORA, LORA_INT8)}
+METHODS: dict[str, Method] = {m.name: m for m in (INFERENCE, FULL, LORA, QLORA, DORA, LORA_INT8, BADAM)}
 
 
 def method_of(name: str) -> Method:

@@ -83,6 +83,8 @@ class Method:
         peft_options: a LoRA variant's keywords to peft's ``LoraConfig`` (``{"use_dora": True}``), used wherever the
             adapters are made (the plan's meta model and the child's model alike).
         adapter_terms: a LoRA variant's plan terms per adapted layer (:class:`AdapterTerms`), or None.
+        trained_block: block coordinate descent (BAdam): one decoder layer trained at a time, with an fp32 copy of
+            it that the optimizer steps; every other parameter frozen.
         runs: gpuaccept's own recipe runs it (the wizard's Mode screen offers it); False: planned only (a trainer's
             config names it; ``run_checks`` refuses a run by name).
         quantised: how the frozen base's linear layers are stored: ``""`` (in the dtype), ``"4bit"`` (QLoRA:
@@ -110,6 +112,7 @@ class Method:
     adapter_terms: AdapterTerms | None = None
     quantised: str = ""
     runs: bool = True
+    trained_block: bool = False
 
     @property
     def variant(self) -> bool:

@@ -30,3 +30,23 @@ FULL = Method(
     steps=12, learning_rate=5e-5, checkpoint_every=4, kill_after_checkpoint=2,
     trains_base=True, dtype_note=" (precision: what is kept in it)",
     checks=(check_training, check_full))
+
+
+def planned_only(spec: Any) -> None:
+    """A method this version plans but does not run.
+
+    Raises:
+        SpecError: on ``mode``, always.
+    """
+    raise SpecError("mode", f"{spec.mode} is planned (gpuaccept plan), not run by gpuaccept's own recipe in this "
+                            "version; run your own trainer on it in command mode (gpuaccept run --command ...)")
+
+
+BADAM = Method(
+    name="badam", label="BAdam (block coordinate descent, variant of full fine-tuning)",
+    summary="BAdam (Luo et al. 2024, arXiv 2404.02827): every parameter is trained over the run, one decoder layer at "
+            "a time: the active layer's gradients, an fp32 copy of it and AdamW's fp32 states for it, the rest frozen. "
+            "Planned only in this version.",
+    trains=True, adapters=False, layout="full", groups=TRAINING_GROUPS | {"distributed"},
+    steps=12, learning_rate=5e-5, checkpoint_every=4, kill_after_checkpoint=2, trained_block=True, runs=False,
+    checks=(check_training,), run_checks=(planned_only,))

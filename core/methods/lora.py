@@ -41,9 +41,9 @@ def check_adapters(spec: Any) -> None:
     repeated = sorted({t for t in lora.targets if lora.targets.count(t) > 1})
     if repeated:
         raise SpecError("lora.targets", f"{', '.join(repeated)} named twice; name each module once")
-    if ALL_LINEAR in lora.targets and len(lora.targets) > 1:
+    if ALL_LINEAR in lora.targets and set(lora.targets) - {ALL_LINEAR, "lm_head"}:
         raise SpecError("lora.targets", f"{ALL_LINEAR} already names every linear layer but the LM head; give it "
-                                        "alone, or list module names without it")
+                                        "alone (or with lm_head), or list module names without it")
 
 
 def check_qlora(spec: Any) -> None:
@@ -100,8 +100,13 @@ def lora_config(lora: Any, options: Mapping[str, Any] | None = None) -> Any:
     from peft import LoraConfig
 
     targets: Any = ALL_LINEAR if tuple(lora.targets) == (ALL_LINEAR,) else list(lora.targets)
+    if ALL_LINEAR in lora.targets and len(lora.targets) > 1:  # all-linear and the head: peft's regex over both
+        targets = r"^(?!.*lm_head).*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj|dense|fc1|fc2|c_attn|" \
+                  r"c_proj|c_fc|query_key_value|dense_h_to_4h|dense_4h_to_h|w1|w2|w3|out_proj|qkv_proj|gate_up_proj)$|" \
+                  r"^(.*\.)?lm_head$"
+    saved = list(getattr(lora, "modules_to_save", ()) or ()) or None  # trained in full: a copy of each
     return LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=targets,
-                      task_type="CAUSAL_LM", **dict(options or {}))
+                      modules_to_save=saved, task_type="CAUSAL_LM", **dict(options or {}))
 
 
 LORA = Method(

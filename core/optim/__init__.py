@@ -15,13 +15,14 @@ from core.optim.adafactor import ADAFACTOR
 from core.optim.adamw import ADAMW, ADAMW_FUSED
 from core.optim.base import Optimizer, Param
 from core.optim.bnb import ADAMW_8BIT, PAGED_ADAMW_8BIT, PAGED_ADAMW_32BIT
+from core.optim.galore import GALORE_ADAMW
 from core.optim.sgd import SGD
 from core.optim.torchao import ADAMW_AO_4BIT, ADAMW_AO_8BIT, ADAMW_AO_FP8
 
 #: every optimizer by its spec name, in the order the Setup form lists them
 OPTIMIZERS: dict[str, Optimizer] = {o.name: o for o in (ADAMW, ADAMW_FUSED, SGD, ADAFACTOR, ADAMW_8BIT,
                                                          PAGED_ADAMW_8BIT, PAGED_ADAMW_32BIT, ADAMW_AO_8BIT,
-                                                         ADAMW_AO_4BIT, ADAMW_AO_FP8)}
+                                                         ADAMW_AO_4BIT, ADAMW_AO_FP8, GALORE_ADAMW)}
 #: the tools whose names :func:`named` reads (a key of :attr:`Optimizer.names`)
 TOOLS = ("trainer", "torchtune", "litgpt")
 

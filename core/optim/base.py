@@ -94,6 +94,9 @@ class Optimizer:
         untraced: why the traced plan cannot step it ("" when :attr:`torch_class` is set).
         state_words: the states it keeps per trained parameter, in words ("2 AdamW moments": the quiz and the docs).
         choice: a few words beside its name in a form's list ("bitsandbytes variant").
+        configure: ``configure(self, spec)`` gives the optimizer as the spec sets it (GaLore's rank and targets,
+            bitsandbytes' fp32 states for embeddings), or None for one without settings.
+        own_table: the spec table of settings that belong to it alone (GaLore's ``galore``), "" for none.
         state_count: state tensors per trained parameter in the parameter's own dtype (AdamW 2, SGD 1; 0 when its
             states are not so: factored, quantised, or fp32 whatever the parameter's dtype).
     """
@@ -118,6 +121,8 @@ class Optimizer:
     state_words: str = ""
     state_count: int = 0
     choice: str = ""
+    configure: Callable[[Optimizer, Any], Optimizer] | None = None
+    own_table: str = ""
 
     def state_bytes(self, params: Sequence[Param], kind: str = "cuda") -> Term:
         """The states of ``params`` on a device of ``kind`` (bytes, formula)."""

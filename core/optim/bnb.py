@@ -25,6 +25,8 @@ Nothing here imports torch or bitsandbytes.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
 
 from core.optim.base import FP32, Optimizer, Param, Rule, Term
 
@@ -101,17 +103,21 @@ def _paged_text(params: Sequence[Param], kind: str) -> str:
             "device")
 
 
-def _states_8bit(paged: bool) -> Rule:
+def _states_8bit(paged: bool, embeddings_fp32: bool = True) -> Rule:
+    def fp32(p: Param) -> bool:
+        return embeddings_fp32 and p.kind == "embedding"
+
     def states(params: Sequence[Param], kind: str) -> Term:
-        eight = [p for p in params if adamw_8bit_is_8bit(p.numel, p.kind == "embedding")]
-        full = [p for p in params if not adamw_8bit_is_8bit(p.numel, p.kind == "embedding")]
-        total = sum(adamw_8bit_state_bytes(p.numel, p.kind == "embedding") for p in params)
+        eight = [p for p in params if adamw_8bit_is_8bit(p.numel, fp32(p))]
+        full = [p for p in params if not adamw_8bit_is_8bit(p.numel, fp32(p))]
+        total = sum(adamw_8bit_state_bytes(p.numel, fp32(p)) for p in params)
         maps = adamw_8bit_maps_bytes(bool(eight))
         n8, n32 = sum(p.numel for p in eight), sum(p.numel for p in full)
         return (total + maps,
                 f"bitsandbytes AdamW8bit (a variant): uint8 moments + an fp32 absmax per 256 elements for {len(eight):,} "
                 f"tensors of {n8:,} elements (2 B + 8 B per 256); fp32 moments (8 B) for {len(full):,} tensors of "
-                f"{n32:,} elements (under 4,096 elements, or an embedding: Trainer keeps those 32-bit); 2 dynamic maps "
+                f"{n32:,} elements (under 4,096 elements" + (", or an embedding: Trainer keeps those 32-bit" if embeddings_fp32
+                                                       else "") + "); 2 dynamic maps "
                 f"{maps:,} B" + (_paged_text(params, kind) if paged else ""))
     return states
 
@@ -122,6 +128,13 @@ def _states_32bit(paged: bool) -> Rule:
         return (2 * FP32 * n, f"bitsandbytes AdamW32bit (a variant): 2 fp32 moments whatever the parameter's dtype, "
                               f"2 x {n:,} x 4 B" + (_paged_text(params, kind) if paged else ""))
     return states
+
+
+def _embeddings(paged: bool) -> Any:
+    def configure(optimizer: Optimizer, spec: Any) -> Optimizer:
+        """The states with or without transformers' Trainer's fp32 states for embeddings (``embedding_fp32_states``)."""
+        return replace(optimizer, states=_states_8bit(paged, bool(spec.embedding_fp32_states)))
+    return configure
 
 
 def _step(bits: int) -> Rule:
@@ -136,6 +149,7 @@ ADAMW_8BIT = Optimizer(
     name="adamw_8bit", label="AdamW 8-bit (bitsandbytes variant)", library="bitsandbytes", variant=True,
     summary="bitsandbytes' AdamW with 8-bit states: 2 B per parameter + an fp32 absmax per 256",
     states=_states_8bit(False), step=_step(8), trainer_optim="adamw_8bit", needs_bitsandbytes=True,
+    configure=_embeddings(False),
     names={"trainer": ("adamw_8bit", "adamw_bnb_8bit"), "torchtune": ("bitsandbytes.optim.AdamW8bit",),
            "litgpt": ("bitsandbytes.optim.AdamW8bit",)},
     untraced=_UNTRACED.format("adamw_8bit"), choice="bitsandbytes variant", state_words="2 uint8 moments with fp32 absmax per 256")
@@ -144,7 +158,7 @@ PAGED_ADAMW_8BIT = Optimizer(
     name="paged_adamw_8bit", label="paged AdamW 8-bit (bitsandbytes variant, CUDA)", library="bitsandbytes",
     variant=True, needs_cuda=True, needs_bitsandbytes=True,
     summary="bitsandbytes' AdamW with 8-bit states in CUDA unified memory the driver may page to the host (CUDA only)",
-    states=_states_8bit(True), step=_step(8), trainer_optim="paged_adamw_8bit",
+    states=_states_8bit(True), step=_step(8), trainer_optim="paged_adamw_8bit", configure=_embeddings(True),
     names={"trainer": ("paged_adamw_8bit",), "torchtune": ("bitsandbytes.optim.PagedAdamW8bit",),
            "litgpt": ("bitsandbytes.optim.PagedAdamW8bit",)},
     untraced=_UNTRACED.format("paged_adamw_8bit"), choice="CUDA, variant", state_words="2 uint8 moments with fp32 absmax per 256, paged")

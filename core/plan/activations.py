@@ -107,6 +107,7 @@ class Adapter:
     dropout: bool
     mask_bytes: int = MASK_BYTES
     terms: AdapterTerms | None = None
+    nbytes: int = FP32  # the adapters' dtype: fp32 (peft's default) or the base's
 
 
 @dataclass
@@ -216,10 +217,10 @@ class _Layer:
         adapter = self.adapters.get(name)
         out = self._new(tokens * fan_out, out_bytes, x.grad or weight_trained or adapter is not None)
         if adapter is not None:
-            x32 = self._to(x, FP32)  # peft casts the input to the adapter's dtype
+            x32 = self._to(x, adapter.nbytes)  # peft casts the input to the adapter's dtype
             if adapter.dropout:
                 self.saved.add(f"{self.tag}.{name}.mask", x32.numel * adapter.mask_bytes, "LoRA dropout mask")
-                x32 = self._new(x32.numel, FP32, x32.grad)
+                x32 = self._new(x32.numel, adapter.nbytes, x32.grad)
             a_in = self._autocast_in(x32)
             self.saved.save(a_in, "LoRA input")
             self.saved.add(f"{self.tag}.{name}.lora_a", tokens * adapter.r * lora_bytes, "LoRA rank-r output")

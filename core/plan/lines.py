@@ -226,7 +226,7 @@ def activation_terms(spec: RunSpec, shape: ModelShape, summary: ModelSummary, ki
     b, s, h, V = spec.batch_size, spec.seq_len, shape.hidden, shape.vocab
     mask = 1 if kind == "cuda" else 4
     terms = spec.method.adapter_terms
-    adapters = {a.module: Adapter(a.r, spec.lora.dropout > 0, mask, terms) for a in summary.adapters}
+    adapters = {a.module: Adapter(a.r, spec.lora.dropout > 0, mask, terms, a.element_bytes) for a in summary.adapters}
     trained = frozenset(m for m in spec.lora.modules_to_save if m == "lm_head") if spec.adapters else frozenset()
     if shape.family in LLAMA_FAMILY and tp == 1:
         dims = Dims(b, s, h, shape.inter, shape.heads, shape.kv_heads, shape.head_dim, V, shape.layers, shape.tied)

@@ -128,6 +128,7 @@ class ParamInfo:
     trainable: bool
     shape: tuple[int, ...]
     kind: str
+    module: str = ""  # its module's short name (q_proj, embed_tokens ...), "" when not known
 
 
 @dataclass(frozen=True)
@@ -188,7 +189,13 @@ def build_meta_model(config: Any, mode: Mode, lora: LoraSettings | None, dtype: 
                     raise SpecError("lora", "LoRA mode needs LoRA settings (r, alpha, dropout, targets)")
                 from peft import get_peft_model
 
-                model = get_peft_model(model, lora_config(lora, method_of(mode).peft_options))
+                in_model = getattr(lora, "dtype", "fp32") == "model"
+                model = get_peft_model(model, lora_config(lora, method_of(mode).peft_options),
+                                       autocast_adapter_dtype=not in_model)
+                if in_model and dtype is not None:  # the adapters in the base's dtype (torchtune's, LitGPT's)
+                    for name, param in model.named_parameters():
+                        if "lora_" in name:
+                            param.data = param.data.to(getattr(torch, torch_dtype_name(dtype)))
     return model
 
 
@@ -203,6 +210,20 @@ def _config_key(config: Any) -> str:
     return cast(str, config.to_json_string(use_diff=False))  # a transformers PretrainedConfig
 
 
+def untied(config: Any) -> Any:
+    """``config`` with the LM head apart from the embedding (``tie_word_embeddings`` false): what LitGPT builds from a
+    checkpoint whose model ties them (its conversion copies the embedding into the head)."""
+    from core.plan.shapes import FastConfig
+
+    if isinstance(config, FastConfig):
+        return FastConfig({**config.raw, "tie_word_embeddings": False})
+    config = copy.deepcopy(config)
+    config.tie_word_embeddings = False
+    if hasattr(config, "get_text_config") and config.get_text_config() is not config:
+        config.get_text_config().tie_word_embeddings = False
+    return config
+
+
 def meta_summary(config: Any, mode: Mode, lora: LoraSettings | None, dtype: Dtype | None = None) -> ModelSummary:
     """What the plan needs from the meta model (counts, dtypes, shapes, adapters), built once per process for each
     (config, mode, LoRA settings, parameter dtype); see :func:`build_meta_model` for the arguments."""
@@ -214,11 +235,15 @@ def meta_summary(config: Any, mode: Mode, lora: LoraSettings | None, dtype: Dtyp
     summary = _SUMMARIES.get(key)
     if summary is None:
         # the fast path writes LoRA's parameters; a variant with peft options of its own (DoRA) is built by peft
-        fast = not adapters or (lora is not None and lora_supported(lora.targets) and not method.peft_options)
+        fast = not adapters or (lora is not None and lora_supported(lora.targets) and not method.peft_options
+                                and not lora.modules_to_save)
+        built = "full" if method.trained_block else mode  # BAdam: the full model, then one block trained
         if isinstance(config, FastConfig) and fast:
-            summary = summary_from_shapes(config, mode, lora, dtype)  # no torch, no transformers (core/plan/shapes.py)
+            summary = summary_from_shapes(config, built, lora, dtype)  # no torch, no transformers (core/plan/shapes.py)
         else:
-            summary = summarise_model(build_meta_model(config, mode, lora, dtype), mode)
+            summary = summarise_model(build_meta_model(config, built, lora, dtype), built)
+        if method.trained_block:
+            summary = one_block(summary)
         if len(_SUMMARIES) >= _CACHE_SIZE:
             _SUMMARIES.pop(next(iter(_SUMMARIES)))
         _SUMMARIES[key] = summary
@@ -305,6 +330,25 @@ def summarise_model(model: Any, mode: Mode) -> ModelSummary:
                         _params(model, mode))
 
 
+def one_block(summary: ModelSummary) -> ModelSummary:
+    """BAdam's model (``BlockOptimizer``, layer mode: one block per decoder layer; the embeddings, the final norm and
+    the LM head in none): every parameter frozen but one decoder layer's, the largest, and an fp32 copy of that layer
+    (BAdam's ``param_hp``, which the base optimizer steps) as the trained tensors: their gradients and states are
+    fp32. The count is the model's; its trainable parameters the active layer's."""
+    sizes: dict[int, int] = {}
+    for p in summary.params:
+        if p.layer is not None:
+            sizes[p.layer] = sizes.get(p.layer, 0) + p.numel
+    active = max(sizes, key=lambda layer: sizes[layer], default=None)
+    frozen = tuple(dataclasses.replace(p, trainable=False) for p in summary.params)
+    copies = tuple(dataclasses.replace(p, dtype="fp32", trainable=True) for p in summary.params if p.layer == active)
+    weight_groups = dict(summary.weight_groups)
+    grad_groups = {"fp32": sum(p.numel for p in copies)}
+    weight_groups["fp32"] = weight_groups.get("fp32", 0) + grad_groups["fp32"]
+    count = ParameterCount(summary.count.total, grad_groups["fp32"])
+    return ModelSummary(count, weight_groups, grad_groups, tuple(p.shape for p in copies), (), frozen + copies)
+
+
 def summary_from_shapes(config: Any, mode: Mode, lora: LoraSettings | None, dtype: Dtype | None) -> ModelSummary:
     """The :class:`ModelSummary` :func:`summarise_model` makes from the meta model, written from
     :func:`core.plan.shapes.parameters` (Llama family; equal to the meta build's, tests/unit/test_shapes.py)."""
@@ -330,7 +374,7 @@ def summary_from_shapes(config: Any, mode: Mode, lora: LoraSettings | None, dtyp
                                         None if p["layer"] is None else str(p["layer"]), p["module"]))
         layer = p["layer"]
         unit = "layer" if layer is not None else ("embeddings" if p["kind"] == "embedding" else "head")
-        params.append(ParamInfo(unit, layer, n, p["dtype"], trainable, p["shape"], p["kind"]))
+        params.append(ParamInfo(unit, layer, n, p["dtype"], trainable, p["shape"], p["kind"], p["module"]))
     return ModelSummary(ParameterCount(total, sum(grad_groups.values())), weight_groups, grad_groups, tuple(shapes),
                         tuple(adapters), tuple(params))
 
@@ -361,6 +405,10 @@ def _params(model: Any, mode: Mode) -> tuple[ParamInfo, ...]:
                 unit, layer = "layer", int(match.group(1))
             else:
                 unit, layer = ("embeddings" if kind == "embedding" else "head"), None
+            short = next((part for part in reversed(module_name.split("."))
+                          if part and not part.isdigit() and part not in ("default", "lora_A", "lora_B", "base_layer",
+                                                                          "modules_to_save", "original_module")),
+                         module_name)
             out.append(ParamInfo(unit, layer, param.numel(), dtype_name(param.dtype),
-                                 trains and bool(param.requires_grad), tuple(param.shape), kind))
+                                 trains and bool(param.requires_grad), tuple(param.shape), kind, short))
     return tuple(out)

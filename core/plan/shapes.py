@@ -108,8 +108,9 @@ def parameters(config: FastConfig, mode: Mode, lora: Any, dtype: Dtype | None) -
         if bias:
             param(name, layer, (fan_out,), "linear", train_base)
         if name in targets:
-            param(name, layer, (lora.r, fan_in), "adapter", True, "fp32", adapter_in=fan_in)
-            param(name, layer, (fan_out, lora.r), "adapter", True, "fp32")
+            adapter = "fp32" if getattr(lora, "dtype", "fp32") == "fp32" else base
+            param(name, layer, (lora.r, fan_in), "adapter", True, adapter, adapter_in=fan_in)
+            param(name, layer, (fan_out, lora.r), "adapter", True, adapter)
 
     param("embed_tokens", None, (V, h), "embedding", train_base)
     for layer in range(L):

@@ -10,7 +10,7 @@ import pytest
 
 from core.errors import SpecError
 from core.importers import import_config
-from core.importers.base import NO_MEMORY, RUN_LENGTH
+from core.importers.base import EVALUATION_WHY, HYPER, NO_MEMORY, RUN_LENGTH
 from core.spec import RunSpec
 
 CONFIGS = Path(__file__).resolve().parents[1] / "data" / "configs"
@@ -37,9 +37,11 @@ def test_trl_sft_qlora(tmp_path):
         "learning_rate": 2e-4, "lr_scheduler": "cosine", "optimizer": "paged_adamw_8bit",
         "dtype": "bf16", "precision": "pure", "gradient_checkpointing": True, "attn_implementation": "sdpa",
         "mode": "qlora", "lora_r": 16, "lora_alpha": 32, "lora_dropout": 0.05, "lora_targets": "all-linear",
-        "qlora_quant_type": "nf4", "qlora_double_quant": True}
-    assert got.used["gradient_checkpointing"].endswith("(TRL's default)")  # SFTConfig turns it on
-    assert "bf16 is SFTConfig's default" in got.used["bf16"]
+        "lora_dtype": "model", "qlora_quant_type": "nf4", "qlora_double_quant": True, "loss": "chunked_nll",
+        "seq_len_limit": "none"}
+    assert "TRL's default" in got.defaults["gradient_checkpointing"]  # SFTConfig turns it on
+    assert "SFTConfig.loss_type" in got.defaults["loss"]  # TRL 1.7's default, said so
+    assert "bf16 is TRL's default" in got.used["bf16"]
     assert got.ignored == {**{k: NO_MEMORY for k in ("dataset_name", "output_dir", "logging_steps", "report_to")},
                            "max_steps": RUN_LENGTH, "warmup_steps": RUN_LENGTH}
     spec = RunSpec.from_dict(got.raw())
@@ -54,7 +56,8 @@ def test_trl_defaults_and_a_full_run(tmp_path):
     got = import_config(path)
     assert {k: got.settings[k] for k in ("mode", "dtype", "precision", "seq_len", "gradient_checkpointing")} == \
         {"mode": "full", "dtype": "bf16", "precision": "amp", "seq_len": 1024, "gradient_checkpointing": True}
-    assert "TRL's default" in got.used["max_length"]
+    assert "SFTConfig / DPOConfig max_length" in got.defaults["seq_len"]
+    assert got.settings["optimizer"] == "adamw_fused" and "adamw_torch_fused" in got.defaults["optimizer"]
 
 
 def test_axolotl_lora_all_linear_with_deepspeed(tmp_path):
@@ -65,12 +68,17 @@ def test_axolotl_lora_all_linear_with_deepspeed(tmp_path):
         "learning_rate": 2e-4, "lr_scheduler": "cosine", "optimizer": "adamw_8bit",
         "dtype": "bf16", "precision": "pure", "gradient_checkpointing": True,
         "attn_implementation": "flash_attention_2", "mode": "lora", "lora_r": 32, "lora_alpha": 16,
-        "lora_dropout": 0.05, "lora_targets": "all-linear", "strategy": "zero2"}
+        "lora_dropout": 0.05, "lora_targets": "all-linear", "seq_len_limit": "none"}
     assert "auto: bf16 where the GPU has it" in got.used["bf16"]
+    assert "planned on one device" in got.used["deepspeed"]  # the file does not say how many ranks
+    assert "not found in the working directory" in got.used["deepspeed"]  # read from beside the config
     assert got.ignored == {
-        **{k: NO_MEMORY for k in ("model_type", "datasets", "val_set_size", "output_dir", "pad_to_sequence_len",
-                                  "num_epochs", "tf32")}, "warmup_steps": RUN_LENGTH}
-    RunSpec.from_dict({**got.raw(), "devices": "2x80GiB"})
+        **{k: NO_MEMORY for k in ("model_type", "datasets", "output_dir", "num_epochs")}, "warmup_steps": RUN_LENGTH,
+        "tf32": HYPER["tf32"], "val_set_size": EVALUATION_WHY}
+    assert "the plan's length is exact" in got.used["pad_to_sequence_len"]
+    sharded = import_config(_config(tmp_path, "axolotl_lora.yml"), {"devices": "2x80GiB"})
+    assert sharded.settings["strategy"] == "zero2" and "over the 2 devices given" in sharded.used["deepspeed"]
+    RunSpec.from_dict(sharded.raw())
 
 
 def test_llamafactory_dora_and_its_defaults(tmp_path):
@@ -78,15 +86,21 @@ def test_llamafactory_dora_and_its_defaults(tmp_path):
     assert got.format == "llamafactory"
     assert got.settings == {
         "model": "some/model", "batch_size": 1, "grad_accum": 8, "seq_len": 256, "padding": "padded",
-        "learning_rate": 1e-4, "lr_scheduler": "cosine", "dtype": "fp32", "gradient_checkpointing": True,
-        "attn_implementation": "sdpa", "mode": "dora", "lora_r": 8, "lora_alpha": 16, "lora_targets": "q_proj,v_proj"}
-    assert "2 x lora_rank" in got.used["lora_alpha"] and "default: on" in got.used["disable_gradient_checkpointing"]
+        "learning_rate": 1e-4, "lr_scheduler": "cosine", "dtype": "bf16", "precision": "pure",
+        "optimizer": "adamw_fused", "gradient_checkpointing": True, "attn_implementation": "sdpa", "mode": "dora",
+        "lora_r": 8, "lora_alpha": 16, "lora_targets": "q_proj,v_proj", "seq_len_limit": "none"}
+    assert "2 x lora_rank" in got.defaults["lora_alpha"]
+    assert "disable_gradient_checkpointing off" in got.defaults["gradient_checkpointing"]
+    assert "infer_optim_dtype" in got.defaults["dtype"]  # neither bf16 nor fp16: the checkpoint's dtype
     assert got.ignored["warmup_ratio"] == RUN_LENGTH
     assert set(got.ignored) == {"trust_remote_code", "do_train", "dataset", "template", "max_samples", "output_dir",
                                 "logging_steps", "save_steps", "num_train_epochs", "warmup_ratio"}
-    planned = RunSpec.from_dict(got.raw())  # planned as it is; run only without checkpointing (DoRA's own refusal)
-    with pytest.raises(SpecError, match="without gradient checkpointing"):
+    planned = RunSpec.from_dict(got.raw())  # planned as it is; run only in fp32, without checkpointing (DoRA's own)
+    with pytest.raises(SpecError, match="dora is run in fp32"):
         planned.method.check_run(planned)
+    in_fp32 = RunSpec.from_dict({**got.raw(), "dtype": "fp32"})
+    with pytest.raises(SpecError, match="without gradient checkpointing"):
+        in_fp32.method.check_run(in_fp32)
     spec = RunSpec.from_dict({**got.raw(), "gradient_checkpointing": False})
     assert spec.mode == "dora" and spec.lora.variant == "dora"
 
@@ -97,13 +111,15 @@ def test_torchtune_lora_recipe(tmp_path):
     assert got.settings == {  # checkpoint_dir some/model is not here: the builder's Hub model
         "model": "meta-llama/Llama-3.2-1B-Instruct", "batch_size": 4, "grad_accum": 8, "seq_len": 2048, "padding": "padded",
         "dtype": "bf16", "precision": "pure", "gradient_checkpointing": False, "optimizer": "adamw_fused",
-        "learning_rate": 3e-4, "lr_scheduler": "cosine", "mode": "lora",
-        "lora_r": 64, "lora_alpha": 128, "lora_dropout": 0.0,
+        "learning_rate": 3e-4, "lr_scheduler": "cosine", "mode": "lora", "lora_dtype": "model",
+        "lora_r": 64, "lora_alpha": 128, "lora_dropout": 0.0, "compile": False, "embedding_fp32_states": False,
+        "loss": "linear_chunked", "seq_len_limit": "none",
         "lora_targets": "q_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"}
     assert "an estimate" in got.used["model._component_"] and "lora_llama3_2_1b" not in got.unknown
     assert got.used["optimizer.fused"] == "True: torch's fused implementation"
     assert got.ignored["max_steps_per_epoch"] == got.ignored["lr_scheduler.num_warmup_steps"] == RUN_LENGTH
-    assert got.ignored["metric_logger.log_dir"] == NO_MEMORY and got.ignored["loss._component_"] == NO_MEMORY
+    assert got.ignored["metric_logger.log_dir"] == NO_MEMORY
+    assert "loss = 'linear_chunked'" in got.used["loss._component_"]
     RunSpec.from_dict(got.raw())
 
 
@@ -116,18 +132,17 @@ def test_litgpt_qlora_config(tmp_path):
         "model": "some/model", "batch_size": 2, "grad_accum": 4, "seq_len": 512, "padding": "padded",
         "dtype": "bf16", "precision": "pure", "mode": "qlora", "lora_r": 32, "lora_alpha": 16, "lora_dropout": 0.05,
         "lora_targets": "q_proj,v_proj,o_proj,gate_proj,up_proj,down_proj", "qlora_quant_type": "nf4",
-        "qlora_double_quant": True, "optimizer": "adamw", "learning_rate": 2e-4, "attn_implementation": "sdpa",
-        "gradient_checkpointing": False}
+        "qlora_double_quant": True, "optimizer": "paged_adamw_32bit", "learning_rate": 2e-4,
+        "attn_implementation": "sdpa", "gradient_checkpointing": False, "lora_dtype": "model",
+        "untie_embeddings": True, "embedding_fp32_states": False, "loss": "litgpt_chunked", "seq_len_limit": "none"}
     assert got.used["train.global_batch_size"] == "grad_accum = 4 (8 / 1 rank(s) / micro-batch 2)"
     assert got.used["lora_key"] == "off" and got.used["lora_query"].startswith("on: lora_targets gets q_proj")
-    assert got.ignored == {
-        "lora_head": "off: no adapter on the output head",
-        **{f"optimizer.init_args.{k}": "an optimizer argument: moves no memory" for k in ("weight_decay", "betas")},
-        **{f"train.{k}": RUN_LENGTH for k in ("epochs", "lr_warmup_steps")},
-        **{k: NO_MEMORY for k in ("out_dir", "logger_name", "seed", "train.save_interval", "train.log_interval",
-                                  "train.min_lr", "eval.interval", "eval.max_iters", "eval.initial_validation",
-                                  "data.class_path", *(f"data.init_args.{a}" for a in (
-                                      "mask_prompt", "prompt_style", "ignore_index", "seed", "num_workers")))}}
+    assert got.ignored["optimizer.class_path"] == "replaced by PagedAdamW under quantize"  # LitGPT swaps it in
+    assert "below the training step's peak" in got.ignored["eval.interval"]
+    assert {k for k, v in got.ignored.items() if v == NO_MEMORY} == {
+        "out_dir", "logger_name", "seed", "train.save_interval", "train.log_interval", "train.min_lr",
+        "data.class_path", *(f"data.init_args.{a}" for a in (
+            "mask_prompt", "prompt_style", "ignore_index", "seed", "num_workers"))}
     RunSpec.from_dict(got.raw())
 
 
@@ -150,24 +165,49 @@ def test_litgpt_full_on_two_devices_is_sharded_with_checkpointing_and_mixed_by_d
     ("litgpt_lora.yaml", {"  max_seq_length: 512\n": ""}, "litgpt:train.max_seq_length", "longest sample"),
     ("litgpt_lora.yaml", {"global_batch_size: 8": "global_batch_size: 7"}, "litgpt:train.global_batch_size",
      "multiple of 2"),
-    ("litgpt_lora.yaml", {"lora_head: false": "lora_head: true"}, "litgpt:lora_head", "output head"),
     ("litgpt_lora.yaml", {"devices: 1": "devices: 2"}, "litgpt:quantize", "more than one device"),
-    ("axolotl_lora.yml", {"adapter: lora": "adapter: lora\nload_in_8bit: true"}, "axolotl:load_in_8bit",
-     "8-bit base"),
-    ("axolotl_lora.yml", {"sequence_len: 1024\n": ""}, "axolotl:sequence_len", "needs the sequence length"),
-    ("axolotl_lora.yml", {"ds_zero2.json": "ds_offload.json"}, "axolotl:deepspeed", "offload_optimizer to cpu"),
     ("trl_sft_qlora.yaml", {"optim: paged_adamw_8bit": "optim: lion_32bit"}, "trl:optim", "lion_32bit"),
     ("trl_sft_qlora.yaml", {"dtype: bfloat16": "dtype: auto"}, "trl:dtype", "checkpoint's dtype decides"),
-    ("llamafactory_dora.yaml", {"stage: sft": "stage: dpo"}, "llamafactory:stage", "reference or reward model"),
-    ("llamafactory_dora.yaml", {"use_dora: true": "quantization_bit: 8"}, "llamafactory:quantization_bit",
-     "8-bit base"),
-    ("torchtune_lora.yaml", {"enable_activation_offloading: false": "enable_activation_offloading: true"},
-     "torchtune:enable_activation_offloading", "without offload"),
 ])
 def test_what_cannot_be_planned_is_refused_by_its_key(tmp_path, name, replace, key, says):
     with pytest.raises(SpecError, match=says) as caught:
         import_config(_config(tmp_path, name, **replace))
     assert caught.value.field == key
+
+
+@pytest.mark.parametrize(("name", "replace", "overrides", "expect"), [
+    ("litgpt_lora.yaml", {"lora_head: false": "lora_head: true"}, {},
+     {"lora_targets": "q_proj,v_proj,o_proj,gate_proj,up_proj,down_proj,lm_head"}),
+    ("axolotl_lora.yml", {"adapter: lora": "adapter: lora\nload_in_8bit: true"}, {}, {"mode": "lora_int8"}),
+    ("llamafactory_dora.yaml", {"use_dora: true": "quantization_bit: 8"}, {}, {"mode": "lora_int8"}),
+    ("axolotl_lora.yml", {"sequence_len: 1024\n": ""}, {}, {"seq_len": 512}),
+    ("axolotl_lora.yml", {"ds_zero2.json": "ds_offload.json"}, {"devices": "4xH100"},
+     {"strategy": "zero3", "offload": "optimizer"}),
+    ("llamafactory_dora.yaml", {"stage: sft": "stage: dpo"}, {}, {"objective": "dpo"}),
+    ("torchtune_lora.yaml", {"enable_activation_offloading: false": "enable_activation_offloading: true"}, {},
+     {"activation_offloading": True}),
+])
+def test_what_moves_memory_in_their_recipes_is_planned(tmp_path, name, replace, overrides, expect):
+    """What earlier imports refused (an adapter on the output head, an 8-bit base, a preference stage, offloads) is
+    planned now: the setting it maps to, and a spec that validates."""
+    got = import_config(_config(tmp_path, name, **replace), overrides)
+    assert {k: got.settings.get(k) for k in expect} == expect
+    RunSpec.from_dict({**got.raw(), **overrides})
+
+
+def test_an_offload_on_one_device_is_said_to_be_not_modelled(tmp_path):
+    """ZeRO-Offload on one GPU: the file's offload is not planned (strategy single holds every state on the device),
+    said so, with the direction of the error."""
+    got = import_config(_config(tmp_path, "axolotl_lora.yml", **{"ds_zero2.json": "ds_offload.json"}))
+    assert "strategy" not in got.settings and "offload" not in got.settings
+    assert "an upper bound" in got.not_modelled["deepspeed"]
+
+
+def test_a_deepspeed_config_found_nowhere_names_both_places(tmp_path):
+    path = _config(tmp_path, "axolotl_lora.yml", **{"ds_zero2.json": "nowhere.json"})
+    with pytest.raises(SpecError, match="neither in the working directory") as caught:
+        import_config(path)
+    assert caught.value.field == "axolotl:deepspeed"
 
 
 def test_a_file_of_no_known_format_names_the_four(tmp_path):

@@ -20,8 +20,8 @@ def test_every_mode_of_the_spec_is_a_method_and_every_method_a_mode():
 
 def test_a_variant_is_labelled_as_one_and_shares_its_base_methods_layout():
     variants = [m for m in METHODS.values() if m.variant]
-    assert [m.name for m in variants] == ["qlora", "dora", "lora_int8"]
-    assert [m.name for m in METHODS.values() if not m.runs] == ["lora_int8"]  # planned only: not on the Mode screen
+    assert [m.name for m in variants] == ["qlora", "dora", "lora_int8", "badam"]
+    assert [m.name for m in METHODS.values() if not m.runs] == ["lora_int8", "badam"]  # planned only: not offered
     for m in variants:
         assert "variant" in m.label and not METHODS[m.layout].variant
         assert m.trains == METHODS[m.layout].trains and m.adapters == METHODS[m.layout].adapters

@@ -36,9 +36,9 @@ def _storage_bytes(tensors) -> int:
 
 def test_every_optimizer_is_a_spec_value_and_a_trainer_name_reads_back_as_it():
     for name, opt in OPTIMIZERS.items():
-        assert RunSpec.build(optimizer=name, mode="full").optimizer_kind is opt
+        assert RunSpec.build(optimizer=name, mode="full").optimizer_kind.name == name  # GaLore: configured by [galore]
         assert not opt.trainer_optim or named("trainer", opt.trainer_optim, opt.implementation) is opt, name
-        assert opt.variant == (opt.library in ("bitsandbytes", "torchao")), name  # low-bit, paged: labelled variants
+        assert opt.variant == (opt.library in ("bitsandbytes", "torchao", "galore_torch")), name  # low-bit, paged: labelled variants
         assert ("variant" in opt.label) == opt.variant, opt.label
         assert opt.traceable == (not opt.untraced), name
 

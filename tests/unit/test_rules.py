@@ -117,9 +117,9 @@ def test_the_spec_fields_are_literals_written_as_strings():
     from core.errors import SpecError
     from core.spec import KILL_POINTS, MODES, OPTIMIZERS, PRECISIONS, STRATEGIES, KillAt, RunSpec, field_type
 
-    assert MODES == ("inference", "full", "lora", "qlora", "dora", "lora_int8") and PRECISIONS == ("pure", "amp")
+    assert MODES == ("inference", "full", "lora", "qlora", "dora", "lora_int8", "badam") and PRECISIONS == ("pure", "amp")
     assert OPTIMIZERS == ("adamw", "adamw_fused", "sgd", "adafactor", "adamw_8bit", "paged_adamw_8bit", "paged_adamw_32bit",
-                          "adamw_ao_8bit", "adamw_ao_4bit", "adamw_ao_fp8")
+                          "adamw_ao_8bit", "adamw_ao_4bit", "adamw_ao_fp8", "galore_adamw")
     assert STRATEGIES == ("single", "ddp", "zero1", "zero2", "zero3", "device_map", "tp")
     assert tuple(KILL_POINTS) == get_args(KillAt) == ("boundary", "boundary-1", "boundary+1", "checkpoint-write")
     kinds = {f.name: field_type(f) for f in dataclasses.fields(RunSpec)}
