@@ -30,6 +30,9 @@ from typing import Literal, get_args
 #: ``precomputed`` (before training: nothing held or run during it), ``none`` (the objective has no reference)
 Reference = Literal["auto", "copy", "adapters", "precomputed", "none"]
 REFERENCES: tuple[Reference, ...] = get_args(Reference)
+#: Where the reference comes from, in words (a resolved source: not ``auto``)
+REFERENCE_WORDS = {"copy": "a frozen copy of the model", "adapters": "the model with its adapters disabled",
+                   "precomputed": "log-probabilities precomputed before training", "none": "none"}
 
 
 @dataclass(frozen=True)
@@ -119,4 +122,4 @@ def named(tool: str, name: str) -> Objective | None:
     return next((o for o in OBJECTIVES.values() if name in o.names.get(tool, ())), None)
 
 
-__all__ = ["OBJECTIVES", "REFERENCES", "Objective", "Reference", "named", "objective_names", "objective_of"]
+__all__ = ["OBJECTIVES", "REFERENCES", "REFERENCE_WORDS", "Objective", "Reference", "named", "objective_names", "objective_of"]

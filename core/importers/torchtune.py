@@ -130,6 +130,8 @@ def _loss(r: Reader) -> None:
     if r.has("ref_checkpointer.checkpoint_dir"):
         r.set("ref_checkpointer.checkpoint_dir", "reference", "copy", "full_dpo_distributed: a reference model of its "
                                                                       "own, in the recipe's dtype")
+        r.ignore("ref_checkpointer._component_", "which class loads the reference: its weights are planned as the "
+                                                 "reference copy (ref_checkpointer.checkpoint_dir)")
 
 
 def _distributed(r: Reader) -> None:

@@ -97,6 +97,8 @@ class Optimizer:
         configure: ``configure(self, spec)`` gives the optimizer as the spec sets it (GaLore's rank and targets,
             bitsandbytes' fp32 states for embeddings), or None for one without settings.
         own_table: the spec table of settings that belong to it alone (GaLore's ``galore``), "" for none.
+        pageable: the states the CUDA driver may page to the host (bitsandbytes' paged states beyond the one tensor's
+            being stepped; :data:`Rule`, on a device of kind ``cuda`` only), or None for an optimizer without paging.
         state_count: state tensors per trained parameter in the parameter's own dtype (AdamW 2, SGD 1; 0 when its
             states are not so: factored, quantised, or fp32 whatever the parameter's dtype).
     """
@@ -123,10 +125,17 @@ class Optimizer:
     choice: str = ""
     configure: Callable[[Optimizer, Any], Optimizer] | None = None
     own_table: str = ""
+    pageable: Rule | None = None
 
     def state_bytes(self, params: Sequence[Param], kind: str = "cuda") -> Term:
         """The states of ``params`` on a device of ``kind`` (bytes, formula)."""
         return self.states(params, kind)
+
+    def pageable_bytes(self, params: Sequence[Param], kind: str = "cuda") -> Term:
+        """The part of :meth:`state_bytes` the driver may page to the host (bytes, words); (0, "") without paging."""
+        if self.pageable is None or kind != "cuda" or not params:
+            return 0, ""
+        return self.pageable(params, kind)
 
     def step_temporaries(self, params: Sequence[Param], kind: str = "cuda") -> Term:
         """The step's transient buffers over ``params`` on a device of ``kind`` (bytes, formula)."""

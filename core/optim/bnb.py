@@ -97,10 +97,33 @@ def _paged_text(params: Sequence[Param], kind: str) -> str:
     if kind == "cpu":
         return "; paged: on the CPU bitsandbytes falls back to unpaged states"
     paged = sum(1 for p in params if p.numel >= PAGED_MIN_SIZE)
-    return (f"; paged: the states of the {paged:,} tensors of {PAGED_MIN_SIZE:,} elements or more are in CUDA unified "
-            "memory (cudaMallocManaged, outside torch's caching allocator: in NVML's used memory while resident, not "
-            "in torch's allocated or reserved), which the driver may page to the host under pressure; planned on the "
-            "device")
+    return (f"; paged: the moments of the {paged:,} tensors of {PAGED_MIN_SIZE:,} elements or more are in CUDA unified "
+            "memory (cudaMallocManaged, outside torch's caching allocator: in NVML's used memory while resident, never "
+            "in torch's allocated or reserved); the step prefetches one tensor's to the device before updating it "
+            "(Optimizer8bit.step -> prefetch_state): the largest tensor's are planned on the device, the rest off it "
+            "(the driver pages them to the host under pressure)")
+
+
+def paged_moment_bytes(p: Param, bits: int, fp32_states: bool = False) -> int:
+    """Bytes of ``p``'s two moments that bitsandbytes allocates paged (``get_state_buffer``: a parameter of at least
+    :data:`PAGED_MIN_SIZE` elements): fp32 moments for 32-bit states (or a parameter given 32-bit states), uint8
+    moments for 8-bit ones; the 8-bit states' fp32 absmax and the dynamic maps are ordinary device tensors."""
+    if p.numel < PAGED_MIN_SIZE:
+        return 0
+    eight = bits == 8 and adamw_8bit_is_8bit(p.numel, fp32_states)
+    return 2 * p.numel * (1 if eight else FP32)
+
+
+def _pageable(bits: int, embeddings_fp32: bool = True) -> Rule:
+    def pageable(params: Sequence[Param], kind: str) -> Term:
+        each = [paged_moment_bytes(p, bits, embeddings_fp32 and p.kind == "embedding") for p in params]
+        total, resident = sum(each), max(each, default=0)
+        return (total - resident,
+                f"paged optimizer states: {total:,} B of moments in CUDA unified memory, the largest tensor's "
+                f"{resident:,} B planned on the device (prefetched before its update); the other {total - resident:,} B "
+                "stay on the device while there is room (NVML's used counts them, torch's allocated and reserved never "
+                "do) and are paged to the host under pressure")
+    return pageable
 
 
 def _states_8bit(paged: bool, embeddings_fp32: bool = True) -> Rule:
@@ -133,7 +156,8 @@ def _states_32bit(paged: bool) -> Rule:
 def _embeddings(paged: bool) -> Any:
     def configure(optimizer: Optimizer, spec: Any) -> Optimizer:
         """The states with or without transformers' Trainer's fp32 states for embeddings (``embedding_fp32_states``)."""
-        return replace(optimizer, states=_states_8bit(paged, bool(spec.embedding_fp32_states)))
+        fp32 = bool(spec.embedding_fp32_states)
+        return replace(optimizer, states=_states_8bit(paged, fp32), pageable=_pageable(8, fp32) if paged else None)
     return configure
 
 
@@ -159,6 +183,7 @@ PAGED_ADAMW_8BIT = Optimizer(
     variant=True, needs_cuda=True, needs_bitsandbytes=True,
     summary="bitsandbytes' AdamW with 8-bit states in CUDA unified memory the driver may page to the host (CUDA only)",
     states=_states_8bit(True), step=_step(8), trainer_optim="paged_adamw_8bit", configure=_embeddings(True),
+    pageable=_pageable(8),
     names={"trainer": ("paged_adamw_8bit",), "torchtune": ("bitsandbytes.optim.PagedAdamW8bit",),
            "litgpt": ("bitsandbytes.optim.PagedAdamW8bit",)},
     untraced=_UNTRACED.format("paged_adamw_8bit"), choice="CUDA, variant", state_words="2 uint8 moments with fp32 absmax per 256, paged")
@@ -167,7 +192,7 @@ PAGED_ADAMW_32BIT = Optimizer(
     name="paged_adamw_32bit", label="paged AdamW 32-bit (bitsandbytes variant, CUDA)", library="bitsandbytes",
     variant=True, needs_cuda=True, needs_bitsandbytes=True,
     summary="bitsandbytes' AdamW with fp32 states in CUDA unified memory the driver may page to the host (CUDA only)",
-    states=_states_32bit(True), step=_step(32), trainer_optim="paged_adamw_32bit",
+    states=_states_32bit(True), step=_step(32), trainer_optim="paged_adamw_32bit", pageable=_pageable(32),
     names={"trainer": ("paged_adamw_32bit", "paged_adamw"), "torchtune": ("bitsandbytes.optim.PagedAdamW32bit",
                                                                            "bitsandbytes.optim.PagedAdamW"),
            "litgpt": ("bitsandbytes.optim.PagedAdamW32bit", "bitsandbytes.optim.PagedAdamW")},

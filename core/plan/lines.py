@@ -160,7 +160,18 @@ def optimizer_states_line(spec: RunSpec, summary: ModelSummary, kind: str = "cud
     if not spec.training:
         return Line("optimizer_states", 0, "inference: no optimizer")
     nbytes, text = spec.optimizer_kind.state_bytes(_trainable(summary), kind)
-    return Line("optimizer_states", nbytes, text)
+    pageable, _ = spec.optimizer_kind.pageable_bytes(_trainable(summary), kind)
+    return Line("optimizer_states", nbytes - pageable, text + (f"; {pageable:,} B of them off the device's plan"
+                                                             if pageable else ""))
+
+
+def paged_states_line(spec: RunSpec, summary: ModelSummary, kind: str = "cuda") -> Line | None:
+    """The optimizer states the CUDA driver may page to the host (bitsandbytes' paged states beyond the tensor being
+    stepped), off the device's plan; None when there are none."""
+    if not spec.training:
+        return None
+    nbytes, text = spec.optimizer_kind.pageable_bytes(_trainable(summary), kind)
+    return Line("optimizer_states", nbytes, text) if nbytes else None
 
 
 def step_temporaries(spec: RunSpec, summary: ModelSummary, kind: str) -> tuple[int, str]:

@@ -35,6 +35,7 @@ from core.plan.lines import (
     kv_cache_line,
     offloaded_activations,
     optimizer_states_line,
+    paged_states_line,
     qlora_weights_line,
     reference_forward,
     reference_weights,
@@ -130,7 +131,8 @@ def _part_step(spec: RunSpec, shape: ModelShape, summary: ModelSummary, local: M
     act, act_text = activation_terms(spec, shape, summary, kind, tp, config)
     per_layer = act.layer_input if act.recompute else act.layer
     layers = n_layers * per_layer + (act.first - act.layer if first and not act.recompute and n_layers else 0)
-    host: list[Line] = []
+    paged = paged_states_line(spec, local, kind)
+    host: list[Line] = [paged] if paged is not None else []
     if spec.activation_offloading and n_layers:
         layers, pinned, offload_text = offloaded_activations(spec, act, n_layers)
         act_text += f"; {offload_text}"
