@@ -37,6 +37,7 @@ class LossInput:
         head_trained: the LM head's weight is trained (full fine-tuning, a LoRA ``modules_to_save`` head).
         chunks: n, the chunks of a chunked loss (torchtune's ``num_output_chunks``).
         compiled: the loss runs compiled (torchtune's ``compile: True`` compiles each chunk's cross-entropy).
+        autocast: the step runs under autocast (mixed precision: LitGPT's ``bf16-mixed`` returns fp32 outputs).
     """
 
     tokens: int
@@ -48,6 +49,7 @@ class LossInput:
     head_trained: bool
     chunks: int = 8
     compiled: bool = False
+    autocast: bool = False
 
 
 @dataclass(frozen=True)
@@ -127,7 +129,7 @@ def _linear_chunked(x: LossInput) -> LossTerms:
     its logits in the compute dtype and 2 fp32 values per row."""
     n, v, c, h, k = x.tokens, x.vocab, x.logit_bytes, x.hidden, max(x.chunks, 1)
     chunk = _cdiv(n, k)
-    hidden = n * h * c
+    hidden = n * h * c if x.head_trained else 0  # a frozen head's linear saves its weight, not its input
     per_logit = c if x.compiled else FP32
     saved = n * v * per_logit + hidden + (8 * n if x.compiled else 0)
     how = "compiled: logits in the compute dtype" if x.compiled else "fp32 log_softmax"
@@ -189,7 +191,8 @@ def _litgpt(x: LossInput) -> LossTerms:
     the chunks' logits are held by the loop through backward, each chunk's ``log_softmax`` (in the logits' dtype: bf16
     under ``bf16-true``; fp32 under ``bf16-mixed``, whose Fabric wrapper returns fp32 outputs) kept; no fp32 gradient
     of the whole logits at the start of backward."""
-    n, v, c = x.tokens, x.vocab, x.logit_bytes
+    n, v = x.tokens, x.vocab
+    c = FP32 if x.autocast else x.logit_bytes  # Fabric's bf16-mixed converts the outputs to fp32
     chunk = min(LITGPT_CHUNK, n) * max(x.rows, 1)
     saved = 2 * n * v * c
     return LossTerms(saved + chunk * v * FP32, saved, chunk * v * 2 * FP32, n * v * c,

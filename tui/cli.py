@@ -296,6 +296,9 @@ def unknown_arguments(parser: argparse.ArgumentParser, command: str | None, unkn
         if arg.startswith("-"):
             name = arg.split("=", 1)[0]
             close = difflib.get_close_matches(name, flags, n=3, cutoff=0.6)
+            if close:  # only those nearly as close as the closest (--bacth-size: --batch-size, not --objective)
+                best = difflib.SequenceMatcher(None, name, close[0]).ratio()
+                close = [c for c in close if difflib.SequenceMatcher(None, name, c).ratio() >= best - 0.15]
             where = f"gpuaccept {command}" if command else "gpuaccept"
             hints.append(f"{name} (did you mean {' or '.join(close)}?)" if close else
                          f"{name} (no flag of {where} is close: see {where} --help)")

@@ -256,10 +256,10 @@ class Reader:
             if dest in flags:
                 continue
             before = settings.get(dest)
-            if dest in settings and before != value:
-                flags[dest] = f"{flag_of(dest)} {value!r} over the file's {before!r}"
-            elif dest in self.defaults and dest in settings:
+            if dest in self.defaults and dest in settings:
                 flags[dest] = f"{flag_of(dest)} {value!r} over {self.fmt}'s default {before!r}"
+            elif dest in settings and before != value:
+                flags[dest] = f"{flag_of(dest)} {value!r} over the file's {before!r}"
         settings.update(self.overrides)
         digest = hashlib.sha256(self.path.read_bytes()).hexdigest()
         return Imported(self.fmt, str(self.path), digest, settings, dict(self.used), dict(self.ignored), unknown,

@@ -122,11 +122,12 @@ def _shape(r: Reader) -> None:
                                                       f"{micro * ranks}")
         r.set("train.global_batch_size", "grad_accum", per_rank // micro,
               f"{total} / {ranks} rank(s) / micro-batch {micro}")
-    if not r.has("train.max_seq_length"):
-        raise r.refuse("train.max_seq_length", "not given: LitGPT then trains up to the longest sample, which the "
-                                               "planner cannot know; set it")
-    r.set("train.max_seq_length", "seq_len", r.number("train.max_seq_length"))
     r.settings["padding"] = "padded"
+    if not r.has("train.max_seq_length"):
+        r.need("train.max_seq_length", "seq_len", "is not given: LitGPT then trains up to the longest sample, which "
+                                                  "the plan cannot know")
+        return
+    r.set("train.max_seq_length", "seq_len", r.number("train.max_seq_length"))
     r.used["train.max_seq_length"] += " (LitGPT pads each batch to its longest sample: planned at the most)"
 
 

@@ -60,6 +60,8 @@ def read(data: dict[str, Any], path: Path, overrides: Mapping[str, Any]) -> Impo
     _stage(r)
     training_keys(r, batch="per_device_train_batch_size", packing="packing", schedule="lr_scheduler_type",
                   optim="optim")
+    if str(r.value("stage", "sft")) == "pt" and not r.has("packing"):
+        r.default("padding", "packed", "packing unset: on for stage pt (hparams/parser.py:645)")
     trainer_defaults(r, "LLaMA-Factory")
     if r.has("cutoff_len"):
         r.set("cutoff_len", "seq_len", r.number("cutoff_len"))
@@ -87,8 +89,21 @@ def read(data: dict[str, Any], path: Path, overrides: Mapping[str, Any]) -> Impo
         r.not_modelled("enable_liger_kernel", "Liger's RMSNorm and SwiGLU keep less than the eager layers planned: "
                                               "an upper bound")
     sharded_master(r, ("deepspeed",))
+    _reference_dtype(r)
     evaluation(r)
     return r.done()
+
+
+def _reference_dtype(r: Reader) -> None:
+    """A reference model of its own (full fine-tuning, or ``ref_model``) is loaded with ``torch_dtype="auto"``
+    (model/loader.py:154): the checkpoint's dtype, not upcast as the trained policy is; planned in the run's 16-bit
+    dtype, which the checkpoints of the models these configs name are stored in."""
+    dtype = r.settings.get("dtype", "fp32")
+    if "objective" not in r.settings or dtype == "fp32":
+        return
+    r.settings["reference_dtype"] = dtype
+    r.defaults["reference_dtype"] = (f"{dtype!r} (LLaMA-Factory's: a reference of its own is loaded with torch_dtype "
+                                     "auto, the checkpoint's dtype (model/loader.py:154), not upcast like the policy)")
 
 
 def _stage(r: Reader) -> None:

@@ -65,13 +65,13 @@ def read(data: dict[str, Any], path: Path, overrides: Mapping[str, Any]) -> Impo
         r.set("dataset.packed", "padding", "packed" if r.value("dataset.packed") else "padded")
     else:
         r.default("padding", "padded", "dataset.packed off")
-    dtype = str(r.value("dtype", "bf16"))
+    dtype = str(r.value("dtype", "fp32"))
     if dtype not in DTYPES:
         raise r.refuse("dtype", f"{dtype!r}: give bf16, fp16 or fp32")
     if r.has("dtype"):
         r.set("dtype", "dtype", DTYPES[dtype], "the whole model in it, no autocast")
     else:
-        r.default("dtype", DTYPES[dtype], "the recipes' dtype: bf16")
+        r.default("dtype", DTYPES[dtype], "training.get_dtype(None) is float32 (training/precision.py:102)")
     if dtype != "fp32":
         r.settings["precision"] = "pure"
     if r.has("enable_activation_checkpointing"):

@@ -11,8 +11,10 @@ output to recompute them (docs/losses.md, "torch.compile").
 compiled with a backend made of inductor's decomposition table and inductor's own ``partition_fn`` (its joint-graph
 passes, then the min-cut, ``compiler="inductor"``) and a forward "compiler" that only reads the forward graph: its
 outputs after the real ones are the tensors saved for backward, whose shapes and dtypes the graph's nodes carry. No
-kernel of the layer runs. The saved bytes scale with the tokens (the partition does not depend on them: the same cut
-at every size, checked), so one small micro-batch is measured and scaled.
+kernel of the layer runs. The partition does not depend on the tokens (the same cut at every size, checked), so one
+small micro-batch of :data:`PROBE_TOKENS` tokens (a prime no model width is a multiple of) is measured, and each saved
+tensor is scaled by how its shape holds the sequence: not at all (autocast's 16-bit weight copies: per layer), once
+(per token) or twice (a padding mask, b·s·s).
 
 torchtune compiles each decoder layer as its own region (``training.compile_model``), as measured here; a whole-model
 compile (Trainer's ``torch_compile``) may cut across layers (not measured). At ``activation_memory_budget`` 1.0 (the
@@ -27,8 +29,9 @@ import copy
 from dataclasses import dataclass
 from typing import Any
 
-#: tokens of the micro-batch measured (the saved bytes are scaled to the plan's tokens)
-PROBE_TOKENS = 32
+#: tokens of the micro-batch measured (a prime: a dimension of this size is the sequence's; the saved bytes are scaled to
+#: the plan's batch and sequence)
+PROBE_TOKENS = 37
 _MEASURED: dict[tuple[Any, ...], CompiledLayer] = {}
 
 
@@ -40,10 +43,19 @@ class CompiledLayer:
         per_token: bytes saved per token of the micro-batch (parameters, and cos/sin shared by every layer, left
             out).
         tensors: ``(what, bytes at PROBE_TOKENS tokens)`` for each saved tensor, largest first.
+        constant: bytes saved whatever the micro-batch (autocast's 16-bit copies of the layer's weights).
+        per_token_squared: bytes saved per row per token squared (a padding mask reaching attention, b·s·s).
     """
 
     per_token: float
     tensors: tuple[tuple[str, int], ...]
+    constant: int = 0
+    per_token_squared: float = 0.0
+
+    def saved_bytes(self, batch: int, seq_len: int) -> int:
+        """Bytes one layer saves for backward at micro-batch ``batch`` x ``seq_len`` tokens."""
+        return int(round(self.constant + self.per_token * batch * seq_len
+                         + self.per_token_squared * batch * seq_len * seq_len))
 
 
 def compiled_layer_bytes(config: Any, dtype: str, autocast: str | None, lora: Any = None, masked: bool = False
@@ -154,6 +166,7 @@ def _measure(config: Any, dtype_name: str, autocast: str | None, lora: Any, mask
     placeholders = [n for n in graph.graph.nodes if n.op == "placeholder"]
     inputs = seen["inputs"]
     rows: list[tuple[str, int]] = []
+    scaled = {0: 0, 1: 0, 2: 0}  # bytes by how many of the shape's dimensions are the sequence's
     for node in graph.graph.output_node().args[0][seen["fwd_outputs"]:]:
         value = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
         if not isinstance(value, torch.Tensor):
@@ -165,8 +178,9 @@ def _measure(config: Any, dtype_name: str, autocast: str | None, lora: Any, mask
             what = "the layer's input"
         else:
             what = str(node.target).replace("aten.", "")
-        rows.append((f"{what} {tuple(value.shape)} {str(value.dtype).removeprefix('torch.')}",
-                     value.numel() * value.element_size()))
+        nbytes = value.numel() * value.element_size()
+        rows.append((f"{what} {tuple(value.shape)} {str(value.dtype).removeprefix('torch.')}", nbytes))
+        scaled[min(sum(1 for d in value.shape if d == s), 2)] += nbytes
     torch._dynamo.reset()
     rows.sort(key=lambda r: -r[1])
-    return CompiledLayer(sum(b for _, b in rows) / s, tuple(rows))
+    return CompiledLayer(scaled[1] / s, tuple(rows), constant=scaled[0], per_token_squared=scaled[2] / (s * s))

@@ -213,7 +213,8 @@ def loss_input(spec: RunSpec, shape: ModelShape, summary: ModelSummary, tp: int 
     return LossInput(tokens=spec.policy_rows * spec.seq_len, rows=spec.policy_rows, vocab=-(-shape.vocab // tp),
                      hidden=shape.hidden, logit_bytes=num.compute_bytes,
                      head_bytes=dtype_bytes(head.dtype) if head is not None else num.param_bytes,
-                     head_trained=head_trained, chunks=spec.loss_chunks, compiled=spec.compile)
+                     head_trained=head_trained, chunks=spec.loss_chunks, compiled=spec.compile,
+                     autocast=num.autocast)
 
 
 def _rows(spec: RunSpec) -> RunSpec:
@@ -241,7 +242,7 @@ def activation_terms(spec: RunSpec, shape: ModelShape, summary: ModelSummary, ki
     trained = frozenset(m for m in spec.lora.modules_to_save if m == "lm_head") if spec.adapters else frozenset()
     if shape.family in LLAMA_FAMILY and tp == 1:
         dims = Dims(b, s, h, shape.inter, shape.heads, shape.kv_heads, shape.head_dim, V, shape.layers, shape.tied)
-        compiled, compiled_text = _compiled(spec, config, b * s)
+        compiled, compiled_text = _compiled(spec, config, b, s)
         act = step_activations(dims, num, full=spec.method.trains_base, adapters=adapters, attention=shape.attention,
                                checkpointing=spec.gradient_checkpointing, biases=shape.biases,
                                masked=spec.padding == "padded", loss=loss, loss_projects=spec.loss_kind.projects,
@@ -267,9 +268,9 @@ def activation_terms(spec: RunSpec, shape: ModelShape, summary: ModelSummary, ki
     return _korthikanti_terms(spec, shape, summary, num, adapters, tp, loss)
 
 
-def _compiled(spec: RunSpec, config: Any, tokens: int) -> tuple[Any, str]:
-    """With ``compile``: the function giving a layer's saved bytes at ``tokens`` tokens as AOTAutograd's partitioner
-    measures them (core/plan/compiled.py), and its words; (None, "") otherwise."""
+def _compiled(spec: RunSpec, config: Any, batch: int, seq_len: int) -> tuple[Any, str]:
+    """With ``compile``: the function giving a layer's saved bytes at micro-batch ``batch`` x ``seq_len`` as
+    AOTAutograd's partitioner measures them (core/plan/compiled.py), and its words; (None, "") otherwise."""
     if not spec.compile or config is None:
         return None, ""
     from core.plan.compiled import compiled_layer_bytes
@@ -278,9 +279,13 @@ def _compiled(spec: RunSpec, config: Any, tokens: int) -> tuple[Any, str]:
     autocast = spec.dtype if num.cast_weights else None
     layer = compiled_layer_bytes(config, spec.param_dtype, autocast, spec.lora if spec.adapters else None,
                                  spec.padding == "padded")
-    saved = int(round(layer.per_token * tokens))
-    return (lambda eager: saved), (f"compiled: {layer.per_token:,.1f} B a token as AOTAutograd's min-cut partitioner "
-                                    f"keeps them, measured on this layer here; eager it would keep ")
+    saved = layer.saved_bytes(batch, seq_len)
+    extra = "".join(f" + {words}" for amount, words in (
+        (layer.constant, f"{layer.constant:,} B whatever the batch (16-bit weight copies)"),
+        (layer.per_token_squared, f"{layer.per_token_squared:,.1f} B per row per token squared (the padding mask)"))
+        if amount)
+    return (lambda eager: saved), (f"compiled: {layer.per_token:,.1f} B a token{extra} as AOTAutograd's min-cut "
+                                    f"partitioner keeps them, measured on this layer here; eager it would keep ")
 
 
 def _korthikanti_terms(spec: RunSpec, shape: ModelShape, summary: ModelSummary, num: Numerics,
