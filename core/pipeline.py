@@ -688,20 +688,11 @@ def convert_in_child(log_path: Path) -> None:
 def recipe_unrunnable(spec: RunSpec) -> tuple[str, str] | None:
     """The first setting of ``spec`` gpuaccept's own recipe does not run (it plans them all): (the setting, what it
     asks), or None."""
-    if spec.objective_kind.preference:
-        return "objective", f"a preference objective ({spec.objective_kind.label})"
+    beyond = spec.beyond_own_recipe()
+    if beyond is not None:
+        return beyond
     if spec.training and spec.optimizer_kind.library in ("torchao", "galore_torch"):
         return "optimizer", f"{spec.optimizer_kind.label} ({spec.optimizer_kind.library} is not installed here)"
-    for name, value, words in (("loss", spec.loss != "standard", f"the loss {spec.loss}"),
-                               ("compile", spec.compile, "torch.compile"),
-                               ("optimizer_in_backward", spec.optimizer_in_backward, "the optimizer stepped in backward"),
-                               ("activation_offloading", spec.activation_offloading, "activation offloading"),
-                               ("offload", spec.offload != "none", f"ZeRO / FSDP offload ({spec.offload})"),
-                               ("lora.modules_to_save", bool(spec.lora.modules_to_save), "modules trained in full "
-                                                                                         "beside LoRA"),
-                               ("untie_embeddings", spec.untie_embeddings, "an LM head untied from the embedding")):
-        if value:
-            return name, words
     return None
 
 

@@ -835,6 +835,26 @@ class RunSpec:
         kind = optimizer_of(self.optimizer)
         return kind.configure(kind, self) if kind.configure is not None else kind
 
+    def beyond_own_recipe(self) -> tuple[str, str] | None:
+        """The first setting that takes the step beyond gpuaccept's own recipe (transformers' Trainer: SFT, the
+        standard cross-entropy, eager, the optimizer after backward, nothing offloaded, only adapters trained beside a
+        frozen base, a tied head where the model ties it): (the setting, in words), or None. Such a step is planned;
+        the recipe does not run it and the traced plan, which steps the recipe, does not trace it."""
+        if self.objective_kind.preference:
+            return "objective", f"a preference objective ({self.objective_kind.label})"
+        for name, value, words in (("loss", self.loss != "standard", f"the loss {self.loss}"),
+                                   ("compile", self.compile, "torch.compile"),
+                                   ("optimizer_in_backward", self.optimizer_in_backward,
+                                    "the optimizer stepped in backward"),
+                                   ("activation_offloading", self.activation_offloading, "activation offloading"),
+                                   ("offload", self.offload != "none", f"ZeRO / FSDP offload ({self.offload})"),
+                                   ("lora.modules_to_save", bool(self.lora.modules_to_save),
+                                    "modules trained in full beside LoRA"),
+                                   ("untie_embeddings", self.untie_embeddings, "an LM head untied from the embedding")):
+            if value:
+                return name, words
+        return None
+
     @property
     def training(self) -> bool:
         """True for full fine-tuning, LoRA and QLoRA (backward and optimizer steps run)."""

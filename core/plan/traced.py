@@ -709,6 +709,10 @@ def untraceable_reason(plan: Any, spec: RunSpec | None = None) -> str | None:
                 "planned from the 4-bit layout (core/plan/quant.py) and measured by the probe")
     if spec is not None and spec.training and not spec.optimizer_kind.traceable:
         return spec.optimizer_kind.untraced
+    beyond = spec.beyond_own_recipe() if spec is not None and spec.training else None
+    if beyond is not None:
+        return (f"the traced plan steps gpuaccept's own recipe (SFT, the standard cross-entropy, eager); {beyond[1]} "
+                f"({beyond[0]}) is planned analytically only")
     if plan.strategy in TRACEABLE_STRATEGIES:
         return None
     return (f"the traced plan covers one device holding the whole step (strategy single or ddp); strategy "
@@ -728,8 +732,10 @@ def trace_against(spec: RunSpec, config: Any, plan: Any, *, fast: bool = True) -
 
     reason = untraceable_reason(plan, spec)
     if reason is not None:
+        beyond = spec.beyond_own_recipe() if spec.training else None
         field = ("mode" if spec.method.quantised else
-                 "optimizer" if spec.training and not spec.optimizer_kind.traceable else "strategy")
+                 "optimizer" if spec.training and not spec.optimizer_kind.traceable else
+                 beyond[0] if beyond is not None else "strategy")
         raise SpecError(field, reason)
     device = plan.devices[0]
     blocks, how = workspaces_of(spec, device.device, config)

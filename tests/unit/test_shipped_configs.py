@@ -11,7 +11,6 @@ tool's folder, where its examples expect to be run.
 
 from __future__ import annotations
 
-import shutil
 import tomllib
 from pathlib import Path
 
@@ -73,15 +72,9 @@ METHOD = {"lora-8bit": "lora_int8", "galore": "full"}
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
     """A Hub cache holding every model's config.json, as ``huggingface_hub`` lays one out."""
-    root = tmp_path_factory.mktemp("hub")
-    for config in (DATA / "models").rglob("config.json"):
-        repo = root / ("models--" + config.parent.relative_to(DATA / "models").as_posix().replace("/", "--"))
-        snapshot = repo / "snapshots" / ("0" * 40)
-        snapshot.mkdir(parents=True)
-        shutil.copy(config, snapshot / "config.json")
-        (repo / "refs").mkdir()
-        (repo / "refs" / "main").write_text("0" * 40)
-    return root
+    from tests.hub import hub_cache
+
+    return hub_cache(tmp_path_factory.mktemp("hub"), DATA / "models")
 
 
 def flags_of(name: str) -> dict[str, object]:
