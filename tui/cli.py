@@ -75,7 +75,10 @@ SETUP_GROUP = "setup (flags override the spec file; defaults: the embedded model
 
 
 def _spec_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("spec", nargs="?", help="a TOML spec file; flags override its values")
+    p.add_argument("spec", nargs="?",
+                   help="a TOML spec, or a trainer's own config (.yaml / .yml of torchtune, axolotl, LLaMA-Factory, "
+                        "TRL / alignment-handbook or LitGPT, read with that tool's defaults: docs/trainers.md); "
+                        "flags override its values")
     add_setting_flags(p, SETTINGS)
 
 
@@ -189,7 +192,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"gpuaccept {_version()}",
                         help="print gpuaccept's version and exit")
     sub = parser.add_subparsers(dest="command")
-    run = sub.add_parser("run", help="run every stage and write record.toml")
+    run = sub.add_parser(
+        "run", help="run every stage and write record.toml",
+        description="Run every stage and write record.toml. Given a trainer's config (their.yaml), it runs gpuaccept's "
+                    "own recipe (transformers' Trainer + PEFT) on the settings imported from it, not that trainer; "
+                    "to accept your own training script as it runs, use command mode (--command).")
     _spec_flags(run)
     _command_flags(run)
     run.add_argument("--headless", action="store_true", help="no wizard: one line per event on stdout (default: the wizard)")
@@ -197,7 +204,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--json", action="store_true",
                      help="with --headless: the event lines go to stderr, and stdout gets one JSON object, the run's "
                           "summary, when it ends (docs/record.md, \"JSON outputs\")")
-    plan = sub.add_parser("plan", help="the memory plan only, per component and per device")
+    plan = sub.add_parser(
+        "plan", help="the memory plan only, per component and per device",
+        description="The memory plan only, per component and per device, of a TOML spec, flags, or a trainer's own "
+                    "config (torchtune, axolotl, LLaMA-Factory, TRL / alignment-handbook, LitGPT) as its tool runs it: "
+                    "gpuaccept plan their.yaml --devices 8xH100.")
     _spec_flags(plan)
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
     plan.add_argument("--traced", action="store_true",
