@@ -181,6 +181,32 @@ async def test_setup_reads_a_trainers_config_file_into_the_form_by_keys(tiny_mod
         assert "imported from trl config" in text_of(app.screen.query_one("#imported"))
 
 
+async def test_from_config_asks_for_a_value_the_file_leaves_to_the_data(tiny_model_dir, tmp_path):
+    """torchtune's ``tokenizer.max_seq_len: null``: the dialog names the key and asks for the sequence length below
+    the path (as --seq-len would give it); typed, Setup gets it and says it came from what was typed."""
+    from tests.paths import TESTS
+    from tui.screens.dialogs import ConfigDialog
+
+    text = (TESTS / "data" / "configs" / "torchtune_lora.yaml").read_text(encoding="utf-8")
+    config = tmp_path / "torchtune.yaml"
+    config.write_text(text.replace("MODEL", str(tiny_model_dir)).replace("max_seq_len: 2048", "max_seq_len: null"),
+                      encoding="utf-8")
+    app = make_app(tiny_model_dir, tmp_path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("3", "enter", "ctrl+l")
+        app.screen.query_one("#config-path", Input).value = str(config)
+        await pilot.press("enter")
+        assert isinstance(app.screen, ConfigDialog)
+        assert "tokenizer.max_seq_len" in text_of(app.screen.query_one("#config-error"))
+        value = app.screen.query_one("#config-value", Input)
+        assert app.screen.focused is value and "seq_len" in value.placeholder
+        await pilot.press("enter")  # nothing typed: said so, the dialog stays
+        assert isinstance(app.screen, ConfigDialog) and "type seq_len" in text_of(app.screen.query_one("#config-error"))
+        await pilot.press(*"128", "enter")
+        await pilot.pause()
+        assert isinstance(app.screen, SetupScreen) and app.screen.query_one("#seq_len", Input).value == "128"
+
+
 def footer_of(screen) -> dict[str, str]:
     """What the footer offers: key -> description."""
     return {key: b.binding.description for key, b in screen.active_bindings.items() if b.binding.show}

@@ -143,27 +143,53 @@ class ConfigDialog(ModalScreen[LoadedConfig | None]):
             yield Static("From a config file: the YAML your team trains from (TRL, axolotl, LLaMA-Factory, torchtune, "
                          "LitGPT). What moves memory is read into Setup; each key used or ignored is listed with why.")
             yield Input(placeholder="path/to/config.yaml", id="config-path")
+            yield Input(placeholder="", id="config-value").set_styles("display: none;")
             yield Static("", classes="error", id="config-error")
         yield Footer(show_command_palette=False)
 
     def on_mount(self) -> None:
+        self.needs: Any = None  # the NeedsValue of the last load: a value the file leaves to the data, asked for
         self.query_one("#config-path", Input).focus()
 
     def action_load(self) -> None:
         from core.api import import_config
         from core.errors import SpecError
+        from core.importers import NeedsValue
         from core.spec import RunSpec
 
         path = self.query_one("#config-path", Input).value.strip()
+        error = self.query_one("#config-error", Static)
         if not path:
-            self.query_one("#config-error", Static).update("type the path of the config file")
+            error.update("type the path of the config file")
+            return
+        given = self._given()
+        if given is None:
             return
         try:
-            loaded = LoadedConfig(RunSpec.build(path), import_config(path))
+            loaded = LoadedConfig(RunSpec.build(path, **given), import_config(path, given))
+        except NeedsValue as exc:  # asked for here as the flag would give it: typed below the path
+            self.needs = exc
+            value = self.query_one("#config-value", Input)
+            value.placeholder = f"{exc.dest} ({exc.flag} on the command line)"
+            value.styles.display = "block"
+            value.focus()
+            error.update(escape(f"{exc}: type it above and press Enter"))
+            return
         except SpecError as exc:
-            self.query_one("#config-error", Static).update(escape(str(exc)))
+            error.update(escape(str(exc)))
             return
         self.dismiss(loaded)
+
+    def _given(self) -> dict[str, Any] | None:
+        """The value typed for what the file leaves to the data (an integer where it is one), or None after saying
+        what is wrong with it; {} when none was asked for."""
+        if self.needs is None:
+            return {}
+        text = self.query_one("#config-value", Input).value.strip()
+        if not text:
+            self.query_one("#config-error", Static).update(escape(f"type {self.needs.dest} (or Esc)"))
+            return None
+        return {self.needs.dest: int(text) if text.isdigit() else text}
 
     def action_cancel(self) -> None:
         self.dismiss(None)
