@@ -152,9 +152,8 @@ class ConfigDialog(ModalScreen[LoadedConfig | None]):
         self.query_one("#config-path", Input).focus()
 
     def action_load(self) -> None:
-        from core.api import import_config
+        from core.api import NeedsValue, import_config
         from core.errors import SpecError
-        from core.importers import NeedsValue
         from core.spec import RunSpec
 
         path = self.query_one("#config-path", Input).value.strip()
