@@ -234,13 +234,17 @@ def test_the_readmes_command_mode_example_walked_as_written(tmp_path):
 
 def test_setup_reads_a_trainers_config_with_keys_only(tmp_path, tiny_model_dir):
     """Setup's "from a config file" in a real terminal: ^l (named in the footer), the path typed, Enter; Setup comes back
-    on the config's mode (TRL's QLoRA) saying which file its values came from."""
+    on the config's mode (TRL's QLoRA) saying which file its values came from; a config that leaves the sequence
+    length to the data asks for it, and the typed value reaches Setup."""
     exe = Path(sys.executable).parent / "gpuaccept"
     # the config names its model MODEL: this one names the test's model, as a user's config names theirs (a model
     # not found would put its long error under Model and push the fields below off the 24 rows)
     source = Path(__file__).resolve().parents[1] / "data" / "configs" / "trl_sft_qlora.yaml"
     config = tmp_path / source.name
     config.write_text(source.read_text(encoding="utf-8").replace("MODEL", str(tiny_model_dir)), encoding="utf-8")
+    tuned = tmp_path / "torchtune_lora.yaml"
+    tuned.write_text((source.parent / tuned.name).read_text(encoding="utf-8").replace("MODEL", str(tiny_model_dir))
+                     .replace("max_seq_len: 2048", "max_seq_len: null"), encoding="utf-8")
     term = Tmux(tmp_path)
     term.tmux("new-session", "-d", "-s", term.session, "-x", "80", "-y", "24",
               f"cd {tmp_path} && {exe} run --model {tiny_model_dir} --devices cpu; sleep 30")
@@ -254,5 +258,13 @@ def test_setup_reads_a_trainers_config_with_keys_only(tmp_path, tiny_model_dir):
         keys(term, str(config), "Enter")
         shown = term.wait_for("Step 2/7 · Setup (qlora)", "imported from trl config")
         assert re.search(r"Micro-batch / device\s+2\s", shown) and re.search(r"Sequence length\s+512\s", shown), shown
+        # a config that leaves the sequence length to the data (torchtune's max_seq_len: null): asked for, typed
+        keys(term, "C-l")
+        term.wait_for("From a config file", "⏎ Load")
+        keys(term, str(tuned), "Enter")
+        term.wait_for("tokenizer.max_seq_len", "type it above and press Enter")
+        keys(term, "128", "Enter")
+        shown = term.wait_for("Step 2/7 · Setup (lora)", "imported from torchtune config")
+        assert re.search(r"Sequence length\s+128\s", shown), shown
     finally:
         subprocess.run([TMUX, "-L", term.socket, "kill-server"], capture_output=True)
