@@ -835,6 +835,22 @@ class RunSpec:
         kind = optimizer_of(self.optimizer)
         return kind.configure(kind, self) if kind.configure is not None else kind
 
+    def recipe_text(self) -> str:
+        """What a training step does beyond the model and its sizes, in words: the objective and its reference, the
+        loss, the optimizer, and compile, the optimizer in backward and the offloads where they are on."""
+        from core.objectives import REFERENCE_WORDS
+
+        objective = self.objective_kind
+        words = [f"objective {objective.label}" + (f", reference {REFERENCE_WORDS[self.reference_source]}"
+                                                   if objective.reference else ""),
+                 f"loss {self.loss_kind.label}", f"optimizer {self.optimizer}"]
+        words += [w for on, w in ((self.compile, "torch.compile"),
+                                  (self.optimizer_in_backward, "optimizer step in backward"),
+                                  (self.activation_offloading, "activations offloaded to the CPU"),
+                                  (self.offload != "none", f"ZeRO/FSDP offload of the {self.offload} to the CPU"))
+                  if on]
+        return ", ".join(words)
+
     def beyond_own_recipe(self) -> tuple[str, str] | None:
         """The first setting that takes the step beyond gpuaccept's own recipe (transformers' Trainer: SFT, the
         standard cross-entropy, eager, the optimizer after backward, nothing offloaded, only adapters trained beside a

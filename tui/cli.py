@@ -631,22 +631,6 @@ def format_device_memory(memory: dict[str, Any] | None, device: str) -> list[str
     return lines
 
 
-def recipe_words(spec: Any) -> str:
-    """What a training step does beyond the model and its sizes, in words: the objective and its reference, the loss,
-    the optimizer, compile, the optimizer in backward and the offloads (only those that are on)."""
-    from core.objectives import REFERENCE_WORDS
-
-    objective = spec.objective_kind
-    words = [f"objective {objective.label}" + (f", reference {REFERENCE_WORDS[spec.reference_source]}"
-                                               if objective.reference else ""),
-             f"loss {spec.loss_kind.label}", f"optimizer {spec.optimizer}"]
-    words += [w for on, w in ((spec.compile, "torch.compile"),
-                              (spec.optimizer_in_backward, "optimizer step in backward"),
-                              (spec.activation_offloading, "activations offloaded to the CPU"),
-                              (spec.offload != "none", f"ZeRO/FSDP offload of the {spec.offload} to the CPU")) if on]
-    return ", ".join(words)
-
-
 def format_plan(plan: Any, spec: Any, fits: list[Any] | None = None) -> str:
     """The plan as text: parameters, strategy, convention, then each device with one line per component (its largest
     value over the phases; GiB = 2^30 bytes), the phases with the bytes alive at each one's peak, and the device's
@@ -660,7 +644,7 @@ def format_plan(plan: Any, spec: Any, fits: list[Any] | None = None) -> str:
         f"{spec.precision if spec.dtype != 'fp32' else 'moot (fp32)'}, attention {spec.attn_implementation}, padding "
         f"{spec.padding}, micro-batch {spec.batch_size} x {spec.seq_len} tokens",
         f"strategy {strategy} over {len(plan.devices)} device(s)",
-        *([f"recipe: {recipe_words(spec)}"] if spec.training else []),
+        *([f"recipe: {spec.recipe_text()}"] if spec.training else []),
         f"parameters: {plan.parameters.total:,} total, {plan.parameters.trainable:,} trainable",
         f"convention: {plan.convention}",
         "all numbers below are ESTIMATES (analytic); the probe measures",

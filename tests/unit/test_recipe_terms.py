@@ -182,3 +182,8 @@ def test_dpo_plans_its_reference_and_the_chosen_and_rejected_rows():
     assert weights["lora"] == weights["lora_sft"]  # adapters disabled: no second copy
     assert (dpo.reference_source, lora.reference_source) == ("copy", "adapters")
     assert (dpo.policy_rows, sft.policy_rows) == (4, 2)
+    # the plan's recipe line (gpuaccept plan, the wizard's Plan screen) names the objective and its reference
+    assert dpo.recipe_text().startswith("objective DPO (preference), reference a frozen copy of the model, loss ")
+    assert lora.recipe_text().startswith("objective DPO (preference), reference the model with its adapters disabled")
+    assert (dpo.beyond_own_recipe(), sft.beyond_own_recipe()) == (("objective", "a preference objective (DPO "
+                                                                   "(preference))"), None)

@@ -173,7 +173,8 @@ class PlanScreen(NavButtons, WizardScreen):
         precision = f"{spec.precision} {spec.dtype}" if spec.training and spec.dtype != "fp32" else spec.dtype
         widgets: list[Any] = [Static(
             f"{spec.model} · {spec.mode} · {precision} · {spec.attn_implementation} · micro-batch {spec.batch_size} × "
-            f"{spec.seq_len} tokens · parameters {plan.parameters.total:,} ({plan.parameters.trainable:,} trainable)")]
+            f"{spec.seq_len} tokens · parameters {plan.parameters.total:,} ({plan.parameters.trainable:,} trainable)"
+            + (f" · {spec.recipe_text()}" if spec.training and spec.beyond_own_recipe() is not None else ""))]
         by_device = {x.device: x for x in largest or []}
         for d in plan.devices:
             widgets.extend(self._device_widgets(d, plan, by_device.get(d.device.name)))
