@@ -207,6 +207,30 @@ async def test_from_config_asks_for_a_value_the_file_leaves_to_the_data(tiny_mod
         assert isinstance(app.screen, SetupScreen) and app.screen.query_one("#seq_len", Input).value == "128"
 
 
+async def test_a_planned_only_mode_from_a_config_opens_the_wizard_and_plans(tiny_model_dir, tmp_path):
+    """``gpuaccept run their.yaml`` on a config whose method the recipe does not run (axolotl's load_in_8bit: LoRA
+    over an 8-bit base) opens on the Mode screen saying so (it raised a KeyError there), and Setup -> Plan plans it,
+    with the refusal to run named."""
+    from textual.widgets import Static
+
+    def screen_text() -> str:
+        return " ".join(text_of(w) for w in app.screen.query(Static))
+
+    app = make_app(tiny_model_dir, tmp_path, mode="lora_int8", objective="dpo")
+    async with app.run_test(size=(80, 24)) as pilot:
+        assert "planned (Plan), not run by gpuaccept's own recipe" in text_of(app.screen.query_one("#mode-help"))
+        await pilot.press("enter")
+        assert isinstance(app.screen, SetupScreen)
+        await pilot.press("ctrl+n")
+        for _ in range(100):
+            await pilot.pause(0.1)
+            if isinstance(app.screen, PlanScreen) and "objective DPO" in screen_text():
+                break
+        shown = screen_text()
+        assert "objective DPO (preference), reference the model with its adapters disabled" in shown, shown
+        assert "not run by gpuaccept's own recipe" in shown
+
+
 def footer_of(screen) -> dict[str, str]:
     """What the footer offers: key -> description."""
     return {key: b.binding.description for key, b in screen.active_bindings.items() if b.binding.show}

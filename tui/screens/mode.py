@@ -22,6 +22,16 @@ MODES = {
 }
 
 
+def mode_help(mode: str) -> str:
+    """What ``mode`` is, in the Mode screen's words; a method the recipe does not run (LoRA over an 8-bit base, BAdam:
+    opened from a trainer's config) says that it is planned only."""
+    if mode in MODES:
+        return MODES[mode][1]
+    method = METHODS[mode]
+    return (f"{method.label}, from the trainer's config: planned (Plan), not run by gpuaccept's own recipe; choose "
+            f"another mode to run one. {method.summary}")
+
+
 class ModeButton(RadioButton):
     """A radio button whose state shows without colour too: ● chosen, ○ not (plain-text terminals, screen readers)."""
 
@@ -85,7 +95,7 @@ class ModeScreen(WizardScreen):
                 for key, (label, _) in MODES.items():
                     yield ModeButton(f"{list(MODES).index(key) + 1}  {label}", value=key == self.app.state.mode,
                                      id=key)
-            yield Static(MODES[self.app.state.mode][1], id="mode-help")
+            yield Static(mode_help(self.app.state.mode), id="mode-help")
         with Horizontal(classes="nav"):
             yield Button("Next →", id="next", variant="primary")
         yield Footer(show_command_palette=False)  # no ^p palette key: at 80 columns every key shows
@@ -94,7 +104,7 @@ class ModeScreen(WizardScreen):
         """Make ``mode`` the run's mode at once and say what it is. The radio's Changed message comes later, after
         keys already queued: "4" then Enter typed together ran the mode chosen before "4"."""
         self.app.state.mode = mode
-        self.query_one("#mode-help", Static).update(MODES[mode][1])
+        self.query_one("#mode-help", Static).update(mode_help(mode))
         self.query_one("#mode-title", Static).update(mode_title(mode))
 
     def on_radio_set_changed(self, event: RadioSet.Changed) -> None:
