@@ -43,6 +43,19 @@ QUANTIZE = {"bnb.nf4": ("nf4", False), "bnb.nf4-dq": ("nf4", True), "bnb.fp4": (
 #: LitGPT's LoRA switches -> the transformers (Llama) modules with the same adapter shapes
 LORA_TARGETS = {"lora_query": ("q_proj",), "lora_key": ("k_proj",), "lora_value": ("v_proj",),
                 "lora_projection": ("o_proj",), "lora_mlp": ("gate_proj", "up_proj", "down_proj")}
+#: the same switches for the transformers families whose modules are named otherwise (``model_type`` of the model's
+#: config.json): a fused query-key-value projection gets one adapter over all of it (LitGPT's adapts only the parts
+#: switched on: an upper bound of its adapter), Phi's ``dense`` / ``fc1`` / ``fc2``, Phi-3's fused ``qkv_proj`` and
+#: ``gate_up_proj``
+FAMILY_TARGETS = {
+    "falcon": {"lora_query": ("query_key_value",), "lora_key": ("query_key_value",),
+               "lora_value": ("query_key_value",), "lora_projection": ("dense",),
+               "lora_mlp": ("dense_h_to_4h", "dense_4h_to_h")},
+    "phi": {**LORA_TARGETS, "lora_projection": ("dense",), "lora_mlp": ("fc1", "fc2")},
+    "phi3": {"lora_query": ("qkv_proj",), "lora_key": ("qkv_proj",), "lora_value": ("qkv_proj",),
+             "lora_projection": ("o_proj",), "lora_mlp": ("gate_up_proj", "down_proj")},
+}
+FAMILY_TARGETS["gpt_neox"] = FAMILY_TARGETS["falcon"]
 #: the switches of parts of LitGPT's one fused ``qkv`` linear
 FUSED = ("lora_query", "lora_key", "lora_value")
 #: ``finetune_lora``'s defaults (its ``setup()`` signature)
@@ -149,9 +162,32 @@ def _precision(r: Reader) -> None:
           "weights kept in the compute dtype")
 
 
+def model_type(model: str) -> str:
+    """The ``model_type`` of ``model``'s config.json (a folder here, or a Hub id in the local cache), "" when it
+    cannot be read (the plan then names what is missing)."""
+    import json
+
+    path = Path(model) / "config.json"
+    if not path.is_file():
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            found = try_to_load_from_cache(model, "config.json")
+        except Exception:  # not a Hub id: the plan says the model is not found
+            return ""
+        if not isinstance(found, str):
+            return ""
+        path = Path(found)
+    try:
+        return str(json.loads(path.read_text(encoding="utf-8")).get("model_type", ""))
+    except (OSError, ValueError, AttributeError):
+        return ""
+
+
 def _adapters(r: Reader) -> None:
     values = {k: r.value(k, default) for k, default in LORA_DEFAULTS.items()}
-    targets = [m for k, modules in LORA_TARGETS.items() if values[k] for m in modules]
+    family = FAMILY_TARGETS.get(model_type(str(r.settings.get("model", ""))), LORA_TARGETS)
+    targets = list(dict.fromkeys(m for k, modules in family.items() if values[k] for m in modules))
     if all(values[k] for k in LORA_TARGETS):  # every linear of the blocks: whatever the family names them
         targets = ["all-linear"]
     if values["lora_head"]:
@@ -168,11 +204,13 @@ def _adapters(r: Reader) -> None:
         r.set(key, dest, (float if key == "lora_dropout" else int)(values[key]),
               "" if r.has(key) else "finetune_lora's default")
     r.settings["lora_targets"] = ",".join(targets)
-    for key, modules in LORA_TARGETS.items():
+    for key, modules in family.items():
         if r.has(key):
+            fused = len(modules) == 1 and modules[0] not in ("q_proj", "k_proj", "v_proj")
             r.used[key] = f"on: lora_targets gets {', '.join(modules)}" + (
-                " (a part of LitGPT's fused qkv linear: the same adapter shapes)" if key in FUSED else "") \
-                if values[key] else "off"
+                "" if key not in FUSED else " (its part of LitGPT's fused qkv linear: one adapter over the whole fused "
+                "projection here, an upper bound)" if fused else " (a part of LitGPT's fused qkv linear: the same "
+                "adapter shapes)") if values[key] else "off"
     if r.has("lora_head"):
         r.used["lora_head"] = "on: lora_targets gets lm_head (an adapter on the output head)" if values["lora_head"] \
             else "off"

@@ -138,9 +138,11 @@ class QuantisedBase:
         return self.quantised_bytes + self.unquantised_bytes + self.adapter_bytes
 
 
-#: the families whose decoder layers are all ``nn.Linear`` (what transformers' bitsandbytes integration quantises):
-#: QLoRA is planned for these
-QLORA_FAMILIES = LLAMA_FAMILY
+#: the families whose decoder layers' projections are all ``nn.Linear`` (or a subclass: Falcon's ``FalconLinear``), which
+#: transformers' bitsandbytes integration quantises (``replace_with_bnb_linear``: ``isinstance(module, nn.Linear)``),
+#: checked on each family's model built on the meta device (tests/unit/test_quant.py): QLoRA is planned for these
+#: (GPT-2's ``Conv1D`` layers, for one, are not)
+QLORA_FAMILIES = (*LLAMA_FAMILY, "gemma", "gemma2", "phi", "phi3", "falcon", "gpt_neox")
 
 
 def _is_quantised(p: ParamInfo) -> bool:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from core.plan.quant import quantised_4bit
+from core.plan.quant import QLORA_FAMILIES, quantised_4bit
 
 
 def _storage_bytes(tensors) -> int:
@@ -67,3 +67,24 @@ def test_odd_sizes_and_more_than_one_second_level_block(numel):
 def test_sizes_out_of_range_are_refused():
     with pytest.raises(ValueError, match="at least 1"):
         quantised_4bit(0, False)
+
+
+@pytest.mark.parametrize("family", QLORA_FAMILIES)
+def test_every_2d_weight_of_a_qlora_familys_decoder_layer_is_a_linear_bitsandbytes_quantises(family):
+    """QLoRA is planned for a family only where transformers' bitsandbytes integration quantises every projection of
+    its decoder layers: each 2-D weight there belongs to an ``nn.Linear`` (``replace_with_bnb_linear`` converts by
+    ``isinstance(module, nn.Linear)``); a small model of the family built on the meta device."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model(family, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                  num_attention_heads=4, num_key_value_heads=2, vocab_size=256, pad_token_id=0,
+                                  max_position_embeddings=128)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    layer = next((m for name, m in model.named_modules() if name.endswith(("layers.0", "h.0"))), None)
+    assert layer is not None, f"no decoder layer found in {type(model).__name__}"
+    weighted = [(name, m) for name, m in layer.named_modules()
+                if isinstance(getattr(m, "weight", None), torch.Tensor) and m.weight.dim() == 2]
+    assert weighted and all(isinstance(m, torch.nn.Linear) for _, m in weighted), \
+        [(name, type(m).__name__) for name, m in weighted]
