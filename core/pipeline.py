@@ -483,7 +483,19 @@ class AcceptanceRun(StagedRun):
         from core.record.build import verdict
 
         r = self.results
-        return verdict(self.spec, r["plan"], r["probe"], r["train_eval"], r["resume"], self.stopped, self.traced)
+        return verdict(self.spec, r["plan"], self.probe_as_recorded(), r["train_eval"], r["resume"], self.stopped,
+                       self.traced)
+
+    def probe_as_recorded(self) -> Any:
+        """The probe's result compared with the plan the record holds (:func:`core.stages.probe.against_plan`): a
+        traced plan that arrived after the probe started (the wizard's Ctrl+N on Plan) is the one it is compared with,
+        as when it came first. None when the probe did not run."""
+        from core.stages.probe import against_plan
+
+        probe, made = self.results["probe"], self.results["plan"]
+        if probe is None or made is None or not probe.devices:
+            return probe
+        return against_plan(probe, self.spec, made, self.traced)
 
     def write_record(self, signoff: dict[str, Any] | None = None) -> Path:
         """Build ``record.toml`` from the stage results (what did not run is marked so) and write it atomically.
@@ -496,7 +508,7 @@ class AcceptanceRun(StagedRun):
         if self.signed:
             raise GpuAcceptError(f"{self.record_path} is already signed; start a new run to sign again")
         record = build_record(self.spec, run_dir=self.run_dir, model=self.model_info, plan=self.results["plan"],
-                              traced=self.traced, probe=self.results["probe"], train_eval=self.results["train_eval"],
+                              traced=self.traced, probe=self.probe_as_recorded(), train_eval=self.results["train_eval"],
                               resume=self.results["resume"], started=self.started, finished=utc_now(),
                               env=environment(), stopped=self.stopped)
         return self._write_record_file(record, signoff)

@@ -194,6 +194,8 @@ class QloraSettings:
         quant_type: ``nf4`` or ``fp4`` (``bnb_4bit_quant_type``).
         double_quant: quantise the absmax constants as well (``bnb_4bit_use_double_quant``): 1 B per block of 64
             plus an fp32 absmax per 256 blocks, instead of 4 B per block.
+        bitsandbytes: the bitsandbytes version the run uses, ``installed`` or ``MAJOR.MINOR.PATCH``: what a 4-bit
+            layer keeps for backward depends on it (core/plan/quant.py :func:`keeps_4bit_input`).
     """
 
     quant_type: QuantType = setting("nf4", flag="--quant-type", label="4-bit data type", form_order=210,
@@ -201,6 +203,10 @@ class QloraSettings:
     double_quant: bool = setting(True, label="Double quant", form_order=220,
                                  help="qlora: quantise the per-block absmax constants too (bnb_4bit_use_double_quant; "
                                       "default on)")
+    bitsandbytes: str = setting("installed", metavar="VERSION",
+                                help="qlora: the bitsandbytes version the training runs with (installed: the one "
+                                     "beside gpuaccept; a trainer's own environment may pin another): before 0.43.2 "
+                                     "each 4-bit layer kept its input for backward")
 
 
 @dataclass(frozen=True)

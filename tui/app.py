@@ -86,10 +86,13 @@ class GpuAcceptApp(App[int]):
         return self.sampler
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        """Esc is dimmed while a stage runs (pressing it says why); q is not offered on screens where q is a letter
-        typed into a field (their own ^q Quit is: ``q_types``)."""
+        """Esc is dimmed while a stage runs (pressing it says why) and not offered on the first screen, where it has
+        nowhere to go back to; q is not offered on screens where q is a letter typed into a field (their own ^q Quit
+        is: ``q_types``)."""
         if action == "back" and self.state.running:
             return None
+        if action == "back" and not self.can_go_back():
+            return False
         if action == "quit_app" and getattr(self.screen, "q_types", False):
             return False
         return True
@@ -107,6 +110,12 @@ class GpuAcceptApp(App[int]):
     async def action_back(self) -> None:
         """Esc (Textual's own back action is async: this one only calls :meth:`go_back`)."""
         self.go_back()
+
+    def can_go_back(self) -> bool:
+        """Esc has somewhere to go: the terms to close, or a screen before this one."""
+        from tui.screens.dialogs import HelpScreen
+
+        return isinstance(self.screen, HelpScreen) or len(self.screen_stack) > 2
 
     def go_back(self) -> None:
         """Back one screen: closes the terms; while a stage runs, says which stage runs and how to stop it instead;

@@ -8,6 +8,7 @@ are wrapped alike.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any, Literal, get_args
 
@@ -54,9 +55,53 @@ def check_qlora(spec: Any) -> None:
     """
     if spec.qlora.quant_type not in QUANT_TYPES:
         raise SpecError("qlora.quant_type", f"{spec.qlora.quant_type!r}: choose nf4 (NormalFloat4, QLoRA's) or fp4")
+    bitsandbytes_version(spec.qlora.bitsandbytes)  # SpecError("qlora.bitsandbytes") when it is not a version
     if spec.precision != "pure":
         raise SpecError("precision", "qlora stores the base in 4 bits, with no fp32 master copy to keep: set "
                                      "precision = \"pure\" (dtype is the compute dtype the 4-bit layers dequantise to)")
+
+
+#: bitsandbytes releases before this one kept every 4-bit layer's input for backward: ``MatMul4Bit.forward`` set
+#: ``ctx.tensors = (A, B)`` whenever the input needed a gradient (bitsandbytes/autograd/_functions.py at 0.42.0,
+#: lines 522-525), though a frozen 4-bit weight never uses it; 0.43.2 keeps none ("fix QLoRA mem bug: delete useless
+#: buffered activation", bitsandbytes PR #1270, commit 9e753741).
+KEEPS_INPUT_BEFORE = (0, 43, 2)
+
+
+def bitsandbytes_version(setting: str) -> tuple[int, int, int]:
+    """The version ``[qlora] bitsandbytes`` names: ``installed`` reads the installed distribution's metadata (nothing is
+    imported); when none is installed, the version this project pins (constraints.txt: 0.50.2).
+
+    Raises:
+        SpecError: a value that is neither ``installed`` nor ``MAJOR.MINOR[.PATCH]`` (a suffix such as ``.post1`` or
+            ``rc1`` after the numbers is ignored).
+    """
+    text = setting.strip()
+    if text == "installed":
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            text = version("bitsandbytes")
+        except PackageNotFoundError:
+            text = PINNED_BITSANDBYTES
+    match = re.match(r"^(\d+)\.(\d+)(?:\.(\d+))?", text)
+    if match is None or len(text) > 40:
+        raise SpecError("qlora.bitsandbytes", f"{setting!r} is not a version: give installed or the version the "
+                                              "training runs with, such as 0.42.0")
+    major, minor, patch = match.groups()
+    return int(major), int(minor), int(patch or 0)
+
+
+#: bitsandbytes as constraints.txt pins it (``installed`` when the package is absent)
+PINNED_BITSANDBYTES = "0.50.2"
+
+
+def keeps_4bit_input(spec: Any) -> bool:
+    """A 4-bit base whose layers keep their input for backward: bitsandbytes before 0.43.2
+    (:data:`KEEPS_INPUT_BEFORE`). Each such layer's input, in the compute dtype, stays alive from its forward to its
+    backward whenever it needs a gradient (every layer after the first adapter); inputs shared by several layers
+    (q, k and v) are one tensor."""
+    return spec.method.quantised == "4bit" and bitsandbytes_version(spec.qlora.bitsandbytes) < KEEPS_INPUT_BEFORE
 
 
 def check_pure(spec: Any) -> None:

@@ -78,12 +78,15 @@ class Numerics:
         quantised_base: QLoRA, the decoder's linear layers are bitsandbytes' ``Linear4bit``: the input cast to the
             compute dtype, the weight dequantised inside the op (nothing saved but the packed weight), the output
             cast back to the input's dtype (``bitsandbytes/nn/modules.py``); autocast never sees a base weight.
+        keeps_quantised_input: bitsandbytes before 0.43.2: each 4-bit layer keeps its input (in the compute dtype)
+            for backward whenever it needs a gradient (core/methods/lora.py :func:`keeps_4bit_input`).
     """
 
     param_bytes: int
     compute_bytes: int
     autocast: bool
     quantised_base: bool = False
+    keeps_quantised_input: bool = False
 
     @property
     def residual_bytes(self) -> int:
@@ -214,6 +217,8 @@ class _Layer:
         lora_bytes = out_bytes = c if self.n.autocast else self.n.param_bytes
         if four_bit:  # Linear4bit returns its output in its input's dtype (and peft adds in it)
             out_bytes = x.nbytes
+            if self.n.keeps_quantised_input and x.grad:  # MatMul4Bit's ctx.tensors = (A, B) before 0.43.2
+                self.saved.save(self._to(x, c), "4-bit layer input (bitsandbytes < 0.43.2 keeps it)")
         adapter = self.adapters.get(name)
         out = self._new(tokens * fan_out, out_bytes, x.grad or weight_trained or adapter is not None)
         if adapter is not None:

@@ -21,6 +21,8 @@ from typing import Any
 
 #: A measured peak above the plan by more than this fraction is an under-estimate (named, not hidden).
 UNDER_ESTIMATE_TOLERANCE = 0.05
+#: The word a probe's finding of an under-estimate starts with after its device (verify looks for it).
+UNDER_ESTIMATE_WORD = "UNDER-ESTIMATE"
 #: Strategies whose every device holds the whole step, so the traced step (one device) applies to each of them.
 TRACED_FIT_STRATEGIES = ("single", "ddp")
 

@@ -30,6 +30,7 @@ from typing import Any
 
 from core.dtypes import dtype_bytes
 from core.losses import LossInput, LossTerms
+from core.methods.lora import keeps_4bit_input
 from core.plan.activations import LLAMA_FAMILY, Adapter, Dims, Numerics, StepActivations, step_activations
 from core.plan.devices import DeviceInfo
 from core.plan.meta import AdapterInfo, ModelShape, ModelSummary, ParamInfo
@@ -201,7 +202,8 @@ def temporaries_text(act: StepActivations, step_text: str, grads: dict[str, int]
 def _numerics(spec: RunSpec) -> Numerics:
     param = dtype_bytes(spec.param_dtype)
     return Numerics(param_bytes=param, compute_bytes=spec.dtype_bytes if spec.autocast else param,
-                    autocast=spec.autocast, quantised_base=bool(spec.method.quantised))
+                    autocast=spec.autocast, quantised_base=bool(spec.method.quantised),
+                    keeps_quantised_input=keeps_4bit_input(spec))
 
 
 def loss_input(spec: RunSpec, shape: ModelShape, summary: ModelSummary, tp: int = 1) -> LossInput:
@@ -316,6 +318,8 @@ def _korthikanti_terms(spec: RunSpec, shape: ModelShape, summary: ModelSummary, 
         text += f"; + LoRA adapters' inputs {lora_extra:,} B"
     if cast:
         text += f"; + the {spec.dtype} copies of the linear weights under amp {cast:,} B"
+    if keeps_4bit_input(spec):
+        text += "; bitsandbytes < 0.43.2: every 4-bit layer keeps its input for backward"
     if spec.gradient_checkpointing:
         text += f"; checkpointing: each layer keeps its input {layer_input:,} B, one layer recomputed in backward"
     split = f" (vocab-parallel: V/{tp})" if tp > 1 else ""
@@ -333,12 +337,13 @@ def _mlp_units(spec: RunSpec, shape: ModelShape) -> tuple[float, str]:
     linear's input (2 x 2·I/h) and a 1 B dropout mask (Korthikanti's 19 at I = 4h); a gated one keeps the gate, the
     activation's output, up and their product (4 x 2·I/h); an activation written as Python arithmetic keeps more
     (:data:`PYTHON_ACTIVATION_TENSORS`). LoRA on frozen MLP linears drops the inputs of those it does not adapt (a
-    frozen linear needs no weight gradient)."""
+    frozen linear needs no weight gradient), except over a 4-bit base of bitsandbytes before 0.43.2, which keeps
+    them (core/methods/lora.py :func:`keeps_4bit_input`)."""
     ratio = shape.inter / shape.hidden
     inner = 8 * ratio if shape.gated else 4 * ratio + 1
     inner += 2 * ratio * PYTHON_ACTIVATION_TENSORS.get(shape.activation, 0)
     first, second = 2.0, 2 * ratio
-    if spec.adapters and not spec.all_linear:
+    if spec.adapters and not spec.all_linear and not keeps_4bit_input(spec):  # bitsandbytes < 0.43.2 keeps them
         targets = set(spec.lora.targets)
         first = first if targets & _MLP_IN_NAMES else 0.0
         if not targets & _MLP_OUT_NAMES:

@@ -31,7 +31,7 @@ from typing import Any
 from core.bounds import TomlBoundsError, loads_bounded
 from core.criteria import AcceptCriteria, Judgement, device_label, speed_on
 from core.methods import trains
-from core.plan.fit import fit_of, measured_use_bytes, traced_peak, traced_reserved, under_estimate
+from core.plan.fit import UNDER_ESTIMATE_WORD, fit_of, measured_use_bytes, traced_peak, traced_reserved, under_estimate
 from core.record.build import schema_problems
 from core.record.judged import criteria_of, criteria_rows_problems
 from core.record.signing import check_signature
@@ -644,7 +644,7 @@ def _plan_comparison_problems(rec: dict[str, Any], probe: dict[str, Any], planne
                             f"minus the peak of tensors is {peak_rss[key] - tensors} B")
         over = under_estimate(count(row.get("planned_bytes"), "probe.plan_comparison[].planned_bytes"),
                               count(row.get("measured_bytes"), "probe.plan_comparison[].measured_bytes"))
-        named = any("UNDER-ESTIMATE" in f and _names_device(f, name, row.get("rank", 0)) for f in findings)
+        named = any(UNDER_ESTIMATE_WORD in f and _names_device(f, name, row.get("rank", 0)) for f in findings)
         if v2 and over is not None and not named:
             problems.append(f"probe on {name} measured {100 * over:.1f} % above the plan, and probe.findings does "
                             "not name the under-estimate")

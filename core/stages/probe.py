@@ -25,7 +25,7 @@ from core.criteria import (
 )
 from core.errors import StageError
 from core.events import ChildStarted, DeviceBound, Event, FirstStepWait, Message, Progress
-from core.plan.fit import UNDER_ESTIMATE_TOLERANCE, under_estimate
+from core.plan.fit import UNDER_ESTIMATE_TOLERANCE, UNDER_ESTIMATE_WORD, under_estimate
 from core.protocol.events import (
     ChildEvent,
     DeviceMap,
@@ -293,6 +293,18 @@ def probe_result(spec: RunSpec, events: list[ChildEvent], ledgers: list[Ledger],
     )
 
 
+def against_plan(result: ProbeResult, spec: RunSpec, plan: Any, traced: dict[str, Any] | None) -> ProbeResult:
+    """``result`` compared with the plan a record holds: each device's comparison and under-estimate finding made
+    again with :func:`judge_devices` over ``plan`` and ``traced``, the rest as measured. The one rule for which plan a
+    probe is compared with, whatever came first: a probe that started before the traced plan arrived (the wizard's
+    Ctrl+N on Plan) is compared, in the record, with the fit the record holds (the larger of the analytic and traced
+    peaks; core/plan/fit.py), as headless compares it. Idempotent: a probe judged with ``traced`` is returned equal.
+    """
+    comparisons, _, findings, _ = judge_devices(spec, plan, traced, result.devices)
+    kept = [f for f in result.findings if UNDER_ESTIMATE_WORD not in f]
+    return replace(result, comparisons=comparisons, findings=findings + kept)
+
+
 def rank_step_times(ledgers: list[Ledger]) -> list[tuple[str, float]]:
     """Each rank's step time (the mean of its timed steps) with the rank's name, as the spread criterion judges it."""
     return [(device_label(e.device, e.global_rank, e.world_size), e.step_time_s) for e in ledgers]
@@ -317,7 +329,7 @@ def judge_devices(spec: RunSpec, plan: Any, traced: dict[str, Any] | None, measu
             comparison = compare_with_plan(plan_device, m, fit_by_name[m.device].tensor_bytes, plan.quantised)
             comparisons.append(comparison)
             if comparison.under_estimate is not None:
-                findings.append(f"{_where(m)}: UNDER-ESTIMATE: measured peak {_gib(m.peak_bytes)} is "
+                findings.append(f"{_where(m)}: {UNDER_ESTIMATE_WORD}: measured peak {_gib(m.peak_bytes)} is "
                                 f"{100 * comparison.under_estimate:.1f} % above the plan's {_gib(comparison.planned_bytes)} "
                                 f"of tensors (the tolerance is {100 * UNDER_ESTIMATE_TOLERANCE:.0f} %): a device sized "
                                 "to the plan would run out of memory")

@@ -88,3 +88,46 @@ def test_every_2d_weight_of_a_qlora_familys_decoder_layer_is_a_linear_bitsandbyt
                 if isinstance(getattr(m, "weight", None), torch.Tensor) and m.weight.dim() == 2]
     assert weighted and all(isinstance(m, torch.nn.Linear) for _, m in weighted), \
         [(name, type(m).__name__) for name, m in weighted]
+
+
+@pytest.mark.parametrize(("version", "keeps"), [("0.42.0", True), ("0.43.1", True), ("0.43.2", False),
+                                                ("0.50.2", False), ("1.0.0rc1", False), ("installed", False)])
+def test_bitsandbytes_before_0_43_2_keeps_each_4bit_layers_input(version, keeps):
+    """MatMul4Bit.forward kept ``ctx.tensors = (A, B)`` until bitsandbytes 0.43.2 (#1270): a 4-bit layer's input per
+    layer for backward. ``installed`` is this environment's (constraints.txt pins 0.50.2). LoRA has no 4-bit layer."""
+    from core.methods.lora import keeps_4bit_input
+    from core.spec import RunSpec
+
+    spec = RunSpec.build(mode="qlora", precision="pure", dtype="bf16", qlora_bitsandbytes=version)
+    assert keeps_4bit_input(spec) is keeps
+    assert keeps_4bit_input(RunSpec.build(mode="lora")) is False
+
+
+def test_a_bitsandbytes_version_that_is_not_one_is_named():
+    from core.errors import SpecError
+    from core.spec import RunSpec
+
+    with pytest.raises(SpecError) as err:
+        RunSpec.build(mode="qlora", precision="pure", dtype="bf16", qlora_bitsandbytes="latest")
+    assert err.value.field == "qlora.bitsandbytes" and "0.42.0" in str(err.value)
+
+
+def test_the_inputs_kept_are_each_4bit_layers_distinct_input():
+    """A steady Llama layer under bitsandbytes < 0.43.2 saves, besides what it saves anyway, the input of q/k/v (one
+    tensor), of gate/up (one) and of down (the gated product, I wide), in the compute dtype; o_proj's input is the
+    attention output SDPA saves already. The first layer's q/k/v input needs no gradient (LoRA without
+    checkpointing): only its MLP's inputs are kept."""
+    from core.plan.activations import Adapter, Dims, Numerics, decoder_layer, step_activations
+
+    b, s, h, inter, c = 2, 64, 96, 256, 2
+    dims = Dims(b, s, h, inter, 6, 2, 16, 500, 3, False)
+    adapters = {"q_proj": Adapter(4, True), "v_proj": Adapter(4, True)}
+
+    def layer(keeps: bool) -> int:
+        return decoder_layer(dims, Numerics(c, c, False, True, keeps), full=False, adapters=adapters,
+                             attention="sdpa", input_grad=True).total
+
+    assert layer(True) - layer(False) == b * s * (2 * h + inter) * c
+    steps = [step_activations(dims, Numerics(c, c, False, True, keeps), full=False, adapters=adapters,
+                              attention="sdpa", checkpointing=False) for keeps in (False, True)]
+    assert steps[1].first - steps[0].first == b * s * (h + inter) * c

@@ -152,6 +152,7 @@ def finished_run(app: GpuAcceptApp) -> SimpleNamespace:
                           close=lambda: None,
                           results={"plan": ctx.plan, "probe": probe, "train_eval": te, "resume": resume})
     run.current_verdict = lambda: AcceptanceRun.current_verdict(run)  # the run's own rule, over these results
+    run.probe_as_recorded = lambda: AcceptanceRun.probe_as_recorded(run)
     return run
 
 

@@ -331,3 +331,46 @@ def test_build_and_verify_judge_the_same_facts(tiny_model_dir, tmp_path):
                                                                 *checks[1:]])
     again = build.verdict(spec, ctx.plan, probe, te, failed)
     assert again["stages"]["resume"]["status"] == "fail" and again["status"] == "fail"
+
+
+def test_a_probe_before_the_trace_is_recorded_against_the_plan_the_record_holds(tiny_model_dir, tmp_path):
+    """The wizard's Ctrl+N on Plan before the traced plan arrives: the probe was judged against the analytic plan,
+    the record holds the traced one (larger here). The record compares the probe with the fit it holds, as headless
+    does (issue 51: such a record failed verify with "planned ... B, the plan says ..."); the rule is idempotent."""
+    import datetime as dt
+
+    from core.pipeline import make_plan
+    from core.plan.fit import fit_verdicts
+    from core.record import build, verify
+    from core.spec import RunSpec
+    from core.stages.probe import DeviceMeasurement, ProbeResult, against_plan, judge_devices
+    from tests.wizard_helpers import TEST_HOST
+
+    spec = RunSpec.build(mode="dora", model=str(tiny_model_dir), seq_len=64, steps=6, resume_check=False)
+    ctx = make_plan(spec, [TEST_HOST])
+    dev = ctx.plan.devices[0]
+    analytic = fit_verdicts(ctx.plan)[0].tensor_bytes
+    m = DeviceMeasurement(device="cpu", weights_bytes=dev.lines["weights"].bytes, gradients_bytes=0,
+                          optimizer_states_bytes=0, peak_bytes=analytic + 1000, peak_method="tracked",
+                          peak_reserved_bytes=None, peak_rss_bytes=3 * analytic, rss_after_load_bytes=analytic,
+                          parameters=ctx.plan.parameters.total, trainable_parameters=ctx.plan.parameters.trainable,
+                          step_times_s=[0.5, 0.4, 0.4])
+    comparisons, problems, findings, _ = judge_devices(spec, ctx.plan, None, [m])  # the trace had not arrived
+    probe = ProbeResult("pass", 3, 0.4, 100.0, [m], {}, comparisons, "probe.log", "3 steps", problems=problems,
+                        findings=[*findings, "slow link: none here"])
+    traced = {"status": "estimated", "peak_bytes": analytic + 9_000_000}  # arrived after the probe started
+    now = dt.datetime(2026, 12, 7, tzinfo=dt.UTC)
+
+    def recorded(p: ProbeResult) -> dict:
+        made = build.build_record(spec, run_dir=tmp_path, model={}, plan=ctx.plan, probe=p, train_eval=None,
+                                  resume=None, started=now, finished=now, env={}, traced=traced)
+        return tomllib.loads(tomli_w.dumps(made))
+
+    stale = [p for p in verify.recompute_verdicts(recorded(probe)) if "plan_comparison" in p]
+    assert stale and "the plan says" in stale[0], stale  # the record as the wizard wrote it before
+    again = against_plan(probe, spec, ctx.plan, traced)
+    rec = recorded(again)
+    row = rec["probe"]["plan_comparison"][0]
+    assert row["planned_bytes"] == analytic + 9_000_000 and row["measured_bytes"] == analytic + 1000
+    assert not [p for p in verify.recompute_verdicts(rec) if "plan_comparison" in p]
+    assert "slow link: none here" in again.findings and against_plan(again, spec, ctx.plan, traced) == again

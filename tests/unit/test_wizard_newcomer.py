@@ -478,6 +478,8 @@ async def test_while_a_stage_runs_esc_is_dimmed_and_says_why(tiny_model_dir, tmp
 
     app = make_app(tiny_model_dir, tmp_path, mode="lora")
     async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("enter")  # Setup: a screen to go back from
+        await pilot.pause()
         assert app.check_action("back", ()) is True
         screen = EvaluateScreen()
         screen.run_stage = lambda: None  # no child: the stage is marked running as the screen starts it
@@ -490,6 +492,26 @@ async def test_while_a_stage_runs_esc_is_dimmed_and_says_why(tiny_model_dir, tmp
         assert app.screen is screen
         said = [str(n.message) for n in app._notifications]
         assert "the train + evaluate stage is running; q stops it and quits" in said, said
+
+
+async def test_the_first_screen_does_not_offer_esc(tiny_model_dir, tmp_path):
+    """Issue 51: "esc Back" was in Mode's footer and did nothing. The first screen does not offer it; the next does."""
+    from tui.screens.mode import ModeScreen
+
+    def offered(screen) -> list[str]:
+        return [b.binding.key for b in screen.active_bindings.values()
+                if b.binding.show and b.enabled and b.binding.action == "back"]
+
+    app = make_app(tiny_model_dir, tmp_path, mode="lora")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        assert isinstance(app.screen, ModeScreen) and offered(app.screen) == []
+        await pilot.press("escape")
+        await pilot.pause()
+        assert isinstance(app.screen, ModeScreen)
+        await pilot.press("enter")
+        await pilot.pause()
+        assert offered(app.screen) == ["escape"]
 
 
 async def test_setup_offers_quit_once_and_keeps_what_was_typed_across_back(tiny_model_dir, tmp_path):
