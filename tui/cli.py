@@ -438,7 +438,8 @@ def _command(args: argparse.Namespace) -> int:
 
         parser = build_parser()
         _complete_files(parser)
-        print(shtab.complete(parser, shell=args.shell), end="")
+        script = shtab.complete(parser, shell=args.shell)
+        print(script.rstrip("\n"))  # one final newline: a file redirected to ends as a text file ends
         return EXIT_OK
     build_parser().print_help()
     return EXIT_USAGE

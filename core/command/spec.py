@@ -104,7 +104,7 @@ class CommandSpec:
         (), flag="--checkpoint-files", metavar="A,B", label="Checkpoint files", form_order=50,
         placeholder="Trainer's set if a Trainer runs; else a,b,c",
         help="the files a checkpoint must hold (default: Trainer's set when a Trainer ran)")
-    workdir: str = setting(".", flag="--workdir", metavar="DIR", label="Runs in folder", form_order=60,
+    workdir: str = setting(".", flag="--workdir", metavar="DIR", label="Working folder", form_order=60,
                            help="where the command runs (default: here)")
     env: dict[str, str] = setting(default_factory=dict, flag="--env", metavar="KEY=VALUE",
                                   help="a variable added to the command's environment (repeat the flag for more)")

@@ -419,7 +419,7 @@ def resume_facts(spec: RunSpec, r: Any) -> ResumeFacts | NotApplicable:
 
     tier = r.tier
     return ResumeFacts(
-        tuple(CheckFact(c.name, c.status == StageStatus.PASS, c.kind, c.largest_difference or 0.0, c.noise, c.bound)
+        tuple(CheckFact(c.name, c.status in PASSING, c.kind, c.largest_difference or 0.0, c.noise, c.bound)
               for c in r.checks),
         rule=RecordedRule(tier.method, multiple=tier.multiple, loss_multiple=tier.loss_multiple) if tier is not None else RecordedRule("exact"),
         steps=tuple(ComparedStep(row.get("step"), loss(row.get("loss_reference")), loss(row.get("loss_resumed")),

@@ -68,7 +68,7 @@ from core.record.verdicts import (
     text,
 )
 from core.stages.noise import RecordedRule
-from core.status import StageStatus
+from core.status import PASSING, StageStatus
 
 #: the first command-record version with the ``accept`` table and each stage's criteria rows
 CRITERIA_VERSION = 5
@@ -280,7 +280,7 @@ def resume_facts(res: dict[str, Any], version: int, crit: AcceptCriteria | None 
     for i, c in enumerate(tables(entry(res, "checks", "resume"), "resume.checks")):
         where = f"resume.checks[{i}]"
         checks.append(CheckFact(
-            text(entry(c, "name", where), f"{where}.name"), text(entry(c, "status", where), f"{where}.status") == StageStatus.PASS,
+            text(entry(c, "name", where), f"{where}.name"), text(entry(c, "status", where), f"{where}.status") in PASSING,
             text(entry(c, "kind", where), f"{where}.kind"),
             number(c.get("largest_difference", 0.0), f"{where}.largest_difference"),  # an exact check records none
             None if "noise" not in c else number(c["noise"], f"{where}.noise"),

@@ -297,8 +297,10 @@ def format_comparison(c: Comparison, everything: bool = False) -> str:
         if r.section != section:
             section = r.section
             lines.append(section)
-        cells = [_short(_cell(r.values[0], r.unit))]
-        cells += [_short(_cell(v, r.unit)) + _change(ch, r.unit) for v, ch in zip(r.values[1:], r.changes())]
+        texts = [_cell(v, r.unit) for v in r.values]
+        at = _first_difference(texts)
+        cells = [_short(texts[0], at=at)]
+        cells += [_short(t, at=at) + _change(ch, r.unit) for t, ch in zip(texts[1:], r.changes())]
         lines.append(f"{'*' if r.differs else ' '} {r.name:<{width}} " + " | ".join(cells))
     lines += ["", "* differs from A; a change is (B - A, and its size in % of A)"]
     if any(r.section == "memory" for r in shown):
@@ -315,5 +317,23 @@ def _always(r: Row) -> bool:
     return r.name != "metric"
 
 
-def _short(text: str, most: int = 40) -> str:
-    return text if len(text) <= most else text[: most - 3] + "..."
+def _first_difference(texts: list[str]) -> int:
+    """Where the first of ``texts`` that differs from the baseline's (``texts[0]``) starts to differ; 0 when none
+    does."""
+    base = texts[0]
+    for t in texts[1:]:
+        if t != base:
+            return next((i for i, (a, b) in enumerate(zip(base, t)) if a != b), min(len(base), len(t)))
+    return 0
+
+
+def _short(text: str, most: int = 40, at: int = 0) -> str:
+    """``text`` in at most ``most`` characters; a long one cut so that the character at ``at`` (where two values
+    start to differ) is shown: two cut values that differ never read the same."""
+    if len(text) <= most:
+        return text
+    if at < most - 3:
+        return text[: most - 3] + "..."
+    start = min(at - 8, len(text) - (most - 3))
+    tail = text[start:]
+    return "..." + (tail if len(tail) <= most - 3 else tail[: most - 6] + "...")

@@ -309,7 +309,8 @@ def evaluation_verdict(facts: QualityFacts | MetricFacts | NotApplicable) -> Sta
 # ----------------------------------------------------------------------------------------------------------- resume
 @dataclass(frozen=True)
 class CheckFact:
-    """One check of the resume comparison: passed or not, its kind (exact, tolerance, completeness), and for a
+    """One check of the resume comparison: passed or not (``not_applicable``, a check this run cannot make and says why
+    in its evidence, counts as passed), its kind (exact, tolerance, completeness), and for a
     tolerance check its largest difference, the twin's noise and the bound (None: not recorded)."""
 
     name: str

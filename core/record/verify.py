@@ -70,7 +70,7 @@ from core.record.verdicts import number as num
 from core.spec import ADAPTER_MODES
 from core.stages.noise import RecordedRule
 from core.stages.probe import wrapper_problem
-from core.status import StageStatus
+from core.status import PASSING, StageStatus
 
 EXIT_VERIFIED, EXIT_USAGE, EXIT_UNSIGNED, EXIT_BAD_SIGNATURE, EXIT_SCHEMA, EXIT_VERDICT = 0, 2, 3, 4, 5, 6
 EXIT_SIGNER_NOT_CHECKED = 7
@@ -449,7 +449,7 @@ def resume_facts(rec: dict[str, Any], crit: AcceptCriteria, rule: RecordedRule) 
     for i, c in enumerate(tables(entry(res, "checks", "resume"), "resume.checks")):
         where = f"resume.checks[{i}]"
         name, distance, noise, bound = _bounded(c, where)
-        checks.append(CheckFact(name, text(entry(c, "status", where), f"{where}.status") == StageStatus.PASS,
+        checks.append(CheckFact(name, text(entry(c, "status", where), f"{where}.status") in PASSING,
                                 text(entry(c, "kind", where), f"{where}.kind"), distance, noise, bound))
     steps = []
     for i, row in enumerate(tables(entry(res, "comparison", "resume"), "resume.comparison")):

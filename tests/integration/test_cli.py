@@ -438,6 +438,7 @@ def test_the_version_and_the_completion_scripts_are_made_from_the_parser(tmp_pat
     assert gpuaccept("--version").stdout.strip() == f"gpuaccept {version('gpuaccept')}"
     script = tmp_path / "gpuaccept.bash"
     script.write_text(gpuaccept("completion", "bash").stdout)
+    assert script.read_text().endswith("\n") and not script.read_text().endswith("\n\n")  # issue 51: no final newline
     probe = ('source "$1"; complete() { :; }; '
              'for line in "gpuaccept ve" "gpuaccept run --lora-vari" "gpuaccept run --lora-variant "; do '
              'read -ra COMP_WORDS <<< "$line"; [[ $line == *" " ]] && COMP_WORDS+=(""); '

@@ -265,6 +265,12 @@ def test_setup_reads_a_trainers_config_with_keys_only(tmp_path, tiny_model_dir):
         term.wait_for("tokenizer.max_seq_len", "type it above and press Enter")
         keys(term, "128", "Enter")
         shown = term.wait_for("Step 2/7 · Setup (lora)", "imported from torchtune config")
+        for _ in range(16):  # the field may be below the fold once the data's check has filled its lines: Tab to it
+            if re.search(r"Sequence length\s+128\s", shown):
+                break
+            keys(term, "Tab")
+            time.sleep(0.3)
+            shown = term.screen()
         assert re.search(r"Sequence length\s+128\s", shown), shown
     finally:
         subprocess.run([TMUX, "-L", term.socket, "kill-server"], capture_output=True)

@@ -162,6 +162,19 @@ def test_diff_calls_an_inference_records_perplexity_held_out_not_before_training
     assert "before training" in training
 
 
+def test_two_long_values_that_differ_never_read_the_same_in_diff():
+    """Issue 51: `diff` marked a row different (*) whose two values, cut at 40 characters, read the same."""
+    from core.record.diff import Comparison, Row, format_comparison
+
+    a = "python train.py --model m --out o --lr 1e-3 --steps 100 --warmup 10"
+    b = a.replace("--warmup 10", "--warmup 20")
+    text = format_comparison(Comparison(["A", "B"], ["a.toml", "b.toml"], True, "", [Row("spec", "command.train", [a, b])]))
+    (line,) = [ln for ln in text.splitlines() if "command.train" in ln]
+    left, right = line.split(" | ")
+    assert line.startswith("*") and left.split()[-1] != right.split()[-1], line
+    assert "--warmup 10" in left and "--warmup 20" in right and len(right.split("command.train")[-1]) <= 41
+
+
 # ----------------------------------------------------------------------- 7. a search that does not move with b
 def test_the_largest_micro_batch_does_not_depend_on_the_micro_batch_being_tried(config):
     host = [_host(2 * GiB)]

@@ -434,6 +434,27 @@ def test_quiz_screen(snap, stage, tmp_path):
     snap(QuizApp(quiz_record(tmp_path / "record.toml"), operator="Grace"), (80, 24), run_before)
 
 
+async def test_an_export_error_goes_when_what_it_asked_for_is_given(snap):  # snap: cwd, tiny-llama
+    """Issue 51: "name the operator who signs off" stayed on screen after the name was typed."""
+    from textual.widgets import Input
+
+    from tui.screens.export import ExportScreen
+
+    app = app_for()
+    async with app.run_test(size=(80, 24)) as pilot:
+        app.state.run = finished_run(app)
+        await app.push_screen(ExportScreen())
+        await pilot.pause()
+        screen = app.screen
+        assert screen.signoff() is None
+        error = screen.query_one("#export-error")
+        assert str(error.content) == "name the operator who signs off"
+        screen.query_one("#operator", Input).value = "Ada"
+        await pilot.pause()
+        assert str(error.content) == ""
+        assert screen.signoff() is None and str(error.content) == "choose a decision: accept or reject"
+
+
 async def test_the_export_screen_opens_the_quiz_on_the_written_record(snap, tmp_path):  # snap: cwd, tiny-llama
     """After the record is written, Quiz → opens the quiz on it; a record it cannot quiz is said on the export screen."""
     from tui.screens.export import ExportScreen

@@ -675,3 +675,13 @@ async def test_the_plan_screen_shows_what_a_gpu_will_count_side_by_side(tiny_mod
         assert [r[0] for r in rows[3:]] == ["  slack"] * 3
         shown = " ".join(text_of(w) for w in app.screen.query("Static"))
         assert "expandable_segments:True" in shown and "judged by the predicted NVML used" in shown
+
+
+def test_the_reference_numbers_the_mode_entries_as_the_screen_does():
+    """Issue 51: docs/reference.md said "5 Your own command" and "1-5" while the screen had 6 entries."""
+    from tests.paths import REPO
+    from tui.screens.mode import MODES
+
+    text = (REPO / "docs" / "reference.md").read_text(encoding="utf-8")
+    n = len(MODES)
+    assert f"**{n} {MODES['command'][0]}**" in text and f"1-{n} choose" in text

@@ -230,8 +230,8 @@ class CommandRunScreen(NavButtons, WizardScreen):
         yield Header()
         yield Static("Step 3/4 · Your command: measured, planned, evaluated, killed and resumed", classes="title")
         yield Static("The bars show your command's processes (every rank) against everything else on each device. "
-                     "Each stage's verdict and evidence appear as it ends; the run folder keeps every log.",
-                     classes="intro")
+                     "Each stage's verdict and evidence appear as it ends; the run folder, under "
+                     f"{escape(str(self.app.state.runs_root))}/, keeps every log.", classes="intro")
         with VerticalScroll(classes="body", id="stage-body"):
             yield ProgressBar(id="progress", show_eta=False)
             yield Static("", id="status")

@@ -43,6 +43,7 @@ class ExportScreen(WizardScreen):
     q_types = True  # the app's q Quit is not offered here (tui.app.GpuAcceptApp.check_action)
     #: what the error line says about the override while it says it (Comment becomes the reason), else None
     _override_said: str | None = None
+    _missing_said: str | None = None  # the error that says what the sign-off lacks, while it is shown
 
     def compose(self) -> ComposeResult:
         draft = self.app.state.signoff_draft
@@ -117,6 +118,33 @@ class ExportScreen(WizardScreen):
             self.app.state.signoff_draft[event.input.id] = event.value
         if event.input.id == "key":
             self.show_fingerprint(event.value.strip())
+        self._clear_fixed()
+
+    def _clear_fixed(self) -> None:
+        """An error that said what was missing goes as soon as it is given (issue 51: "name the operator who signs
+        off" stayed after the name was typed)."""
+        if self._missing_said is None:
+            return
+        error = self.query_one("#export-error", Static)
+        if str(error.content) != self._missing_said:
+            self._missing_said = None
+            return
+        if self._missing() != self._missing_said:  # what it asked for is given (the next gap is said at the next write)
+            error.update("")
+            self._missing_said = None
+
+    def _missing(self) -> str | None:
+        """What the sign-off still lacks, in the error's words; None when the operator and a decision are given and an
+        accept that needs an override has its reason."""
+        if not self.query_one("#operator", Input).value.strip():
+            return "name the operator who signs off"
+        decision = str(self.query_one("#decision", Select).value)
+        if decision not in ("accept", "reject"):
+            return "choose a decision: accept or reject"
+        override_said = self._override_needed(decision)
+        if override_said is not None and not self.query_one("#comment", Input).value.strip():
+            return f"not written: {override_said}"
+        return None
 
     def on_select_changed(self, event: Select.Changed) -> None:
         if event.select.id == "decision":
@@ -125,6 +153,7 @@ class ExportScreen(WizardScreen):
             else:
                 self.app.state.signoff_draft.pop("decision", None)
             self._say_override(str(event.value))
+            self._clear_fixed()
 
     def _run(self) -> StagedRun:
         """The run this screen signs off (it is only reached once a run exists; RuntimeError otherwise)."""
@@ -256,20 +285,15 @@ class ExportScreen(WizardScreen):
         operator = self.query_one("#operator", Input).value.strip()
         decision = self.query_one("#decision", Select).value
         error = self.query_one("#export-error", Static)
-        if not operator:
-            error.update("name the operator who signs off")
-            return None
-        if decision not in ("accept", "reject"):
-            error.update("choose a decision: accept or reject")
+        missing = self._missing()
+        if missing is not None:
+            error.update(Content(missing))
+            self._missing_said = missing
             return None
         comment = self.query_one("#comment", Input).value
-        override_said = self._override_needed(str(decision))
-        if override_said is not None and not comment.strip():
-            error.update(Content(f"not written: {override_said}"))
-            return None
         error.update("")
-        signoff = make_signoff(operator, decision, self.query_one("#role", Input).value, comment,
-                               comment if override_said is not None else None)
+        override = comment if self._override_needed(str(decision)) is not None else None
+        signoff = make_signoff(operator, str(decision), self.query_one("#role", Input).value, comment, override)
         try:
             return checked_signoff(self._run().current_verdict(), signoff)
         except SignoffRefused as exc:  # shown, never a traceback

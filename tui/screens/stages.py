@@ -23,6 +23,9 @@ from tui.screens.nav import NavButtons
 from tui.widgets.bars import LiveBar, gib
 from tui.widgets.tables import ReadTable
 
+#: a resume check's mark: ✓ pass, – a check this run cannot make (its evidence says why), ✗ anything else
+CHECK_MARKS = {"pass": "[$success]✓[/]", "not_applicable": "[$text-muted]–[/]"}
+
 
 class StageEvent(Message):
     """A core event from the stage's worker thread."""
@@ -529,7 +532,7 @@ class ResumeScreen(StageScreen):
         self.query_one("#tolerance", Static).update(Content(tolerance_line(result)))
         # evidence wraps: it is the point of each line
         self.query_one("#checks", Static).update(Content("\n").join(
-            Content.from_markup("[$success]✓[/]" if ch.status == "pass" else "[$error]✗[/]")
+            Content.from_markup(CHECK_MARKS.get(str(ch.status), "[$error]✗[/]"))
             + Content(f" {ch.name}: {ch.evidence}") for ch in result.checks))
         table = self.query_one("#comparison", ReadTable)
         table.clear(columns=True)
