@@ -89,10 +89,11 @@ class Progress(Event):
 
 @dataclass(frozen=True)
 class Waiting(Event):
-    """A child is working towards its first step and says nothing yet (imports, loading the model, the data, an
-    evaluation): ``what`` it is doing, in words ("loading the model"), in child ``pid`` of run ``run``, since
-    ``since`` (seconds since the epoch: when the child started). A screen shows it with the seconds elapsed until
-    the run's first :class:`Progress` (:func:`waiting_for` says what each child event means)."""
+    """A child is working without a step to show (before its first step: imports, loading the model, the data, an
+    evaluation; after its last: the evaluation after training): ``what`` it is doing, in words ("loading the model",
+    "evaluating the held-out text after training: 8 of 32 blocks"), in child ``pid`` of run ``run``, since ``since``
+    (seconds since the epoch: when the child started, or when training ended). A screen shows it with the seconds
+    elapsed until the next :class:`Progress` (:func:`waiting_for` says what each child event means)."""
 
     run: str
     pid: int
@@ -182,8 +183,9 @@ def waiting_for(event: ChildEvent | None, role: str, resumes: bool = False, trac
 
 
 class FirstStepWait:
-    """Says what a child is doing until its first step (:class:`Waiting` events for a stage to yield): one as it
-    starts, then one each time a child event starts a new phase (:func:`waiting_for`), none after its first step.
+    """Says what a child is doing while it has no step to show (:class:`Waiting` events for a stage to yield): one as
+    it starts, then one each time a child event starts a new phase (:func:`waiting_for`) until its first step; after
+    its last step, the evaluation after training; and an evaluation's blocks as they go.
 
     Args:
         stage, run, pid: the stage, the run and the child's pid as :class:`ChildStarted` names them.
@@ -195,24 +197,37 @@ class FirstStepWait:
         self.resumes, self.tracked = resumes, tracked
         self.since = time.time()
         self.stepped = False
+        self.after_since: float | None = None  # when training ended (the evaluation after it is timed from then)
 
     def started(self) -> Waiting:
         """The wait as the child starts (importing)."""
         return self._waiting(waiting_for(None, self.role))
 
     def see(self, event: ChildEvent) -> Waiting | None:
-        """The wait's new phase after ``event`` (the lead rank's), or None: no new phase, or the run has stepped."""
-        from core.protocol.events import ProbeStep, Step
+        """The wait's new phase after ``event`` (the lead rank's), or None: no new phase. Before the first step, each
+        phase :func:`waiting_for` names; after the last step, the evaluation after training (from ``Trained``, timed
+        from then); during any evaluation, its blocks done of all (``EvalProgress``)."""
+        from core.protocol.events import EvalProgress, ProbeStep, Step, Trained
 
         if isinstance(event, (Step, ProbeStep)):
             self.stepped = True
-        if self.stepped or not event.leads:
+        if not event.leads:
+            return None
+        if isinstance(event, Trained) and self.role == "train":
+            self.after_since = time.time()
+            return self._waiting("evaluating the held-out text after training", self.after_since)
+        if isinstance(event, EvalProgress):
+            when = f" {event.when} training" if event.when and self.role == "train" else ""
+            since = self.after_since if event.when == "after" and self.after_since is not None else self.since
+            return self._waiting(f"evaluating the held-out text{when}: {event.done} of {event.total} blocks", since)
+        if self.stepped:
             return None
         what = waiting_for(event, self.role, self.resumes, self.tracked)
         return self._waiting(what) if what is not None else None
 
-    def _waiting(self, what: str | None) -> Waiting:
-        return Waiting(self.stage, run=self.run, pid=self.pid, what=what or "", since=self.since)
+    def _waiting(self, what: str | None, since: float | None = None) -> Waiting:
+        return Waiting(self.stage, run=self.run, pid=self.pid, what=what or "",
+                       since=self.since if since is None else since)
 
 
 def lead_events(events: list[ChildEvent]) -> list[ChildEvent]:

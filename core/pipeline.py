@@ -417,8 +417,8 @@ class AcceptanceRun(StagedRun):
             yield self.emit(Message("probe", text=f"{len(self.ctx.devices)} devices planned; strategy "
                                                   f"{spec.strategy} probes and trains on {device} only"))
         if self.ctx.source.kind == "embedded" and not embedded_cache_ready():
-            yield self.emit(Message("probe", text="converting the embedded model from GGUF to safetensors (once)"))
-            convert_in_child(self.run_dir / "convert-embedded.log")
+            yield self.emit(Message("probe", text=CONVERTING))
+            yield from convert_in_child(self.run_dir / "convert-embedded.log", "probe", cancelled)
         self.model_path = runnable_path(self.ctx.source)
         health = preflight(self.rank_devices, self.nvml)
         yield self.emit(Message("probe", text=health.summary()))
@@ -676,25 +676,61 @@ def traced_summary(traced: dict[str, Any] | None) -> str:
             f"{row['analytic_bytes'] / 2**30:.3f}, traced {row['traced_bytes'] / 2**30:.3f} GiB)")
 
 
-def convert_in_child(log_path: Path) -> None:
+#: what the one-time conversion of the embedded model is, in the wait's words
+CONVERTING = "converting the embedded model from GGUF to safetensors (once)"
+#: the code the conversion's child runs
+CONVERT_CODE = "from core.models import ensure_embedded_cache; ensure_embedded_cache()"
+
+
+def convert_in_child(log_path: Path, stage: str = "probe",
+                     cancelled: Callable[[], bool] | None = None) -> Generator[Event, None, None]:
     """Convert the embedded model in a child process: its progress bars go to ``log_path``, never to the terminal.
+    Yields a :class:`core.events.Waiting` as it starts and then every second (the screen shows the seconds; about
+    80 s on a 2-core CPU), so the conversion is never a wait without a sign of life.
+
+    Raises:
+        StageError: the conversion failed (the log is named).
+        StageCancelled: ``cancelled`` said stop (the child's process group is killed).
+    """
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from core.errors import StageCancelled, StageError
+    from core.events import Waiting
+    from core.interpreter import python_env
+
+    since = time.time()
+    with open(log_path, "wb") as log, open(os.devnull, "rb") as devnull:
+        child = subprocess.Popen(
+            [sys.executable, "-P", "-c", CONVERT_CODE], stdin=devnull, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=python_env(os.environ),
+        )
+        try:
+            while child.poll() is None:
+                yield Waiting(stage, run="model", pid=child.pid, what=CONVERTING, since=since)
+                if cancelled is not None and cancelled():
+                    raise StageCancelled(f"{stage} cancelled while {CONVERTING}")
+                try:
+                    child.wait(timeout=1.0)
+                except subprocess.TimeoutExpired:
+                    pass
+        finally:
+            if child.poll() is None:
+                os.killpg(child.pid, signal.SIGKILL)
+                child.wait()
+    if child.returncode != 0:
+        raise StageError(f"converting the embedded model failed (see {log_path})")
+
+
+def convert_blocking(log_path: Path) -> None:
+    """:func:`convert_in_child` run to its end without showing its waits (where no screen follows them).
 
     Raises:
         StageError: the conversion failed (the log is named).
     """
-    import subprocess
-    import sys
-
-    from core.errors import StageError
-    from core.interpreter import python_env
-
-    with open(log_path, "wb") as log, open(os.devnull, "rb") as devnull:
-        rc = subprocess.call(
-            [sys.executable, "-P", "-c", "from core.models import ensure_embedded_cache; ensure_embedded_cache()"],
-            stdin=devnull, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=python_env(os.environ),
-        )
-    if rc != 0:
-        raise StageError(f"converting the embedded model failed (see {log_path})")
+    for _ in convert_in_child(log_path):
+        pass
 
 
 def recipe_unrunnable(spec: RunSpec) -> tuple[str, str] | None:

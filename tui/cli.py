@@ -22,6 +22,7 @@ import json
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -811,16 +812,27 @@ def cmd_run_command(args: argparse.Namespace) -> int:
                                   criteria=criteria), stop, args.json)
 
 
+#: headless: a wait's line again (its blocks, its seconds) at most this often while its phase lasts
+WAIT_LINE_EVERY_S = 10.0
+
+
 def _print_run(events: Any, stop: dict[str, int | None], as_json: bool = False) -> int:
     """Print a pipeline's events one line each (on stderr with ``as_json``, and then the run's summary as one JSON
     object on stdout: :func:`core.record.summary.run_summary`); the exit code: 0 when every stage passed, 1 when one
     failed, 128 + the signal's number when a signal stopped it."""
-    from core.events import Message, Progress, RunFinished, StageFinished, StageStarted
+    from core.events import Message, Progress, RunFinished, StageFinished, StageStarted, Waiting
 
     out = sys.stderr if as_json else sys.stdout
     final: RunFinished | None = None
+    said: tuple[str, float] = ("", 0.0)  # the last wait printed: its phase and when
     for event in events:
-        if isinstance(event, StageStarted):
+        if isinstance(event, Waiting):  # a new phase at once; the same phase's count at most every 10 s
+            now = time.time()
+            phase = f"{event.run}: {event.what.split(':')[0]}"
+            if phase != said[0] or now - said[1] >= WAIT_LINE_EVERY_S:
+                print(f"  {event.line(now)}", flush=True, file=out)
+                said = (phase, now)
+        elif isinstance(event, StageStarted):
             print(f"[{event.stage}] {event.detail}", flush=True, file=out)
         elif isinstance(event, StageFinished):
             print(f"[{event.stage}] {event.status}: {event.summary}", flush=True, file=out)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -132,7 +132,8 @@ class EvalResult:
 
 
 def evaluate_perplexity(model: Any, blocks: Sequence[dict[str, Any]], batch_size: int, device: Any = "cpu",
-                        autocast: str | None = None) -> EvalResult:
+                        autocast: str | None = None,
+                        on_batch: Callable[[int, int], None] | None = None) -> EvalResult:
     """Token-weighted perplexity of ``model`` over ``blocks``.
 
     The model runs in eval mode under ``torch.inference_mode()`` with ``input_ids`` and ``attention_mask`` only (no
@@ -146,6 +147,7 @@ def evaluate_perplexity(model: Any, blocks: Sequence[dict[str, Any]], batch_size
         blocks: dicts with ``input_ids`` and ``attention_mask`` of equal length (:func:`core.data.make_blocks`).
         batch_size: blocks per forward pass (the last batch may be smaller).
         device: where the inputs go (the model's first device).
+        on_batch: called after each forward pass with (blocks evaluated, blocks in all).
 
     Raises:
         DataError: no blocks, or blocks of different lengths.
@@ -180,6 +182,8 @@ def evaluate_perplexity(model: Any, blocks: Sequence[dict[str, Any]], batch_size
                 nll_sum += batch_nll
                 tokens += batch_tokens
                 correct += masked_token_correct(logits, input_ids, attention_mask)
+                if on_batch is not None:
+                    on_batch(min(first + batch_size, len(blocks)), len(blocks))
     finally:
         model.train(was_training)
     seconds = time.perf_counter() - start

@@ -38,6 +38,7 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,7 @@ from core.protocol.events import (
     ChildError,
     DataInfo,
     DeviceUuid,
+    EvalProgress,
     EventWriter,
     ManifestChecked,
     ModelBuilt,
@@ -178,8 +180,23 @@ def evaluate(spec: RunSpec, model: Any, heldout_blocks: list[dict[str, Any]], de
     from core.child.evaluate import evaluate_perplexity, evaluation_event
 
     result = evaluate_perplexity(model, heldout_blocks, spec.batch_size, device=device,
-                                 autocast=spec.dtype if spec.autocast else None)
+                                 autocast=spec.dtype if spec.autocast else None,
+                                 on_batch=eval_progress_writer(events, when))
     events.write(evaluation_event(when, result))
+
+
+def eval_progress_writer(events: EventWriter, when: str, every_s: float = 1.0) -> Callable[[int, int], None]:
+    """An ``on_batch`` for :func:`core.child.evaluate.evaluate_perplexity` that writes :class:`EvalProgress` as the
+    first batch ends, then at most once every ``every_s`` seconds (the last batch's is left to the evaluation event)."""
+    last = [0.0]
+
+    def written(done: int, total: int) -> None:
+        now = time.monotonic()
+        if done < total and (last[0] == 0.0 or now - last[0] >= every_s):
+            last[0] = now
+            events.write(EvalProgress(when=when, done=done, total=total))
+
+    return written
 
 
 def _checkpoint_intact(job: WorkerJob, events: EventWriter, when: str) -> bool:

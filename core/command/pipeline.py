@@ -165,9 +165,9 @@ class CommandRun(StagedRun):
         if self.spec.model != EMBEDDED_MODEL:
             return Path(self.spec.model).expanduser().resolve()
         if not embedded_cache_ready():
-            from core.pipeline import convert_in_child
+            from core.pipeline import convert_blocking
 
-            convert_in_child(self.run_dir / "convert-embedded.log")
+            convert_blocking(self.run_dir / "convert-embedded.log")
         return embedded_cache_path()
 
     # ------------------------------------------------------------------ stages

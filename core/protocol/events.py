@@ -253,6 +253,18 @@ class Evaluation(ChildEvent):
 
 
 @dataclass(frozen=True)
+class EvalProgress(ChildEvent):
+    """A held-out evaluation under way: ``when`` "before" / "after" training (or "" for the fixed weights), ``done``
+    of ``total`` blocks evaluated. Written as the first batch ends and then at most once a second, for a screen to
+    show a long evaluation moving."""
+
+    KIND: ClassVar[str] = "eval_progress"
+    when: str
+    done: int
+    total: int
+
+
+@dataclass(frozen=True)
 class Trainable(ChildEvent):
     """The trainable parameters: their names and how many scalars they hold."""
 
@@ -332,7 +344,7 @@ class ManifestChecked(ChildEvent):
 #: every kind the child writes -> its class
 KINDS: dict[str, type[ChildEvent]] = {cls.KIND: cls for cls in (
     Started, DeviceUuid, ModelBuilt, DataInfo, ChildError, Placement, DeviceMap, ProbeStep, Ledger, Ledgers, LinkCheck,
-    Evaluation, Trainable, Step, CheckpointSaved, Trained, KillPoint, RngRestored, ManifestChecked)}
+    Evaluation, EvalProgress, Trainable, Step, CheckpointSaved, Trained, KillPoint, RngRestored, ManifestChecked)}
 
 #: events that report their place under torchrun in the payload (the local rank written after the global rank)
 _RANK_INFO = (Started, Ledger)

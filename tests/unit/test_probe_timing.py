@@ -224,6 +224,42 @@ def test_the_wait_is_said_until_the_first_step_then_never():
     assert other.see(Step(step=1, epoch=0.1, learning_rate=None, loss=1.0, sample_ids=[])) is None
 
 
+def test_the_evaluation_after_training_is_said_with_its_blocks_and_its_own_seconds():
+    """Issue 51: after the last step the Evaluate screen sat at 100 % for minutes with no word (the evaluation after
+    training). Training's end starts a wait timed from then; each evaluation's blocks are said as they go."""
+    from core.protocol.events import EvalProgress, Trained
+
+    wait = FirstStepWait("train_eval", "train", 99, "train")
+    before = wait.see(EvalProgress(when="before", done=8, total=32))
+    assert before is not None and before.what == "evaluating the held-out text before training: 8 of 32 blocks"
+    assert before.since == wait.since
+    assert wait.see(Step(step=1, epoch=0.1, learning_rate=None, loss=1.0, sample_ids=[])) is None
+    ended = wait.see(Trained(seconds=3.0, global_step=8, output_dir="out"))
+    assert ended is not None and ended.what == "evaluating the held-out text after training"
+    assert ended.since > wait.since
+    after = wait.see(EvalProgress(when="after", done=16, total=32))
+    assert after is not None and after.since == ended.since
+    assert after.line(after.since + 40.2) == ("train: evaluating the held-out text after training: 16 of 32 blocks in "
+                                              "child 99… 40 s")
+    fixed = FirstStepWait("train_eval", "train", 5, "evaluate").see(EvalProgress(when="before", done=1, total=4))
+    assert fixed is not None and fixed.what == "evaluating the held-out text: 1 of 4 blocks"  # inference: no "training"
+
+
+def test_an_evaluation_writes_its_blocks_as_it_goes_at_most_once_a_second():
+    from core.child.worker import eval_progress_writer
+
+    written: list = []
+    writer = type("W", (), {"write": lambda self, e: written.append(e)})()
+    on_batch = eval_progress_writer(writer, "after", every_s=3600)
+    for done in (4, 8, 12, 16):
+        on_batch(done, 16)
+    assert [(e.when, e.done, e.total) for e in written] == [("after", 4, 16)]  # the first; the last is the result's
+    on_each = eval_progress_writer(writer, "before", every_s=0)
+    for done in (4, 8, 16):
+        on_each(done, 16)
+    assert [e.done for e in written[1:]] == [4, 8]
+
+
 # ------------------------------------------------------------------------------------ the resume check's bar
 
 
@@ -260,3 +296,18 @@ def test_the_resume_screen_draws_the_work_and_names_the_run_among_the_runs():
     assert line == ("interrupted run (2 of 3): step 11 of 26 (to be SIGKILLed inside step 26, after micro-batch 1 of 1, "
                     "before its optimizer step), loss 1.5000")
     assert progress_text(work.progress("twin", 4), spec) == "twin run (1 of 3): step 4 (of 30)"
+
+
+def test_the_one_time_conversion_says_it_runs_every_second(tmp_path, monkeypatch):
+    """Issue 51: the embedded model's conversion (83 s) showed "--%" with no elapsed time. It is a wait: said as it
+    starts and every second, with the child's pid; a failed one names its log."""
+    import core.pipeline as pipeline
+    from core.errors import StageError
+
+    monkeypatch.setattr(pipeline, "CONVERT_CODE", "import time; time.sleep(1.6)")
+    waits = list(pipeline.convert_in_child(tmp_path / "convert.log"))
+    assert 2 <= len(waits) <= 3 and all(isinstance(w, Waiting) and w.what == pipeline.CONVERTING for w in waits)
+    assert len({w.since for w in waits}) == 1 and waits[0].run == "model"
+    monkeypatch.setattr(pipeline, "CONVERT_CODE", "raise SystemExit(3)")
+    with pytest.raises(StageError, match="convert.log"):
+        pipeline.convert_blocking(tmp_path / "convert.log")

@@ -142,6 +142,27 @@ async def test_a_plan_that_does_not_fit_offers_the_largest_batch_that_fits_and_a
         assert app.screen.check_action("probe_anyway", ()) is False  # a plan that fits: ^n probes, p is not offered
 
 
+async def test_b_on_plan_says_at_once_that_it_replans_and_dims_the_old_plan(tiny_model_dir, tmp_path):
+    """Issue 51: after b the old numbers stayed for 2-3 s with no "replanning" (the first b seemed to do nothing)."""
+    from textual.widgets import Button
+
+    from tests.wizard_helpers import make_app, wait_for
+    from tui.screens.plan import PlanScreen
+
+    app = make_app(tiny_model_dir, tmp_path, mode="lora", batch_size=4)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("enter", "ctrl+n")
+        assert isinstance(app.screen, PlanScreen)
+        nxt = app.screen.query_one("#next", Button)
+        await wait_for(pilot, lambda: not nxt.disabled, 60)
+        app.screen.replan = lambda spec: None  # the new plan never comes: what shows meanwhile is the point
+        await pilot.press("b")
+        error = str(app.screen.query_one("#plan-error").content)
+        assert error.startswith("replanning for micro-batch 2 × 64 tokens (was 4 × 64)"), error
+        assert app.screen.query_one("#plan-body").has_class("stale") and nxt.disabled
+        assert app.screen.next_blocked() == error  # ^n says why it waits
+
+
 # ------------------------------------------------------------------------- the setup checks what the plan would
 @pytest.mark.parametrize(("field", "value", "says"), [
     ("model", "/no/such/model-dir", "model"),

@@ -32,6 +32,7 @@ class PlanScreen(NavButtons, WizardScreen):
         Binding("f", "use_largest", "fits"),
         Binding("p", "probe_anyway", "probe anyway"),
     ]
+    DEFAULT_CSS = "PlanScreen #plan-body.stale { opacity: 50%; }"  # the old plan while the new one is made
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         """Footer keys follow the plan: ^n Probe is dimmed while it cannot run or does not fit (the "Probe anyway"
@@ -155,6 +156,7 @@ class PlanScreen(NavButtons, WizardScreen):
 
     def show_error(self, message: str) -> None:
         self.query_one("#loading").display = False
+        self.query_one("#plan-body", VerticalScroll).set_class(False, "stale")
         self.query_one("#plan-error", Static).update(f"cannot plan: {message}  (Esc: back to the setup)")
         self.query_one("#next", Button).disabled = True
 
@@ -168,6 +170,7 @@ class PlanScreen(NavButtons, WizardScreen):
         self.query_one("#loading").display = False
         self.query_one("#plan-error", Static).update("")
         body = self.query_one("#plan-body", VerticalScroll)
+        body.set_class(False, "stale")
         body.remove_children()
         plan = ctx.plan
         precision = f"{spec.precision} {spec.dtype}" if spec.training and spec.dtype != "fp32" else spec.dtype
@@ -389,7 +392,19 @@ class PlanScreen(NavButtons, WizardScreen):
         except SpecError as exc:
             self.notify(str(exc), severity="warning")
             return
+        self.show_replanning(spec, new)
         self.replan(new)
+
+    def show_replanning(self, old: Any, new: Any) -> None:
+        """At once, before the new plan: the old numbers are dimmed under a line naming the setting being planned
+        (issue 51: after b the old plan stayed for seconds with no word, and the first b seemed to do nothing)."""
+        body = self.query_one("#plan-body", VerticalScroll)
+        body.set_class(True, "stale")
+        self.query_one("#plan-error", Static).update(
+            f"replanning for micro-batch {new.batch_size} × {new.seq_len} tokens (was {old.batch_size} × "
+            f"{old.seq_len}); the numbers above are the old plan's…")
+        self.query_one("#next", Button).disabled = True  # no probe of the old plan while the new one is made
+        self.refresh_bindings()
 
     def action_batch(self, factor: float) -> None:
         spec = self.app.state.spec
