@@ -468,8 +468,9 @@ class RunSpec:
                         command_key="data")
     heldout_fraction: float = setting(0.2, command_key="heldout_fraction",
                                       help="share of the documents held out for evaluation (between 0 and 1)")
-    eval_max_blocks: int = setting(32, command_key="eval_max_blocks",
-                                   help="held-out blocks evaluated before and after training, at most")
+    eval_max_blocks: int = setting(32, command_key="eval_max_blocks", label="Eval blocks", form_order=115,
+                                   help="held-out blocks evaluated before and after training, at most (each a "
+                                        "sequence of seq_len tokens: fewer is a shorter run, a noisier perplexity)")
     alloc_conf: str = setting(
         "", flag="--alloc-conf", metavar="CONF",
         help="PYTORCH_CUDA_ALLOC_CONF for the run (e.g. expandable_segments:True): the plan simulates PyTorch's "

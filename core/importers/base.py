@@ -156,11 +156,28 @@ class Reader:
         return default if value is None else value
 
     def set(self, key: str, dest: str, value: Any, how: str = "") -> None:
-        """The spec setting ``dest`` = ``value``, from ``key`` (``how``: in words, when not the value as it is)."""
+        """The spec setting ``dest`` = ``value``, from ``key`` (``how``: in words, when not the value as it is). A
+        ``key`` the file does not hold is not "used": the value is the tool's default for it, listed as one."""
         self._seen.add(key)
         self.settings[dest] = value
         text = f"{dest} = {value!r}" + (f" ({how})" if how else "")
+        if not self.has(key):
+            self.defaults[dest] = f"{value!r} ({self.fmt}'s default: {key} is not in the file" + (
+                f"; {how})" if how else ")")
+            return
         self.used[key] = f"{self.used[key]}; {text}" if key in self.used else text
+
+    def also(self, key: str, text: str) -> None:
+        """Add ``text`` to what ``key`` set: to its "used" line when the file holds it, else to the default that stood
+        in for it (:meth:`set` of a key the file does not hold)."""
+        if key in self.used:
+            self.used[key] += text
+            return
+        for dest, line in self.defaults.items():
+            if f"{key} is not in the file" in line:
+                self.defaults[dest] = line + text
+                return
+        self.used[key] = text.lstrip("; ")
 
     def default(self, dest: str, value: Any, source: str) -> None:
         """The spec setting ``dest`` = ``value``, the tool's own default for a key the file leaves out (``source``:

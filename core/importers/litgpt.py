@@ -84,7 +84,7 @@ def read(data: dict[str, Any], path: Path, overrides: Mapping[str, Any]) -> Impo
         _adapters(r)
     else:
         r.settings["mode"] = "full"
-        r.used["checkpoint_dir"] += "; no lora_* key: finetune_full, every parameter trained"
+        r.also("checkpoint_dir", "; no lora_* key: finetune_full, every parameter trained")
     if "optimizer" not in r.settings:
         _optimizer(r)
     else:
@@ -119,7 +119,7 @@ def _model(r: Reader) -> None:
     r.set("checkpoint_dir", "model", model, how)
     r.settings["untie_embeddings"] = True
     r.settings["embedding_fp32_states"] = False  # only transformers' Trainer registers embeddings for 32-bit states
-    r.used["checkpoint_dir"] += "; untie_embeddings = True (LitGPT's GPT keeps the LM head apart from the embedding)"
+    r.also("checkpoint_dir", "; untie_embeddings = True (LitGPT's GPT keeps the LM head apart from the embedding)")
 
 
 def _shape(r: Reader) -> None:
@@ -141,7 +141,7 @@ def _shape(r: Reader) -> None:
                                                   "the plan cannot know")
         return
     r.set("train.max_seq_length", "seq_len", r.number("train.max_seq_length"))
-    r.used["train.max_seq_length"] += " (LitGPT pads each batch to its longest sample: planned at the most)"
+    r.also("train.max_seq_length", " (LitGPT pads each batch to its longest sample: planned at the most)")
 
 
 def _ranks(r: Reader) -> int:
@@ -220,7 +220,7 @@ def _adapters(r: Reader) -> None:
         r.set("quantize", "qlora_double_quant", double)
         r.settings["precision"] = "pure"  # a 4-bit base has no fp32 master copy (and LitGPT refuses *-mixed with it)
         r.settings["optimizer"] = "paged_adamw_32bit"  # instantiate_bnb_optimizer: whatever the config names
-        r.used["quantize"] += ("; optimizer = 'paged_adamw_32bit' (LitGPT replaces the optimizer by bitsandbytes' "
+        r.also("quantize", "; optimizer = 'paged_adamw_32bit' (LitGPT replaces the optimizer by bitsandbytes' "
                                "PagedAdamW with a quantised base: utils.py instantiate_bnb_optimizer)")
 
 

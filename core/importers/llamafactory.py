@@ -143,7 +143,7 @@ def _precision(r: Reader) -> None:
     elif r.value("bf16", False):
         precision(r, "bf16", "fp32" if upcast else None, "bf16")
         if upcast:
-            r.used["bf16"] += "; LLaMA-Factory upcasts the trained parameters to fp32 (model/adapter.py)"
+            r.also("bf16", "; LLaMA-Factory upcasts the trained parameters to fp32 (model/adapter.py)")
     elif r.value("fp16", False):
         precision(r, "fp16", "fp32" if upcast else None, "fp16")
     else:

@@ -76,10 +76,10 @@ def read(data: dict[str, Any], path: Path, overrides: Mapping[str, Any]) -> Impo
         r.used["max_prompt_length"] = (f"{r.value('max_prompt_length')}: the prompt's share of max_length, which "
                                        "bounds the whole sequence planned")
     _dtype(r)
-    r.set("gradient_checkpointing", "gradient_checkpointing", bool(r.value("gradient_checkpointing", True)))
-    if "gradient_checkpointing" not in data:
-        r.used.pop("gradient_checkpointing")
-        r.defaults["gradient_checkpointing"] = "True (TRL's default: base_config.py)"
+    if r.has("gradient_checkpointing"):
+        r.set("gradient_checkpointing", "gradient_checkpointing", bool(r.value("gradient_checkpointing")))
+    else:
+        r.default("gradient_checkpointing", True, "base_config.py")
     r.ignore("gradient_checkpointing_kwargs.use_reentrant", "reentrant or not, checkpointing keeps each layer's "
                                                           "input: the same memory")
     if r.has("attn_implementation"):
@@ -168,7 +168,7 @@ def _dtype(r: Reader) -> None:
         return
     precision(r, compute, loaded if loaded != compute else None, key)
     if not r.has(key) and not r.has("fp16"):
-        r.used[key] += "; bf16 is TRL's default"
+        r.also(key, "; bf16 is TRL's default")
 
 
 def _adapters(r: Reader) -> None:
@@ -200,7 +200,7 @@ def _adapters(r: Reader) -> None:
     if four_bit or eight_bit:  # a quantised base has no fp32 master copy: the spec's dtype is its compute dtype
         r.settings["precision"] = "pure"
         r.settings["lora_dtype"] = "model"
-        r.used["use_peft"] += ("; lora_dtype = 'model' (TRL casts the adapters of a quantised model to its dtype: "
+        r.also("use_peft", "; lora_dtype = 'model' (TRL casts the adapters of a quantised model to its dtype: "
                                "sft_trainer.py, dpo_trainer.py)")
     if four_bit:
         r.set("load_in_4bit", "qlora_quant_type", str(r.value("bnb_4bit_quant_type", "nf4")))
@@ -216,7 +216,7 @@ def _loss(r: Reader, objective: str) -> None:
                                            "(their input and one fp32 value a row; 2 I-wide tensors, not 3): the "
                                            "activations planned are an upper bound")
         if objective != "sft":
-            r.used["use_liger_kernel"] += "; the preference loss fused too (LigerFusedLinearDPOLoss): planned as it"
+            r.also("use_liger_kernel", "; the preference loss fused too (LigerFusedLinearDPOLoss): planned as it")
         return
     if objective != "sft":
         return  # a preference loss over the logits (loss_type set the objective)

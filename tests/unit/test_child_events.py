@@ -43,6 +43,7 @@ ONE_OF_EACH: list[ce.ChildEvent] = [
                  collectives=[{"op": "all_reduce", "ranks": 4, "bytes": 4194304, "seconds": 0.01,
                                "algbw_gbps": 0.42, "busbw_gbps": 0.63}],
                  pairs=[{"from": 1, "to": 0, "seconds": 0.02, "busbw_gbps": 0.21}]),
+    ce.EvalProgress(when="after", done=17, total=32),
     ce.Evaluation(when="after", perplexity=20.25, mean_nll=3.0081, nll_sum=3008.1, tokens=1000, blocks=8,
                   seconds=10.5, metric="token-weighted perplexity", correct=412),
     ce.Trainable(names=["a.lora_A.weight", "a.lora_B.weight"], parameters=64),
@@ -57,7 +58,7 @@ ONE_OF_EACH: list[ce.ChildEvent] = [
 
 def test_every_kind_has_an_example_here():
     assert {type(e) for e in ONE_OF_EACH} == set(ce.KINDS.values())
-    assert len(ce.KINDS) == 19
+    assert len(ce.KINDS) == 20
 
 
 @pytest.mark.parametrize("event", ONE_OF_EACH, ids=lambda e: e.KIND)

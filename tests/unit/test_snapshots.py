@@ -608,3 +608,28 @@ async def test_the_export_screens_compare_button_opens_this_run_beside_the_other
         assert "pick two or more records to compare (2 in" in str(screen.comparison_text())
         await pilot.press("escape")
         assert isinstance(app.screen, ExportScreen)
+
+
+async def test_the_written_records_path_is_in_view_after_write_in_command_mode(snap, tmp_path):  # snap: cwd
+    """Issue 51: after Write record in command mode the record's path was below the visible area at 80×24."""
+    from core.command.spec import CommandSpec
+    from tui.screens.command import raw_values
+    from tui.screens.export import ExportScreen
+
+    app = app_for()
+    async with app.run_test(size=(80, 24)) as pilot:
+        app.state.mode = "command"
+        app.state.command_spec = CommandSpec.from_dict(raw_values(command_form(tmp_path))[0])
+        app.state.run = finished_command_run(app.state.command_spec)
+        await app.push_screen(ExportScreen())
+        await pilot.pause(0.3)
+        screen = app.screen
+        screen._show_written(tmp_path / "runs" / "x" / "record.toml", {"decision": "accept", "operator": "Ada"},
+                             "unsigned: no key given")
+        for _ in range(5):
+            await pilot.pause()
+        body, written = screen.query_one("#export-body"), screen.query_one("#written")
+        assert "record written, UNSIGNED:" in str(written.content)
+        top, bottom = body.scroll_offset.y, body.scroll_offset.y + body.scrollable_content_region.height
+        assert top <= written.virtual_region.y and written.virtual_region.y + 1 <= bottom, (top, bottom,
+                                                                                             written.virtual_region)

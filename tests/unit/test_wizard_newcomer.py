@@ -535,6 +535,27 @@ async def test_the_first_screen_does_not_offer_esc(tiny_model_dir, tmp_path):
         assert offered(app.screen) == ["escape"]
 
 
+async def test_setup_shows_its_last_lines_when_tab_reaches_its_last_field(tiny_model_dir, tmp_path):
+    """Issue 51: at 80×24 the Setup form's last line (the devices detected) could not be reached by Tab; and the
+    evaluation size is a field (the wizard always evaluated 32 blocks)."""
+    from textual.containers import VerticalScroll
+    from textual.widgets import Input, Select
+
+    app = make_app(tiny_model_dir, tmp_path, mode="lora")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("enter")
+        await pilot.pause()
+        screen = app.screen
+        assert screen.query_one("#eval_max_blocks", Input).value == "4"  # make_app's eval_max_blocks
+        form = screen.query_one("#form", VerticalScroll)
+        last = [w for w in form.query("Input, Select") if w.focusable][-1]
+        assert isinstance(last, (Input, Select))
+        last.focus()
+        for _ in range(5):
+            await pilot.pause()
+        assert form.max_scroll_y > 0 and form.scroll_offset.y == form.max_scroll_y
+
+
 async def test_setup_offers_quit_once_and_keeps_what_was_typed_across_back(tiny_model_dir, tmp_path):
     """With a dropdown focused the footer said "^q Quit ... q Quit"; Back and return turned "abc" into 4."""
     from textual.widgets import Input, Select

@@ -53,7 +53,7 @@ class ExportScreen(WizardScreen):
         yield Static("The record keeps every number with where it comes from: measured, estimated (how) or not run. "
                      "Your decision is yours: the verdict says what passed on this box, nothing more.", classes="intro")
         yield Static(SIGNING_FREEZES, id="sign-note", classes="intro")  # above the fold at 80x24: before you sign
-        with VerticalScroll(classes="body"):
+        with VerticalScroll(classes="body", id="export-body"):
             yield Static("", id="overall")
             yield Static("", id="verdicts")
             with Horizontal(classes="field"):
@@ -340,7 +340,10 @@ class ExportScreen(WizardScreen):
                     if signoff.get("override") else "")
         written.update(f"[b]record written, {how}:[/b] {path}\n(verdict {self._run().verdict}; "
                        f"decision {signoff['decision']} by {signoff['operator']}{override}; {signed})")
-        written.scroll_visible()  # at 80x24 the confirmation sits below the form
+        # at 80x24 the confirmation sits below the form: shown once its lines are laid out (issue 51: scrolled to
+        # before, command mode's longer table left the path below the visible area)
+        body = self.query_one("#export-body", VerticalScroll)
+        self.call_after_refresh(body.scroll_end, animate=False)
         self.refresh_bindings()  # ^n now opens the quiz
 
     def sign(self, path: Path) -> str:

@@ -167,6 +167,14 @@ class SetupScreen(NavButtons, WizardScreen):
             yield Button("Your own command…", id="own-command")
         yield Footer(show_command_palette=False)  # no ^p palette key: at 80 columns every key shows
 
+    def on_descendant_focus(self, event: Any) -> None:
+        """Tab onto the form's last field shows the lines below it too (the devices detected): at 80×24 they were
+        below the fold with no key to reach them (issue 51)."""
+        form = self.query_one("#form", VerticalScroll)
+        fields = [w for w in form.query("Input, Select") if w.focusable]
+        if fields and event.widget is fields[-1]:
+            self.call_after_refresh(form.scroll_end, animate=False)
+
     def on_mount(self) -> None:
         for err in self.query(".field-error"):
             err.display = False
