@@ -508,6 +508,7 @@ def cmd_wizard(args: argparse.Namespace) -> int:
     app = GpuAcceptApp(runs_root=Path(args.runs_dir), fields=fields, mode=spec.mode)
     imported = imported_config(args)
     app.state.imported_note = imported.summary()[0] if imported is not None else ""
+    app.state.imported_lines = imported.summary() if imported is not None else []
     code = app.run()
     if app.state.record_path is not None:
         print(f"record: {app.state.record_path}")

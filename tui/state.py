@@ -59,6 +59,8 @@ class WizardState:
     command_criteria: Any = None
     #: Setup's line saying which trainer's config the form was read from (^l From config), "" for none
     imported_note: str = ""
+    #: every line of the import's account (core.importers.Imported.summary) and what it replaced in Setup (^r shows it)
+    imported_lines: list[str] = field(default_factory=list)
 
 
     def recipe_run(self) -> AcceptanceRun:

@@ -258,6 +258,12 @@ def test_setup_reads_a_trainers_config_with_keys_only(tmp_path, tiny_model_dir):
         keys(term, str(config), "Enter")
         shown = term.wait_for("Step 2/7 · Setup (qlora)", "imported from trl config")
         assert re.search(r"Micro-batch / device\s+2\s", shown) and re.search(r"Sequence length\s+512\s", shown), shown
+        assert "^r Keys read" in footer(term.wait_for("^r Keys read"))  # every key as read, a key away (issue 51)
+        keys(term, "C-r")
+        listed = term.wait_for("replaced in Setup:", "each key of the file:", "esc Close")
+        assert "mode lora → qlora" in listed, listed
+        keys(term, "Escape")
+        term.wait_for("Step 2/7 · Setup (qlora)", "^l From config")
         # a config that leaves the sequence length to the data (torchtune's max_seq_len: null): asked for, typed
         keys(term, "C-l")
         term.wait_for("From a config file", "⏎ Load")

@@ -556,6 +556,46 @@ async def test_setup_shows_its_last_lines_when_tab_reaches_its_last_field(tiny_m
         assert form.max_scroll_y > 0 and form.scroll_offset.y == form.max_scroll_y
 
 
+async def test_a_config_read_into_setup_says_what_it_replaced_keeps_the_rest_and_lists_each_key(tiny_model_dir,
+                                                                                                 tmp_path):
+    """Issue 51: loading a config silently replaced earlier choices (mode dora → lora, steps 8 → 30), and Setup showed
+    counts only where the dialog promised a per-key list."""
+    from textual.widgets import Input
+
+    from core.importers import import_config
+    from core.spec import RunSpec
+    from tests.paths import REPO
+    from tui.screens.dialogs import ImportedKeys, LoadedConfig
+    from tui.screens.setup import SetupScreen
+
+    config = tmp_path / "trl.yaml"
+    config.write_text((REPO / "tests" / "data" / "configs" / "trl_sft_qlora.yaml").read_text(encoding="utf-8")
+                      .replace("MODEL", str(tiny_model_dir)), encoding="utf-8")
+    app = make_app(tiny_model_dir, tmp_path, mode="dora", steps=8)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("enter")
+        await pilot.pause()
+        assert app.screen.check_action("imported_keys", ()) is False  # nothing imported: ^k not offered
+        app.screen._load_config(LoadedConfig(RunSpec.build(config), import_config(config)))
+        for _ in range(3):
+            await pilot.pause()
+        screen = app.screen
+        assert isinstance(screen, SetupScreen) and app.state.mode == "qlora"
+        assert screen.query_one("#steps", Input).value == "8"  # the file sets no steps: Setup's stays
+        note = str(screen.query_one("#imported").content)
+        assert "replaced in Setup: mode dora → qlora" in note and "^r lists each key" in note
+        assert screen.check_action("imported_keys", ()) is True
+        await pilot.press("ctrl+r")
+        await pilot.pause()
+        assert isinstance(app.screen, ImportedKeys)
+        lines = app.screen.lines
+        assert any(line.startswith("  used per_device_train_batch_size:") for line in lines), lines
+        assert "kept from Setup (the file does not set them):" in lines and "  Training steps 8" in lines
+        await pilot.press("escape")
+        await pilot.pause()
+        assert isinstance(app.screen, SetupScreen)
+
+
 async def test_setup_offers_quit_once_and_keeps_what_was_typed_across_back(tiny_model_dir, tmp_path):
     """With a dropdown focused the footer said "^q Quit ... q Quit"; Back and return turned "abc" into 4."""
     from textual.widgets import Input, Select

@@ -9,6 +9,7 @@ from rich.markup import escape
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, VerticalScroll
+from textual.content import Content
 from textual.screen import ModalScreen
 from textual.widgets import Button, Footer, Input, Markdown, Static
 
@@ -54,6 +55,25 @@ class HelpScreen(ModalScreen[None]):
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         self.dismiss(None)
+
+
+class ImportedKeys(ModalScreen[None]):
+    """Every key of the trainer's config as the import read it (``gpuaccept plan FILE`` prints the same lines): used,
+    defaults of the tool applied, flags, not modelled, moving no memory, unknown; and what it replaced in Setup."""
+
+    BINDINGS = [Binding("escape", "dismiss", "Close"), Binding("ctrl+r", "dismiss", "Close")]
+
+    def __init__(self, lines: list[str]) -> None:
+        super().__init__()
+        self.lines = lines
+
+    def compose(self) -> ComposeResult:
+        with VerticalScroll(id="dialog"):
+            yield Static(Content("\n".join(self.lines)))
+        yield Footer(show_command_palette=False)
+
+    def on_mount(self) -> None:
+        self.query_one("#dialog", VerticalScroll).focus()  # ↑↓ PgUp PgDn scroll the list
 
 
 class ConfirmQuit(ModalScreen[bool]):

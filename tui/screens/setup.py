@@ -35,6 +35,34 @@ def fields_of(spec: Any) -> dict[str, Any]:
     return {s.dest: s.value(spec) for s in SETTINGS if s.value(spec) != s.value(defaults) and s.dest != "mode"}
 
 
+def merged_import(before: Any, before_mode: str, imported: Any, settings: dict[str, Any]
+                  ) -> tuple[dict[str, Any], list[str], list[str]]:
+    """Setup's fields after a trainer's config is read: the imported spec's values, and for each form field the file
+    does not set (not in the import's ``settings``) Setup's own value where it was changed from its default and the
+    imported mode takes it. Returns (the fields, what the import replaced in words ``"mode dora → lora"``, what was
+    kept ``"steps 8"``); ``before`` None (the form did not validate): nothing is kept or compared."""
+    from core.methods import method_of
+
+    fields = fields_of(imported)
+    replaced: list[str] = [f"mode {before_mode} → {imported.mode}"] if before_mode != imported.mode else []
+    kept: list[str] = []
+    if before is None:
+        return fields, replaced, kept
+    method = method_of(imported.mode)
+    own = fields_of(before)
+    for name, label, _kind, _choices, group in FIELDS:
+        if not method.takes(group):
+            continue
+        setting = by_dest()[name]
+        old, new = setting.value(before), setting.value(imported)
+        if name not in settings and name in own:  # the file does not set it: Setup's value stays
+            fields[name] = own[name]
+            kept.append(f"{label} {shown_value(own[name])}")
+        elif old != new:
+            replaced.append(f"{label} {shown_value(old)} → {shown_value(new)}")
+    return fields, replaced, kept
+
+
 def form_fields(settings: tuple[Setting, ...]) -> list[FormField]:
     """The form's fields: each setting declared with a label (core/settings.py), in increasing ``form_order``."""
     return [s.form for s in sorted(settings, key=lambda s: s.form_order or 0) if s.form is not None]
@@ -106,7 +134,8 @@ class SetupScreen(NavButtons, WizardScreen):
 
     # q types here: ^q quits; ^o is the "Your own command…" button; ^l reads a trainer's config into the form
     BINDINGS = [Binding("ctrl+n", "next", "Next"), Binding("ctrl+o", "own_command", "Own command"),
-                Binding("ctrl+l", "from_config", "From config"), Binding("ctrl+q", "app.quit_typed", "Quit")]
+                Binding("ctrl+l", "from_config", "From config"), Binding("ctrl+r", "imported_keys", "Keys read"),
+                Binding("ctrl+q", "app.quit_typed", "Quit")]
     q_types = True  # the app's q Quit is not offered here (tui.app.GpuAcceptApp.check_action)
 
     def compose(self) -> ComposeResult:
@@ -132,8 +161,7 @@ class SetupScreen(NavButtons, WizardScreen):
                      + ". Model: smollm2-135m (embedded) or a model folder; Data: embedded (the Python docs as "
                        "text) or a .txt / .jsonl file.", classes="intro")
         if state.imported_note:  # ^l From config: where the values came from (gpuaccept plan FILE lists every key)
-            yield Static(f"[dim]{escape(state.imported_note)}; gpuaccept plan on the file lists each key[/]",
-                         id="imported")
+            yield Static(f"[dim]{escape(state.imported_note)}; ^r lists each key[/]", id="imported")
         with VerticalScroll(classes="body", id="form"):
             for name, label, kind, choices, group in FIELDS:
                 if not method.takes(group):
@@ -401,13 +429,35 @@ class SetupScreen(NavButtons, WizardScreen):
         self.app.push_screen(ConfigDialog(), callback=self._load_config)
 
     def _load_config(self, loaded: Any) -> None:
-        """Setup again, on the config's mode, with every value it sets that is not the mode's default."""
+        """Setup again, on the config's mode, with every value the file sets (or its tool's default for it); what
+        the file does not set keeps Setup's value (the acceptance run's steps, evaluation size, devices ...). What it
+        replaced is said beside the import, and ^r lists every key."""
         if loaded is None:
             return
         state = self.app.state
-        state.mode, state.fields = loaded.spec.mode, fields_of(loaded.spec)
-        state.imported_note = loaded.imported.summary()[0]
+        before = self._draft if self._draft is not None else self.validate()
+        fields, replaced, kept = merged_import(before, state.mode, loaded.spec, loaded.imported.settings)
+        state.mode, state.fields = loaded.spec.mode, fields
+        lines = loaded.imported.summary()
+        more = f" and {len(replaced) - 1} more" if len(replaced) > 1 else ""
+        state.imported_note = lines[0] + (f"; replaced in Setup: {replaced[0]}{more}" if replaced else "")
+        state.imported_lines = [lines[0],  # what it changed in Setup first, then every key as read
+                                *(["replaced in Setup:", *(f"  {r}" for r in replaced)] if replaced else []),
+                                *(["kept from Setup (the file does not set them):", *(f"  {k}" for k in kept)]
+                                  if kept else []), "each key of the file:", *lines[1:]]
         self.app.switch_screen(SetupScreen())
+
+    def action_imported_keys(self) -> None:
+        """^r: every key of the config as the import read it."""
+        from tui.screens.dialogs import ImportedKeys
+
+        if self.app.state.imported_lines:
+            self.app.push_screen(ImportedKeys(self.app.state.imported_lines))
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "imported_keys":
+            return bool(self.app.state.imported_lines)
+        return super().check_action(action, parameters)
 
     def action_own_command(self) -> None:
         """The choice "your own command": the user's script, not this recipe."""
