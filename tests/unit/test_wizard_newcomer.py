@@ -303,6 +303,31 @@ async def test_at_60_columns_the_probe_bar_keeps_its_peak():
         assert line.rstrip() == "■ probe ended (peak 3.03 GiB) / 23.54 GiB", line
 
 
+async def test_a_long_device_name_gets_its_own_line_and_the_bar_says_which_run_it_follows():
+    """Issue 51: at 80 columns the probe bar's caption was cut, and command mode's resumed run was labelled "probe"."""
+    from textual.app import App
+
+    from tui.widgets.bars import LiveBar
+
+    name = "cpu Intel(R) Xeon(R) Platinum 8480+ (2 cores)"
+
+    class Two(App):
+        def compose(self):
+            yield LiveBar(name, id="long")
+            yield LiveBar("cuda:0 NVIDIA H200", id="short", follows="resumed")
+
+    async with Two().run_test(size=(80, 20)) as pilot:
+        long, short = pilot.app.query_one("#long", LiveBar), pilot.app.query_one("#short", LiveBar)
+        for bar in (long, short):
+            bar.show(ours=3 * 2**30, others=2**30, total=64 * 2**30, peak=4 * 2**30)
+        await pilot.pause()
+        lines = long.render().plain.splitlines()
+        assert len(lines) == 3 and lines[0] == name and long.size.height == 3, lines
+        lines = short.render().plain.splitlines()
+        assert len(lines) == 2 and lines[0].startswith("cuda:0 NVIDIA H200 ") and short.size.height == 2
+        assert lines[1].startswith("■ resumed 3.00 GiB (peak 4.00 GiB)"), lines
+
+
 async def test_the_perplexity_before_stays_on_screen_while_the_training_runs(tiny_model_dir, tmp_path):
     """It was a status line, replaced by the first training step."""
     import time

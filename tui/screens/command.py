@@ -308,6 +308,7 @@ class CommandRunScreen(NavButtons, WizardScreen):
             self.query_one("#status", Static).update(f"{event.run} run: step {event.step}{of}{loss}")
         elif isinstance(event, ChildStarted):
             self.sampler.follow({event.pid})
+            self._follows = event.run  # the bars' red share is this run's (issue 51: the resumed run's read "probe")
             self.query_one("#status", Static).update(f"{event.run}: process {event.pid} (log {event.log_path})")
         elif isinstance(event, StageStarted):
             self._lines[event.stage] = f"[yellow]…[/] {STAGE_NAMES.get(event.stage, event.stage)}: running"
@@ -348,6 +349,7 @@ class CommandRunScreen(NavButtons, WizardScreen):
             if bar is None:
                 bar = self._bars[sample.device] = LiveBar(f"{sample.device} {sample.name}")
                 live.mount(bar)
+            bar.follows = getattr(self, "_follows", "probe")
             bar.show(ours=sample.ours_bytes.value if running else None, others=sample.others_bytes.value,
                      total=sample.total_bytes.value, peak=self.sampler.peak_ours(sample.device),
                      note=sample.note or "", ended=not running)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from textual.app import App, ComposeResult
 from textual.binding import Binding
@@ -16,6 +17,18 @@ from tui.widgets.inputs import OrderedInput
 #: how a choice is labelled: by the key that answers it (keys 1-4; A-D answer too)
 LETTERS = "1234"
 
+
+
+def choice_prompt(mark: str, letter: str, text: str) -> Any:
+    """One answer as the list shows it: the mark and the letter in a column of their own, the text beside them, so a
+    long answer wraps under its own first word, not under the letter (issue 51)."""
+    from rich.table import Table
+
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(no_wrap=True)
+    grid.add_column(ratio=1)
+    grid.add_row(f"{mark}{letter}", text)
+    return grid
 
 class QuizScreen(Screen):
     """One question at a time: 1-4 (or ↑↓ Enter) answers, the explanation points at the record's evidence, n goes on.
@@ -80,7 +93,7 @@ class QuizScreen(Screen):
         self.query_one("#prompt", Static).update(Content(q.prompt))
         choices = self.query_one("#choices", OptionList)
         choices.clear_options()
-        choices.add_options([Content(f"{LETTERS[i]}  {c}") for i, c in enumerate(q.choices)])
+        choices.add_options([choice_prompt("", LETTERS[i], c) for i, c in enumerate(q.choices)])
         choices.disabled = False
         choices.highlighted = 0
         choices.focus()
@@ -103,7 +116,7 @@ class QuizScreen(Screen):
             Content.from_markup(verdict) + Content("\n" + q.explanation + "\nEvidence: " + ", ".join(q.evidence)))
         choices = self.query_one("#choices", OptionList)
         choices.clear_options()  # mark the answer given and the right one (not by colour alone)
-        choices.add_options([Content(f"{'✓' if k == q.answer else '✗' if k == i else ' '} {LETTERS[k]}  {c}")
+        choices.add_options([choice_prompt('✓ ' if k == q.answer else '✗ ' if k == i else '  ', LETTERS[k], c)
                              for k, c in enumerate(q.choices)])
         choices.disabled = True
         nxt = self.query_one("#next", Button)

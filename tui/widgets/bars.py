@@ -5,6 +5,8 @@ Dumb widgets: they draw the bytes they are given (GiB = 2^30 bytes on screen) an
 
 from __future__ import annotations
 
+from typing import Any
+
 from rich.text import Text
 from textual.reactive import reactive
 from textual.widget import Widget
@@ -123,13 +125,15 @@ class PlanBar(Widget):
 class LiveBar(Widget):
     """One device's memory now: this probe's share, other processes, free; with the peak of this probe so far."""
 
-    DEFAULT_CSS = "LiveBar { height: 2; }"
+    DEFAULT_CSS = "LiveBar { height: auto; }"
 
-    def __init__(self, label: str, whole_device: bool = False, **kw) -> None:
-        """``whole_device``: no probe is followed (``gpuaccept monitor``): one segment, used by all processes."""
+    def __init__(self, label: str, whole_device: bool = False, follows: str = "probe", **kw) -> None:
+        """``whole_device``: no probe is followed (``gpuaccept monitor``): one segment, used by all processes.
+        ``follows``: what the red share is, in a word (``probe``; command mode: the run under way, ``resumed``)."""
         super().__init__(**kw)
         self.label = label
         self.whole_device = whole_device
+        self.follows = follows
         self.ours: int | None = None
         self.others: int | None = None
         self.total: int | None = None
@@ -148,14 +152,23 @@ class LiveBar(Widget):
         self.judged = judged
         self.refresh()
 
+    def _label_apart(self, width: int) -> bool:
+        """The device's name is longer than a third of the width: it gets a line of its own, never cut to fit."""
+        return len(self.label) > max(10, width) // 3
+
+    def get_content_height(self, container: Any, viewport: Any, width: int) -> int:
+        return 3 if self._label_apart(width) else 2
+
     def render(self) -> Text:
-        """Line 1: the device and its bar; line 2: the numbers, the peak first, so a narrow terminal cuts the others
-        and the note, never the peak. ``total`` is the device's whole memory (the plan's capacity may be what was
-        available, or a cgroup's limit: the plan screen says which)."""
+        """Line 1: the device and its bar (a long device name on a line of its own above them, issue 51: it was cut
+        at 80 columns); line 2: the numbers, the peak first, so a narrow terminal cuts the others and the note, never
+        the peak. ``total`` is the device's whole memory (the plan's capacity may be what was available, or a
+        cgroup's limit: the plan screen says which)."""
         width = max(10, self.size.width)
-        label = self.label if len(self.label) <= width // 3 else self.label[:max(1, width // 3 - 1)] + "…"
+        apart = self._label_apart(width)
+        label = "" if apart else self.label
         segments = [(self.ours or 0, "#e15759"), (self.others or 0, "#7f7f7f")]
-        bar = stacked_bar(segments, self.total, max(4, width - len(label) - 1))
+        bar = stacked_bar(segments, self.total, max(4, width - len(label) - (1 if label else 0)))
 
         def n(v: int | None) -> str:  # every number with its unit
             return "N/A" if v is None else f"{v / GiB:.2f} GiB"
@@ -165,7 +178,8 @@ class LiveBar(Widget):
             head: tuple = (("■ ", "#7f7f7f"), f"used {n(self.others)} (peak {n(self.peak)}) ")
         else:  # the peak first: a narrow terminal cuts the end of the line, never the peak
             probe = "ended" if getattr(self, "ended", False) else n(self.ours)
-            head = (("■ ", "#e15759"), f"probe {probe} (peak {n(self.peak)}) ", ("■ ", "#7f7f7f"),
+            head = (("■ ", "#e15759"), f"{getattr(self, 'follows', 'probe')} {probe} (peak {n(self.peak)}) ",
+                    ("■ ", "#7f7f7f"),
                     f"others {n(self.others)} ")
         judged = getattr(self, "judged", "")
         # the longest words that fit (a note too long is cut with an ellipsis): the total with the capacity the plan
@@ -181,4 +195,8 @@ class LiveBar(Widget):
         else:
             line = Text.assemble(*tails[-1][0], tails[-1][1])
         line.truncate(width, overflow="ellipsis")
+        if apart:
+            title = Text(self.label, style="bold")
+            title.truncate(width, overflow="ellipsis")
+            return Text.assemble(title, "\n", bar, "\n", line)
         return Text.assemble((label, "bold"), " ", bar, "\n", line)
