@@ -103,3 +103,18 @@ def test_the_other_readme_commands_run_as_written(tmp_path):
     assert ran, "every README command is run by another test: this one has nothing left"
     print("seconds per README command:", ran)
     assert not (REPO / "examples" / "runs").exists()
+
+
+def test_the_quick_starts_words_and_timings_are_of_its_own_commands():
+    """Issue 51: the table timed `--steps 6` beside a line with `--steps 4`, and step 4 read as if it ran by itself
+    while, without --headless, it opens the wizard at Mode."""
+    import re
+
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    table = text.split("## The first minutes on a fresh machine", 1)[1].split("**1.", 1)[0]
+    lines = readme_commands()
+    for steps in re.findall(r"--steps (\d+)", table):  # a timing that names its flags names the line's own
+        assert any(f"--steps {steps}" in line for line in lines), f"the table times --steps {steps}: no line has it"
+    step4 = text.split("**4. ", 1)[1].split("**5. ", 1)[0]
+    if "--headless" not in shlex.split(command_mode_line()):
+        assert "opens the wizard" in step4 and "Ctrl+N" in step4, "step 4 opens the wizard: it must say so, with keys"

@@ -280,3 +280,52 @@ def test_setup_reads_a_trainers_config_with_keys_only(tmp_path, tiny_model_dir):
         assert re.search(r"Sequence length\s+128\s", shown), shown
     finally:
         subprocess.run([TMUX, "-L", term.socket, "kill-server"], capture_output=True)
+
+
+@pytest.mark.parametrize("order", ["before", "after"])
+def test_every_modes_record_verifies_whether_the_probe_starts_before_or_after_the_trace(tmp_path, tiny_model_dir,
+                                                                                       order):
+    """Issue 51: a record the wizard wrote failed `verify` (DoRA, Ctrl+N on Plan before the traced plan arrived: the
+    probe was compared with the analytic plan, the record held the traced one). The installed binary, cold, at 80x24,
+    keys only: each Mode entry of gpuaccept's recipe in turn, Ctrl+N on Plan before the trace arrives (as soon as the
+    plan fits) or after it (scrolled to, read off the screen), the probe run, then back to Mode for the next; each
+    run's record is written when the next setup starts (and the last on quit). `verify` accepts every one: exit 3."""
+    from tui.screens.mode import MODES
+
+    exe = Path(sys.executable).parent / "gpuaccept"
+    term = Tmux(tmp_path)
+    command = f"cd {tmp_path} && {exe} run --model {tiny_model_dir} {WALK}; echo exit=$? > {tmp_path}/rc; sleep 60"
+    term.tmux("new-session", "-d", "-s", term.session, "-x", "80", "-y", "24", command)
+    modes = [m for m in MODES if m != "command"]
+    try:
+        for number, mode in enumerate(modes, 1):
+            term.wait_for("· Mode", "⏎ Next")
+            keys(term, str(number), "Enter")
+            term.wait_for(f"· Setup ({mode})", "^n Next", timeout_s=120)
+            keys(term, "C-n")
+            plan = term.wait_for("· Plan (estimates)", "→ fits", "^n Probe")
+            if order == "after":  # the traced plan is below the fold: End scrolls to it
+                deadline = time.monotonic() + 120
+                while not re.search(r"Traced plan, ESTIMATE|traced plan: (not_run|error|cancelled)", plan):
+                    assert time.monotonic() < deadline, plan
+                    keys(term, "End")
+                    plan = term.screen()
+            keys(term, "C-n")
+            probe = term.wait_for("· Probe (measured)", "^n Next", timeout_s=180)
+            deadline = time.monotonic() + 180
+            while not re.search(r"(PASS|FAIL) ·", probe):
+                assert time.monotonic() < deadline, probe
+                time.sleep(0.5)
+                probe = term.screen()
+            assert "PASS ·" in probe, probe
+            if number < len(modes):
+                keys(term, "Escape", "Escape", "Escape")  # Plan, Setup, Mode
+        keys(term, "q")
+        assert exit_status(tmp_path / "rc", timeout_s=60) == "exit=0"
+    finally:
+        subprocess.run([TMUX, "-L", term.socket, "kill-server"], capture_output=True)
+    records = sorted((tmp_path / "runs").glob("*/record.toml"))
+    assert len(records) == len(modes), records
+    for record in records:
+        verified = subprocess.run([str(exe), "verify", str(record)], capture_output=True, text=True)
+        assert verified.returncode == 3, record.parent.name + "\n" + verified.stdout + verified.stderr
