@@ -164,6 +164,88 @@ def _check_tree(data: dict[str, Any], max_depth: int, max_string: int) -> None:
                 stack.append((value, depth + 1, where))
 
 
+#: nodes a YAML document may expand to, every alias counted as the nodes it stands for (a trainer's config has a
+#: few hundred; a "billion laughs" of nested aliases would expand to billions)
+MAX_YAML_NODES = 100_000
+
+
+class YamlBoundsError(ValueError):
+    """A YAML text beyond gpuaccept's bounds: nested deeper than :data:`MAX_TOML_DEPTH`, expanding (aliases counted
+    as what they stand for) to more than :data:`MAX_YAML_NODES` nodes, a string longer than :data:`MAX_TOML_STRING`,
+    or an integer longer than Python converts (``sys.get_int_max_str_digits``)."""
+
+
+def yaml_bounded(text: str, *, max_depth: int = MAX_TOML_DEPTH, max_nodes: int = MAX_YAML_NODES,
+                 max_string: int = MAX_TOML_STRING) -> Any:
+    """PyYAML's safe load within bounds. The document is composed into nodes first (no Python object is made) and
+    walked with a stack, each alias walked again as the nodes it names, so a document that expands past
+    ``max_nodes`` is refused before anything is built from it (PyYAML shares an alias's object, but every walk of the
+    result, e.g. listing a config's keys, expands it); nesting and scalars are checked on the way.
+
+    Raises:
+        YamlBoundsError: a bound passed (the message names it and the limit).
+        yaml.YAMLError: not valid YAML.
+    """
+    import yaml
+
+    _check_yaml_nesting(text, max_depth)  # before PyYAML's composer, which recurses once per level
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except RecursionError:
+        raise YamlBoundsError(f"nested too deep to read; gpuaccept reads at most {max_depth} levels") from None
+    if root is None:
+        return None
+    seen = 0
+    stack: list[tuple[Any, int]] = [(root, 0)]
+    while stack:
+        node, depth = stack.pop()
+        seen += 1
+        if seen > max_nodes:
+            raise YamlBoundsError(f"the document expands to more than {max_nodes:,} values (anchors and aliases "
+                                  "counted as what they stand for); a trainer's config holds a few hundred")
+        if depth > max_depth:
+            raise YamlBoundsError(f"mappings and lists nested more than {max_depth} deep; gpuaccept reads at most "
+                                  f"{max_depth} levels: flatten the file")
+        if isinstance(node, yaml.ScalarNode):
+            if len(node.value) > max_string:
+                raise YamlBoundsError(f"a value of {len(node.value):,} characters (line {node.start_mark.line + 1}); "
+                                      f"gpuaccept reads values of at most {max_string:,}")
+            continue
+        children = node.value if isinstance(node, yaml.SequenceNode) else [n for pair in node.value for n in pair]
+        stack.extend((child, depth + 1) for child in children)
+    try:
+        return yaml.safe_load(text)
+    except ValueError:  # an integer of more digits than int() converts
+        raise YamlBoundsError(f"an integer of more than {sys.get_int_max_str_digits():,} digits; no setting takes "
+                              "one that long") from None
+    except RecursionError:
+        raise YamlBoundsError(f"nested too deep to read; gpuaccept reads at most {max_depth} levels") from None
+
+
+def _check_yaml_nesting(text: str, max_depth: int) -> None:
+    """Raise :class:`YamlBoundsError` when the text nests deeper than ``max_depth``, counted without parsing: flow
+    brackets outside strings and comments (as in TOML), plus block nesting (each deeper indentation of a line that
+    holds a value, and each ``- `` that opens a sequence item on it). An upper bound of what PyYAML's composer would
+    recurse into, so its recursion never depends on the process's recursion limit."""
+    try:
+        _check_brackets(text, max_depth)
+    except TomlBoundsError as exc:
+        raise YamlBoundsError(f"mappings and lists {str(exc).split('tables and arrays ', 1)[-1]}") from None
+    indents: list[int] = []
+    for number, line in enumerate(text.splitlines(), 1):
+        stripped = line.lstrip(" ")
+        if not stripped or stripped.startswith("#"):
+            continue
+        indent = len(line) - len(stripped)
+        while indents and indents[-1] >= indent:
+            indents.pop()
+        indents.append(indent)
+        dashes = len(re.match(r"(?:-\s+)*", stripped).group().split("-")) - 1  # type: ignore[union-attr]
+        if len(indents) + dashes > max_depth:
+            raise YamlBoundsError(f"mappings and lists nested more than {max_depth} deep (at line {number}); "
+                                  f"gpuaccept reads at most {max_depth} levels: flatten the file")
+
+
 def shown(value: str, most: int = 80) -> str:
     """``value`` as a message shows it: whole up to ``most`` characters, else its start, an ellipsis and its length
     (a message never repeats a megabyte the user gave)."""

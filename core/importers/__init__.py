@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from core.bounds import check_path
+from core.bounds import YamlBoundsError, check_path, yaml_bounded
 from core.errors import SpecError
 from core.importers import axolotl, litgpt, llamafactory, torchtune, trl
 from core.importers.base import Format, Imported, NeedsValue
@@ -51,7 +51,9 @@ def read_yaml(path: Path) -> dict[str, Any]:
     if len(text) > 1_000_000:
         raise SpecError("spec", f"{path} is {len(text):,} characters: a trainer's config is far smaller")
     try:
-        data = yaml.safe_load(text)
+        data = yaml_bounded(text)
+    except YamlBoundsError as exc:
+        raise SpecError("spec", f"{path}: {exc}") from None
     except yaml.YAMLError as exc:
         raise SpecError("spec", f"{path} is not valid YAML ({str(exc).splitlines()[0]}); fix the file") from None
     if not isinstance(data, dict):

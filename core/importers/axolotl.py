@@ -91,7 +91,7 @@ def read(data: dict[str, Any], path: Path, overrides: Mapping[str, Any]) -> Impo
     fsdp_strategy(r, "fsdp", "fsdp_config.fsdp_offload_params")
     _fsdp_config(r)
     r.ignore("min_sample_len", "a filter of the data (shorter samples dropped): the sequence planned is sequence_len")
-    if r.has("sequence_parallel_degree") and int(r.value("sequence_parallel_degree")) > 1:
+    if r.has("sequence_parallel_degree") and r.number("sequence_parallel_degree") > 1:
         r.not_modelled("sequence_parallel_degree", f"sequence parallelism over {r.value('sequence_parallel_degree')} "
                                                    "ranks splits each sequence's activations among them: the plan "
                                                    "holds every token on each device (an upper bound)")

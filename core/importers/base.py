@@ -186,9 +186,23 @@ class Reader:
         self.defaults[dest] = f"{value!r} ({self.fmt}'s default: {source})"
 
     def take(self, key: str, dest: str, convert: Callable[[Any], Any] = lambda v: v, how: str = "") -> None:
-        """:meth:`set` from ``key`` when it is given."""
-        if self.has(key):
-            self.set(key, dest, convert(self.value(key)), how)
+        """:meth:`set` from ``key`` when it is given: ``int`` and ``float`` read as :meth:`number` reads them (a value
+        of another type is refused, never coerced); any other ``convert`` that cannot read the value is refused too.
+
+        Raises:
+            SpecError: naming ``key`` and its value.
+        """
+        if not self.has(key):
+            return
+        if convert in (int, float):
+            value = self.number(key, convert)
+        else:
+            raw = self.value(key)
+            try:
+                value = convert(raw)
+            except (TypeError, ValueError, OverflowError):
+                raise self.refuse(key, f"{shown_value(raw)} cannot be read for {dest}") from None
+        self.set(key, dest, value, how)
 
     def given(self, dest: str) -> bool:
         """A flag on the command line gives the spec setting ``dest``."""
@@ -240,18 +254,19 @@ class Reader:
         self.given_by_flag[dest] = f"{flag} {self.overrides[dest]!r}: {key} {why}"
 
     def number(self, key: str, kind: type = int) -> Any:
-        """The value of ``key`` as a number of ``kind``.
+        """The value of ``key`` as a number of ``kind``, never coerced: an integer setting takes an integer (``2.9``,
+        ``true``, ``"8"`` are refused, not read as 2, 1, 8); a number takes an integer, a float or a string YAML 1.1
+        leaves a float written without a dot in (``2e-4``), and it must be finite.
 
         Raises:
-            SpecError: it is not one.
+            SpecError: it is not one, naming the key and the value.
         """
         value = self.value(key)
-        try:
-            if isinstance(value, bool):
-                raise ValueError
-            return kind(value)
-        except (TypeError, ValueError):
-            raise self.refuse(key, f"{value!r} is not {'an integer' if kind is int else 'a number'}") from None
+        read = strict_number(value, kind)
+        if read is None:
+            what = "an integer" if kind is int else "a finite number"
+            raise self.refuse(key, f"{shown_value(value)} is not {what}")
+        return read
 
     def done(self) -> Imported:
         """The result: every leaf never read is listed as moving no memory (when the importer knows it so) or as
@@ -281,6 +296,32 @@ class Reader:
         digest = hashlib.sha256(self.path.read_bytes()).hexdigest()
         return Imported(self.fmt, str(self.path), digest, settings, dict(self.used), dict(self.ignored), unknown,
                         dict(self.defaults), dict(self.unmodelled), flags)
+
+
+def strict_number(value: Any, kind: type) -> Any:
+    """``value`` as ``kind`` (int or float) when it is one without coercion, else None (see :meth:`Reader.number`)."""
+    import math
+
+    if isinstance(value, bool):
+        return None
+    if kind is int:
+        return value if isinstance(value, int) else None
+    if isinstance(value, (int, float)):
+        number = float(value)
+    elif isinstance(value, str) and len(value) <= 64:
+        try:
+            number = float(value)
+        except ValueError:
+            return None
+    else:
+        return None
+    return number if math.isfinite(number) else None
+
+
+def shown_value(value: Any, most: int = 60) -> str:
+    """A config's value as a message shows it: its repr, cut to ``most`` characters."""
+    text = repr(value)
+    return text if len(text) <= most else text[: most - 3] + "..."
 
 
 def training_keys(r: Reader, *, batch: str, packing: str, schedule: str, optim: str) -> None:

@@ -195,13 +195,13 @@ def _finetuning(r: Reader) -> None:
     if bits == 4:
         r.set("quantization_bit", "qlora_quant_type", str(r.value("quantization_type", "nf4")))
         r.set("quantization_bit", "qlora_double_quant", bool(r.value("double_quantization", True)))
-    rank = int(r.value("lora_rank", 8))
+    rank = r.number("lora_rank") if r.has("lora_rank") else 8
     if r.has("lora_rank"):
         r.set("lora_rank", "lora_r", rank)
     else:
         r.default("lora_r", rank, "lora_rank")
     if r.has("lora_alpha"):
-        r.set("lora_alpha", "lora_alpha", int(r.value("lora_alpha")))
+        r.set("lora_alpha", "lora_alpha", r.number("lora_alpha"))
     else:
         r.default("lora_alpha", 2 * rank, "lora_alpha: 2 x lora_rank")
     r.take("lora_dropout", "lora_dropout", float)
@@ -219,7 +219,7 @@ def _optimizers(r: Reader) -> None:
         return
     r.set("use_galore", "optimizer", "galore_adamw", "GaLore's AdamW over the targeted matrices")
     r.defaults.pop("optimizer", None)
-    rank = int(r.value("galore_rank", 16))
+    rank = r.number("galore_rank") if r.has("galore_rank") else 16
     r.set("galore_rank", "galore_rank", rank) if r.has("galore_rank") else r.default("galore_rank", 16, "galore_rank")
     r.ignore("galore_update_interval", "how often the projection is remade by an SVD of the gradient: one step in it "
                                        "makes the SVD's workspace, not planned")

@@ -214,7 +214,12 @@ def _adapters(r: Reader, component: str) -> None:
     r.settings["lora_dtype"] = "model"
     r.defaults["lora_dtype"] = "'model' (torchtune's LoRA parameters are built in the model's dtype)"
     r.take("model.lora_rank", "lora_r", int)
-    r.take("model.lora_alpha", "lora_alpha", lambda v: int(float(v)))
+    if r.has("model.lora_alpha"):  # a float in torchtune's builders; the spec's alpha is an integer
+        alpha = r.number("model.lora_alpha", float)
+        if alpha != int(alpha):
+            raise r.refuse("model.lora_alpha", f"{alpha!r}: the plan takes an integer alpha (it moves no memory: give "
+                                               f"{round(alpha)})")
+        r.set("model.lora_alpha", "lora_alpha", int(alpha))
     r.take("model.lora_dropout", "lora_dropout", float)
     modules = [ATTENTION_MODULES.get(str(m), str(m)) for m in r.value("model.lora_attn_modules", [])]
     if r.value("model.apply_lora_to_mlp", False):

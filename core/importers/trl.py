@@ -187,7 +187,7 @@ def _adapters(r: Reader) -> None:
     for key, dest, default, kind in (("lora_r", "lora_r", 16, int), ("lora_alpha", "lora_alpha", 32, int),
                                      ("lora_dropout", "lora_dropout", 0.05, float)):
         if r.has(key):
-            r.set(key, dest, kind(r.value(key)))
+            r.set(key, dest, r.number(key, kind))
         else:
             r.default(dest, default, f"ModelConfig.{key}")
     if r.has("lora_target_modules"):

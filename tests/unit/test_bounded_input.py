@@ -229,3 +229,43 @@ def test_your_own_commands_data_that_is_a_fifo_is_named(tmp_path, capsys):
     os.mkfifo(fifo)
     assert main(["run", "--headless", "--command", "python3 train.py --output_dir {out}", "--data", str(fifo)]) == 2
     assert f"command.data: {fifo} is a FIFO (named pipe), not a file" in capsys.readouterr().err
+
+
+#: a "billion laughs" of nested YAML aliases: 858 bytes that expand to 9^9 strings (issue 52)
+YAML_BOMB = "".join(f"{k}: &{k} [{', '.join([f'*{p}'] * 9) if p else ', '.join(['lol'] * 9)}]\n"
+                    for p, k in zip(["", *"abcdefgh"], "abcdefghi")) + "model_name_or_path: *i\n"
+
+
+@pytest.mark.parametrize(("name", "text", "says"), [
+    ("aliases", YAML_BOMB, "expands to more than 100,000 values (anchors and aliases counted"),
+    ("deep flow", "a: " + "[" * 50_000 + "]" * 50_000 + "\n", "nested more than 32 deep (at line 1, column 36)"),
+    ("deep block", "".join(" " * i + f"k{i}:\n" for i in range(40)) + " " * 40 + "v: 1\n",
+     "nested more than 32 deep"),
+    ("huge integer", "per_device_train_batch_size: " + "9" * 5000 + "\n", "an integer of more than 4,300 digits"),
+], ids=lambda v: v if isinstance(v, str) and len(v) < 20 and "\n" not in v else "")
+@pytest.mark.parametrize("command", [["plan"], ["run", "--headless", "--runs-dir"]], ids=["plan", "run"])
+def test_a_hostile_trainer_yaml_is_bad_input_named_at_once(name, text, says, command, tmp_path, capsys):
+    """Issue 52: an 858-byte YAML of nested aliases grew `plan` to 2.5 GB in 60 s (command mode to 15 GB); YAML nested
+    50,000 deep and an integer of 5,000 digits were internal errors (exit 1). Each is named, exit 2, in well under 5 s,
+    before anything is built from the file."""
+    import time
+
+    config = tmp_path / "config.yaml"
+    config.write_text(text)
+    runs = tmp_path / "runs"
+    started = time.monotonic()
+    code = main([*command, str(runs), str(config)] if command[0] == "run" else [*command, str(config)])
+    err = capsys.readouterr().err
+    assert code == 2 and says in err and "internal error" not in err, err
+    assert time.monotonic() - started < 5 and not runs.exists()
+
+
+@pytest.mark.parametrize("value", ["eight", '"1e400"', ".nan", "2.9", "true", '"8"'])
+def test_a_value_of_the_wrong_type_is_refused_never_coerced(value, tmp_path, capsys):
+    """Issue 52: a batch size of "eight", "1e400" or .nan was an internal error (exit 1); 2.9 was planned as 2 and
+    true as 1. Each is refused by name, exit 2."""
+    config = tmp_path / "trl.yaml"
+    config.write_text(f"model_name_or_path: smollm2-135m\nper_device_train_batch_size: {value}\nmax_length: 64\n")
+    assert main(["plan", str(config), "--devices", "1xH100"]) == 2
+    err = capsys.readouterr().err
+    assert "trl:per_device_train_batch_size:" in err and "is not an integer" in err and "internal" not in err, err
