@@ -125,7 +125,7 @@ def command_mode(args: argparse.Namespace) -> bool:
     table."""
     from core.api import is_command_file
 
-    return bool(getattr(args, "command_train", None)) or bool(args.spec and is_command_file(args.spec))
+    return getattr(args, "command_train", None) is not None or bool(args.spec and is_command_file(args.spec))
 
 
 def command_spec_from_args(args: argparse.Namespace) -> Any:

@@ -98,8 +98,9 @@ def out_config(words: list[str], config: str, workdir: Path) -> tuple[Path, Form
         raise SpecError("command.train", f"the command holds no {{out}} and {path.name} is not a config of "
                                          f"{', '.join(f.name for f in FORMATS)}: put {{out}} where your script takes "
                                          "its output folder")
-    given = command_flags(words).values
-    set_here = [k for k in fmt.out_keys if k in given]
+    # every spelling the trainer's parser takes: transformers' HfArgumentParser takes --output_dir and --output-dir
+    spelled = {key.replace("-", "_"): key for key in command_flags(words).values}
+    set_here = [spelled[k.replace("-", "_")] for k in fmt.out_keys if k.replace("-", "_") in spelled]
     if set_here:
         raise SpecError("command.train", f"the command sets --{set_here[0]} itself, over {path.name}'s: give it "
                                          f"{{out}} (--{set_here[0]} {{out}}), or drop the flag and gpuaccept sets the "

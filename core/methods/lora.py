@@ -9,6 +9,7 @@ are wrapped alike.
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Mapping
 from typing import Any, Literal, get_args
 
@@ -22,6 +23,10 @@ ALL_LINEAR = "all-linear"
 #: 2305.14314) or a 4-bit float
 QuantType = Literal["nf4", "fp4"]
 QUANT_TYPES: tuple[QuantType, ...] = get_args(QuantType)
+
+
+#: module names ``[lora] targets`` may list (a model has a few hundred kinds of linear layer at most)
+MAX_TARGETS = 1_000
 
 
 def check_adapters(spec: Any) -> None:
@@ -39,9 +44,13 @@ def check_adapters(spec: Any) -> None:
         raise SpecError("lora.dropout", f"must be in [0, 1) (got {lora.dropout})")
     if not lora.targets:
         raise SpecError("lora.targets", "name at least one module, e.g. q_proj,v_proj")
-    repeated = sorted({t for t in lora.targets if lora.targets.count(t) > 1})
+    if len(lora.targets) > MAX_TARGETS:
+        raise SpecError("lora.targets", f"{len(lora.targets):,} modules named; a model has at most a few hundred "
+                                        f"kinds of linear layer (give at most {MAX_TARGETS:,}, or all-linear)")
+    repeated = sorted(t for t, n in Counter(lora.targets).items() if n > 1)  # linear in the list's length
     if repeated:
-        raise SpecError("lora.targets", f"{', '.join(repeated)} named twice; name each module once")
+        shown = ", ".join(repeated[:10]) + (f" and {len(repeated) - 10:,} more" if len(repeated) > 10 else "")
+        raise SpecError("lora.targets", f"{shown} named twice; name each module once")
     if ALL_LINEAR in lora.targets and set(lora.targets) - {ALL_LINEAR, "lm_head"}:
         raise SpecError("lora.targets", f"{ALL_LINEAR} already names every linear layer but the LM head; give it "
                                         "alone (or with lm_head), or list module names without it")

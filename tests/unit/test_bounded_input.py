@@ -269,3 +269,25 @@ def test_a_value_of_the_wrong_type_is_refused_never_coerced(value, tmp_path, cap
     assert main(["plan", str(config), "--devices", "1xH100"]) == 2
     err = capsys.readouterr().err
     assert "trl:per_device_train_batch_size:" in err and "is not an integer" in err and "internal" not in err, err
+
+
+def test_a_hundred_thousand_lora_targets_are_refused_at_once():
+    """Issue 52: `[lora] targets` with 100,000 entries took minutes (a quadratic duplicate check)."""
+    import time
+
+    from core.errors import SpecError
+    from core.spec import RunSpec
+
+    started = time.monotonic()
+    with pytest.raises(SpecError, match=r"100,000 modules named; .* \(give at most 1,000"):
+        RunSpec.build(mode="lora", lora_targets=",".join(f"m{i}" for i in range(100_000)))
+    with pytest.raises(SpecError, match=r"m0, m1, m10, .* and 490 more named twice"):
+        RunSpec.build(mode="lora", lora_targets=",".join([f"m{i}" for i in range(500)] * 2))
+    assert time.monotonic() - started < 2
+
+
+def test_an_empty_command_is_refused_not_run_as_the_own_recipe(tmp_path, capsys):
+    """Issue 52: `--command ""` silently ran the built-in 30-step recipe ("   " was refused)."""
+    runs = tmp_path / "runs"
+    assert main(["run", "--headless", "--runs-dir", str(runs), "--command", ""]) == 2
+    assert "command.train: the training command is missing" in capsys.readouterr().err and not runs.exists()

@@ -25,6 +25,9 @@ def spec(**kw):
     ({"train": f"{PY} train.py"}, "command.train", "put {out} where your script takes its output folder"),
     ({"train": f"{PY} train.py --config {CONFIGS / 'trl_sft_qlora.yaml'} --output_dir out"}, "command.train",
      "sets --output_dir itself"),
+    ({"train": f"{PY} train.py --config {CONFIGS / 'trl_sft_qlora.yaml'} --output-dir out"}, "command.train",
+     "sets --output-dir itself"),  # issue 52: transformers takes the dash spelling too
+    ({"train": ""}, "command.train", "the training command is missing"),
     ({"train": f"{PY} train.py --config {CONFIGS / 'trl_sft_qlora.yaml'}", "resume": "--resume {checkpoint}"},
      "command.resume", "start the resume command with {command}"),
     ({"train": f"{PY} train.py --out {{out}} > log.txt"}, "command.train", "runs without a shell"),
