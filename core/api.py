@@ -361,9 +361,10 @@ def read_record(path: Path) -> dict[str, Any]:
         OSError: it cannot be read; UnicodeDecodeError, tomllib.TOMLDecodeError (both ValueErrors): not UTF-8 TOML,
             or beyond the bounds.
     """
-    from core.bounds import loads_bounded
+    from core.bounds import MAX_RECORD_FILE, loads_bounded, read_input_text
 
-    return loads_bounded(Path(path).read_text(encoding="utf-8"))
+    # a FIFO, a device or a file past any record's size is an OSError naming it (core.bounds.InputFileError)
+    return loads_bounded(read_input_text(path, "a gpuaccept record", MAX_RECORD_FILE))
 
 
 def verify(record: Path, allowed_signers: Path | None = None, identity: str | None = None) -> Verification:

@@ -296,3 +296,43 @@ def special_file_kind(path: str | Path) -> str | None:
         if test(mode):
             return words
     return "not a regular file"
+
+
+#: bytes of a spec, a trainer's config, a quiz's answers or a signature gpuaccept reads (a real one is a few KiB)
+MAX_SMALL_FILE = 2**20
+#: bytes of a record gpuaccept reads (a real one is tens of KiB; a record of a large cluster a few MiB)
+MAX_RECORD_FILE = 32 * 2**20
+
+
+class InputFileError(OSError):
+    """A file gpuaccept was given that it does not read: not a regular file (a FIFO, a device, a directory, a socket;
+    named from ``os.stat``, never opened), larger than the cap for its kind, or not UTF-8 text. An ``OSError``, so a
+    reader that reports a file it cannot read reports this one, with this message."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "cannot be read"
+
+
+def read_input_text(path: str | Path, what: str, max_bytes: int = MAX_SMALL_FILE) -> str:
+    """The UTF-8 text of the file ``path`` (``what``: what it should be, for the message: ``"a TOML spec"``), read
+    only when it is a regular file (symbolic links followed) of at most ``max_bytes``; at most ``max_bytes + 1`` bytes
+    are ever read, so a file that grows (or a link to ``/dev/zero``) cannot exhaust memory.
+
+    Raises:
+        FileNotFoundError: no such file.
+        InputFileError: not a regular file, larger than ``max_bytes``, or not UTF-8 (the message names the path, what
+            it is, and what to give).
+    """
+    path = Path(path)
+    kind = special_file_kind(path)
+    if kind is not None:
+        raise InputFileError(f"{path} is {kind}, not a file: give {what}")
+    with open(path, "rb") as f:  # FileNotFoundError as it is
+        data = f.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise InputFileError(f"{path} is larger than {max_bytes:,} bytes: not {what} gpuaccept reads (a real one is "
+                             "far smaller)")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InputFileError(f"{path} is not UTF-8 text (binary, or UTF-16?): give {what}") from None

@@ -447,7 +447,7 @@ def add_onboarding(record_path: Path, table: dict[str, Any]) -> Path:
             unreadable.
     """
 
-    from core.bounds import loads_bounded
+    from core.bounds import MAX_RECORD_FILE, loads_bounded, read_input_text
     from core.record.build import write_record
     from core.record.signing import signature_path
 
@@ -456,7 +456,7 @@ def add_onboarding(record_path: Path, table: dict[str, Any]) -> Path:
         raise GpuAcceptError(f"{path} is signed; a signed record is never rewritten (its signature covers every "
                              "byte): the quiz result was not added")
     try:
-        record = loads_bounded(path.read_text(encoding="utf-8"))
+        record = loads_bounded(read_input_text(path, "a gpuaccept record", MAX_RECORD_FILE))
     except (OSError, ValueError) as exc:
         raise GpuAcceptError(f"{path}: cannot read the record ({exc})") from None
     earlier = record.get("onboarding", [])

@@ -81,7 +81,14 @@ from pathlib import Path
 from typing import Any, Literal, cast, get_args, get_origin
 
 from core import killpoints
-from core.bounds import TomlBoundsError, check_path, loads_bounded, special_file_kind
+from core.bounds import (
+    InputFileError,
+    TomlBoundsError,
+    check_path,
+    loads_bounded,
+    read_input_text,
+    special_file_kind,
+)
 from core.criteria import AcceptCriteria
 from core.dtypes import DTYPES, Dtype, dtype_bytes
 from core.errors import SpecError
@@ -518,9 +525,11 @@ class RunSpec:
             path = Path(toml_path)
             check_path("spec", str(toml_path))
             try:
-                raw = loads_bounded(path.read_text(encoding="utf-8"))
+                raw = loads_bounded(read_input_text(path, "a TOML spec"))
             except FileNotFoundError:
                 raise SpecError("spec", f"file {path} not found; give the path of a TOML spec") from None
+            except InputFileError as exc:
+                raise SpecError("spec", str(exc)) from None
             except IsADirectoryError:
                 raise SpecError("spec", f"{path} is a folder; give the path of a TOML spec file") from None
             except UnicodeDecodeError:

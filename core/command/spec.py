@@ -54,7 +54,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from core.bounds import check_path, loads_bounded, special_file_kind
+from core.bounds import check_path, loads_bounded, read_input_text, special_file_kind
 from core.dtypes import DTYPES
 from core.errors import SpecError
 from core.settings import KIND_WORDS, setting, settings_of, value_fits
@@ -467,7 +467,7 @@ def read_command_table(path: Path) -> dict[str, Any]:
         SpecError: the file is missing or not TOML, has no ``[command]`` table, or holds other settings beside it.
     """
     try:
-        raw = loads_bounded(path.read_text(encoding="utf-8"))  # nesting and strings bounded (core/bounds.py)
+        raw = loads_bounded(read_input_text(path, "a TOML spec"))  # nesting and strings bounded (core/bounds.py)
     except FileNotFoundError:
         raise SpecError("spec", f"file {path} not found; give the path of a TOML spec") from None
     except (OSError, UnicodeDecodeError) as exc:
@@ -493,7 +493,7 @@ def read_command_criteria(path: Path) -> dict[str, Any]:
         SpecError: the file cannot be read, or ``accept`` is not a table.
     """
     read_command_table(path)  # the file's own errors, named
-    table = loads_bounded(path.read_text(encoding="utf-8")).get("accept", {})
+    table = loads_bounded(read_input_text(path, "a TOML spec")).get("accept", {})
     if not isinstance(table, dict):
         raise SpecError("accept", f"{path}: accept is {type(table).__name__}, not a table of criteria")
     return dict(table)
@@ -502,7 +502,7 @@ def read_command_criteria(path: Path) -> dict[str, Any]:
 def is_command_file(path: str | Path) -> bool:
     """The TOML file ``path`` holds a ``[command]`` table (command mode), read without validating it."""
     try:
-        return isinstance(loads_bounded(Path(path).read_text(encoding="utf-8")).get("command"), dict)
+        return isinstance(loads_bounded(read_input_text(path, "a TOML spec")).get("command"), dict)
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
         return False
 

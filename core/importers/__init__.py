@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from core.bounds import YamlBoundsError, check_path, yaml_bounded
+from core.bounds import InputFileError, YamlBoundsError, check_path, read_input_text, yaml_bounded
 from core.errors import SpecError
 from core.importers import axolotl, litgpt, llamafactory, torchtune, trl
 from core.importers.base import Format, Imported, NeedsValue
@@ -43,13 +43,13 @@ def read_yaml(path: Path) -> dict[str, Any]:
 
     check_path("spec", str(path))
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_input_text(path, "a trainer's YAML config")
     except FileNotFoundError:
         raise SpecError("spec", f"file {path} not found; give the path of a trainer's YAML config") from None
-    except (UnicodeDecodeError, OSError) as exc:
-        raise SpecError("spec", f"{path} cannot be read as UTF-8 text ({exc})") from None
-    if len(text) > 1_000_000:
-        raise SpecError("spec", f"{path} is {len(text):,} characters: a trainer's config is far smaller")
+    except InputFileError as exc:
+        raise SpecError("spec", str(exc)) from None
+    except OSError as exc:
+        raise SpecError("spec", f"{path} cannot be read ({exc.strerror or exc})") from None
     try:
         data = yaml_bounded(text)
     except YamlBoundsError as exc:

@@ -24,9 +24,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
+from core.bounds import MAX_SMALL_FILE, special_file_kind
 from core.errors import GpuAcceptError
 
 NAMESPACE = "gpuaccept-record"
+
+#: bytes of a signature file ssh-keygen is given (an SSH signature is a few hundred bytes)
+MAX_SIGNATURE_BYTES = 16_384
 
 
 class SigningError(GpuAcceptError):
@@ -162,15 +166,25 @@ def check_signature(record: Path, allowed_signers: Path | None = None, identity:
     """
     record = Path(record)
     sig = signature_path(record)
-    if sig.exists() and not sig.is_file():
-        return SignatureCheck("bad", f"{sig.name} is not a file")
+    kind = special_file_kind(sig)
+    if kind is not None:
+        return SignatureCheck("bad", f"{sig.name} is {kind}, not a signature file")
     if not sig.exists():
         return SignatureCheck("unsigned", f"no signature: {sig.name} does not exist")
+    if sig.stat().st_size > MAX_SIGNATURE_BYTES:  # ssh-keygen would take minutes over it
+        return SignatureCheck("bad", f"{sig.name} is {sig.stat().st_size:,} bytes; an SSH signature is under "
+                                     f"{MAX_SIGNATURE_BYTES:,}")
     if allowed_signers is not None:
         if not identity:
             raise SigningError("--allowed-signers needs --identity: the signer's principal in that file")
+        signers_kind = special_file_kind(allowed_signers)
+        if signers_kind is not None:
+            raise SigningError(f"allowed-signers {allowed_signers} is {signers_kind}, not a file")
         if not Path(allowed_signers).is_file():
             raise FileNotFoundError(f"allowed-signers file {allowed_signers} not found")
+        if Path(allowed_signers).stat().st_size > MAX_SMALL_FILE:
+            raise SigningError(f"allowed-signers {allowed_signers} is larger than {MAX_SMALL_FILE:,} bytes: not an "
+                               "allowed_signers file gpuaccept reads")
         args = [_ssh_keygen(), "-Y", "verify", "-f", str(allowed_signers), "-I", identity, "-n", NAMESPACE,
                 "-s", str(sig)]
     else:

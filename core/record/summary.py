@@ -16,7 +16,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from core.bounds import loads_bounded
+from core.bounds import MAX_RECORD_FILE, loads_bounded, read_input_text, special_file_kind
 from core.record.verify import EXIT_VERIFIED, Verification, verify
 
 RUN_SCHEMA = "gpuaccept.run/1"
@@ -130,12 +130,12 @@ def records_below(folder: Path) -> list[Path]:
     for path in sorted(folder.rglob("*.toml")):
         if path.name.startswith("."):  # a writer's temporary file (core.record.build.write_record), not a record
             continue
-        if path.name == "record.toml":
-            found.append(path)
+        if path.name == "record.toml" or special_file_kind(path) not in (None, "a directory"):
+            found.append(path)  # a FIFO or a device named like a record: a row of its own, never opened
             continue
         try:
-            rec = loads_bounded(path.read_text(encoding="utf-8"))
-        except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
+            rec = loads_bounded(read_input_text(path, "a gpuaccept record", MAX_RECORD_FILE))
+        except (OSError, tomllib.TOMLDecodeError):
             continue
         if rec.get("tool") == "gpuaccept" and "verdict" in rec:
             found.append(path)
@@ -165,8 +165,8 @@ def folder_rows(folder: Path, allowed_signers: Path | None = None, identity: str
     for path in records_below(folder):
         result = verify(path, allowed_signers, identity)
         try:
-            rec = loads_bounded(path.read_text(encoding="utf-8"))
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError):
+            rec = loads_bounded(read_input_text(path, "a gpuaccept record", MAX_RECORD_FILE))
+        except (OSError, tomllib.TOMLDecodeError):
             rec = {}
         verdict = rec.get("verdict", {}) if isinstance(rec.get("verdict"), dict) else {}
         rows.append({"record": str(path), "box": box_of(rec), "verdict": verdict.get("status", "?"),

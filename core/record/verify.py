@@ -28,13 +28,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from core.bounds import TomlBoundsError, loads_bounded
+from core.bounds import (
+    MAX_RECORD_FILE,
+    InputFileError,
+    TomlBoundsError,
+    loads_bounded,
+    read_input_text,
+    special_file_kind,
+)
 from core.criteria import AcceptCriteria, Judgement, device_label, speed_on
 from core.methods import trains
 from core.plan.fit import UNDER_ESTIMATE_WORD, fit_of, measured_use_bytes, traced_peak, traced_reserved, under_estimate
 from core.record.build import schema_problems
 from core.record.judged import criteria_of, criteria_rows_problems
-from core.record.signing import check_signature
+from core.record.signing import SignatureCheck, check_signature
 from core.record.verdicts import (
     STAGES,
     CheckFact,
@@ -139,14 +146,20 @@ def verify(record_path: Path, allowed_signers: Path | None = None, identity: str
         core.record.signing.SigningError: ssh-keygen is missing, or ``allowed_signers`` without ``identity``.
     """
     record_path = Path(record_path)
+    kind = special_file_kind(record_path)
+    if kind is not None:  # a FIFO, a device, a folder named like a record: named, never opened (a FIFO would block)
+        return Verification(SignatureCheck("unsigned", "not checked: the record is not a file"),
+                            [f"{record_path} is {kind}, not a record file"], [])
     if not record_path.is_file():
         raise FileNotFoundError(f"record {record_path} not found")
     signature = check_signature(record_path, allowed_signers, identity)
     try:
-        record = loads_bounded(record_path.read_text(encoding="utf-8"))
+        record = loads_bounded(read_input_text(record_path, "a gpuaccept record", MAX_RECORD_FILE))
     except TomlBoundsError as exc:  # nested too deep, a string too long: a schema finding (exit 5), never a crash
         return Verification(signature, [f"beyond what gpuaccept reads: {exc}"], [])
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+    except InputFileError as exc:  # larger than any record, or not UTF-8
+        return Verification(signature, [f"beyond what gpuaccept reads: {exc}"], [])
+    except tomllib.TOMLDecodeError as exc:
         return Verification(signature, [f"not a TOML file: {exc}"], [])
     schema, verdicts = record_problems(record)
     signoff = record.get("signoff")

@@ -291,3 +291,54 @@ def test_an_empty_command_is_refused_not_run_as_the_own_recipe(tmp_path, capsys)
     runs = tmp_path / "runs"
     assert main(["run", "--headless", "--runs-dir", str(runs), "--command", ""]) == 2
     assert "command.train: the training command is missing" in capsys.readouterr().err and not runs.exists()
+
+
+def _specials(folder: Path, name: str) -> dict[str, Path]:
+    """A FIFO and a link to /dev/zero named ``name`` (in two subfolders of ``folder``)."""
+    made = {}
+    for kind in ("fifo", "zero"):
+        (folder / kind).mkdir(parents=True, exist_ok=True)
+        path = folder / kind / name
+        if kind == "fifo":
+            os.mkfifo(path)
+        else:
+            path.symlink_to("/dev/zero")
+        made[kind] = path
+    return made
+
+
+@pytest.mark.parametrize("name", ["spec.toml", "config.yaml"])
+@pytest.mark.parametrize("kind", ["fifo", "zero"])
+def test_a_spec_that_is_a_fifo_or_dev_zero_is_named_never_opened(name, kind, tmp_path, capsys):
+    """Issue 52: a spec that is a FIFO hung; a link to /dev/zero ended in MemoryError."""
+    path = _specials(tmp_path, name)[kind]
+    assert main(["plan", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"{path} is {'a FIFO (named pipe)' if kind == 'fifo' else 'a character device'}, not a file" in err, err
+
+
+def test_quiz_and_verify_of_a_fifo_name_it_and_verify_dir_gives_it_a_row(tmp_path, capsys):
+    """Issue 52: `quiz` on a FIFO hung; `verify DIR` with a FIFO or a device named *.toml beside the records hung or
+    aborted with an internal error. Each is named; in a folder each is a row of its own and the others are verified."""
+    made = _specials(tmp_path / "runs", "x.toml")
+    good = tmp_path / "runs" / "run1" / "record.toml"
+    good.parent.mkdir(parents=True)
+    shutil.copyfile(path_of("lora"), good)
+    assert main(["quiz", str(made["fifo"])]) == 2
+    assert "is a FIFO (named pipe), not a file" in capsys.readouterr().err
+    assert main(["verify", str(made["zero"])]) == 5
+    assert "is a character device, not a record file" in capsys.readouterr().out
+    assert main(["verify", str(tmp_path / "runs"), "--json"]) == 5
+    rows = {Path(r["record"]).parent.name: r for r in json.loads(capsys.readouterr().out)["records"]}
+    assert set(rows) == {"fifo", "zero", "run1"} and rows["run1"]["exit_code"] == 3
+    assert rows["fifo"]["exit_code"] == rows["zero"]["exit_code"] == 5
+
+
+def test_a_huge_signature_is_bad_without_running_ssh_keygen_over_it(tmp_path, capsys):
+    """Issue 52: a 50 MB .sig ran into ssh-keygen's 60 s timeout, which escaped as an internal error."""
+    record = tmp_path / "record.toml"
+    shutil.copyfile(path_of("lora"), record)
+    with open(tmp_path / "record.toml.sig", "wb") as f:
+        f.truncate(50 * 2**20)
+    assert main(["verify", str(record)]) == 4
+    assert "record.toml.sig is 52,428,800 bytes; an SSH signature is under 16,384" in capsys.readouterr().out
