@@ -62,13 +62,22 @@ class CappedLog:
         self.path, self.cap, self.cut_bytes = path, max(int(cap), 4096), 0
         self.size = path.stat().st_size if path.exists() else 0
         self._note = 0  # bytes of gpuaccept's note at the file's start (not the command's output)
+        self.dropped_bytes = 0  # output that could not be written (the disk full, the folder gone): drained, dropped
+        self.write_error: str | None = None  # the first such error, in words
 
     def write(self, data: bytes) -> None:
-        with open(self.path, "ab") as f:
-            f.write(data)
-        self.size += len(data)
-        if self.size > self.cap:
-            self._cut()
+        """Append ``data``; when the disk refuses it (ENOSPC, EDQUOT, EIO ...) the bytes are dropped and counted and
+        the first error kept: the pump goes on draining the command's pipe, so the command never blocks writing."""
+        try:
+            with open(self.path, "ab") as f:
+                f.write(data)
+            self.size += len(data)
+            if self.size > self.cap:
+                self._cut()
+        except OSError as exc:
+            self.dropped_bytes += len(data)
+            if self.write_error is None:
+                self.write_error = f"{self.path}: {exc.strerror or exc}"
 
     def _cut(self) -> None:
         keep = self.cap // 2
@@ -328,12 +337,16 @@ def main(argv: list[str]) -> int:
     code = None if status is None else os.waitstatus_to_exitcode(status)
     report: dict[str, Any] = {"exit_status": code, "owner_gone": gone,
               "leftovers": [] if gone else leftovers, "log_cut_bytes": log.cut_bytes, "log_cap_bytes": log.cap,
-              "containment": containment, "oom_kill": oom_kills(cgroup)}
+              "containment": containment, "oom_kill": oom_kills(cgroup),
+              "log_dropped_bytes": log.dropped_bytes, "log_write_error": log.write_error}
     if cgroup is not None:
         remove_cgroup(cgroup)
     tmp = args.report.with_name(args.report.name + ".tmp")
-    tmp.write_text(json.dumps(report, indent=2), encoding="utf-8")
-    os.replace(tmp, args.report)
+    try:
+        tmp.write_text(json.dumps(report, indent=2), encoding="utf-8")
+        os.replace(tmp, args.report)
+    except OSError as exc:  # the disk is full: said on the line to gpuaccept instead (it reads no report then)
+        _say({"report_error": f"{args.report}: {exc.strerror or exc}", **report})
     if code is None:
         return 137
     if code < 0:  # killed by a signal: end the same way, so gpuaccept reads the same status

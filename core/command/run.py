@@ -257,6 +257,11 @@ def _finish(spec: CommandSpec, job: Job, outcome: RunOutcome) -> None:
             outcome.exit_note += f"; the job's cgroup counted {in_cgroup} OOM kill(s) (memory.events oom_kill)"
     report = job.report()
     outcome.log_cut_bytes = int(report.get("log_cut_bytes") or 0)
+    if report.get("log_write_error"):  # the disk refused the command's log: its output was drained and dropped
+        dropped = int(report.get("log_dropped_bytes") or 0)
+        outcome.problems.append(f"the disk refused the command's log ({report['log_write_error']}; {dropped:,} bytes "
+                                "of its output dropped, the command never blocked): free space in the runs folder "
+                                "and run again")
     if outcome.metrics is not None:
         outcome.problems.extend(outcome.metrics.problems)
     outcome.problems.extend(f"Trainer hook: {e}" for e in outcome.hook.errors)

@@ -43,3 +43,25 @@ def test_a_program_that_cannot_start_is_named(tmp_path):
     with pytest.raises(StageError, match=r"probe: cannot start no-such-program-here \(No such file or directory\)"):
         process.start_job("probe", ["no-such-program-here", "--flag"], tmp_path, tmp_path / "job", {})
     assert not list(Path(tmp_path / "job").glob("keeper.json"))
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs Linux's /dev/full")
+def test_a_full_disk_never_hangs_the_command_its_output_is_drained_and_the_loss_reported(tmp_path):
+    """Issue 52: on a full disk the log pump's write raised ENOSPC in its thread, the thread died, nothing drained the
+    pipe, the command blocked writing and the keeper waited on it for ever. The command's log is /dev/full here: the
+    command runs to its end, its output is dropped and counted, and the report names the error."""
+    (tmp_path / "job").mkdir()
+    (tmp_path / "job" / "command.log").symlink_to("/dev/full")
+    flood = "import sys\nfor i in range(20000): print(f'{i:08d}', 'y' * 90)\nsys.exit(0)\n"
+    job = process.start_job("probe", [sys.executable, "-c", flood], tmp_path, tmp_path / "job", {})
+    assert job.proc.wait(timeout=60) == 0  # 2 MB through a 64 KiB pipe: it would block without the pump
+    report = job.report()
+    assert report["exit_status"] == 0 and report["log_dropped_bytes"] == 20000 * 100
+    assert "No space left on device" in report["log_write_error"]
+
+
+def test_a_log_the_disk_refuses_drops_and_counts_and_keeps_the_first_error():
+    log = CappedLog(Path("/dev/full"), 8192)
+    log.write(b"x" * 100)
+    log.write(b"y" * 50)
+    assert log.dropped_bytes == 150 and log.write_error is not None and "No space left" in log.write_error
