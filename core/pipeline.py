@@ -398,6 +398,12 @@ class AcceptanceRun(StagedRun):
             raise StageError(why) from None
         yield self.emit(StageFinished("plan", status=StageStatus.judged(self.plan_fits), result=self.ctx.plan,
                                       summary=_plan_summary(self.ctx.plan, self.traced)))
+        if cancelled is not None and cancelled():  # a signal while the plan was traced: no later stage starts
+            from core.errors import StageCancelled
+
+            why = "cancelled: a signal came while the plan was made (the trace was stopped); no later stage ran"
+            self.stopped["probe"] = Stopped(StageStatus.CANCELLED, why)
+            raise StageCancelled(why)
         return self.ctx.plan
 
     def probe_stage(self, cancelled: Callable[[], bool] | None = None) -> Generator[Event, None, Any]:

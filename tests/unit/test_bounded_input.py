@@ -342,3 +342,28 @@ def test_a_huge_signature_is_bad_without_running_ssh_keygen_over_it(tmp_path, ca
         f.truncate(50 * 2**20)
     assert main(["verify", str(record)]) == 4
     assert "record.toml.sig is 52,428,800 bytes; an SSH signature is under 16,384" in capsys.readouterr().out
+
+
+def test_a_signal_while_the_plan_is_traced_starts_no_later_stage(tiny_model_dir, tmp_path):
+    """Issue 52: SIGTERM during the traced plan still marked the plan pass and started the probe 12 s later. The
+    headless run's stop flag (set by the signal handler) ends the run after the plan: the probe never starts, the
+    record says it was cancelled and why."""
+    import tomllib
+
+    from core.events import StageStarted
+    from core.pipeline import run_pipeline
+    from core.spec import RunSpec
+
+    spec = RunSpec.build(mode="lora", model=str(tiny_model_dir), seq_len=32, devices="cpu")
+    events, gen = [], run_pipeline(spec, tmp_path / "runs", cancelled=lambda: True)
+    try:
+        while True:
+            events.append(next(gen))
+    except StopIteration as done:
+        path = done.value
+    assert [e.stage for e in events if isinstance(e, StageStarted)] == ["plan", "record"]  # no probe
+    stage = tomllib.loads(path.read_text())["verdict"]["stages"]["probe"]
+    assert stage["status"] == "cancelled" and "while the plan was made" in stage["evidence"]
+    from core.record.verify import verify
+
+    assert verify(path).exit_code == 3  # consistent, unsigned
