@@ -719,7 +719,16 @@ def cmd_sign(args: argparse.Namespace) -> int:
 def cmd_verify(args: argparse.Namespace) -> int:
     """Exit codes: 0 verified and signed by an allowed signer, 7 the same with the signer not checked, 8 the signature
     intact but the identity not allowed, 3 consistent but unsigned, 4 bad signature, 5 schema, 6 verdict, 2 usage
-    (docs/record.md)."""
+    (docs/record.md). SIGTERM ends it through Python (SystemExit, exit 143), so the ssh-keygen it runs is stopped with
+    it (core.record.signing), never left running."""
+    previous = signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
+    try:
+        return _cmd_verify(args)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
     from core.api import check_path, verification_summary, verify
 
     if bool(args.allowed_signers) != bool(args.identity):

@@ -29,6 +29,8 @@ from core.errors import GpuAcceptError
 
 NAMESPACE = "gpuaccept-record"
 
+#: seconds ssh-keygen may take over one record (signing, checking): far more than it needs
+SSH_KEYGEN_TIMEOUT_S = 60.0
 #: bytes of a signature file ssh-keygen is given (an SSH signature is a few hundred bytes)
 MAX_SIGNATURE_BYTES = 16_384
 
@@ -67,11 +69,24 @@ def _run(args: list[str], stdin_path: Path | None = None) -> subprocess.Complete
     env.pop("SSH_ASKPASS", None)  # never a pop-up; a key that needs a passphrase fails
     # a new session has no controlling terminal: ssh-keygen cannot open /dev/tty to ask for a passphrase, so a key
     # that needs one fails at once instead of prompting under the wizard or hanging a script
-    if stdin_path is None:
-        return subprocess.run(args, stdin=subprocess.DEVNULL, capture_output=True, text=True, env=env, timeout=60,
-                              start_new_session=True)
-    with open(stdin_path, "rb") as fh:
-        return subprocess.run(args, stdin=fh, capture_output=True, env=env, timeout=60, start_new_session=True)
+    import signal
+
+    with open(stdin_path, "rb") if stdin_path is not None else open(os.devnull, "rb") as fh:
+        proc = subprocess.Popen(args, stdin=fh, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                                text=stdin_path is None, start_new_session=True)
+        try:
+            out, err = proc.communicate(timeout=SSH_KEYGEN_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise SigningError(f"ssh-keygen did not finish in {SSH_KEYGEN_TIMEOUT_S:.0f} s ({' '.join(args[1:3])}); "
+                               "it was stopped") from None
+        finally:  # a timeout, a signal turned into SystemExit, ^C: ssh-keygen (its own session) never outlives us
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                proc.wait()
+    return subprocess.CompletedProcess(args, proc.returncode, out, err)
 
 
 def signature_path(record: Path) -> Path:
@@ -189,7 +204,10 @@ def check_signature(record: Path, allowed_signers: Path | None = None, identity:
                 "-s", str(sig)]
     else:
         args = [_ssh_keygen(), "-Y", "check-novalidate", "-n", NAMESPACE, "-s", str(sig)]
-    done = _run(args, stdin_path=record)
+    try:
+        done = _run(args, stdin_path=record)
+    except SigningError as exc:  # it did not answer in time: the signature is not shown good
+        return SignatureCheck("bad", str(exc))
     out = (done.stdout + done.stderr).decode("utf-8", "replace").strip()
     found = re.search(r"(SHA256:[A-Za-z0-9+/=]+)", out)
     fp = found.group(1) if found else None

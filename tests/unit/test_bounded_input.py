@@ -367,3 +367,29 @@ def test_a_signal_while_the_plan_is_traced_starts_no_later_stage(tiny_model_dir,
     from core.record.verify import verify
 
     assert verify(path).exit_code == 3  # consistent, unsigned
+
+
+def _slow_ssh_keygen(folder: Path) -> Path:
+    """A stand-in ssh-keygen on PATH that writes its pid beside itself and sleeps."""
+    folder.mkdir(parents=True, exist_ok=True)
+    exe = folder / "ssh-keygen"
+    exe.write_text(f"#!/bin/sh\necho $$ > {folder}/pid\nexec sleep 30\n")
+    exe.chmod(0o755)
+    return exe
+
+
+def test_an_ssh_keygen_that_does_not_answer_is_named_and_stopped(tmp_path, monkeypatch, capsys):
+    """Issue 52: ssh-keygen's timeout escaped as an internal error."""
+    from core.record import signing
+
+    _slow_ssh_keygen(tmp_path / "bin")
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setattr(signing, "SSH_KEYGEN_TIMEOUT_S", 0.5)
+    record = tmp_path / "record.toml"
+    shutil.copyfile(path_of("lora"), record)
+    (tmp_path / "record.toml.sig").write_text("-----BEGIN SSH SIGNATURE-----\n")
+    assert main(["verify", str(record)]) == 4
+    assert "ssh-keygen did not finish in 0 s" in capsys.readouterr().out
+    pid = int((tmp_path / "bin" / "pid").read_text())
+    assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text().lower()
+
