@@ -206,6 +206,7 @@ def watch(
     """
     assert child.proc is not None
     finished = False
+    stopped_since: float | None = None
     try:
         while True:
             for event in poll_events(child):
@@ -215,6 +216,14 @@ def watch(
                     return
             if cancelled is not None and cancelled():
                 raise StageCancelled(f"{child.name}: cancelled; the child's process group was killed")
+            if process_stopped(child.pid):  # SIGSTOP, SIGTSTP, a debugger: it would never answer
+                stopped_since = stopped_since if stopped_since is not None else time.monotonic()
+                if time.monotonic() - stopped_since > STOPPED_CHILD_S:
+                    raise StageError(f"{child.name}: child {child.pid} was stopped (state T: SIGSTOP or SIGTSTP?) "
+                                     f"for {STOPPED_CHILD_S:.0f} s; its process group was killed (log: "
+                                     f"{child.log_path})")
+            else:
+                stopped_since = None
             if until is not None and until():
                 finished = True
                 return
@@ -229,6 +238,22 @@ def watch(
         # Cancelled, interrupted (Ctrl-C), or the consumer stopped reading: never leave the child running.
         if not finished and child.proc.poll() is None:
             kill_group(child)
+
+
+#: seconds a stage child may stay stopped (``T`` in /proc: SIGSTOP, SIGTSTP) before the stage names it and kills it
+STOPPED_CHILD_S = 5.0
+
+
+def process_stopped(pid: int) -> bool:
+    """The process is stopped by a signal (state ``T``; ``t``, traced, too), from ``/proc/PID/stat``; False where it
+    cannot be read (gone, or no /proc)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    end = stat.rfind(b")")  # the command name may hold spaces and parentheses: the state follows the last ")"
+    return end >= 0 and stat[end + 2:end + 3] in (b"T", b"t")
 
 
 def child_groups(child: ChildJob) -> list[int]:

@@ -3,6 +3,8 @@ before a child's first step are named, and the resume check's progress is propor
 
 from __future__ import annotations
 
+import os
+
 import copy
 
 import pytest
@@ -311,3 +313,25 @@ def test_the_one_time_conversion_says_it_runs_every_second(tmp_path, monkeypatch
     monkeypatch.setattr(pipeline, "CONVERT_CODE", "raise SystemExit(3)")
     with pytest.raises(StageError, match="convert.log"):
         pipeline.convert_blocking(tmp_path / "convert.log")
+
+
+def test_a_stopped_stage_child_is_named_and_killed_within_seconds(tmp_path, monkeypatch):
+    """Issue 52: a stage child stopped with SIGSTOP was waited on for 120 s showing "loading the model". A child in
+    state T for STOPPED_CHILD_S is named (its pid, the signal it likely got, its log) and its group killed."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from core.errors import StageError
+    from core.stages import childproc
+
+    monkeypatch.setattr(childproc, "STOPPED_CHILD_S", 0.5)
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    child = childproc.ChildJob("probe", tmp_path, job=None, proc=proc)  # type: ignore[arg-type]
+    assert not childproc.process_stopped(proc.pid)
+    os.kill(proc.pid, signal.SIGSTOP)
+    started = time.monotonic()
+    with pytest.raises(StageError, match=rf"probe: child {proc.pid} was stopped \(state T: SIGSTOP or SIGTSTP\?\)"):
+        list(childproc.watch(child))
+    assert time.monotonic() - started < 5 and proc.wait(timeout=10) == -signal.SIGKILL
