@@ -3,9 +3,8 @@ before a child's first step are named, and the resume check's progress is propor
 
 from __future__ import annotations
 
-import os
-
 import copy
+import os
 
 import pytest
 
