@@ -166,6 +166,34 @@ def verify(record_path: Path, allowed_signers: Path | None = None, identity: str
     return Verification(signature, schema, verdicts, signoff if isinstance(signoff, dict) else {})
 
 
+#: the tables of a record's lists that each name one thing once: (where, the keys that name a row)
+UNIQUE_ROWS = (("plan.devices", ("name",)), ("probe.devices", ("device", "rank")),
+               ("probe.plan_comparison", ("device", "rank")), ("resume.checks", ("name",)),
+               ("resume.comparison", ("step",)))
+
+
+def repeated_rows(rec: dict[str, Any]) -> list[str]:
+    """A row named twice in a list that names each thing once (:data:`UNIQUE_ROWS`): a schema problem, found in one
+    pass over each list (issue 52: a record with every check repeated 20,000 times was called consistent)."""
+    out = []
+    for where, keys in UNIQUE_ROWS:
+        table: Any = rec
+        for part in where.split("."):
+            table = table.get(part) if isinstance(table, dict) else None
+        if not isinstance(table, list):
+            continue
+        seen: set[tuple[Any, ...]] = set()
+        for row in table:
+            if not isinstance(row, dict):
+                continue
+            name = tuple(str(row.get(k)) for k in keys)
+            if name in seen:
+                out.append(f"{where} names {', '.join(f'{k} {v}' for k, v in zip(keys, name))} more than once")
+                break
+            seen.add(name)
+    return out
+
+
 def record_problems(rec: dict[str, Any]) -> tuple[list[str], list[str]]:
     """The schema check, then (only when the schema holds) every verdict recomputed: the one order ``gpuaccept
     verify`` and the sign-off (:func:`core.record.signoff.sign_record`) both apply.
@@ -188,7 +216,7 @@ def record_problems(rec: dict[str, Any]) -> tuple[list[str], list[str]]:
         schema, recompute = command_schema_problems, command_verdict_problems
     else:
         schema, recompute = schema_problems, recompute_verdicts
-    problems = schema(rec)
+    problems = repeated_rows(rec) or schema(rec)  # a list padded with copies is refused before it is walked
     if problems:
         return problems, []
     try:

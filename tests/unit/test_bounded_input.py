@@ -393,3 +393,26 @@ def test_an_ssh_keygen_that_does_not_answer_is_named_and_stopped(tmp_path, monke
     pid = int((tmp_path / "bin" / "pid").read_text())
     assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text().lower()
 
+
+
+def test_a_record_with_a_check_named_twice_or_past_any_size_is_refused_at_once(tmp_path, capsys):
+    """Issue 52: an 80 MB record with every check duplicated 20,000 times took 271 s and was called consistent. A
+    row named twice is a schema problem (exit 5); 20,000 copies are found in one pass."""
+    import time
+
+    import tomli_w
+
+    rec = tomllib.loads(path_of("lora").read_text())
+    rec["resume"]["checks"] = rec["resume"]["checks"] * 100  # 2,100 rows
+    record = tmp_path / "record.toml"
+    record.write_text(tomli_w.dumps(rec))
+    started = time.monotonic()
+    assert main(["verify", str(record)]) == 5
+    assert "resume.checks names name kill more than once" in capsys.readouterr().out
+    assert time.monotonic() - started < 5
+    with open(record, "ab") as f:  # past any record's size (80 MB in the attack): refused before it is parsed
+        f.truncate(40 * 2**20)
+    started = time.monotonic()
+    assert main(["verify", str(record)]) == 5
+    assert "is larger than 33,554,432 bytes: not a gpuaccept record" in capsys.readouterr().out
+    assert time.monotonic() - started < 5
