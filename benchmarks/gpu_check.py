@@ -43,6 +43,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -107,12 +108,18 @@ class Check:
         print(f"[{self.elapsed():5.0f} s] {name}: {' '.join(cmd[1:])[:160]} (limit {timeout:.0f} s)", flush=True)
         with log.open("w") as fh:
             proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT, env=env, start_new_session=True)
+            rc: int | None = None
             try:
-                rc: int | None = proc.wait(timeout=timeout)
+                rc = proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, 9)  # the child and everything it started (gpuaccept's stage children)
-                proc.wait()
-                rc = None
+                pass
+            finally:  # its limit, or this check stopped (a timeout's SIGTERM, ^C): the child's group never outlives it
+                if proc.poll() is None:
+                    try:
+                        os.killpg(proc.pid, 9)  # the child and everything it started (gpuaccept's stage children)
+                    except ProcessLookupError:
+                        pass
+                    proc.wait()
         return rc, log.read_text(errors="replace")
 
     def elapsed(self) -> float:
@@ -592,6 +599,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fork-smoke", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--fork-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    # a SIGTERM (the device tool's or `timeout`'s) or a hang-up ends the check through Python, so each step's
+    # child group is killed on the way out (Check.child): nothing it started keeps the GPU
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda signum, _frame: sys.exit(128 + signum))
     if args.fork_smoke:
         print(json.dumps(fork_smoke(args.cpu)))
         return 0
