@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.stages.noise import Bounded, Tier, judge_losses, loss_noise
-from core.status import StageStatus
+from core.status import PASSING, StageStatus
 
 #: (rank, step): a point's place in its run
 Key = tuple[int, int]
@@ -54,9 +54,10 @@ def span(steps: list[int]) -> str:
 
 
 def verdict(checks: Sequence[Check]) -> tuple[StageStatus, list[Check]]:
-    """The resume check's status from its checks (``pass``: at least one check and every one passed; else ``fail``)
-    and the checks that failed: both modes' results are judged by this one rule."""
-    failed = [ch for ch in checks if ch.status != StageStatus.PASS]
+    """The resume check's status from its checks (``pass``: at least one check and every one passed, a check this
+    run cannot make, ``not_applicable``, counting as passed; else ``fail``) and the checks that failed: both modes'
+    results are judged by this one rule (the record's, core.record.verdicts.resume_verdict, is the same)."""
+    failed = [ch for ch in checks if ch.status not in PASSING]
     return StageStatus.judged(bool(checks) and not failed), failed
 
 

@@ -58,7 +58,7 @@ from core.stages.compare import (
 from core.stages.nodeloss import NodeLoss, Survived, node_rank, node_ranks, span_ranks
 from core.stages.noise import Tier, judge_tensors, optimizer_state_tensors, required_tier
 from core.stages.train import StepMean, merge_rank_steps
-from core.status import StageStatus
+from core.status import PASSING, StageStatus
 
 
 @dataclass(frozen=True)
@@ -451,7 +451,7 @@ def run_resume_check(
                                         resume_launch.nproc * spec.torchrun.nnodes, ranks, nodes)
     checks.extend(gate)
     if nodes is not None:  # every node restarts, or none: a node left out would hold the others at the rendezvous
-        failed = ", ".join(ch.name for ch in gate if ch.status != StageStatus.PASS)
+        failed = ", ".join(ch.name for ch in gate if ch.status not in PASSING)
         others = nodes.resumable(resumable, f"its checkpoint failed {failed}" if failed else "")
         if others:
             checks.append(Check("nodes_resumable", StageStatus.FAIL,

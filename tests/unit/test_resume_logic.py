@@ -417,6 +417,9 @@ def test_rng_check_says_when_nothing_drew_random_numbers():
 
     assert check.status == "not_applicable" and check.status in PASSING
     assert "cannot tell a restored state from a fresh one" in check.evidence
+    from core.stages.compare import verdict  # and the stage passes with it (both modes' one rule)
+
+    assert verdict([check])[0] == "pass" and verdict([])[0] == "fail"
 
 
 def test_kill_point_check_compares_where_the_run_died_with_the_spec():
