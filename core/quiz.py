@@ -21,6 +21,7 @@ from typing import Any
 from core.errors import GpuAcceptError
 from core.methods import METHODS, trains
 from core.plan.fit import fits_in
+from core.status import PASSING
 
 GiB = 2**30
 #: the most questions a quiz asks; fewer when the record lacks the data of a kind
@@ -398,7 +399,7 @@ def _checkpoint_vs_resume(rec: dict[str, Any], seed: str) -> Question | None:
     c = res.get("checkpoint_step")
     tier = res.get("tier", {}) if isinstance(res.get("tier"), dict) else {}
     checks = res["checks"]
-    failed = [str(ch.get("name")) for ch in checks if ch.get("status") != "pass"]
+    failed = [str(ch.get("name")) for ch in checks if ch.get("status") not in PASSING]  # not_applicable passes
     prompt = (f"checkpoint-{c} was written, and the resume check ran (tier {tier.get('name')}). What has been "
               "shown?")
     if not failed:

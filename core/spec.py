@@ -149,7 +149,7 @@ LATER_DEFAULTS: dict[str, Any] = {
     "objective": "sft", "reference": "auto", "reference_dtype": "", "loss": "standard", "loss_chunks": 8,
     "compile": False, "optimizer_in_backward": False, "activation_offloading": False, "offload": "none",
     "seq_len_limit": "model", "untie_embeddings": False,
-    "lora.modules_to_save": [], "lora.dtype": "fp32", "embedding_fp32_states": True}
+    "lora.modules_to_save": [], "lora.dtype": "fp32", "embedding_fp32_states": True, "qlora.bitsandbytes": "installed"}
 Scheduler = Literal["linear", "cosine", "constant"]
 SCHEDULERS: tuple[Scheduler, ...] = get_args(Scheduler)
 #: How a run is spread over devices (docs/architecture.md §3). ``fsdp`` is accepted and stored as ``zero3`` (FSDP full shard).

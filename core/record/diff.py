@@ -264,6 +264,10 @@ def _quality_names(recs: list[dict[str, Any]]) -> list[tuple[str, str]]:
 def _cell(value: Any, unit: str) -> str:
     if value is None:
         return "-"
+    if value == "":  # an empty setting, not an absent one: the two never read alike
+        return '""'
+    if isinstance(value, list) and not value:
+        return "[]"
     if unit == "bytes" and _numeric(value):
         return f"{value / GIB:.2f} GiB"  # as on every screen and the [plan] line: GiB = 2^30, 2 decimals
     if isinstance(value, float):

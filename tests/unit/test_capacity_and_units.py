@@ -173,6 +173,11 @@ def test_two_long_values_that_differ_never_read_the_same_in_diff():
     left, right = line.split(" | ")
     assert line.startswith("*") and left.split()[-1] != right.split()[-1], line
     assert "--warmup 10" in left and "--warmup 20" in right and len(right.split("command.train")[-1]) <= 41
+    # an empty value beside an absent one (the walk: `* alloc_conf  | -`): each reads as what it is
+    text = format_comparison(Comparison(["A", "B"], ["a.toml", "b.toml"], True, "", [Row("spec", "alloc_conf",
+                                                                                         ["", None])]))
+    (line,) = [ln for ln in text.splitlines() if "alloc_conf" in ln]
+    assert line.split("alloc_conf", 1)[1].split() == ['""', "|", "-"], line
 
 
 # ----------------------------------------------------------------------- 7. a search that does not move with b

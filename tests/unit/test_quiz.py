@@ -278,3 +278,16 @@ def test_a_qlora_record_asks_what_the_4_bit_base_saves_and_what_it_does_not():
     assert f"measured {measured:,} B" in qs["qlora_saves"].explanation and measured == stored
     wrong = [c for i, c in enumerate(qs["qlora_saves"].choices) if i != qs["qlora_saves"].answer]
     assert any(c.startswith("The activations") for c in wrong) and any("LM head" in c for c in wrong)
+
+
+def test_a_check_that_cannot_apply_is_not_taught_as_a_failure():
+    """Issue 51 (the walk): with rng_continues not_applicable, the quiz's "right" answer said it failed."""
+    from core.quiz import _checkpoint_vs_resume
+    from tests.records import committed
+
+    rec = committed("lora")
+    for check in rec["resume"]["checks"]:
+        if check["name"] == "rng_continues":
+            check["status"] = "not_applicable"
+    q = _checkpoint_vs_resume(rec, "seed")
+    assert q is not None and q.choices[q.answer].startswith("That it resumed from checkpoint-")

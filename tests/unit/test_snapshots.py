@@ -633,3 +633,30 @@ async def test_the_written_records_path_is_in_view_after_write_in_command_mode(s
         top, bottom = body.scroll_offset.y, body.scroll_offset.y + body.scrollable_content_region.height
         assert top <= written.virtual_region.y and written.virtual_region.y + 1 <= bottom, (top, bottom,
                                                                                              written.virtual_region)
+
+
+async def test_command_modes_waits_count_their_seconds_and_the_terms_footer_names_its_own_keys(snap, tmp_path):
+    """Issue 51 (the walk after the fixes): command mode's reference run and evaluation showed no elapsed time; the
+    Terms overlay's footer offered the screen's keys below it (Enter did nothing)."""
+    from core.command.spec import CommandSpec
+    from tui.screens.command import CommandRunScreen, raw_values
+    from tui.screens.dialogs import HelpScreen
+
+    app = app_for()
+    async with app.run_test(size=(80, 24)) as pilot:
+        app.state.mode = "command"
+        app.state.command_spec = CommandSpec.from_dict(raw_values(command_form(tmp_path))[0])
+        app.state.run = finished_command_run(app.state.command_spec)
+        screen = CommandRunScreen()
+        await app.push_screen(screen)
+        await pilot.pause(0.3)
+        app.state.running = "probe"
+        screen._say("reference: process 1234 (log x)", waiting=True)
+        await pilot.pause(1.3)
+        assert str(screen.query_one("#status").content).startswith("reference: process 1234 (log x) · 1 s")
+        app.state.running = None
+        await pilot.press("question_mark")
+        await pilot.pause()
+        assert isinstance(app.screen, HelpScreen)
+        shown = [b.binding.key for b in app.screen.active_bindings.values() if b.binding.show and b.enabled]
+        assert shown == ["escape"], shown

@@ -251,6 +251,8 @@ class CommandRunScreen(NavButtons, WizardScreen):
         self.sampler = self.app.start_sampler()
         self.query_one("#backend-note", Static).update(f"[dim]memory from: {self.app.backend_note}[/]")
         self._timer = self.set_interval(0.25, self.refresh_bars)
+        self._status: tuple[str, float] | None = None  # the status line and when it was said (its seconds shown)
+        self._clock = self.set_interval(1.0, self._tick)
         self.query_one("#stage-body").focus()
         state = self.app.state
         run = state.run
@@ -296,6 +298,21 @@ class CommandRunScreen(NavButtons, WizardScreen):
             state.running = None
         self.post_message(StageDone(None, error))
 
+    def _say(self, text: str, waiting: bool) -> None:
+        """The status line; a wait (a process started, a message: no step to show) gets its seconds, every second,
+        until the next status (issue 51: the reference run and the evaluation sat at "--%" with no sign of life)."""
+        import time
+
+        self._status = (text, time.monotonic()) if waiting else None
+        self.query_one("#status", Static).update(text)
+
+    def _tick(self) -> None:
+        import time
+
+        if self._status is not None and self.app.state.running is not None:
+            text, since = self._status
+            self.query_one("#status", Static).update(f"{text} · {time.monotonic() - since:.0f} s")
+
     def on_stage_event(self, message: StageEvent) -> None:
         from core.events import ChildStarted, Message, Progress, StageFinished, StageStarted
 
@@ -305,11 +322,11 @@ class CommandRunScreen(NavButtons, WizardScreen):
                 self.query_one("#progress", ProgressBar).update(total=event.total, progress=event.step)
             loss = f", loss {event.loss:.4f}" if event.loss is not None else ""
             of = f" of {event.total}" if event.total else ""
-            self.query_one("#status", Static).update(f"{event.run} run: step {event.step}{of}{loss}")
+            self._say(f"{event.run} run: step {event.step}{of}{loss}", waiting=False)
         elif isinstance(event, ChildStarted):
             self.sampler.follow({event.pid})
             self._follows = event.run  # the bars' red share is this run's (issue 51: the resumed run's read "probe")
-            self.query_one("#status", Static).update(f"{event.run}: process {event.pid} (log {event.log_path})")
+            self._say(f"{event.run}: process {event.pid} (log {event.log_path})", waiting=True)
         elif isinstance(event, StageStarted):
             self._lines[event.stage] = f"[yellow]…[/] {STAGE_NAMES.get(event.stage, event.stage)}: running"
             self._show_lines()
@@ -323,7 +340,7 @@ class CommandRunScreen(NavButtons, WizardScreen):
             if event.stage == "pipeline":
                 self._lines["pipeline"] = f"[red]■[/] {escape(event.text)}"
                 self._show_lines()
-            self.query_one("#status", Static).update(escape(event.text))
+            self._say(escape(event.text), waiting=True)
 
     def _show_lines(self) -> None:
         self.query_one("#stages", Static).update("\n".join(self._lines.values()))

@@ -46,12 +46,13 @@ Esc or ? closes this.
 class HelpScreen(ModalScreen[None]):
     """The terms of the field, as this tool uses them."""
 
-    BINDINGS = [("escape", "dismiss", "Close"), ("question_mark", "dismiss", "Close")]
+    BINDINGS = [("escape", "dismiss", "Close"), Binding("question_mark", "dismiss", "Close", show=False)]
 
     def compose(self) -> ComposeResult:
         with VerticalScroll(id="dialog"):
             yield Markdown(TERMS)
             yield Button("Close", id="close")
+        yield Footer(show_command_palette=False)  # its own keys: the screen's below do not act while it is open
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         self.dismiss(None)
