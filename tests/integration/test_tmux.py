@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -17,7 +18,8 @@ pytestmark = pytest.mark.skipif(TMUX is None, reason="tmux is not installed (.ci
 
 class Tmux:
     def __init__(self, tmp_path: Path) -> None:
-        self.socket = f"gpuaccept-test-{tmp_path.name}"
+        # the pid too: two xdist workers' tmp_path may share a name (a long test name is cut to 30 characters)
+        self.socket = f"gpuaccept-test-{os.getpid()}-{tmp_path.name}"
         self.session = "t"
 
     def tmux(self, *args: str) -> str:
