@@ -698,7 +698,6 @@ def convert_in_child(log_path: Path, stage: str = "probe",
         StageError: the conversion failed (the log is named).
         StageCancelled: ``cancelled`` said stop (the child's process group is killed).
     """
-    import signal
     import subprocess
     import sys
     import time
@@ -706,6 +705,7 @@ def convert_in_child(log_path: Path, stage: str = "probe",
     from core.errors import StageCancelled, StageError
     from core.events import Waiting
     from core.interpreter import python_env
+    from core.procgroup import end_group
 
     since = time.time()
     with open(log_path, "wb") as log, open(os.devnull, "rb") as devnull:
@@ -722,9 +722,7 @@ def convert_in_child(log_path: Path, stage: str = "probe",
                 except subprocess.TimeoutExpired:
                     pass
         finally:
-            if child.poll() is None:
-                os.killpg(child.pid, signal.SIGKILL)
-                child.wait()
+            end_group(child)
     if child.returncode != 0:
         raise StageError(f"converting the embedded model failed (see {log_path})")
 

@@ -835,7 +835,6 @@ def trace_in_child(spec: RunSpec, config: Any, target: str, cancelled: Any = Non
     """
     import json
     import os
-    import signal
     import subprocess
     import tempfile
     from pathlib import Path
@@ -843,6 +842,7 @@ def trace_in_child(spec: RunSpec, config: Any, target: str, cancelled: Any = Non
     from core import forkserver
     from core.errors import GpuAcceptError, StageCancelled
     from core.interpreter import child_env, python_argv
+    from core.procgroup import end_group
 
     with tempfile.TemporaryDirectory(prefix="gpuaccept-trace-") as tmp:
         spec_path = os.path.join(tmp, "spec.json")
@@ -870,12 +870,7 @@ def trace_in_child(spec: RunSpec, config: Any, target: str, cancelled: Any = Non
                         raise GpuAcceptError(f"the trace took longer than {timeout_s:.0f} s and was stopped")
                     time.sleep(0.5)
             finally:
-                if child.poll() is None:
-                    try:
-                        os.killpg(child.pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
-                    child.wait()
+                end_group(child)
         if child.returncode != 0 or not os.path.exists(out_path):
             with open(err_path, encoding="utf-8", errors="replace") as fh:
                 tail = " | ".join(line.strip() for line in fh.read().strip().splitlines()[-3:])

@@ -26,6 +26,7 @@ from typing import Any, cast
 
 from core.bounds import MAX_SMALL_FILE, special_file_kind
 from core.errors import GpuAcceptError
+from core.procgroup import end_group
 
 NAMESPACE = "gpuaccept-record"
 
@@ -69,8 +70,6 @@ def _run(args: list[str], stdin_path: Path | None = None) -> subprocess.Complete
     env.pop("SSH_ASKPASS", None)  # never a pop-up; a key that needs a passphrase fails
     # a new session has no controlling terminal: ssh-keygen cannot open /dev/tty to ask for a passphrase, so a key
     # that needs one fails at once instead of prompting under the wizard or hanging a script
-    import signal
-
     with open(stdin_path, "rb") if stdin_path is not None else open(os.devnull, "rb") as fh:
         proc = subprocess.Popen(args, stdin=fh, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
                                 text=stdin_path is None, start_new_session=True)
@@ -80,12 +79,7 @@ def _run(args: list[str], stdin_path: Path | None = None) -> subprocess.Complete
             raise SigningError(f"ssh-keygen did not finish in {SSH_KEYGEN_TIMEOUT_S:.0f} s ({' '.join(args[1:3])}); "
                                "it was stopped") from None
         finally:  # a timeout, a signal turned into SystemExit, ^C: ssh-keygen (its own session) never outlives us
-            if proc.poll() is None:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                proc.wait()
+            end_group(proc)
     return subprocess.CompletedProcess(args, proc.returncode, out, err)
 
 
