@@ -167,7 +167,7 @@ def verify(record_path: Path, allowed_signers: Path | None = None, identity: str
 
 
 #: the tables of a record's lists that each name one thing once: (where, the keys that name a row)
-UNIQUE_ROWS = (("plan.devices", ("name",)), ("probe.devices", ("device", "rank")),
+UNIQUE_ROWS = (("plan.devices", ("name",)),  # probe.devices: each rank once is the probe's verdict's own rule
                ("probe.plan_comparison", ("device", "rank")), ("resume.checks", ("name",)),
                ("resume.comparison", ("step",)))
 
