@@ -172,6 +172,8 @@ def evaluate_perplexity(model: Any, blocks: Sequence[dict[str, Any]], batch_size
     device_type = "cuda" if str(device).startswith("cuda") else "cpu"
     cast = getattr(torch, TORCH_DTYPE_NAMES[autocast]) if autocast else None
     try:
+        if on_batch is not None:
+            on_batch(0, len(blocks))  # the count from the start, even for an evaluation of one forward pass
         with torch.inference_mode(), torch.autocast(device_type, dtype=cast, enabled=cast is not None):
             for first in range(0, len(blocks), batch_size):
                 batch = blocks[first : first + batch_size]

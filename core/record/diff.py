@@ -26,6 +26,7 @@ from typing import Any
 from core.bounds import loads_bounded
 from core.methods import trains
 from core.record.summary import _json_number, box_of, device_rows, quality
+from core.status import PASSING
 
 GIB = 2**30
 DIFF_SCHEMA = "gpuaccept.diff/1"
@@ -225,7 +226,7 @@ def _result_rows(recs: list[dict[str, Any]]) -> list[Row]:
     rows.append(Row("resume", "status", [r.get("resume", {}).get("status", "not_run") for r in recs]))
     rows.append(Row("resume", "tier", [(r.get("resume", {}).get("tier") or {}).get("name") for r in recs]))
     failed = [", ".join(c.get("name", "?") for c in r.get("resume", {}).get("checks", [])
-                        if isinstance(c, dict) and c.get("status") != "pass") or "none" for r in recs]
+                        if isinstance(c, dict) and c.get("status") not in PASSING) or "none" for r in recs]
     rows.append(Row("resume", "checks failed", failed))
     for stage in ("plan", "probe", "evaluation", "resume"):
         rows.append(Row("verdict", stage, [r.get("verdict", {}).get("stages", {}).get(stage, {}).get("status")

@@ -711,6 +711,12 @@ def compare_runs(spec: RunSpec, reference: Any, interrupted: ChildJob, resumed: 
     return checks, steps.rows, len(intr) + len(res) + (len(twins) if twins is not None else 0)
 
 
+def checks_passed_words(checks: Sequence[Check]) -> str:
+    """``21 checks passed``, or ``20 checks passed, 1 not applicable here`` (a check this run cannot make)."""
+    apart = sum(1 for ch in checks if ch.status == StageStatus.NOT_APPLICABLE)
+    return f"{len(checks) - apart} checks passed" + (f", {apart} not applicable here" if apart else "")
+
+
 def _finish(spec: RunSpec, checks: list[Check], c: int, k: int, pgid: int, tier: Tier,
             comparison: list[dict[str, Any]], manifest: dict[str, str], extra_steps: int,
             started: float, twin: ChildJob | None = None) -> ResumeResult:
@@ -720,7 +726,7 @@ def _finish(spec: RunSpec, checks: list[Check], c: int, k: int, pgid: int, tier:
     status, failed = verdict(checks)
     end = spec.resume.compared_until(spec.steps)
     summary = (f"killed {planned_kill(spec, short=True)}, resumed from checkpoint-{c}, compared at steps "
-               f"{c + 1}-{end}: {len(checks)} checks passed ({tier.name})"
+               f"{c + 1}-{end}: {checks_passed_words(checks)} ({tier.name})"
                if status == StageStatus.PASS else f"failed: {', '.join(ch.name for ch in failed)}")
     return ResumeResult(status=status, checks=checks, checkpoint_step=c, kill_step=k, killed_pgid=pgid, tier=tier,
                         comparison=comparison, manifest=manifest, extra_steps=extra_steps,

@@ -506,3 +506,30 @@ def test_kill_position_reads_right_without_accumulation():
         "inside step 3, before its first micro-batch")
     assert kill_position(KillPoint(step=3, where="micro", micro_done=1, micro_in_step=4)) == (
         "inside step 4, after micro-batch 1 of 4, before its optimizer step")
+
+
+def test_a_check_that_cannot_apply_is_counted_apart_and_diff_does_not_call_it_failed():
+    """Issue 51 (the re-walk): the summary said "21 checks passed" with one not_applicable, and `diff` listed it under
+    "checks failed"."""
+    from core.record.diff import compare
+    from core.stages.resume import Check, checks_passed_words
+    from tests.records import committed
+
+    checks = [Check("a", "pass", "ok"), Check("b", "not_applicable", "cannot tell here")]
+    assert checks_passed_words(checks) == "1 checks passed, 1 not applicable here"
+    assert checks_passed_words(checks[:1]) == "1 checks passed"
+    import tomli_w
+
+    rec = committed("lora")
+    for check in rec["resume"]["checks"]:
+        if check["name"] == "rng_continues":
+            check["status"] = "not_applicable"
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as folder:
+        a, b = Path(folder) / "a.toml", Path(folder) / "b.toml"
+        a.write_text(tomli_w.dumps(rec))
+        b.write_text(tomli_w.dumps(committed("lora")))
+        row = next(r for r in compare([a, b]).rows if r.name == "checks failed")
+    assert row.values == ["none", "none"]

@@ -340,7 +340,7 @@ class CommandRunScreen(NavButtons, WizardScreen):
             if event.stage == "pipeline":
                 self._lines["pipeline"] = f"[red]■[/] {escape(event.text)}"
                 self._show_lines()
-            self._say(escape(event.text), waiting=True)
+            self._say(escape(event.text), waiting=False)  # a message is said, not timed (a result is no wait)
 
     def _show_lines(self) -> None:
         self.query_one("#stages", Static).update("\n".join(self._lines.values()))
