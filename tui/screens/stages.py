@@ -131,8 +131,7 @@ class StageScreen(NavButtons, WizardScreen):
             self.query_one("#progress", ProgressBar).update(total=total, progress=done)
             run = self.app.state.run
             self.query_one("#status", Static).update(progress_text(event, run.spec if run is not None else None))
-        elif isinstance(event, CoreMessage):  # a message (a result, a phase's end) ends the wait's clock
-            self._waiting = None
+        elif isinstance(event, CoreMessage):
             self.query_one("#status", Static).update(event.text)
         elif isinstance(event, ChildStarted):
             self.query_one("#status", Static).update(f"{event.run}: child process {event.pid} (log {event.log_path})")
