@@ -20,6 +20,7 @@ The limits are documented in docs/reference.md ("Limits on input") and docs/reco
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import stat
@@ -74,8 +75,8 @@ def loads_bounded(text: str, *, max_depth: int = MAX_TOML_DEPTH, max_string: int
         The parsed document, as ``tomllib.loads`` returns it.
 
     Raises:
-        TomlBoundsError: nested deeper than ``max_depth``, or a string or key longer than ``max_string``; the message
-            says where and the limit.
+        TomlBoundsError: nested deeper than ``max_depth``, a string or key longer than ``max_string``, or an integer
+            of more digits than Python converts (``sys.get_int_max_str_digits``); the message says where and the limit.
         tomllib.TOMLDecodeError: not valid TOML.
     """
     _check_brackets(text, max_depth)
@@ -85,6 +86,11 @@ def loads_bounded(text: str, *, max_depth: int = MAX_TOML_DEPTH, max_string: int
         raise TomlBoundsError(f"nested too deep for this process's recursion limit ({sys.getrecursionlimit()}); "
                               f"gpuaccept reads at most {max_depth} levels of tables and arrays", "the document",
                               text) from None
+    except tomllib.TOMLDecodeError:
+        raise
+    except ValueError:  # an integer of more digits than int() converts (sys.get_int_max_str_digits)
+        raise TomlBoundsError(f"an integer of more than {sys.get_int_max_str_digits():,} digits; no setting takes one "
+                              "that long", "the document", text) from None
     _check_tree(data, max_depth, max_string)
     return data
 
@@ -281,13 +287,20 @@ def check_path(field: str, value: str) -> None:
 
 def special_file_kind(path: str | Path) -> str | None:
     """What ``path`` is when it exists and is not a regular file, in words (``a directory``, ``a FIFO (named
-    pipe)``, ``a character device``, ``a block device``, ``a socket``); ``None`` for a regular file, a missing path or
-    one that cannot be looked up (the reader names those). Uses ``os.stat`` only (symbolic links followed): a FIFO is
+    pipe)``, ``a character device``, ``a block device``, ``a socket``, ``a symbolic link loop``); ``None`` for a regular
+    file, a missing path or one that cannot be looked up for another reason (the reader names those). Uses ``os.stat`` only (symbolic links followed): a FIFO is
     never opened."""
     try:
         mode = os.stat(path).st_mode
-    except (OSError, ValueError):
+    except OSError as exc:
+        return "a symbolic link loop" if exc.errno == errno.ELOOP else None
+    except ValueError:
         return None
+    return _kind_of_mode(mode)
+
+
+def _kind_of_mode(mode: int) -> str | None:
+    """:func:`special_file_kind` of an ``st_mode``."""
     if stat.S_ISREG(mode):
         return None
     for test, words in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
@@ -327,8 +340,21 @@ def read_input_text(path: str | Path, what: str, max_bytes: int = MAX_SMALL_FILE
     kind = special_file_kind(path)
     if kind is not None:
         raise InputFileError(f"{path} is {kind}, not a file: give {what}")
-    with open(path, "rb") as f:  # FileNotFoundError as it is
-        data = f.read(max_bytes + 1)
+    # opened without blocking and looked at again through the descriptor: a path swapped for a FIFO after the stat
+    # above would otherwise block the open until a writer came
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # FileNotFoundError as it is
+    with open(fd, "rb") as f:
+        status = os.fstat(fd)
+        kind = _kind_of_mode(status.st_mode)
+        if kind is not None:
+            raise InputFileError(f"{path} is {kind}, not a file: give {what}")
+        if status.st_size > max_bytes:  # the size first: nothing is read
+            raise InputFileError(f"{path} is {status.st_size:,} bytes, larger than {max_bytes:,}: not {what} "
+                                 "gpuaccept reads (a real one is far smaller)")
+        # its size and one byte more (a read of n bytes allocates n at once); a file that grows is read up to the cap
+        data = f.read(status.st_size + 1)
+        if len(data) > status.st_size:
+            data += f.read(max_bytes + 1 - len(data))
     if len(data) > max_bytes:
         raise InputFileError(f"{path} is larger than {max_bytes:,} bytes: not {what} gpuaccept reads (a real one is "
                              "far smaller)")

@@ -19,12 +19,13 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from core.bounds import special_file_kind
+from core.bounds import InputFileError, read_input_text, special_file_kind
 from core.errors import DataError, SpecError
 
 EMBEDDED = "embedded"
@@ -32,6 +33,10 @@ EMBEDDED = "embedded"
 #: The longest document gpuaccept takes: a tokenizer holds a document's whole encoding at once (one 32 MB line made a
 #: child process use 5.6 GB), so a longer one is refused before anything runs, naming it.
 MAX_DOCUMENT_CHARS = 4_000_000
+
+#: The largest data file gpuaccept reads (512 MiB): each process that trains or evaluates holds the whole text, and a
+#: run trains for a few steps; a larger file is refused before it is read, naming the cap (a sample of it serves).
+MAX_DATA_FILE = 512 * 2**20
 
 #: How :func:`split_documents` decides, in words (written to the record).
 SPLIT_METHOD = "held-out iff int(sha256('heldout:' + doc_id)[:16], 16) / 2**64 < heldout_fraction"
@@ -69,7 +74,7 @@ def load_documents(data: str) -> list[Document]:
 
     Raises:
         DataError: unreadable file, a path that is not a regular file (a directory, a FIFO, a device: named, never
-            opened), a bad JSON line (naming its line number and what to fix), duplicate ids, an unsupported suffix,
+            opened), a file larger than :data:`MAX_DATA_FILE` (never read), text that is not UTF-8, a bad JSON line (naming its line number and what to fix), duplicate ids, an unsupported suffix,
             or no documents at all.
     """
     if data == EMBEDDED:
@@ -85,11 +90,15 @@ def load_documents(data: str) -> list[Document]:
         if path.suffix not in (".txt", ".jsonl"):
             raise DataError(f"{data}: give 'embedded' or a .txt / .jsonl file")
         try:
-            content = path.read_text(encoding="utf-8")
+            content = read_input_text(path, "'embedded' or a .txt / .jsonl file of UTF-8 text", MAX_DATA_FILE)
         except FileNotFoundError:
             raise DataError(f"{path}: file not found; give 'embedded' or an existing .txt / .jsonl file") from None
-        except UnicodeDecodeError as exc:
-            raise DataError(f"{path}: not UTF-8 text ({exc}); save the file as UTF-8") from None
+        except InputFileError as exc:
+            if path.stat().st_size > MAX_DATA_FILE:
+                raise DataError(f"{path} is {path.stat().st_size:,} bytes, above {MAX_DATA_FILE:,}: gpuaccept's runs "
+                                "train and evaluate for a few steps and read the whole file in each process; give a "
+                                "sample of it (e.g. head -n 100000 of a .jsonl file)") from None
+            raise DataError(str(exc)) from None
         except OSError as exc:
             raise DataError(f"{path}: cannot be read ({exc.strerror or exc})") from None
         if "\x00" in content:
@@ -123,6 +132,12 @@ def _parse_jsonl(path: Path, content: str) -> list[Document]:
             obj = json.loads(line)
         except json.JSONDecodeError as exc:
             raise DataError(f"{where}: not valid JSON ({exc.msg}); write one JSON object per line") from None
+        except RecursionError:  # json's decoder recurses once per level of [ and {
+            raise DataError(f"{where}: nested too deep to read; a line is one flat object such as "
+                            '{"text": "...", "id": 1}') from None
+        except ValueError:  # an integer of more digits than int() converts (sys.get_int_max_str_digits)
+            raise DataError(f"{where}: an integer of more than {sys.get_int_max_str_digits():,} digits; an \"id\" "
+                            "is a string or a short integer") from None
         if not isinstance(obj, dict):
             raise DataError(f'{where}: expected a JSON object such as {{"text": "..."}}, got {type(obj).__name__}')
         if "text" not in obj:

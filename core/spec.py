@@ -541,6 +541,10 @@ class RunSpec:
                 raise SpecError("spec", f"{path}: {exc}") from None
             except tomllib.TOMLDecodeError as exc:
                 raise SpecError("spec", f"{path} is not valid TOML ({exc}); fix the file") from None
+            if not raw:
+                raise SpecError("spec", f"{path} holds no settings (an empty file); give at least one, e.g. "
+                                        'mode = "lora", or no spec file for the defaults')
+        from_file = _dotted_keys(raw) - _dotted_keys(nest({k: v for k, v in overrides.items() if v is not None}))
         for key, value in nest({k: v for k, v in overrides.items() if v is not None}).items():
             if isinstance(value, dict) and key in raw:  # a table: its keys over the file's (a file's table that is
                 if isinstance(raw[key], dict):         # no table is refused by from_dict)
@@ -552,7 +556,12 @@ class RunSpec:
             from core.cluster.slurm import resolve  # the step's nodes and rendezvous, from srun's variables
 
             raw["torchrun"] = resolve(torchrun, os.environ)
-        return cls.from_dict(raw)
+        try:
+            return cls.from_dict(raw)
+        except SpecError as exc:
+            if exc.field in from_file or exc.field.split(".")[0] in from_file:  # a value the file gave: name the file
+                raise SpecError(exc.field, f"{exc.message} (in {toml_path})") from None
+            raise
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> RunSpec:
@@ -1305,6 +1314,15 @@ def _variant_mode(mode: str, lora_raw: dict[str, Any]) -> str:
     if method_of(mode).variant and mode != variant:
         raise SpecError("lora.variant", f"mode {mode} and lora.variant {variant} name two variants; give one of them")
     return variant
+
+
+def _dotted_keys(raw: Mapping[str, Any]) -> set[str]:
+    """The keys of a spec's mapping, a table's as ``table.key`` (``{"lora": {"r": 4}}`` -> ``{"lora", "lora.r"}``)."""
+    keys = set(raw)
+    for name, value in raw.items():
+        if isinstance(value, dict):
+            keys.update(f"{name}.{key}" for key in value)
+    return keys
 
 
 def _table(raw: dict[str, Any], name: str) -> dict[str, Any]:

@@ -465,6 +465,8 @@ def cmd_quiz(args: argparse.Namespace) -> int:
         build_quiz(record)
     except (OSError, ValueError) as exc:
         raise GpuAcceptError(f"{path}: cannot read the record ({exc}); give the record.toml of a run") from None
+    except GpuAcceptError as exc:  # a record without what the questions are built from: say which file
+        raise GpuAcceptError(f"{path}: {exc}") from None
     if not (sys.stdin.isatty() and sys.stdout.isatty()):  # piped answers drew a full screen that took stray keys
         raise GpuAcceptError("quiz: the quiz is answered with the keyboard at a terminal, and stdin or stdout is not "
                              "one here (a pipe or a file): run gpuaccept quiz in a terminal (over ssh: ssh -t)")

@@ -106,8 +106,11 @@ def _read_hook_file(path: Path, report: HookReport) -> list[StepRecord]:
             continue
         try:
             e = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested past json's recursion
             report.errors.append(f"{path.name}: a line is not JSON ({raw[:80]!r})")
+            continue
+        if not isinstance(e, dict):
+            report.errors.append(f"{path.name}: a line is not a JSON object ({raw[:80]!r})")
             continue
         kind, rank = e.get("kind"), int(e.get("rank", 0) or 0)
         if kind == "trainer":
@@ -182,7 +185,7 @@ def read_metrics(metrics: MetricsFile) -> list[StepRecord]:
             continue
         try:
             e = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested past json's recursion
             metrics.problems.append(f"{path.name} line {metrics.lines}: not JSON")
             continue
         if not isinstance(e, dict):

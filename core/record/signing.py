@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
-from core.bounds import MAX_SMALL_FILE, special_file_kind
+from core.bounds import MAX_SMALL_FILE, InputFileError, read_input_text, special_file_kind
 from core.errors import GpuAcceptError
 from core.procgroup import end_group
 
@@ -166,6 +166,49 @@ def sign(record: Path, key: Path) -> Path:
     return _sign_file(record, key)
 
 
+def check_allowed_signers(path: Path) -> None:
+    """Refuse an allowed-signers file ssh-keygen could not use, before it is given one: the file must be a regular file
+    of UTF-8 text of at most :data:`core.bounds.MAX_SMALL_FILE` bytes holding at least one signer line,
+    ``principals [options] key-type base64-key`` (ssh-keygen(1), "ALLOWED SIGNERS"), whose key decodes to a blob that
+    starts with its own key type (the SSH wire format: RFC 4253 section 6.6).
+
+    Raises:
+        FileNotFoundError: no such file.
+        SigningError: not a regular file, too large, not UTF-8, or no signer line; the message names the file.
+    """
+    try:
+        text = read_input_text(path, "an allowed_signers file (ssh-keygen(1), ALLOWED SIGNERS)")
+    except FileNotFoundError:
+        raise FileNotFoundError(f"allowed-signers file {path} not found") from None
+    except InputFileError as exc:
+        raise SigningError(f"allowed-signers: {exc}") from None
+    except OSError as exc:
+        raise SigningError(f"allowed-signers {path} cannot be read ({exc.strerror or exc})") from None
+    for line in text.splitlines():
+        words = line.split()
+        if not words or words[0].startswith("#"):
+            continue
+        if any(_is_public_key(kind, key) for kind, key in zip(words[1:], words[2:])):
+            return
+    raise SigningError(f"allowed-signers {path} holds no signer line (principals [options] key-type base64-key, as "
+                       "ssh-keygen(1) ALLOWED SIGNERS describes): give the file that lists the signer's public key")
+
+
+def _is_public_key(kind: str, key: str) -> bool:
+    """Whether ``key`` is the base64 of an SSH public key blob of type ``kind``: a uint32 length then the type name."""
+    import base64
+    import binascii
+
+    if not kind.startswith(("ssh-", "ecdsa-", "sk-")) or len(key) > MAX_SMALL_FILE:
+        return False
+    try:
+        blob = base64.b64decode(key, validate=True)
+    except (binascii.Error, ValueError):
+        return False
+    size = int.from_bytes(blob[:4], "big")
+    return size == len(kind) and blob[4:4 + size] == kind.encode("ascii", "replace")
+
+
 def check_signature(record: Path, allowed_signers: Path | None = None, identity: str | None = None) -> SignatureCheck:
     """Check ``record.toml.sig`` over the bytes of ``record`` in namespace ``gpuaccept-record``.
 
@@ -186,14 +229,7 @@ def check_signature(record: Path, allowed_signers: Path | None = None, identity:
     if allowed_signers is not None:
         if not identity:
             raise SigningError("--allowed-signers needs --identity: the signer's principal in that file")
-        signers_kind = special_file_kind(allowed_signers)
-        if signers_kind is not None:
-            raise SigningError(f"allowed-signers {allowed_signers} is {signers_kind}, not a file")
-        if not Path(allowed_signers).is_file():
-            raise FileNotFoundError(f"allowed-signers file {allowed_signers} not found")
-        if Path(allowed_signers).stat().st_size > MAX_SMALL_FILE:
-            raise SigningError(f"allowed-signers {allowed_signers} is larger than {MAX_SMALL_FILE:,} bytes: not an "
-                               "allowed_signers file gpuaccept reads")
+        check_allowed_signers(Path(allowed_signers))
         args = [_ssh_keygen(), "-Y", "verify", "-f", str(allowed_signers), "-I", identity, "-n", NAMESPACE,
                 "-s", str(sig)]
     else:
@@ -220,4 +256,4 @@ def check_signature(record: Path, allowed_signers: Path | None = None, identity:
                                   f"the signature is intact over {record.name} (key {fp}), but {allowed_signers} does "
                                   f"not allow identity {identity} to sign with that key: check the identity and the "
                                   "allowed-signers file (the record's bytes are as signed)", fp, True)
-    return SignatureCheck("bad", f"signature does not verify: {last}", fp, allowed_signers is not None)
+    return SignatureCheck("bad", f"{sig.name} does not verify: {last}", fp, allowed_signers is not None)

@@ -414,5 +414,5 @@ def test_a_record_with_a_check_named_twice_or_past_any_size_is_refused_at_once(t
         f.truncate(40 * 2**20)
     started = time.monotonic()
     assert main(["verify", str(record)]) == 5
-    assert "is larger than 33,554,432 bytes: not a gpuaccept record" in capsys.readouterr().out
+    assert "is 41,943,040 bytes, larger than 33,554,432: not a gpuaccept record" in capsys.readouterr().out
     assert time.monotonic() - started < 5
