@@ -582,6 +582,14 @@ def pct(value: float | None) -> str:
 
 
 # ----------------------------------------------------------------------------------------------------------- main
+def end_on_signals() -> None:
+    """A SIGTERM (the device tool's or `timeout`'s) or a hang-up ends the check through Python (exit 128 + the
+    signal), so each step's child group is killed on the way out (:meth:`Check.child`'s ``finally``): nothing it started
+    keeps the GPU."""
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda signum, _frame: sys.exit(128 + signum))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", help="where the results go (at most 8 files)")
@@ -599,10 +607,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fork-smoke", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--fork-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    # a SIGTERM (the device tool's or `timeout`'s) or a hang-up ends the check through Python, so each step's
-    # child group is killed on the way out (Check.child): nothing it started keeps the GPU
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, lambda signum, _frame: sys.exit(128 + signum))
+    end_on_signals()
     if args.fork_smoke:
         print(json.dumps(fork_smoke(args.cpu)))
         return 0

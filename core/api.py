@@ -110,6 +110,8 @@ REEXPORTED: dict[str, str] = {
     # the runs the wizard drives one stage (one screen) at a time
     "StagedRun": "core.pipeline", "AcceptanceRun": "core.pipeline",
     "CommandRun": "core.command.pipeline", "every_stage": "core.command.pipeline",
+    # a signal stops the parent's own computation (the data read, the plan) at once (core/interrupt.py)
+    "interrupt": "core.interrupt",
     "CommandSpec": "core.command.spec", "read_command_table": "core.command.spec", "is_command_file": "core.command.spec",
     "COMMAND_SETTINGS": "core.command.spec", "read_command_criteria": "core.command.spec",
     "command_criteria": "core.criteria", "COMMAND_CRITERIA": "core.criteria", "AcceptCriteria": "core.criteria",

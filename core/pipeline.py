@@ -324,15 +324,17 @@ class AcceptanceRun(StagedRun):
         self.spec = spec
         self.started = utc_now()
         from core.data import check_data
+        from core.interrupt import interruptible
 
-        self.ctx = ctx if ctx is not None else make_plan(spec, devices_override)
-        self.device = _run_device(spec, self.ctx.devices)
+        with interruptible("the plan was made and the data read, before any run folder"):  # a signal stops it at once
+            self.ctx = ctx if ctx is not None else make_plan(spec, devices_override)
+            self.device = _run_device(spec, self.ctx.devices)
+            check_runnable(spec, self.ctx, self.device, allow_unfit=probe_unfit)
+            check_data(spec.data, spec.heldout_fraction)  # a bad data file is named here, before any run folder
         #: the user asked to probe a plan that does not fit (to learn whether the plan was too pessimistic); the plan
         #: stage still fails, and the probe's measurement says what the step really needs
         self.probe_unfit = probe_unfit
         self.nvml = nvml
-        check_runnable(spec, self.ctx, self.device, allow_unfit=probe_unfit)
-        check_data(spec.data, spec.heldout_fraction)  # a bad data file is named here, before any run folder
         #: the devices of this node's ranks, in local-rank order (one for a single process), and how children start
         self.rank_devices = rank_devices(spec, self.ctx.devices, self.device)
         self.launch = launch_options(spec, self.rank_devices)

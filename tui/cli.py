@@ -807,8 +807,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"gpuaccept: {spec.mode} on {spec.model} ({spec.dtype}, micro-batch {spec.batch_size} x {spec.seq_len}, "
           f"{spec.steps} steps)", flush=True, file=sys.stderr if args.json else sys.stdout)
     stop = _stop_on_signals()  # SIGINT, SIGTERM, SIGHUP: the running stage is cancelled and the record written
-    return _print_run(run(spec, runs_root=Path(args.runs_dir), cancelled=lambda: stop["signal"] is not None),
-                      stop, args.json)
+    return _stopped_before_a_run_folder(stop, lambda: _print_run(
+        run(spec, runs_root=Path(args.runs_dir), cancelled=lambda: stop["signal"] is not None), stop, args.json))
 
 
 def cmd_run_command(args: argparse.Namespace) -> int:
@@ -820,8 +820,23 @@ def cmd_run_command(args: argparse.Namespace) -> int:
     print(f"gpuaccept: your command, in {spec.workdir_path}: {spec.train}", flush=True,
           file=sys.stderr if args.json else sys.stdout)
     stop = _stop_on_signals()
-    return _print_run(run_command(spec, runs_root=Path(args.runs_dir), cancelled=lambda: stop["signal"] is not None,
-                                  criteria=criteria), stop, args.json)
+    return _stopped_before_a_run_folder(stop, lambda: _print_run(
+        run_command(spec, runs_root=Path(args.runs_dir), cancelled=lambda: stop["signal"] is not None,
+                    criteria=criteria), stop, args.json))
+
+
+def _stopped_before_a_run_folder(stop: dict[str, int | None], go: Any) -> int:
+    """``go()``, a headless run; a signal that stopped it before its run folder was made (the data read, the plan:
+    :mod:`core.interrupt`) is said as such, with exit 128 + its number, not as bad input."""
+    from core.errors import StageCancelled
+
+    try:
+        return int(go())
+    except StageCancelled as exc:
+        if stop["signal"] is None:
+            raise
+        print(f"gpuaccept: {exc}; nothing was written", file=sys.stderr, flush=True)
+        return 128 + stop["signal"]
 
 
 #: headless: a wait's line again (its blocks, its seconds) at most this often while its phase lasts
@@ -903,10 +918,13 @@ def _stop_on_signals() -> dict[str, int | None]:
     at once (the children still end themselves when gpuaccept is gone)."""
     stop: dict[str, int | None] = {"signal": None}
 
+    from core.api import interrupt
+
     def handler(signum: int, frame: Any) -> None:
         if stop["signal"] is not None:
             raise KeyboardInterrupt
         stop["signal"] = signum
+        interrupt(signum)  # inside the parent's own computation (the data read, the plan): StageCancelled at once
 
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, handler)

@@ -18,7 +18,11 @@ The keeper then:
 - when the command's first process exits, SIGKILLs whatever of the command is still running (named in its report as
   ``leftovers``) and exits with the command's status (a signal as the same signal);
 - when gpuaccept is gone (its pid no longer runs, or the keeper was re-parented), SIGKILLs every process of the
-  command and exits.
+  command and exits;
+- keeps the pid and start time of every process of the command in ``job-pids.json`` beside its report, rewritten
+  (atomically) whenever the set changes, looked at every ``POLL_S``: if the keeper is SIGKILLed with gpuaccept, the
+  reaper (core/command/reaper.py) kills those processes and what they started, an environment cleared of the run's
+  token and a session of its own notwithstanding.
 
 It reports on its stdout one JSON line once the command has started (``root_pid``, ``containment``, ``cgroup``) or could
 not start (``start_error``), and writes ``--report`` (JSON) when it ends: the exit status, ``leftovers``, ``log_cut_bytes``
@@ -223,6 +227,74 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
+#: seconds between two checks of gpuaccept's pid by the reaper (core/command/reaper.py; here, where the keeper's words
+#: about it read it)
+REAPER_INTERVAL_S = 0.2
+#: what can outlive a SIGKILL of both gpuaccept and the keeper under the subreaper alone (no cgroup): said in the
+#: record's ``probe.containment``; a cgroup holds every process, whatever it does
+SUBREAPER_LIMIT = ("if gpuaccept and this keeper are both SIGKILLed, the reaper kills the processes the keeper last "
+                   f"listed (every {POLL_S:g} s) and every process they started; a process can outlive that only if it "
+                   "also cleared the run's token from its environment and either started in the last "
+                   f"{POLL_S:g} s before the keeper died or left the listed processes' tree (its parent exited) "
+                   f"before the reaper stopped them (it looks within {REAPER_INTERVAL_S:g} s of gpuaccept's end); a "
+                   "cgroup (GPUACCEPT_CONTAINMENT=cgroup) holds every process")
+
+#: the file beside the report where the keeper keeps the pids of the command's processes (see :func:`write_pids`)
+PIDS_NAME = "job-pids.json"
+
+
+def tree(pid: int) -> dict[int, int]:
+    """The live descendants of ``pid`` and their start times (clock ticks since boot, ``/proc/PID/stat`` field 22), read
+    from ``/proc/PID/task/TID/children`` (Linux 3.5+): the cost follows the tree, not the number of processes on the
+    box; :func:`descendants` (every process scanned) where that file is missing."""
+    found: dict[int, int] = {}
+    stack = [pid]
+    while stack:
+        parent = stack.pop()
+        try:
+            tasks = os.listdir(f"/proc/{parent}/task")
+        except OSError:
+            continue
+        for tid in tasks:
+            try:
+                with open(f"/proc/{parent}/task/{tid}/children", encoding="ascii") as f:
+                    kids = [int(word) for word in f.read().split()]
+            except FileNotFoundError:
+                if parent == pid and not found:  # no children file on this kernel
+                    return {child: start_ticks(child) for child in descendants(pid)}
+                continue
+            except (OSError, ValueError):
+                continue
+            for kid in kids:
+                if kid not in found:
+                    found[kid] = start_ticks(kid)
+                    stack.append(kid)
+    return {k: v for k, v in found.items() if v >= 0}
+
+
+def start_ticks(pid: int) -> int:
+    """When ``pid`` started, in clock ticks after boot (``/proc/PID/stat`` field 22): with the pid, it names one
+    process (a pid is reused, a pid and its start time are not); -1 when it is gone or a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return -1
+    return -1 if fields[0] == "Z" else int(fields[19])
+
+
+def write_pids(path: Path, pids: dict[int, int]) -> None:
+    """``{"pids": [[pid, start_ticks], ...]}`` written atomically to ``path``: what the reaper kills when this keeper was
+    SIGKILLed with gpuaccept (core/command/reaper.py), a process that cleared its environment of the run's token
+    included. A full disk leaves the last complete file."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        tmp.write_text(json.dumps({"pids": sorted(pids.items())}), encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError:
+        pass
+
+
 def _kill_all(cgroup: Path | None) -> list[int]:
     """SIGKILL every process of the command: the cgroup's members and the keeper's descendants; their pids."""
     pids = set(kill_cgroup(cgroup, os.getpid())) if cgroup is not None else set()
@@ -300,7 +372,7 @@ def main(argv: list[str]) -> int:
         _say({"start_error": f"a cgroup was asked for (GPUACCEPT_CONTAINMENT=cgroup) and none could be made: {said}"})
         return 127
     reaper = become_subreaper()
-    containment = f"{said}; {reaper}" if cgroup is not None else f"{reaper} ({said})"
+    containment = f"{said}; {reaper}" if cgroup is not None else f"{reaper} ({said}); {SUBREAPER_LIMIT}"
     log = CappedLog(args.log, args.log_cap)
     read_end, write_end = os.pipe()
     try:
@@ -320,14 +392,20 @@ def main(argv: list[str]) -> int:
     _say({"root_pid": root.pid, "containment": containment, "cgroup": str(cgroup) if cgroup else None,
           "kind": "cgroup" if cgroup is not None else "subreaper"})
     status, gone = None, False
+    pids_path, known = args.report.with_name(PIDS_NAME), dict[int, int]()
     while status is None:
         status = _reap(root.pid)
         if status is None and (stop.is_set() or _owner_gone(args.owner, parent)):
             gone = True
             break
+        now = tree(os.getpid())  # every process of the command, as the reaper would need them if this keeper died
+        if now != known:
+            write_pids(pids_path, now)
+            known = now
         if status is None:
             time.sleep(POLL_S)
     leftovers = _kill_all(cgroup)
+    write_pids(pids_path, {})  # nothing of the command runs any more: nothing for the reaper
     deadline = time.monotonic() + 5.0
     while time.monotonic() < deadline and (descendants(os.getpid()) or (cgroup and cgroup_members(cgroup))):
         _reap(root.pid)

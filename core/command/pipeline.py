@@ -111,8 +111,11 @@ class CommandRun(StagedRun):
         #: the thresholds it is accepted by (core/criteria.py ``COMMAND_CRITERIA``; the defaults: the rules)
         self.criteria = criteria if criteria is not None else AcceptCriteria()
         self.started = utc_now()
-        split = check_data(spec.data, spec.heldout_fraction) if spec.uses_training_split() or \
-            spec.uses_heldout_split() or spec.eval == "perplexity" else None
+        from core.interrupt import interruptible
+
+        with interruptible("the data was read, before any run folder"):  # a signal stops it at once
+            split = check_data(spec.data, spec.heldout_fraction) if spec.uses_training_split() or \
+                spec.uses_heldout_split() or spec.eval == "perplexity" else None
         self.backend = backend if backend is not None else _nvml_backend()
         self.run_dir = new_run_dir(spec, Path(runs_root), self.started, label=spec.label)
         try:

@@ -4,8 +4,9 @@ Each run's keeper (core/command/keeper.py) ends the processes of its run when gp
 lifeline (core/child/inject) ends the job's Python processes; a process of
 another program (a shell wrapper's ``sleep``, ``nvidia-smi`` in a loop, a logger a launcher started with ``setsid``)
 has no such thread. :func:`start_reaper` starts ``python -m core.command.reaper OWNER RUN_DIR`` in a session of its
-own, with none of the job's variables (so no kill of the job reaches it): once a second it checks that gpuaccept
-(``OWNER``) runs; when it does not, it reads every ``job.json`` under ``RUN_DIR`` (each run of the command's token:
+own, with none of the job's variables (so no kill of the job reaches it): five times a second it checks that gpuaccept
+(``OWNER``) runs; when it does not, it kills the processes each keeper last listed in its ``job-pids.json`` and what
+they started (:func:`kill_listed`), reads every ``job.json`` under ``RUN_DIR`` (each run of the command's token:
 :func:`core.command.process.start_job`), SIGKILLs every process whose environment holds one of those tokens, and
 exits. :func:`stop_reaper` ends it when the run is closed normally (every job already ended). Standard library and
 psutil only: it starts in a tenth of a second.
@@ -22,8 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-#: seconds between two checks of gpuaccept's pid
-INTERVAL_S = 1.0
+from core.command.keeper import REAPER_INTERVAL_S as INTERVAL_S  # seconds between two checks of gpuaccept's pid
 
 
 def start_reaper(run_dir: Path) -> subprocess.Popen[bytes]:
@@ -75,6 +75,48 @@ def cgroups(run_dir: Path) -> list[Path]:
     return out
 
 
+def listed(run_dir: Path) -> dict[int, int]:
+    """The processes every keeper under ``run_dir`` last saw in its command (their ``job-pids.json``: pid -> start
+    time in clock ticks after boot, core/command/keeper.py ``write_pids``)."""
+    from core.command.keeper import PIDS_NAME
+
+    out: dict[int, int] = {}
+    for path in run_dir.rglob(PIDS_NAME):
+        try:
+            rows = json.loads(path.read_text(encoding="utf-8")).get("pids", [])
+            out.update((int(pid), int(ticks)) for pid, ticks in rows)
+        except (OSError, ValueError, TypeError, AttributeError):
+            continue
+    return out
+
+
+def kill_listed(run_dir: Path) -> list[int]:
+    """SIGKILL the processes the keepers listed that still run (the same pid and start time: never a process that
+    took a reused pid) and every descendant of theirs; each is stopped (SIGSTOP) first and the tree walked again until
+    no new process shows, so a process that forks while it is being killed leaves no child behind. The pids
+    killed."""
+    from core.command.keeper import start_ticks, tree
+
+    todo = [pid for pid, ticks in listed(run_dir).items() if pid != os.getpid() and start_ticks(pid) == ticks]
+    frozen: set[int] = set()
+    while todo:
+        pid = todo.pop()
+        if pid in frozen or pid == os.getpid():
+            continue
+        try:
+            os.kill(pid, signal.SIGSTOP)
+        except OSError:
+            continue
+        frozen.add(pid)
+        todo.extend(tree(pid))
+    for pid in frozen:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    return sorted(frozen)
+
+
 def reap(run_dir: Path) -> list[int]:
     """SIGKILL every process of ``run_dir``'s jobs: the members of their cgroups (removed after), and every process
     holding a token of theirs (and the groups they lead); the pids killed. Each job's keeper does the same when
@@ -87,6 +129,7 @@ def reap(run_dir: Path) -> list[int]:
     for folder in cgroups(run_dir):
         killed += kill_cgroup(folder)
         remove_cgroup(folder)
+    killed += kill_listed(run_dir)
     wanted = tokens(run_dir)
     if not wanted:
         return killed

@@ -351,11 +351,14 @@ def test_a_kill_9_of_gpuaccept_leaves_no_process_of_the_job(tmp_path):
     assert not alive(shell)  # `sleep` has no lifeline: gpuaccept's reaper (core/command/reaper.py) ended it
 
 
-@pytest.mark.parametrize("containment", ["auto", "subreaper"])
-def test_a_daemon_that_leaves_no_trace_dies_with_a_kill_9_of_gpuaccept(tmp_path, containment):
+@pytest.mark.parametrize(("containment", "keeper_too"), [("auto", False), ("subreaper", False), ("subreaper", True)],
+                         ids=["auto", "subreaper", "subreaper-keeper-killed-too"])
+def test_a_daemon_that_leaves_no_trace_dies_with_a_kill_9_of_gpuaccept(tmp_path, containment, keeper_too):
     """Issue 35: a grandchild that double-forks, calls setsid(), closes its descriptors, clears its environment and
     execs ``sleep 2222`` survived ``kill -9`` of gpuaccept, re-parented to PID 1. It is held by the job's cgroup where
-    one can be made (root here: ``auto``), else by the keeper as its subreaper (``subreaper``): gone either way."""
+    one can be made (root here: ``auto``), else by the keeper as its subreaper (``subreaper``): gone either way.
+    Issue 52: with the keeper SIGKILLed too (subreaper mode), nothing held it: the reaper found no token in its
+    environment. The keeper's list of the command's processes (``job-pids.json``) is what the reaper kills now."""
     proc, pid_file = _start_headless(tmp_path, "--detach --detach-clean --steps 400 --sleep 0.05",
                                      env={"GPUACCEPT_CONTAINMENT": containment})
     daemon_file = pid_file.with_name("clean.pid")
@@ -369,6 +372,14 @@ def test_a_daemon_that_leaves_no_trace_dies_with_a_kill_9_of_gpuaccept(tmp_path,
         assert job["cgroup"] is None and job["containment"].startswith("subreaper (PR_SET_CHILD_SUBREAPER)")
     elif job["cgroup"]:
         assert job["containment"].startswith("cgroup v2") and daemon in _cgroup_pids(job["cgroup"])
+    keeper = psutil.Process(daemon).ppid()
+    assert "keeper.py" in " ".join(psutil.Process(keeper).cmdline())
+    if keeper_too:  # the keeper's list holds the daemon before both are killed (it is rewritten within 50 ms)
+        listed = pid_file.parents[1] / "job-pids.json"
+        deadline = time.monotonic() + 5
+        while daemon not in dict(json.loads(listed.read_text()).get("pids", [])) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(keeper, signal.SIGKILL)
     proc.kill()
     proc.wait(timeout=30)
     deadline = time.monotonic() + 10
