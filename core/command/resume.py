@@ -1032,7 +1032,7 @@ def _judged_weights(name: str, weights: tuple[dict[str, Any], dict[str, Any], di
         return Check(name, StageStatus.FAIL, f"{', '.join(files)}: {exc}", kind="tolerance", tier=tier.name)
     return Check(name, StageStatus.judged(judged.ok), judged.describe(tier, f"tensors of {', '.join(files)}"),
                  kind="tolerance", tier=tier.name, largest_difference=judged.distance, noise=judged.noise,
-                 bound=judged.bound)
+                 bound=judged.bound, evidence_rows=judged.evidence)
 
 
 def _final_folders(reference: RunOutcome, resumed: RunOutcome, step: int, tier: Tier, twin: RunOutcome | None,
@@ -1104,7 +1104,7 @@ def _compare_safetensors(a: Path, b: Path, names: list[str], tier: Tier, t: Path
         return Check("final_weights", StageStatus.FAIL, f"{', '.join(names)}: {exc}", kind="tolerance", tier=tier.name)
     return Check("final_weights", StageStatus.judged(judged.ok),
                  judged.describe(tier, f"tensors of {', '.join(names)}"), kind="tolerance", tier=tier.name,
-                 largest_difference=judged.distance, noise=judged.noise, bound=judged.bound)
+                 largest_difference=judged.distance, noise=judged.noise, bound=judged.bound, evidence_rows=judged.evidence)
 
 
 def _compare_states(a: Path, b: Path, names: list[str], tier: Tier, t: Path | None = None,

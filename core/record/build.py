@@ -46,7 +46,7 @@ from core.spec import RunSpec
 from core.stages.noise import RecordedRule
 from core.status import PASSING, StageStatus, Stopped
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 #: Versions ``gpuaccept verify`` reads: 1 (a plan's total is the sum of its components), 2 (the peak of the step's
 #: phases; the fit judged by the larger of the analytic and traced peaks; probe findings), 3 (the resumed process
 #: verifies the checkpoint's manifest itself: the resume check ``manifest_at_load``; every table checked recursively)
@@ -54,12 +54,17 @@ SCHEMA_VERSION = 5
 #: next-token accuracy beside perplexity) and 5 (the resume check's tolerance is a bound from measured noise: the tier
 #: says its method, ``exact`` or ``twin``, and multiple; each tolerance check its distance, the twin's noise and the
 #: bound; the ``reproducible`` check of the interrupted run; the environment's test jitter or planted fault, when set).
-#: A record before 4 is judged by the default criteria; before 5, by the relative tolerance tier it was written under.
-READABLE_VERSIONS = (1, 2, 3, 4, 5)
+#: 6 (each tolerance check keeps what it is computed from, ``evidence_rows``: per tensor its distance, the twin's and the
+#: reference's norm; per step and rank the losses, and the twin's losses the noise comes from; verify computes each
+#: check again from them). A record before 4 is judged by the default criteria; before 5, by the relative tolerance
+#: tier it was written under; before 6, a passing twin-tier check is not shown consistent (its bound cannot be computed
+#: again).
+READABLE_VERSIONS = (1, 2, 3, 4, 5, 6)
 #: The version of a command-mode record (core/command/record.py): from 4 its resume tier is a bound from measured
 #: noise (core/stages/noise.py), before it a relative tolerance; from 5 it holds the ``accept`` table of criteria and
-#: each stage's verdict lists the criteria it was judged by (before 5: judged by the default criteria).
-COMMAND_SCHEMA_VERSION = 5
+#: each stage's verdict lists the criteria it was judged by (before 5: judged by the default criteria); from 6 its
+#: tolerance checks keep their evidence, as the recipe's record does.
+COMMAND_SCHEMA_VERSION = 6
 TOOL = "gpuaccept"
 
 
@@ -419,9 +424,10 @@ def resume_facts(spec: RunSpec, r: Any) -> ResumeFacts | NotApplicable:
 
     tier = r.tier
     return ResumeFacts(
-        tuple(CheckFact(c.name, c.status in PASSING, c.kind, c.largest_difference or 0.0, c.noise, c.bound)
-              for c in r.checks),
-        rule=RecordedRule(tier.method, multiple=tier.multiple, loss_multiple=tier.loss_multiple) if tier is not None else RecordedRule("exact"),
+        tuple(CheckFact(c.name, c.status in PASSING, c.kind, c.largest_difference or 0.0, c.noise, c.bound,
+                        c.evidence_rows) for c in r.checks),
+        rule=RecordedRule(tier.method, multiple=tier.multiple, loss_multiple=tier.loss_multiple, evidence_kept=True)
+        if tier is not None else RecordedRule("exact", evidence_kept=True),
         steps=tuple(ComparedStep(row.get("step"), loss(row.get("loss_reference")), loss(row.get("loss_resumed")),
                                  None if row.get("loss_twin") is None else loss(row["loss_twin"]))
                     for row in r.comparison),

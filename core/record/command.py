@@ -53,6 +53,8 @@ from core.record.verdicts import (
     ProbeFacts,
     RecordValueError,
     ResumeFacts,
+    check_evidence,
+    compared_steps_problems,
     count,
     entry,
     evaluation_verdict,
@@ -67,7 +69,7 @@ from core.record.verdicts import (
     tables,
     text,
 )
-from core.stages.noise import RecordedRule
+from core.stages.noise import EVIDENCE_SCHEMA, RecordedRule
 from core.status import PASSING, StageStatus
 
 #: the first command-record version with the ``accept`` table and each stage's criteria rows
@@ -257,7 +259,8 @@ def _rule(res: dict[str, Any], version: int) -> RecordedRule:
         method = tier.get("method") if tier.get("method") in ("exact", "twin") else "exact"
         multiple = number(tier.get("multiple", 0.0), "resume.tier.multiple")
         return RecordedRule(str(method), multiple=multiple,  # a record without loss_multiple bounded losses by multiple
-                            loss_multiple=number(tier.get("loss_multiple", multiple), "resume.tier.loss_multiple"))
+                            loss_multiple=number(tier.get("loss_multiple", multiple), "resume.tier.loss_multiple"),
+                            evidence_kept=version >= EVIDENCE_SCHEMA)
     return RecordedRule("legacy", rtol=number(tier.get("rtol", 0.0), "resume.tier.rtol"))
 
 
@@ -284,7 +287,7 @@ def resume_facts(res: dict[str, Any], version: int, crit: AcceptCriteria | None 
             text(entry(c, "kind", where), f"{where}.kind"),
             number(c.get("largest_difference", 0.0), f"{where}.largest_difference"),  # an exact check records none
             None if "noise" not in c else number(c["noise"], f"{where}.noise"),
-            None if "bound" not in c else number(c["bound"], f"{where}.bound")))
+            None if "bound" not in c else number(c["bound"], f"{where}.bound"), check_evidence(c, where)))
     steps = []
     for i, row in enumerate(tables(res.get("comparison", []), "resume.comparison")):  # none: no step was compared
         where = f"resume.comparison[{i}]"
@@ -326,11 +329,18 @@ def _resume(res: dict[str, Any], problems: list[str], computed: dict[str, StageS
                         f"checkpoint {k.next_checkpoint}, compared up to {k.final} (the kill lands after c and "
                         "before n)")
         ok = False
-    for c in facts.checks:  # each passing tolerance check within its tier's bound
+    for c in facts.checks:  # each passing tolerance check within its tier's bound, each computed again
         if c.kind == "tolerance" and c.passed:
             found = facts.rule.check_problems(c.name, c.largest_difference, c.noise, c.bound)
             problems.extend(found)
             ok = ok and not found
+        if c.kind == "tolerance":
+            found = facts.rule.evidence_problems(c.name, c.passed, c.largest_difference, c.noise, c.bound, c.evidence)
+            problems.extend(found)
+            ok = ok and not found
+    found = compared_steps_problems(facts)
+    problems.extend(found)
+    ok = ok and not found
     loss = next((c for c in facts.checks if c.name == "loss"), None)
     noise, bound = (loss.noise, loss.bound) if loss is not None else (None, None)
     for i, (row, step) in enumerate(zip(res.get("comparison", []), facts.steps)):

@@ -35,6 +35,7 @@ record's strings), the reasons it did not pass, and the criteria rows it was jud
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -319,6 +320,8 @@ class CheckFact:
     largest_difference: float = 0.0
     noise: float | None = None
     bound: float | None = None
+    #: what a tolerance check is computed from (core.stages.noise.Bounded.evidence; None: not kept)
+    evidence: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -366,6 +369,20 @@ class ResumeFacts:
     kill_steps_expected: bool = False
 
 
+def check_evidence(row: Mapping[str, Any], where: str) -> dict[str, Any] | None:
+    """A record's resume check row's ``evidence_rows`` table (None: the row has none).
+
+    Raises:
+        RecordValueError: it is there but not a table of arrays (named)."""
+    if "evidence_rows" not in row:
+        return None
+    table = row["evidence_rows"]
+    if not isinstance(table, dict) or not all(isinstance(v, list) and all(isinstance(r, list) for r in v)
+                                              for v in table.values()):
+        raise RecordValueError(f"{where}.evidence_rows is not a table of arrays of rows")
+    return table
+
+
 def resume_verdict(facts: ResumeFacts | NotApplicable) -> StageVerdict:
     """pass exactly when there are checks and every one passed, the kill point's steps are in order (c < k < n <= the
     last compared, where recorded), nothing the numbers say contradicts a pass (:func:`resume_contradictions`), and
@@ -397,6 +414,10 @@ def resume_contradictions(facts: ResumeFacts) -> list[str]:
     for c in facts.checks:
         if c.kind == "tolerance" and c.passed:
             out.extend(facts.rule.check_problems(c.name, c.largest_difference, c.noise, c.bound))
+        if c.kind == "tolerance":
+            out.extend(facts.rule.evidence_problems(c.name, c.passed, c.largest_difference, c.noise, c.bound,
+                                                    c.evidence))
+    out.extend(compared_steps_problems(facts))
     if passed:
         loss = by_name.get("loss")
         noise, bound = (loss.noise, loss.bound) if loss is not None else (None, None)
@@ -404,6 +425,27 @@ def resume_contradictions(facts: ResumeFacts) -> list[str]:
             out.extend(facts.rule.row_problems(s.step, s.reference, abs(s.reference - s.resumed), noise, bound,
                                                s.twin))
     return out
+
+
+def compared_steps_problems(facts: ResumeFacts) -> list[str]:
+    """The compared steps the record shows (``resume.comparison``) are among the losses the ``loss`` check was computed
+    from (its ``evidence_rows.losses``: step, resumed, reference), where it keeps them: a loss edited in the table shown
+    is named. A step judged on several ranks (the table shows their mean) is left to the check's own numbers."""
+    loss = next((c for c in facts.checks if c.name == "loss"), None)
+    if loss is None or not loss.evidence or "losses" not in loss.evidence:
+        return []
+
+    def key(step: Any, resumed: Any, reference: Any) -> tuple[str, str, str]:
+        return str(step), repr(float(resumed)), repr(float(reference))  # repr: nan equals nan here
+
+    try:
+        kept = [key(*row) for row in loss.evidence["losses"]]
+    except (TypeError, ValueError):
+        return ["resume check loss: its evidence's losses cannot be read"]
+    ranks = Counter(k[0] for k in kept)
+    return [f"resume step {s.step}: the losses shown (resumed {s.resumed}, reference {s.reference}) are not the ones "
+            "the loss check was computed from" for s in facts.steps
+            if ranks[str(s.step)] <= 1 and key(s.step, s.resumed, s.reference) not in kept]
 
 
 def _kill_steps_reasons(facts: ResumeFacts) -> list[str]:

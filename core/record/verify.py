@@ -54,6 +54,7 @@ from core.record.verdicts import (
     ProbeFacts,
     QualityFacts,
     ResumeFacts,
+    check_evidence,
     count,
     entry,
     evaluation_verdict,
@@ -491,7 +492,8 @@ def resume_facts(rec: dict[str, Any], crit: AcceptCriteria, rule: RecordedRule) 
         where = f"resume.checks[{i}]"
         name, distance, noise, bound = _bounded(c, where)
         checks.append(CheckFact(name, text(entry(c, "status", where), f"{where}.status") in PASSING,
-                                text(entry(c, "kind", where), f"{where}.kind"), distance, noise, bound))
+                                text(entry(c, "kind", where), f"{where}.kind"), distance, noise, bound,
+                                check_evidence(c, where)))
     steps = []
     for i, row in enumerate(tables(entry(res, "comparison", "resume"), "resume.comparison")):
         where = f"resume.comparison[{i}]"
@@ -810,7 +812,7 @@ def _resume_tier(rec: dict[str, Any], problems: list[str], crit: AcceptCriteria)
     with its method and multiple; before: a relative tolerance, :data:`core.stages.noise.LEGACY_RTOL`), the one the spec's
     dtype on the probed device, its noise setting, the test jitter and the criteria require (appends what is wrong to
     ``problems``; an unknown tier is judged bit-exact)."""
-    from core.stages.noise import LEGACY_RTOL, RecordedRule, known_tiers, required_tier
+    from core.stages.noise import EVIDENCE_SCHEMA, LEGACY_RTOL, RecordedRule, known_tiers, required_tier
 
     spec, probe, res = rec["spec"], rec["probe"], rec["resume"]
     tier = res.get("tier", {})
@@ -843,7 +845,8 @@ def _resume_tier(rec: dict[str, Any], problems: list[str], crit: AcceptCriteria)
         if want != known.name:
             problems.append(f"resume.tier is {known.name}, but {spec.get('dtype')} on {probed[0]} is {want}")
     return RecordedRule(known.method, multiple=known.multiple,
-                        loss_multiple=known.loss_multiple if "loss_multiple" in tier else known.multiple)
+                        loss_multiple=known.loss_multiple if "loss_multiple" in tier else known.multiple,
+                        evidence_kept=rec["schema_version"] >= EVIDENCE_SCHEMA)
 
 
 def _resume_window_problems(spec: dict[str, Any], res: dict[str, Any], rows: list[Any], problems: list[str]) -> None:

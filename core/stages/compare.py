@@ -42,6 +42,9 @@ class Check:
     largest_difference: float | None = None
     noise: float | None = None
     bound: float | None = None
+    #: what a tolerance check is computed from (:attr:`core.stages.noise.Bounded.evidence`): ``gpuaccept verify``
+    #: computes the check again from it
+    evidence_rows: dict[str, Any] | None = None
 
 
 def span(steps: list[int]) -> str:
@@ -242,17 +245,17 @@ def compare_series(series: ResumeSeries, tier: Tier, rules: StepRules) -> StepCo
     after = _pairs(series.resumed, ref)
     not_compared: list[str] = []
     checks = [_global_steps(series, words)]
-    noise, why_not = _noise(series.twin, ref, sorted({a.key for a, _ in before + after}), tier)
+    noise, noise_pairs, why_not = _noise(series.twin, ref, sorted({a.key for a, _ in before + after}), tier)
     if why_not:
         checks += [Check(name, StageStatus.FAIL, why_not, kind="tolerance", tier=tier.name)
                    for name in ("loss", "reproducible")]
     else:
-        checks += _reproducible(before, rules, tier, noise, not_compared)
+        checks += _reproducible(before, rules, tier, (noise, noise_pairs), not_compared)
     unmatched = sorted({p.step for p in (*series.resumed.points, *series.interrupted.points) if p.key not in ref})
     for name in rules.fields:
         checks += _exact_field(name, after, series, rules, unmatched, not_compared)
     if not why_not:
-        checks.append(_loss(after, rules, tier, noise))
+        checks.append(_loss(after, rules, tier, (noise, noise_pairs)))
     return StepComparison(checks, _rows(series, ref), not_compared)
 
 
@@ -267,19 +270,25 @@ def _global_steps(series: ResumeSeries, words: StepWords) -> Check:
     return Check("global_steps", StageStatus.judged(ok), words.global_steps(got, want, series))
 
 
+#: the twin's loss noise and the (twin, reference) losses it is measured from; (None, None) on an exact tier
+Noise = tuple[float | None, list[tuple[float, float]] | None]
+
+
 def _noise(twin: StepSeries | None, ref: dict[Key, StepPoint], keys: list[Key], tier: Tier,
-           ) -> tuple[float | None, str]:
-    """(the twin's loss noise over the (rank, step) ``keys`` compared, "") for a twin tier; (None, "") for an exact
-    one; (None, why) without a twin or when the twin did not log every step compared."""
+           ) -> tuple[float | None, list[tuple[float, float]] | None, str]:
+    """(the twin's loss noise over the (rank, step) ``keys`` compared, the (twin, reference) losses it is taken from,
+    "") for a twin tier; (None, None, "") for an exact one; (None, None, why) without a twin or when the twin did not log
+    every step compared."""
     if tier.exact:
-        return None, ""
+        return None, None, ""
     if twin is None:
-        return None, "no twin run to measure the noise with"
+        return None, None, "no twin run to measure the noise with"
     twins = twin.by_key()
     missing = sorted({step for rank, step in keys if (rank, step) not in twins})
     if missing:
-        return None, f"the twin run logged no loss at steps {span(missing)}, so no noise bound could be measured"
-    return loss_noise([pair for key in keys for pair in zip(twins[key].losses, ref[key].losses)]), ""
+        return None, None, f"the twin run logged no loss at steps {span(missing)}, so no noise bound could be measured"
+    pairs = [pair for key in keys for pair in zip(twins[key].losses, ref[key].losses)]
+    return loss_noise(pairs), pairs, ""
 
 
 def _loss_triples(pairs: list[Pair]) -> list[tuple[int, float, float]]:
@@ -299,7 +308,7 @@ def _logged(name: str, pairs: list[Pair], complete: bool) -> list[Pair]:
     return [(a, b) for a, b in pairs if getattr(a, name) is not None and getattr(b, name) is not None]
 
 
-def _reproducible(before: list[Pair], rules: StepRules, tier: Tier, noise: float | None,
+def _reproducible(before: list[Pair], rules: StepRules, tier: Tier, noise: Noise,
                   not_compared: list[str]) -> list[Check]:
     """``reproducible``: the interrupted run before its kill equals the reference; no step to compare: a failed check
     (``rules.complete``) or a note."""
@@ -311,11 +320,11 @@ def _reproducible(before: list[Pair], rules: StepRules, tier: Tier, noise: float
         return []
     exact = sorted({a.step for name in rules.fields for a, b in _logged(name, before, rules.complete)
                     if _differ(name, a, b)})
-    judged, bad = judge_losses(_loss_triples(before), noise, tier)
+    judged, bad = judge_losses(_loss_triples(before), noise[0], tier, noise[1])
     return [Check("reproducible", StageStatus.judged(not (exact or bad)),
                   rules.words.reproducible(sorted({a.step for a, _ in before}), exact, bad, judged, tier),
                   kind="tolerance", tier=tier.name, largest_difference=judged.distance, noise=judged.noise,
-                  bound=judged.bound)]
+                  bound=judged.bound, evidence_rows=judged.evidence)]
 
 
 def _exact_field(name: str, after: list[Pair], series: ResumeSeries, rules: StepRules, unmatched: list[int],
@@ -336,16 +345,16 @@ def _exact_field(name: str, after: list[Pair], series: ResumeSeries, rules: Step
                   rules.words.field_equal(label, len(have), [p.step for p in series.resumed.points]))]
 
 
-def _loss(after: list[Pair], rules: StepRules, tier: Tier, noise: float | None) -> Check:
+def _loss(after: list[Pair], rules: StepRules, tier: Tier, noise: Noise) -> Check:
     """``loss``: every resumed step and rank within the bound; a step logged by other ranks than the reference's, or
     no step to compare, fails."""
-    judged, bad = judge_losses(_loss_triples(after), noise, tier)
+    judged, bad = judge_losses(_loss_triples(after), noise[0], tier, noise[1])
     unmatched = sorted({a.step for a, b in after if len(a.losses) != len(b.losses)})
     ok = judged.ok and not unmatched and bool(after)
     return Check("loss", StageStatus.judged(ok),
                  rules.words.loss(bad, unmatched, judged if after else None, tier),
                  kind="tolerance", tier=tier.name, largest_difference=judged.distance, noise=judged.noise,
-                 bound=judged.bound)
+                 bound=judged.bound, evidence_rows=judged.evidence)
 
 
 def _rows(series: ResumeSeries, ref: dict[Key, StepPoint]) -> list[dict[str, Any]]:

@@ -34,6 +34,7 @@ codes.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -154,6 +155,7 @@ class Bounded:
         bound: the distance allowed there (``multiple x`` the noise; 0 for exact).
         where: the tensor or step it was at.
         count: tensors or losses compared.
+        evidence: the rows it is computed from (see the attribute's comment).
     """
 
     ok: bool
@@ -162,6 +164,11 @@ class Bounded:
     bound: float
     where: str
     count: int
+    #: what the judgement is computed from, kept in the record so that ``gpuaccept verify`` computes it again
+    #: (:func:`evidence_problems`): ``{"tensors": [[name, distance, noise, reference_norm], ...]}`` (exact tiers:
+    #: ``[name, distance]``), or ``{"losses": [[step, resumed, reference], ...], "noise_losses": [[twin,
+    #: reference], ...]}``
+    evidence: dict[str, Any] | None = None
 
     def describe(self, tier: Tier, what: str, multiple: float | None = None) -> str:
         """The evidence: how far the resumed run is, against what bound (``multiple`` x the twin's noise: the tier's
@@ -202,24 +209,38 @@ def judge_tensors(reference: dict[str, torch.Tensor], resumed: dict[str, torch.T
 
     res = {n: dist(resumed[n], reference[n]) for n in names}
     if tier.exact or twin is None:
-        exact = all(torch.equal(resumed[n], reference[n]) for n in names)
-        worst = max(names, key=lambda n: res[n], default="")
-        return Bounded(exact, res.get(worst, 0.0), None, 0.0, worst, len(names))
-    noise = {n: dist(twin[n], reference[n]) for n in names}
+        return bound_tensor_rows([(n, res[n]) for n in names], None)
     size = {n: float(torch.linalg.vector_norm(reference[n].detach().double())) if reference[n].numel() else 0.0
             for n in names}
+    return bound_tensor_rows([(n, res[n], dist(twin[n], reference[n]), size[n]) for n in names], tier.multiple)
+
+
+def bound_tensor_rows(rows: list[tuple[Any, ...]], multiple: float | None) -> Bounded:
+    """:func:`judge_tensors` from its per-tensor distances, the one rule both the resume check and ``gpuaccept verify``
+    apply. ``rows``: ``(name, distance)`` for an exact tier (``multiple`` None: every distance must be 0), else
+    ``(name, distance, twin's distance, reference's norm)``, all L2 norms; the bound of a tensor is ``multiple x
+    max(its twin's distance, r x its norm)``, r the twin's relative distance over all the tensors."""
+    names = [str(r[0]) for r in rows]
+    res = {str(r[0]): float(r[1]) for r in rows}
+    if multiple is None:
+        worst = max(names, key=lambda n: res[n], default="")
+        return Bounded(all(res[n] == 0.0 for n in names), res.get(worst, 0.0), None, 0.0, worst, len(names),
+                       {"tensors": [[n, res[n]] for n in names]})
+    noise = {str(r[0]): float(r[2]) for r in rows}
+    size = {str(r[0]): float(r[3]) for r in rows}
     total_ref = math.sqrt(sum(v * v for v in size.values()))
     relative = math.sqrt(sum(v * v for v in noise.values())) / total_ref if total_ref else 0.0
-    bounds = {n: tier.multiple * max(noise[n], relative * size[n]) for n in names}
+    bounds = {n: multiple * max(noise[n], relative * size[n]) for n in names}
     ok = all(res[n] <= bounds[n] for n in names)
 
     def ratio(n: str) -> float:
         return res[n] / bounds[n] if bounds[n] > 0 else (0.0 if res[n] == 0 else math.inf)
 
     worst = max(names, key=ratio, default="")
+    evidence = {"tensors": [[n, res[n], noise[n], size[n]] for n in names]}
     if not worst:
-        return Bounded(True, 0.0, 0.0, 0.0, "", 0)
-    return Bounded(ok, res[worst], noise[worst], bounds[worst], worst, len(names))
+        return Bounded(True, 0.0, 0.0, 0.0, "", 0, evidence)
+    return Bounded(ok, res[worst], noise[worst], bounds[worst], worst, len(names), evidence)
 
 
 def float32_spacing(value: float) -> float:
@@ -238,10 +259,22 @@ def loss_noise(pairs: list[tuple[float, float]]) -> float:
     return max(worst, float32_spacing(largest))
 
 
-def judge_losses(pairs: list[tuple[int, float, float]], noise: float | None, tier: Tier) -> tuple[Bounded, list[int]]:
+def judge_losses(pairs: list[tuple[int, float, float]], noise: float | None, tier: Tier,
+                 noise_pairs: list[tuple[float, float]] | None = None) -> tuple[Bounded, list[int]]:
     """Judge per-step losses: ``pairs`` of (step, resumed, reference); ``noise`` the twin's :func:`loss_noise` (None:
-    exact; the bound is the tier's :data:`LOSS_MULTIPLE` x it). Returns the judgement and the steps outside the bound."""
-    bound = 0.0 if tier.exact or noise is None else tier.loss_multiple * noise
+    exact; the bound is the tier's :data:`LOSS_MULTIPLE` x it) of ``noise_pairs`` (twin, reference), kept with
+    ``pairs`` as the evidence. Returns the judgement and the steps outside the bound."""
+    judged, bad = _judge_losses(pairs, noise, 0.0 if tier.exact or noise is None else tier.loss_multiple)
+    evidence: dict[str, Any] = {"losses": [list(p) for p in pairs]}
+    if noise_pairs is not None:
+        evidence["noise_losses"] = [list(p) for p in noise_pairs]
+    return dataclasses.replace(judged, evidence=evidence), bad
+
+
+def _judge_losses(pairs: list[tuple[int, float, float]], noise: float | None, multiple: float
+                  ) -> tuple[Bounded, list[int]]:
+    """:func:`judge_losses`'s rule: the bound is ``multiple`` x ``noise`` (0: bit-exact)."""
+    bound = 0.0 if noise is None else multiple * noise
     bad = sorted({s for s, a, b in pairs if not (a == b if bound == 0.0 else abs(a - b) <= bound)
                   or not math.isfinite(a)})
     worst = max(pairs, key=lambda p: abs(p[1] - p[2]) if math.isfinite(p[1]) else math.inf, default=None)
@@ -313,17 +346,34 @@ def optimizer_state_tensors(state: Any, prefix: str = "") -> dict[str, torch.Ten
 
 
 # --------------------------------------------------------------------------------------- a record, judged again
+#: the first record schema that keeps what each tolerance check is computed from (both kinds of record)
+EVIDENCE_SCHEMA = 6
+
+
+def _same(recorded: float | None, computed: float | None) -> bool:
+    """A recorded number equals the one computed again (both absent, both NaN, or equal within float rounding)."""
+    if recorded is None or computed is None:
+        return recorded is None and computed is None
+    if math.isnan(recorded) or math.isnan(computed):
+        return math.isnan(recorded) and math.isnan(computed)
+    return math.isclose(recorded, computed, rel_tol=1e-12, abs_tol=0.0)
+
+
 @dataclass(frozen=True)
 class RecordedRule:
     """How ``gpuaccept verify`` judges a record's resume numbers again: ``method`` ``exact`` or ``twin`` (with its
     ``multiple``, schema 5, and ``loss_multiple`` for the losses: a record without one judged its losses by
     ``multiple``), or ``legacy`` with the relative tolerance ``rtol`` of a tier of a record before schema 5
-    (:data:`LEGACY_RTOL`). Each method returns what is wrong, in words (empty: consistent)."""
+    (:data:`LEGACY_RTOL`); from schema :data:`EVIDENCE_SCHEMA` each tolerance check is computed again from the
+    evidence the record keeps. Each method returns what is wrong, in words (empty: consistent)."""
 
     method: str
     multiple: float = 0.0
     rtol: float = 0.0
     loss_multiple: float | None = None
+    #: the record keeps what each tolerance check is computed from (schema :data:`EVIDENCE_SCHEMA` on): each is
+    #: computed again (:meth:`evidence_problems`)
+    evidence_kept: bool = False
 
     def multiple_of(self, name: str) -> float:
         """The multiple the check ``name`` was bounded by."""
@@ -347,6 +397,46 @@ class RecordedRule:
         multiple = self.multiple_of(name)
         if bound < multiple * noise * (1 - 1e-9):
             out.append(f"resume check {name}: bound {bound} is below {multiple:g} x the twin's noise {noise}")
+        return out
+
+    def evidence_problems(self, name: str, passed: bool, distance: float, noise: float | None, bound: float | None,
+                          evidence: dict[str, Any] | None) -> list[str]:
+        """What is wrong with a tolerance check against what it is computed from (``evidence``: the rows of
+        :attr:`Bounded.evidence`): the check computed again by the resume check's own rule
+        (:func:`bound_tensor_rows`, :func:`loss_noise` and the loss bound) gives the same distance, noise and bound,
+        and a pass only where the evidence is within the bound; equality, not "at least". A passing check without
+        evidence is a finding where the record keeps it, and on a twin tier of an older record, whose noise and bound
+        cannot be computed again (it is then not shown consistent)."""
+        if self.method not in ("exact", "twin"):
+            return []
+        if evidence is None:
+            if passed and self.evidence_kept:
+                return [f"resume check {name}: passed without the evidence its distance, noise and bound are "
+                        "computed from"]
+            if passed and self.method == "twin":
+                return [f"resume check {name}: its noise and bound cannot be computed again from a record written "
+                        f"before schema {EVIDENCE_SCHEMA} (which keeps the distances they come from): not shown "
+                        "consistent"]
+            return []
+        twin = self.method == "twin"
+        try:
+            if "tensors" in evidence:
+                judged = bound_tensor_rows([tuple(row) for row in evidence["tensors"]], self.multiple if twin else None)
+            elif "losses" in evidence:
+                pairs = [(int(s), float(a), float(b)) for s, a, b in evidence["losses"]]
+                rows = evidence.get("noise_losses")
+                measured = loss_noise([(float(t), float(r)) for t, r in rows]) if twin and rows is not None else None
+                judged, _ = _judge_losses(pairs, measured, self.multiple_of(name) if twin else 0.0)
+            else:
+                return [f"resume check {name}: its evidence holds neither tensors nor losses"]
+        except (TypeError, ValueError, IndexError) as exc:
+            return [f"resume check {name}: its evidence cannot be read ({exc})"]
+        out = [f"resume check {name}: passed, but its evidence is outside the bound (largest distance "
+               f"{judged.distance} at {judged.where}, bound {judged.bound})"] if passed and not judged.ok else []
+        for label, recorded, computed in (("largest_difference", distance, judged.distance),
+                                          ("noise", noise, judged.noise), ("bound", bound, judged.bound)):
+            if not _same(recorded, computed):
+                out.append(f"resume check {name}: {label} is {recorded}; its evidence gives {computed}")
         return out
 
     def row_problems(self, step: Any, reference: float, difference: float, noise: float | None,

@@ -874,7 +874,7 @@ def compare_weights(ref_file: Path, res_file: Path, tier: Tier, twin_file: Path 
         return Check("final_weights", StageStatus.FAIL, str(exc), kind="tolerance", tier=tier.name)
     return Check("final_weights", StageStatus.judged(judged.ok), judged.describe(tier, f"tensors of {res_file.name}"),
                  kind="tolerance", tier=tier.name, largest_difference=judged.distance, noise=judged.noise,
-                 bound=judged.bound)
+                 bound=judged.bound, evidence_rows=judged.evidence)
 
 
 def compare_optimizers(ref_file: Path, res_file: Path, tier: Tier, twin_file: Path | None = None) -> list[Check]:
@@ -931,7 +931,7 @@ def compare_optimizer_states(a: dict[str, Any], b: dict[str, Any], tier: Tier, t
                         judged.describe(tier, "optimizer state tensors (8-bit states dequantised)"
                                         if any(k.endswith(("state1", "state2")) for k in ta) else "optimizer state tensors"),
                         kind="tolerance", tier=tier.name, largest_difference=judged.distance, noise=judged.noise,
-                        bound=judged.bound))
+                        bound=judged.bound, evidence_rows=judged.evidence))
     return checks
 
 

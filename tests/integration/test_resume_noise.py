@@ -145,3 +145,95 @@ def test_each_planted_fault_fails_the_resume_naming_it(fault, jittered_reference
         assert "lora" in checks["final_weights"].evidence
     if fault == "rng_not_restored":
         assert "never restored" in checks["rng_restored"].evidence
+
+
+# ------------------------------------------------------------------------ a failing resume, forged into a pass
+def _worst(c: dict) -> list:
+    """The evidence row of the tensor the check's numbers come from (the one nearest its bound)."""
+    from core.stages.noise import bound_tensor_rows
+
+    rows = c["evidence_rows"]["tensors"]
+    where = bound_tensor_rows([tuple(r) for r in rows], NOISE_MULTIPLE).where
+    return next(r for r in rows if r[0] == where)
+
+
+#: the recorded quantities a tolerance check's verdict depends on, each edited alone (issue 53): (what, how). An edit
+#: of a tensor's row that moves no number of the check (a tensor far inside its bound made nearer 0) changes no
+#: verdict; the rows edited here are the tensor's the check is decided by.
+FORGERIES = {
+    "largest_difference": lambda c: c.update(largest_difference=c["largest_difference"] / 100),
+    "noise": lambda c: c.update(noise=c["noise"] * 100),
+    "bound": lambda c: c.update(bound=c["bound"] * 100),
+    "status": lambda c: c.update(status="pass"),
+    "the resumed distance": lambda c: _worst(c).__setitem__(1, 0.0),
+    "the twin's distance": lambda c: _worst(c).__setitem__(2, _worst(c)[1]),
+    "the reference's norm": lambda c: _worst(c).__setitem__(3, 1e6),
+}
+
+
+@pytest.fixture(scope="module")
+def forged_source(jittered_reference, tiny_model_dir, tmp_path_factory):
+    """The resume table of a failing resume (the adapters not restored) under the jitter, as the record writes it."""
+    from core.record.build import _clean, _resume_table
+
+    spec, te = jittered_reference
+    mp = pytest.MonkeyPatch()
+    try:
+        result = resume_with("adapters_not_restored", spec, te, tiny_model_dir, tmp_path_factory.mktemp("forged"), mp)
+    finally:
+        mp.undo()
+    return tomllib.loads(__import__("tomli_w").dumps(_clean(_resume_table(result))))
+
+
+def _contradictions(res: dict, kept: bool = True) -> list[str]:
+    from core.record.verdicts import resume_contradictions
+    from core.record.verify import resume_facts
+    from core.stages.noise import LOSS_MULTIPLE, RecordedRule
+
+    rule = RecordedRule("twin", multiple=NOISE_MULTIPLE, loss_multiple=LOSS_MULTIPLE, evidence_kept=kept)
+    from core.criteria import AcceptCriteria
+
+    return resume_contradictions(resume_facts({"resume": res}, AcceptCriteria(), rule))
+
+
+def test_a_failing_resume_forged_into_a_pass_is_not_consistent(forged_source):
+    """Issue 53: raising each failing check's noise to its distance, its bound to the multiple of that and its status
+    to pass made `verify` call the record consistent. Each check is now computed again from the distances the record
+    keeps: the forgery is named, on the new schema and (without the evidence) on the old."""
+    import copy
+
+    res = copy.deepcopy(forged_source)
+    assert res["status"] == "fail" and _contradictions(res) == []  # as written: failing, and consistent
+    failed = [c for c in res["checks"] if c["status"] != "pass" and c["kind"] == "tolerance"]
+    assert {"final_weights", "loss"} <= {c["name"] for c in failed}
+    for c in failed:  # the issue's forgery
+        multiple = 16.0 if c["name"] in ("loss", "reproducible") else NOISE_MULTIPLE
+        c.update(noise=c["largest_difference"], bound=multiple * c["largest_difference"], status="pass")
+    res["status"] = "pass"
+    found = _contradictions(res)
+    assert any("final_weights: noise is" in f for f in found) and any("loss: noise is" in f for f in found), found
+    assert any("final_weights: passed, but its evidence is outside the bound" in f for f in found), found
+    old = copy.deepcopy(res)  # a record of schema 5 keeps no evidence: its twin-tier bound cannot be computed again
+    for c in old["checks"]:
+        c.pop("evidence_rows", None)
+    assert any("cannot be computed again from a record written before schema 6" in f
+               for f in _contradictions(old, kept=False))
+
+
+def test_a_loss_edited_in_the_comparison_shown_is_named(forged_source):
+    import copy
+
+    res = copy.deepcopy(forged_source)
+    res["comparison"][-1]["loss_resumed"] = res["comparison"][-1]["loss_reference"]
+    res["comparison"][-1]["difference"] = 0.0
+    assert any("are not the ones the loss check was computed from" in f for f in _contradictions(res))
+
+
+@pytest.mark.parametrize("what", sorted(FORGERIES))
+def test_each_recorded_quantity_of_a_tolerance_check_is_computed_again(what, forged_source):
+    import copy
+
+    res = copy.deepcopy(forged_source)
+    weights = next(c for c in res["checks"] if c["name"] == "final_weights")
+    FORGERIES[what](weights)
+    assert any(f.startswith("resume check final_weights:") for f in _contradictions(res)), what

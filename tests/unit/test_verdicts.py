@@ -179,14 +179,29 @@ def test_a_passing_resume_lies_within_its_tier():
     # exact: no difference allowed, in a tolerance check or a compared step
     assert resume_verdict(_resume(checks=_checks(largest_difference=1e-7))).status is FAIL
     assert resume_verdict(_resume(steps=(ComparedStep(3, 10.5, 10.5 + 1e-6),))).status is FAIL
-    # twin: within multiple x the twin's noise
-    twin = RecordedRule("twin", multiple=4.0)
-    ok = _resume(rule=twin, checks=_checks(largest_difference=2e-6, noise=1e-6, bound=4e-6),
-                 steps=(ComparedStep(3, 10.5, 10.5 + 3e-6, twin=10.5 + 1e-6),), tier=("cuda-bf16-twin-noise", 4.0))
-    assert resume_verdict(ok).status is PASS
+    # twin: within multiple x the twin's noise, each check computed again from the evidence the record keeps
+    from core.stages.noise import bound_tensor_rows, judge_losses, loss_noise, required_tier
+
+    twin = RecordedRule("twin", multiple=4.0, evidence_kept=True)
+    tier = required_tier("cuda", "bf16")
+    noise_pairs = [(10.5 + 1e-6, 10.5)]
+    loss, _ = judge_losses([(3, 10.5 + 3e-6, 10.5)], loss_noise(noise_pairs), dataclasses.replace(tier, loss_multiple=4.0),
+                           noise_pairs)
+    weights = bound_tensor_rows([("w", 2e-6, 1e-6, 1.0)], 4.0)
+    checks = (CheckFact("kill", True), CheckFact("kill_point", True),
+              CheckFact("loss", True, "tolerance", loss.distance, loss.noise, loss.bound, loss.evidence),
+              CheckFact("final_weights", True, "tolerance", weights.distance, weights.noise, weights.bound,
+                        weights.evidence))
+    ok = _resume(rule=twin, checks=checks, steps=(ComparedStep(3, 10.5, 10.5 + 3e-6, twin=10.5 + 1e-6),),
+                 tier=("cuda-bf16-twin-noise", 4.0))
+    assert resume_verdict(ok).status is PASS, resume_verdict(ok).reasons
     assert resume_verdict(dataclasses.replace(ok, steps=(ComparedStep(3, 10.5, 10.5 + 5e-6),))).status is FAIL
     assert resume_verdict(dataclasses.replace(ok, checks=_checks(largest_difference=2e-6, noise=1e-6,
                                                                  bound=3e-6))).status is FAIL  # bound < 4 x noise
+    # a record before the evidence was kept (schema 5): a passing twin-tier check cannot be computed again
+    old = resume_verdict(dataclasses.replace(ok, rule=RecordedRule("twin", multiple=4.0), checks=_checks(
+        largest_difference=loss.distance, noise=loss.noise, bound=loss.bound)))
+    assert old.status is FAIL and "cannot be computed again from a record written before schema 6" in old.reasons[0]
     # the criteria: an exact tier asked for, a twin tier judged
     exact = resume_verdict(dataclasses.replace(ok, criteria=AcceptCriteria(resume_tier="exact")))
     assert exact.status is FAIL and exact.criteria[0].met is False
@@ -298,10 +313,16 @@ def test_build_and_verify_judge_the_same_facts(tiny_model_dir, tmp_path):
                          600.0, [{"step": 1, "epoch": 0.1, "learning_rate": 1e-3, "loss": 10.8}], {}, "", "", "")
     tier = required_tier("cpu", spec.dtype)
     c, end = spec.resume.kill_checkpoint_step(), spec.resume.compared_until(spec.steps)
-    checks = [Check(n, "pass", "ok", kind=k, tier=tier.name, largest_difference=0.0 if k == "tolerance" else None)
-              for n, k in expected_checks(spec.dtype).items()]
     rows = [{"step": s, "learning_rate": 1e-3, "loss_reference": 10.0 - s / 10, "loss_resumed": 10.0 - s / 10,
              "difference": 0.0} for s in range(c + 1, end + 1)]
+    evidence = {"losses": [[r["step"], r["loss_resumed"], r["loss_reference"]] for r in rows]}  # bit-exact, as kept
+
+    def kept(name: str) -> dict:
+        return evidence if name in ("loss", "reproducible") else {"tensors": [["w", 0.0]]}
+
+    checks = [Check(n, "pass", "ok", kind=k, tier=tier.name, largest_difference=0.0 if k == "tolerance" else None,
+                    bound=0.0 if k == "tolerance" else None, evidence_rows=kept(n) if k == "tolerance" else None)
+              for n, k in expected_checks(spec.dtype).items()]
     resume = ResumeResult("pass", checks, checkpoint_step=c, kill_step=c + 1, killed_pgid=1, tier=tier,
                           comparison=rows, manifest={"adapter_model.safetensors": "0" * 64}, summary="passed",
                           compared_steps=(c + 1, end))
