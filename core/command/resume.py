@@ -33,6 +33,7 @@ others' fail waiting for it, and every node resumes from its own newest checkpoi
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field, replace
@@ -949,8 +950,7 @@ def dcp_as_files(found: tuple[Checkpoint, Checkpoint, Path | None], scratch: Pat
 
 def _named(ch: Check, where: str) -> Check:
     """``ch`` with its evidence prefixed by the file (or the pickle's entry) it is about."""
-    return Check(ch.name, ch.status, f"{where}: {ch.evidence}", ch.kind, ch.tier, ch.largest_difference, ch.noise,
-                 ch.bound)
+    return dataclasses.replace(ch, evidence=f"{where}: {ch.evidence}")
 
 
 #: the reference's, the resumed run's and the twin's (None on an exact tier) of one thing compared

@@ -84,7 +84,7 @@ RULES: tuple[tuple[str, str], ...] = (
     ("resume.checks[].noise", "measured"), ("resume.checks[].bound", "measured"), ("resume.twin_steps[]", "count"),
     # what a tolerance check is computed from: per tensor [name, distance, twin's distance, reference's norm], per step
     # and rank [step, resumed, reference] and the twin's [twin, reference]
-    ("resume.checks[].evidence_rows.tensors[][]", "judged"), ("resume.checks[].evidence_rows.*[][]", "measured"),
+    ("resume.checks[].evidence_rows.tensors*", "judged"), ("resume.checks[].evidence_rows.*", "measured"),
     ("resume.tier.multiple", "nonneg"), ("resume.tier.loss_multiple", "nonneg"), ("environment.test_jitter", "nonneg"), ("environment.test_fault", "str"),
     # the sign-off's override of a verdict that is not pass: the operator's reason, the stages it accepted
     ("signoff.override", "str"), ("signoff.overridden[]", "str"),
