@@ -43,7 +43,10 @@ def test_what_a_cluster_record_must_not_hide():
     assert "verdict.status is 'fail', the nodes' verdicts give 'pass'" in verdicts
     assert "2 nodes are said to hold rank 0; one does" in verdicts
     broken = cluster_record([text, text], rank0=0)
-    broken["nodes"][0]["record"] = text.replace("schema_version = 5", "schema_version = 99", 1)
+    from core.record.build import SCHEMA_VERSION
+
+    assert f"schema_version = {SCHEMA_VERSION}" in text
+    broken["nodes"][0]["record"] = text.replace(f"schema_version = {SCHEMA_VERSION}", "schema_version = 99", 1)
     schema, _ = record_problems(broken)
     assert schema and schema[0].startswith("nodes[0] (")  # the node's own schema finding, named by node
 
