@@ -94,8 +94,9 @@ def load_documents(data: str) -> list[Document]:
         except FileNotFoundError:
             raise DataError(f"{path}: file not found; give 'embedded' or an existing .txt / .jsonl file") from None
         except InputFileError as exc:
-            if path.stat().st_size > MAX_DATA_FILE:
-                raise DataError(f"{path} is {path.stat().st_size:,} bytes, above {MAX_DATA_FILE:,}: gpuaccept's runs "
+            size = path.stat().st_size
+            if size > MAX_DATA_FILE:
+                raise DataError(f"{path} is {size:,} bytes, above {MAX_DATA_FILE:,}: gpuaccept's runs "
                                 "train and evaluate for a few steps and read the whole file in each process; give a "
                                 "sample of it (e.g. head -n 100000 of a .jsonl file)") from None
             raise DataError(str(exc)) from None

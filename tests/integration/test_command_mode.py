@@ -374,7 +374,7 @@ def test_a_daemon_that_leaves_no_trace_dies_with_a_kill_9_of_gpuaccept(tmp_path,
         assert job["containment"].startswith("cgroup v2") and daemon in _cgroup_pids(job["cgroup"])
     keeper = psutil.Process(daemon).ppid()
     assert "keeper.py" in " ".join(psutil.Process(keeper).cmdline())
-    if keeper_too:  # the keeper's list holds the daemon before both are killed (it is rewritten within 50 ms)
+    if keeper_too:  # the keeper's list holds the daemon before both are killed (it is looked for every 0.5 s)
         listed = pid_file.parents[1] / "job-pids.json"
         deadline = time.monotonic() + 5
         while daemon not in dict(json.loads(listed.read_text()).get("pids", [])) and time.monotonic() < deadline:
