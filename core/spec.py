@@ -143,13 +143,17 @@ SeqLenLimit = Literal["model", "none"]
 #: ZeRO / FSDP offload to the host (DeepSpeed ``offload_optimizer`` / ``offload_param``, FSDP ``cpu_offload``)
 Offload = Literal["none", "optimizer", "all"]
 OFFLOADS: tuple[Offload, ...] = get_args(Offload)
+#: how many twin runs a twin tier runs by default (``resume.twins``): at least 2, so that the noise has a spread and one
+#: of them is nudged (core/stages/noise.py)
+TWINS = 2
 #: settings added after records were written, by their TOML key, with their defaults: left out of a spec's dict (and
 #: hash) while at the default (``RunSpec.to_dict``)
 LATER_DEFAULTS: dict[str, Any] = {
     "objective": "sft", "reference": "auto", "reference_dtype": "", "loss": "standard", "loss_chunks": 8,
     "compile": False, "optimizer_in_backward": False, "activation_offloading": False, "offload": "none",
     "seq_len_limit": "model", "untie_embeddings": False,
-    "lora.modules_to_save": [], "lora.dtype": "fp32", "embedding_fp32_states": True, "qlora.bitsandbytes": "installed"}
+    "lora.modules_to_save": [], "lora.dtype": "fp32", "embedding_fp32_states": True, "qlora.bitsandbytes": "installed",
+    "resume.twins": TWINS}
 Scheduler = Literal["linear", "cosine", "constant"]
 SCHEDULERS: tuple[Scheduler, ...] = get_args(Scheduler)
 #: How a run is spread over devices (docs/architecture.md §3). ``fsdp`` is accepted and stored as ``zero3`` (FSDP full shard).
@@ -234,6 +238,9 @@ INTERRUPTED_FROM: tuple[InterruptedFrom, ...] = get_args(InterruptedFrom)
 #: agreement on the CPU, whose kernels are deterministic for a fixed thread count; ``twin`` always runs the twin;
 #: ``off`` never does and asks for bit-exact agreement everywhere.
 NoiseMethod = Literal["auto", "twin", "off"]
+#: the most twin runs ``resume.twins`` may ask for (each is a training run from the branch point to the last compared
+#: step)
+MAX_TWINS = 8
 NOISE_METHODS: tuple[NoiseMethod, ...] = get_args(NoiseMethod)
 #: Where the SIGKILL of the resume check lands: the kill points, with what each means, are
 #: :data:`core.killpoints.KILL_POINTS` (their one home)
@@ -260,7 +267,9 @@ class ResumeSettings:
             of the uninterrupted run's checkpoint before c: the run to the kill is itself a resume) or ``start``
             (step 0: the check before issue 16, which costs about a whole training run).
         noise: how the noise that bounds the loss, weights and optimizer states is known, one of
-            :data:`NOISE_METHODS` (``auto``: a twin run on CUDA or under the test jitter, bit-exact on the CPU).
+            :data:`NOISE_METHODS` (``auto``: twin runs on CUDA or under the test jitter, bit-exact on the CPU).
+        twins: how many twin runs measure it (:data:`TWINS` by default; 2 to
+            :data:`MAX_TWINS`).
     """
 
     check: bool = setting(True, flag="--resume-check", command_key="resume_check",
@@ -283,6 +292,10 @@ class ResumeSettings:
         help="how the run-to-run noise that bounds the loss, weights and optimizer states is known: auto (default: a "
              "twin run measures it on CUDA; bit-exact on the CPU), twin (always run the twin), off (bit-exact "
              "required)")
+    twins: int = setting(
+        TWINS, flag="--resume-twins", command_key="resume_twins",
+        help=f"how many twin runs measure the noise where a twin tier runs them (default {TWINS}, at least 2: their "
+             "spread is the noise; the second is nudged by one ulp, so it is never 0)")
 
     def kill_checkpoint_step(self) -> int:
         """Global step of the checkpoint the interrupted run resumes from."""
@@ -735,6 +748,9 @@ class RunSpec:
         if r.noise not in NOISE_METHODS:
             raise SpecError("resume.noise", f"{r.noise!r}: choose auto (a twin run measures the noise where kernels "
                                             "are not bit-exact), twin (always) or off (bit-exact required)")
+        if not 2 <= r.twins <= MAX_TWINS:
+            raise SpecError("resume.twins", f"{r.twins}: give 2 to {MAX_TWINS} twin runs (two at least: their spread "
+                                            "is the noise)")
         self._check_compare_steps()
         last = r.last_step_needed()
         if not killpoints.fits_in_run(r.kill_at, last, self.steps):

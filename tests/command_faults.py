@@ -59,9 +59,9 @@ def command_table(example: str, tiny_model_dir: Path) -> dict:
 
 
 def reference(example: str, tiny_model_dir: Path, folder: Path) -> tuple[dict, Any, Any, Any]:
-    """(the table, the run with its reference, the twin, a run of another seed), all under the jitter."""
+    """(the table, the run with its reference, the twins, a run of another seed), all under the jitter."""
     from core.command.pipeline import CommandRun
-    from core.command.resume import run_twin
+    from core.command.resume import run_twins
     from core.command.spec import CommandSpec
 
     os.environ["GPUACCEPT_TEST_JITTER"] = JITTER
@@ -70,7 +70,7 @@ def reference(example: str, tiny_model_dir: Path, folder: Path) -> tuple[dict, A
         run = CommandRun(CommandSpec.from_dict(raw), folder / "runs")
         drive(run.probe_stage())
         assert run.reference is not None and run.reference.exit_code == 0
-        twin = drive(run_twin(run.spec, run.reference, run.run_dir, run.values))
+        twin = drive(run_twins(run.spec, run.reference, run.run_dir, run.values, run.spec.resume_twins))
         other = CommandRun(CommandSpec.from_dict({**raw, "train": raw["train"] + " --seed 7"}), folder / "other")
         drive(other.probe_stage())
     finally:
@@ -79,7 +79,7 @@ def reference(example: str, tiny_model_dir: Path, folder: Path) -> tuple[dict, A
 
 
 def resume(found: tuple, example: str, fault: str | None, folder: Path, monkeypatch) -> Any:
-    """The resume check of the example's reference with its twin: correct (``fault`` None), with ``--fault`` on the
+    """The resume check of the example's reference with its twins: correct (``fault`` None), with ``--fault`` on the
     resume command, or (``other_run``) a resume command ending with another run's checkpoint (the last flag wins)."""
     from core.command.resume import resume_stage
     from core.command.spec import CommandSpec
@@ -95,12 +95,12 @@ def resume(found: tuple, example: str, fault: str | None, folder: Path, monkeypa
         words = f"{{command}} {flag} {{checkpoint}} --fault {fault}"
     monkeypatch.setenv("GPUACCEPT_TEST_JITTER", JITTER)
     spec = CommandSpec.from_dict({**raw, "resume": words})
-    return drive(resume_stage(spec, run.reference, folder, run.values, run.tier(), twin=twin))
+    return drive(resume_stage(spec, run.reference, folder, run.values, run.tier(), twins=twin))
 
 
 def assert_passes(result: Any) -> None:
     assert result.status == "pass", [(c.name, c.evidence) for c in result.checks if c.status != "pass"]
-    assert result.tier.method == "twin" and "twin" in result.runs
+    assert result.tier.method == "twin" and {"twin-1", "twin-2"} <= set(result.runs)
     rows = tolerance(result.checks)
     assert {"loss", "final_weights", "optimizer_moments", "reproducible"} <= set(rows)
     assert all(c.noise is not None and c.largest_difference <= c.bound for c in rows.values())

@@ -105,7 +105,7 @@ def run_job(job: WorkerJob, events: EventWriter) -> None:
     hf_logging.disable_progress_bar()
     spec = RunSpec.from_dict(job.spec)
     role = job.role
-    if role != "probe" and spec.training and _test_only_noise_and_faults(role) == "other_run":
+    if role != "probe" and spec.training and _perturbations(job) == "other_run":
         spec = RunSpec.from_dict({**job.spec, "seed": spec.seed + 1})  # planted: another run (another seed)
     device, name = rank_device(job)
     rss_start = rss_bytes()
@@ -137,16 +137,20 @@ def run_job(job: WorkerJob, events: EventWriter) -> None:
         train(spec, model, train_blocks, heldout_blocks, device, events, job)
 
 
-def _test_only_noise_and_faults(role: str) -> str | None:
-    """Install the test jitter when ``GPUACCEPT_TEST_JITTER`` asks for it; the fault ``GPUACCEPT_TEST_FAULT`` plants
-    in ``role`` (:func:`core.protocol.faults.active`: it raises for a name that is no fault), or None."""
-    from core.child.inject.jitter import amplitude, install
+def _perturbations(job: WorkerJob) -> str | None:
+    """Install the twin's one-ulp nudge (``job.nudge``) and the test jitter when ``GPUACCEPT_TEST_JITTER`` asks for
+    it; the fault ``GPUACCEPT_TEST_FAULT`` plants in the job's role (:func:`core.protocol.faults.active`: it raises
+    for a name that is no fault), or None."""
+    from core.child.inject.jitter import amplitude, install, install_nudge
     from core.protocol import faults
 
+    fault = faults.active(job.role)
+    if job.nudge or fault == "one_ulp":  # the twin's nudge; planted in a resumed run, a difference that is no fault
+        install_nudge()
     relative = amplitude()
     if relative:
         install(relative)
-    return faults.active(role)
+    return fault
 
 
 def train(spec: RunSpec, model: Any, train_blocks: list[dict[str, Any]], heldout_blocks: list[dict[str, Any]],

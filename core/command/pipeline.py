@@ -359,7 +359,7 @@ class CommandRun(StagedRun):
         if plan is not None and plan.ran is not None and plan.ran.spec is not None:
             dtype = plan.ran.spec.dtype
         return required_tier(device, dtype, self.criteria.resume_tier, self.spec.resume_noise,
-                             jittered=amplitude() > 0)
+                             jittered=amplitude() > 0, twins=self.spec.resume_twins)
 
     def resume_stage(self, cancelled: Callable[[], bool] | None = None, cluster: Any = None,
                      ) -> Generator[Event, None, CommandResume]:

@@ -21,10 +21,11 @@ The uninterrupted run (the probe stage's) is the reference. Its checkpoints, by 
    file: weights (bound), optimizer progress (exact) and moments (bound), RNG and scheduler states (exact). What could
    not be compared (no learning rate or sample ids in the metrics, a JSON file) is listed, never counted as passed.
 
-Where the tier measures the noise (:mod:`core.stages.noise`: on CUDA, or under the test jitter), a **twin** runs
-first: the training command again, uninterrupted, into its own ``{out}``; the bound of every tolerance check is
-``NOISE_MULTIPLE`` times the twin's distance from the reference (the losses of the steps compared; per tensor at the
-reference's last checkpoint; each number of a JSON state).
+Where the tier measures the noise (:mod:`core.stages.noise`: on CUDA, or under the test jitter), **twins** run
+first: the training command again (``command.resume_twins`` times, the second nudged by one ulp), uninterrupted, each
+into its own ``{out}``; they and the reference started alike, from step 0, so every pair of the three is a sample of
+the noise, and the bound of every tolerance check is the tier's multiple of their spread (the losses of the steps
+compared; per tensor at the reference's last checkpoint; each number of a JSON state).
 
 Across nodes (``command.nnodes`` > 1) one node is lost between the checkpoints instead of the whole job
 (:mod:`core.command.nodeloss`): every node runs each run together, the lost node's command is held and killed, the
@@ -34,12 +35,14 @@ others' fail waiting for it, and every node resumes from its own newest checkpoi
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from core.child.inject.jitter import NUDGE_ENV
 from core.cluster.agree import stopped_by
 from core.command.configplan import run_words
 from core.command.nodeloss import CommandNodes, survived_evidence
@@ -63,7 +66,7 @@ from core.stages.compare import (
     verdict,
 )
 from core.stages.nodeloss import LOSS_GRACE_S
-from core.stages.noise import Bounded, Tier, judge_tensors, resized_tier
+from core.stages.noise import Bounded, Family, Tier, judge_tensors, resized_tier
 from core.stages.resume import (
     PICKLE_SUFFIXES,
     UntrustedCheckpoint,
@@ -123,7 +126,7 @@ class CommandResume:
     comparison: list[dict[str, Any]] = field(default_factory=list)
     manifest: dict[str, str] = field(default_factory=dict)
     not_compared: list[str] = field(default_factory=list)
-    #: the last step of the twin run (None: no twin ran)
+    #: the last step of the twin runs (None: no twin ran)
     twin_final_step: int | None = None
     runs: dict[str, RunSummary] = field(default_factory=dict)
     #: what the check's runs did that must be read (a process left running after it exited, a metrics line refused)
@@ -210,42 +213,54 @@ def not_applicable(why: str) -> CommandResume:
     return CommandResume(status=StageStatus.NOT_APPLICABLE, summary=why)
 
 
-def run_twin(spec: CommandSpec, reference: RunOutcome, run_dir: Path, values: dict[str, str],
-             cancelled: Callable[[], bool] | None = None, backend: Any = None, resize: Resize | None = None,
-             ) -> Generator[Event, None, RunOutcome]:
-    """The twin of the resume check (:mod:`core.stages.noise`): the training command again, uninterrupted, into its
-    own ``{out}`` (``run_dir/resume-twin``); with ``resize``, at the resume's world size (its torchrun line starting
-    the resume's processes per node).
+def run_twins(spec: CommandSpec, reference: RunOutcome, run_dir: Path, values: dict[str, str], count: int,
+              cancelled: Callable[[], bool] | None = None, backend: Any = None, resize: Resize | None = None,
+              nodes: CommandNodes | None = None) -> Generator[Event, None, list[RunOutcome]]:
+    """The twins of the resume check (:mod:`core.stages.noise`): the training command again, ``count`` times,
+    uninterrupted, each into its own ``{out}`` (``run_dir/resume-twin-<i>``), every one after the first nudged by one
+    ulp before its first optimizer step (``GPUACCEPT_NUDGE_ULP``, :mod:`core.child.inject.jitter`); with ``resize``,
+    at the resume's world size (its torchrun line starting the resume's processes per node). A twin that fails ends
+    the list there (the caller names it).
 
     Raises:
         StageCancelled: the user stopped it; every process of the command was killed."""
-    out = run_dir / "resume-twin" / "out"
     words = spec.words() if resize is None else with_nproc(spec.words(), resize.nproc)
-    yield Message("resume", text="twin run: the training command again, uninterrupted; its distance from the "
-                                 "uninterrupted run is the run-to-run noise the comparison is bounded by"
+    yield Message("resume", text=f"{count} twin runs: the training command again, uninterrupted (the second nudged by "
+                                 "one ulp); their spread is the run-to-run noise the comparison is bounded by"
                                  if resize is None else
-                                 f"twin run: the training command again at the resume's world size "
-                                 f"({resize.resumed}, of {resize.trained}); its distance from the uninterrupted run "
+                                 f"{count} twin runs: the training command again at the resume's world size "
+                                 f"({resize.resumed}, of {resize.trained}); their distance from the uninterrupted run "
                                  "is what the world size alone moves, the bound of the comparison")
-    return (yield from run_command(spec, "twin", run_words(spec, words, values, out), out,
-                                   run_dir / "resume-twin", "resume", total=reference.last_step() or 0,
-                                   cancelled=cancelled, backend=backend))
+    twins: list[RunOutcome] = []
+    for i in range(1, count + 1):
+        if nodes is not None:
+            nodes.together(f"twin-{i}")
+        out = run_dir / f"resume-twin-{i}" / "out"
+        twin = yield from run_command(spec, f"twin-{i}", run_words(spec, words, values, out), out,
+                                      run_dir / f"resume-twin-{i}", "resume", total=reference.last_step() or 0,
+                                      cancelled=cancelled, backend=backend,
+                                      env={NUDGE_ENV: "1"} if i > 1 else None)
+        twins.append(twin)
+        if twin.exit_code != 0:
+            break
+    return twins
 
 
 def resume_stage(spec: CommandSpec, reference: RunOutcome, run_dir: Path, values: dict[str, str], tier: Tier,
-                 cancelled: Callable[[], bool] | None = None, backend: Any = None, twin: RunOutcome | None = None,
-                 nodes: CommandNodes | None = None) -> Generator[Event, None, CommandResume]:
+                 cancelled: Callable[[], bool] | None = None, backend: Any = None,
+                 twins: list[RunOutcome] | None = None, nodes: CommandNodes | None = None,
+                 ) -> Generator[Event, None, CommandResume]:
     """Kill the command after checkpoint c, resume it, compare with ``reference`` (see the module docstring): the
-    plan of the kill (:func:`kill_plan`), the twin where the tier needs one (:func:`_twin_phase`), the interrupted run
+    plan of the kill (:func:`kill_plan`), the twins where the tier needs them (:func:`_twin_phase`), the interrupted run
     (:func:`_interrupted_phase`), the checkpoint it left (:func:`_gate`), the resumed run (:func:`_resumed_phase`),
     the comparison (:func:`_compare`).
 
     Args:
         values: the placeholders other than ``{out}`` and ``{checkpoint}`` (``{train_data}``, ``{model}``).
         tier: how the loss and tensor comparisons are judged (:func:`core.stages.noise.required_tier`): bit-exact, or
-            bounded by a twin run's distance from the reference (the twin then runs first: :func:`run_twin`).
-        twin: the twin already run (the same command and reference: several resumes judged by one measurement of
-            the noise); None runs it here when the tier needs one.
+            bounded by the spread of twin runs (they then run first: :func:`run_twins`).
+        twins: the twins already run (the same command and reference: several resumes judged by one measurement of
+            the noise); None runs them here when the tier needs them.
         nodes: several nodes: this node's part in losing one of them (:mod:`core.command.nodeloss`); None: one node.
 
     Raises:
@@ -268,7 +283,7 @@ def resume_stage(spec: CommandSpec, reference: RunOutcome, run_dir: Path, values
     plan = kill_plan(spec, reference, progress.checks)
     if plan is None:
         return _stopped_here(nodes, progress)
-    twin, measured = yield from _twin_phase(runs, progress.tier, twin, progress)
+    twins, measured = yield from _twin_phase(runs, progress.tier, twins, progress)
     if not measured:
         return _stopped_here(nodes, progress)
     progress.plan = plan
@@ -283,7 +298,7 @@ def resume_stage(spec: CommandSpec, reference: RunOutcome, run_dir: Path, values
         return progress.finish()
     resumed = yield from _resumed_phase(runs, ckpt, plan, progress)
     if resumed is not None:
-        _compare(runs, interrupted, resumed, twin, plan, progress)
+        _compare(runs, interrupted, resumed, twins, plan, progress)
     return progress.finish()
 
 
@@ -366,26 +381,26 @@ def kill_plan(spec: CommandSpec, reference: RunOutcome, checks: list[Check]) -> 
     return KillPlan(c, n, k, final) if final > c else None
 
 
-def _twin_phase(runs: _Runs, tier: Tier, twin: RunOutcome | None, progress: _Progress,
-                ) -> Generator[Event, None, tuple[RunOutcome | None, bool]]:
-    """0. The twin, where the tier measures the noise: the one given, else the training command again,
-    uninterrupted. Returns (the twin, or None on an exact tier; False when it failed: no bound is measured)."""
+def _twin_phase(runs: _Runs, tier: Tier, twins: list[RunOutcome] | None, progress: _Progress,
+                ) -> Generator[Event, None, tuple[list[RunOutcome], bool]]:
+    """0. The twins, where the tier measures the noise: the ones given, else the training command again, ``tier.twins``
+    times. Returns (the twins, empty on an exact tier; False when one failed: no bound is measured)."""
     if tier.exact or (runs.resize is not None and runs.trainer is not None):  # the latter is refused at its checkpoint
-        return None, True
-    if twin is None:
-        if runs.nodes is not None:
-            runs.nodes.together("twin")
-        twin = yield from run_twin(runs.spec, runs.reference, runs.run_dir, runs.values, runs.cancelled, runs.backend,
-                                   runs.resize)
-    progress.runs["twin"] = _summary(twin)
-    if twin.exit_code == 0:
-        return twin, True
-    why = "timed out" if twin.timed_out else f"exit status {twin.exit_code}"
+        return [], True
+    if twins is None:
+        twins = yield from run_twins(runs.spec, runs.reference, runs.run_dir, runs.values, tier.twins, runs.cancelled,
+                                     runs.backend, runs.resize, runs.nodes)
+    for twin in twins:
+        progress.runs[twin.name] = _summary(twin)
+    failed = next((t for t in twins if t.exit_code != 0), None)
+    if failed is None:
+        return twins, True
+    why = "timed out" if failed.timed_out else f"exit status {failed.exit_code}"
     progress.checks.append(Check("twin_run", StageStatus.FAIL,
-                                 f"the twin run (the training command again) failed ({why}): "
-                                 f"{failure_lines(twin.log_path)} (see {twin.log_path}); no noise "
+                                 f"the {failed.name} run (the training command again) failed ({why}): "
+                                 f"{failure_lines(failed.log_path)} (see {failed.log_path}); no noise "
                                  "bound could be measured"))
-    return twin, False
+    return twins, False
 
 
 def _interrupted_phase(runs: _Runs, plan: KillPlan, progress: _Progress,
@@ -603,21 +618,22 @@ def _resumed_phase(runs: _Runs, ckpt: Checkpoint, plan: KillPlan, progress: _Pro
     return None
 
 
-def _compare(runs: _Runs, interrupted: RunOutcome, resumed: RunOutcome, twin: RunOutcome | None, plan: KillPlan,
+def _compare(runs: _Runs, interrupted: RunOutcome, resumed: RunOutcome, twins: list[RunOutcome], plan: KillPlan,
              progress: _Progress) -> None:
     """4. Compared with the reference: step by step (:func:`compare_steps`), the trainable set (Trainer), the last
     checkpoint file by file (:func:`compare_final`)."""
     reference, trainer, tier = runs.reference, runs.trainer, progress.tier
+    kin = Family.of(len(twins), with_reference=True, resized=runs.resize is not None) if twins else None
     step_checks, progress.comparison = compare_steps(reference.steps, interrupted.steps, resumed.steps, plan.c, tier,
                                                      progress.not_compared, resumed.trainer,
-                                                     twin.steps if twin is not None else None)
+                                                     [t.steps for t in twins], kin)
     progress.checks += step_checks
     if trainer:
         progress.checks.append(trainable_check(trainer, resumed.trainer))
     progress.checks += compare_final(reference, resumed, plan.final, tier, progress.not_compared, trainer is not None,
-                                     twin, scratch=runs.run_dir / "resume-resumed" / "dcp-as-torch-save")
-    progress.findings = [f"{o.name} run: {p}" for o in (twin, interrupted, resumed) if o is not None for p in o.problems]
-    progress.twin_final = twin.last_step() if twin is not None else None
+                                     twins, kin, scratch=runs.run_dir / "resume-resumed" / "dcp-as-torch-save")
+    progress.findings = [f"{o.name} run: {p}" for o in (*twins, interrupted, resumed) for p in o.problems]
+    progress.twin_final = min((t.last_step() or 0 for t in twins), default=None) if twins else None
 
 
 def _too_few(spec: CommandSpec, reference: RunOutcome, saved: list[int], need: int) -> str:
@@ -813,34 +829,35 @@ def step_series(steps: list[StepRecord]) -> StepSeries:
 
 
 def command_series(ref_steps: list[StepRecord], interrupted: list[StepRecord], resumed: list[StepRecord], c: int,
-                   resumed_trainer: dict[str, Any] | None = None, twin_steps: list[StepRecord] | None = None,
-                   ) -> ResumeSeries:
+                   resumed_trainer: dict[str, Any] | None = None, twin_steps: Sequence[list[StepRecord]] = (),
+                   family: Family | None = None) -> ResumeSeries:
     """The runs of command mode as series: the resumed run expected at every (rank, step) the uninterrupted run logged
     after c; a resumed Trainer must begin at global step c."""
     reference = step_series(ref_steps)
     return ResumeSeries(reference=reference, interrupted=step_series(interrupted), resumed=step_series(resumed), c=c,
                         expected=tuple(sorted(key for key in reference.by_key() if key[1] > c)),
-                        twin=step_series(twin_steps) if twin_steps is not None else None,
+                        twins=tuple(step_series(t) for t in twin_steps), family=family,
                         resumed_trainer=resumed_trainer is not None,
                         trainer_start=resumed_trainer.get("global_step") if resumed_trainer is not None else None)
 
 
 def compare_steps(ref_steps: list[StepRecord], interrupted: list[StepRecord], resumed: list[StepRecord], c: int,
                   tier: Tier, not_compared: list[str], resumed_trainer: dict[str, Any] | None = None,
-                  twin_steps: list[StepRecord] | None = None) -> tuple[list[Check], list[dict[str, Any]]]:
+                  twin_steps: Sequence[list[StepRecord]] = (), family: Family | None = None,
+                  ) -> tuple[list[Check], list[dict[str, Any]]]:
     """The step-by-step checks (:func:`core.stages.compare.compare_series` under :data:`COMMAND_RULES`):
     ``global_steps`` (the resumed run logged exactly the reference's steps after c, on every rank; a resumed Trainer
     started at global step c), ``reproducible`` (before its kill the interrupted run equals the reference: the
     command gives the same run twice), then for the resumed run ``learning_rate`` and ``sample_ids`` (exact, where
     the metrics hold them; else named in ``not_compared``) and ``loss`` (every step and rank within the bound:
-    bit-exact, or ``multiple`` x the twin's largest loss difference over the compared steps,
-    :mod:`core.stages.noise`).
+    bit-exact, or the norm of the differences within ``loss_multiple`` x the noise of the twins' ``family``,
+    :func:`core.stages.noise.pooled_losses`).
 
     Returns:
         (the checks, one row per resumed step of rank 0: step, learning_rate, loss_reference, loss_resumed,
         difference, and loss_twin with a twin)."""
-    found = compare_series(command_series(ref_steps, interrupted, resumed, c, resumed_trainer, twin_steps), tier,
-                           COMMAND_RULES)
+    found = compare_series(command_series(ref_steps, interrupted, resumed, c, resumed_trainer, twin_steps, family),
+                           tier, COMMAND_RULES)
     not_compared += found.not_compared
     return found.checks, found.rows
 
@@ -860,61 +877,81 @@ def trainable_check(reference: dict[str, Any], resumed: dict[str, Any] | None) -
 
 
 def compare_final(reference: RunOutcome, resumed: RunOutcome, step: int, tier: Tier, not_compared: list[str],
-                  trainer: bool = False, twin: RunOutcome | None = None, scratch: Path | None = None) -> list[Check]:
+                  trainer: bool = False, twins: Sequence[RunOutcome] = (), kin: Family | None = None,
+                  scratch: Path | None = None) -> list[Check]:
     """At the reference's last checkpoint (step ``step``), the resumed run's checkpoint of the same step, file by
     file: every ``.safetensors`` file's tensors (``final_weights``, bound), every optimizer file (progress exact,
     moments bound: :func:`core.stages.resume.compare_optimizers`), every other pickle (RNG, scheduler, progress; exact)
     and, for a script that is not Trainer-based, every JSON file (numbers within the bound, the rest exact) as
-    ``states``. The bounds are the tier's (:mod:`core.stages.noise`): bit-exact, or from the ``twin``'s checkpoint of
-    the same step. A Trainer checkpoint's JSON files are its configs (peft writes ``target_modules`` from a set, in no
+    ``states``. The bounds are the tier's (:mod:`core.stages.noise`): bit-exact, or from the spread of the noise
+    family ``kin`` (the reference and the ``twins``) at their checkpoints of the same step. A Trainer checkpoint's JSON files are its configs (peft writes ``target_modules`` from a set, in no
     fixed order) and its trainer state (timings, paths; its steps are compared above); they and other files (text)
     are listed in ``not_compared``. A torch.distributed.checkpoint (DCP) folder, whose shards follow the world size
     that wrote it, is compared as its whole state (:func:`dcp_as_files`, written under ``scratch``)."""
-    found = _final_folders(reference, resumed, step, tier, twin)
+    found = _final_folders(reference, resumed, step, tier, twins)
     if isinstance(found, Check):
         return [found]
     if scratch is not None and is_dcp(found[0].path):
         found = dcp_as_files(found, scratch)
-    return compare_final_files(*found, tier, not_compared, trainer)
+    a, b, twin_folders = found
+    fam = Noisy([a.path if m == "reference" else twin_folders[int(m.rsplit("-", 1)[1]) - 1] for m in kin.members],
+                kin) if kin is not None and twin_folders else None
+    return compare_final_files(a, b, fam, tier, not_compared, trainer)
 
 
-def compare_final_files(a: Checkpoint, b: Checkpoint, t: Path | None, tier: Tier, not_compared: list[str],
+@dataclass(frozen=True)
+class Noisy:
+    """The noise family's folders (``folders``, in the order of ``kin.members``: the reference's among them where it
+    is one), what a tolerance check of the last checkpoint is bounded by."""
+
+    folders: list[Path]
+    kin: Family
+
+    def files(self, name: str) -> list[Path]:
+        return [f / name for f in self.folders]
+
+
+def compare_final_files(a: Checkpoint, b: Checkpoint, fam: Noisy | None, tier: Tier, not_compared: list[str],
                         trainer: bool = False) -> list[Check]:
     """:func:`compare_final` on the folders: ``a`` the reference's checkpoint, ``b`` the resumed run's of the same
-    step, ``t`` the twin's folder (None on an exact tier)."""
+    step, ``fam`` the noise family's folders (None on an exact tier)."""
     names = sorted(str(p.relative_to(a.path)) for p in a.path.rglob("*") if p.is_file())
-    missing = [n for n in names if not (b.path / n).is_file() or (t is not None and not (t / n).is_file())]
+    missing = [n for n in names if not (b.path / n).is_file() or
+               (fam is not None and not all(f.is_file() for f in fam.files(n)))]
     checks = [Check("final_checkpoint", StageStatus.judged(not missing),
                     f"{b.name} of the resumed (or twin) run lacks {', '.join(missing)}" if missing else
                     f"{b.name} of both runs holds the same {len(names)} files")]
     files = FinalFiles.sort([n for n in names if n not in missing], trainer)
     if files.weights:
-        checks.append(_compare_safetensors(a.path, b.path, files.weights, tier, t))
+        checks.append(_compare_safetensors(a.path, b.path, files.weights, tier, fam))
     for n in files.optimizers:
         checks += [_named(ch, n) for ch in compare_optimizers(a.path / n, b.path / n, tier,
-                                                               t / n if t is not None else None)]
+                                                               fam.files(n) if fam is not None else None,
+                                                               fam.kin if fam is not None else None)]
     if files.other:
         not_compared.append(f"in {b.name}: {', '.join(files.other)} (not a tensor or JSON state: text, Trainer's own "
                             "state with its timings and paths, or its pickled TrainingArguments; the steps are "
                             "compared step by step above)")
     pickles = [n for n in files.states if not n.endswith(".json")]
-    parts = _pickled_parts(a.path, b.path, pickles, t)
+    parts = _pickled_parts(a.path, b.path, pickles, fam)
     if isinstance(parts, Check):
         return [*checks, parts]
-    for key, (ref_state, res_state, twin_state) in parts.optimizers.items():
-        checks += [_named(ch, key) for ch in compare_optimizer_states(res_state, ref_state, tier, twin_state)]
+    for key, (ref_state, res_state, family_states) in parts.optimizers.items():
+        checks += [_named(ch, key) for ch in compare_optimizer_states(
+            res_state, ref_state, tier, family_states, fam.kin if fam is not None else None)]
     if not files.optimizers and not parts.optimizers:
         not_compared.append(f"the optimizer's state: {a.name} of the uninterrupted run holds no optimizer file (no "
                             "*optim*.pt) and no pickle holds an optimizer's state_dict, so its moments and step "
                             "counts were not compared")
     if parts.weights[0]:
-        checks.append(_judged_weights("pickled_weights" if files.weights else "final_weights", parts.weights, tier))
+        checks.append(_judged_weights("pickled_weights" if files.weights else "final_weights", parts.weights, tier,
+                                      fam.kin if fam is not None else None))
     elif not files.weights:
         not_compared.append(f"weights as tensors: {a.name} holds no .safetensors file and no pickle holds a state "
                             "dict of floating-point tensors")
     states = [n for n in files.states if n.endswith(".json")]
     if states or parts.rest[0]:
-        checks.append(_compare_states(a.path, b.path, states, tier, t, parts.rest))
+        checks.append(_compare_states(a.path, b.path, states, tier, fam, parts.rest))
     return checks
 
 
@@ -924,9 +961,9 @@ def is_dcp(folder: Path) -> bool:
     return (folder / ".metadata").is_file()
 
 
-def dcp_as_files(found: tuple[Checkpoint, Checkpoint, Path | None], scratch: Path
-                 ) -> tuple[Checkpoint, Checkpoint, Path | None]:
-    """The reference's, the resumed run's and the twin's DCP checkpoints each as one whole ``state.pt``
+def dcp_as_files(found: tuple[Checkpoint, Checkpoint, list[Path]], scratch: Path
+                 ) -> tuple[Checkpoint, Checkpoint, list[Path]]:
+    """The reference's, the resumed run's and the twins' DCP checkpoints each as one whole ``state.pt``
     (``torch.distributed.checkpoint.format_utils.dcp_to_torch_save``: every tensor gathered from its shards, whatever
     the world size that wrote them) beside the folder's other files (its JSON state), in ``scratch/<run>/<name>``:
     the folders :func:`compare_final_files` compares."""
@@ -943,9 +980,9 @@ def dcp_as_files(found: tuple[Checkpoint, Checkpoint, Path | None], scratch: Pat
                 shutil.copy2(f, folder / f.name)
         return folder
 
-    a, b, t = found
+    a, b, twins = found
     return (Checkpoint(a.step, whole(a.path, "uninterrupted")), Checkpoint(b.step, whole(b.path, "resumed")),
-            whole(t, "twin") if t is not None else None)
+            [whole(t, f"twin-{i}") for i, t in enumerate(twins, 1)])
 
 
 def _named(ch: Check, where: str) -> Check:
@@ -953,7 +990,7 @@ def _named(ch: Check, where: str) -> Check:
     return dataclasses.replace(ch, evidence=f"{where}: {ch.evidence}")
 
 
-#: the reference's, the resumed run's and the twin's (None on an exact tier) of one thing compared
+#: the reference's, the resumed run's and the noise family's (None on an exact tier) of one thing compared
 Triple = tuple[Any, Any, Any]
 
 
@@ -968,12 +1005,13 @@ class PickledParts:
     - ``optimizers``: each ``Optimizer.state_dict()`` (``file`` or ``file[entry]``): its moments within the bound, its
       step counts exactly;
     - ``rest``: everything else (a scheduler's counters, RNG states, the step): equal exactly.
-    Each of ``weights`` and ``rest`` holds the reference's, the resumed run's and the twin's (or None) mappings.
+    Each of ``weights`` and ``rest`` holds the reference's and the resumed run's mappings and the noise family's (a
+    list, in the order of its members; None on an exact tier).
     """
 
-    weights: tuple[dict[str, Any], dict[str, Any], dict[str, Any] | None]
+    weights: tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]] | None]
     optimizers: dict[str, Triple]
-    rest: tuple[dict[str, Any], dict[str, Any], dict[str, Any] | None]
+    rest: tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]] | None]
 
 
 def _is_state_dict(obj: Any) -> bool:
@@ -990,44 +1028,49 @@ def _entries(name: str, obj: Any) -> list[tuple[str, Any]]:
     return [(name, obj)]
 
 
-def _pickled_parts(a: Path, b: Path, names: list[str], t: Path | None) -> PickledParts | Check:
-    """The pickles ``names`` of the reference's ``a``, the resumed run's ``b`` and the twin's ``t`` checkpoint taken
+def _pickled_parts(a: Path, b: Path, names: list[str], fam: Noisy | None) -> PickledParts | Check:
+    """The pickles ``names`` of the reference's ``a``, the resumed run's ``b`` and the noise family's checkpoints taken
     apart (:class:`PickledParts`); the failed ``states`` check when one cannot be loaded safely."""
-    parts = PickledParts(({}, {}, {} if t is not None else None), {}, ({}, {}, {} if t is not None else None))
+    width = len(fam.folders) if fam is not None else 0
+    parts = PickledParts(({}, {}, [{} for _ in range(width)] if fam else None), {},
+                         ({}, {}, [{} for _ in range(width)] if fam else None))
     for n in names:
         try:
-            loaded = [safe_load(d / n) for d in (a, b)] + [safe_load(t / n) if t is not None else None]
+            loaded = [safe_load(d / n) for d in (a, b)]
+            family = [safe_load(f) for f in fam.files(n)] if fam is not None else []
         except UntrustedCheckpoint as exc:
             return Check("states", StageStatus.FAIL, str(exc))
         except (OSError, ValueError, RuntimeError) as exc:
             return Check("states", StageStatus.FAIL, f"{n}: unreadable ({exc})")
         ref_e, res_e = dict(_entries(n, loaded[0])), dict(_entries(n, loaded[1]))
-        twin_e = dict(_entries(n, loaded[2])) if loaded[2] is not None else {}
+        fam_e = [dict(_entries(n, f)) for f in family]
         for key, ref in ref_e.items():
-            res, twin = res_e.get(key), twin_e.get(key)
+            res, kin = res_e.get(key), [e.get(key) for e in fam_e]
             if is_optimizer_state(ref) and is_optimizer_state(res):
-                parts.optimizers[key] = (ref, res, twin)
+                parts.optimizers[key] = (ref, res, kin if fam is not None else None)
             elif _is_state_dict(ref) and isinstance(res, dict) and _is_state_dict(res) and ref.keys() == res.keys():
-                for mapping, state in zip(parts.weights, (ref, res, twin)):
-                    if mapping is not None and isinstance(state, dict):
+                parts.weights[0].update({f"{key}:{k}": v for k, v in ref.items()})
+                parts.weights[1].update({f"{key}:{k}": v for k, v in res.items()})
+                for mapping, state in zip(parts.weights[2] or [], kin):
+                    if isinstance(state, dict):
                         mapping.update({f"{key}:{k}": v for k, v in state.items()})
             else:
-                for mapping, value in zip(parts.rest, (ref, res, twin)):
-                    if mapping is not None:
-                        mapping[key] = value
+                parts.rest[0][key], parts.rest[1][key] = ref, res
+                for mapping, value in zip(parts.rest[2] or [], kin):
+                    mapping[key] = value
         for key in res_e.keys() - ref_e.keys():
             parts.rest[1][key] = res_e[key]
     return parts
 
 
-def _judged_weights(name: str, weights: tuple[dict[str, Any], dict[str, Any], dict[str, Any] | None], tier: Tier
-                    ) -> Check:
+def _judged_weights(name: str, weights: tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]] | None],
+                    tier: Tier, kin: Family | None = None) -> Check:
     """The pickled weights of the resumed run against the reference's, within the tier's bound
     (:func:`core.stages.noise.judge_tensors`)."""
-    ref, res, twin = weights
+    ref, res, family = weights
     files = sorted({k.split(":")[0] for k in ref})
     try:
-        judged = judge_tensors(ref, res, twin, tier)
+        judged = judge_tensors(ref, res, family, tier, kin)
     except ValueError as exc:
         return Check(name, StageStatus.FAIL, f"{', '.join(files)}: {exc}", kind="tolerance", tier=tier.name)
     return Check(name, StageStatus.judged(judged.ok), judged.describe(tier, f"tensors of {', '.join(files)}"),
@@ -1035,10 +1078,10 @@ def _judged_weights(name: str, weights: tuple[dict[str, Any], dict[str, Any], di
                  bound=judged.bound, evidence_rows=judged.evidence)
 
 
-def _final_folders(reference: RunOutcome, resumed: RunOutcome, step: int, tier: Tier, twin: RunOutcome | None,
-                   ) -> tuple[Checkpoint, Checkpoint, Path | None] | Check:
-    """The checkpoints of ``step`` of the reference, the resumed run and (where the tier measures noise) the twin's
-    folder; or the failed ``final_checkpoint`` check naming the run that wrote none."""
+def _final_folders(reference: RunOutcome, resumed: RunOutcome, step: int, tier: Tier, twins: Sequence[RunOutcome],
+                   ) -> tuple[Checkpoint, Checkpoint, list[Path]] | Check:
+    """The checkpoints of ``step`` of the reference, the resumed run and (where the tier measures noise) the twins'
+    folders; or the failed ``final_checkpoint`` check naming the run that wrote none."""
     a = next((x for x in reference.checkpoints if x.step == step), None)
     b = next((x for x in resumed.checkpoints if x.step == step), None)
     if a is None or b is None:
@@ -1046,15 +1089,18 @@ def _final_folders(reference: RunOutcome, resumed: RunOutcome, step: int, tier: 
         return Check("final_checkpoint", StageStatus.FAIL,
                      f"the resumed run wrote no checkpoint of step {step} to compare with "
                      f"the uninterrupted run's (it wrote {have})")
-    if twin is None or tier.exact:
-        return a, b, None
-    t = next((x for x in twin.checkpoints if x.step == step), None)
-    if t is None:
-        have = ", ".join(x.name for x in twin.checkpoints) or "none"
-        return Check("final_checkpoint", StageStatus.FAIL,
-                     f"the twin run wrote no checkpoint of step {step} to measure the "
-                     f"noise with (it wrote {have})")
-    return a, b, t.path
+    if tier.exact:
+        return a, b, []
+    folders = []
+    for twin in twins:
+        t = next((x for x in twin.checkpoints if x.step == step), None)
+        if t is None:
+            have = ", ".join(x.name for x in twin.checkpoints) or "none"
+            return Check("final_checkpoint", StageStatus.FAIL,
+                         f"the {twin.name} run wrote no checkpoint of step {step} to measure the "
+                         f"noise with (it wrote {have})")
+        folders.append(t.path)
+    return a, b, folders
 
 
 @dataclass(frozen=True)
@@ -1085,21 +1131,21 @@ class FinalFiles:
         return files
 
 
-def _compare_safetensors(a: Path, b: Path, names: list[str], tier: Tier, t: Path | None = None) -> Check:
+def _compare_safetensors(a: Path, b: Path, names: list[str], tier: Tier, fam: Noisy | None = None) -> Check:
     """``final_weights``: every tensor of the ``.safetensors`` files ``names`` of the resumed run's checkpoint ``b``
-    against the reference's ``a``, bounded by the twin's ``t`` (:func:`core.stages.noise.judge_tensors`)."""
+    against the reference's ``a``, bounded by the noise family's ``fam`` (:func:`core.stages.noise.judge_tensors`)."""
     from safetensors.torch import load_file
 
     ref: dict[str, Any] = {}
     res: dict[str, Any] = {}
-    twin: dict[str, Any] | None = {} if t is not None else None
+    family: list[dict[str, Any]] | None = [{} for _ in fam.folders] if fam is not None else None
     for n in names:
         ref.update({f"{n}:{k}": v for k, v in load_file(str(a / n)).items()})
         res.update({f"{n}:{k}": v for k, v in load_file(str(b / n)).items()})
-        if twin is not None and t is not None:
-            twin.update({f"{n}:{k}": v for k, v in load_file(str(t / n)).items()})
+        for mapping, f in zip(family or [], fam.files(n) if fam is not None else []):
+            mapping.update({f"{n}:{k}": v for k, v in load_file(str(f)).items()})
     try:
-        judged = judge_tensors(ref, res, twin, tier)
+        judged = judge_tensors(ref, res, family, tier, fam.kin if fam is not None else None)
     except ValueError as exc:
         return Check("final_weights", StageStatus.FAIL, f"{', '.join(names)}: {exc}", kind="tolerance", tier=tier.name)
     return Check("final_weights", StageStatus.judged(judged.ok),
@@ -1107,10 +1153,10 @@ def _compare_safetensors(a: Path, b: Path, names: list[str], tier: Tier, t: Path
                  largest_difference=judged.distance, noise=judged.noise, bound=judged.bound, evidence_rows=judged.evidence)
 
 
-def _compare_states(a: Path, b: Path, names: list[str], tier: Tier, t: Path | None = None,
-                    rest: tuple[dict[str, Any], dict[str, Any], dict[str, Any] | None] | None = None) -> Check:
+def _compare_states(a: Path, b: Path, names: list[str], tier: Tier, fam: Noisy | None = None,
+                    rest: tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]] | None] | None = None) -> Check:
     """``states``: the script's JSON files ``names`` equal, their numbers within the bound (:func:`first_difference`:
-    bit-exact, or ``multiple`` x the twin's difference from the reference at the same place); and ``rest``, the
+    bit-exact, or ``multiple`` x the noise family's spread at the same place); and ``rest``, the
     pickles' entries that are neither weights nor an optimizer's state (RNG, scheduler, progress:
     :class:`PickledParts`), equal exactly."""
     import json
@@ -1119,11 +1165,11 @@ def _compare_states(a: Path, b: Path, names: list[str], tier: Tier, t: Path | No
     for n in names:
         try:
             x, y = (json.loads((d / n).read_text(encoding="utf-8")) for d in (b, a))
-            z = json.loads((t / n).read_text(encoding="utf-8")) if t is not None else None
+            z = [json.loads(f.read_text(encoding="utf-8")) for f in fam.files(n)] if fam is not None else None
         except (OSError, ValueError) as exc:
             differ.append(f"{n}: unreadable ({exc})")
             continue
-        where = first_difference(x, y, twin=z, multiple=tier.multiple)
+        where = first_difference(x, y, family=z, multiple=tier.multiple, pairs=fam.kin.pairs if fam else ())
         if where is not None:
             differ.append(f"{n} differs at {where or 'the top'}")
     ref, res, _ = rest if rest is not None else ({}, {}, None)
@@ -1138,20 +1184,28 @@ def _compare_states(a: Path, b: Path, names: list[str], tier: Tier, t: Path | No
     return Check("states", StageStatus.judged(not differ),
                  "; ".join(differ) if differ else f"{', '.join(compared)} equal"
                  + (" (exact)" if tier.exact else f" (pickled states exact, JSON numbers within {tier.multiple:g} x "
-                                                  "the twin's difference at the same place)"))
+                                                  "the twins' spread at the same place)"))
 
 
-def first_difference(x: Any, y: Any, path: str = "", twin: Any = None, multiple: float = 0.0) -> str | None:
+def first_difference(x: Any, y: Any, path: str = "", family: Sequence[Any] | None = None, multiple: float = 0.0,
+                     pairs: Sequence[tuple[int, int]] = ()) -> str | None:
     """The path of the first place two loaded pickles (or JSON documents) differ ("" at the top), or None when
     equal: dicts by key, lists and tuples by position, tensors by value (``torch.equal``), numpy arrays by value,
-    floats within ``multiple`` x ``|twin - y|`` at the same place (``twin`` None or ``multiple`` 0: exact), anything
-    else by ``==``."""
-    if multiple and isinstance(x, float) and _is_number(y) and _is_number(twin):
-        return None if abs(x - y) <= multiple * abs(twin - y) or x == y else path
+    floats within ``multiple`` x the root mean square of ``|family[i] - family[j]|`` over ``pairs`` at the same place
+    (``family`` None or ``multiple`` 0: exact), anything else by ``==``."""
+    if multiple and family and pairs and isinstance(x, float) and _is_number(y) and all(map(_is_number, family)):
+        noise = math.sqrt(sum((family[i] - family[j]) ** 2 for i, j in pairs) / len(pairs))
+        return None if abs(x - y) <= multiple * noise or x == y else path
     if isinstance(x, dict) and isinstance(y, dict):
-        return _dict_difference(x, y, path, twin, multiple)
+        if x.keys() != y.keys():
+            return f"{path} (keys {sorted(map(str, x.keys() ^ y.keys()))[:3]})"
+        return next((found for k in x if (found := first_difference(
+            x[k], y[k], f"{path}.{k}" if path else str(k), _at(family, k, dict), multiple, pairs)) is not None), None)
     if isinstance(x, (list, tuple)) and isinstance(y, (list, tuple)):
-        return _sequence_difference(x, y, path, twin, multiple)
+        if len(x) != len(y):
+            return f"{path} (lengths {len(x)} vs {len(y)})"
+        return next((found for i, (u, v) in enumerate(zip(x, y)) if (found := first_difference(
+            u, v, f"{path}[{i}]", _at(family, i, (list, tuple)), multiple, pairs)) is not None), None)
     return None if _leaf_equal(x, y) else path
 
 
@@ -1159,27 +1213,23 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def _dict_difference(x: dict[Any, Any], y: dict[Any, Any], path: str, twin: Any, multiple: float) -> str | None:
-    if x.keys() != y.keys():
-        return f"{path} (keys {sorted(map(str, x.keys() ^ y.keys()))[:3]})"
-    for k in x:
-        found = first_difference(x[k], y[k], f"{path}.{k}" if path else str(k),
-                                 twin.get(k) if isinstance(twin, dict) else None, multiple)
-        if found is not None:
-            return found
-    return None
-
-
-def _sequence_difference(x: list[Any] | tuple[Any, ...], y: list[Any] | tuple[Any, ...], path: str, twin: Any,
-                         multiple: float) -> str | None:
-    if len(x) != len(y):
-        return f"{path} (lengths {len(x)} vs {len(y)})"
-    for i, (u, v) in enumerate(zip(x, y)):
-        other = twin[i] if isinstance(twin, (list, tuple)) and i < len(twin) else None
-        found = first_difference(u, v, f"{path}[{i}]", other, multiple)
-        if found is not None:
-            return found
-    return None
+def _at(family: Sequence[Any] | None, key: Any, kind: Any) -> list[Any] | None:
+    """Each member's value at ``key`` (None when a member has none there: the place is then compared exactly)."""
+    if not family:
+        return None
+    out = []
+    for member in family:
+        if not isinstance(member, kind):
+            return None
+        if isinstance(member, dict):
+            if key not in member:
+                return None
+            out.append(member[key])
+        else:
+            if key >= len(member):
+                return None
+            out.append(member[key])
+    return out
 
 
 def _leaf_equal(x: Any, y: Any) -> bool:

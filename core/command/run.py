@@ -12,7 +12,7 @@ from __future__ import annotations
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -137,7 +137,7 @@ def chosen_steps(spec: CommandSpec, outcome: RunOutcome) -> tuple[list[StepRecor
 def run_command(spec: CommandSpec, name: str, argv: list[str], out_dir: Path, job_dir: Path, stage: str,
                 total: int = 0, hold_at_step: int | None = None,
                 kill_when: Callable[[RunOutcome], bool] | None = None,
-                cancelled: Callable[[], bool] | None = None, backend: Any = None,
+                cancelled: Callable[[], bool] | None = None, backend: Any = None, env: Mapping[str, str] | None = None,
                 ) -> Generator[Event, None, RunOutcome]:
     """Run ``argv`` (the command's words, placeholders replaced) to its end; yield its start and its steps.
 
@@ -148,6 +148,7 @@ def run_command(spec: CommandSpec, name: str, argv: list[str], out_dir: Path, jo
         hold_at_step: a Trainer-based script holds after this optimizer step (``GPUACCEPT_HOLD_AT_STEP``).
         kill_when: called after each poll with the run so far; True kills the whole tree (the resume check's kill).
         backend: the NVML backend for GPU memory from outside, or None.
+        env: variables of this run's environment beside the spec's ``command.env`` (a twin's nudge).
 
     Raises:
         StageCancelled: ``cancelled()`` became true; the whole tree was killed first. Its ``outcome`` attribute holds
@@ -158,7 +159,7 @@ def run_command(spec: CommandSpec, name: str, argv: list[str], out_dir: Path, jo
     outcome = RunOutcome(name=name, argv=list(argv), out_dir=out_dir, job_dir=job_dir, log_path=job_dir / "command.log")
     if spec.metrics != "auto":
         outcome.metrics = MetricsFile(out_dir / spec.metrics)
-    job = start_job(name, argv, spec.workdir_path, job_dir, spec.env, hold_at_step)
+    job = start_job(name, argv, spec.workdir_path, job_dir, {**spec.env, **(env or {})}, hold_at_step)
     outcome.pid, outcome.containment = job.root_pid, job.containment
     yield ChildStarted(stage, run=name, pid=job.root_pid, log_path=str(job.log_path))
     started = time.monotonic()

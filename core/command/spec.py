@@ -23,7 +23,8 @@ A spec file holds command mode in a ``[command]`` table (every key but ``train``
     kill_after_checkpoint = 1       # SIGKILL after the command's 1st checkpoint, before its 2nd
     resume_check = true
     resume_noise = "auto"           # auto | twin | off: how the run-to-run noise bounding the comparison is known
-                                    # (auto: a twin run of the command on CUDA; bit-exact on the CPU)
+                                    # (auto: twin runs of the command on CUDA; bit-exact on the CPU)
+    resume_twins = 2                # twin runs measuring the noise (at least 2; the second nudged by one ulp)
     dtype = "fp32"                  # the compute dtype, for the resume check's tier when no Trainer reports it
     timeout_s = 0                   # 0: no limit on one run of the command
 
@@ -58,7 +59,7 @@ from core.bounds import check_path, loads_bounded, read_input_text, special_file
 from core.dtypes import DTYPES
 from core.errors import SpecError
 from core.settings import KIND_WORDS, setting, settings_of, value_fits
-from core.spec import EMBEDDED_DATA, EMBEDDED_MODEL, MAX_STEPS, YAML_SUFFIXES, canonical_sha256
+from core.spec import EMBEDDED_DATA, EMBEDDED_MODEL, MAX_STEPS, MAX_TWINS, TWINS, YAML_SUFFIXES, canonical_sha256
 
 #: The placeholders a command may hold, with what replaces them.
 PLACEHOLDERS = {
@@ -134,6 +135,9 @@ class CommandSpec:
     resume_noise: str = setting("auto", cli=False,
                                 help="auto | twin | off: how the run-to-run noise bounding the comparison is known "
                                      "(--resume-noise)")
+    resume_twins: int = setting(TWINS, cli=False,
+                                help="how many twin runs of the command measure the noise (at least 2; the second is "
+                                     "nudged by one ulp) (--resume-twins)")
     dtype: str = setting("fp32", cli=False,
                          help="the compute dtype, for the resume check's tier when no Trainer reports it (--dtype)")
     timeout_s: float = setting(0.0, flag="--timeout", metavar="S",
@@ -324,6 +328,9 @@ class CommandSpec:
         if self.resume_noise not in ("auto", "twin", "off"):
             raise SpecError("command.resume_noise", f"{self.resume_noise!r}: choose auto (a twin run of the command "
                                                     "measures the noise on CUDA), twin (always) or off (bit-exact)")
+        if not 2 <= self.resume_twins <= MAX_TWINS:
+            raise SpecError("command.resume_twins", f"{self.resume_twins}: give 2 to {MAX_TWINS} twin runs (two at "
+                                                    "least: their spread is the noise)")
         if self.dtype not in DTYPES:
             raise SpecError("command.dtype", f"{self.dtype!r}: choose one of {', '.join(DTYPES)}")
         if self.timeout_s < 0:

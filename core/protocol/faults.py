@@ -7,6 +7,8 @@ way real resumes go wrong; the resume check must fail, naming it. Records made w
 
 The faults act in the resumed run, but for ``other_run``, which acts in the interrupted run (the run whose checkpoint is
 resumed), so that the checkpoint resumed from is another run's.
+
+:data:`BENIGN` differences are planted the same way but are no fault: a correct resume with them must pass.
 """
 
 from __future__ import annotations
@@ -27,6 +29,13 @@ FAULTS: dict[str, str] = {
 }
 
 
+#: differences a correct resume may have, planted like the faults (the check must pass them), with what they do
+BENIGN: dict[str, str] = {
+    "one_ulp": "every trainable parameter of the resumed run moves by one unit in the last place before its first "
+               "step (the twins' nudge): the smallest difference a process that loaded a checkpoint can have",
+}
+
+
 def active(role: str) -> str | None:
     """The fault this process must commit in ``role`` (``resumed``; ``interrupted`` for ``other_run``), or None.
 
@@ -35,7 +44,7 @@ def active(role: str) -> str | None:
     name = os.environ.get(FAULT_ENV, "").strip()
     if not name:
         return None
-    if name not in FAULTS:
-        raise ValueError(f"{FAULT_ENV}={name}: not a fault; one of {', '.join(FAULTS)}")
+    if name not in FAULTS and name not in BENIGN:
+        raise ValueError(f"{FAULT_ENV}={name}: not a fault; one of {', '.join([*FAULTS, *BENIGN])}")
     wanted = "interrupted" if name == "other_run" else "resumed"
     return name if role == wanted else None

@@ -166,6 +166,10 @@ class WorkerJob(_JobFile):
     """Several nodes: only the ranks of this node (torchrun's ``GROUP_RANK``) hold at the kill point, so that the
     parent kills every rank of one node, as a node loss (:func:`core.stages.nodeloss.lost_node`); None: every rank
     holds."""
+    nudge: bool | None = None
+    """True: the twin's nudge, every trainable parameter moved by one ulp before the first optimizer step
+    (:func:`core.child.inject.jitter.nudge_into`), so that the twins' spread is never 0 (:mod:`core.stages.noise`);
+    None (left out of the job file): no nudge."""
     device_map: str | dict[str, Any] | None = None
     """accelerate's ``device_map`` to load the model with (``{"": "cpu"}``, ``"balanced"``); None: the spec's
     strategy decides (``balanced`` for ``device_map``)."""

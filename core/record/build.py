@@ -46,7 +46,7 @@ from core.spec import RunSpec
 from core.stages.noise import RecordedRule
 from core.status import PASSING, StageStatus, Stopped
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 #: Versions ``gpuaccept verify`` reads: 1 (a plan's total is the sum of its components), 2 (the peak of the step's
 #: phases; the fit judged by the larger of the analytic and traced peaks; probe findings), 3 (the resumed process
 #: verifies the checkpoint's manifest itself: the resume check ``manifest_at_load``; every table checked recursively)
@@ -56,15 +56,19 @@ SCHEMA_VERSION = 6
 #: bound; the ``reproducible`` check of the interrupted run; the environment's test jitter or planted fault, when set).
 #: 6 (each tolerance check keeps what it is computed from, ``evidence_rows``: per tensor its distance, the twin's and the
 #: reference's norm; per step and rank the losses, and the twin's losses the noise comes from; verify computes each
-#: check again from them). A record before 4 is judged by the default criteria; before 5, by the relative tolerance
+#: check again from them). 7 (the noise is the spread of several twins branched where the resumed run branches, one
+#: nudged by one ulp: the tier says how many, ``twins``; each tolerance check's evidence keeps the noise family's
+#: ``members`` and ``pairs`` and, per tensor, one distance per pair, per point each member's loss; the losses are judged
+#: by the norm of their differences, pooled). A record before 4 is judged by the default criteria; before 5, by the relative tolerance
 #: tier it was written under; before 6, a passing twin-tier check is not shown consistent (its bound cannot be computed
 #: again).
-READABLE_VERSIONS = (1, 2, 3, 4, 5, 6)
+READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7)
 #: The version of a command-mode record (core/command/record.py): from 4 its resume tier is a bound from measured
 #: noise (core/stages/noise.py), before it a relative tolerance; from 5 it holds the ``accept`` table of criteria and
 #: each stage's verdict lists the criteria it was judged by (before 5: judged by the default criteria); from 6 its
-#: tolerance checks keep their evidence, as the recipe's record does.
-COMMAND_SCHEMA_VERSION = 6
+#: tolerance checks keep their evidence, as the recipe's record does; from 7 several twins' spread is the noise, as in
+#: the recipe's record of schema 7.
+COMMAND_SCHEMA_VERSION = 7
 TOOL = "gpuaccept"
 
 
@@ -426,8 +430,8 @@ def resume_facts(spec: RunSpec, r: Any) -> ResumeFacts | NotApplicable:
     return ResumeFacts(
         tuple(CheckFact(c.name, c.status in PASSING, c.kind, c.largest_difference or 0.0, c.noise, c.bound,
                         c.evidence_rows) for c in r.checks),
-        rule=RecordedRule(tier.method, multiple=tier.multiple, loss_multiple=tier.loss_multiple, evidence_kept=True)
-        if tier is not None else RecordedRule("exact", evidence_kept=True),
+        rule=RecordedRule.of_tier(tier, twins_from_start=getattr(r, "interrupted_start", 0) == 0)
+        if tier is not None else RecordedRule("exact", evidence_kept=True, pooled=True),
         steps=tuple(ComparedStep(row.get("step"), loss(row.get("loss_reference")), loss(row.get("loss_resumed")),
                                  None if row.get("loss_twin") is None else loss(row["loss_twin"]))
                     for row in r.comparison),

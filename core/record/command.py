@@ -69,7 +69,7 @@ from core.record.verdicts import (
     tables,
     text,
 )
-from core.stages.noise import EVIDENCE_SCHEMA, RecordedRule
+from core.stages.noise import EVIDENCE_SCHEMA, POOLED_SCHEMA, RESIZED_SUFFIX, RecordedRule, tier_problems
 from core.status import PASSING, StageStatus
 
 #: the first command-record version with the ``accept`` table and each stage's criteria rows
@@ -260,7 +260,8 @@ def _rule(res: dict[str, Any], version: int) -> RecordedRule:
         multiple = number(tier.get("multiple", 0.0), "resume.tier.multiple")
         return RecordedRule(str(method), multiple=multiple,  # a record without loss_multiple bounded losses by multiple
                             loss_multiple=number(tier.get("loss_multiple", multiple), "resume.tier.loss_multiple"),
-                            evidence_kept=version >= EVIDENCE_SCHEMA)
+                            evidence_kept=version >= EVIDENCE_SCHEMA, pooled=version >= POOLED_SCHEMA,
+                            resized=str(tier.get("name", "")).endswith(RESIZED_SUFFIX))
     return RecordedRule("legacy", rtol=number(tier.get("rtol", 0.0), "resume.tier.rtol"))
 
 
@@ -312,6 +313,8 @@ def _resume(res: dict[str, Any], problems: list[str], computed: dict[str, StageS
     if prov != "measured":
         return []
     facts = resume_facts(res, rec_version, crit if rec_version >= CRITERIA_VERSION else None)
+    if rec_version >= 4 and res.get("tier"):  # a bound from measured noise: its multiples are gpuaccept's, not edited
+        problems += tier_problems(subtable(res["tier"], "resume.tier"), max(rec_version, POOLED_SCHEMA - 1))[1]
     verdict = resume_verdict(facts)
     # what does not follow, in words (the engine's verdict fails the stage on each)
     ok = bool(facts.checks) and all(c.passed for c in facts.checks)

@@ -82,10 +82,12 @@ RULES: tuple[tuple[str, str], ...] = (
     ("evaluation.loss_per_step[]", "measured"), ("resume.comparison[].loss_*", "measured"),
     ("resume.comparison[].difference", "measured"), ("resume.checks[].largest_difference", "measured"),
     ("resume.checks[].noise", "measured"), ("resume.checks[].bound", "measured"), ("resume.twin_steps[]", "count"),
-    # what a tolerance check is computed from: per tensor [name, distance, twin's distance, reference's norm], per step
-    # and rank [step, resumed, reference] and the twin's [twin, reference]
-    ("resume.checks[].evidence_rows.tensors*", "judged"), ("resume.checks[].evidence_rows.*", "measured"),
-    ("resume.tier.multiple", "nonneg"), ("resume.tier.loss_multiple", "nonneg"), ("environment.test_jitter", "nonneg"), ("environment.test_fault", "str"),
+    # what a tolerance check is computed from (core/stages/noise.py): per tensor [name, distance, reference's norm, a
+    # distance per noise pair] (schema 6: [name, distance, twin's distance, reference's norm]), per step and rank
+    # [step, resumed, reference] and the noise family's losses; the family's members by name and its pairs
+    ("resume.checks[].evidence_rows.tensors*", "judged"), ("resume.checks[].evidence_rows.members*", "str"),
+    ("resume.checks[].evidence_rows.pairs*", "count"), ("resume.checks[].evidence_rows.*", "measured"),
+    ("resume.tier.twins", "count"), ("resume.tier.multiple", "nonneg"), ("resume.tier.loss_multiple", "nonneg"), ("environment.test_jitter", "nonneg"), ("environment.test_fault", "str"),
     # the sign-off's override of a verdict that is not pass: the operator's reason, the stages it accepted
     ("signoff.override", "str"), ("signoff.overridden[]", "str"),
     # bytes keyed by component or category name

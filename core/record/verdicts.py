@@ -373,13 +373,14 @@ def check_evidence(row: Mapping[str, Any], where: str) -> dict[str, Any] | None:
     """A record's resume check row's ``evidence_rows`` table (None: the row has none).
 
     Raises:
-        RecordValueError: it is there but not a table of arrays (named)."""
+        RecordValueError: it is there but not a table of arrays of rows (``members``: of names) (named)."""
     if "evidence_rows" not in row:
         return None
     table = row["evidence_rows"]
-    if not isinstance(table, dict) or not all(isinstance(v, list) and all(isinstance(r, list) for r in v)
-                                              for v in table.values()):
-        raise RecordValueError(f"{where}.evidence_rows is not a table of arrays of rows")
+    if not isinstance(table, dict) or not all(
+            isinstance(v, list) and all(isinstance(r, str if k == "members" else list) for r in v)
+            for k, v in table.items()):
+        raise RecordValueError(f"{where}.evidence_rows is not a table of arrays of rows (and the names of its members)")
     return table
 
 

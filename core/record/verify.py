@@ -812,7 +812,15 @@ def _resume_tier(rec: dict[str, Any], problems: list[str], crit: AcceptCriteria)
     with its method and multiple; before: a relative tolerance, :data:`core.stages.noise.LEGACY_RTOL`), the one the spec's
     dtype on the probed device, its noise setting, the test jitter and the criteria require (appends what is wrong to
     ``problems``; an unknown tier is judged bit-exact)."""
-    from core.stages.noise import EVIDENCE_SCHEMA, LEGACY_RTOL, RecordedRule, known_tiers, required_tier
+    from core.stages.noise import (
+        EVIDENCE_SCHEMA,
+        LEGACY_RTOL,
+        POOLED_SCHEMA,
+        RESIZED_SUFFIX,
+        RecordedRule,
+        required_tier,
+        tier_problems,
+    )
 
     spec, probe, res = rec["spec"], rec["probe"], rec["resume"]
     tier = res.get("tier", {})
@@ -826,16 +834,10 @@ def _resume_tier(rec: dict[str, Any], problems: list[str], crit: AcceptCriteria)
         if num(tier.get("rtol"), "resume.tier.rtol") != rtol:
             problems.append(f"resume.tier {name} has rtol {rtol}, the record says {tier.get('rtol')}")
         return RecordedRule("legacy", rtol=rtol)
-    known = known_tiers().get(name)
+    known, wrong = tier_problems(tier, rec["schema_version"])
+    problems += wrong
     if known is None:
-        problems.append(f"resume.tier {name!r} is not a tier gpuaccept applies ({', '.join(known_tiers())})")
         return RecordedRule("exact")
-    for key in ("method", "multiple", "loss_multiple"):
-        if key == "loss_multiple" and key not in tier:  # written before losses had their own multiple: judged by multiple
-            continue
-        if tier.get(key) != getattr(known, key):
-            problems.append(f"resume.tier {known.name} has {key} {getattr(known, key)!r}, the record says "
-                            f"{tier.get(key)!r}")
     probed = [str(d.get("device")) for d in probe.get("devices", [])] if probe.get("provenance") == "measured" else []
     if probed:
         env = rec.get("environment", {})
@@ -844,9 +846,12 @@ def _resume_tier(rec: dict[str, Any], problems: list[str], crit: AcceptCriteria)
                              jittered=bool(env.get("test_jitter"))).name
         if want != known.name:
             problems.append(f"resume.tier is {known.name}, but {spec.get('dtype')} on {probed[0]} is {want}")
+    twin_steps = res.get("twin_steps") or [1]
     return RecordedRule(known.method, multiple=known.multiple,
                         loss_multiple=known.loss_multiple if "loss_multiple" in tier else known.multiple,
-                        evidence_kept=rec["schema_version"] >= EVIDENCE_SCHEMA)
+                        evidence_kept=rec["schema_version"] >= EVIDENCE_SCHEMA,
+                        pooled=rec["schema_version"] >= POOLED_SCHEMA, resized=str(name).endswith(RESIZED_SUFFIX),
+                        twins_from_start=twin_steps[0] == 1)
 
 
 def _resume_window_problems(spec: dict[str, Any], res: dict[str, Any], rows: list[Any], problems: list[str]) -> None:

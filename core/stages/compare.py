@@ -10,8 +10,9 @@ field of every step: what one run logged and the other did not is a difference; 
 rate or sample ids: those are listed as not compared, never counted as passed), and each check's wording
 (:class:`StepWords`: the records keep it).
 
-The tier (:mod:`core.stages.noise`) judges the losses: bit-exact, or within ``multiple`` x the twin's largest loss
-difference from the uninterrupted run over the steps compared.
+The tier (:mod:`core.stages.noise`) judges the losses: bit-exact, or the norm of their differences from the
+uninterrupted run's within ``loss_multiple`` x the noise of the twins over the same points
+(:func:`core.stages.noise.pooled_losses`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from core.stages.noise import Bounded, Tier, judge_losses, loss_noise
+from core.stages.noise import Bounded, Family, Tier, pooled_losses
 from core.status import PASSING, StageStatus
 
 #: (rank, step): a point's place in its run
@@ -121,8 +122,9 @@ class ResumeSeries:
         c: the checkpoint resumed from (its step).
         expected: the (rank, step) the resumed run must log, each exactly once: the recipe's steps c+1 .. the last
             compared; in command mode every step the uninterrupted run logged after c, on every rank.
-        twin: the twin run's (an uninterrupted run again: its distance from the reference is the noise); None: none
-            ran.
+        twins: the twin runs' (uninterrupted runs branched where the resumed run branches); empty: none ran.
+        family: whose pairwise distances are the noise (:class:`core.stages.noise.Family`: ``reference`` is this
+            series' reference, ``twin-i`` its ``twins[i - 1]``); None: no twin.
         resumed_trainer: the resumed run is a Trainer that reported the global step it began at
             (``trainer_start``, which must be c).
     """
@@ -132,7 +134,8 @@ class ResumeSeries:
     resumed: StepSeries
     c: int
     expected: tuple[Key, ...]
-    twin: StepSeries | None = None
+    twins: tuple[StepSeries, ...] = ()
+    family: Family | None = None
     resumed_trainer: bool = False
     trainer_start: int | None = None
 
@@ -210,7 +213,7 @@ class StepComparison:
     Attributes:
         checks: ``global_steps``, ``reproducible``, one exact check per field compared, ``loss``.
         rows: one per resumed step of rank 0 with a reference: step, learning_rate, loss_reference, loss_resumed,
-            difference, and loss_twin where the twin logged the step.
+            difference, and loss_twin where the first twin logged the step.
         not_compared: what could not be compared (rules that do not require every field), in words.
     """
 
@@ -245,17 +248,18 @@ def compare_series(series: ResumeSeries, tier: Tier, rules: StepRules) -> StepCo
     after = _pairs(series.resumed, ref)
     not_compared: list[str] = []
     checks = [_global_steps(series, words)]
-    noise, noise_pairs, why_not = _noise(series.twin, ref, sorted({a.key for a, _ in before + after}), tier)
+    _, why_not = _family_losses(before + after, series, tier)
+    noise_before, noise_after = _family_losses(before, series, tier)[0], _family_losses(after, series, tier)[0]
     if why_not:
         checks += [Check(name, StageStatus.FAIL, why_not, kind="tolerance", tier=tier.name)
                    for name in ("loss", "reproducible")]
     else:
-        checks += _reproducible(before, rules, tier, (noise, noise_pairs), not_compared)
+        checks += _reproducible(before, rules, tier, (noise_before, series.family), not_compared)
     unmatched = sorted({p.step for p in (*series.resumed.points, *series.interrupted.points) if p.key not in ref})
     for name in rules.fields:
         checks += _exact_field(name, after, series, rules, unmatched, not_compared)
     if not why_not:
-        checks.append(_loss(after, rules, tier, (noise, noise_pairs)))
+        checks.append(_loss(after, rules, tier, (noise_after, series.family)))
     return StepComparison(checks, _rows(series, ref), not_compared)
 
 
@@ -270,25 +274,26 @@ def _global_steps(series: ResumeSeries, words: StepWords) -> Check:
     return Check("global_steps", StageStatus.judged(ok), words.global_steps(got, want, series))
 
 
-#: the twin's loss noise and the (twin, reference) losses it is measured from; (None, None) on an exact tier
-Noise = tuple[float | None, list[tuple[float, float]] | None]
+#: the noise family's losses at each point a check compares and the family (None, None: an exact tier)
+Noise = tuple[list[list[float]] | None, Family | None]
 
 
-def _noise(twin: StepSeries | None, ref: dict[Key, StepPoint], keys: list[Key], tier: Tier,
-           ) -> tuple[float | None, list[tuple[float, float]] | None, str]:
-    """(the twin's loss noise over the (rank, step) ``keys`` compared, the (twin, reference) losses it is taken from,
-    "") for a twin tier; (None, None, "") for an exact one; (None, None, why) without a twin or when the twin did not log
-    every step compared."""
+def _family_losses(pairs: list[Pair], series: ResumeSeries, tier: Tier) -> tuple[list[list[float]] | None, str]:
+    """(per point of ``pairs``, in the order of :func:`_loss_triples`, the losses of the noise family's members, "")
+    for a twin tier; (None, "") for an exact one; (None, why) without twins or when a twin did not log a point
+    compared."""
     if tier.exact:
-        return None, None, ""
-    if twin is None:
-        return None, None, "no twin run to measure the noise with"
-    twins = twin.by_key()
-    missing = sorted({step for rank, step in keys if (rank, step) not in twins})
+        return None, ""
+    if not series.twins or series.family is None:
+        return None, "no twin run to measure the noise with"
+    runs = [series.reference.by_key() if m == "reference" else series.twins[int(m.rsplit("-", 1)[1]) - 1].by_key()
+            for m in series.family.members]
+    missing = sorted({a.step for a, b in pairs for run in runs
+                      if a.key not in run or len(run[a.key].losses) < min(len(a.losses), len(b.losses))})
     if missing:
-        return None, None, f"the twin run logged no loss at steps {span(missing)}, so no noise bound could be measured"
-    pairs = [pair for key in keys for pair in zip(twins[key].losses, ref[key].losses)]
-    return loss_noise(pairs), pairs, ""
+        return None, f"a twin run logged no loss at steps {span(missing)}, so no noise bound could be measured"
+    return [[run[a.key].losses[i] for run in runs] for a, b in pairs
+            for i in range(min(len(a.losses), len(b.losses)))], ""
 
 
 def _loss_triples(pairs: list[Pair]) -> list[tuple[int, float, float]]:
@@ -320,7 +325,7 @@ def _reproducible(before: list[Pair], rules: StepRules, tier: Tier, noise: Noise
         return []
     exact = sorted({a.step for name in rules.fields for a, b in _logged(name, before, rules.complete)
                     if _differ(name, a, b)})
-    judged, bad = judge_losses(_loss_triples(before), noise[0], tier, noise[1])
+    judged, bad = pooled_losses(_loss_triples(before), noise[0], noise[1], tier.loss_multiple)
     return [Check("reproducible", StageStatus.judged(not (exact or bad)),
                   rules.words.reproducible(sorted({a.step for a, _ in before}), exact, bad, judged, tier),
                   kind="tolerance", tier=tier.name, largest_difference=judged.distance, noise=judged.noise,
@@ -348,7 +353,7 @@ def _exact_field(name: str, after: list[Pair], series: ResumeSeries, rules: Step
 def _loss(after: list[Pair], rules: StepRules, tier: Tier, noise: Noise) -> Check:
     """``loss``: every resumed step and rank within the bound; a step logged by other ranks than the reference's, or
     no step to compare, fails."""
-    judged, bad = judge_losses(_loss_triples(after), noise[0], tier, noise[1])
+    judged, bad = pooled_losses(_loss_triples(after), noise[0], noise[1], tier.loss_multiple)
     unmatched = sorted({a.step for a, b in after if len(a.losses) != len(b.losses)})
     ok = judged.ok and not unmatched and bool(after)
     return Check("loss", StageStatus.judged(ok),
@@ -358,7 +363,7 @@ def _loss(after: list[Pair], rules: StepRules, tier: Tier, noise: Noise) -> Chec
 
 
 def _rows(series: ResumeSeries, ref: dict[Key, StepPoint]) -> list[dict[str, Any]]:
-    twins = series.twin.by_key() if series.twin is not None else {}
+    twins = series.twins[0].by_key() if series.twins else {}
     return [{"step": p.step, "learning_rate": p.learning_rate, "loss_reference": ref[p.key].loss,
              "loss_resumed": p.loss, "difference": abs(p.loss - ref[p.key].loss),
              **({"loss_twin": twins[p.key].loss} if p.key in twins else {})}

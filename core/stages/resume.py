@@ -56,7 +56,7 @@ from core.stages.compare import (
     verdict,
 )
 from core.stages.nodeloss import NodeLoss, Survived, node_rank, node_ranks, span_ranks
-from core.stages.noise import Tier, judge_tensors, optimizer_state_tensors, required_tier
+from core.stages.noise import Family, Tier, judge_tensors, optimizer_state_tensors, required_tier
 from core.stages.train import StepMean, merge_rank_steps
 from core.status import PASSING, StageStatus
 
@@ -80,7 +80,7 @@ class ResumeResult:
     kill_planned: str = ""  # the kill point in words, with its step numbers
     interrupted_start: int = 0  # the step the interrupted run started from (a copy of the reference's checkpoint)
     compared_steps: tuple[int, int] | None = None  # first and last step the resumed run trains and compares
-    twin_steps: tuple[int, int] | None = None  # first and last step of the twin run (None: no twin ran)
+    twin_steps: tuple[int, int] | None = None  # first and last step of each twin run (None: no twin ran)
 
 
 RESUME_CHECKS: dict[str, str] = {
@@ -349,17 +349,17 @@ def planned_kill(spec: RunSpec, short: bool = False) -> str:
 @dataclass(frozen=True)
 class CheckWork:
     """The resume check's work, in optimizer steps, run by run in the order they run: (run, the step it starts after,
-    its last step). The twin trains 1..end, the interrupted run from its start to the step it is killed in, the
-    resumed run c+1..end. A run's progress is its steps done on top of the runs before it (:meth:`progress`), so
+    its last step). Each twin trains from the interrupted run's start to end, the interrupted run from its start to
+    the step it is killed in, the resumed run c+1..end. A run's progress is its steps done on top of the runs before it (:meth:`progress`), so
     the stage's bar is proportional to the steps trained and never goes back."""
 
     runs: tuple[tuple[str, int, int], ...]
 
     @classmethod
-    def of(cls, spec: RunSpec, twin: bool) -> CheckWork:
+    def of(cls, spec: RunSpec, twins: int) -> CheckWork:
         r = spec.resume
         end = r.compared_until(spec.steps)
-        runs = ((("twin", 0, end),) if twin else ()) + (
+        runs = tuple((f"twin-{i}", r.interrupted_start(), end) for i in range(1, twins + 1)) + (
             ("interrupted", r.interrupted_start(), r.last_step_needed()), ("resumed", r.kill_checkpoint_step(), end))
         return cls(runs)
 
@@ -391,9 +391,9 @@ def run_resume_check(
     cancelled: Callable[[], bool] | None = None,
     launch: Launch = SINGLE, resume_launch: Launch | None = None, nodes: NodeLoss | None = None,
 ) -> Generator[Event, None, ResumeResult]:
-    """Run the twin, interrupted and resumed children and compare with ``reference`` (a TrainEvalResult).
+    """Run the twins, interrupted and resumed children and compare with ``reference`` (a TrainEvalResult).
 
-    In order: the twin, where the tier measures the noise (:func:`run_twin`, :mod:`core.stages.noise`); the
+    In order: the twins, where the tier measures the noise (:func:`run_twins`, :mod:`core.stages.noise`); the
     interrupted run, killed at its kill point (:func:`run_interrupted`, :func:`kill_checks`); the checkpoint it
     leaves, checked before anything loads it (:func:`checkpoint_checks`); the resumed run (:func:`run_resumed`); the
     comparison with the reference (:func:`compare_runs`).
@@ -414,7 +414,8 @@ def run_resume_check(
 
     started = time.perf_counter()
     c, k = spec.resume.kill_checkpoint_step(), spec.resume.kill_step()
-    tier = required_tier(device, spec.dtype, spec.accept.resume_tier, spec.resume.noise, jittered=amplitude() > 0)
+    tier = required_tier(device, spec.dtype, spec.accept.resume_tier, spec.resume.noise, jittered=amplitude() > 0,
+                         twins=spec.resume.twins)
     resume_launch = resume_launch or launch
     # processes writing / resuming the checkpoint: this node's ranks x the nodes (1 x 1 for a single process)
     world = launch.nproc * spec.torchrun.nnodes
@@ -423,11 +424,11 @@ def run_resume_check(
     if nodes is not None:  # only the lost node's ranks hold at the kill point
         base = replace(base, kill_node=nodes.lost)
 
-    work = CheckWork.of(spec, twin=not tier.exact)
+    work = CheckWork.of(spec, twins=tier.twins)
 
-    # 0. the twin: the same training from step 0, uninterrupted, to the last compared step (its distance from the
-    #    reference is the noise the tolerance checks are bounded by)
-    twin = (yield from run_twin(spec, run_dir, base, launch, cancelled, work)) if not tier.exact else None
+    # 0. the twins: the same training from where the interrupted run starts, uninterrupted, to the last compared
+    #    step (their spread is the noise the tolerance checks are bounded by)
+    twins = (yield from run_twins(spec, run_dir, base, launch, reference, cancelled, work)) if not tier.exact else []
 
     # 1. the interrupted run, killed at the kill point (after checkpoint c, before the next is complete)
     interrupted, held = yield from run_interrupted(spec, run_dir, reference, base, launch, cancelled, work, nodes)
@@ -458,7 +459,7 @@ def run_resume_check(
                                 "another node cannot resume, so no node restarts: " + "; ".join(others)))
             resumable = False
     if not resumable:
-        return _finish(spec, checks, c, k, pgid, tier, [], manifest, 0, started, twin)
+        return _finish(spec, checks, c, k, pgid, tier, [], manifest, 0, started, twins)
     saved_rng = _rank_digests({r: rng_digest(safe_load(ckpt / (f"rng_state_{r}.pth" if world > 1 else "rng_state.pth")))
                                for r in ranks}, world)
 
@@ -467,29 +468,39 @@ def run_resume_check(
     resumed = yield from run_resumed(spec, run_dir, job, resume_launch, cancelled, work)
     checks.append(loaded_manifest_check(resumed.events, resume_launch.nproc, len(manifest)))
     if checks[-1].status != StageStatus.PASS:
-        return _finish(spec, checks, c, k, pgid, tier, [], manifest, 0, started, twin)
+        return _finish(spec, checks, c, k, pgid, tier, [], manifest, 0, started, twins)
 
     # 4. compare
-    compared, comparison, extra = compare_runs(spec, reference, interrupted, resumed, saved_rng, world, tier, twin,
+    compared, comparison, extra = compare_runs(spec, reference, interrupted, resumed, saved_rng, world, tier, twins,
                                                len(ranks))
     checks.extend(compared)
-    return _finish(spec, checks, c, k, pgid, tier, comparison, manifest, extra, started, twin)
+    return _finish(spec, checks, c, k, pgid, tier, comparison, manifest, extra, started, twins)
 
 
-def run_twin(spec: RunSpec, run_dir: Path, base: WorkerJob, launch: Launch,
-             cancelled: Callable[[], bool] | None = None, work: CheckWork | None = None,
-             ) -> Generator[Event, None, ChildJob]:
-    """The twin (:mod:`core.stages.noise`): the reference's training again (``base``: its job), from step 0,
-    uninterrupted and never resumed, to the last compared step, checkpointed there only.
+def run_twins(spec: RunSpec, run_dir: Path, base: WorkerJob, launch: Launch, reference: Any,
+              cancelled: Callable[[], bool] | None = None, work: CheckWork | None = None,
+              ) -> Generator[Event, None, list[ChildJob]]:
+    """The twins (:mod:`core.stages.noise`): the reference's training again (``base``: its job), each in a process of
+    its own, from where the interrupted run starts (a copy of the reference's checkpoint there, or step 0),
+    uninterrupted and never killed, to the last compared step, checkpointed there only; every twin after the first is
+    nudged by one ulp before its first step (:attr:`~core.protocol.job.WorkerJob.nudge`).
 
     Raises:
-        StageError: the child failed."""
-    end = spec.resume.compared_until(spec.steps)
-    yield Message("resume", text=f"twin run from step 0 to step {end}, uninterrupted: its distance from the "
-                                 "uninterrupted run is the run-to-run noise the comparison is bounded by")
-    return (yield from _run_to_end(start_child("twin", run_dir / "resume-twin", replace(
-        base, role="twin", stop_after_step=end, save_steps=end), launch), launch, cancelled,
-        work or CheckWork.of(spec, twin=True)))
+        StageError: a child failed."""
+    end, start = spec.resume.compared_until(spec.steps), spec.resume.interrupted_start()
+    origin = f"checkpoint-{start} of the uninterrupted run (a copy), where the interrupted run starts" if start else \
+        "step 0"
+    yield Message("resume", text=f"{spec.resume.twins} twin runs from {origin} to step {end}, uninterrupted (the "
+                                 "second nudged by one ulp): their spread is the run-to-run noise the comparison is "
+                                 "bounded by")
+    work = work or CheckWork.of(spec, twins=spec.resume.twins)
+    twins = []
+    for i in range(1, spec.resume.twins + 1):
+        name, folder = f"twin-{i}", run_dir / f"resume-twin-{i}"
+        first = str(copy_reference_checkpoint(Path(reference.output_dir), start, folder / "output")) if start else None
+        job = replace(base, role="twin", stop_after_step=end, save_steps=end, resume_from=first, nudge=True if i > 1 else None)
+        twins.append((yield from _run_to_end(start_child(name, folder, job, launch), launch, cancelled, work)))
+    return twins
 
 
 def _run_to_end(child: ChildJob, launch: Launch, cancelled: Callable[[], bool] | None, work: CheckWork,
@@ -541,7 +552,7 @@ def run_interrupted(spec: RunSpec, run_dir: Path, reference: Any, base: WorkerJo
         base, role="interrupted", resume_from=first, kill_step=spec.resume.kill_step(), kill_at=spec.resume.kill_at),
         launch)
     yield ChildStarted("resume", run="interrupted", pid=interrupted.pid, log_path=str(interrupted.log_path))
-    work = work or CheckWork.of(spec, twin=False)
+    work = work or CheckWork.of(spec, twins=0)
     wait = FirstStepWait("resume", "interrupted", interrupted.pid, "interrupted", resumes=start > 0)
     yield wait.started()
     held: dict[int, KillPoint] = {}  # rank -> its kill_point event: kill once every rank of this node holds there
@@ -669,16 +680,17 @@ def run_resumed(spec: RunSpec, run_dir: Path, job: WorkerJob, launch: Launch,
     yield Message("resume", text=f"resumed run from checkpoint-{c} to step {end}, compared with the uninterrupted "
                                  f"run at steps {c + 1}-{end}")
     return (yield from _run_to_end(start_child("resumed", run_dir / "resume-resumed", replace(
-        job, role="resumed", stop_after_step=end), launch), launch, cancelled, work or CheckWork.of(spec, twin=False)))
+        job, role="resumed", stop_after_step=end), launch), launch, cancelled, work or CheckWork.of(spec, twins=0)))
 
 
 def compare_runs(spec: RunSpec, reference: Any, interrupted: ChildJob, resumed: ChildJob, saved_rng: dict[str, str],
-                 world: int, tier: Tier, twin: ChildJob | None = None, local: int | None = None,
+                 world: int, tier: Tier, twins: Sequence[ChildJob] = (), local: int | None = None,
                  ) -> tuple[list[Check], list[dict[str, Any]], int]:
     """Compare the interrupted and resumed runs with the reference: the steps (:func:`compare_steps`), the trainable
     set, the random generators (``saved_rng``: the digests of checkpoint-c's RNG files), the final weights and
     optimizer states (and the GradScaler with fp16) at the last compared step; the tolerance checks bounded by the
-    ``twin``'s distance from the reference where the tier measures noise (:mod:`core.stages.noise`).
+    ``twins``' spread where the tier measures noise (:mod:`core.stages.noise`: the reference is one of the family where
+    the twins started at step 0, as it did).
 
     Returns:
         (the checks, one row per resumed step: step, learning_rate, loss_reference, loss_resumed, difference (and
@@ -687,8 +699,9 @@ def compare_runs(spec: RunSpec, reference: Any, interrupted: ChildJob, resumed: 
     ref = {s["step"]: s for s in reference.steps}
     intr = merge_rank_steps(interrupted.events)
     res = merge_rank_steps(resumed.events)
-    twins = {s["step"]: s for s in merge_rank_steps(twin.events)} if twin is not None else None
-    steps = compare_series(recipe_series(ref.values(), intr, res, c, end, twins), tier, RECIPE_RULES)
+    twin_steps = [merge_rank_steps(t.events) for t in twins]
+    kin = Family.of(len(twins), with_reference=spec.resume.interrupted_start() == 0) if twins else None
+    steps = compare_series(recipe_series(ref.values(), intr, res, c, end, twin_steps, kin), tier, RECIPE_RULES)
     checks = list(steps.checks)
     trainable = next((e for e in lead_events(resumed.events) if isinstance(e, Trainable)), None)
     checks.append(compare_trainable(getattr(reference, "trainable", {}),
@@ -701,14 +714,15 @@ def compare_runs(spec: RunSpec, reference: Any, interrupted: ChildJob, resumed: 
     weights_file = required_files(spec).get("adapter weights") or required_files(spec)["model weights"]
     ref_final = Path(reference.output_dir) / final
     res_final = resumed.output_dir / final
-    twin_final = twin.output_dir / final if twin is not None else None
+    family = [ref_final if m == "reference" else twins[int(m.rsplit("-", 1)[1]) - 1].output_dir / final
+              for m in kin.members] if kin is not None else None
     checks.append(compare_weights(ref_final / weights_file, res_final / weights_file, tier,
-                                  twin_final / weights_file if twin_final else None))
+                                  [f / weights_file for f in family] if family else None, kin))
     checks.extend(compare_optimizers(ref_final / "optimizer.pt", res_final / "optimizer.pt", tier,
-                                     twin_final / "optimizer.pt" if twin_final else None))
+                                     [f / "optimizer.pt" for f in family] if family else None, kin))
     if spec.dtype == "fp16":  # case R7: the loss scale must continue, not restart at 2^16
         checks.append(compare_scalers(ref_final / "scaler.pt", res_final / "scaler.pt"))
-    return checks, steps.rows, len(intr) + len(res) + (len(twins) if twins is not None else 0)
+    return checks, steps.rows, len(intr) + len(res) + sum(len(t) for t in twin_steps)
 
 
 def checks_passed_words(checks: Sequence[Check]) -> str:
@@ -719,7 +733,7 @@ def checks_passed_words(checks: Sequence[Check]) -> str:
 
 def _finish(spec: RunSpec, checks: list[Check], c: int, k: int, pgid: int, tier: Tier,
             comparison: list[dict[str, Any]], manifest: dict[str, str], extra_steps: int,
-            started: float, twin: ChildJob | None = None) -> ResumeResult:
+            started: float, twins: Sequence[ChildJob] = ()) -> ResumeResult:
     """The result from the checks so far (a check that stops the comparison early returns here too)."""
     import time
 
@@ -733,7 +747,7 @@ def _finish(spec: RunSpec, checks: list[Check], c: int, k: int, pgid: int, tier:
                         kill_at=spec.resume.kill_at, kill_planned=planned_kill(spec),
                         seconds=time.perf_counter() - started, summary=summary,
                         interrupted_start=spec.resume.interrupted_start(), compared_steps=(c + 1, end),
-                        twin_steps=(1, end) if twin is not None else None)
+                        twin_steps=(spec.resume.interrupted_start() + 1, end) if twins else None)
 
 
 def copy_reference_checkpoint(reference_output: Path, step: int, output: Path) -> Path:
@@ -803,7 +817,8 @@ def selection_check(selection: Selection, c: int) -> Check:
 
 
 def compare_steps(ref: dict[int, dict[str, Any]], interrupted: list[dict[str, Any]], resumed: list[dict[str, Any]],
-                  c: int, steps: int, tier: Tier, twin: dict[int, dict[str, Any]] | None = None) -> list[Check]:
+                  c: int, steps: int, tier: Tier, twins: Sequence[list[dict[str, Any]]] = (),
+                  family: Family | None = None) -> list[Check]:
     """The step checks of the recipe's per-step records (``step``, ``epoch``, ``learning_rate``, ``loss``,
     ``sample_ids``; ``rank_losses`` under torchrun): :func:`core.stages.compare.compare_series` under
     :data:`~core.stages.compare.RECIPE_RULES` over :func:`step_series`, the resumed run expected at steps c+1 ..
@@ -815,10 +830,11 @@ def compare_steps(ref: dict[int, dict[str, Any]], interrupted: list[dict[str, An
     - the resumed run covers steps c+1 .. ``steps`` exactly once (``global_steps``) and equals the reference step by
       step: ``epoch``, ``learning_rate``, ``sample_ids`` exactly, ``loss`` within the bound.
 
-    The loss bound is the tier's: bit-exact, or ``multiple`` x the ``twin``'s largest loss difference from the
-    reference over the steps compared (:func:`core.stages.noise.loss_noise`).
+    The loss bound is the tier's: bit-exact, or ``loss_multiple`` x the noise of the ``twins`` (their ``family``)
+    over the points compared (:func:`core.stages.noise.pooled_losses`).
     """
-    return compare_series(recipe_series(ref.values(), interrupted, resumed, c, steps, twin), tier, RECIPE_RULES).checks
+    return compare_series(recipe_series(ref.values(), interrupted, resumed, c, steps, twins, family), tier,
+                          RECIPE_RULES).checks
 
 
 def step_series(records: Iterable[dict[str, Any]]) -> StepSeries:
@@ -832,11 +848,13 @@ def step_series(records: Iterable[dict[str, Any]]) -> StepSeries:
 
 
 def recipe_series(ref: Iterable[dict[str, Any]], interrupted: list[dict[str, Any]], resumed: list[dict[str, Any]],
-                  c: int, steps: int, twin: dict[int, dict[str, Any]] | None = None) -> ResumeSeries:
-    """The recipe's runs as series: the resumed run expected at steps c+1 .. ``steps``."""
+                  c: int, steps: int, twins: Sequence[list[dict[str, Any]]] = (), family: Family | None = None,
+                  ) -> ResumeSeries:
+    """The recipe's runs as series: the resumed run expected at steps c+1 .. ``steps``; ``twins`` the twins' steps,
+    ``family`` their noise family."""
     return ResumeSeries(reference=step_series(ref), interrupted=step_series(interrupted),
                         resumed=step_series(resumed), c=c, expected=tuple((0, s) for s in range(c + 1, steps + 1)),
-                        twin=step_series(twin.values()) if twin is not None else None)
+                        twins=tuple(step_series(t) for t in twins), family=family)
 
 
 def compare_trainable(reference: dict[str, Any], resumed: dict[str, Any]) -> Check:
@@ -856,20 +874,21 @@ def compare_trainable(reference: dict[str, Any], resumed: dict[str, Any]) -> Che
                                                     f"{', '.join(only)}")
 
 
-def compare_weights(ref_file: Path, res_file: Path, tier: Tier, twin_file: Path | None = None) -> Check:
+def compare_weights(ref_file: Path, res_file: Path, tier: Tier, family_files: Sequence[Path] | None = None,
+                    kin: Family | None = None) -> Check:
     """``final_weights``: the final trainable weights of the resumed run against the reference's (safetensors, no
-    pickle), per tensor, bounded by the twin's (``twin_file``) distance from the reference, or bit-exact
-    (:func:`core.stages.noise.judge_tensors`)."""
+    pickle), per tensor, bounded by the spread of the noise family (``family_files``, in the order of
+    ``kin.members``), or bit-exact (:func:`core.stages.noise.judge_tensors`)."""
     from safetensors.torch import load_file
 
-    files = [ref_file, res_file] + ([twin_file] if twin_file is not None and not tier.exact else [])
-    for f in files:
+    family_files = list(family_files or ()) if not tier.exact else []
+    for f in [ref_file, res_file, *family_files]:
         if not f.is_file():
             return Check("final_weights", StageStatus.FAIL, f"{f} missing", kind="tolerance", tier=tier.name)
     a, b = load_file(str(res_file)), load_file(str(ref_file))
-    twin = load_file(str(twin_file)) if twin_file is not None and not tier.exact else None
+    family = [load_file(str(f)) for f in family_files] or None
     try:
-        judged = judge_tensors(b, a, twin, tier)
+        judged = judge_tensors(b, a, family, tier, kin)
     except ValueError as exc:
         return Check("final_weights", StageStatus.FAIL, str(exc), kind="tolerance", tier=tier.name)
     return Check("final_weights", StageStatus.judged(judged.ok), judged.describe(tier, f"tensors of {res_file.name}"),
@@ -877,20 +896,22 @@ def compare_weights(ref_file: Path, res_file: Path, tier: Tier, twin_file: Path 
                  bound=judged.bound, evidence_rows=judged.evidence)
 
 
-def compare_optimizers(ref_file: Path, res_file: Path, tier: Tier, twin_file: Path | None = None) -> list[Check]:
+def compare_optimizers(ref_file: Path, res_file: Path, tier: Tier, family_files: Sequence[Path] | None = None,
+                       kin: Family | None = None) -> list[Check]:
     """Optimizer step counts and param-group sizes (``optimizer_progress``, exact), moments (``optimizer_moments``:
-    per state tensor, bounded by the twin's distance or bit-exact; bitsandbytes' 8-bit states dequantised:
-    :func:`core.stages.noise.optimizer_state_tensors`); loaded with ``weights_only=True``."""
-    files = [ref_file, res_file] + ([twin_file] if twin_file is not None and not tier.exact else [])
-    for f in files:
+    per state tensor, bounded by the noise family's spread (``family_files``, in the order of ``kin.members``) or
+    bit-exact; bitsandbytes' 8-bit states dequantised: :func:`core.stages.noise.optimizer_state_tensors`); loaded
+    with ``weights_only=True``."""
+    family_files = list(family_files or ()) if not tier.exact else []
+    for f in [ref_file, res_file, *family_files]:
         if not f.is_file():
             return [Check("optimizer_state", StageStatus.FAIL, f"{f} missing")]
     try:
         a, b = safe_load(res_file), safe_load(ref_file)
-        t = safe_load(twin_file) if twin_file is not None and not tier.exact else None
+        family = [safe_load(f) for f in family_files] or None
     except UntrustedCheckpoint as exc:
         return [Check("optimizer_state", StageStatus.FAIL, str(exc))]
-    return compare_optimizer_states(a, b, tier, t)
+    return compare_optimizer_states(a, b, tier, family, kin)
 
 
 def is_optimizer_state(obj: Any) -> bool:
@@ -898,10 +919,11 @@ def is_optimizer_state(obj: Any) -> bool:
     return isinstance(obj, dict) and isinstance(obj.get("state"), dict) and isinstance(obj.get("param_groups"), list)
 
 
-def compare_optimizer_states(a: dict[str, Any], b: dict[str, Any], tier: Tier, t: dict[str, Any] | None = None
+def compare_optimizer_states(a: dict[str, Any], b: dict[str, Any], tier: Tier,
+                             family: Sequence[dict[str, Any]] | None = None, kin: Family | None = None
                              ) -> list[Check]:
     """:func:`compare_optimizers` on loaded optimizer state dicts: ``a`` the resumed run's, ``b`` the reference's,
-    ``t`` the twin's (None on an exact tier)."""
+    ``family`` the noise family's, in the order of ``kin.members`` (None on an exact tier)."""
     sizes_a = [len(g["params"]) for g in a["param_groups"]]
     sizes_b = [len(g["params"]) for g in b["param_groups"]]
     steps_a = sorted({float(s["step"]) for s in a["state"].values() if "step" in s})
@@ -911,7 +933,7 @@ def compare_optimizer_states(a: dict[str, Any], b: dict[str, Any], tier: Tier, t
                     f"param-group sizes {sizes_a} vs {sizes_b}; optimizer step counts {steps_a} vs {steps_b}"
                     + ("" if exact_ok else ": the optimizer did not continue from the checkpoint's state"))]
     ta, tb = optimizer_state_tensors(a["state"]), optimizer_state_tensors(b["state"])
-    tt = optimizer_state_tensors(t["state"]) if t is not None else None
+    tt = [optimizer_state_tensors(t["state"]) for t in family] if family is not None else None
     if ta.keys() != tb.keys():
         checks.append(Check("optimizer_moments", StageStatus.FAIL,
                             f"state tensors differ in name: {sorted(ta.keys() ^ tb.keys())[:3]}", kind="tolerance",
@@ -923,7 +945,7 @@ def compare_optimizer_states(a: dict[str, Any], b: dict[str, Any], tier: Tier, t
                                                                     "does not read)", kind="tolerance", tier=tier.name))
         return checks
     try:
-        judged = judge_tensors(tb, ta, tt, tier)
+        judged = judge_tensors(tb, ta, tt, tier, kin)
     except ValueError as exc:
         checks.append(Check("optimizer_moments", StageStatus.FAIL, str(exc), kind="tolerance", tier=tier.name))
         return checks

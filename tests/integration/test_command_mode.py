@@ -216,7 +216,7 @@ def test_an_fsdp_job_resumes_at_another_world_size_from_its_dcp_checkpoint(tmp_p
     assert c["final_weights"]["evidence"].startswith("4 tensors of state.pt[model]: within the noise bound")
     assert c["optimizer_progress"]["evidence"].endswith("optimizer step counts [6.0] vs [6.0]")
     run_dir = Path(record["run_dir"])  # the twin ran at the resume's world size: one shard file per checkpoint
-    assert sorted(p.name for p in (run_dir / "resume-twin" / "out" / "checkpoint-6").glob("*.distcp")) == \
+    assert sorted(p.name for p in (run_dir / "resume-twin-1" / "out" / "checkpoint-6").glob("*.distcp")) == \
         ["__0_0.distcp"]
     assert consistent(run_dir / "record.toml")
 

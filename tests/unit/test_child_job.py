@@ -20,7 +20,8 @@ from core.spec import RunSpec
 
 #: every key the worker child read from its job before the job was typed (core/child/*: job["..."], job.get("..."))
 WORKER_KEYS = {"role", "spec", "model_path", "device", "devices", "events", "output_dir", "save_total_limit",
-               "stop_after_step", "save_steps", "resume_from", "manifest", "kill_step", "kill_at", "kill_node", "device_map"}
+               "stop_after_step", "save_steps", "resume_from", "manifest", "kill_step", "kill_at", "kill_node", "device_map",
+               "nudge"}
 #: every key command mode's evaluation child read (core/child/checkpoint_eval.py), and the two start_child adds
 EVAL_KEYS = {"checkpoint", "base", "data", "heldout_fraction", "seq_len", "max_blocks", "batch_size", "events",
              "output_dir"}
@@ -94,11 +95,16 @@ def test_the_twin_writes_the_keys_and_values_it_always_wrote(monkeypatch, tmp_pa
     import core.stages.resume
 
     caught = catch_job(monkeypatch, core.stages.resume)
-    s = spec(resume_noise="twin")  # the twin runs first
-    run_until_started(core.stages.resume.run_resume_check(s, tmp_path / "model", tmp_path, "cpu", reference=None))
+    s = spec(resume_noise="twin")  # the twins run first, from where the interrupted run starts
+    begin = s.resume.interrupted_start()
+    reference = type("Reference", (), {"output_dir": str(tmp_path / "train" / "output")})()
+    if begin:
+        (tmp_path / "train" / "output" / f"checkpoint-{begin}").mkdir(parents=True)
+    run_until_started(core.stages.resume.run_resume_check(s, tmp_path / "model", tmp_path, "cpu", reference))
     end = s.resume.compared_until(s.steps)
-    old = {**old_base(s, tmp_path), "role": "twin", "stop_after_step": end, "save_steps": end,
-           **placed(tmp_path / "resume-twin")}
+    first = ({"resume_from": str(tmp_path / "resume-twin-1" / "output" / f"checkpoint-{begin}")} if begin else {})
+    old = {**old_base(s, tmp_path), "role": "twin", "stop_after_step": end, "save_steps": end, **first,
+           **placed(tmp_path / "resume-twin-1")}
     assert json.loads(caught["text"]) == old  # the same keys and values (the order of keys is the job's own)
     assert WorkerJob.from_json(caught["text"]) == caught["job"]
 
@@ -158,7 +164,8 @@ def full_job(tmp_path: Path) -> WorkerJob:
     """A job with every key given a value (as no stage writes it: each role has some)."""
     return replace(worker_job(spec(), "train", tmp_path / "model", "cpu", ["cpu:0", "cpu:1"]), role="interrupted",
                    save_total_limit=2, resume_from="/ckpt", manifest="/m.json", stop_after_step=6, save_steps=2,
-                   kill_step=5, kill_at="boundary", kill_node=1, device_map={"": "cpu"}, events="/e.jsonl", output_dir="/out")
+                   kill_step=5, kill_at="boundary", kill_node=1, device_map={"": "cpu"}, events="/e.jsonl", output_dir="/out",
+                   nudge=True)
 
 
 def test_the_json_keys_are_exactly_the_ones_the_child_read():

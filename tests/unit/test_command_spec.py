@@ -235,9 +235,13 @@ def test_loaded_states_are_compared_to_the_first_difference():
     assert first_difference(a, {**a, "python": (3, (1, 9, 3), None)}) == "python[1][1]"
     assert first_difference(a, {**a, "torch": torch.zeros(4, dtype=torch.uint8)}) == "torch"
     assert first_difference({"lr": 0.1}, {"lr": 0.1 + 1e-9}) == "lr"
-    # numbers within 4 x the twin's difference at the same place (a JSON state of a script under a twin tier)
-    assert first_difference({"lr": 0.1}, {"lr": 0.1 + 1e-9}, twin={"lr": 0.1}, multiple=4.0) is None
-    assert first_difference({"lr": 0.1}, {"lr": 0.1 + 1e-9}, twin={"lr": 0.1 + 1e-9}, multiple=4.0) == "lr"
+    # numbers within 4 x the noise family's spread at the same place (a JSON state of a script under a twin tier):
+    # the root mean square of its pairs' differences 1e-9, 1.3e-9 and 3e-10 is 9.6e-10, the bound 3.85e-9
+    family, pairs = [{"lr": 0.1}, {"lr": 0.1 + 1e-9}, {"lr": 0.1 + 1.3e-9}], [(0, 1), (0, 2), (1, 2)]
+    assert first_difference({"lr": 0.1}, {"lr": 0.1 + 3.7e-9}, family=family, multiple=4.0, pairs=pairs) is None
+    assert first_difference({"lr": 0.1}, {"lr": 0.1 + 4.0e-9}, family=family, multiple=4.0, pairs=pairs) == "lr"
+    assert first_difference({"lr": 0.1}, {"lr": 0.1 + 1e-9}, family=family[:1] * 2, multiple=4.0,
+                            pairs=pairs[:1]) == "lr"  # a family that drew no noise bounds nothing
 
 
 
@@ -262,12 +266,12 @@ def test_a_combined_pickle_is_compared_entry_by_entry_as_what_each_entry_is(tmp_
     whole-pickle exact comparison failed every correct resume on a GPU); a weight off by far more fails as weights; a
     step counter off by one fails exactly, by its entry."""
     from core.command.reports import Checkpoint
-    from core.command.resume import compare_final_files
-    from core.stages.noise import required_tier
+    from core.command.resume import Noisy, compare_final_files
+    from core.stages.noise import Family, required_tier
 
     twin_tier = required_tier("cuda:0", "bf16")
     ref = Checkpoint(6, _combined_checkpoint(tmp_path / "ref", 1.0, 0.5))
-    twin = _combined_checkpoint(tmp_path / "twin", 1.0 + 2e-3, 0.5 + 2e-3)
+    twin = Noisy([ref.path, _combined_checkpoint(tmp_path / "twin", 1.0 + 2e-3, 0.5 + 2e-3)], Family.of(1, True))
 
     def checks(weight: float, moment: float, step: int = 6, tier=twin_tier) -> dict[str, tuple[str, str]]:
         folder = tmp_path / f"res-{weight}-{moment}-{step}-{tier.method}"

@@ -264,16 +264,16 @@ def test_an_evaluation_writes_its_blocks_as_it_goes_at_most_once_a_second():
 # ------------------------------------------------------------------------------------ the resume check's bar
 
 
-@pytest.mark.parametrize("twin", [False, True])
-def test_the_resume_bar_is_the_steps_trained_over_every_run_and_never_goes_back(twin):
+@pytest.mark.parametrize("twins", [0, 2])
+def test_the_resume_bar_is_the_steps_trained_over_every_run_and_never_goes_back(twins):
     """It jumped 48 % -> 85 % (and 29 -> 48 -> 100): the interrupted run starts at step 11 of 26 and the resumed run at
     21 of 30, so each run's own fraction started high."""
     spec = RunSpec.build(mode="lora", steps=30, resume_checkpoint_every=10, resume_kill_after_checkpoint=2)
-    work = CheckWork.of(spec, twin=twin)
-    twin_steps = 30 if twin else 0  # from step 0 to the last compared step (30)
+    work = CheckWork.of(spec, twins=twins)
+    twin_steps = 20 * twins  # each from the interrupted run's start (checkpoint 10) to the last compared step (30)
     assert work.total == twin_steps + (26 - 10) + (30 - 20)
-    order = ([("twin", s) for s in range(1, 31)] if twin else []) + [("interrupted", s) for s in range(11, 26)] + [
-        ("resumed", s) for s in range(21, 31)]
+    order = [(f"twin-{i}", s) for i in range(1, twins + 1) for s in range(11, 31)] + [
+        ("interrupted", s) for s in range(11, 26)] + [("resumed", s) for s in range(21, 31)]
     seen = [work.progress(run, step) for run, step in order]
     done = [p.work_done for p in seen]
     assert all(b > a for a, b in zip(done, done[1:])), done  # every step moves the bar forward
@@ -282,7 +282,7 @@ def test_the_resume_bar_is_the_steps_trained_over_every_run_and_never_goes_back(
     assert first_interrupted.work_done == twin_steps + 1  # step 11 of a run that started after 10: one step done
     first_resumed = next(p for p in seen if p.run == "resumed")
     assert first_resumed.work_done == twin_steps + 16 + 1  # the killed step 26 counted in the interrupted run's share
-    assert first_resumed.part == ((3, 3) if twin else (2, 2)) and first_interrupted.step == 11
+    assert first_resumed.part == (twins + 2, twins + 2) and first_interrupted.step == 11
     assert first_interrupted.total == 26
 
 
@@ -290,13 +290,13 @@ def test_the_resume_screen_draws_the_work_and_names_the_run_among_the_runs():
     from tui.screens.stages import ResumeScreen, progress_text
 
     spec = RunSpec.build(mode="lora", steps=30, resume_checkpoint_every=10, resume_kill_after_checkpoint=2)
-    work = CheckWork.of(spec, twin=True)
+    work = CheckWork.of(spec, twins=2)
     screen = ResumeScreen()
-    assert screen.bar_progress(work.progress("interrupted", 11)) == (56.0, 31.0)
+    assert screen.bar_progress(work.progress("interrupted", 11)) == (66.0, 41.0)
     line = progress_text(work.progress("interrupted", 11, loss=1.5), spec)
-    assert line == ("interrupted run (2 of 3): step 11 of 26 (to be SIGKILLed inside step 26, after micro-batch 1 of 1, "
+    assert line == ("interrupted run (3 of 4): step 11 of 26 (to be SIGKILLed inside step 26, after micro-batch 1 of 1, "
                     "before its optimizer step), loss 1.5000")
-    assert progress_text(work.progress("twin", 4), spec) == "twin run (1 of 3): step 4 (of 30)"
+    assert progress_text(work.progress("twin-2", 14), spec) == "twin-2 run (2 of 4): step 14 (of 30)"
 
 
 def test_the_one_time_conversion_says_it_runs_every_second(tmp_path, monkeypatch):

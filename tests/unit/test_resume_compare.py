@@ -23,7 +23,7 @@ from core.stages.compare import (
     compare_series,
     verdict,
 )
-from core.stages.noise import LOSS_MULTIPLE, required_tier
+from core.stages.noise import LOSS_MULTIPLE, Family, required_tier
 from core.stages.resume import compare_steps as recipe_compare_steps
 from core.stages.resume import safe_loading as recipe_safe_loading
 
@@ -51,7 +51,9 @@ def runs(resumed: StepSeries | None = None, interrupted: StepSeries | None = Non
     return ResumeSeries(reference=series(1, END) if reference is None else reference,
                         interrupted=series(1, C + 1) if interrupted is None else interrupted,
                         resumed=series(C + 1, END) if resumed is None else resumed, c=C,
-                        expected=tuple((0, s) for s in range(C + 1, END + 1)), twin=twin, **kw)
+                        expected=tuple((0, s) for s in range(C + 1, END + 1)),
+                        twins=(twin,) if twin is not None else (),
+                        family=Family.of(1, with_reference=True) if twin is not None else None, **kw)
 
 
 def checks_of(found) -> dict[str, Check]:
@@ -108,18 +110,23 @@ def test_an_exact_field_that_differs_after_the_resume_fails_its_check_at_its_ste
 
 
 def test_a_resumed_loss_is_bit_exact_on_the_cpu_and_bounded_by_the_twins_noise_on_cuda():
-    """The twin is 2e-4 from the reference at step 6: 3e-3 passes (below 16 x 2e-4 = 3.2e-3: a loss's own multiple),
-    4e-3 fails naming step 7; on the exact tier 3e-3 fails with its distance."""
-    twin = series(1, END, {6: {"loss": point(6).loss + 2e-4}})
-    near = series(C + 1, END, {7: {"loss": point(7).loss + 3e-3}})
-    far = series(C + 1, END, {7: {"loss": point(7).loss + 4e-3}})
+    """The twin is 2e-4 from the reference at step 6 and 3e-4 at step 8: the noise over the resumed steps 5-8 is the
+    norm 3.6e-4 (one pair: the twin and the reference, which started alike), the bound LOSS_MULTIPLE x it. A resumed
+    loss 0.9 x the bound away at step 7 passes; 1.1 x fails naming step 7; on the exact tier the first fails with its
+    distance."""
+    twin = series(1, END, {6: {"loss": point(6).loss + 2e-4}, 8: {"loss": point(8).loss - 3e-4}})
+    noise = (2e-4 ** 2 + 3e-4 ** 2) ** 0.5
+    near = series(C + 1, END, {7: {"loss": point(7).loss + 0.9 * LOSS_MULTIPLE * noise}})
+    far = series(C + 1, END, {7: {"loss": point(7).loss + 1.1 * LOSS_MULTIPLE * noise}})
     ok = checks_of(compare_series(runs(resumed=near, twin=twin), TWIN, RECIPE_RULES))["loss"]
     bad = checks_of(compare_series(runs(resumed=far, twin=twin), TWIN, RECIPE_RULES))["loss"]
     exact = checks_of(compare_series(runs(resumed=near), EXACT, RECIPE_RULES))["loss"]
-    assert ok.status == "pass" and abs(ok.noise - 2e-4) < 1e-9 and abs(ok.bound - LOSS_MULTIPLE * 2e-4) < 1e-9
-    assert "(16 x the twin's" in ok.evidence
-    assert bad.status == "fail" and "steps 7" in bad.evidence and abs(bad.largest_difference - 4e-3) < 1e-9
-    assert exact.status == "fail" and abs(exact.largest_difference - 3e-3) < 1e-9 and exact.bound == 0
+    assert ok.status == "pass" and abs(ok.noise - noise) < 1e-9 and abs(ok.bound - LOSS_MULTIPLE * noise) < 1e-9
+    assert f"({LOSS_MULTIPLE:g} x the noise 0.000361 of 1 noise pair)" in ok.evidence
+    assert bad.status == "fail" and "steps 7" in bad.evidence
+    assert abs(bad.largest_difference - 1.1 * LOSS_MULTIPLE * noise) < 1e-6
+    assert exact.status == "fail" and abs(exact.largest_difference - 0.9 * LOSS_MULTIPLE * noise) < 1e-6
+    assert exact.bound == 0
 
 
 def test_each_ranks_loss_is_judged_not_their_mean():
@@ -150,7 +157,7 @@ def test_an_interrupted_run_that_is_another_run_fails_reproducible_naming_the_st
 def test_without_a_measured_noise_the_loss_and_reproducible_checks_fail_saying_why():
     short_twin = series(1, END - 1)  # the twin did not log step 8
     for twin, why in ((None, "no twin run to measure the noise with"),
-                      (short_twin, "the twin run logged no loss at steps 8, so no noise bound could be measured")):
+                      (short_twin, "a twin run logged no loss at steps 8, so no noise bound could be measured")):
         found = compare_series(runs(twin=twin), TWIN, RECIPE_RULES)
         assert failed(found) == ["loss", "reproducible"]
         assert checks_of(found)["loss"].evidence == why == checks_of(found)["reproducible"].evidence

@@ -6,6 +6,7 @@ after a deliberate change with ``pytest tests/unit/test_snapshots.py --snapshot-
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from pathlib import Path
 from types import SimpleNamespace
@@ -20,7 +21,7 @@ from core.monitor.sampler import ReplayBackend, constructed_frames
 from core.pipeline import AcceptanceRun
 from core.spec import RunSpec
 from core.stages.childproc import SINGLE, Launch
-from core.stages.noise import bound_tensor_rows, judge_losses, loss_noise, required_tier
+from core.stages.noise import Family, bound_tensor_rows, pooled_losses, required_tier
 from core.stages.probe import DeviceMeasurement, PlanComparison, ProbeResult, ProbeTiming, compare_with_plan
 from core.stages.resume import Check, ResumeResult, planned_kill
 from core.stages.train import EvalPoint, TrainEvalResult
@@ -117,16 +118,17 @@ def finished_run(app: GpuAcceptApp) -> SimpleNamespace:
                          EvalPoint(49195.247, 10.79, 252, 4, 0.1), 2.5, 614.4, steps, {}, "", "", "perplexity down")
     tier = required_tier("cpu", "fp32", noise="twin")  # resume.noise = "twin": the noise measured on the CPU too
     # the two tolerance checks judged by the resume check's own rule, so that their numbers follow from the evidence
-    # the record keeps: the losses of steps 3-4 (step 4 one 9.5e-07 off; the twin equal to the reference) and 8
-    # adapter tensors (one 7.1e-06 from the reference, its twin 1.3e-05)
-    loss, _ = judge_losses([(3, losses[2], losses[2]), (4, losses[3] + 9.5e-7, losses[3])],
-                           loss_noise([(losses[2], losses[2]), (losses[3], losses[3])]), tier,
-                           [(losses[2], losses[2]), (losses[3], losses[3])])
+    # the record keeps: the losses of steps 3-4 (step 4 one 9.5e-07 off; twin-1 equal to the reference, the nudged
+    # twin-2 1.9e-06 off at step 4) and 8 adapter tensors (one 7.1e-06 from the reference, its pairs 9e-06 to 1.3e-05)
+    kin = Family.of(2, with_reference=True)
+    loss, _ = pooled_losses([(3, losses[2], losses[2]), (4, losses[3] + 9.5e-7, losses[3])],
+                            [[losses[2]] * 3, [losses[3], losses[3], losses[3] + 1.9e-6]], kin, tier.loss_multiple)
     prefix = "base_model.model.model.layers.0.self_attn"
-    weights = bound_tensor_rows([(f"{prefix}.q_proj.lora_B.weight", 7.1e-06, 1.3e-05, 1.0),
-                                 (f"{prefix}.v_proj.lora_B.weight", 0.0, 1.3495e-05, 1.0)]
-                                + [(f"{prefix}.{m}.lora_A.weight{i}", 0.0, 0.0, 0.0) for m in ("q_proj", "v_proj")
+    weights = bound_tensor_rows([(f"{prefix}.q_proj.lora_B.weight", 7.1e-06, 1.0, 1.3e-05, 1.1e-05, 0.9e-05),
+                                 (f"{prefix}.v_proj.lora_B.weight", 0.0, 1.0, 1.3495e-05, 1.2e-05, 1.0e-05)]
+                                + [(f"{prefix}.{m}.lora_A.weight{i}", 0.0, 0.0, 0.0, 0.0, 0.0) for m in ("q_proj", "v_proj")
                                    for i in range(3)], tier.multiple)
+    weights = dataclasses.replace(weights, evidence={**(weights.evidence or {}), **kin.evidence()})
     checks = [Check("kill", "pass", "SIGKILL to process group 4242 inside step 4 after its only micro-batch's "
                                     "backward, before its optimizer step; no process of the group is left"),
               Check("kill_point", "pass", "boundary+1: killed inside step 4 after its only micro-batch's backward, "
@@ -137,15 +139,12 @@ def finished_run(app: GpuAcceptApp) -> SimpleNamespace:
                     kind="completeness"),
               Check("learning_rate", "pass", "learning rate equal at 5 steps"),
               Check("sample_ids", "pass", "sample ids equal at 5 steps"),
-              Check("loss", "pass", "2 resumed losses: within the noise bound; nearest it at step 4: distance "
-                                    "9.5e-07 = 0.062 x the bound 1.5e-05 (16 x the twin's 9.5e-07)", kind="tolerance",
+              Check("loss", "pass", loss.describe(tier, "resumed losses", tier.loss_multiple), kind="tolerance",
                     tier=tier.name, largest_difference=loss.distance, noise=loss.noise, bound=loss.bound,
                     evidence_rows=loss.evidence),
               Check("rng_restored", "pass", "right after restore, generators cpu, numpy, python equal rng_state.pth of "
                                             "checkpoint-2 (sha256)"),
-              Check("final_weights", "pass", "8 tensors of adapter_model.safetensors: within the noise bound; nearest "
-                                             "it at ...layers.0.self_attn.q_proj.lora_B.weight: distance 7.1e-06 = "
-                                             "0.13 x the bound 5.3e-05 (4 x the twin's 1.3e-05)",
+              Check("final_weights", "pass", weights.describe(tier, "tensors of adapter_model.safetensors"),
                     kind="tolerance", tier=tier.name, largest_difference=weights.distance, noise=weights.noise,
                     bound=weights.bound, evidence_rows=weights.evidence)]
     comparison_rows = [{"step": s["step"], "learning_rate": s["learning_rate"], "loss_reference": s["loss"],

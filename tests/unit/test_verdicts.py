@@ -179,15 +179,15 @@ def test_a_passing_resume_lies_within_its_tier():
     # exact: no difference allowed, in a tolerance check or a compared step
     assert resume_verdict(_resume(checks=_checks(largest_difference=1e-7))).status is FAIL
     assert resume_verdict(_resume(steps=(ComparedStep(3, 10.5, 10.5 + 1e-6),))).status is FAIL
-    # twin: within multiple x the twin's noise, each check computed again from the evidence the record keeps
-    from core.stages.noise import bound_tensor_rows, judge_losses, loss_noise, required_tier
+    # twin: within multiple x the twins' noise, each check computed again from the evidence the record keeps (schema 7:
+    # pooled over the noise pairs of twin-1, the nudged twin-2 and the reference, which started alike)
+    from core.stages.noise import Family, bound_tensor_rows, pooled_losses
 
-    twin = RecordedRule("twin", multiple=4.0, evidence_kept=True)
-    tier = required_tier("cuda", "bf16")
-    noise_pairs = [(10.5 + 1e-6, 10.5)]
-    loss, _ = judge_losses([(3, 10.5 + 3e-6, 10.5)], loss_noise(noise_pairs), dataclasses.replace(tier, loss_multiple=4.0),
-                           noise_pairs)
-    weights = bound_tensor_rows([("w", 2e-6, 1e-6, 1.0)], 4.0)
+    twin = RecordedRule("twin", multiple=4.0, loss_multiple=4.0, evidence_kept=True, pooled=True)
+    kin = Family.of(2, with_reference=True)
+    loss, _ = pooled_losses([(3, 10.5 + 3e-6, 10.5)], [[10.5, 10.5 + 1e-6, 10.5 + 2e-6]], kin, 4.0)
+    weights = bound_tensor_rows([("w", 2e-6, 1.0, 1e-6, 1e-6, 0.0)], 4.0)
+    weights = dataclasses.replace(weights, evidence={**weights.evidence, **kin.evidence()})
     checks = (CheckFact("kill", True), CheckFact("kill_point", True),
               CheckFact("loss", True, "tolerance", loss.distance, loss.noise, loss.bound, loss.evidence),
               CheckFact("final_weights", True, "tolerance", weights.distance, weights.noise, weights.bound,
@@ -195,9 +195,17 @@ def test_a_passing_resume_lies_within_its_tier():
     ok = _resume(rule=twin, checks=checks, steps=(ComparedStep(3, 10.5, 10.5 + 3e-6, twin=10.5 + 1e-6),),
                  tier=("cuda-bf16-twin-noise", 4.0))
     assert resume_verdict(ok).status is PASS, resume_verdict(ok).reasons
-    assert resume_verdict(dataclasses.replace(ok, steps=(ComparedStep(3, 10.5, 10.5 + 5e-6),))).status is FAIL
+    assert resume_verdict(dataclasses.replace(ok, steps=(ComparedStep(3, 10.5, 10.5 + 9e-6),))).status is FAIL
     assert resume_verdict(dataclasses.replace(ok, checks=_checks(largest_difference=2e-6, noise=1e-6,
                                                                  bound=3e-6))).status is FAIL  # bound < 4 x noise
+    # schema 6 (one twin from step 0; losses judged step by step by 16 x its largest difference): judged by its rule
+    single = RecordedRule("twin", multiple=4.0, loss_multiple=16.0, evidence_kept=True)
+    rows6 = {"losses": [[3, 10.5 + 3e-6, 10.5]], "noise_losses": [[10.5 + 1e-6, 10.5]]}
+    distance, noise = (10.5 + 3e-6) - 10.5, (10.5 + 1e-6) - 10.5
+    assert single.evidence_problems("loss", True, distance, noise, 16 * noise, rows6) == []
+    assert single.evidence_problems("loss", True, distance, 2 * noise, 32 * noise, rows6) == [
+        f"resume check loss: noise is {2 * noise}; its evidence gives {noise}",
+        f"resume check loss: bound is {32 * noise}; its evidence gives {16 * noise}"]
     # a record before the evidence was kept (schema 5): a passing twin-tier check cannot be computed again
     old = resume_verdict(dataclasses.replace(ok, rule=RecordedRule("twin", multiple=4.0), checks=_checks(
         largest_difference=loss.distance, noise=loss.noise, bound=loss.bound)))

@@ -489,9 +489,9 @@ class ResumeScreen(StageScreen):
     def stage_generator(self, cancelled):
         return self.app.state.run.resume_stage(cancelled)
 
-    #: the check's runs with progress, in order: the bar goes through each, never back (the twin runs only where
-    #: the tier measures the noise: then it is the first third)
-    RUNS = ("twin", "interrupted", "resumed")
+    #: the check's runs with progress, in order, after the twins (``twin-1`` ..., which run first where the tier
+    #: measures the noise): the bar goes through each, never back
+    RUNS = ("interrupted", "resumed")
 
     def bar_progress(self, event: Any) -> tuple[float, float]:
         """The steps done over every run of the check (:class:`core.stages.resume.CheckWork`); for events that do not
@@ -499,9 +499,11 @@ class ResumeScreen(StageScreen):
         first), the interrupted run, the resumed run."""
         if event.work_total:
             return super().bar_progress(event)
-        if event.run == "twin":
-            self._with_twin = True
-        runs = self.RUNS if getattr(self, "_with_twin", False) else self.RUNS[1:]
+        twins = getattr(self, "_twins", [])
+        if event.run.startswith("twin") and event.run not in twins:
+            twins.append(event.run)
+            self._twins = twins
+        runs = (*twins, *self.RUNS)
         index = runs.index(event.run) if event.run in runs else 0
         fraction = min(1.0, event.step / event.total) if event.total else 0.0
         return float(len(runs)), index + fraction
@@ -526,7 +528,8 @@ class ResumeScreen(StageScreen):
             f"{killed}\n"
             f"resumed                  ckpt {c} → {c + 1} {'━' * 8} {end}"
             + (f" (compared {c + 1}-{end} of {n})" if end < n else "")
-            + (f"\ntwin         1 {'━' * 12} {result.twin_steps[1]} (uninterrupted: measures the noise)"
+            + (f"\ntwins ({tier_twins(result)})    {'ckpt ' if start else ''}{result.twin_steps[0] - 1 if start else 1} "
+               f"{'━' * 8} {result.twin_steps[1]} (uninterrupted, one nudged: their spread is the noise)"
                if result.twin_steps else ""))
         verdict.update(f"[b]{result.status.upper()}[/b] · {result.summary}")
         self.query_one("#tolerance", Static).update(Content(tolerance_line(result)))
@@ -558,11 +561,16 @@ def tolerance_line(result: Any) -> str:
         return f"tolerance: bit-exact ({tier.why})"
     loss = next((ch for ch in result.checks if ch.name == "loss" and ch.noise is not None), None)
     steps = getattr(result, "twin_steps", None)
-    where = f"twin run (steps {steps[0]}-{steps[1]})" if steps else "twin run"
+    where = f"{tier_twins(result)} twin runs" + (f" (steps {steps[0]}-{steps[1]})" if steps else "")
     said = (f"; loss bound {loss.bound:.2g} (noise {loss.noise:.2g})" if loss is not None and loss.bound is not None
             else "")
-    return (f"tolerance: {tier.multiple:g} x (per tensor) and {tier.loss_multiple or tier.multiple:g} x (per step's "
-            f"loss) the noise a {where} measured{said}")
+    return (f"tolerance: {tier.multiple:g} x (per tensor) and {tier.loss_multiple or tier.multiple:g} x (the losses' "
+            f"norm) the spread of {where}{said}")
+
+
+def tier_twins(result: Any) -> int:
+    """How many twin runs measured the noise of a resume result (its tier's; 1 for a tier written before several)."""
+    return int(getattr(result.tier, "twins", 0) or 1)
 
 
 #: the columns of the terminal a line of the resume timeline leaves to the screen's padding and scroll bar

@@ -1,4 +1,12 @@
-"""A test-only stand-in for a GPU's run-to-run noise: every optimizer step's gradients multiplied by ``1 + a * N(0, 1)``.
+"""Perturbations of a training process through torch's optimizer step pre-hook: the test jitter and the twin's nudge.
+
+**The nudge** (``GPUACCEPT_NUDGE_ULP=1``; the resume check's nudged twin, :mod:`core.stages.noise`): before the
+process's first optimizer step, every trainable parameter moves by one unit in the last place of its dtype, up or down
+at random per element (``torch.nextafter``). It is the smallest difference two runs can have: its growth over the
+steps compared is the noise floor a twin that happened to be bit-identical with the reference would not show.
+
+**The jitter**, a test-only stand-in for a GPU's run-to-run noise: every optimizer step's gradients multiplied by
+``1 + a * N(0, 1)``.
 
 On the CPU, gpuaccept's training runs are bit-identical run to run (docs/architecture.md §6); on a GPU they are not
 (reductions reordered by atomics, split-K GEMMs, the attention backward): two runs of the same job drift apart by a few
@@ -24,6 +32,13 @@ from typing import Any
 
 #: the environment variable holding the relative amplitude (unset or empty: no jitter)
 JITTER_ENV = "GPUACCEPT_TEST_JITTER"
+#: the environment variable asking for the twin's nudge (``1``; unset or anything else: none)
+NUDGE_ENV = "GPUACCEPT_NUDGE_ULP"
+
+
+def nudge_asked(environ: Any = None) -> bool:
+    """``environ`` (default ``os.environ``) asks for the one-ulp nudge."""
+    return (os.environ if environ is None else environ).get(NUDGE_ENV, "").strip() == "1"
 
 
 def amplitude(environ: Any = None) -> float:
@@ -47,11 +62,19 @@ def install(relative: float) -> None:
     install_into(register_optimizer_step_pre_hook, relative)
 
 
-class _Finder(importlib.abc.MetaPathFinder):
-    """Installs the jitter as soon as ``torch.optim.optimizer`` has run (imported by ``import torch``)."""
+def install_nudge() -> None:
+    """Register the one-ulp nudge (module docstring) on this process's first optimizer step (imports torch)."""
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-    def __init__(self, relative: float) -> None:
-        self.relative = relative
+    nudge_into(register_optimizer_step_pre_hook)
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    """Installs a hook (``installer(register_optimizer_step_pre_hook)``) as soon as ``torch.optim.optimizer`` has run
+    (imported by ``import torch``)."""
+
+    def __init__(self, installer: Any) -> None:
+        self.installer = installer
 
     def find_spec(self, name: str, import_path: Any, target: Any = None) -> Any:
         if name != "torch.optim.optimizer":
@@ -59,7 +82,7 @@ class _Finder(importlib.abc.MetaPathFinder):
         spec = importlib.machinery.PathFinder.find_spec(name, import_path)
         if spec is None or spec.loader is None:
             return spec
-        loader, relative = spec.loader, self.relative
+        loader, installer = spec.loader, self.installer
 
         class Loader(importlib.abc.Loader):
             def create_module(self, spec: Any) -> Any:
@@ -67,8 +90,7 @@ class _Finder(importlib.abc.MetaPathFinder):
 
             def exec_module(self, module: Any) -> None:
                 loader.exec_module(module)
-                hook = module.register_optimizer_step_pre_hook
-                install_into(hook, relative)
+                installer(module.register_optimizer_step_pre_hook)
 
         spec.loader = Loader()
         return spec
@@ -97,10 +119,43 @@ def install_into(register: Any, relative: float) -> None:
     register(jitter)
 
 
-def install_when_imported(relative: float) -> None:
-    """Install now if torch's optimizers are imported, else as soon as they are."""
+def nudge_into(register: Any) -> None:
+    """Like :func:`install_nudge`, given ``register_optimizer_step_pre_hook`` (torch may still be importing): the
+    first step of any optimizer moves every floating parameter of its groups by one ulp, each element up or down with
+    probability 1/2 (a generator of its own, seeded from ``os.urandom``); later steps are untouched."""
+    done: list[bool] = []
+
+    def nudge(optimizer: Any, args: Any, kwargs: Any) -> None:
+        if done:
+            return
+        done.append(True)
+        import torch
+
+        gen = torch.Generator().manual_seed(int.from_bytes(os.urandom(8), "little") & ((1 << 63) - 1))
+        with torch.no_grad():
+            for group in optimizer.param_groups:
+                for param in group["params"]:
+                    if not param.is_floating_point() or param.numel() == 0:
+                        continue
+                    up = torch.rand(param.shape, generator=gen) < 0.5
+                    toward = torch.where(up, torch.inf, -torch.inf).to(device=param.device, dtype=param.dtype)
+                    param.copy_(torch.nextafter(param, toward))
+
+    register(nudge)
+
+
+def install_when_imported(relative: float = 0.0, nudge: bool = False) -> None:
+    """Install the jitter of ``relative`` amplitude (0: none) and the nudge (``nudge``) now if torch's optimizers are
+    imported, else as soon as they are."""
+
+    def installer(register: Any) -> None:
+        if nudge:
+            nudge_into(register)
+        if relative:
+            install_into(register, relative)
+
     module = sys.modules.get("torch.optim.optimizer")
     if module is not None:
-        install_into(module.register_optimizer_step_pre_hook, relative)
+        installer(module.register_optimizer_step_pre_hook)
     elif not any(isinstance(f, _Finder) for f in sys.meta_path):
-        sys.meta_path.insert(0, _Finder(relative))
+        sys.meta_path.insert(0, _Finder(installer))

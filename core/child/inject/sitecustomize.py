@@ -5,8 +5,9 @@
   under a private name: nothing of gpuaccept needs to be importable in the user's environment).
 - With ``GPUACCEPT_PARENT_PID`` set, a daemon thread ends this process (exit status 3) once that process, gpuaccept,
   is gone: a ``kill -9`` of gpuaccept leaves no rank of the user's job holding a device.
-- With ``GPUACCEPT_TEST_JITTER`` set (tests only), it perturbs every optimizer step's gradients (``jitter.py`` beside
-  it): a stand-in for a GPU's run-to-run noise.
+- With ``GPUACCEPT_NUDGE_ULP=1`` (the resume check's nudged twin) it moves every trainable parameter by one ulp before
+  the first optimizer step; with ``GPUACCEPT_TEST_JITTER`` set (tests only), it perturbs every optimizer step's
+  gradients (both: ``jitter.py`` beside it; the latter a stand-in for a GPU's run-to-run noise).
 - Then it runs the ``sitecustomize`` this one shadows, if the environment has one.
 
 Without the variables it does nothing. A failure is one line on stderr, never the user's job's failure. Standard
@@ -52,14 +53,17 @@ def _lifeline() -> None:
 
 
 def _jitter() -> None:
-    """The test-only gradient jitter (``jitter.py``), when ``GPUACCEPT_TEST_JITTER`` asks for it."""
-    if not os.environ.get("GPUACCEPT_TEST_JITTER"):
+    """The twin's one-ulp nudge and the test-only gradient jitter (``jitter.py``), when ``GPUACCEPT_NUDGE_ULP`` or
+    ``GPUACCEPT_TEST_JITTER`` asks for them."""
+    nudge = os.environ.get("GPUACCEPT_NUDGE_ULP", "").strip() == "1"
+    if not os.environ.get("GPUACCEPT_TEST_JITTER") and not nudge:
         return
     try:
         module = _load("_gpuaccept_jitter", "jitter.py")
-        module.install_when_imported(module.amplitude())
+        module.install_when_imported(module.amplitude(), nudge)
     except Exception as exc:  # noqa: BLE001 - the user's job runs whatever happens here
-        print(f"gpuaccept: the test jitter was not installed ({type(exc).__name__}: {exc})", file=sys.stderr)
+        print(f"gpuaccept: the twin's nudge or the test jitter was not installed ({type(exc).__name__}: {exc})",
+              file=sys.stderr)
 
 
 def _load(name: str, filename: str) -> types.ModuleType:

@@ -1,0 +1,169 @@
+"""The resume check's power, measured: how often it fails a correct resume (false fails) and how far outside its bound
+each planted fault lands (the detection margin), in both subjects: gpuaccept's own recipe and a user's command.
+
+Everything runs under the test jitter (``GPUACCEPT_TEST_JITTER=1e-3``: each optimizer step's gradients multiplied by
+``1 + 1e-3 N(0, 1)``, drawn per process, core/child/inject/jitter.py), the CPU's stand-in for a GPU's run-to-run
+noise, so every tolerance check is bounded by the twins' measured spread (core/stages/noise.py). A run is:
+
+- **recipe**: the tiny random Llama of the tests (tests/conftest.py), LoRA with dropout 0.1, 6 steps, a checkpoint
+  every 2, killed after the 2nd (c = 4; the interrupted run and the twins start from a copy of checkpoint 2):
+  tests/integration/test_resume_noise.py's setup. A fresh uninterrupted run (the reference), then the resume check.
+- **command**: examples/train_plain.py (a hand-written loop, dropout 0.1, 6 steps, a checkpoint every 2) run as a
+  user's command: tests/command_faults.py's setup; a fresh uninterrupted run, its twins, then the resume check.
+
+For each run every tolerance check's **margin** (its distance over its bound; at most 1 passes) is kept. A correct
+resume false-fails where any check fails. ``--faults`` plants each fault once (the recipe:
+core/protocol/faults.py; the command: the example's own ``--fault``) and keeps the checks it failed and their margins.
+
+Usage::
+
+    .venv/bin/python benchmarks/resume_false_fail.py --subject recipe --runs 100
+    .venv/bin/python benchmarks/resume_false_fail.py --subject command --runs 10 --faults
+
+Writes benchmarks/results/resume_false_fail.json (one entry per subject, replaced by the next run of it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+OUT = ROOT / "benchmarks" / "results" / "resume_false_fail.json"
+JITTER = "1e-3"
+RECIPE = dict(mode="lora", dtype="bf16", lora_dropout=0.1, steps=6, resume_checkpoint_every=2, resume_kill_after_checkpoint=2,
+              batch_size=2, seq_len=32, eval_max_blocks=4)
+
+
+def margins(checks: list[Any]) -> dict[str, float]:
+    """Each tolerance check's distance over its bound (inf where the bound is 0 and the distance is not)."""
+    out = {}
+    for c in checks:
+        if c.kind != "tolerance" or c.bound is None or c.largest_difference is None:
+            continue
+        out[c.name] = (c.largest_difference / c.bound if c.bound > 0 else
+                       (0.0 if c.largest_difference == 0 else math.inf))
+    return out
+
+
+def recipe_run(model: Path, folder: Path, fault: str | None = None) -> Any:
+    """One reference training run and its resume check (``fault`` planted in the resumed run)."""
+    from core.spec import RunSpec
+    from core.stages.resume import run_resume_check
+    from core.stages.train import run_train_eval
+    from tests.command_faults import drive
+
+    spec = RunSpec.build(model=str(model), **RECIPE)
+    te, _ = drive(run_train_eval(spec, model, folder / "reference", "cpu"))
+    if fault:
+        os.environ["GPUACCEPT_TEST_FAULT"] = fault
+    try:
+        return drive(run_resume_check(spec, model, folder / "check", "cpu", te))
+    finally:
+        os.environ.pop("GPUACCEPT_TEST_FAULT", None)
+
+
+def command_run(model: Path, folder: Path, fault: str | None = None, found: Any = None) -> Any:
+    """One uninterrupted run of the plain example with its twins (or ``found``, a reference measured before) and its
+    resume check (``fault``: the example's ``--fault``)."""
+    from tests.command_faults import reference, resume
+
+    class Env:  # what resume() asks of pytest's monkeypatch
+        @staticmethod
+        def setenv(name: str, value: str) -> None:
+            os.environ[name] = value
+
+    found = found or reference("plain", model, folder / "reference")
+    return resume(found, "plain", fault, folder / "check", Env()), found
+
+
+def summary(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """The false-fail count and the margins' spread per check over correct runs."""
+    per: dict[str, list[float]] = {}
+    for r in results:
+        for name, m in r["margins"].items():
+            per.setdefault(name, []).append(m)
+    fails = sum(1 for r in results if r["status"] != "pass")
+    return {"runs": len(results), "false_fails": fails,
+            "false_fail_rate": fails / len(results) if results else None,
+            # one-sided 95 % upper bound on the rate (Clopper-Pearson; with 0 fails, 1 - 0.05^(1/n), "rule of three")
+            "false_fail_rate_upper95": _upper95(fails, len(results)) if results else None,
+            "margins": {name: {"max": max(v), "median": sorted(v)[len(v) // 2], "p90": sorted(v)[int(0.9 * (len(v) - 1))]}
+                        for name, v in sorted(per.items())}}
+
+
+def _upper95(k: int, n: int) -> float:
+    """The one-sided 95 % Clopper-Pearson upper bound of a rate seen k times in n (bisection on the binomial tail)."""
+    lo, hi = k / n, 1.0
+    for _ in range(60):
+        p = (lo + hi) / 2
+        tail = sum(math.comb(n, i) * p ** i * (1 - p) ** (n - i) for i in range(k + 1))
+        lo, hi = (p, hi) if tail > 0.05 else (lo, p)
+    return hi
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--subject", choices=("recipe", "command"), default="recipe")
+    ap.add_argument("--runs", type=int, default=100, help="correct resumes (default 100)")
+    ap.add_argument("--faults", action="store_true", help="plant each fault once too")
+    args = ap.parse_args()
+    os.environ["GPUACCEPT_TEST_JITTER"] = JITTER
+    from core.protocol.faults import FAULTS
+    from tests.command_faults import COMMAND_FAULTS
+    from tests.conftest import make_tiny_llama
+
+    started = time.time()
+    results, faults = [], {}
+    with tempfile.TemporaryDirectory(prefix="resume-false-fail-") as tmp:
+        model = make_tiny_llama(Path(tmp) / "model")
+        found = None
+        for i in range(args.runs):
+            folder = Path(tmp) / f"run-{i}"
+            if args.subject == "recipe":
+                result = recipe_run(model, folder)
+            else:  # every run its own reference and twins: the noise is drawn afresh
+                result, _ = command_run(model, folder)
+            results.append({"status": str(result.status), "margins": margins(result.checks),
+                            "failed": [c.name for c in result.checks if c.status != "pass"]})
+            print(f"run {i + 1}/{args.runs}: {result.status} "
+                  + " ".join(f"{k}={v:.2f}" for k, v in sorted(results[-1]["margins"].items())), flush=True)
+            _remove(folder)
+        names = sorted(FAULTS) if args.subject == "recipe" else sorted(COMMAND_FAULTS["plain"])
+        for fault in names if args.faults else []:
+            folder = Path(tmp) / f"fault-{fault}"
+            if args.subject == "recipe":
+                result = recipe_run(model, folder, fault)
+            else:
+                result, found = command_run(model, folder, fault, found)
+            faults[fault] = {"status": str(result.status), "margins": margins(result.checks),
+                             "failed": [c.name for c in result.checks if c.status != "pass"]}
+            print(f"fault {fault}: {result.status}, failed {faults[fault]['failed']}, margins "
+                  + " ".join(f"{k}={v:.3g}" for k, v in sorted(faults[fault]["margins"].items())), flush=True)
+    entry = {"jitter": float(JITTER), "setup": RECIPE if args.subject == "recipe" else "examples/train_plain.py "
+             "(tests/command_faults.py)", "seconds": round(time.time() - started, 1), **summary(results),
+             "faults": faults, "date": time.strftime("%Y-%m-%d"),
+             # every run's margins, so that the rate at another multiple can be read off (margin x old / new)
+             "per_run": [r["margins"] for r in results]}
+    data = json.loads(OUT.read_text()) if OUT.is_file() else {}
+    data[args.subject] = entry
+    OUT.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    print(json.dumps({k: v for k, v in entry.items() if k not in ("faults", "per_run")}, indent=2))
+
+
+def _remove(folder: Path) -> None:
+    import shutil
+
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
