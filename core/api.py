@@ -14,7 +14,7 @@ The use cases, each a function of this module:
 - **run**: :func:`run` (every stage of gpuaccept's recipe, one event at a time), :func:`run_command` (command mode);
   the wizard runs the stages one screen at a time on an :class:`~core.pipeline.AcceptanceRun` (a
   :class:`~core.command.pipeline.CommandRun` with :func:`~core.command.pipeline.every_stage`);
-- **records**: :func:`read_record`, :func:`verify`, :func:`verify_folder`, :func:`diff`, :func:`sign_record` (sign-off
+- **records**: :func:`read_record`, :func:`verify`, :func:`verify_deep`, :func:`verify_folder`, :func:`diff`, :func:`sign_record` (sign-off
   and signature, ``gpuaccept sign``), :func:`sign` (the signature of a written record, the export screen's);
 - **the quiz**: :func:`build_quiz`, :func:`add_quiz_answers`;
 - **the monitor**: :func:`default_backend` and :class:`~core.monitor.sampler.Sampler`.
@@ -381,6 +381,27 @@ def verify(record: Path, allowed_signers: Path | None = None, identity: str | No
     return verified(record, allowed_signers, identity)
 
 
+def verify_deep(run_dir: Path, allowed_signers: Path | None = None, identity: str | None = None
+                ) -> tuple[Verification, list[str]]:
+    """``gpuaccept verify --deep RUN_DIR``: :func:`verify` of ``run_dir/record.toml``, then the resume check's tensor
+    distances computed again from the checkpoint files the record names (:func:`core.record.deep.deep_check`): what
+    differs is added to the verdict's findings (exit 6). Returns (the verification, the notes: what was recomputed
+    and what was not).
+
+    Raises:
+        FileNotFoundError: no record.toml in ``run_dir``; SigningError: ssh-keygen is missing.
+    """
+    from core.record.deep import deep_check
+    from core.record.verify import verify as verified
+
+    result = verified(run_dir / "record.toml", allowed_signers, identity)
+    if result.schema:  # a record that is not one: nothing below it is read
+        return result, ["deep: not run (the schema check failed)"]
+    found = deep_check(read_record(run_dir / "record.toml"), run_dir)
+    result.verdicts += found.problems
+    return result, [f"deep: {n}" for n in found.notes]
+
+
 def verify_folder(folder: Path, allowed_signers: Path | None = None, identity: str | None = None
                   ) -> list[dict[str, Any]]:
     """Every record.toml below ``folder`` verified, one row each (record, box, verdict, signature, what verify found:
@@ -446,7 +467,7 @@ def add_quiz_answers(record: Path, questions: list[Question], chosen: list[int],
 
 __all__ = [
     "REEXPORTED", "PlanReport", "plan", "plan_report", "check_inputs", "detect_devices", "runnable_reason", "trace",
-    "traced_table", "search", "run", "run_command", "check_path", "read_record", "verify", "verify_folder", "diff",
+    "traced_table", "search", "run", "run_command", "check_path", "read_record", "verify", "verify_deep", "verify_folder", "diff",
     "sign_record", "sign", "add_quiz_answers", *REEXPORTED,
 ]
 

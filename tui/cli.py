@@ -233,6 +233,9 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("record", help="record.toml (its signature is record.toml.sig beside it), or a folder: "
                                        "every record.toml below it, one line each")
     verify.add_argument("--json", action="store_true", help="print the result as one JSON object (docs/record.md)")
+    verify.add_argument("--deep", action="store_true",
+                        help="RUN_DIR: also read the checkpoints the resume check compared again (their sha256 as "
+                             "recorded) and compute every tensor's distances again (docs/record.md)")
     verify.add_argument("--allowed-signers", help="ssh-keygen allowed-signers file: also check who signed")
     verify.add_argument("--identity", help="with --allowed-signers: the signer's principal in that file")
     quiz = sub.add_parser("quiz", help="the onboarding check: 4-6 questions from a record's own numbers")
@@ -738,10 +741,21 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     signers = Path(args.allowed_signers) if args.allowed_signers else None
     check_path("record", args.record)  # before any stat: a path too long for the file system is bad input (exit 2)
-    if Path(args.record).is_dir():
+    notes: list[str] = []
+    if args.deep and not (Path(args.record) / "record.toml").is_file():
+        print(f"gpuaccept: error: --deep reads a run directory: {args.record} holds no record.toml (give the folder "
+              "the run wrote, with its checkpoints)", file=sys.stderr)
+        return EXIT_USAGE
+    if Path(args.record).is_dir() and not args.deep:
         return _verify_folder(Path(args.record), signers, args.identity, args.json)
     try:
-        result = verify(Path(args.record), signers, args.identity)
+        if args.deep:
+            from core.api import verify_deep
+
+            result, notes = verify_deep(Path(args.record), signers, args.identity)
+            args.record = str(Path(args.record) / "record.toml")
+        else:
+            result = verify(Path(args.record), signers, args.identity)
     except FileNotFoundError as exc:
         print(f"gpuaccept: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -749,7 +763,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(verification_summary(Path(args.record), result), indent=2))
         return code
-    print("\n".join(result.lines()))
+    print("\n".join(result.lines() + notes))
     print({0: "VERIFIED", 3: "UNSIGNED (consistent)", 4: "BAD SIGNATURE", 5: "SCHEMA INVALID",
            6: "VERDICT DOES NOT FOLLOW FROM THE DATA",
            7: "SIGNATURE GOOD, SIGNER NOT CHECKED (give --allowed-signers and --identity)",

@@ -66,7 +66,7 @@ from core.stages.compare import (
     verdict,
 )
 from core.stages.nodeloss import LOSS_GRACE_S
-from core.stages.noise import Bounded, Family, Tier, judge_tensors, resized_tier
+from core.stages.noise import Bounded, Family, Tier, file_rows, judge_tensors, resized_tier
 from core.stages.resume import (
     PICKLE_SUFFIXES,
     UntrustedCheckpoint,
@@ -1148,9 +1148,13 @@ def _compare_safetensors(a: Path, b: Path, names: list[str], tier: Tier, fam: No
         judged = judge_tensors(ref, res, family, tier, fam.kin if fam is not None else None)
     except ValueError as exc:
         return Check("final_weights", StageStatus.FAIL, f"{', '.join(names)}: {exc}", kind="tolerance", tier=tier.name)
+    members = [(m, f) for m, f in zip(fam.kin.members, fam.folders) if m != "reference"] if fam is not None else []
+    files = [row for n in names for row in file_rows(
+        [("reference", a / n), ("resumed", b / n), *((m, f / n) for m, f in members)], "safetensors", f"{n}:")]
     return Check("final_weights", StageStatus.judged(judged.ok),
                  judged.describe(tier, f"tensors of {', '.join(names)}"), kind="tolerance", tier=tier.name,
-                 largest_difference=judged.distance, noise=judged.noise, bound=judged.bound, evidence_rows=judged.evidence)
+                 largest_difference=judged.distance, noise=judged.noise, bound=judged.bound,
+                 evidence_rows={**(judged.evidence or {}), "files": files})
 
 
 def _compare_states(a: Path, b: Path, names: list[str], tier: Tier, fam: Noisy | None = None,

@@ -86,6 +86,7 @@ RULES: tuple[tuple[str, str], ...] = (
     # distance per noise pair] (schema 6: [name, distance, twin's distance, reference's norm]), per step and rank
     # [step, resumed, reference] and the noise family's losses; the family's members by name and its pairs
     ("resume.checks[].evidence_rows.tensors*", "judged"), ("resume.checks[].evidence_rows.members*", "str"),
+    ("resume.checks[].evidence_rows.files*", "str"),
     ("resume.checks[].evidence_rows.pairs*", "count"), ("resume.checks[].evidence_rows.*", "measured"),
     ("resume.tier.twins", "count"), ("resume.tier.multiple", "nonneg"), ("resume.tier.loss_multiple", "nonneg"), ("environment.test_jitter", "nonneg"), ("environment.test_fault", "str"),
     # the sign-off's override of a verdict that is not pass: the operator's reason, the stages it accepted

@@ -43,6 +43,7 @@ import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from core.spec import TWINS
@@ -294,6 +295,21 @@ def judge_tensors(reference: dict[str, torch.Tensor], resumed: dict[str, torch.T
     rows = [(n, res[n], size[n], *(dist(family[i][n], family[j][n]) for i, j in kin.pairs)) for n in names]
     judged = bound_tensor_rows(rows, tier.multiple)
     return dataclasses.replace(judged, evidence={**(judged.evidence or {}), **kin.evidence()})
+
+
+#: how ``gpuaccept verify --deep`` reads a file a tensor check compared (:func:`file_rows`): a safetensors file's
+#: tensors, or an optimizer's ``state_dict()`` (its moments, :func:`optimizer_state_tensors`)
+FILE_LOADERS = ("safetensors", "optimizer")
+
+
+def file_rows(files: Sequence[tuple[str, Path]], loader: str, prefix: str = "") -> list[list[str]]:
+    """What a tensor check read, for ``gpuaccept verify --deep`` to read again: ``[member, path, sha256, loader,
+    prefix]`` per file, ``member`` the run (``reference``, ``resumed``, ``twin-1`` ...), ``loader`` one of
+    :data:`FILE_LOADERS`, ``prefix`` what the check put before each tensor's name (``adapter.safetensors:`` where it
+    joined several files)."""
+    from core.protocol.manifest import sha256_file
+
+    return [[member, str(path), sha256_file(path), loader, prefix] for member, path in files]
 
 
 def _rms(values: Sequence[float]) -> float:

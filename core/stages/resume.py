@@ -56,7 +56,7 @@ from core.stages.compare import (
     verdict,
 )
 from core.stages.nodeloss import NodeLoss, Survived, node_rank, node_ranks, span_ranks
-from core.stages.noise import Family, Tier, judge_tensors, optimizer_state_tensors, required_tier
+from core.stages.noise import Family, Tier, file_rows, judge_tensors, optimizer_state_tensors, required_tier
 from core.stages.train import StepMean, merge_rank_steps
 from core.status import PASSING, StageStatus
 
@@ -891,9 +891,17 @@ def compare_weights(ref_file: Path, res_file: Path, tier: Tier, family_files: Se
         judged = judge_tensors(b, a, family, tier, kin)
     except ValueError as exc:
         return Check("final_weights", StageStatus.FAIL, str(exc), kind="tolerance", tier=tier.name)
+    files = file_rows(_run_files(ref_file, res_file, family_files, kin), "safetensors")
     return Check("final_weights", StageStatus.judged(judged.ok), judged.describe(tier, f"tensors of {res_file.name}"),
                  kind="tolerance", tier=tier.name, largest_difference=judged.distance, noise=judged.noise,
-                 bound=judged.bound, evidence_rows=judged.evidence)
+                 bound=judged.bound, evidence_rows={**(judged.evidence or {}), "files": files})
+
+
+def _run_files(ref_file: Path, res_file: Path, family_files: Sequence[Path], kin: Family | None
+               ) -> list[tuple[str, Path]]:
+    """(member, file) of the reference, the resumed run and each twin of the noise family (the reference once)."""
+    twins = [(m, f) for m, f in zip(kin.members, family_files) if m != "reference"] if kin is not None else []
+    return [("reference", ref_file), ("resumed", res_file), *twins]
 
 
 def compare_optimizers(ref_file: Path, res_file: Path, tier: Tier, family_files: Sequence[Path] | None = None,
@@ -911,7 +919,9 @@ def compare_optimizers(ref_file: Path, res_file: Path, tier: Tier, family_files:
         family = [safe_load(f) for f in family_files] or None
     except UntrustedCheckpoint as exc:
         return [Check("optimizer_state", StageStatus.FAIL, str(exc))]
-    return compare_optimizer_states(a, b, tier, family, kin)
+    files = file_rows(_run_files(ref_file, res_file, family_files, kin), "optimizer")
+    return [replace(c, evidence_rows={**c.evidence_rows, "files": files}) if c.evidence_rows is not None else c
+            for c in compare_optimizer_states(a, b, tier, family, kin)]
 
 
 def is_optimizer_state(obj: Any) -> bool:

@@ -68,6 +68,40 @@ def test_a_correct_resume_passes_under_the_noise_and_its_record_states_each_boun
         assert "8-bit states dequantised" in rows["optimizer_moments"]["evidence"]
     assert all("loss_twin" in row for row in res["comparison"])
     assert record_problems(record) == ([], [])
+    if name == "lora":
+        deep_verify_reads_the_states_again(Path(events[-1].record_path).parent)
+
+
+def deep_verify_reads_the_states_again(run_dir: Path) -> None:
+    """``gpuaccept verify --deep RUN_DIR`` (issue 53): the tensor checks computed again from the checkpoints the record
+    names equal the record; a record whose rows and numbers were edited together is named; so is a file changed."""
+    import shutil
+
+    import tomli_w
+
+    from tui.cli import main
+
+    assert main(["verify", "--deep", str(run_dir)]) == 3  # consistent, unsigned
+    forged = run_dir.parent / "forged"
+    shutil.copytree(run_dir, forged)
+    record = tomllib.loads((forged / "record.toml").read_text())
+    weights = next(c for c in record["resume"]["checks"] if c["name"] == "final_weights")
+    for row in weights["evidence_rows"]["tensors"]:  # every resumed distance halved, and the numbers from them
+        row[1] /= 2
+    weights["largest_difference"] /= 2
+    (forged / "record.toml").write_text(tomli_w.dumps(record))
+    from core.api import verify, verify_deep
+
+    assert verify(forged / "record.toml").verdicts == []  # the numbers follow from the rows: verify cannot tell
+    result, notes = verify_deep(forged)
+    assert any(f.startswith("deep: resume check final_weights: tensor ") and "its files give" in f
+               for f in result.verdicts), result.verdicts
+    assert any("optimizer_moments: 4 runs' files read again" in n for n in notes), notes
+    assert any("loss: losses, the runs' own logs" in n for n in notes), notes
+    resumed = next(r for r in weights["evidence_rows"]["files"] if r[0] == "resumed")
+    (run_dir / Path(resumed[1]).relative_to(record["run_dir"])).write_bytes(b"changed")
+    result, _ = verify_deep(run_dir)
+    assert any("changed since the record" in f for f in result.verdicts), result.verdicts
 
 
 # ------------------------------------------------------------------------------- gpuaccept's own recipe: faults
