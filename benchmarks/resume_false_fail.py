@@ -9,7 +9,8 @@ noise, so every tolerance check is bounded by the twins' measured spread (core/s
   every 2, killed after the 2nd (c = 4; the interrupted run and the twins start from a copy of checkpoint 2):
   tests/integration/test_resume_noise.py's setup. A fresh uninterrupted run (the reference), then the resume check.
 - **command**: examples/train_plain.py (a hand-written loop, dropout 0.1, 6 steps, a checkpoint every 2) run as a
-  user's command: tests/command_faults.py's setup; a fresh uninterrupted run, its twins, then the resume check.
+  user's command: tests/command_faults.py's setup; a fresh uninterrupted run, its twins, then the resume check. The
+  faults the loop cannot commit (it has no adapters) are planted in examples/train_hf.py (Trainer and PEFT LoRA).
 
 For each run every tolerance check's **margin** (its distance over its bound; at most 1 passes) is kept. A correct
 resume false-fails where any check fails. ``--faults`` plants each fault once (the recipe:
@@ -71,9 +72,11 @@ def recipe_run(model: Path, folder: Path, fault: str | None = None) -> Any:
         os.environ.pop("GPUACCEPT_TEST_FAULT", None)
 
 
-def command_run(model: Path, folder: Path, fault: str | None = None, found: Any = None) -> Any:
-    """One uninterrupted run of the plain example with its twins (or ``found``, a reference measured before) and its
-    resume check (``fault``: the example's ``--fault``)."""
+def command_run(model: Path, folder: Path, fault: str | None = None, found: Any = None, example: str = "plain"
+                ) -> Any:
+    """One uninterrupted run of an example (``plain``: examples/train_plain.py; ``hf``: examples/train_hf.py, Trainer
+    and PEFT LoRA) with its twins (or ``found``, a reference measured before) and its resume check (``fault``: the
+    example's ``--fault``)."""
     from tests.command_faults import reference, resume
 
     class Env:  # what resume() asks of pytest's monkeypatch
@@ -81,8 +84,9 @@ def command_run(model: Path, folder: Path, fault: str | None = None, found: Any 
         def setenv(name: str, value: str) -> None:
             os.environ[name] = value
 
-    found = found or reference("plain", model, folder / "reference")
-    return resume(found, "plain", fault, folder / "check", Env()), found
+    found = found or reference(example, model, folder / "reference")
+    os.environ["GPUACCEPT_TEST_JITTER"] = JITTER  # reference() takes it away again
+    return resume(found, example, fault, folder / "check", Env()), found
 
 
 def summary(results: list[dict[str, Any]]) -> dict[str, Any]:
@@ -137,15 +141,21 @@ def main() -> None:
             print(f"run {i + 1}/{args.runs}: {result.status} "
                   + " ".join(f"{k}={v:.2f}" for k, v in sorted(results[-1]["margins"].items())), flush=True)
             _remove(folder)
-        names = sorted(FAULTS) if args.subject == "recipe" else sorted(COMMAND_FAULTS["plain"])
-        for fault in names if args.faults else []:
+        # the command's faults: the plain loop's, then the Trainer example's for what the loop cannot commit (it
+        # trains every weight: no adapters)
+        names = [(f, "") for f in sorted(FAULTS)] if args.subject == "recipe" else \
+            [(f, "plain") for f in sorted(COMMAND_FAULTS["plain"])] + \
+            [(f, "hf") for f in sorted(COMMAND_FAULTS["hf"]) if f not in COMMAND_FAULTS["plain"]]
+        found_by: dict[str, Any] = {"plain": found}
+        for fault, example in names if args.faults else []:
             folder = Path(tmp) / f"fault-{fault}"
             if args.subject == "recipe":
                 result = recipe_run(model, folder, fault)
             else:
-                result, found = command_run(model, folder, fault, found)
+                result, found_by[example] = command_run(model, folder, fault, found_by.get(example), example)
             faults[fault] = {"status": str(result.status), "margins": margins(result.checks),
-                             "failed": [c.name for c in result.checks if c.status != "pass"]}
+                             "failed": [c.name for c in result.checks if c.status != "pass"],
+                             **({"example": example} if example else {})}
             print(f"fault {fault}: {result.status}, failed {faults[fault]['failed']}, margins "
                   + " ".join(f"{k}={v:.3g}" for k, v in sorted(faults[fault]["margins"].items())), flush=True)
     entry = {"jitter": float(JITTER), "setup": RECIPE if args.subject == "recipe" else "examples/train_plain.py "

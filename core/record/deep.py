@@ -119,7 +119,7 @@ def _read(path: Path, loader: str) -> dict[str, Any]:
         return dict(load_file(str(path)))
     if loader == "optimizer":
         from core.stages.noise import optimizer_state_tensors
-        from core.stages.resume import safe_load
+        from core.stages.states import safe_load
 
         state = safe_load(path)
         return optimizer_state_tensors(state["state"] if isinstance(state, dict) else {})

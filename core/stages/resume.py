@@ -13,7 +13,7 @@ training run. Then, step by step against the reference:
 - complete, fail not warn: weights or adapter, optimizer, scheduler, RNG, trainer state (GradScaler when fp16);
 - the checkpoint's files match the sha256 manifest written right after the kill before anything loads them.
 
-Tensors are read with safetensors or ``torch.load(weights_only=True)`` only.
+Tensors are read with safetensors or ``torch.load`` with ``weights_only=True`` only (:mod:`core.stages.states`).
 """
 
 from __future__ import annotations
@@ -56,7 +56,8 @@ from core.stages.compare import (
     verdict,
 )
 from core.stages.nodeloss import NodeLoss, Survived, node_rank, node_ranks, span_ranks
-from core.stages.noise import Family, Tier, file_rows, judge_tensors, optimizer_state_tensors, required_tier
+from core.stages.noise import Family, Tier, required_tier
+from core.stages.states import compare_optimizers, compare_scalers, compare_weights, pickles_load_safely, safe_load
 from core.stages.train import StepMean, merge_rank_steps
 from core.status import PASSING, StageStatus
 
@@ -141,66 +142,12 @@ def completeness(spec: RunSpec, ckpt: Path, world_size: int = 1, ranks: Sequence
                  "present: " + ", ".join(f"{comp} ({name})" for comp, name in files.items()), kind="completeness")
 
 
-#: suffixes of the files read as pickles (``torch.load``)
-PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".pkl", ".ckpt")
-
-
-class UntrustedCheckpoint(Exception):
-    """A checkpoint file that cannot be loaded with ``torch.load(weights_only=True)`` (it needs arbitrary code)."""
-
-
-def safe_load(path: Path) -> Any:
-    """``torch.load(path, weights_only=True)`` under transformers' allow-list of numpy RNG types (as Trainer loads
-    ``rng_state.pth``); nothing else is ever used to read a checkpoint pickle.
-
-    Raises:
-        UntrustedCheckpoint: the file holds objects the weights-only unpickler refuses (a pickle of arbitrary
-            objects) or is not a torch file; the message names the file.
-    """
-    import pickle
-
-    import torch
-
-    try:
-        from transformers.trainer_pt_utils import safe_globals
-    except ImportError:  # an older transformers: torch's own allow-list only
-        import contextlib
-
-        safe_globals = contextlib.nullcontext
-    try:
-        with safe_globals():
-            return torch.load(path, map_location="cpu", weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, EOFError, AttributeError, ValueError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UntrustedCheckpoint(f"{path.name}: refused, it cannot be loaded with weights_only=True ({first[:160]})") \
-            from None
-
-
 def safe_loading(spec: RunSpec, ckpt: Path, world_size: int = 1, ranks: Sequence[int] | None = None) -> Check:
     """Every pickle the resume will load (optimizer, scheduler, RNG state, GradScaler) loads with
     ``weights_only=True`` (case R8); otherwise fail and name the file, and the resume is not run
     (:func:`pickles_load_safely` over the recipe's pickles)."""
     names = [name for name in required_files(spec, world_size, ranks).values() if name.endswith((".pt", ".pth"))]
     return pickles_load_safely(ckpt, [ckpt / name for name in names])
-
-
-def pickles_load_safely(ckpt: Path, files: list[Path], note: str = "") -> Check:
-    """``safe_loading``, one check for both modes: every one of ``files`` (the pickles of checkpoint ``ckpt`` a resume
-    loads: the recipe's by name, command mode's by suffix) loads with :func:`safe_load`; a refused file fails the check,
-    named. ``note`` ends a passing evidence (what was left unloaded, and why)."""
-    refused = []
-    for f in files:
-        try:
-            safe_load(f)
-        except UntrustedCheckpoint as exc:
-            refused.append(str(exc))
-    if refused:
-        return Check("safe_loading", StageStatus.FAIL, "; ".join(refused))
-    if not files:
-        return Check("safe_loading", StageStatus.PASS, f"{ckpt.name} holds no pickle ({', '.join(PICKLE_SUFFIXES)}): "
-                                                       "nothing for torch.load to run")
-    return Check("safe_loading", StageStatus.PASS, f"{', '.join(str(f.relative_to(ckpt)) for f in files)} load with "
-                                                   f"weights_only=True{note}")
 
 
 def compare_rng(restored: dict[str, str] | None, saved: dict[str, str], resumed: list[dict[str, Any]],
@@ -872,119 +819,6 @@ def compare_trainable(reference: dict[str, Any], resumed: dict[str, Any]) -> Che
     return Check("trainable_set", StageStatus.FAIL, f"resumed {len(a)} tensors / {resumed['parameters']:,} parameters "
                                                     f"vs reference {len(b)} / {reference['parameters']:,}; differ: "
                                                     f"{', '.join(only)}")
-
-
-def compare_weights(ref_file: Path, res_file: Path, tier: Tier, family_files: Sequence[Path] | None = None,
-                    kin: Family | None = None) -> Check:
-    """``final_weights``: the final trainable weights of the resumed run against the reference's (safetensors, no
-    pickle), per tensor, bounded by the spread of the noise family (``family_files``, in the order of
-    ``kin.members``), or bit-exact (:func:`core.stages.noise.judge_tensors`)."""
-    from safetensors.torch import load_file
-
-    family_files = list(family_files or ()) if not tier.exact else []
-    for f in [ref_file, res_file, *family_files]:
-        if not f.is_file():
-            return Check("final_weights", StageStatus.FAIL, f"{f} missing", kind="tolerance", tier=tier.name)
-    a, b = load_file(str(res_file)), load_file(str(ref_file))
-    family = [load_file(str(f)) for f in family_files] or None
-    try:
-        judged = judge_tensors(b, a, family, tier, kin)
-    except ValueError as exc:
-        return Check("final_weights", StageStatus.FAIL, str(exc), kind="tolerance", tier=tier.name)
-    files = file_rows(_run_files(ref_file, res_file, family_files, kin), "safetensors")
-    return Check("final_weights", StageStatus.judged(judged.ok), judged.describe(tier, f"tensors of {res_file.name}"),
-                 kind="tolerance", tier=tier.name, largest_difference=judged.distance, noise=judged.noise,
-                 bound=judged.bound, evidence_rows={**(judged.evidence or {}), "files": files})
-
-
-def _run_files(ref_file: Path, res_file: Path, family_files: Sequence[Path], kin: Family | None
-               ) -> list[tuple[str, Path]]:
-    """(member, file) of the reference, the resumed run and each twin of the noise family (the reference once)."""
-    twins = [(m, f) for m, f in zip(kin.members, family_files) if m != "reference"] if kin is not None else []
-    return [("reference", ref_file), ("resumed", res_file), *twins]
-
-
-def compare_optimizers(ref_file: Path, res_file: Path, tier: Tier, family_files: Sequence[Path] | None = None,
-                       kin: Family | None = None) -> list[Check]:
-    """Optimizer step counts and param-group sizes (``optimizer_progress``, exact), moments (``optimizer_moments``:
-    per state tensor, bounded by the noise family's spread (``family_files``, in the order of ``kin.members``) or
-    bit-exact; bitsandbytes' 8-bit states dequantised: :func:`core.stages.noise.optimizer_state_tensors`); loaded
-    with ``weights_only=True``."""
-    family_files = list(family_files or ()) if not tier.exact else []
-    for f in [ref_file, res_file, *family_files]:
-        if not f.is_file():
-            return [Check("optimizer_state", StageStatus.FAIL, f"{f} missing")]
-    try:
-        a, b = safe_load(res_file), safe_load(ref_file)
-        family = [safe_load(f) for f in family_files] or None
-    except UntrustedCheckpoint as exc:
-        return [Check("optimizer_state", StageStatus.FAIL, str(exc))]
-    files = file_rows(_run_files(ref_file, res_file, family_files, kin), "optimizer")
-    return [replace(c, evidence_rows={**c.evidence_rows, "files": files}) if c.evidence_rows is not None else c
-            for c in compare_optimizer_states(a, b, tier, family, kin)]
-
-
-def is_optimizer_state(obj: Any) -> bool:
-    """``obj`` is a ``torch.optim.Optimizer.state_dict()``: a dict with ``state`` and ``param_groups``."""
-    return isinstance(obj, dict) and isinstance(obj.get("state"), dict) and isinstance(obj.get("param_groups"), list)
-
-
-def compare_optimizer_states(a: dict[str, Any], b: dict[str, Any], tier: Tier,
-                             family: Sequence[dict[str, Any]] | None = None, kin: Family | None = None
-                             ) -> list[Check]:
-    """:func:`compare_optimizers` on loaded optimizer state dicts: ``a`` the resumed run's, ``b`` the reference's,
-    ``family`` the noise family's, in the order of ``kin.members`` (None on an exact tier)."""
-    sizes_a = [len(g["params"]) for g in a["param_groups"]]
-    sizes_b = [len(g["params"]) for g in b["param_groups"]]
-    steps_a = sorted({float(s["step"]) for s in a["state"].values() if "step" in s})
-    steps_b = sorted({float(s["step"]) for s in b["state"].values() if "step" in s})
-    exact_ok = sizes_a == sizes_b and steps_a == steps_b and a["state"].keys() == b["state"].keys()
-    checks = [Check("optimizer_progress", StageStatus.judged(exact_ok),
-                    f"param-group sizes {sizes_a} vs {sizes_b}; optimizer step counts {steps_a} vs {steps_b}"
-                    + ("" if exact_ok else ": the optimizer did not continue from the checkpoint's state"))]
-    ta, tb = optimizer_state_tensors(a["state"]), optimizer_state_tensors(b["state"])
-    tt = [optimizer_state_tensors(t["state"]) for t in family] if family is not None else None
-    if ta.keys() != tb.keys():
-        checks.append(Check("optimizer_moments", StageStatus.FAIL,
-                            f"state tensors differ in name: {sorted(ta.keys() ^ tb.keys())[:3]}", kind="tolerance",
-                            tier=tier.name))
-        return checks
-    if not ta:  # nothing compared is no evidence: a layout this check cannot read must not pass
-        checks.append(Check("optimizer_moments", StageStatus.FAIL, "no state tensor found in the optimizer state to "
-                                                                    "compare (an empty state, or a layout this check "
-                                                                    "does not read)", kind="tolerance", tier=tier.name))
-        return checks
-    try:
-        judged = judge_tensors(tb, ta, tt, tier, kin)
-    except ValueError as exc:
-        checks.append(Check("optimizer_moments", StageStatus.FAIL, str(exc), kind="tolerance", tier=tier.name))
-        return checks
-    checks.append(Check("optimizer_moments", StageStatus.judged(judged.ok),
-                        judged.describe(tier, "optimizer state tensors (8-bit states dequantised)"
-                                        if any(k.endswith(("state1", "state2")) for k in ta) else "optimizer state tensors"),
-                        kind="tolerance", tier=tier.name, largest_difference=judged.distance, noise=judged.noise,
-                        bound=judged.bound, evidence_rows=judged.evidence))
-    return checks
-
-
-def compare_scalers(ref_file: Path, res_file: Path) -> Check:
-    """Case R7 (fp16): the GradScaler state of the resumed run equals the reference's at the same step (scale, growth
-    tracker; exact: both runs took the same overflow decisions), loaded with ``weights_only=True``. A restarted scale
-    (2^16 after a resume) is caught here."""
-    for f in (ref_file, res_file):
-        if not f.is_file():
-            return Check("grad_scaler", StageStatus.FAIL,
-                         f"{f.name} missing in {f.parent.name}: the loss scale was not saved")
-    try:
-        a, b = safe_load(res_file), safe_load(ref_file)
-    except UntrustedCheckpoint as exc:
-        return Check("grad_scaler", StageStatus.FAIL, str(exc))
-    keys = ("scale", "growth_tracker")
-    got = {k: float(a.get(k, float("nan"))) for k in keys}
-    want = {k: float(b.get(k, float("nan"))) for k in keys}
-    return Check("grad_scaler", StageStatus.judged(got == want),
-                 f"resumed scale {got['scale']:g}, growth tracker {got['growth_tracker']:g}; reference "
-                 f"{want['scale']:g}, {want['growth_tracker']:g}")
 
 
 def _step_of(p: Path) -> int:

@@ -12,7 +12,8 @@ import pytest
 
 from core.command.nodeloss import CommandNodes
 from core.command.reports import Checkpoint
-from core.command.resume import KillPlan, _agreed_checkpoint, _every_node_resumable, _Progress, trainer_files
+from core.command.resume import _agreed_checkpoint, _every_node_resumable, _Progress
+from core.command.resumechecks import KillPlan, trainer_files
 from core.command.run import RunOutcome
 from core.errors import StageError
 from core.spec import TWINS
@@ -125,7 +126,7 @@ def test_a_surviving_node_is_killed_after_the_grace_and_waits_for_the_word():
 
 # ------------------------------------------------------------------------------ resuming at another world size
 def test_the_resume_lines_world_size_is_read_from_torchrun():
-    from core.command.resume import resize_of
+    from core.command.resumechecks import resize_of
     from core.command.spec import CommandSpec, launcher_nproc, with_nproc
 
     run = "python -m torch.distributed.run --standalone --nproc-per-node {n} train.py --out {{out}}"
@@ -146,7 +147,7 @@ def test_the_resume_lines_world_size_is_read_from_torchrun():
 
 
 def test_a_checkpoint_at_another_world_size_is_resumed_only_when_dcp_can_reshard_it(tmp_path):
-    from core.command.resume import Resize, dcp_world_check
+    from core.command.resumechecks import Resize, dcp_world_check
     from core.stages.resume import world_size_check
 
     resize = Resize(trained=2, resumed=1, nproc=1)

@@ -186,7 +186,7 @@ def steps(losses, start=1, lr=True, ids=True):
 
 
 def test_a_resume_that_continues_the_run_passes_the_step_checks():
-    from core.command.resume import compare_steps
+    from core.command.resumechecks import compare_steps
     from core.stages.noise import required_tier
 
     ref = steps([5.0, 4.0, 3.5, 3.2, 3.0, 2.9])
@@ -200,7 +200,7 @@ def test_a_resume_that_continues_the_run_passes_the_step_checks():
 
 
 def test_a_resume_that_drifts_fails_naming_the_steps_and_what_was_not_in_the_metrics():
-    from core.command.resume import compare_steps
+    from core.command.resumechecks import compare_steps
     from core.stages.noise import required_tier
 
     ref = steps([5.0, 4.0, 3.5, 3.2, 3.0, 2.9], lr=False, ids=False)
@@ -216,7 +216,7 @@ def test_a_resume_that_drifts_fails_naming_the_steps_and_what_was_not_in_the_met
 
 
 def test_a_command_that_does_not_give_the_same_run_twice_is_named_before_any_resume_is_judged():
-    from core.command.resume import compare_steps
+    from core.command.resumechecks import compare_steps
     from core.stages.noise import required_tier
 
     ref = steps([5.0, 4.0, 3.5, 3.2])
@@ -228,7 +228,7 @@ def test_a_command_that_does_not_give_the_same_run_twice_is_named_before_any_res
 def test_loaded_states_are_compared_to_the_first_difference():
     import torch
 
-    from core.command.resume import first_difference
+    from core.stages.states import first_difference
 
     a = {"torch": torch.arange(4, dtype=torch.uint8), "python": (3, (1, 2, 3), None), "lr": [0.1]}
     assert first_difference(a, {**a, "python": (3, (1, 2, 3), None)}) is None
@@ -265,13 +265,12 @@ def test_a_combined_pickle_is_compared_entry_by_entry_as_what_each_entry_is(tmp_
     """Under a twin tier, noise in the weights and moments of a one-pickle checkpoint within 4 x the twin's passes (a
     whole-pickle exact comparison failed every correct resume on a GPU); a weight off by far more fails as weights; a
     step counter off by one fails exactly, by its entry."""
-    from core.command.reports import Checkpoint
-    from core.command.resume import Noisy, compare_final_files
     from core.stages.noise import Family, required_tier
+    from core.stages.states import Noisy, compare_final_files
 
     twin_tier = required_tier("cuda:0", "bf16")
-    ref = Checkpoint(6, _combined_checkpoint(tmp_path / "ref", 1.0, 0.5))
-    twin = Noisy([ref.path, _combined_checkpoint(tmp_path / "twin", 1.0 + 2e-3, 0.5 + 2e-3)], Family.of(1, True))
+    ref = _combined_checkpoint(tmp_path / "ref", 1.0, 0.5)
+    twin = Noisy([ref, _combined_checkpoint(tmp_path / "twin", 1.0 + 2e-3, 0.5 + 2e-3)], Family.of(1, True))
 
     def checks(weight: float, moment: float, step: int = 6, tier=twin_tier) -> dict[str, tuple[str, str]]:
         folder = tmp_path / f"res-{weight}-{moment}-{step}-{tier.method}"
@@ -281,7 +280,7 @@ def test_a_combined_pickle_is_compared_entry_by_entry_as_what_each_entry_is(tmp_
 
             state = torch.load(res / "lit_model.pth")
             torch.save({**state, "step_count": step}, res / "lit_model.pth")
-        got = compare_final_files(ref, Checkpoint(6, res), twin if not tier.exact else None, tier, [])
+        got = compare_final_files(ref, res, twin if not tier.exact else None, tier, [])
         return {c.name: (c.status, c.evidence) for c in got}
 
     noisy = checks(1.0 + 1e-3, 0.5 - 1e-3)
@@ -320,7 +319,7 @@ def test_the_evaluation_commands_result_is_its_last_json_line_with_a_metric(tmp_
 
 
 def test_a_checkpoint_of_a_trainer_must_hold_what_trainer_resumes_from():
-    from core.command.resume import missing_files, trainer_files
+    from core.command.resumechecks import missing_files, trainer_files
 
     assert trainer_files({"peft": {"r": 8}}, 1) == ["adapter_model.safetensors", "optimizer.pt", "scheduler.pt",
                                                     "trainer_state.json", "rng_state.pth"]

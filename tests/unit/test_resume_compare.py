@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from core.command.reports import StepRecord
-from core.command.resume import COMMAND_RULES
-from core.command.resume import compare_steps as command_compare_steps
-from core.command.resume import safe_loading as command_safe_loading
+from core.command.resumechecks import COMMAND_RULES
+from core.command.resumechecks import compare_steps as command_compare_steps
+from core.command.resumechecks import safe_loading as command_safe_loading
 from core.spec import RunSpec
 from core.stages.compare import (
     RECIPE_RULES,

@@ -17,16 +17,14 @@ from core.stages.noise import (
     required_tier,
 )
 from core.stages.resume import (
-    compare_optimizers,
-    compare_scalers,
     compare_steps,
-    compare_weights,
     completeness,
     required_files,
     safe_loading,
     verify_manifest,
     write_manifest,
 )
+from core.stages.states import compare_optimizers, compare_scalers, compare_weights
 from tests.paths import REPO
 
 EXACT = required_tier("cpu", "fp32")
@@ -302,11 +300,11 @@ def test_safe_load_is_the_only_torch_load_and_children_force_weights_only(tmp_pa
 
     core = REPO / "core"
     files = sorted(core.rglob("*.py"))  # every package by stage
-    assert core / "stages" / "resume.py" in files and core / "child" / "worker.py" in files
+    assert core / "stages" / "states.py" in files and core / "child" / "worker.py" in files
     calls = {str(f.relative_to(core)): re.findall(r"torch\.load\(([^)]*)\)", f.read_text()) for f in files}
     calls = {name: found for name, found in calls.items() if found}
-    assert list(calls) == ["stages/resume.py"]
-    assert [c for c in calls["stages/resume.py"] if "weights_only=True" in c] == calls["stages/resume.py"]
+    assert list(calls) == ["stages/states.py"]
+    assert [c for c in calls["stages/states.py"] if "weights_only=True" in c] == calls["stages/states.py"]
     assert "weights_only=False" not in "".join(f.read_text() for f in files)
     # the children's environment refuses a pickle even where a library passes weights_only=False
     import subprocess
