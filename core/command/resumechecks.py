@@ -33,7 +33,7 @@ from core.stages.compare import (
     span,
 )
 from core.stages.noise import Bounded, Family, Tier, resized_tier
-from core.stages.resume import world_size_check
+from core.stages.resumechecks import world_size_check
 from core.stages.states import (
     PICKLE_SUFFIXES,
     TRAINER_UNLOADED,
@@ -236,7 +236,7 @@ def trainer_state_check(ckpt: Checkpoint, c: int) -> Check:
 
 def safe_loading(ckpt: Path, trainer: bool) -> Check:
     """Every pickle of the checkpoint that a resume loads loads with ``torch.load`` with ``weights_only=True``
-    (:func:`core.stages.resume.pickles_load_safely`, the recipe's check too): for Trainer the optimizer, scheduler,
+    (:func:`core.stages.states.pickles_load_safely`, the recipe's check too): for Trainer the optimizer, scheduler,
     RNG states and GradScaler (it never loads ``training_args.bin``); for another script every file with a pickle's
     suffix (:data:`core.stages.states.PICKLE_SUFFIXES`), since gpuaccept cannot know which ones it loads."""
     files = sorted(p for p in ckpt.rglob("*") if p.is_file() and p.suffix in PICKLE_SUFFIXES)

@@ -148,7 +148,7 @@ def test_the_resume_lines_world_size_is_read_from_torchrun():
 
 def test_a_checkpoint_at_another_world_size_is_resumed_only_when_dcp_can_reshard_it(tmp_path):
     from core.command.resumechecks import Resize, dcp_world_check
-    from core.stages.resume import world_size_check
+    from core.stages.resumechecks import world_size_check
 
     resize = Resize(trained=2, resumed=1, nproc=1)
     dcp = tmp_path / "checkpoint-2"

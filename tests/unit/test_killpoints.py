@@ -23,7 +23,7 @@ def _trainer_order(steps: int, accum: int, every: int):
 @pytest.mark.parametrize("at", list(KILL_POINTS))
 @pytest.mark.parametrize(("every", "accum"), [(1, 1), (4, 1), (4, 3), (10, 4)])
 def test_the_first_place_the_child_holds_is_where_the_stage_expects_it(at, every, accum):
-    from core.stages.resume import kill_point_check
+    from core.stages.resumechecks import kill_point_check
 
     spec = RunSpec.build(None, mode="lora", steps=4 * every + 2, grad_accum=accum, resume_checkpoint_every=every,
                          resume_kill_after_checkpoint=2, resume_kill_at=at)
@@ -41,7 +41,7 @@ def test_the_first_place_the_child_holds_is_where_the_stage_expects_it(at, every
     assert killpoints.timeline_label(at, k, accum) == killpoints.planned(at, k, accum, short=True)
     assert said.startswith(killpoints.timeline_label(at, k, accum))
     # one step off is another place, and the stage says so with the plan in words
-    from core.stages.resume import planned_kill
+    from core.stages.resumechecks import planned_kill
 
     off = kill_point_check(spec, KillPoint(step=held[0] + 1, where=held[1], micro_done=held[2], micro_in_step=accum))
     assert off.status == "fail" and f"; planned {planned_kill(spec)}" in off.evidence

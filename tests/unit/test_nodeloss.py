@@ -13,7 +13,7 @@ import pytest
 from core.protocol.events import KillPoint
 from core.spec import RunSpec
 from core.stages.nodeloss import NodeLoss, Survived, lost_node
-from core.stages.resume import checkpoint_checks, survivor_checks, world_size_check
+from core.stages.resumechecks import checkpoint_checks, survivor_checks, world_size_check
 from core.status import StageStatus
 from tests.unit.test_resume_logic import lora_checkpoint
 
@@ -115,7 +115,7 @@ def test_a_surviving_node_says_where_the_lost_node_died_and_how_its_own_ranks_en
                                                               "SIGKILLed inside step ")
     assert f"this node's {ended}" in kill.evidence
     assert ("still alive" in kill.evidence) == bool(alive)
-    from core.stages.resume import kill_point_check
+    from core.stages.resumechecks import kill_point_check
 
     assert point.evidence == "node 1 (node1): " + kill_point_check(spec, event).evidence
     assert point.status == kill_point_check(spec, event).status

@@ -24,8 +24,8 @@ from core.stages.compare import (
     verdict,
 )
 from core.stages.noise import LOSS_MULTIPLE, Family, required_tier
-from core.stages.resume import compare_steps as recipe_compare_steps
-from core.stages.resume import safe_loading as recipe_safe_loading
+from core.stages.resumechecks import compare_steps as recipe_compare_steps
+from core.stages.resumechecks import safe_loading as recipe_safe_loading
 
 EXACT = required_tier("cpu", "fp32")
 TWIN = required_tier("cuda:0", "bf16")

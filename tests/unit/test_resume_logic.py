@@ -7,6 +7,7 @@ import json
 import torch
 from safetensors.torch import save_file
 
+from core.protocol.manifest import verify_manifest, write_manifest
 from core.spec import RunSpec
 from core.stages.noise import (
     NOISE_MULTIPLE,
@@ -16,14 +17,7 @@ from core.stages.noise import (
     optimizer_state_tensors,
     required_tier,
 )
-from core.stages.resume import (
-    compare_steps,
-    completeness,
-    required_files,
-    safe_loading,
-    verify_manifest,
-    write_manifest,
-)
+from core.stages.resumechecks import compare_steps, completeness, required_files, safe_loading
 from core.stages.states import compare_optimizers, compare_scalers, compare_weights
 from tests.paths import REPO
 
@@ -326,7 +320,7 @@ def test_select_checkpoint_skips_a_partial_newer_one_and_names_it(tmp_path):
     not the highest step transformers' get_last_checkpoint would take."""
     from transformers.trainer_utils import get_last_checkpoint
 
-    from core.stages.resume import select_checkpoint, selection_check
+    from core.stages.resumechecks import select_checkpoint, selection_check
 
     spec = RunSpec.build(None, mode="lora")
     lora_checkpoint(tmp_path / "checkpoint-20", spec)
@@ -343,7 +337,7 @@ def test_select_checkpoint_skips_a_partial_newer_one_and_names_it(tmp_path):
 
 
 def test_select_checkpoint_fails_naming_every_partial_one_when_none_is_complete(tmp_path):
-    from core.stages.resume import select_checkpoint, selection_check
+    from core.stages.resumechecks import select_checkpoint, selection_check
 
     spec = RunSpec.build(None, mode="lora")
     ckpt = lora_checkpoint(tmp_path / "checkpoint-20", spec)
@@ -379,7 +373,7 @@ def test_rng_digest_follows_every_generator():
 def test_rng_digest_of_a_saved_state_equals_the_live_one(tmp_path):
     """The parent digests rng_state.pth (loaded weights_only) and the child its live generators: same layout."""
     from core.protocol.rng import live_rng_state, rng_digest
-    from core.stages.resume import safe_load
+    from core.stages.states import safe_load
 
     torch.save(live_rng_state(), tmp_path / "rng_state.pth")
     assert rng_digest(safe_load(tmp_path / "rng_state.pth")) == rng_digest(live_rng_state())
@@ -390,7 +384,7 @@ def rng_steps(states: dict[int, dict]) -> list[dict]:
 
 
 def test_rng_not_restored_or_not_continuing_fails():
-    from core.stages.resume import compare_rng
+    from core.stages.resumechecks import compare_rng
 
     a, b, c = ({"cpu": x, "numpy": "n", "python": "p"} for x in ("a", "b", "c"))
     ref = {r["step"]: r for r in rng_steps({1: a, 2: b, 3: c})}
@@ -406,7 +400,7 @@ def test_rng_not_restored_or_not_continuing_fails():
 
 
 def test_rng_check_says_when_nothing_drew_random_numbers():
-    from core.stages.resume import compare_rng
+    from core.stages.resumechecks import compare_rng
 
     a = {"cpu": "a", "numpy": "n", "python": "p"}
     ref = {r["step"]: r for r in rng_steps({1: a, 2: a, 3: a})}
@@ -425,7 +419,7 @@ def test_kill_point_check_compares_where_the_run_died_with_the_spec():
     from dataclasses import replace
 
     from core.protocol.events import KillPoint
-    from core.stages.resume import kill_point_check
+    from core.stages.resumechecks import kill_point_check
 
     spec = RunSpec.build(None, mode="lora", steps=30, grad_accum=4, resume_checkpoint_every=10,
                          resume_kill_after_checkpoint=2, resume_kill_at="boundary+1")
@@ -486,7 +480,7 @@ def test_every_kill_point_lands_between_checkpoint_c_and_the_next_for_every_inte
 
 
 def test_trainable_set_must_be_the_references():
-    from core.stages.resume import compare_trainable
+    from core.stages.resumechecks import compare_trainable
 
     ref = {"names": ["a.lora_A", "a.lora_B"], "parameters": 64}
     assert compare_trainable(ref, dict(ref)).status == "pass"
@@ -497,7 +491,7 @@ def test_trainable_set_must_be_the_references():
 
 def test_kill_position_reads_right_without_accumulation():
     from core.protocol.events import KillPoint
-    from core.stages.resume import kill_position
+    from core.stages.resumechecks import kill_position
 
     assert kill_position(KillPoint(step=3, where="micro", micro_done=1, micro_in_step=1)) == (
         "inside step 4, after micro-batch 1 of 1, before its optimizer step")
@@ -511,7 +505,8 @@ def test_a_check_that_cannot_apply_is_counted_apart_and_diff_does_not_call_it_fa
     """Issue 51 (the re-walk): the summary said "21 checks passed" with one not_applicable, and `diff` listed it under
     "checks failed"."""
     from core.record.diff import compare
-    from core.stages.resume import Check, checks_passed_words
+    from core.stages.compare import Check
+    from core.stages.resume import checks_passed_words
     from tests.records import committed
 
     checks = [Check("a", "pass", "ok"), Check("b", "not_applicable", "cannot tell here")]

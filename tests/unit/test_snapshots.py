@@ -23,7 +23,8 @@ from core.spec import RunSpec
 from core.stages.childproc import SINGLE, Launch
 from core.stages.noise import Family, bound_tensor_rows, pooled_losses, required_tier
 from core.stages.probe import DeviceMeasurement, PlanComparison, ProbeResult, ProbeTiming, compare_with_plan
-from core.stages.resume import Check, ResumeResult, planned_kill
+from core.stages.resume import Check, ResumeResult
+from core.stages.resumechecks import planned_kill
 from core.stages.train import EvalPoint, TrainEvalResult
 from tests.paths import REPO
 from tests.wizard_helpers import TEST_HOST, GiB
