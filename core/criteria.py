@@ -89,7 +89,7 @@ class AcceptCriteria:
     resume_tier: ResumeTier = setting(
         "auto", label="Resume tier", form_order=360, group="training", stage="resume",
         help="the resumed losses in the dtype's tier on the device (auto) or bit for bit (exact)",
-        doc="`auto`: the device's tier (bit-exact on the CPU; on CUDA within 4 × (tensors) and 6 × (the losses' "
+        doc="`auto`: the device's tier (bit-exact on the CPU; on CUDA within 4 × (tensors) and 8 × (the losses' "
             "norm) the twins' measured noise); `exact`: bit for bit on any device (no twin)")
     max_plan_error_pct: float | None = setting(
         None, flag="--max-plan-error", metavar="PCT", label="Max plan error %", form_order=370, stage="plan",

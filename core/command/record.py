@@ -175,8 +175,7 @@ def resume_table(r: Any) -> dict[str, Any]:
             "twin_final_step": r.twin_final_step,
             "tier": dataclasses.asdict(r.tier) if r.tier else {}, "seconds": r.seconds,
             "required_files": r.required_files,
-            "checks": [{**dataclasses.asdict(c), "tier": c.tier or {"exact": "exact", "completeness": "all-present"}
-                        .get(c.kind, c.kind)} for c in r.checks],
+            "checks": [c.row() for c in r.checks],
             "comparison": r.comparison, "not_compared": r.not_compared, "findings": r.findings,
             "checkpoint_manifest": r.manifest,
             "runs": {name: dataclasses.asdict(s) for name, s in r.runs.items()}}

@@ -22,7 +22,7 @@ The uninterrupted run (the probe stage's) is the reference. Its checkpoints, by 
    not be compared (no learning rate or sample ids in the metrics, a JSON file) is listed, never counted as passed.
 
 Where the tier measures the noise (:mod:`core.stages.noise`: on CUDA, or under the test jitter), **twins** run
-first: the training command again (``command.resume_twins`` times, the second nudged by one ulp), uninterrupted, each
+first: the training command again (``command.resume_twins`` times, all but the first nudged by one ulp), uninterrupted, each
 into its own ``{out}``; they and the reference started alike, from step 0, so every pair of the three is a sample of
 the noise, and the bound of every tolerance check is the tier's multiple of their spread (the losses of the steps
 compared; per tensor at the reference's last checkpoint; each number of a JSON state).
@@ -176,8 +176,8 @@ def run_twins(spec: CommandSpec, reference: RunOutcome, run_dir: Path, values: d
     Raises:
         StageCancelled: the user stopped it; every process of the command was killed."""
     words = spec.words() if resize is None else with_nproc(spec.words(), resize.nproc)
-    yield Message("resume", text=f"{count} twin runs: the training command again, uninterrupted (the second nudged by "
-                                 "one ulp); their spread is the run-to-run noise the comparison is bounded by"
+    yield Message("resume", text=f"{count} twin runs: the training command again, uninterrupted (all but the first "
+                                 "nudged by one ulp); their spread is the run-to-run noise the comparison is bounded by"
                                  if resize is None else
                                  f"{count} twin runs: the training command again at the resume's world size "
                                  f"({resize.resumed}, of {resize.trained}); their distance from the uninterrupted run "

@@ -24,7 +24,7 @@ A spec file holds command mode in a ``[command]`` table (every key but ``train``
     resume_check = true
     resume_noise = "auto"           # auto | twin | off: how the run-to-run noise bounding the comparison is known
                                     # (auto: twin runs of the command on CUDA; bit-exact on the CPU)
-    resume_twins = 2                # twin runs measuring the noise (at least 2; the second nudged by one ulp)
+    resume_twins = 2                # twin runs measuring the noise (at least 2; all but the first nudged by one ulp)
     dtype = "fp32"                  # the compute dtype, for the resume check's tier when no Trainer reports it
     timeout_s = 0                   # 0: no limit on one run of the command
 
@@ -59,7 +59,15 @@ from core.bounds import check_path, loads_bounded, read_input_text, special_file
 from core.dtypes import DTYPES
 from core.errors import SpecError
 from core.settings import KIND_WORDS, setting, settings_of, value_fits
-from core.spec import EMBEDDED_DATA, EMBEDDED_MODEL, MAX_STEPS, MAX_TWINS, TWINS, YAML_SUFFIXES, canonical_sha256
+from core.spec import (
+    COMMAND_TWINS,
+    EMBEDDED_DATA,
+    EMBEDDED_MODEL,
+    MAX_STEPS,
+    MAX_TWINS,
+    YAML_SUFFIXES,
+    canonical_sha256,
+)
 
 #: The placeholders a command may hold, with what replaces them.
 PLACEHOLDERS = {
@@ -135,7 +143,7 @@ class CommandSpec:
     resume_noise: str = setting("auto", cli=False,
                                 help="auto | twin | off: how the run-to-run noise bounding the comparison is known "
                                      "(--resume-noise)")
-    resume_twins: int = setting(TWINS, cli=False,
+    resume_twins: int = setting(COMMAND_TWINS, cli=False,
                                 help="how many twin runs of the command measure the noise (at least 2; the second is "
                                      "nudged by one ulp) (--resume-twins)")
     dtype: str = setting("fp32", cli=False,

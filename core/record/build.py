@@ -314,8 +314,7 @@ def _resume_table(r: Any) -> dict[str, Any]:
         "twin_steps": list(r.twin_steps) if r.twin_steps else None,
         "seconds": r.seconds,
         # every row names its tier: exact checks are equality, completeness checks presence of every component
-        "checks": [{**dataclasses.asdict(c), "tier": c.tier or {"exact": "exact", "completeness": "all-present"}.get(
-            c.kind, c.kind)} for c in r.checks],
+        "checks": [c.row() for c in r.checks],
         "comparison": r.comparison,
         "checkpoint_manifest": r.manifest,
     }
@@ -429,7 +428,7 @@ def resume_facts(spec: RunSpec, r: Any) -> ResumeFacts | NotApplicable:
     tier = r.tier
     return ResumeFacts(
         tuple(CheckFact(c.name, c.status in PASSING, c.kind, c.largest_difference or 0.0, c.noise, c.bound,
-                        c.evidence_rows) for c in r.checks),
+                        c.evidence_rows, c.row().get("margin")) for c in r.checks),
         rule=RecordedRule.of_tier(tier, twins_from_start=getattr(r, "interrupted_start", 0) == 0)
         if tier is not None else RecordedRule("exact", evidence_kept=True, pooled=True),
         steps=tuple(ComparedStep(row.get("step"), loss(row.get("loss_reference")), loss(row.get("loss_resumed")),

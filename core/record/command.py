@@ -288,7 +288,8 @@ def resume_facts(res: dict[str, Any], version: int, crit: AcceptCriteria | None 
             text(entry(c, "kind", where), f"{where}.kind"),
             number(c.get("largest_difference", 0.0), f"{where}.largest_difference"),  # an exact check records none
             None if "noise" not in c else number(c["noise"], f"{where}.noise"),
-            None if "bound" not in c else number(c["bound"], f"{where}.bound"), check_evidence(c, where)))
+            None if "bound" not in c else number(c["bound"], f"{where}.bound"), check_evidence(c, where),
+            None if "margin" not in c else number(c["margin"], f"{where}.margin")))
     steps = []
     for i, row in enumerate(tables(res.get("comparison", []), "resume.comparison")):  # none: no step was compared
         where = f"resume.comparison[{i}]"

@@ -81,7 +81,7 @@ RULES: tuple[tuple[str, str], ...] = (
     ("verdict.stages.*.criteria[].threshold", "judged"),
     ("evaluation.loss_per_step[]", "measured"), ("resume.comparison[].loss_*", "measured"),
     ("resume.comparison[].difference", "measured"), ("resume.checks[].largest_difference", "measured"),
-    ("resume.checks[].noise", "measured"), ("resume.checks[].bound", "measured"), ("resume.twin_steps[]", "count"),
+    ("resume.checks[].noise", "measured"), ("resume.checks[].bound", "measured"), ("resume.checks[].margin", "measured"), ("resume.twin_steps[]", "count"),
     # what a tolerance check is computed from (core/stages/noise.py): per tensor [name, distance, reference's norm, a
     # distance per noise pair] (schema 6: [name, distance, twin's distance, reference's norm]), per step and rank
     # [step, resumed, reference] and the noise family's losses; the family's members by name and its pairs

@@ -493,7 +493,8 @@ def resume_facts(rec: dict[str, Any], crit: AcceptCriteria, rule: RecordedRule) 
         name, distance, noise, bound = _bounded(c, where)
         checks.append(CheckFact(name, text(entry(c, "status", where), f"{where}.status") in PASSING,
                                 text(entry(c, "kind", where), f"{where}.kind"), distance, noise, bound,
-                                check_evidence(c, where)))
+                                check_evidence(c, where),
+                                None if "margin" not in c else num(c["margin"], f"{where}.margin")))
     steps = []
     for i, row in enumerate(tables(entry(res, "comparison", "resume"), "resume.comparison")):
         where = f"resume.comparison[{i}]"

@@ -17,11 +17,12 @@ uninterrupted run's within ``loss_multiple`` x the noise of the twins over the s
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from core.stages.noise import Bounded, Family, Tier, pooled_losses
+from core.stages.noise import Bounded, Family, Tier, margin_of, pooled_losses
 from core.status import PASSING, StageStatus
 
 #: (rank, step): a point's place in its run
@@ -46,6 +47,16 @@ class Check:
     #: what a tolerance check is computed from (:attr:`core.stages.noise.Bounded.evidence`): ``gpuaccept verify``
     #: computes the check again from it
     evidence_rows: dict[str, Any] | None = None
+
+    def row(self) -> dict[str, Any]:
+        """The check as a record's ``resume.checks`` row (both kinds of record): its fields, the tier it was judged in
+        (an exact check: ``exact``, a completeness check: ``all-present``) and a tolerance check's ``margin`` (its
+        distance over its bound, :func:`core.stages.noise.margin_of`)."""
+        out = {**dataclasses.asdict(self),
+               "tier": self.tier or {"exact": "exact", "completeness": "all-present"}.get(self.kind, self.kind)}
+        if self.kind == "tolerance" and self.bound is not None and self.largest_difference is not None:
+            out["margin"] = margin_of(self.largest_difference, self.bound)
+        return out
 
 
 def span(steps: list[int]) -> str:

@@ -250,9 +250,9 @@ def run_twins(spec: RunSpec, run_dir: Path, base: WorkerJob, launch: Launch, ref
     end, start = spec.resume.compared_until(spec.steps), spec.resume.interrupted_start()
     origin = f"checkpoint-{start} of the uninterrupted run (a copy), where the interrupted run starts" if start else \
         "step 0"
-    yield Message("resume", text=f"{spec.resume.twins} twin runs from {origin} to step {end}, uninterrupted (the "
-                                 "second nudged by one ulp): their spread is the run-to-run noise the comparison is "
-                                 "bounded by")
+    yield Message("resume", text=f"{spec.resume.twins} twin runs from {origin} to step {end}, uninterrupted (all "
+                                 "but the first nudged by one ulp): their spread is the run-to-run noise the comparison "
+                                 "is bounded by")
     work = work or CheckWork.of(spec, twins=spec.resume.twins)
     twins = []
     for i in range(1, spec.resume.twins + 1):

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from core.events import RunFinished
+from core.spec import TWINS
 from core.stages.noise import LOSS_MULTIPLE, NOISE_MULTIPLE
 from tests.command_faults import JITTER, by_name, tolerance
 
@@ -56,7 +57,7 @@ def test_a_correct_resume_passes_under_the_noise_and_its_record_states_each_boun
     assert res["tier"]["name"] == f"cpu-{spec.dtype}-twin-noise" and "test jitter" in res["tier"]["why"]
     # the twins branch where the interrupted run does (a copy of the checkpoint before c, or step 0)
     assert res["twin_steps"] == [spec.resume.interrupted_start() + 1, spec.resume.compared_until(spec.steps)]
-    assert res["tier"]["twins"] == 2 and (Path(record["run_dir"]) / "resume-twin-2" / "job.json").is_file()
+    assert res["tier"]["twins"] == TWINS and (Path(record["run_dir"]) / f"resume-twin-{TWINS}" / "job.json").is_file()
     assert record["environment"]["test_jitter"] == float(JITTER)
     rows = tolerance(res["checks"])
     assert set(rows) == {"reproducible", "loss", "final_weights", "optimizer_moments"}
@@ -203,7 +204,7 @@ def test_a_one_ulp_difference_passes_where_a_twin_is_bit_identical(tiny_model_di
     checks = by_name(result.checks)
     assert result.status == "pass", [(c.name, c.evidence) for c in result.checks if c.status != "pass"]
     weights = checks["final_weights"]
-    assert weights.evidence_rows["members"] == ["reference", "twin-1", "twin-2"]
+    assert weights.evidence_rows["members"] == ["reference", *(f"twin-{i}" for i in range(1, TWINS + 1))]
     rows = weights.evidence_rows["tensors"]  # [name, distance, norm, (reference, twin-1), (reference, twin-2), ...]
     assert all(row[3] == 0.0 for row in rows) and any(row[4] > 0 for row in rows)  # twin-1 bit-identical
     assert weights.largest_difference > 0  # the resumed run is not
@@ -229,6 +230,7 @@ FORGERIES = {
     "noise": lambda c: c.update(noise=c["noise"] * 100),
     "bound": lambda c: c.update(bound=c["bound"] * 100),
     "status": lambda c: c.update(status="pass"),
+    "margin": lambda c: c.update(margin=c["margin"] / 100),
     "the resumed distance": lambda c: _worst(c).__setitem__(1, 0.0),
     "a noise pair's distance": lambda c: _worst(c).__setitem__(3, _worst(c)[1]),
     "the reference's norm": lambda c: _worst(c).__setitem__(2, 1e6),
@@ -322,6 +324,6 @@ def test_each_recorded_quantity_of_the_loss_check_is_computed_again(what, forged
 
     res = copy.deepcopy(forged_source)
     loss = next(c for c in res["checks"] if c["name"] == "loss")
-    assert loss["evidence_rows"]["members"] == ["twin-1", "twin-2"]
+    assert loss["evidence_rows"]["members"] == [f"twin-{i}" for i in range(1, TWINS + 1)]
     LOSS_FORGERIES[what](loss)
     assert any(f.startswith("resume check loss:") for f in _contradictions(res)), what

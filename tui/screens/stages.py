@@ -529,7 +529,7 @@ class ResumeScreen(StageScreen):
             f"resumed                  ckpt {c} → {c + 1} {'━' * 8} {end}"
             + (f" (compared {c + 1}-{end} of {n})" if end < n else "")
             + (f"\ntwins ({tier_twins(result)})    {'ckpt ' if start else ''}{result.twin_steps[0] - 1 if start else 1} "
-               f"{'━' * 8} {result.twin_steps[1]} (uninterrupted, one nudged: their spread is the noise)"
+               f"{'━' * 8} {result.twin_steps[1]} (uninterrupted: their spread is the noise)"
                if result.twin_steps else ""))
         verdict.update(f"[b]{result.status.upper()}[/b] · {result.summary}")
         self.query_one("#tolerance", Static).update(Content(tolerance_line(result)))
