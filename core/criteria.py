@@ -89,8 +89,8 @@ class AcceptCriteria:
     resume_tier: ResumeTier = setting(
         "auto", label="Resume tier", form_order=360, group="training", stage="resume",
         help="the resumed losses in the dtype's tier on the device (auto) or bit for bit (exact)",
-        doc="`auto`: the device's tier (bit-exact on the CPU; on CUDA within 4 × (tensors) and 8 × (the losses' "
-            "norm) the twins' measured noise); `exact`: bit for bit on any device (no twin)")
+        doc="`auto`: the device's tier (bit-exact on the CPU; on CUDA within 4 × (tensors) and a t quantile (the "
+            "losses' norm) of the twins' measured noise); `exact`: bit for bit on any device (no twin)")
     max_plan_error_pct: float | None = setting(
         None, flag="--max-plan-error", metavar="PCT", label="Max plan error %", form_order=370, stage="plan",
         help="the plan's error against each device's measured peak at most PCT percent",

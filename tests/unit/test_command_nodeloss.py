@@ -16,7 +16,7 @@ from core.command.resume import _agreed_checkpoint, _every_node_resumable, _Prog
 from core.command.resumechecks import KillPlan, trainer_files
 from core.command.run import RunOutcome
 from core.errors import StageError
-from core.stages.noise import LOSS_MULTIPLE, Tier
+from core.stages.noise import Tier
 from core.status import StageStatus
 
 
@@ -141,7 +141,7 @@ def test_the_resume_lines_world_size_is_read_from_torchrun():
         ["torchrun", "--nproc-per-node", "2", "t.py"]
     assert with_nproc(["torchrun", "t.py"], 2) == ["torchrun", "--nproc-per-node=2", "t.py"]
     exact = Tier("cuda-bf16-twin-noise", "twin", 4.0, "CUDA")
-    assert resize.tier(exact).name == "cuda-bf16-world-size-twin" and resize.tier(exact).loss_multiple == LOSS_MULTIPLE
+    assert resize.tier(exact).name == "cuda-bf16-world-size-twin" and resize.tier(exact).loss_multiple == 0.0
     assert resize.tier(exact).twins == 2  # at least two: a spread, not one draw
 
 

@@ -26,7 +26,6 @@ from core.record.verify import (
     EXIT_VERIFIED,
     recompute_verdicts,
 )
-from core.stages.noise import LOSS_MULTIPLE
 from tests.records import as_schema
 from tui.cli import main
 
@@ -533,10 +532,10 @@ def test_on_cuda_the_overhead_is_said_not_read():
 
 
 @pytest.mark.parametrize("loss_multiple, says", [
-    # losses by their own multiple
-    (LOSS_MULTIPLE, f"resume check loss: bound 0.001 is below {LOSS_MULTIPLE:g} x the twin's noise 0.001"),
-    # a multiple edited is named
-    (4.0, f"resume.tier cpu-fp32-twin-noise has loss_multiple {LOSS_MULTIPLE}, the record says 4.0"),
+    # losses by their own family's multiple: a check without its family is named
+    (0.0, "resume check loss: its noise pairs [] of [] are not the pairs of the twins"),
+    # a multiple edited is named (a twin tier's losses take theirs from their family: the tier says 0)
+    (4.0, "resume.tier cpu-fp32-twin-noise has loss_multiple 0.0, the record says 4.0"),
 ])
 def test_a_twin_tiers_losses_are_held_to_their_own_multiple(record, capsys, loss_multiple, says):
     from core.record.build import spec_table_hash

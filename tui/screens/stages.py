@@ -564,8 +564,9 @@ def tolerance_line(result: Any) -> str:
     where = f"{tier_twins(result)} twin runs" + (f" (steps {steps[0]}-{steps[1]})" if steps else "")
     said = (f"; loss bound {loss.bound:.2g} (noise {loss.noise:.2g})" if loss is not None and loss.bound is not None
             else "")
-    return (f"tolerance: {tier.multiple:g} x (per tensor) and {tier.loss_multiple or tier.multiple:g} x (the losses' "
-            f"norm) the spread of {where}{said}")
+    losses = f"{tier.loss_multiple:g} x" if tier.loss_multiple else (  # a pooled tier: the family's t quantile
+        f"{loss.bound / loss.noise:.3g} x" if loss is not None and loss.bound and loss.noise else "a t quantile x")
+    return f"tolerance: {tier.multiple:g} x (per tensor) and {losses} (the losses' norm) the spread of {where}{said}"
 
 
 def tier_twins(result: Any) -> int:
