@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 from safetensors.torch import save_file
 
@@ -527,3 +528,25 @@ def test_a_check_that_cannot_apply_is_counted_apart_and_diff_does_not_call_it_fa
         b.write_text(tomli_w.dumps(committed("lora")))
         row = next(r for r in compare([a, b]).rows if r.name == "checks failed")
     assert row.values == ["none", "none"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_twins_nudge_moves_every_trainable_element_by_one_ulp_once(dtype):
+    """The nudged twin (core/child/inject/jitter.py): before the first optimizer step every element of every parameter
+    the optimizer holds moves to its next representable value, up or down, in its own dtype (bf16: 2^-8 relative);
+    later steps are untouched; a zero moves to the smallest subnormal, not further."""
+    from core.child.inject.jitter import nudge_into
+
+    hooks = []
+    w = torch.nn.Parameter(torch.tensor([1.0, -3.0, 0.0, 1e-3] * 64, dtype=dtype))
+    before = w.detach().clone()
+    opt = torch.optim.SGD([w], lr=0.0)
+    nudge_into(hooks.append)
+    hooks[0](opt, (), {})
+    up, down = torch.nextafter(before, torch.tensor(torch.inf, dtype=dtype)), \
+        torch.nextafter(before, torch.tensor(-torch.inf, dtype=dtype))
+    moved = w.detach()
+    assert bool(((moved == up) | (moved == down)).all()) and bool((moved != before).all())
+    assert 0 < int((moved == up).sum()) < moved.numel()  # both directions drawn
+    hooks[0](opt, (), {})  # the second step: no nudge
+    assert torch.equal(w.detach(), moved)

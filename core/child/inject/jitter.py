@@ -129,19 +129,29 @@ def nudge_into(register: Any) -> None:
         if done:
             return
         done.append(True)
-        import torch
-
-        gen = torch.Generator().manual_seed(int.from_bytes(os.urandom(8), "little") & ((1 << 63) - 1))
-        with torch.no_grad():
-            for group in optimizer.param_groups:
-                for param in group["params"]:
-                    if not param.is_floating_point() or param.numel() == 0:
-                        continue
-                    up = torch.rand(param.shape, generator=gen) < 0.5
-                    toward = torch.where(up, torch.inf, -torch.inf).to(device=param.device, dtype=param.dtype)
-                    param.copy_(torch.nextafter(param, toward))
+        try:
+            _nudge_params(optimizer)
+        except Exception as exc:  # noqa: BLE001 - the run goes on un-nudged, a noise sample still; said on stderr
+            print(f"gpuaccept: the twin's nudge was not applied ({type(exc).__name__}: {exc})", file=sys.stderr)
 
     register(nudge)
+
+
+def _nudge_params(optimizer: Any) -> None:
+    """Every floating parameter of ``optimizer``'s groups one ulp up or down (a sharded parameter, a DTensor of FSDP2
+    or tensor parallelism: its local shard, in place)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(int.from_bytes(os.urandom(8), "little") & ((1 << 63) - 1))
+    with torch.no_grad():
+        for group in optimizer.param_groups:
+            for param in group["params"]:
+                local = param.to_local() if hasattr(param, "to_local") else param
+                if not local.is_floating_point() or local.numel() == 0:
+                    continue
+                up = torch.rand(local.shape, generator=gen) < 0.5
+                toward = torch.where(up, torch.inf, -torch.inf).to(device=local.device, dtype=local.dtype)
+                local.copy_(torch.nextafter(local, toward))
 
 
 def install_when_imported(relative: float = 0.0, nudge: bool = False) -> None:
