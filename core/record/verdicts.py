@@ -57,7 +57,7 @@ from core.criteria import (
     missed,
 )
 from core.plan.fit import fits_in
-from core.stages.noise import RecordedRule, margin_of
+from core.stages.noise import RecordedRule, margin_of, same_number
 from core.status import PASSING, StageStatus
 
 #: The record's stages, in order.
@@ -420,7 +420,7 @@ def resume_contradictions(facts: ResumeFacts) -> list[str]:
         if c.kind == "tolerance":
             out.extend(facts.rule.evidence_problems(c.name, c.passed, c.largest_difference, c.noise, c.bound,
                                                     c.evidence))
-        if c.margin is not None and c.bound is not None and not _same_number(
+        if c.margin is not None and c.bound is not None and not same_number(
                 c.margin, margin_of(c.largest_difference, c.bound)):
             out.append(f"resume check {c.name}: margin {c.margin} is not its distance {c.largest_difference} over its "
                        f"bound {c.bound}")
@@ -432,13 +432,6 @@ def resume_contradictions(facts: ResumeFacts) -> list[str]:
             out.extend(facts.rule.row_problems(s.step, s.reference, abs(s.reference - s.resumed), noise, bound,
                                                s.twin))
     return out
-
-
-def _same_number(a: float, b: float) -> bool:
-    """Two recorded numbers are the same (both infinite, both NaN, or equal within float rounding)."""
-    if math.isinf(a) or math.isinf(b) or math.isnan(a) or math.isnan(b):
-        return (a == b) or (math.isnan(a) and math.isnan(b))
-    return math.isclose(a, b, rel_tol=1e-12, abs_tol=0.0)
 
 
 def compared_steps_problems(facts: ResumeFacts) -> list[str]:

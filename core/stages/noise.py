@@ -516,8 +516,9 @@ def optimizer_state_tensors(state: Any, prefix: str = "") -> dict[str, torch.Ten
 EVIDENCE_SCHEMA = 6
 
 
-def _same(recorded: float | None, computed: float | None) -> bool:
-    """A recorded number equals the one computed again (both absent, both NaN, or equal within float rounding)."""
+def same_number(recorded: float | None, computed: float | None) -> bool:
+    """A recorded number equals the one computed again (both absent, both NaN, or equal within float rounding; an
+    infinity only itself)."""
     if recorded is None or computed is None:
         return recorded is None and computed is None
     if math.isnan(recorded) or math.isnan(computed):
@@ -608,7 +609,7 @@ class RecordedRule:
                f"{judged.distance} at {judged.where}, bound {judged.bound})"] if passed and not judged.ok else []
         for label, recorded, computed in (("largest_difference", distance, judged.distance),
                                           ("noise", noise, judged.noise), ("bound", bound, judged.bound)):
-            if not _same(recorded, computed):
+            if not same_number(recorded, computed):
                 out.append(f"resume check {name}: {label} is {recorded}; its evidence gives {computed}")
         return out
 
