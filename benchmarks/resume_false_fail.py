@@ -21,7 +21,13 @@ Usage::
     .venv/bin/python benchmarks/resume_false_fail.py --subject recipe --runs 100
     .venv/bin/python benchmarks/resume_false_fail.py --subject command --runs 10 --faults
 
-Writes benchmarks/results/resume_false_fail.json (one entry per subject, replaced by the next run of it).
+    .venv/bin/python benchmarks/resume_false_fail.py --subject recipe --runs 300 --append   # more of the same
+
+Writes benchmarks/results/resume_false_fail.json (one entry per subject, replaced by the next run of it). With
+``--append`` every correct resume is also appended, as it ends, to benchmarks/results/resume_false_fail_runs.jsonl
+(one line a run: the subject, the commit, the loss multiple it ran under, its margins), so a batch can be stopped at
+any time and nothing measured is lost; the subject's entry then counts every run of the log and the entry's own
+``per_run`` (the loss margins rescaled to the multiple in use: margin x multiple then / multiple now).
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 OUT = ROOT / "benchmarks" / "results" / "resume_false_fail.json"
+RUNS_LOG = ROOT / "benchmarks" / "results" / "resume_false_fail_runs.jsonl"
 JITTER = "1e-3"
 RECIPE = dict(mode="lora", dtype="bf16", lora_dropout=0.1, steps=6, resume_checkpoint_every=2, resume_kill_after_checkpoint=2,
               batch_size=2, seq_len=32, eval_max_blocks=4)
@@ -89,6 +96,45 @@ def command_run(model: Path, folder: Path, fault: str | None = None, found: Any 
     return resume(found, example, fault, folder / "check", Env()), found
 
 
+def loss_multiple_now(subject: str) -> float:
+    """The multiple a loss check of ``subject`` is judged by now: two independent contrasts in both subjects (the
+    recipe's three twins from a checkpoint; the command's two twins and the reference, all from step 0)."""
+    from core.stages.noise import loss_multiple_for
+
+    return loss_multiple_for(2)
+
+
+def rescaled(margins: dict[str, float], multiple_then: float, multiple_now: float) -> dict[str, float]:
+    """``margins`` at the loss multiple in use (a loss check's margin is its distance over multiple x noise)."""
+    from core.stages.noise import LOSS_CHECKS
+
+    return {k: (v * multiple_then / multiple_now if k in LOSS_CHECKS else v) for k, v in margins.items()}
+
+
+def logged_runs(subject: str, multiple_now: float) -> list[dict[str, Any]]:
+    """Every run of ``subject`` in :data:`RUNS_LOG` and the subject's earlier ``per_run`` (its multiple then in the
+    entry's ``loss_multiple_when_run``), their margins at ``multiple_now`` and their status by them."""
+    runs: list[dict[str, float]] = []
+    entry = (json.loads(OUT.read_text()) if OUT.is_file() else {}).get(subject, {})
+    if entry.get("per_run") and not entry.get("from_log"):
+        runs += [rescaled(m, entry.get("loss_multiple_when_run", multiple_now), multiple_now) for m in entry["per_run"]]
+    elif entry.get("earlier_per_run"):
+        runs += [rescaled(m, entry["earlier_loss_multiple"], multiple_now) for m in entry["earlier_per_run"]]
+    if RUNS_LOG.is_file():
+        for line in RUNS_LOG.read_text().splitlines():
+            row = json.loads(line)
+            if row["subject"] == subject:
+                runs.append(rescaled(row["margins"], row["loss_multiple"], multiple_now))
+    return [{"status": "pass" if all(v <= 1 for v in m.values()) else "fail", "margins": m} for m in runs]
+
+
+def _commit() -> str:
+    import subprocess
+
+    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    return out.stdout.strip() or "unknown"
+
+
 def summary(results: list[dict[str, Any]]) -> dict[str, Any]:
     """The false-fail count and the margins' spread per check over correct runs."""
     per: dict[str, list[float]] = {}
@@ -119,6 +165,8 @@ def main() -> None:
     ap.add_argument("--subject", choices=("recipe", "command"), default="recipe")
     ap.add_argument("--runs", type=int, default=100, help="correct resumes (default 100)")
     ap.add_argument("--faults", action="store_true", help="plant each fault once too")
+    ap.add_argument("--append", action="store_true",
+                    help=f"log each run as it ends to {RUNS_LOG.name} and count every logged run")
     args = ap.parse_args()
     os.environ["GPUACCEPT_TEST_JITTER"] = JITTER
     from core.protocol.faults import FAULTS
@@ -138,6 +186,11 @@ def main() -> None:
                 result, _ = command_run(model, folder)
             results.append({"status": str(result.status), "margins": margins(result.checks),
                             "failed": [c.name for c in result.checks if c.status != "pass"]})
+            if args.append:  # one line a run, as it ends: a batch stopped early keeps what it measured
+                with RUNS_LOG.open("a") as log:
+                    log.write(json.dumps({"subject": args.subject, "commit": _commit(), "date": time.strftime("%Y-%m-%d"),
+                                          "loss_multiple": loss_multiple_now(args.subject), **results[-1]},
+                                         sort_keys=True) + "\n")
             print(f"run {i + 1}/{args.runs}: {result.status} "
                   + " ".join(f"{k}={v:.2f}" for k, v in sorted(results[-1]["margins"].items())), flush=True)
             _remove(folder)
@@ -164,6 +217,13 @@ def main() -> None:
              # every run's margins, so that the rate at another multiple can be read off (margin x old / new)
              "per_run": [r["margins"] for r in results]}
     data = json.loads(OUT.read_text()) if OUT.is_file() else {}
+    if args.append:  # the entry counts every logged run, the earlier per_run kept once as it was
+        old = data.get(args.subject, {})
+        every = logged_runs(args.subject, loss_multiple_now(args.subject))
+        entry.update(summary(every), from_log=RUNS_LOG.name, per_run=[],
+                     loss_multiple_now=loss_multiple_now(args.subject), faults=faults or old.get("faults", {}),
+                     earlier_per_run=old.get("earlier_per_run", old.get("per_run", [])),
+                     earlier_loss_multiple=old.get("earlier_loss_multiple", old.get("loss_multiple_when_run")))
     data[args.subject] = entry
     OUT.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
     print(json.dumps({k: v for k, v in entry.items() if k not in ("faults", "per_run")}, indent=2))
