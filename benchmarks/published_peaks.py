@@ -78,15 +78,15 @@ def plan_row(row: dict[str, Any], traced: bool) -> tuple[int, str, str]:
     """(planned bytes, what they are, the settings in a line) for one row."""
     import yaml
 
+    from core.importers import build_spec
     from core.pipeline import make_plan
-    from core.spec import RunSpec
 
     source = PUBLISHED / "configs" / row["config"]
     data = yaml.safe_load(source.read_text(encoding="utf-8"))
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / source.name
         path.write_text(yaml.safe_dump(with_overrides(data, row.get("set", {}))), encoding="utf-8")
-        spec = RunSpec.build(path, **row.get("flags", {}))
+        spec = build_spec(path, **row.get("flags", {}))
         made = make_plan(spec)
     device = made.plan.devices[0]
     tensors = device.total_bytes - device.lines["overhead"].bytes

@@ -51,6 +51,7 @@ if TYPE_CHECKING:  # the names of REEXPORTED, for type checkers; at run time eac
     from core.criteria import command_criteria as command_criteria
     from core.events import Event
     from core.importers import NeedsValue as NeedsValue
+    from core.importers import build_spec as build_spec
     from core.importers import import_config as import_config
     from core.monitor.health import HEALTH_COLUMNS as HEALTH_COLUMNS
     from core.monitor.health import health_table as health_table
@@ -117,7 +118,7 @@ REEXPORTED: dict[str, str] = {
     "command_criteria": "core.criteria", "COMMAND_CRITERIA": "core.criteria", "AcceptCriteria": "core.criteria",
     # a trainer's YAML config read as a spec (TRL, axolotl, LLaMA-Factory, torchtune, LitGPT), and the value it leaves
     # to the data, asked for by name
-    "import_config": "core.importers", "NeedsValue": "core.importers",
+    "import_config": "core.importers", "NeedsValue": "core.importers", "build_spec": "core.importers",
     # records: verify, compare, summarise, sign off and sign
     "Verification": "core.record.verify", "Comparison": "core.record.diff", "format_comparison": "core.record.diff",
     "verification_summary": "core.record.summary", "run_summary": "core.record.summary",

@@ -17,10 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from core.devicespec import parse_devices
 from core.errors import GpuAcceptError, SpecError, StageError
 from core.events import Event, Message, RunFinished, StageFinished, StageStarted
 from core.protocol.events import EventWriter
-from core.spec import RunSpec, parse_devices
+from core.spec import RunSpec
 from core.stages.childproc import launch_options
 from core.status import RecordStatus, StageStatus, Stopped
 

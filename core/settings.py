@@ -7,8 +7,8 @@ flag, or the recipe's flag of the same meaning, its type check and its form fiel
 
     r: int = setting(8, help="LoRA rank r", label="LoRA rank r", form_order=180)
 
-and :data:`SETTINGS` (one :class:`Setting` per field, found by walking ``RunSpec`` and its tables) is what the rest is
-made from:
+and :func:`core.spec.spec_settings` (one :class:`Setting` per field, found by :func:`settings_of` walking ``RunSpec``
+and its tables) is what the rest is made from:
 
 - the spec: the field and its default (the dataclass); its type and, for a ``Literal``, its choices (from the
   annotation: :meth:`RunSpec.validate <core.spec.RunSpec.validate>` refuses a value not among them); its TOML key and
@@ -19,26 +19,23 @@ made from:
 - the Setup form's field: label, kind, choices, the setting group it belongs to (core/methods/base.py
   ``SETTING_GROUPS``) and its place (``form_order``); a setting without ``label`` is not on the form
   (tui/screens/setup.py);
-- the tables of docs/reference.md: ``python -m core.settings --update-docs`` rewrites them, and tests/unit/
-  test_settings.py fails when they differ from :func:`markdown_table`.
+- the tables of docs/reference.md: ``python -m core.reference --update-docs`` rewrites them (:func:`markdown_table`),
+  and tests/unit/test_settings.py fails when they differ.
 
 Adding a setting is adding one declared field (with a ``Literal`` type for its choices): its flag, TOML key, form
-field (with ``label``) and docs row follow. This module imports neither the UI nor ``core.spec`` at import time
-(``core.spec`` and ``core.criteria`` import it); :data:`SETTINGS` is made on first use.
+field (with ``label``) and docs row follow. This module imports neither the UI nor ``core.spec`` (``core.spec`` and
+``core.criteria`` import it): every function here takes the settings it works on.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import re
-import sys
 import types
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Union, get_args, get_origin, get_type_hints
+from typing import Any, Literal, NamedTuple, Union, get_args, get_origin, get_type_hints
 
 from core.methods.base import SETTING_GROUPS
 
@@ -55,8 +52,6 @@ KIND_WORDS = {"int": "an integer", "float": "a number", "str": "a string", "bool
               "list": "a list of strings", "table": "a table of strings"}
 #: the docs tables a setting is rendered in (:func:`markdown_table`)
 DOC_TABLES = ("settings", "criteria")
-#: docs/reference.md, whose generated tables :func:`update_docs` rewrites
-REFERENCE = Path(__file__).resolve().parents[1] / "docs" / "reference.md"
 
 
 @dataclass(frozen=True)
@@ -214,7 +209,7 @@ def setting(default: Any = dataclasses.MISSING, *, help: str, flag: str | None =
         doc: the docs' wording when not ``help`` (a criterion's rule).
         doc_default: the docs' wording of the default when not the value itself (``"1.0: it fits"``).
         choices: for a ``str`` setting whose values are a registry's names (the methods of core/methods/), the
-            function that lists them, called when :data:`SETTINGS` is made: the setting then has choices as a
+            function that lists them, called when the settings are made (:func:`settings_of`): the setting then has choices as a
             ``Literal`` would give, and a method added to the registry is a new choice with no other change.
         placeholder: what the form field shows while blank (``"python train.py --output_dir {out}"``).
         default_factory: makes the default when it is mutable (a ``dict``), instead of ``default``.
@@ -408,44 +403,12 @@ def _walk(cls: type, table_name: str | None, table_declared: TableDeclaration) -
     return out
 
 
-@functools.cache
-def spec_settings() -> tuple[Setting, ...]:
-    """:data:`SETTINGS`: every setting of :class:`core.spec.RunSpec` and its tables, ``[accept]`` included."""
-    from core.spec import RunSpec
-
-    return settings_of(RunSpec)
-
-
-if TYPE_CHECKING:
-    #: every setting of :class:`core.spec.RunSpec` and its tables (``[accept]`` included), in the spec's field order
-    SETTINGS: tuple[Setting, ...]
-
-
-def __getattr__(name: str) -> Any:
-    # SETTINGS is made on first use: core.spec imports this module to declare its fields
-    if name == "SETTINGS":
-        return spec_settings()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-@functools.cache
-def by_dest() -> dict[str, Setting]:
-    """Every setting of :data:`SETTINGS` by its :attr:`Setting.dest` (``"lora_r"``)."""
-    return {s.dest: s for s in spec_settings()}
-
-
-@functools.cache
-def by_key() -> dict[str, Setting]:
-    """Every setting of :data:`SETTINGS` by its :attr:`Setting.key` (``"lora.r"``)."""
-    return {s.key: s for s in spec_settings()}
-
-
 def tables_of(settings: tuple[Setting, ...]) -> tuple[str, ...]:
     """The sub-tables the settings are in, in their order (``("lora", "qlora", ...)``)."""
     return tuple(dict.fromkeys(s.table for s in settings if s.table is not None))
 
 
-def nest(flat: Mapping[str, Any], settings: tuple[Setting, ...] | None = None) -> dict[str, Any]:
+def nest(flat: Mapping[str, Any], settings: tuple[Setting, ...]) -> dict[str, Any]:
     """Flat keywords (``{"seq_len": 64, "lora_r": 4}``, as ``RunSpec.build`` and the flags give them) as the TOML
     layout (``{"seq_len": 64, "lora": {"r": 4}}``). None values are kept (the caller drops them).
 
@@ -453,9 +416,8 @@ def nest(flat: Mapping[str, Any], settings: tuple[Setting, ...] | None = None) -
     its name (``lora_bogus`` -> ``lora.bogus``, which the spec then refuses by name); any other is kept at the top.
 
     Args:
-        settings: what to map by; default :data:`SETTINGS`.
+        settings: what to map by (the spec's: :func:`core.spec.spec_settings`).
     """
-    settings = spec_settings() if settings is None else settings
     dests = {s.dest: s for s in settings}
     tables = sorted(tables_of(settings), key=len, reverse=True)
     out: dict[str, Any] = {}
@@ -470,14 +432,14 @@ def nest(flat: Mapping[str, Any], settings: tuple[Setting, ...] | None = None) -
     return out
 
 
-def unknown_value(obj: Any, settings: tuple[Setting, ...] | None = None) -> tuple[Setting, Any] | None:
+def unknown_value(obj: Any, settings: tuple[Setting, ...]) -> tuple[Setting, Any] | None:
     """The first setting (in order) whose value in ``obj`` is not among its choices (nor None where it may be), with
     that value; None when every ``Literal`` setting holds one of its values.
 
     Args:
-        settings: what to check by; default :data:`SETTINGS`.
+        settings: what to check by (the spec's: :func:`core.spec.spec_settings`).
     """
-    for s in spec_settings() if settings is None else settings:
+    for s in settings:
         if not s.choices:
             continue
         value = s.value(obj)
@@ -536,19 +498,19 @@ def flags_text(s: Setting) -> str:
     return ", ".join(flags)
 
 
-def markdown_table(which: str, settings: tuple[Setting, ...] | None = None) -> str:
+def markdown_table(which: str, settings: tuple[Setting, ...]) -> str:
     """The docs table ``which`` (:data:`DOC_TABLES`) made from the settings, ending with a newline.
 
     ``settings``: one row per key (TOML key, flags, values, default, what it sets); ``criteria``: one row per
     criterion (name and flag, stage, rule, default), as docs/reference.md "Acceptance criteria" shows them.
 
     Args:
-        settings: what to render; default :data:`SETTINGS`.
+        settings: what to render (the spec's: :func:`core.spec.spec_settings`).
 
     Raises:
         ValueError: ``which`` is not one of :data:`DOC_TABLES`.
     """
-    rows = [s for s in (spec_settings() if settings is None else settings) if s.doc_table == which]
+    rows = [s for s in settings if s.doc_table == which]
     if which == "settings":
         lines = ["| key | flag | values | default | what it sets |", "| --- | --- | --- | --- | --- |"]
         lines += [f"| `{s.key}` | {flags_text(s)} | {_cell(values_text(s))} | {_cell(default_text(s))} | "
@@ -567,7 +529,7 @@ GENERATED = re.compile(r"(<!-- BEGIN generated (\w+) table[^\n]*-->\n)(.*?)(<!--
                        re.DOTALL)
 
 
-def render_docs(text: str, settings: tuple[Setting, ...] | None = None) -> str:
+def render_docs(text: str, settings: tuple[Setting, ...]) -> str:
     """``text`` (a markdown file) with each generated table (between ``<!-- BEGIN generated NAME table ... -->`` and
     ``<!-- END generated NAME table -->``) made again by :func:`markdown_table`.
 
@@ -577,40 +539,3 @@ def render_docs(text: str, settings: tuple[Setting, ...] | None = None) -> str:
     if not GENERATED.search(text):
         raise ValueError("no generated table (<!-- BEGIN generated NAME table --> ... <!-- END generated NAME table -->)")
     return GENERATED.sub(lambda m: m.group(1) + markdown_table(m.group(2), settings) + m.group(4), text)
-
-
-def update_docs(path: Path = REFERENCE) -> bool:
-    """Rewrite the generated tables of ``path`` (default docs/reference.md); True when it changed.
-
-    Raises:
-        OSError: the file cannot be read or written; ValueError: as :func:`render_docs`.
-    """
-    text = path.read_text(encoding="utf-8")
-    new = render_docs(text)
-    if new != text:
-        path.write_text(new, encoding="utf-8")
-    return new != text
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m core.settings --markdown [settings|criteria]`` prints a docs table (both by default);
-    ``python -m core.settings --update-docs`` rewrites docs/reference.md's generated tables. Exit 0, 2 on bad usage."""
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="python -m core.settings", description="the spec's settings, declared once")
-    how = parser.add_mutually_exclusive_group(required=True)
-    how.add_argument("--markdown", nargs="?", const="all", choices=(*DOC_TABLES, "all"),
-                     help="print the docs table(s)")
-    how.add_argument("--update-docs", action="store_true", help=f"rewrite the generated tables of {REFERENCE}")
-    args = parser.parse_args(argv)
-    if args.update_docs:
-        print(f"{REFERENCE}: {'updated' if update_docs() else 'already up to date'}")
-        return 0
-    print("\n".join(markdown_table(t) for t in (DOC_TABLES if args.markdown == "all" else (args.markdown,))), end="")
-    return 0
-
-
-if __name__ == "__main__":
-    from core.settings import main as _main  # the module core.spec declares with, not a second copy of it
-
-    sys.exit(_main())

@@ -5,7 +5,7 @@ and against the model's config (:func:`validate_against_config`). Every invalid 
 naming the field and what to change.
 
 Each setting is declared once, on its dataclass field below (``setting(...)``, core/settings.py): its type and choices,
-TOML key, flag, Setup form field and docs row are made from that declaration (``core.settings.SETTINGS``); the layout
+TOML key, flag, Setup form field and docs row are made from that declaration (:func:`spec_settings`); the layout
 below is an example, the full list is docs/reference.md "The spec".
 
 TOML layout (every key optional; the defaults are the embedded model and text)::
@@ -69,6 +69,7 @@ TOML layout (every key optional; the defaults are the embedded model and text)::
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import math
@@ -90,20 +91,25 @@ from core.bounds import (
     special_file_kind,
 )
 from core.criteria import AcceptCriteria
+from core.devicespec import (
+    STRATEGY_ALIASES,
+    Strategy,
+    check_strategy,
+    device_count,
+    is_cpu,
+)
 from core.dtypes import DTYPES, Dtype, dtype_bytes
 from core.errors import SpecError
-from core.gpus import Gpu, gpu_named, nameable
 from core.losses import Loss, loss_names, loss_of
 from core.methods import METHODS, Method, lora_variants, method_of
 from core.methods.lora import ALL_LINEAR, QUANT_TYPES, QuantType  # noqa: F401 - re-exported: the spec's values
 from core.objectives import REFERENCES, Objective, Reference, objective_names, objective_of
 from core.optim import Optimizer, optimizer_names, optimizer_of
 from core.settings import (
-    by_dest,
-    by_key,
+    Setting,
     nest,
     setting,
-    spec_settings,
+    settings_of,
     table,
     tables_of,
     unknown_value,
@@ -162,14 +168,6 @@ LATER_DEFAULTS: dict[str, Any] = {
     "resume.twins": TWINS}
 Scheduler = Literal["linear", "cosine", "constant"]
 SCHEDULERS: tuple[Scheduler, ...] = get_args(Scheduler)
-#: How a run is spread over devices (docs/architecture.md §3). ``fsdp`` is accepted and stored as ``zero3`` (FSDP full shard).
-Strategy = Literal["single", "ddp", "zero1", "zero2", "zero3", "device_map", "tp"]
-STRATEGIES: tuple[Strategy, ...] = get_args(Strategy)
-STRATEGY_ALIASES = {"fsdp": "zero3"}
-#: Bytes per unit of a planned device capacity: GiB/MiB are binary (2^30, 2^20), GB/MB decimal (10^9, 10^6).
-CAPACITY_UNITS = {"gib": 2**30, "gb": 10**9, "mib": 2**20, "mb": 10**6}
-#: The most devices a planned box may name.
-MAX_PLANNED_DEVICES = 1024
 EMBEDDED_MODEL = "smollm2-135m"
 #: a spec path ending so is a trainer's YAML config, read by core/importers/ (kept in step with its YAML_SUFFIXES)
 YAML_SUFFIXES = (".yml", ".yaml")
@@ -529,7 +527,7 @@ class RunSpec:
 
         Args:
             toml_path: a TOML spec file (the layout of the module docstring), or None.
-            overrides: flat keywords, each a setting's ``dest`` (:data:`core.settings.SETTINGS`: ``seq_len``,
+            overrides: flat keywords, each a setting's ``dest`` (:func:`spec_settings`: ``seq_len``,
                 ``lora_r``, ``accept_max_perplexity``), over the file's values.
 
         Raises:
@@ -537,10 +535,9 @@ class RunSpec:
         """
         raw: dict[str, Any] = {}
         if toml_path is not None and Path(toml_path).suffix.lower() in YAML_SUFFIXES:
-            from core.importers import import_config  # a trainer's YAML config (TRL, axolotl, LLaMA-Factory...)
-
-            raw = import_config(toml_path, {k: v for k, v in overrides.items() if v is not None}).raw()
-        elif toml_path is not None:
+            raise SpecError("spec", f"{toml_path} is a trainer's YAML config, not a TOML spec: read it with "
+                                    "core.importers.build_spec (gpuaccept run / plan --spec do)")
+        if toml_path is not None:
             path = Path(toml_path)
             check_path("spec", str(toml_path))
             try:
@@ -563,8 +560,19 @@ class RunSpec:
             if not raw:
                 raise SpecError("spec", f"{path} holds no settings (an empty file); give at least one, e.g. "
                                         'mode = "lora", or no spec file for the defaults')
-        from_file = _dotted_keys(raw) - _dotted_keys(nest({k: v for k, v in overrides.items() if v is not None}))
-        for key, value in nest({k: v for k, v in overrides.items() if v is not None}).items():
+        return cls.from_file_values(raw, toml_path, **overrides)
+
+    @classmethod
+    def from_file_values(cls, raw: dict[str, Any], source: str | Path | None, **overrides: Any) -> RunSpec:
+        """A spec from a file's values (``raw``, the TOML layout: a TOML spec's, or what core/importers/ made of a
+        trainer's config) and the overrides (flags, as :meth:`build`'s), flags winning key by key.
+
+        Raises:
+            SpecError: as :meth:`build`; an error in a value the file gave names ``source``.
+        """
+        toml_path = source
+        from_file = _dotted_keys(raw) - _dotted_keys(nest({k: v for k, v in overrides.items() if v is not None}, spec_settings()))
+        for key, value in nest({k: v for k, v in overrides.items() if v is not None}, spec_settings()).items():
             if isinstance(value, dict) and key in raw:  # a table: its keys over the file's (a file's table that is
                 if isinstance(raw[key], dict):         # no table is refused by from_dict)
                     raw[key] = {**raw[key], **value}
@@ -660,7 +668,7 @@ class RunSpec:
                 raise SpecError("data", f"{self.data!r}: give 'embedded' or a .txt / .jsonl file")
             if not path.is_file():
                 raise SpecError("data", f"file {self.data} not found; give 'embedded' or an existing .txt / .jsonl file")
-        unknown = unknown_value(self)  # the choices of each Literal setting (core/settings.py)
+        unknown = unknown_value(self, spec_settings())  # the choices of each Literal setting (core/settings.py)
         if unknown is not None:
             s, value = unknown
             raise SpecError(s.key, f"{value!r} is not one of {', '.join(s.choices)}")
@@ -771,7 +779,7 @@ class RunSpec:
         counted)."""
         count = device_count(self.devices)
         self._check_torchrun(count)
-        if _is_cpu(self.devices):
+        if is_cpu(self.devices):
             count = max(1, self.torchrun.nproc_per_node)  # CPU ranks: each a process, sharing the host's memory
         if count is not None and self.strategy in TORCHRUN_STRATEGIES:
             count *= self.torchrun.nnodes  # the ranks of every node share the work
@@ -814,7 +822,7 @@ class RunSpec:
             raise SpecError("torchrun.nproc_per_node" if t.nproc_per_node > 1 else "torchrun.nnodes",
                             f"several processes need a data-parallel strategy (ddp, or zero3 = fsdp); strategy "
                             f"{self.strategy} runs in one process: set strategy = \"ddp\" or nproc_per_node = 0")
-        if count is not None and not _is_cpu(self.devices) and t.nproc_per_node not in (0, count):
+        if count is not None and not is_cpu(self.devices) and t.nproc_per_node not in (0, count):
             raise SpecError("torchrun.nproc_per_node",
                             f"{t.nproc_per_node} processes for the {count} devices of devices = {self.devices!r}: "
                             "one process per CUDA device; set nproc_per_node = 0 (one per device) or name that many "
@@ -997,201 +1005,29 @@ class RunSpec:
         return canonical_sha256(self.to_dict())
 
 
+
+@functools.cache
+def spec_settings() -> tuple[Setting, ...]:
+    """Every setting of :class:`RunSpec` and its tables (``[accept]`` included), in the spec's field order: what its
+    flags, TOML keys, Setup form and docs tables are made from (core/settings.py)."""
+    return settings_of(RunSpec)
+
+
+@functools.cache
+def by_dest() -> dict[str, Setting]:
+    """Every setting of :func:`spec_settings` by its :attr:`~core.settings.Setting.dest` (``"lora_r"``)."""
+    return {s.dest: s for s in spec_settings()}
+
+
+@functools.cache
+def by_key() -> dict[str, Setting]:
+    """Every setting of :func:`spec_settings` by its :attr:`~core.settings.Setting.key` (``"lora.r"``)."""
+    return {s.key: s for s in spec_settings()}
+
+
 def canonical_sha256(mapping: dict[str, Any]) -> str:
     """sha256 of ``mapping`` as canonical JSON (sorted keys, no spaces): the spec's hash, and a record's spec table's."""
     return hashlib.sha256(json.dumps(mapping, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-
-
-def parse_devices(devices: str) -> list[str]:
-    """Parse the ``devices`` setting into the devices of this machine a run uses.
-
-    Returns:
-        ``["auto"]``, ``["cpu"]`` or CUDA device names such as ``["cuda:0", "cuda:1"]``.
-
-    Raises:
-        SpecError: anything else; a planned box (``"8x80GiB"``, ``"24GiB,8GiB"``, see
-            :func:`parse_device_capacities`) names devices to plan for, not devices to run on, and is refused here.
-    """
-    if parse_device_capacities(devices) is not None:
-        raise SpecError(
-            "devices",
-            f"{devices!r} describes devices to plan for, not devices of this machine: plan it with `gpuaccept plan`; "
-            "to run, give auto, cpu, or CUDA indices such as 0 or 0,1",
-        )
-    return _parse_device_names(devices)
-
-
-def _is_cpu(devices: str) -> bool:
-    return parse_device_capacities(devices) is None and _parse_device_names(devices) == ["cpu"]
-
-
-def _parse_device_names(devices: str) -> list[str]:
-    text = devices.strip().lower()
-    if text in ("auto", "cpu"):
-        return [text]
-    parts = [p.strip().removeprefix("cuda:") for p in text.split(",") if p.strip()]
-    if not parts or not all(p.isdigit() for p in parts):
-        raise SpecError(
-            "devices",
-            f"{devices!r}: give auto, cpu, or CUDA indices such as 0 or 0,1 (or, to plan for a box you do not have, "
-            "capacities such as 8x80GiB or 24GiB,8GiB, or GPUs by name such as 1xH200)",
-        )
-    if len(set(parts)) != len(parts):
-        raise SpecError("devices", f"{devices!r} names a device twice")
-    return [f"cuda:{p}" for p in parts]
-
-
-_BOX_ITEM = re.compile(r"^(?:(\d+)\s*[x×]\s*)?(\d+(?:\.\d+)?)\s*([a-z]+)$")
-#: an item of a box naming a GPU product, with an optional count (``8xa100-80gb``, ``h200``)
-_NAMED_ITEM = re.compile(r"^(?:(\d+)\s*[x×]\s*)?([a-z][a-z0-9 \-]*)$")
-#: an item naming a CUDA device of this machine (``0``, ``cuda:1``) or ``auto`` / ``cpu``
-_DEVICE_INDEX = re.compile(r"^(cuda:)?\d+$|^(auto|cpu)$")
-
-
-@dataclass(frozen=True)
-class PlannedDevice:
-    """A device of a box planned, not run on: its capacity in bytes and the GPU product it was named by (None for a
-    device given by its capacity alone)."""
-
-    capacity_bytes: int
-    gpu: Gpu | None = None
-
-
-def parse_planned_devices(devices: str) -> list[PlannedDevice] | None:
-    """The devices of a planned box, or ``None`` when ``devices`` is not a box (auto, cpu, CUDA indices).
-
-    A box is a comma-separated list of items, each a capacity (``24GiB``) or a GPU by name (``H200``, ``A100-80GB``,
-    ``RTX4090``: core/gpus.py, case, spaces and dashes aside), alone or as a count x it (``8x80GiB``, ``1xH200``):
-    ``"8x80GiB"`` (eight 80 GiB devices), ``"24GiB,8GiB"`` (two devices, heterogeneous), ``"2xH100,1xRTX4090"``.
-    Units: GiB = 2^30 B, GB = 10^9 B, MiB = 2^20 B, MB = 10^6 B (case-insensitive); a number without a unit is a CUDA
-    index, never a capacity. A GPU named has the total memory CUDA reports for it (:attr:`core.gpus.Gpu.reported_bytes`).
-    The devices are numbered ``cuda:0`` ... in the order given.
-
-    Raises:
-        SpecError: a box with a bad item (unknown unit or GPU, zero count or capacity, more than
-            :data:`MAX_PLANNED_DEVICES` devices, an item mixed with CUDA indices).
-    """
-    text = devices.strip().lower()
-    items = [p.strip() for p in text.split(",")]
-    if text in ("auto", "cpu") or not any(_looks_planned(item) for item in items):
-        return None  # CUDA indices, or nothing like a box: named by parse_devices
-    hint = ("give a capacity per device such as 24GiB,8GiB, a count x capacity such as 8x80GiB (units GiB, GB, MiB, "
-            f"MB), or GPUs by name such as 1xH200 or 8xA100-80GB ({', '.join(nameable())})")
-    out: list[PlannedDevice] = []
-    for item, given in zip(items, (p.strip() for p in devices.strip().split(","))):
-        count, device = _box_item(devices, item, given, hint)
-        if count < 1:
-            raise SpecError("devices", f"{devices!r}: {given!r} names no device; counts must be above 0")
-        if len(out) + count > MAX_PLANNED_DEVICES:
-            raise SpecError("devices", f"{devices!r}: more than {MAX_PLANNED_DEVICES} devices; plan at most {MAX_PLANNED_DEVICES}")
-        out.extend([device] * count)
-    return out
-
-
-def _looks_planned(item: str) -> bool:
-    """An item of ``devices`` meant as a device to plan for: a capacity, a count x something, or a GPU's name."""
-    named = _NAMED_ITEM.match(item)
-    return bool(_BOX_ITEM.match(item)) or bool(named and named.group(1)) or gpu_named(item) is not None
-
-
-def _box_item(devices: str, item: str, given: str, hint: str) -> tuple[int, PlannedDevice]:
-    """One item of a planned box: (count, device).
-
-    Raises:
-        SpecError: neither a capacity nor a GPU known by name, or a GPU whose reported memory is not known here.
-    """
-    match = _BOX_ITEM.match(item)
-    if match:
-        count_text, number, unit = match.groups()
-        if unit not in CAPACITY_UNITS:
-            if gpu_named(number + unit) is None:
-                raise SpecError("devices", f"{devices!r}: unknown unit {unit!r}; {hint}")
-        else:
-            capacity = int(round(float(number) * CAPACITY_UNITS[unit]))
-            if capacity < 1:
-                raise SpecError("devices", f"{devices!r}: {given!r} names no memory; capacities must be above 0")
-            return (int(count_text) if count_text is not None else 1), PlannedDevice(capacity)
-    named = _NAMED_ITEM.match(item)
-    gpu = gpu_named(named.group(2)) if named else None
-    if named is None or gpu is None:
-        if _DEVICE_INDEX.match(item):
-            raise SpecError("devices", f"{devices!r} mixes CUDA indices with devices to plan for; {hint}")
-        raise SpecError("devices", f"{devices!r}: {given!r} is neither a capacity nor a GPU gpuaccept knows by name; "
-                                   f"{hint}")
-    if gpu.reported_bytes is None:
-        raise SpecError("devices", f"{devices!r}: gpuaccept knows the {gpu.name}'s SMs but not the memory CUDA reports "
-                                   f"for it (NVIDIA: {gpu.memory}): give its capacity, e.g. 1x24GiB")
-    return (int(named.group(1)) if named.group(1) else 1), PlannedDevice(gpu.reported_bytes, gpu)
-
-
-def parse_device_capacities(devices: str) -> list[int] | None:
-    """Capacities in bytes of a planned box (:func:`parse_planned_devices`), or ``None`` when ``devices`` is not a box
-    (auto, cpu, CUDA indices).
-
-    Raises:
-        SpecError: as :func:`parse_planned_devices`.
-    """
-    planned = parse_planned_devices(devices)
-    return None if planned is None else [d.capacity_bytes for d in planned]
-
-
-def device_count(devices: str) -> int | None:
-    """How many devices the ``devices`` setting names: 1 for cpu, the number of CUDA indices or planned devices, and
-    ``None`` for auto (known only when the devices are detected).
-
-    Raises:
-        SpecError: ``devices`` is none of the forms of :func:`parse_devices` and :func:`parse_device_capacities`.
-    """
-    capacities = parse_device_capacities(devices)
-    if capacities is not None:
-        return len(capacities)
-    names = _parse_device_names(devices)
-    return None if names == ["auto"] else len(names)
-
-
-def check_strategy(strategy: str, tp: int, count: int | None, devices: str = "") -> None:
-    """Check the strategy and tensor-parallel degree against the number of devices (``None``: not known yet).
-
-    Rules:
-        - ``strategy`` is one of :data:`STRATEGIES` (``fsdp`` is stored as ``zero3``);
-        - ``tp`` is at least 1, and above 1 only with strategy ``tp``;
-        - every strategy but ``single`` needs at least 2 devices (one device is strategy ``single``);
-        - strategy ``tp`` needs ``tp`` >= 2 and ``tp`` must divide the number of devices: the devices are
-          ``tp``-device tensor-parallel groups, repeated as data-parallel replicas (each group holds the same, so the
-          per-device plan does not depend on the number of replicas).
-
-    Raises:
-        SpecError: naming ``strategy``, ``tp`` or ``devices`` and what to change.
-    """
-    if strategy not in STRATEGIES:
-        raise SpecError(
-            "strategy",
-            f"{strategy!r} is not a strategy; choose one of {', '.join(STRATEGIES)} (fsdp is accepted as zero3)",
-        )
-    if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
-        raise SpecError("tp", f"the tensor-parallel degree must be an integer of at least 1 (got {tp!r})")
-    if strategy != "tp" and tp != 1:
-        raise SpecError("tp", f"tp = {tp} is used only with strategy tp; set strategy = \"tp\" or tp = 1")
-    if strategy == "tp" and tp < 2:
-        raise SpecError("tp", "strategy tp needs a tensor-parallel degree of at least 2; set tp = 2 or more "
-                              "(tp must divide the number of devices)")
-    if strategy == "single" or count is None:
-        return
-    where = f" ({devices!r})" if devices else ""
-    if count < 2:
-        raise SpecError(
-            "strategy",
-            f"{strategy} spreads a run over several devices but devices{where} names {count}; give at least 2 devices "
-            "(e.g. devices = \"0,1\" or \"2x80GiB\"; on the CPU, ranks: torchrun.nproc_per_node = 2, flag --nproc 2) "
-            "or use strategy single",
-        )
-    if strategy == "tp" and count % tp != 0:
-        divisors = [d for d in range(2, count + 1) if count % d == 0]
-        raise SpecError(
-            "tp",
-            f"tp = {tp} does not divide the {count} devices{where}: the devices are tp-device tensor-parallel groups "
-            f"(devices = tp x data-parallel replicas); choose tp among {', '.join(map(str, divisors))}",
-        )
 
 
 def validate_against_config(spec: RunSpec, max_positions: int | None, module_names: set[str] | None = None) -> None:

@@ -68,11 +68,11 @@ class GpuAcceptApp(App[int]):
         await super().on_event(event)
 
     def on_mount(self) -> None:
-        from tui.screens.mode import ModeScreen
+        from tui.screens.registry import screen_named
 
         watch_terminal(self, self.hang_up)  # SIGHUP or a dead terminal: hang_up() on a thread, then exit 129
 
-        self.push_screen(ModeScreen())
+        self.push_screen(screen_named("mode"))
 
     def start_sampler(self) -> Any:
         """The device sampler (started on first use, stopped on exit)."""

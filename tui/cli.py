@@ -26,7 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from core.settings import SETTINGS, Setting
+from core.settings import Setting
+from core.spec import spec_settings
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 #: ``gpuaccept plan``: a device does not fit; no device fails, but one's capacity is unknown.
@@ -80,7 +81,7 @@ def _spec_flags(p: argparse.ArgumentParser) -> None:
                    help="a TOML spec, or a trainer's own config (.yaml / .yml of torchtune, axolotl, LLaMA-Factory, "
                         "TRL / alignment-handbook or LitGPT, read with that tool's defaults: docs/trainers.md); "
                         "flags override its values")
-    add_setting_flags(p, SETTINGS)
+    add_setting_flags(p, spec_settings())
 
 
 def add_setting_flags(p: argparse.ArgumentParser, settings: tuple[Setting, ...]) -> None:
@@ -117,7 +118,7 @@ def _command_flags(p: argparse.ArgumentParser) -> None:
 
 #: the flags of gpuaccept's own recipe that mean the same in command mode: flag dest -> [command] key (each setting's
 #: ``command_key``, core/settings.py)
-_SHARED_WITH_COMMAND = {s.dest: s.command_key for s in SETTINGS if s.command_key is not None}
+_SHARED_WITH_COMMAND = {s.dest: s.command_key for s in spec_settings() if s.command_key is not None}
 
 
 def command_mode(args: argparse.Namespace) -> bool:
@@ -138,7 +139,7 @@ def command_spec_from_args(args: argparse.Namespace) -> Any:
     from core.api import COMMAND_SETTINGS, CommandSpec, read_command_table
     from core.errors import SpecError
 
-    flags = {s.dest: s.flags[0] for s in SETTINGS}
+    flags = {s.dest: s.flags[0] for s in spec_settings()}
     for key in _SPEC_KEYS:  # the criteria's flags: command_criteria_from_args
         if getattr(args, key, None) is not None and key not in _SHARED_WITH_COMMAND and key not in ACCEPT_KEYS:
             raise SpecError(key, f"{flags.get(key, key)} applies to gpuaccept's own recipe, not to your own command "
@@ -174,15 +175,15 @@ def command_criteria_from_args(args: argparse.Namespace) -> Any:
     from core.api import command_criteria, read_command_criteria
 
     table: dict[str, Any] = read_command_criteria(Path(args.spec)) if args.spec else {}
-    table.update({s.name: getattr(args, s.dest) for s in SETTINGS
+    table.update({s.name: getattr(args, s.dest) for s in spec_settings()
                   if s.table == "accept" and getattr(args, s.dest, None) is not None})
     return command_criteria(table)
 
 
 #: the criteria's flags, by their spec keys (``accept_<criterion>``, core/criteria.py)
-ACCEPT_KEYS = tuple(s.dest for s in SETTINGS if s.table == "accept")
+ACCEPT_KEYS = tuple(s.dest for s in spec_settings() if s.table == "accept")
 #: every setting's flag, by its dest (``RunSpec.build``'s keyword)
-_SPEC_KEYS = tuple(s.dest for s in SETTINGS)
+_SPEC_KEYS = tuple(s.dest for s in spec_settings())
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -335,9 +336,9 @@ def imported_config(args: argparse.Namespace) -> Any:
 
 
 def spec_from_args(args: argparse.Namespace) -> Any:
-    from core.spec import RunSpec
+    from core.api import build_spec  # a TOML spec or a trainer's YAML config
 
-    return RunSpec.build(args.spec, **{k: getattr(args, k, None) for k in _SPEC_KEYS})
+    return build_spec(args.spec, **{k: getattr(args, k, None) for k in _SPEC_KEYS})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -811,7 +812,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from core.api import run
-    from core.spec import parse_devices
+    from core.devicespec import parse_devices
 
     spec = spec_from_args(args)
     parse_devices(spec.devices)  # a planned box (8x80GiB) is refused here, before anything is loaded

@@ -27,7 +27,7 @@ from core.bounds import InputFileError, YamlBoundsError, check_path, read_input_
 from core.errors import SpecError
 from core.importers import axolotl, litgpt, llamafactory, torchtune, trl
 from core.importers.base import Format, Imported, NeedsValue
-from core.spec import YAML_SUFFIXES
+from core.spec import YAML_SUFFIXES, RunSpec
 
 #: each format: its name, whether a config is of it (by its keys), and its importer; in the order they are tried
 FORMATS = (torchtune.FORMAT, axolotl.FORMAT, llamafactory.FORMAT, trl.FORMAT, litgpt.FORMAT)
@@ -79,6 +79,24 @@ def import_config(path: str | Path, overrides: Mapping[str, Any] | None = None) 
     return import_data(read_yaml(path), path, overrides)
 
 
+def build_spec(path: str | Path | None = None, **overrides: Any) -> RunSpec:
+    """The spec a file describes, flags over it: a trainer's YAML config (:data:`YAML_SUFFIXES`: read by
+    :func:`import_config`, the flags given to it too) or a TOML spec (:meth:`RunSpec.build`); no file, the defaults.
+
+    Args:
+        path: the file, or None.
+        overrides: flat ``dest`` keywords (the flags), as :meth:`RunSpec.build`'s; ``None`` values are ignored.
+
+    Raises:
+        SpecError: as :func:`import_config` and :meth:`RunSpec.build`.
+        NeedsValue: as :func:`import_config`.
+    """
+    if path is not None and Path(path).suffix.lower() in YAML_SUFFIXES:
+        given = {k: v for k, v in overrides.items() if v is not None}
+        return RunSpec.from_file_values(import_config(path, given).raw(), path, **overrides)
+    return RunSpec.build(path, **overrides)
+
+
 def format_of(data: dict[str, Any]) -> Format | None:
     """The format whose keys ``data`` holds (the first of :data:`FORMATS` that detects it), or None."""
     return next((fmt for fmt in FORMATS if fmt.detect(data)), None)
@@ -99,5 +117,5 @@ def import_data(data: dict[str, Any], path: Path, overrides: Mapping[str, Any] |
                             "one of those, or a gpuaccept TOML spec")
 
 
-__all__ = ["FORMATS", "YAML_SUFFIXES", "Format", "Imported", "NeedsValue", "format_of", "import_config", "import_data",
-           "read_yaml"]
+__all__ = ["FORMATS", "YAML_SUFFIXES", "Format", "Imported", "NeedsValue", "build_spec", "format_of", "import_config",
+           "import_data", "read_yaml"]

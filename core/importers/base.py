@@ -58,8 +58,9 @@ class Imported:
     def raw(self) -> dict[str, Any]:
         """The settings as a spec file's mapping (``{"lora": {"r": 8}, ...}``: ``core.spec.RunSpec.from_dict``)."""
         from core.settings import nest
+        from core.spec import spec_settings
 
-        return nest(dict(self.settings))
+        return nest(dict(self.settings), spec_settings())
 
     def summary(self) -> list[str]:
         """Lines saying what was read: the format, each key used, each default of the tool applied, each flag given
@@ -116,7 +117,7 @@ class NeedsValue(SpecError):
 
 def flag_of(dest: str) -> str:
     """The command-line flag of the spec setting ``dest`` (``seq_len`` -> ``--seq-len``)."""
-    from core.settings import by_dest
+    from core.spec import by_dest
 
     found = by_dest().get(dest)
     return found.flags[0] if found is not None and found.flags else f"--{dest.replace('_', '-')}"
@@ -455,7 +456,7 @@ def sharded(r: Reader, key: str, strategy: str, how: str, offload: str = "none")
     """A strategy that shards over the ranks a launcher starts (accelerate, torchrun, deepspeed), whose number the
     config file does not say: planned sharded when ``--devices`` names two or more devices (or CPU ranks), else on
     one device, where one rank shards nothing (strategy single), said so."""
-    from core.spec import device_count
+    from core.devicespec import device_count
 
     devices = r.overrides.get("devices")
     count = device_count(str(devices)) if devices is not None else None

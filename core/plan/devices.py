@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.spec import PlannedDevice, parse_devices, parse_planned_devices
+from core.devicespec import PlannedDevice, parse_devices, parse_planned_devices
 
 #: the label of a device of a planned box given by its capacity alone
 PLANNED_LABEL = "planned GPU"
@@ -116,7 +116,7 @@ def detect_devices(devices: str, cpu_ranks: int = 1) -> list[DeviceInfo]:
     - ``"0,1"`` / ``"cuda:0"``: those CUDA devices, capacity = ``torch.cuda.get_device_properties(i).total_memory``,
       or ``None`` (with ``capacity_source`` saying why) when CUDA is unavailable or the index is not visible;
     - a box you do not have, to plan for (``"8x80GiB"``, ``"24GiB,8GiB"``, ``"1xH200"``, see
-      :func:`core.spec.parse_planned_devices`): ``DeviceInfo("cuda:i", "cuda", "planned GPU", capacity,
+      :func:`core.devicespec.parse_planned_devices`): ``DeviceInfo("cuda:i", "cuda", "planned GPU", capacity,
       "given: 8x80GiB")`` per device given by its capacity, labelled with the product name for a GPU named
       (``"NVIDIA H200"``, the total CUDA reports for it), in the order given; torch is not asked.
 

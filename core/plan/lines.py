@@ -28,6 +28,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from core.devicespec import Strategy
 from core.dtypes import dtype_bytes
 from core.losses import LossInput, LossTerms
 from core.methods.lora import keeps_4bit_input
@@ -35,7 +36,7 @@ from core.plan.activations import LLAMA_FAMILY, Adapter, Dims, Numerics, StepAct
 from core.plan.devices import DeviceInfo
 from core.plan.meta import AdapterInfo, ModelShape, ModelSummary, ParamInfo
 from core.plan.quant import QuantisedBase
-from core.spec import RunSpec, Strategy
+from core.spec import RunSpec
 
 #: Per-process memory of a CPU run beyond its tensors: the Python, torch and transformers runtime and the allocator's free
 #: memory, an estimate (measured here: the probe's peak RSS 0.44-0.59 GiB above its peak of live tensors on the embedded

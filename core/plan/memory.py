@@ -52,6 +52,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from core.devicespec import Strategy, check_strategy
 from core.plan.activations import LLAMA_FAMILY
 from core.plan.devices import DeviceInfo
 from core.plan.fit import fits_in
@@ -60,7 +61,7 @@ from core.plan.meta import ParameterCount, meta_summary, model_shape
 from core.plan.phases import Phase, inference_moments, peak, phases_of, training_moments
 from core.plan.quant import QuantisedBase, quantised_base, quantised_source_bytes
 from core.plan.strategies import DeviceStep, check_tp_heads, strategy_steps
-from core.spec import TORCHRUN_STRATEGIES, RunSpec, Strategy, check_strategy
+from core.spec import TORCHRUN_STRATEGIES, RunSpec
 
 #: The components of every device plan, in order: the record's keys (core/plan/phases.py keeps this order).
 COMPONENTS = ("weights", "gradients", "optimizer_states", "activations", "temporaries", "overhead", "kv_cache")
@@ -135,7 +136,7 @@ class MemoryPlan:
     Attributes:
         parameters: parameter counts of the model as it runs.
         devices: one plan per device.
-        strategy: how the run is spread over devices (:data:`core.spec.STRATEGIES`); ``"single"``: each device holds
+        strategy: how the run is spread over devices (:data:`core.devicespec.STRATEGIES`); ``"single"``: each device holds
             the whole run; ``ddp``, ``zero1``/``zero2``/``zero3``, ``device_map``, ``tp``: see :func:`plan_memory`.
         convention: one paragraph stating the accounting convention (with the strategy's rule appended).
         activation_model: ``"op-by-op"`` (the Llama family, :mod:`core.plan.activations`) or ``"korthikanti"`` (an

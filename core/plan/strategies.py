@@ -21,6 +21,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from core.devicespec import Strategy
 from core.dtypes import dtype_bytes
 from core.errors import SpecError
 from core.plan.devices import DeviceInfo
@@ -46,7 +47,7 @@ from core.plan.lines import (
 from core.plan.meta import AdapterInfo, ModelShape, ModelSummary, ParameterCount, ParamInfo
 from core.plan.phases import StepTerms
 from core.plan.quant import quantised_base
-from core.spec import RunSpec, Strategy
+from core.spec import RunSpec
 
 #: PyTorch DDP's default bucket size (``bucket_cap_mb=25``), in bytes; quoted in the DDP bucket method text.
 DDP_BUCKET_CAP_BYTES = 25 * 2**20

@@ -159,7 +159,8 @@ def _spec_problems(spec: dict[str, Any]) -> list[str]:
     """Each key of the record's spec table that a setting of :class:`core.spec.RunSpec` names (core/settings.py: the
     top-level keys and the sub-tables, not ``[accept]``, which the record keeps apart) has that setting's kind: ints
     are ints (not bools or floats), floats finite numbers, strings strings, lists lists of strings."""
-    from core.settings import KIND_WORDS, spec_settings, value_fits
+    from core.settings import KIND_WORDS, value_fits
+    from core.spec import spec_settings
 
     settings = [s for s in spec_settings() if s.table != "accept"]
     out: list[str] = []

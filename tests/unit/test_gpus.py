@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import pytest
 
+from core.devicespec import parse_planned_devices
 from core.errors import SpecError
 from core.gpus import GPUS, gpu_named, gpu_of_label, nameable
 from core.plan.context import cuda_context
 from core.plan.devices import detect_devices
 from core.plan.workspace import LARGE_WORKSPACE, SMALL_WORKSPACE, cublas_workspaces, cudnn_attention_workspace
-from core.spec import RunSpec, parse_planned_devices
+from core.spec import RunSpec
 
 
 def test_a_named_gpu_is_its_product_with_the_memory_cuda_reports():

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from core.errors import SpecError
-from core.importers import import_config
+from core.importers import build_spec, import_config
 from core.importers.base import EVALUATION_WHY, HYPER, NO_MEMORY, RUN_LENGTH
 from core.spec import RunSpec
 
@@ -230,7 +230,7 @@ def test_a_yaml_spec_path_is_read_through_its_importer_with_flags_over_it(tmp_pa
     over it; the plan is made from it."""
     from core.pipeline import make_plan
 
-    spec = RunSpec.build(_config(tmp_path, "torchtune_lora.yaml", model=str(tiny_model_dir)), batch_size=1,
+    spec = build_spec(_config(tmp_path, "torchtune_lora.yaml", model=str(tiny_model_dir)), batch_size=1,
                          seq_len=64, devices="cpu", dtype="fp32")
     assert (spec.mode, spec.batch_size, spec.seq_len, spec.lora.r, spec.grad_accum) == ("lora", 1, 64, 64, 8)
     assert make_plan(spec).plan.parameters.trainable > 0
@@ -260,7 +260,7 @@ def test_a_value_the_file_leaves_to_the_data_is_asked_for_by_name_and_taken_from
     assert (caught.value.field, caught.value.dest) == ("torchtune:tokenizer.max_seq_len", "seq_len")
     got = import_config(path, {"seq_len": 4096})
     assert got.settings["seq_len"] == 4096 and "--seq-len 4096" in got.flags["seq_len"]
-    assert RunSpec.build(path, seq_len=4096).seq_len == 4096
+    assert build_spec(path, seq_len=4096).seq_len == 4096
 
 
 def test_flags_apply_over_the_file_before_anything_is_refused(tmp_path):

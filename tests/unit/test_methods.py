@@ -97,7 +97,7 @@ def test_a_variant_that_cannot_apply_is_refused_by_name(raw, says):
 
 def test_the_variants_are_the_methods_laid_out_as_lora_and_the_flag_offers_them():
     from core.methods import lora_variants
-    from core.settings import by_key
+    from core.spec import by_key
 
     assert lora_variants() == tuple(n for n, m in METHODS.items() if m.adapters)
     assert by_key()["lora.variant"].cli_choices == lora_variants()

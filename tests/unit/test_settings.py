@@ -16,11 +16,9 @@ import pytest
 
 from core.errors import SpecError
 from core.methods import METHODS
+from core.reference import REFERENCE
 from core.settings import (
-    REFERENCE,
-    SETTINGS,
     FormField,
-    by_dest,
     markdown_table,
     nest,
     render_docs,
@@ -29,7 +27,9 @@ from core.settings import (
     table,
     unknown_value,
 )
-from core.spec import RunSpec
+from core.spec import RunSpec, by_dest, spec_settings
+
+SETTINGS = spec_settings()
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -160,7 +160,7 @@ def test_the_flags_command_mode_shares_are_its_keys():
 # ------------------------------------------------------------------ the spec: TOML keys, tables, choices, defaults
 def test_each_flat_keyword_goes_to_its_table():
     for s in SETTINGS:
-        assert nest({s.dest: 1}) == ({s.table: {s.name: 1}} if s.table else {s.name: 1})
+        assert nest({s.dest: 1}, SETTINGS) == ({s.table: {s.name: 1}} if s.table else {s.name: 1})
     spec = RunSpec.build(lora_alpha=32, resume_compare_steps=10, torchrun_rdzv_id="job-7", accept_min_accuracy=0.25)
     assert (spec.lora.alpha, spec.resume.compare_steps, spec.torchrun.rdzv_id, spec.accept.min_accuracy) == \
         (32, 10, "job-7", 0.25)
@@ -279,8 +279,8 @@ def test_a_declaration_that_cannot_work_is_refused():
 # ------------------------------------------------------------------ the docs
 def test_the_reference_tables_are_the_settings():
     text = REFERENCE.read_text(encoding="utf-8")
-    assert render_docs(text) == text, ("docs/reference.md's generated tables differ from the settings' declarations: "
-                                       "run `.venv/bin/python -m core.settings --update-docs`")
+    assert render_docs(text, SETTINGS) == text, ("docs/reference.md's generated tables differ from the settings' declarations: "
+                                       "run `.venv/bin/python -m core.reference --update-docs`")
     for s in SETTINGS:  # every setting is a row of one of them, with its main flag
         assert f"`{s.key if s.doc_table == 'settings' else s.name}`" in text and f"`{s.flags[0]}`" in text
 
@@ -289,8 +289,8 @@ def test_a_table_edited_by_hand_is_made_again():
     text = REFERENCE.read_text(encoding="utf-8")
     row = next(line for line in text.splitlines() if line.startswith("| `lora.r` |"))
     edited = text.replace(row, row.replace("`8`", "`16`"))
-    assert edited != text and render_docs(edited) == text
+    assert edited != text and render_docs(edited, SETTINGS) == text
     with pytest.raises(ValueError, match="no generated table"):
-        render_docs("# nothing generated here\n")
+        render_docs("# nothing generated here\n", SETTINGS)
     assert by_dest()["accept_max_plan_error_pct"].doc.startswith("per device, |planned")
-    assert "per device, \\|planned" in markdown_table("criteria")  # a | in a cell is escaped
+    assert "per device, \\|planned" in markdown_table("criteria", SETTINGS)  # a | in a cell is escaped

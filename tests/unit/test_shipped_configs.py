@@ -16,10 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from core.importers import import_config
+from core.importers import build_spec, import_config
 from core.importers.base import NO_MEMORY, UNKNOWN
 from core.pipeline import make_plan
-from core.spec import RunSpec
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 SHIPPED = DATA / "trainers" / "shipped"
@@ -107,7 +106,7 @@ def test_each_config_plans_as_its_tool_runs_it(name, hub, monkeypatch):
     expected, flags = EXPECTED[name], flags_of(name)
     path = SHIPPED / name
     imported = import_config(path, flags)
-    spec = RunSpec.build(path, **flags)
+    spec = build_spec(path, **flags)
     plan = make_plan(spec).plan
 
     # the trainable parameters exactly, and every parameter (tied weights once, adapters included)

@@ -7,8 +7,9 @@ import sys
 
 import pytest
 
+from core.devicespec import parse_devices
 from core.errors import SpecError
-from core.spec import RunSpec, parse_devices, validate_against_config
+from core.spec import RunSpec, validate_against_config
 
 
 def test_defaults_are_the_embedded_lora_run():
@@ -98,7 +99,7 @@ def test_parse_devices():
 
 
 def test_planned_boxes_are_valid_specs_but_not_run_devices():
-    from core.spec import device_count, parse_device_capacities
+    from core.devicespec import device_count, parse_device_capacities
 
     assert RunSpec.build(devices="8x80GiB").devices == "8x80GiB"
     assert device_count("8x80GiB") == 8 and device_count("24GiB,8GiB") == 2

@@ -14,12 +14,13 @@ from pathlib import Path
 
 import pytest
 
+from core.devicespec import parse_device_capacities, parse_devices
 from core.errors import SpecError
 from core.models import load_config, resolve_model
 from core.plan.context import MEASURED_H200_INFERENCE, MEASURED_H200_TRAINING, nccl_buffers
 from core.plan.devices import DeviceInfo, detect_devices
 from core.plan.memory import plan_memory
-from core.spec import RunSpec, parse_device_capacities, parse_devices
+from core.spec import RunSpec
 from tests.paths import CASES
 
 GiB = 2**30

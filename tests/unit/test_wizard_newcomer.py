@@ -334,7 +334,8 @@ async def test_the_perplexity_before_stays_on_screen_while_the_training_runs(tin
 
     from core.events import Evaluated, Progress, Waiting
     from tests.wizard_helpers import text_of
-    from tui.screens.stages import EvaluateScreen, StageEvent
+    from tui.screens.messages import StageEvent
+    from tui.screens.stages import EvaluateScreen
 
     app = make_app(tiny_model_dir, tmp_path, mode="lora")
     async with app.run_test(size=(80, 24)) as pilot:
@@ -587,8 +588,7 @@ async def test_a_config_read_into_setup_says_what_it_replaced_keeps_the_rest_and
     counts only where the dialog promised a per-key list."""
     from textual.widgets import Input
 
-    from core.importers import import_config
-    from core.spec import RunSpec
+    from core.importers import build_spec, import_config
     from tests.paths import REPO
     from tui.screens.dialogs import ImportedKeys, LoadedConfig
     from tui.screens.setup import SetupScreen
@@ -601,7 +601,7 @@ async def test_a_config_read_into_setup_says_what_it_replaced_keeps_the_rest_and
         await pilot.press("enter")
         await pilot.pause()
         assert app.screen.check_action("imported_keys", ()) is False  # nothing imported: ^k not offered
-        app.screen._load_config(LoadedConfig(RunSpec.build(config), import_config(config)))
+        app.screen._load_config(LoadedConfig(build_spec(config), import_config(config)))
         for _ in range(3):
             await pilot.pause()
         screen = app.screen

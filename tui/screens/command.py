@@ -21,8 +21,9 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import Button, Footer, Header, Input, Label, ProgressBar, Static
 
 from tui.screens.base import WizardScreen
+from tui.screens.messages import StageDone, StageEvent
 from tui.screens.nav import NavButtons
-from tui.screens.stages import StageDone, StageEvent
+from tui.screens.registry import screen_named
 from tui.widgets.bars import LiveBar, gib
 from tui.widgets.inputs import OrderedInput
 from tui.widgets.tables import wrapped_table
@@ -51,9 +52,9 @@ def _criteria_fields() -> list[tuple[str, str, str]]:
     """The criteria command mode applies (core/criteria.py ``COMMAND_CRITERIA``) as the form shows them: (criterion,
     label, placeholder), labelled as on Setup (their declarations, core/criteria.py)."""
     from core.api import COMMAND_CRITERIA, AcceptCriteria
-    from tui.screens.setup import FIELDS as SETUP_FIELDS
+    from core.spec import spec_settings
 
-    labels = {f.name.removeprefix("accept_"): f.label for f in SETUP_FIELDS}
+    labels = {s.name: s.form.label for s in spec_settings() if s.table == "accept" and s.form is not None}
     defaults = AcceptCriteria()
 
     def placeholder(name: str) -> str:
@@ -418,10 +419,8 @@ class CommandRunScreen(NavButtons, WizardScreen):
         return "your command is running: Next when every stage has ended (q stops it and quits)" if disabled else None
 
     def action_next(self) -> None:
-        from tui.screens.export import ExportScreen
-
         if not self.query_one("#next", Button).disabled:
-            self.app.push_screen(ExportScreen())
+            self.app.push_screen(screen_named("export"))
 
 
 def health_parts(probe: Any) -> list[Any]:

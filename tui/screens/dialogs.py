@@ -186,7 +186,8 @@ class ConfigDialog(ModalScreen[LoadedConfig | None]):
         if given is None:
             return
         try:
-            loaded = LoadedConfig(RunSpec.build(path, **given), import_config(path, given))
+            imported = import_config(path, given)
+            loaded = LoadedConfig(RunSpec.from_file_values(imported.raw(), path, **given), imported)
         except NeedsValue as exc:  # asked for here as the flag would give it: typed below the path
             self.needs = exc
             value = self.query_one("#config-value", Input)

@@ -10,6 +10,7 @@ from textual.widgets import Button, Footer, Header, RadioButton, RadioSet, Stati
 
 from core.methods import METHODS
 from tui.screens.base import WizardScreen
+from tui.screens.registry import screen_named
 
 #: what the Mode screen lists: every method gpuaccept's recipe runs (core/methods/: its label and help), then your own
 #: command (a method planned only, LoRA over an 8-bit base, is for `gpuaccept plan` and a trainer's config)
@@ -126,11 +127,4 @@ class ModeScreen(WizardScreen):
             self.action_next()
 
     def action_next(self) -> None:
-        if self.app.state.mode == "command":
-            from tui.screens.command import CommandSetupScreen
-
-            self.app.push_screen(CommandSetupScreen())
-            return
-        from tui.screens.setup import SetupScreen
-
-        self.app.push_screen(SetupScreen())
+        self.app.push_screen(screen_named("command" if self.app.state.mode == "command" else "setup"))

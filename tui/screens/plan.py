@@ -14,6 +14,7 @@ from textual.widgets import Button, Footer, Header, LoadingIndicator, Static
 from core.api import component_label
 from tui.screens.base import WizardScreen
 from tui.screens.nav import NavButtons
+from tui.screens.registry import screen_named
 from tui.widgets.bars import PlanBar, gib, short_name
 from tui.widgets.tables import ReadTable, wrapped_table
 
@@ -423,13 +424,11 @@ class PlanScreen(NavButtons, WizardScreen):
         self._start_probe()
 
     def _start_probe(self) -> None:
-        from tui.screens.stages import ProbeScreen
-
         run = self.app.state.run
         if run is not None and run.spec != self.app.state.spec:
             self.app.finish_run()  # a changed setup is a new run: never show the old run's results as this one's
 
-        self.app.push_screen(ProbeScreen())
+        self.app.push_screen(screen_named("probe"))
 
 
 #: what the traced plan's slot says while the trace runs (a clock follows)

@@ -15,9 +15,11 @@ from textual.widgets import Button, Footer, Header, Input, Label, Select, Static
 from core import killpoints
 from core.methods import method_of
 from core.optim import OPTIMIZERS
-from core.settings import SETTINGS, FormField, Setting, by_dest, by_key
+from core.settings import FormField, Setting
+from core.spec import by_dest, by_key, spec_settings
 from tui.screens.base import WizardScreen
 from tui.screens.nav import NavButtons
+from tui.screens.registry import screen_named
 from tui.widgets.inputs import OrderedInput, OrderedSelect
 
 #: held by each of Setup's worker threads while it imports and reads (device detection imports torch, the inputs check
@@ -32,7 +34,7 @@ def fields_of(spec: Any) -> dict[str, Any]:
     from core.spec import RunSpec
 
     defaults = RunSpec.build(mode=spec.mode)
-    return {s.dest: s.value(spec) for s in SETTINGS if s.value(spec) != s.value(defaults) and s.dest != "mode"}
+    return {s.dest: s.value(spec) for s in spec_settings() if s.value(spec) != s.value(defaults) and s.dest != "mode"}
 
 
 def merged_import(before: Any, before_mode: str, imported: Any, settings: dict[str, Any]
@@ -72,7 +74,7 @@ def form_fields(settings: tuple[Setting, ...]) -> list[FormField]:
 # core/methods/base.py SETTING_GROUPS), made from each setting's declaration (core/spec.py, core/criteria.py); kinds:
 # "int", "float", "str", "choice", "optfloat" (blank: not set) and "autoint" (blank, shown as the placeholder "auto":
 # 0, which the spec reads as chosen for you)
-FIELDS: list[FormField] = form_fields(SETTINGS)
+FIELDS: list[FormField] = form_fields(spec_settings())
 #: what a blank field of a kind means, shown in it
 PLACEHOLDERS = {"optfloat": "not set", "autoint": "auto"}
 #: the first field of the criteria: a heading goes above it
@@ -461,9 +463,7 @@ class SetupScreen(NavButtons, WizardScreen):
 
     def action_own_command(self) -> None:
         """The choice "your own command": the user's script, not this recipe."""
-        from tui.screens.command import CommandSetupScreen
-
-        self.app.push_screen(CommandSetupScreen())
+        self.app.push_screen(screen_named("command"))
 
     def on_input_changed(self, event: Input.Changed) -> None:
         self.validate()
@@ -481,6 +481,4 @@ class SetupScreen(NavButtons, WizardScreen):
         if self._checked is None or not self._checked.ok:
             self.app.bell()
             return
-        from tui.screens.plan import PlanScreen
-
-        self.app.push_screen(PlanScreen())
+        self.app.push_screen(screen_named("plan"))

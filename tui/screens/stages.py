@@ -14,34 +14,18 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.content import Content
-from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Button, Footer, Header, ProgressBar, Sparkline, Static
 
 from tui.screens.base import WizardScreen
+from tui.screens.messages import StageDone, StageEvent
 from tui.screens.nav import NavButtons
+from tui.screens.registry import screen_named
 from tui.widgets.bars import LiveBar, gib
 from tui.widgets.tables import ReadTable
 
 #: a resume check's mark: ✓ pass, – a check this run cannot make (its evidence says why), ✗ anything else
 CHECK_MARKS = {"pass": "[$success]✓[/]", "not_applicable": "[$text-muted]–[/]"}
-
-
-class StageEvent(Message):
-    """A core event from the stage's worker thread."""
-
-    def __init__(self, event: Any) -> None:
-        super().__init__()
-        self.event = event
-
-
-class StageDone(Message):
-    """The stage's worker ended: its result, or the error that stopped it."""
-
-    def __init__(self, result: Any, error: str | None) -> None:
-        super().__init__()
-        self.result = result
-        self.error = error
 
 
 class StageScreen(NavButtons, WizardScreen):
@@ -197,9 +181,7 @@ class StageScreen(NavButtons, WizardScreen):
 
 
 def _export() -> Screen:
-    from tui.screens.export import ExportScreen
-
-    return ExportScreen()
+    return screen_named("export")
 
 
 class ProbeScreen(StageScreen):
