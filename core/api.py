@@ -460,7 +460,7 @@ def add_quiz_answers(record: Path, questions: list[Question], chosen: list[int],
         GpuAcceptError: no operator, not one answer per question, a signed or unreadable record.
     """
     from core.quiz import add_onboarding, onboarding_table
-    from core.record.build import utc_now
+    from core.record.written import utc_now
 
     table = onboarding_table(questions, chosen, operator, utc_now())
     return table, add_onboarding(record, table)

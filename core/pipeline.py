@@ -269,8 +269,8 @@ class StagedRun:
                 (:func:`core.record.signoff.checked_signoff`, the rule ``gpuaccept sign`` applies too); nothing is
                 written.
         """
-        from core.record.build import write_record
         from core.record.signoff import checked_signoff
+        from core.record.written import write_record
 
         if self.signed:
             raise GpuAcceptError(f"{self.record_path} is already signed; start a new run to sign again")
@@ -320,7 +320,7 @@ class AcceptanceRun(StagedRun):
                  nvml: Any = None):
         import tomli_w
 
-        from core.record.build import utc_now
+        from core.record.written import utc_now
 
         self.spec = spec
         self.started = utc_now()
@@ -512,7 +512,8 @@ class AcceptanceRun(StagedRun):
         Raises:
             GpuAcceptError: the record is already signed (a signed record is never overwritten).
         """
-        from core.record.build import build_record, environment, utc_now
+        from core.record.build import build_record, environment
+        from core.record.written import utc_now
 
         if self.signed:
             raise GpuAcceptError(f"{self.record_path} is already signed; start a new run to sign again")
@@ -574,8 +575,8 @@ def run_pipeline(
 def cluster_stage(run: StagedRun, cluster: Any, path: Path | None) -> Generator[Event, None, Path | None]:
     """Several nodes: every node shares its record; the node holding rank 0 writes the cluster record
     (core/record/cluster.py) beside its own, ``cluster.toml``. Returns its path on that node, None elsewhere."""
-    from core.record.build import write_record
     from core.record.cluster import cluster_record
+    from core.record.written import write_record
 
     probe = run.results.get("probe")
     holds = probe is not None and any(d.rank == 0 for d in probe.devices)

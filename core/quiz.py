@@ -449,8 +449,8 @@ def add_onboarding(record_path: Path, table: dict[str, Any]) -> Path:
     """
 
     from core.bounds import MAX_RECORD_FILE, loads_bounded, read_input_text
-    from core.record.build import write_record
     from core.record.signing import signature_path
+    from core.record.written import write_record
 
     path = Path(record_path)
     if signature_path(path).exists():

@@ -105,7 +105,7 @@ class CommandRun(StagedRun):
         import tomli_w
 
         from core.data import check_data
-        from core.record.build import utc_now
+        from core.record.written import utc_now
 
         self.spec = spec
         #: the thresholds it is accepted by (core/criteria.py ``COMMAND_CRITERIA``; the defaults: the rules)
@@ -401,7 +401,8 @@ class CommandRun(StagedRun):
             GpuAcceptError: the record is already signed.
         """
         from core.command.record import build_command_record
-        from core.record.build import environment, utc_now
+        from core.record.build import environment
+        from core.record.written import utc_now
 
         if self.signed:
             raise GpuAcceptError(f"{self.record_path} is already signed; start a new run to sign again")

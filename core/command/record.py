@@ -13,8 +13,8 @@ import dataclasses
 import datetime as dt
 from typing import Any, cast
 
-from core.record.build import COMMAND_SCHEMA_VERSION, TOOL, _clean, tool_version
 from core.record.verdicts import overall_status
+from core.record.written import COMMAND_SCHEMA_VERSION, TOOL, clean, tool_version
 from core.status import StageStatus, Stopped
 
 #: what the record names each stage (the pipeline's ``train_eval`` is the record's ``evaluation``)
@@ -63,7 +63,7 @@ def build_command_record(run: Any, *, started: dt.datetime, finished: dt.datetim
     rec["data"], rec["evaluation"] = evaluation_tables(spec, results.get("train_eval"), ref)
     rec["resume"] = resume_table(resume)
     rec["verdict"] = verdict(results, run.stopped)
-    return cast(dict[str, Any], _clean(rec))
+    return cast(dict[str, Any], clean(rec))
 
 
 def _env_added(run: Any) -> dict[str, str]:

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from core.criteria import device_label
-from core.record.build import TOOL, tool_version, utc_now
+from core.record.written import TOOL, tool_version, utc_now
 
 CLUSTER_SCHEMA_VERSION = 1
 KIND = "cluster"

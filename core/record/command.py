@@ -30,16 +30,9 @@ from typing import Any
 
 from core.criteria import COMMAND_SPEED_ON, AcceptCriteria, Judgement
 from core.plan.fit import fits_in
-from core.record.build import (
-    READABLE_VERSIONS,
-    TOOL,
-    _onboarding_problems,
-    _verdict_and_signoff_problems,
-    provenance_problems,
-    spec_table_hash,
-)
 from core.record.judged import criteria_of, criteria_rows_problems
 from core.record.schema import _walk
+from core.record.shape import _onboarding_problems, _verdict_and_signoff_problems, provenance_problems, spec_table_hash
 from core.record.verdicts import (
     STAGES,
     CheckFact,
@@ -69,6 +62,7 @@ from core.record.verdicts import (
     tables,
     text,
 )
+from core.record.written import READABLE_VERSIONS, TOOL
 from core.stages.noise import EVIDENCE_SCHEMA, POOLED_SCHEMA, RESIZED_SUFFIX, RecordedRule, tier_problems
 from core.status import PASSING, StageStatus
 

@@ -9,8 +9,8 @@ from typing import Any
 
 from core.criteria import AcceptCriteria, Judgement
 from core.errors import SpecError
-from core.record.build import _clean
 from core.record.verdicts import STAGES, entry, subtable
+from core.record.written import clean
 from core.status import StageStatus
 
 
@@ -41,7 +41,7 @@ def criteria_rows_problems(rec: dict[str, Any], rows: dict[str, list[Judgement]]
         if stages.get(name, {}).get("status") in (StageStatus.NOT_RUN, StageStatus.CANCELLED, StageStatus.ERROR) \
                 and not stated:
             continue
-        want = [_clean(r.to_row()) for r in rows[name]]
+        want = [clean(r.to_row()) for r in rows[name]]
         if len(stated) != len(want):
             problems.append(f"verdict.stages.{name} lists {len(stated)} criteria row(s); its data and the accept "
                             f"table give {len(want)}: " + "; ".join(r.words() for r in rows[name])[:300])

@@ -1,6 +1,6 @@
 """The value rules of an acceptance record, checked over every table and array (docs/record.md, "Values").
 
-:func:`core.record.build.schema_problems` checks the record's shape (its tables, provenances, verdict statuses, sign-off);
+:func:`core.record.shape.schema_problems` checks the record's shape (its tables, provenances, verdict statuses, sign-off);
 :func:`value_problems` walks every key and element below it and holds each value to the rules here, so that a NaN, a
 naive time or a float step number deep in a table is a schema finding, not a verdict computed from it.
 
@@ -8,7 +8,7 @@ Rules applied everywhere:
 
 - a key is a non-empty string;
 - a float is finite: the writer spells a non-finite measurement ``"nan"``, ``"inf"`` or ``"-inf"``
-  (:func:`core.record.build._clean`), so a TOML ``nan`` or ``inf`` was not written by gpuaccept;
+  (:func:`core.record.written.clean`), so a TOML ``nan`` or ``inf`` was not written by gpuaccept;
 - a date-time sits only at a key ending ``_utc`` and carries the UTC offset; local dates and times are never written;
 - the first rule of :data:`RULES` whose pattern matches a value's path gives its kind (:data:`KINDS`).
 

@@ -21,9 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from core.bounds import loads_bounded
-from core.record.build import stages_not_passed, utc_now, verdict_passes, write_record
+from core.record.shape import stages_not_passed, verdict_passes
 from core.record.signing import SigningError, can_sign, sign, signature_path
 from core.record.verify import record_problems
+from core.record.written import utc_now, write_record
 
 
 class SignoffRefused(SigningError):
@@ -72,7 +73,7 @@ def verdict_in_words(verdict: Any) -> str:
 
 def needs_override(verdict: Any, decision: str) -> bool:
     """Whether a sign-off with ``decision`` on a record with this ``verdict`` table needs the operator's reason: an
-    accept of a verdict that is not pass (:func:`core.record.build.verdict_passes`)."""
+    accept of a verdict that is not pass (:func:`core.record.shape.verdict_passes`)."""
     return decision == "accept" and not verdict_passes(verdict)
 
 
@@ -81,7 +82,7 @@ def checked_signoff(verdict: Any, signoff: dict[str, Any]) -> dict[str, Any]:
     against its verdict, applied by :func:`sign_record` and by the runs' ``write_record`` (the wizard).
 
     An accept of a verdict that is not pass needs ``override`` (the operator's reason); the sign-off returned then
-    holds ``overridden``, the stages that did not pass (:func:`core.record.build.stages_not_passed`). A reject needs
+    holds ``overridden``, the stages that did not pass (:func:`core.record.shape.stages_not_passed`). A reject needs
     no override; an unsigned table (``status = "unsigned"``) is returned as it is.
 
     Raises:

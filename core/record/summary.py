@@ -128,7 +128,7 @@ def records_below(folder: Path) -> list[Path]:
         raise NotADirectoryError(f"{folder} is not a folder")
     found = []
     for path in sorted(folder.rglob("*.toml")):
-        if path.name.startswith("."):  # a writer's temporary file (core.record.build.write_record), not a record
+        if path.name.startswith("."):  # a writer's temporary file (core.record.written.write_record), not a record
             continue
         if path.name == "record.toml" or special_file_kind(path) not in (None, "a directory"):
             found.append(path)  # a FIFO or a device named like a record: a row of its own, never opened

@@ -4,7 +4,7 @@ Three independent checks, each reported with what it found:
 
 1. **signature** (:mod:`core.record.signing`): ``record.toml.sig`` over the exact bytes on disk, namespace
    ``gpuaccept-record``; with an allowed-signers file and identity, the signer too;
-2. **schema** (:func:`core.record.build.schema_problems`): version, tables, types, provenance tags, UTC-aware times, the
+2. **schema** (:func:`core.record.shape.schema_problems`): version, tables, types, provenance tags, UTC-aware times, the
    spec's sha256;
 3. **verdicts** (:func:`recompute_verdicts`): the record's tables read back as the verdict engine's typed facts
    (:mod:`core.record.verdicts`: a value a verdict depends on that is missing or of the wrong type is a named problem)
@@ -39,8 +39,8 @@ from core.bounds import (
 from core.criteria import AcceptCriteria, Judgement, device_label, speed_on
 from core.methods import trains
 from core.plan.fit import UNDER_ESTIMATE_WORD, fit_of, measured_use_bytes, traced_peak, traced_reserved, under_estimate
-from core.record.build import schema_problems
 from core.record.judged import criteria_of, criteria_rows_problems
+from core.record.shape import schema_problems
 from core.record.signing import SignatureCheck, check_signature
 from core.record.verdicts import (
     STAGES,

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import datetime as dt
 
-from core.record.build import plain_values, schema_problems
+from core.record.shape import schema_problems
 from core.record.verify import recompute_verdicts
+from core.record.written import plain_values
 from tests import records
 from tests.records import key_paths as keys
 

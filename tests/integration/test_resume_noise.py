@@ -242,7 +242,8 @@ FORGERIES = {
 @pytest.fixture(scope="module")
 def forged_source(jittered_reference, tiny_model_dir, tmp_path_factory):
     """The resume table of a failing resume (the adapters not restored) under the jitter, as the record writes it."""
-    from core.record.build import _clean, _resume_table
+    from core.record.build import _resume_table
+    from core.record.written import clean
 
     spec, te = jittered_reference
     mp = pytest.MonkeyPatch()
@@ -250,7 +251,7 @@ def forged_source(jittered_reference, tiny_model_dir, tmp_path_factory):
         result = resume_with("adapters_not_restored", spec, te, tiny_model_dir, tmp_path_factory.mktemp("forged"), mp)
     finally:
         mp.undo()
-    return tomllib.loads(__import__("tomli_w").dumps(_clean(_resume_table(result))))
+    return tomllib.loads(__import__("tomli_w").dumps(clean(_resume_table(result))))
 
 
 def _contradictions(res: dict, kept: bool = True) -> list[str]:

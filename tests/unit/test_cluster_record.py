@@ -43,7 +43,7 @@ def test_what_a_cluster_record_must_not_hide():
     assert "verdict.status is 'fail', the nodes' verdicts give 'pass'" in verdicts
     assert "2 nodes are said to hold rank 0; one does" in verdicts
     broken = cluster_record([text, text], rank0=0)
-    from core.record.build import SCHEMA_VERSION
+    from core.record.written import SCHEMA_VERSION
 
     assert f"schema_version = {SCHEMA_VERSION}" in text
     broken["nodes"][0]["record"] = text.replace(f"schema_version = {SCHEMA_VERSION}", "schema_version = 99", 1)
@@ -54,10 +54,10 @@ def test_what_a_cluster_record_must_not_hide():
 def test_a_cluster_record_is_signed_and_its_sign_off_follows_its_verdict(tmp_path):
     import subprocess
 
-    from core.record.build import write_record
     from core.record.cluster import cluster_problems
     from core.record.signoff import sign_record
     from core.record.verify import EXIT_SIGNER_NOT_CHECKED, verify
+    from core.record.written import write_record
 
     text = path_of("lora").read_text()
     path = write_record(cluster_record([text, text], rank0=0), tmp_path / "cluster.toml")

@@ -21,7 +21,7 @@ from core.criteria import (
     missed,
 )
 from core.errors import SpecError
-from core.record.build import schema_problems
+from core.record.shape import schema_problems
 from core.record.verify import recompute_verdicts
 from core.spec import RunSpec
 

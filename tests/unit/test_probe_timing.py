@@ -137,7 +137,7 @@ def _timed_record():
 
 
 def test_verify_recomputes_the_speed_from_the_untracked_steps():
-    from core.record.build import schema_problems
+    from core.record.shape import schema_problems
     from core.record.verify import probe_speed
 
     rec = _timed_record()

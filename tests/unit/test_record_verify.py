@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import tomli_w
 
-from core.record.build import plain_values, schema_problems, write_record
+from core.record.shape import schema_problems
 from core.record.verify import (
     EXIT_BAD_SIGNATURE,
     EXIT_SCHEMA,
@@ -26,6 +26,7 @@ from core.record.verify import (
     EXIT_VERIFIED,
     recompute_verdicts,
 )
+from core.record.written import plain_values, write_record
 from tests.records import as_schema
 from tui.cli import main
 
@@ -230,7 +231,7 @@ def test_a_probe_that_ran_other_than_planned_does_not_pass(record, capsys):
     (lambda spec: spec.pop("padding"), "spec.padding is None"),
 ])
 def test_schema_2_spec_keys_are_checked_even_with_the_hash_recomputed(record, capsys, change, says):
-    from core.record.build import spec_table_hash
+    from core.record.shape import spec_table_hash
 
     def edited(data):
         change(data["spec"])
@@ -316,7 +317,7 @@ def test_every_value_below_the_top_level_is_checked(record, capsys, change, says
     ("gradient_checkpointing", 1, "spec.gradient_checkpointing is 1, not bool"),
     ("learning_rate", "fast", "spec.learning_rate is 'fast', not float")])
 def test_the_spec_table_holds_the_types_the_spec_takes_even_with_its_hash_recomputed(record, capsys, key, value, says):
-    from core.record.build import spec_table_hash
+    from core.record.shape import spec_table_hash
 
     def change(data):
         data["spec"][key] = value
@@ -409,7 +410,7 @@ def test_a_loosened_tier_with_a_diverged_loss_is_caught(record, capsys):
 def test_a_twin_bound_that_does_not_hold_its_own_noise_is_caught(record, capsys):
     """A record judged by a twin's noise (the CPU with resume.noise = "twin"): a bound set below 4 x the noise it was
     made from, and a resumed loss above the bound that still passed, are both named."""
-    from core.record.build import spec_table_hash
+    from core.record.shape import spec_table_hash
 
     def bounded(data):
         data["spec"]["resume"]["noise"] = "twin"
@@ -452,7 +453,7 @@ def test_a_value_of_the_wrong_type_is_a_schema_finding_not_a_crash(record, capsy
 
 
 def test_a_spec_edited_with_its_hash_recomputed_still_disagrees_with_the_evaluation(record, capsys):
-    from core.record.build import spec_table_hash
+    from core.record.shape import spec_table_hash
 
     def rehash(data):
         data["spec"]["seq_len"] = 4096
@@ -538,7 +539,7 @@ def test_on_cuda_the_overhead_is_said_not_read():
     (4.0, "resume.tier cpu-fp32-twin-noise has loss_multiple 0.0, the record says 4.0"),
 ])
 def test_a_twin_tiers_losses_are_held_to_their_own_multiple(record, capsys, loss_multiple, says):
-    from core.record.build import spec_table_hash
+    from core.record.shape import spec_table_hash
 
     def bounded(data):
         data["spec"]["resume"]["noise"] = "twin"
