@@ -119,7 +119,7 @@ def cold_p1(tmp: Path) -> dict:
 
 
 def replan() -> dict:
-    from core.pipeline import make_plan
+    from core.prerun import make_plan
     from core.spec import RunSpec
 
     spec = RunSpec.build(None, devices="1x80GiB")

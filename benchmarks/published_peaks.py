@@ -79,7 +79,7 @@ def plan_row(row: dict[str, Any], traced: bool) -> tuple[int, str, str]:
     import yaml
 
     from core.importers import build_spec
-    from core.pipeline import make_plan
+    from core.prerun import make_plan
 
     source = PUBLISHED / "configs" / row["config"]
     data = yaml.safe_load(source.read_text(encoding="utf-8"))

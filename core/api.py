@@ -19,7 +19,7 @@ The use cases, each a function of this module:
 - **the quiz**: :func:`build_quiz`, :func:`add_quiz_answers`;
 - **the monitor**: :func:`default_backend` and :class:`~core.monitor.sampler.Sampler`.
 
-The types those use cases take and give (:class:`~core.pipeline.PlanContext`, :class:`~core.plan.search.Largest`,
+The types those use cases take and give (:class:`~core.prerun.PlanContext`, :class:`~core.plan.search.Largest`,
 :class:`~core.plan.fit.Fit`, ...) and the few helpers that put their numbers into words the same way on every screen
 (:func:`~core.plan.memory.component_label`, :func:`~core.plan.search.headroom_text`, ...) are re-exported from
 where they are defined: :data:`REEXPORTED` names each one's home.
@@ -58,10 +58,7 @@ if TYPE_CHECKING:  # the names of REEXPORTED, for type checkers; at run time eac
     from core.monitor.nvml import default_backend as default_backend
     from core.monitor.sampler import Sampler as Sampler
     from core.pipeline import AcceptanceRun as AcceptanceRun
-    from core.pipeline import InputsChecked as InputsChecked
-    from core.pipeline import PlanContext as PlanContext
     from core.pipeline import StagedRun as StagedRun
-    from core.pipeline import traced_summary as traced_summary
     from core.plan.devices import DeviceInfo as DeviceInfo
     from core.plan.devices import judged_capacity as judged_capacity
     from core.plan.fit import Fit as Fit
@@ -74,6 +71,9 @@ if TYPE_CHECKING:  # the names of REEXPORTED, for type checkers; at run time eac
     from core.plan.search import Largest as Largest
     from core.plan.search import headroom_text as headroom_text
     from core.plan.traced import relative_text as relative_text
+    from core.prerun import InputsChecked as InputsChecked
+    from core.prerun import PlanContext as PlanContext
+    from core.prerun import traced_summary as traced_summary
     from core.quiz import Question as Question
     from core.quiz import build_quiz as build_quiz
     from core.record.diff import Comparison as Comparison
@@ -102,7 +102,7 @@ if TYPE_CHECKING:  # the names of REEXPORTED, for type checkers; at run time eac
 #: number the same way on every screen and command line.
 REEXPORTED: dict[str, str] = {
     # the plan: its context, devices, fit, search and traced plan, and their words
-    "PlanContext": "core.pipeline", "InputsChecked": "core.pipeline", "traced_summary": "core.pipeline",
+    "PlanContext": "core.prerun", "InputsChecked": "core.prerun", "traced_summary": "core.prerun",
     "MemoryPlan": "core.plan.memory", "component_label": "core.plan.memory", "overhead_name": "core.plan.memory",
     "DeviceInfo": "core.plan.devices", "judged_capacity": "core.plan.devices",
     "Fit": "core.plan.fit", "fit_verdicts": "core.plan.fit", "all_fit": "core.plan.fit", "fits_in": "core.plan.fit",
@@ -149,21 +149,21 @@ def __getattr__(name: str) -> Any:
 def plan(spec: RunSpec, devices_override: list[DeviceInfo] | None = None) -> PlanContext:
     """The memory plan of ``spec``: the model resolved and its config read (no weights), the spec checked against it,
     the devices detected (or ``devices_override``: a box planned for, a test's host) and the plan made per device
-    (:func:`core.pipeline.make_plan`).
+    (:func:`core.prerun.make_plan`).
 
     Raises:
         SpecError, ModelNotFoundError: named errors for bad input.
     """
-    from core.pipeline import make_plan
+    from core.prerun import make_plan
 
     return make_plan(spec, devices_override)
 
 
 def check_inputs(spec: RunSpec) -> InputsChecked:
     """What a plan or a run would refuse about the spec's model and data, read without weights or a run folder (the
-    setup form checks it as it is typed; :func:`core.pipeline.check_inputs`). Never raises: each problem is named by
+    setup form checks it as it is typed; :func:`core.prerun.check_inputs`). Never raises: each problem is named by
     the field that fixes it."""
-    from core.pipeline import check_inputs as checked
+    from core.prerun import check_inputs as checked
 
     return checked(spec)
 
@@ -178,8 +178,8 @@ def detect_devices(devices: str = "auto", cpu_ranks: int = 1) -> list[DeviceInfo
 
 def runnable_reason(spec: RunSpec, ctx: PlanContext, allow_unfit: bool = False) -> str | None:
     """Why ``spec`` cannot run on this machine (a screen says it before Next), or None; ``allow_unfit``: a plan that
-    does not fit is not a reason (it can be probed anyway). :func:`core.pipeline.runnable_reason`."""
-    from core.pipeline import runnable_reason as reason
+    does not fit is not a reason (it can be probed anyway). :func:`core.prerun.runnable_reason`."""
+    from core.prerun import runnable_reason as reason
 
     return reason(spec, ctx, allow_unfit)
 

@@ -20,7 +20,7 @@ class WizardState:
         mode: inference | full | lora | qlora | command (your own command), chosen on the first screen.
         fields: setup values as typed (flag names of RunSpec.build), applied over the mode's defaults.
         spec: the validated RunSpec, once the setup is valid.
-        ctx: the plan context (core.pipeline.PlanContext) for ``spec``.
+        ctx: the plan context (core.prerun.PlanContext) for ``spec``.
         traced: the traced plan of ``spec`` (core.plan.traced.traced_table) once the plan screen's trace has finished.
         run: the core.pipeline.AcceptanceRun created when the probe starts (it owns the run directory); in command
             mode the core.command.pipeline.CommandRun created when the command's run starts.

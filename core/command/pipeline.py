@@ -35,18 +35,8 @@ from core.criteria import (
 )
 from core.errors import GpuAcceptError, StageCancelled, StageError
 from core.events import Event, Message, StageFinished, StageStarted
-from core.pipeline import (
-    RESERVE_NAME,
-    StagedRun,
-    _reserve,
-    agreement,
-    cluster_stage,
-    gate,
-    new_run_dir,
-    quietly,
-    record_stage,
-    stopped_before_start,
-)
+from core.nodes import agreement, cluster_stage, gate, quietly, stopped_before_start
+from core.pipeline import RESERVE_NAME, StagedRun, _reserve, new_run_dir, record_stage
 from core.protocol.events import EventWriter
 from core.status import StageStatus, Stopped
 
@@ -60,7 +50,7 @@ class CommandPlan:
 
     Attributes:
         ran: the RunSpec planned (``spec``) and where each of its settings came from (``sources``).
-        ctx: the plan context (:class:`core.pipeline.PlanContext`), or None.
+        ctx: the plan context (:class:`core.prerun.PlanContext`), or None.
         comparisons: each measured rank against its device's plan.
     """
 
@@ -168,7 +158,7 @@ class CommandRun(StagedRun):
         if self.spec.model != EMBEDDED_MODEL:
             return Path(self.spec.model).expanduser().resolve()
         if not embedded_cache_ready():
-            from core.pipeline import convert_blocking
+            from core.prerun import convert_blocking
 
             convert_blocking(self.run_dir / "convert-embedded.log")
         return embedded_cache_path()

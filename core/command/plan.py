@@ -223,8 +223,8 @@ class DeviceComparison:
 
 
 def plan_for(ran: RanSpec) -> tuple[Any, str]:
-    """The plan of ``ran.spec`` (:func:`core.pipeline.make_plan`: per device, detected here), or (None, why not)."""
-    from core.pipeline import make_plan
+    """The plan of ``ran.spec`` (:func:`core.prerun.make_plan`: per device, detected here), or (None, why not)."""
+    from core.prerun import make_plan
 
     if ran.spec is None:
         return None, ran.reason

@@ -823,7 +823,7 @@ def trace_in_child(spec: RunSpec, config: Any, target: str, cancelled: Any = Non
                    workspaces: tuple[int, ...] = (), workspace_method: str = "") -> TracedPlan:
     """Run :func:`trace_plan` in a child process (``python -P -m core.plan.traced``), so the wizard stays responsive and a
     crash in a model's code cannot take the caller down; the child traces ``config``, the config the caller resolved
-    (:func:`core.pipeline.make_plan`), written beside the spec (:func:`config_json`): the plan resolves no model.
+    (:func:`core.prerun.make_plan`), written beside the spec (:func:`config_json`): the plan resolves no model.
 
     Args:
         config: the model's config (a ``transformers.PretrainedConfig`` or a :class:`core.plan.shapes.FastConfig`).
@@ -903,7 +903,7 @@ def workspaces_of(spec: RunSpec, device: Any, config: Any = None) -> tuple[tuple
 
 
 def traced_table(spec: RunSpec, ctx: Any, cancelled: Any = None) -> dict[str, Any]:
-    """The traced plan of ``spec`` compared with ``ctx.plan`` (:class:`core.pipeline.PlanContext`), JSON-ready for the
+    """The traced plan of ``spec`` compared with ``ctx.plan`` (:class:`core.prerun.PlanContext`), JSON-ready for the
     record and the screens; ``{"status": "not_run" | "cancelled" | "error", "reason": ...}`` when there is none."""
     from core.errors import GpuAcceptError
     from core.status import Stopped

@@ -32,7 +32,7 @@ from core.criteria import COMMAND_SPEED_ON, AcceptCriteria, Judgement
 from core.plan.fit import fits_in
 from core.record.judged import criteria_of, criteria_rows_problems
 from core.record.schema import _walk
-from core.record.shape import _onboarding_problems, _verdict_and_signoff_problems, provenance_problems, spec_table_hash
+from core.record.shape import onboarding_problems, provenance_problems, spec_table_hash, verdict_and_signoff_problems
 from core.record.verdicts import (
     STAGES,
     CheckFact,
@@ -101,7 +101,7 @@ def command_schema_problems(rec: dict[str, Any]) -> list[str]:
     if rec["schema_version"] >= CRITERIA_VERSION and not isinstance(rec.get("accept"), dict):
         out.append(f"accept is missing: a command record of version {rec['schema_version']} holds the criteria it "
                    "was judged by")
-    out.extend(_onboarding_problems(rec.get("onboarding")))
+    out.extend(onboarding_problems(rec.get("onboarding")))
     spec = rec["spec"]
     if spec.get("mode") != "command" or not isinstance(spec.get("command"), dict):
         out.append("spec must hold mode = \"command\" and the [command] table")
@@ -114,7 +114,7 @@ def command_schema_problems(rec: dict[str, Any]) -> list[str]:
     except (TypeError, ValueError) as exc:
         out.append(f"spec.hash cannot be recomputed ({exc})")
     out.extend(provenance_problems(rec, PROVENANCES))
-    out.extend(_verdict_and_signoff_problems(rec))
+    out.extend(verdict_and_signoff_problems(rec))
     for key, value in rec.items():
         _walk({key: value}, "", "", out, rules=key not in ("spec", "ran"))
     return out

@@ -93,7 +93,7 @@ def schema_problems(rec: dict[str, Any]) -> list[str]:
     if missing:
         out.append("missing tables: " + ", ".join(missing))
         return out
-    out.extend(_onboarding_problems(rec.get("onboarding")))
+    out.extend(onboarding_problems(rec.get("onboarding")))
     if version >= 4:
         out.extend(_accept_problems(rec["accept"]))
     unknown = sorted(set(rec) - set(TOP_LEVEL) - set(tables) - set(OPTIONAL_TABLES))
@@ -116,7 +116,7 @@ def schema_problems(rec: dict[str, Any]) -> list[str]:
     res = rec["resume"]
     if res.get("status") != StageStatus.NOT_APPLICABLE and res.get("provenance") not in ("measured", "not_run"):
         out.append(f"resume.provenance is {res.get('provenance')!r}; measured or not_run (or status not_applicable)")
-    out.extend(_verdict_and_signoff_problems(rec))
+    out.extend(verdict_and_signoff_problems(rec))
     return out + value_problems(rec)
 
 
@@ -154,7 +154,7 @@ def _accept_problems(table: dict[str, Any]) -> list[str]:
     return []
 
 
-def _onboarding_problems(attempts: Any) -> list[str]:
+def onboarding_problems(attempts: Any) -> list[str]:
     """Each onboarding attempt (the quiz's answers, when added) has an operator, a UTC ``time_utc``, questions whose
     ``correct`` is ``chosen == right``, ``questions_asked`` their number and ``score`` the correct ones."""
     out: list[str] = []
@@ -172,7 +172,7 @@ def _onboarding_problems(attempts: Any) -> list[str]:
     return out
 
 
-def _verdict_and_signoff_problems(rec: dict[str, Any]) -> list[str]:
+def verdict_and_signoff_problems(rec: dict[str, Any]) -> list[str]:
     """The verdict (pass or fail, exactly the stages of :data:`VERDICT_STAGES`, each with a status and its evidence)
     and the sign-off (``status = "unsigned"`` alone, or operator, role, decision accept / reject, comment, time, and
     for an accept of a verdict that is not pass the override: :func:`_override_problems`)."""

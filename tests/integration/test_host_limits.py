@@ -245,7 +245,7 @@ def test_the_trace_child_ends_and_removes_its_folder_when_gpuaccept_is_killed(tm
     reach it) used to run on and leave ``gpuaccept-trace-*`` in the temp folder."""
     tmp = tmp_path / "tmp"
     tmp.mkdir()
-    code = ("import sys; from core.spec import RunSpec; from core.pipeline import make_plan; "
+    code = ("import sys; from core.spec import RunSpec; from core.prerun import make_plan; "
             "from core.plan.traced import trace_in_child; "
             f"spec = RunSpec.build(model={str(tiny_model_dir)!r}, mode='lora', seq_len=32); "
             "trace_in_child(spec, make_plan(spec).config, 'cpu')")

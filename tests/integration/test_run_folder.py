@@ -104,12 +104,12 @@ def test_an_event_log_that_cannot_be_written_does_not_stop_the_events(tmp_path, 
 def test_a_record_that_cannot_be_written_is_said_and_the_run_folder_kept(tmp_path, tiny_model_dir, monkeypatch):
     """No room for record.toml: the last stage says ``not_written``, the run finishes ``fail`` with no record path (the
     CLI prints "(not written: see above)" and exits 1), and the run folder keeps what was written before."""
-    import core.record.build
+    import core.record.written
 
     def full(record, path):
         raise ENOSPC
 
-    monkeypatch.setattr(core.record.build, "write_record", full)
+    monkeypatch.setattr(core.record.written, "write_record", full)
     events = list(run_pipeline(spec(tiny_model_dir), runs_root=tmp_path / "runs", cancelled=lambda: True))
     record_done = [e for e in events if isinstance(e, StageFinished) and e.stage == "record"]
     assert [e.status for e in record_done] == ["not_written"]

@@ -287,7 +287,7 @@ def test_world_size_and_launch_options():
 
 def test_zero3_across_nodes_divides_by_every_rank(tiny_model_dir):
     """The plan's divisor is the world size (every node's ranks), not this node's devices."""
-    from core.pipeline import make_plan
+    from core.prerun import make_plan
 
     one = make_plan(RunSpec.build(model=str(tiny_model_dir), mode="full", devices="cpu", strategy="zero3",
                                   torchrun_nproc_per_node=2)).plan

@@ -124,9 +124,9 @@ def _box(capacity: int = 1 * GiB) -> list[DeviceInfo]:
 
 
 def test_plan_report_agrees_with_the_plan_fit_and_search_made_apart(tiny_model_dir):
-    from core.pipeline import make_plan
     from core.plan.fit import fit_verdicts
     from core.plan.search import largest_fitting
+    from core.prerun import make_plan
 
     spec = RunSpec.build(model=str(tiny_model_dir), mode="full", seq_len=64)
     box = _box(64 * GiB)  # the sequence length stops at the model's limit, not the capacity

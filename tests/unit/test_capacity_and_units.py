@@ -73,7 +73,7 @@ def test_the_cli_plan_says_the_capacity_as_the_screens_do(monkeypatch, tmp_path,
 
 # ------------------------------------------------------------------------------- 2. plan peak vs planned tensors
 def test_the_plan_line_and_diff_name_the_peak_and_its_tensors_apart(config):
-    from core.pipeline import _plan_summary
+    from core.prerun import plan_summary
     from core.record.diff import compare, format_comparison
     from core.stages.probe import DeviceMeasurement, compare_with_plan
     from tests.records import path_of
@@ -84,7 +84,7 @@ def test_the_plan_line_and_diff_name_the_peak_and_its_tensors_apart(config):
     m = DeviceMeasurement("cpu", 0, 0, 0, peak_bytes=d.total_bytes, peak_method="live tensors", peak_reserved_bytes=None,
                           peak_rss_bytes=0, rss_after_load_bytes=0, parameters=0, trainable_parameters=0)
     tensors = compare_with_plan(d, m).planned_bytes  # what `gpuaccept diff` shows as "planned tensors"
-    line = _plan_summary(plan)
+    line = plan_summary(plan)
     assert tensors == d.total_bytes - overhead
     assert (f"cpu: plan peak {d.total_bytes / GiB:.2f} GiB (tensors {tensors / GiB:.2f} GiB + runtime overhead "
             f"{overhead / GiB:.2f} GiB) of 20.00 GiB (available host memory (psutil), read at ") in line

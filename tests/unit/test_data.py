@@ -230,7 +230,7 @@ def test_make_blocks_without_eos_is_a_data_error():
 
 def test_check_inputs_names_a_missing_model_and_a_bad_data_file_together(tmp_path):
     """A missing model no longer hides the data file's error (issue 17): both come back, each with its field."""
-    from core.pipeline import check_inputs
+    from core.prerun import check_inputs
     from core.spec import RunSpec
 
     bad = tmp_path / "bad.jsonl"

@@ -63,7 +63,7 @@ def test_the_magnitude_vectors_are_the_trainable_parameters_peft_adds(wide_model
     (from the meta model peft builds) equal the model the child loads, and exceed LoRA's by q's and v's widths."""
     from core.child.measure import parameter_placement
     from core.child.recipe import build_model
-    from core.pipeline import make_plan
+    from core.prerun import make_plan
 
     spec = _spec(wide_model, "dora", "q_proj,v_proj", 1, 8)
     model, _ = build_model(spec, str(wide_model), "cpu")

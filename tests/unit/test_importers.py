@@ -228,7 +228,7 @@ def test_a_file_of_no_known_format_names_the_four(tmp_path):
 def test_a_yaml_spec_path_is_read_through_its_importer_with_flags_over_it(tmp_path, tiny_model_dir):
     """``RunSpec.build`` (what ``gpuaccept plan`` and ``run`` call) reads a .yaml spec through the importers, flags
     over it; the plan is made from it."""
-    from core.pipeline import make_plan
+    from core.prerun import make_plan
 
     spec = build_spec(_config(tmp_path, "torchtune_lora.yaml", model=str(tiny_model_dir)), batch_size=1,
                          seq_len=64, devices="cpu", dtype="fp32")

@@ -17,12 +17,8 @@ OURS = ("core", "tui")
 #: (importing file, module imported from, private name): the imports of private names that are still to be made public
 KNOWN = {
     ("core/command/pipeline.py", "core.pipeline", "_reserve"),
-    ("core/command/record.py", "core.record.build", "_clean"),
-    ("core/record/command.py", "core.record.build", "_onboarding_problems"),
-    ("core/record/command.py", "core.record.build", "_verdict_and_signoff_problems"),
     ("core/record/command.py", "core.record.schema", "_walk"),
     ("core/record/diff.py", "core.record.summary", "_json_number"),
-    ("core/record/judged.py", "core.record.build", "_clean"),  # moved with criteria_rows_problems from verify.py
 }
 
 

@@ -78,7 +78,7 @@ def _ledger(rank: int = 0, times: tuple[float, ...] = (6.0, 5.0, 0.5, 0.7), trac
 
 
 def test_the_probe_says_how_it_timed_and_its_criteria_judge_the_untracked_figure(tiny_model_dir):
-    from core.pipeline import make_plan
+    from core.prerun import make_plan
     from tests.wizard_helpers import TEST_HOST
 
     # 2 s per step: the untracked steps (0.6 s) meet it, the tracked one (5.0 s) would not
@@ -302,7 +302,7 @@ def test_the_resume_screen_draws_the_work_and_names_the_run_among_the_runs():
 def test_the_one_time_conversion_says_it_runs_every_second(tmp_path, monkeypatch):
     """Issue 51: the embedded model's conversion (83 s) showed "--%" with no elapsed time. It is a wait: said as it
     starts and every second, with the child's pid; a failed one names its log."""
-    import core.pipeline as pipeline
+    import core.prerun as pipeline
     from core.errors import StageError
 
     monkeypatch.setattr(pipeline, "CONVERT_CODE", "import time; time.sleep(1.6)")

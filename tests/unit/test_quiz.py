@@ -51,7 +51,7 @@ def test_a_training_record_gets_six_questions_each_answered_by_its_data(lora_rec
     assert right(qs["batch_doubles"]).startswith("Activations ~2x") and f"{2 * act / GiB:.3g} GiB" in right(
         qs["batch_doubles"])
     # ... which the planner itself says: the same spec at twice the micro-batch, activations x 2
-    from core.pipeline import make_plan
+    from core.prerun import make_plan
     from core.spec import RunSpec
 
     spec = RunSpec.build(model=str(tiny_model_dir), **records.LORA)  # the spec of the committed record

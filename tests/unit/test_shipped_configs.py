@@ -18,7 +18,7 @@ import pytest
 
 from core.importers import build_spec, import_config
 from core.importers.base import NO_MEMORY, UNKNOWN
-from core.pipeline import make_plan
+from core.prerun import make_plan
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 SHIPPED = DATA / "trainers" / "shipped"

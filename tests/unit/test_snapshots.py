@@ -93,7 +93,7 @@ async def until(pilot, condition, timeout_s: float = 60) -> None:
 
 def finished_run(app: GpuAcceptApp) -> SimpleNamespace:
     """A run whose stages all ended, with fixed numbers (what the stage screens draw)."""
-    from core.pipeline import make_plan
+    from core.prerun import make_plan
 
     spec = RunSpec.build(mode="lora", model="tiny-llama", seq_len=64, steps=6, resume_checkpoint_every=2,
                          resume_kill_after_checkpoint=1)
@@ -245,8 +245,8 @@ def test_plan_screen_traced_beside_analytic(snap, size):
 def small_host_app(batch: int = 8) -> GpuAcceptApp:
     """The wizard on a host whose capacity lies between the plans of micro-batch 2 and 3 of the tiny model (planned
     here, not invented): micro-batch ``batch`` does not fit, 2 does."""
-    from core.pipeline import make_plan
     from core.plan.devices import DeviceInfo
+    from core.prerun import make_plan
 
     def total(b: int) -> int:
         spec = RunSpec.build(model="tiny-llama", mode="lora", seq_len=64, batch_size=b, steps=6,
@@ -347,8 +347,8 @@ def test_monitor_screen(snap, size):
 def two_rank_probe(app: GpuAcceptApp) -> SimpleNamespace:
     """The finished run with a probe at world size 2 (DDP on two CPU ranks): one measurement and one comparison per
     rank, with fixed numbers."""
-    from core.pipeline import make_plan
     from core.plan.devices import DeviceInfo
+    from core.prerun import make_plan
 
     run = finished_run(app)
     spec = RunSpec.build(mode="lora", model="tiny-llama", seq_len=64, steps=6, resume_checkpoint_every=2,

@@ -292,8 +292,8 @@ def test_build_and_verify_judge_the_same_facts(tiny_model_dir, tmp_path):
     so the same verdicts; a record whose numbers say otherwise fails the same rule."""
     import datetime as dt
 
-    from core.pipeline import make_plan
     from core.plan.fit import fit_verdicts
+    from core.prerun import make_plan
     from core.record import build, verify
     from core.spec import RunSpec
     from core.stages.noise import required_tier
@@ -368,8 +368,8 @@ def test_a_probe_before_the_trace_is_recorded_against_the_plan_the_record_holds(
     does (issue 51: such a record failed verify with "planned ... B, the plan says ..."); the rule is idempotent."""
     import datetime as dt
 
-    from core.pipeline import make_plan
     from core.plan.fit import fit_verdicts
+    from core.prerun import make_plan
     from core.record import build, verify
     from core.spec import RunSpec
     from core.stages.probe import DeviceMeasurement, ProbeResult, against_plan, judge_devices

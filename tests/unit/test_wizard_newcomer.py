@@ -92,8 +92,8 @@ def _small_host_app(tiny_model_dir, tmp_path, batch: int):
     """The wizard on a host whose capacity lies between the plans of micro-batch 2 and 3 (planned here, not
     invented), with micro-batch ``batch``."""
     from core.monitor.sampler import ReplayBackend, constructed_frames
-    from core.pipeline import make_plan
     from core.plan.devices import DeviceInfo
+    from core.prerun import make_plan
     from core.spec import RunSpec
     from tests.wizard_helpers import TEST_HOST, GiB
     from tui.app import GpuAcceptApp
@@ -685,7 +685,7 @@ async def test_path_fields_are_edited_not_replaced_by_the_first_key(tiny_model_d
 
 async def test_the_probe_screen_says_the_capacity_the_plan_was_judged_by(tiny_model_dir, tmp_path):
     """Plan "of 22.20 GiB available", probe bar "of 23.54 GiB total": the probe screen now names both."""
-    from core.pipeline import make_plan
+    from core.prerun import make_plan
     from core.spec import RunSpec
     from tests.wizard_helpers import TEST_HOST
     from tui.screens.stages import capacity_note

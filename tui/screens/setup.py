@@ -148,7 +148,7 @@ class SetupScreen(NavButtons, WizardScreen):
         shown = {name for name, *_ in FIELDS}
         self._extra = {k: v for k, v in state.fields.items() if k not in shown}  # e.g. --heldout-fraction: kept
         self._checked_spec: Any = None  # the spec the model and data were last checked with
-        self._checked: Any = None  # core.pipeline.InputsChecked of that check
+        self._checked: Any = None  # core.prerun.InputsChecked of that check
         self._draft: Any = None  # the spec with refused fields at their defaults (core.spec.SpecDraft.stand_in)
         self._spec_errors: dict[str, str] = {}
         self._check_timer: Any = None
