@@ -255,8 +255,8 @@ def forged_source(jittered_reference, tiny_model_dir, tmp_path_factory):
 
 
 def _contradictions(res: dict, kept: bool = True) -> list[str]:
+    from core.record.readback import resume_facts
     from core.record.verdicts import resume_contradictions
-    from core.record.verify import resume_facts
     from core.stages.noise import RecordedRule
 
     # the twins branched from checkpoint 2 (SMALL's interrupted run starts there): the reference is not of the family

@@ -137,8 +137,8 @@ def _timed_record():
 
 
 def test_verify_recomputes_the_speed_from_the_untracked_steps():
+    from core.record.readback import probe_speed
     from core.record.shape import schema_problems
-    from core.record.verify import probe_speed
 
     rec = _timed_record()
     assert schema_problems(rec) == []
@@ -167,7 +167,7 @@ def test_verify_recomputes_the_speed_from_the_untracked_steps():
 
 def test_verify_judges_max_step_time_on_the_untracked_figure():
     from core.criteria import AcceptCriteria
-    from core.record.verify import judgements_of
+    from core.record.readback import judgements_of
 
     rec = _timed_record()
     rows = judgements_of(rec, AcceptCriteria(max_step_time_s=1.0), {"cpu": 64 * 2**30}, training=True)["probe"]

@@ -253,16 +253,8 @@ def test_a_missing_or_mistyped_value_is_named():
 @pytest.mark.parametrize("name", ["lora", "full", "inference", "qlora"])
 def test_a_committed_record_read_back_as_facts_gives_the_verdicts_it_states(name):
     from core.methods import trains
-    from core.record.verify import (
-        _plan_verdict,
-        _resume_tier,
-        compared_peaks,
-        criteria_of,
-        probe_facts,
-        quality_facts,
-        recompute_verdicts,
-        resume_facts,
-    )
+    from core.record.readback import compared_peaks, probe_facts, quality_facts, resume_facts
+    from core.record.verify import _plan_verdict, _resume_tier, criteria_of, recompute_verdicts
     from tests.records import committed
 
     rec = committed(name)
@@ -294,7 +286,7 @@ def test_build_and_verify_judge_the_same_facts(tiny_model_dir, tmp_path):
 
     from core.plan.fit import fit_verdicts
     from core.prerun import make_plan
-    from core.record import build, verify
+    from core.record import build, readback, verify
     from core.spec import RunSpec
     from core.stages.noise import required_tier
     from core.stages.probe import DeviceMeasurement, ProbeResult, ProbeTiming, compare_with_plan
@@ -343,9 +335,9 @@ def test_build_and_verify_judge_the_same_facts(tiny_model_dir, tmp_path):
     assert planned is not None
     built = {"plan": build.plan_facts(spec, ctx.plan, probe, None), "probe": build.probe_facts(spec, ctx.plan, probe),
              "evaluation": build.quality_facts(spec, te), "resume": build.resume_facts(spec, resume)}
-    read = {"plan": PlanFacts(planned, verify.compared_peaks(rec), crit),
-            "probe": verify.probe_facts(rec, crit, capacity), "evaluation": verify.quality_facts(rec, crit, True),
-            "resume": verify.resume_facts(rec, crit, verify._resume_tier(rec, [], crit))}
+    read = {"plan": PlanFacts(planned, readback.compared_peaks(rec), crit),
+            "probe": readback.probe_facts(rec, crit, capacity), "evaluation": readback.quality_facts(rec, crit, True),
+            "resume": readback.resume_facts(rec, crit, verify._resume_tier(rec, [], crit))}
     assert built == read
     assert {k: v["status"] for k, v in rec["verdict"]["stages"].items()} == dict.fromkeys(built, "pass")
     assert verify.recompute_verdicts(rec) == []
