@@ -61,7 +61,8 @@ def wizard_opened_with(monkeypatch: Any, argv: list[str]) -> dict[str, Any]:
     them and runs nothing)."""
     from types import SimpleNamespace
 
-    from tui.cli import build_parser, cmd_wizard
+    from tui.cli import cmd_wizard
+    from tui.flags import build_parser
 
     seen: dict[str, Any] = {}
 

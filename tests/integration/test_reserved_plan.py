@@ -31,7 +31,7 @@ def config_file(name: str, tmp_path: Path) -> Path:
 def test_the_plan_gives_allocated_reserved_and_nvml_used_and_explains_the_slack(name, mode, tmp_path):
     from core import api
     from core.spec import RunSpec
-    from tui.cli import format_traced
+    from tui.plantext import format_traced
 
     spec = RunSpec.build(model=str(config_file(name, tmp_path)), mode=mode, dtype="bf16", batch_size=2, seq_len=256,
                          devices="1x80GiB")

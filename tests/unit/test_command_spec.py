@@ -376,7 +376,7 @@ def test_a_quoted_shell_character_is_an_argument_and_an_unquoted_one_is_refused(
 
 
 def test_a_recipe_flag_in_command_mode_is_refused_under_its_own_name(tmp_path):
-    from tui.cli import build_parser, command_spec_from_args
+    from tui.flags import build_parser, command_spec_from_args
 
     args = build_parser().parse_args(["run", "--command", f"{PY} t.py --out {{out}}", "--kill-at", "boundary"])
     with pytest.raises(SpecError, match="--kill-at applies to gpuaccept's own recipe"):
@@ -409,7 +409,7 @@ def test_the_node_count_is_read_from_torchrun_options_not_from_the_scripts_own()
     assert launcher_nnodes([PY, "-u", "-m", "torch.distributed.run", "--nnodes", "3", "t.py"]) == 3
     assert launcher_nnodes(["torchrun", "--standalone", "t.py", "--nnodes", "9"]) == 1  # the script's own flag
     assert launcher_nnodes([PY, "t.py", "--nnodes", "2"]) is None  # no launcher
-    from tui.cli import build_parser, command_spec_from_args
+    from tui.flags import build_parser, command_spec_from_args
 
     args = build_parser().parse_args(["run", "--command", TORCHRUN_2, "--nnodes", "2", "--rdzv-endpoint", "n0:29500",
                                       "--no-resume-check"])
@@ -437,7 +437,7 @@ def test_the_hook_is_not_installed_in_a_process_that_never_imports_transformers(
 def test_criteria_in_command_mode_come_from_the_accept_table_and_the_flags_and_the_others_are_refused(tmp_path):
     """Command mode applies the criteria it can judge (core/criteria.py COMMAND_CRITERIA), from the spec file's
     [accept] table with the flags over it; a criterion only the recipe measures is refused by name, not dropped."""
-    from tui.cli import build_parser, command_criteria_from_args, command_spec_from_args
+    from tui.flags import build_parser, command_criteria_from_args, command_spec_from_args
 
     spec = tmp_path / "job.toml"
     spec.write_text(f'[command]\ntrain = "{PY} t.py --out {{out}}"\n[accept]\nmax_perplexity = 30\n'

@@ -67,7 +67,7 @@ def test_a_field_without_a_declaration_is_refused_by_name():
 
 # ------------------------------------------------------------------ the CLI
 def _subparser(command: str) -> argparse.ArgumentParser:
-    from tui.cli import build_parser
+    from tui.flags import build_parser
 
     parser = build_parser()
     subs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
@@ -93,11 +93,11 @@ def test_the_plan_takes_no_flag_of_the_spec_but_the_settings():
 
 def test_no_flag_of_a_setting_is_written_in_the_cli_by_hand():
     flags = {f for s in SETTINGS for f in s.flags}
-    tree = ast.parse((ROOT / "tui" / "cli.py").read_text(encoding="utf-8"))
+    tree = ast.parse((ROOT / "tui" / "flags.py").read_text(encoding="utf-8"))
     written = {arg.value for node in ast.walk(tree) if isinstance(node, ast.Call)
                and getattr(node.func, "attr", None) == "add_argument"
                for arg in node.args if isinstance(arg, ast.Constant) and isinstance(arg.value, str)}
-    assert written, "tui/cli.py adds no argument at all: the check looks at the wrong calls"
+    assert written, "tui/flags.py adds no argument at all: the check looks at the wrong calls"
     assert written & flags == set()
     assert not written & {"--command", "--resume-command", "--env", "--timeout", "--eval"}  # command mode's too
 
@@ -107,13 +107,13 @@ def test_command_modes_settings_are_declared_once_on_the_command_spec():
     each is now one declared field: its flag (or the recipe's flag of the same meaning), its type check and its form
     field follow from it."""
     from core.command.spec import COMMAND_SETTINGS, SETTING_TYPES, CommandSpec
-    from tui.cli import _SHARED_WITH_COMMAND, build_parser, command_spec_from_args
+    from tui.flags import SHARED_WITH_COMMAND, build_parser, command_spec_from_args
     from tui.screens.command import FIELDS
 
     names = [f.name for f in dataclasses.fields(CommandSpec)]
     assert [s.name for s in COMMAND_SETTINGS] == names == list(SETTING_TYPES)
     own = {s.name for s in COMMAND_SETTINGS if s.flags}
-    assert own.isdisjoint(_SHARED_WITH_COMMAND.values()) and own | set(_SHARED_WITH_COMMAND.values()) == set(names)
+    assert own.isdisjoint(SHARED_WITH_COMMAND.values()) and own | set(SHARED_WITH_COMMAND.values()) == set(names)
     assert [f[0] for f in FIELDS][:2] == ["train", "resume"] and "kill_after_checkpoint" in [f[0] for f in FIELDS]
     assert SETTING_TYPES["timeout_s"][0](1) and not SETTING_TYPES["timeout_s"][0](True)
     assert SETTING_TYPES["env"][1] == "a table of strings" and not SETTING_TYPES["checkpoint_files"][0]([1])
@@ -127,7 +127,7 @@ def test_command_modes_settings_are_declared_once_on_the_command_spec():
 
 
 def test_the_old_spellings_and_aliases_still_parse_into_the_spec():
-    from tui.cli import build_parser, spec_from_args
+    from tui.flags import build_parser, spec_from_args
 
     args = build_parser().parse_args(
         ["plan", "--lr", "0.01", "--nproc", "2", "--quant-type", "fp4", "--no-double-quant", "--max-step-time", "2.5",
@@ -150,11 +150,11 @@ def test_the_old_spellings_and_aliases_still_parse_into_the_spec():
 
 def test_the_flags_command_mode_shares_are_its_keys():
     from core.command.spec import CommandSpec
-    from tui.cli import _SHARED_WITH_COMMAND
+    from tui.flags import SHARED_WITH_COMMAND
 
-    assert _SHARED_WITH_COMMAND["resume_kill_after_checkpoint"] == "kill_after_checkpoint"
-    assert set(_SHARED_WITH_COMMAND) >= {"model", "data", "dtype", "resume_check", "resume_noise"}
-    assert set(_SHARED_WITH_COMMAND.values()) <= {f.name for f in dataclasses.fields(CommandSpec)}
+    assert SHARED_WITH_COMMAND["resume_kill_after_checkpoint"] == "kill_after_checkpoint"
+    assert set(SHARED_WITH_COMMAND) >= {"model", "data", "dtype", "resume_check", "resume_noise"}
+    assert set(SHARED_WITH_COMMAND.values()) <= {f.name for f in dataclasses.fields(CommandSpec)}
 
 
 # ------------------------------------------------------------------ the spec: TOML keys, tables, choices, defaults
@@ -244,7 +244,7 @@ class Toy:
 
 
 def test_a_setting_added_to_a_dataclass_gets_a_flag_a_toml_key_a_form_field_and_a_docs_row():
-    from tui.cli import add_setting_flags
+    from tui.flags import add_setting_flags
     from tui.screens.setup import form_fields
 
     settings = settings_of(Toy)

@@ -83,7 +83,7 @@ def test_nodes_given_against_the_step_are_refused(monkeypatch):
 
 
 def _run_args(argv: list[str]):
-    from tui.cli import build_parser, spec_from_args
+    from tui.flags import build_parser, spec_from_args
 
     args = build_parser().parse_args(argv)
     assert args.command == "run"
