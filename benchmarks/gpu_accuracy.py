@@ -74,7 +74,7 @@ def load_config(name: str):
 def measure(cell: dict) -> dict:
     import torch
 
-    from core.plan.traced import (
+    from core.plan.tracer import (
         _optimizer,  # the traced plan's own optimizer choice (AdamW, foreach as torch picks)
     )
 
@@ -198,7 +198,8 @@ def _cuda_uuid(index: int) -> str | None:
 def plan_cell(cell: dict, cuda: bool) -> dict:
     from core.plan.devices import DeviceInfo
     from core.plan.memory import plan_memory
-    from core.plan.traced import trace_plan, workspaces_of
+    from core.plan.traced import workspaces_of
+    from core.plan.tracer import trace_plan
 
     spec = spec_of(cell)
     config = load_config(cell["config"])

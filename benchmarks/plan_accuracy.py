@@ -95,7 +95,7 @@ def cells() -> list[Cell]:
 def plan_and_trace(cell: Cell, configs: dict) -> None:
     from core.plan.devices import detect_devices
     from core.plan.memory import plan_memory
-    from core.plan.traced import trace_plan
+    from core.plan.tracer import trace_plan
 
     spec = cell.spec("80GiB")
     plan = plan_memory(spec, configs[cell.shape], detect_devices(spec.devices))
@@ -109,7 +109,7 @@ def plan_and_trace(cell: Cell, configs: dict) -> None:
 def probe(cell: Cell, configs: dict, runs: Path) -> None:
     """Real Trainer steps on this CPU (the probe stage), and both plans made for the CPU device."""
     from core.pipeline import AcceptanceRun
-    from core.plan.traced import trace_plan
+    from core.plan.tracer import trace_plan
 
     spec = cell.spec("cpu")
     run = AcceptanceRun(spec, runs, traced={"status": "not_run", "reason": "benchmark"})

@@ -139,7 +139,7 @@ def replan() -> dict:
 def traced_1b() -> dict:
     from transformers import AutoConfig
 
-    from core.plan.traced import trace_plan
+    from core.plan.tracer import trace_plan
     from core.spec import RunSpec
 
     values = dict(TINYLLAMA)
@@ -164,7 +164,7 @@ def traced_1b() -> dict:
 def fake_vs_real() -> dict:
     from transformers import AutoConfig
 
-    from core.plan.traced import trace_plan
+    from core.plan.tracer import trace_plan
     from core.spec import RunSpec
 
     values = dict(TINY)

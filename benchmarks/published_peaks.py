@@ -106,7 +106,8 @@ def plan_row(row: dict[str, Any], traced: bool) -> tuple[int, str, str]:
 def traced_reserved(spec: Any, made: Any) -> int | None:
     """The traced plan's peak reserved for ``spec`` (the steady-state step replayed through the caching allocator),
     or None where the traced plan cannot step it."""
-    from core.plan.traced import trace_against, untraceable_reason
+    from core.plan.traced import untraceable_reason
+    from core.plan.tracer import trace_against
 
     if untraceable_reason(made.plan, spec) is not None:
         return None

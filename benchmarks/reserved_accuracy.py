@@ -28,7 +28,7 @@ TORCH_MEASURED = "2.11.0"
 def main() -> int:
     from benchmarks.gpu_accuracy import load_config, spec_of
     from core.plan.context import cuda_context
-    from core.plan.traced import trace_plan
+    from core.plan.tracer import trace_plan
     from core.plan.workspace import cublas_workspaces
 
     cells = [c for c in json.loads(MEASURED.read_text())["steps"]["accuracy"]["cells"] if c.get("peak_reserved_bytes")]

@@ -192,7 +192,8 @@ def trace(spec: RunSpec, ctx: PlanContext) -> dict[str, Any]:
     Raises:
         GpuAcceptError: the trace failed.
     """
-    from core.plan.traced import comparison_json, trace_against, untraceable_reason
+    from core.plan.traced import comparison_json, untraceable_reason
+    from core.plan.tracer import trace_against
 
     reason = untraceable_reason(ctx.plan, spec)
     if reason is not None:
@@ -229,7 +230,7 @@ def search(spec: RunSpec, ctx: PlanContext, axis: str, *, traced: bool = False) 
         limit = declared_max_positions(ctx.source, ctx.config)
     peak: Callable[[Any], int] | None = None
     if traced:
-        from core.plan.traced import trace_plan
+        from core.plan.tracer import trace_plan
 
         kind = ctx.devices[0].kind
 

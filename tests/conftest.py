@@ -116,7 +116,7 @@ def lora_record() -> dict:
 #: the processes that make a test an integration test: gpuaccept's child (the worker, the traced plan), torchrun's
 #: ranks, the console script, a terminal. A short helper process (``python -c`` for an import check, ``ssh-keygen``)
 #: keeps a test a unit test.
-INTEGRATION_PROCESSES = ("core.child.worker", "core.child.checkpoint_eval", "core.plan.traced", "torch.distributed.run")  # run with python -m
+INTEGRATION_PROCESSES = ("core.child.worker", "core.child.checkpoint_eval", "core.plan.tracer", "torch.distributed.run")  # run with python -m
 _started: dict[str, list[str]] = {}
 _current: list[str | None] = [None]
 

@@ -41,7 +41,7 @@ from core.protocol.lifeline import owner_alive
 PRELOAD = (
     "torch", "transformers", "transformers.trainer", "transformers.models.llama.modeling_llama", "peft",
     "safetensors.torch", "accelerate", "core.child.worker", "core.child.recipe", "core.child.callbacks",
-    "core.child.probe", "core.child.evaluate", "core.child.checkpoint_eval", "core.plan.traced",
+    "core.child.probe", "core.child.evaluate", "core.child.checkpoint_eval", "core.plan.tracer",
 )
 #: modules kept out of the preload because importing them initialises CUDA (see the module docstring)
 CUDA_ON_IMPORT = ("bitsandbytes",)

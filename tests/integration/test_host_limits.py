@@ -254,7 +254,7 @@ def test_the_trace_child_ends_and_removes_its_folder_when_gpuaccept_is_killed(tm
     deadline = time.monotonic() + 60
     children: list[int] = []
     while time.monotonic() < deadline and not children:
-        children = [p for p in _pids_running("core.plan.traced") if p != parent.pid and str(tmp) in _cmdline(p)]
+        children = [p for p in _pids_running("core.plan.tracer") if p != parent.pid and str(tmp) in _cmdline(p)]
         time.sleep(0.05)
     assert children, "the trace child never started"
     assert len(list(tmp.glob("gpuaccept-trace-*"))) == 1

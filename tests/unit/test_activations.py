@@ -59,7 +59,7 @@ def _layer_difference(spec_kw: dict) -> int:
     """Traced: the forward phase's activations of the 2-layer model minus the 1-layer one's (one middle layer)."""
     from transformers import LlamaConfig
 
-    from core.plan.traced import trace_plan
+    from core.plan.tracer import trace_plan
 
     spec = RunSpec.build(batch_size=2, seq_len=16, devices="cpu", **{"padding": "packed", **spec_kw})
     acts = []

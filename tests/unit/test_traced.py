@@ -7,7 +7,8 @@ import pytest
 from core.plan.devices import DeviceInfo
 from core.plan.lines import Line
 from core.plan.memory import DevicePlan, plan_memory
-from core.plan.traced import TRACED_COMPONENTS, TracedPlan, compare, trace_plan
+from core.plan.traced import TRACED_COMPONENTS, TracedPlan, compare
+from core.plan.tracer import trace_plan
 from core.spec import RunSpec
 
 GiB = 2**30
