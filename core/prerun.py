@@ -37,7 +37,7 @@ def make_plan(spec: RunSpec, devices_override: list[Any] | None = None) -> PlanC
     from core.plan.devices import detect_devices
     from core.plan.memory import plan_memory
     from core.plan.meta import linear_module_names, untied
-    from core.spec import validate_against_config
+    from core.specdraft import validate_against_config
 
     source = resolve_model(spec.model)
     config = load_config(source)
@@ -104,7 +104,7 @@ def check_inputs(spec: RunSpec) -> InputsChecked:
     from core.data import check_data
     from core.models import declared_max_positions, load_config, resolve_model
     from core.plan.meta import linear_module_names
-    from core.spec import config_problems
+    from core.specdraft import config_problems
 
     problems: list[tuple[str, str]] = []
     model: str | None = None

@@ -1,69 +1,33 @@
 """RunSpec: what the user asks gpuaccept to accept.
 
-A RunSpec is read from a TOML file and/or command-line flags (flags win), validated on its own (:func:`RunSpec.validate`)
-and against the model's config (:func:`validate_against_config`). Every invalid value raises :class:`~core.errors.SpecError`
-naming the field and what to change.
+A RunSpec is read from a TOML file and/or command-line flags (flags win; :meth:`RunSpec.build`; a trainer's YAML config
+through core.importers.build_spec), validated on its own (:meth:`RunSpec.validate`) and against the model's config
+(core.specdraft.validate_against_config). Every invalid value raises :class:`~core.errors.SpecError` naming the field
+and what to change.
 
-Each setting is declared once, on its dataclass field below (``setting(...)``, core/settings.py): its type and choices,
-TOML key, flag, Setup form field and docs row are made from that declaration (:func:`spec_settings`); the layout
-below is an example, the full list is docs/reference.md "The spec".
-
-TOML layout (every key optional; the defaults are the embedded model and text)::
+Each setting is declared once, on its dataclass field below or in a sub-table (core/spectables.py), with
+``setting(...)`` (core/settings.py): its type and choices, TOML key, flag, Setup form field and docs row are made from
+that declaration (:func:`spec_settings`). Every key is optional; the full list, generated from the declarations, is
+docs/reference.md "The spec". An example::
 
     mode = "lora"                 # inference | full | lora | a LoRA variant (qlora, dora: core/methods/)
     model = "smollm2-135m"        # embedded | local HF directory | cached HF id | config.json (plan only)
-    dtype = "fp32"                # fp32 | bf16 | fp16
-    precision = "pure"            # pure: the model loaded in dtype | amp: fp32 weights, autocast to dtype (moot for fp32)
-    attn_implementation = "sdpa"  # sdpa | eager | flash_attention_2 (passed to from_pretrained)
-    padding = "padded"            # padded: some batches hold padding (a mask reaches attention) | packed: full blocks only
+    dtype = "bf16"
     batch_size = 4                # micro-batch per device
     seq_len = 128
-    grad_accum = 1
-    optimizer = "adamw"           # adamw | sgd | adafactor | adamw_8bit | paged_adamw_8bit
-    learning_rate = 1e-3
-    lr_scheduler = "linear"       # linear | cosine | constant
-    warmup_steps = 0
-    steps = 30                    # optimizer steps
-    gradient_checkpointing = false
-    devices = "auto"              # auto | cpu | CUDA indices such as "0" or "0,1" | a box to plan for: "8x80GiB", "24GiB,8GiB"
+    devices = "auto"              # auto | cpu | CUDA indices such as "0,1" | a box to plan for: "8x80GiB"
     strategy = "single"           # single | ddp | zero1 | zero2 | zero3 (fsdp) | device_map | tp
-    tp = 1                        # tensor-parallel degree, with strategy "tp" only
-    data = "embedded"             # embedded | path to .txt / .jsonl
-    heldout_fraction = 0.2
-    eval_max_blocks = 32
-    seed = 42
-    probe_steps = 3
 
     [lora]
-    variant = "lora"              # lora or a variant of it (qlora ...): the same as mode = "<variant>", which is stored
     r = 8
-    alpha = 16
-    dropout = 0.0
-    targets = ["q_proj", "v_proj"] # module names, or ["all-linear"] (peft: every linear layer but the LM head)
-
-    [qlora]                       # mode "qlora" only (bitsandbytes' BitsAndBytesConfig; dtype is the compute dtype)
-    quant_type = "nf4"            # nf4 | fp4 (bnb_4bit_quant_type)
-    double_quant = true           # quantise the per-block absmax constants too (bnb_4bit_use_double_quant)
+    targets = ["q_proj", "v_proj"] # module names, or ["all-linear"]
 
     [resume]
-    check = true
     checkpoint_every = 10         # steps between checkpoints
     kill_after_checkpoint = 2     # kill after the 2nd checkpoint, before the next one
-    kill_at = "boundary+1"        # boundary | boundary-1 | boundary+1 | checkpoint-write
-    noise = "auto"                # auto | twin | off: how the run-to-run noise bounding the comparison is known
 
-    [torchrun]                    # strategies ddp and zero3 (fsdp) run under torchrun, one process per rank
-    nproc_per_node = 0            # 0: one per CUDA device (1 on the CPU); on the CPU, N >= 2 gloo ranks
-    nnodes = 1                    # several nodes: run the same spec on each, with the same rendezvous
-    rdzv_endpoint = ""            # host:port of the rendezvous (required when nnodes > 1)
-    rdzv_id = "gpuaccept"
-    rdzv_backend = "c10d"
-    scheduler = "none"            # slurm: nnodes and the rendezvous from srun's SLURM_* variables
-
-    [accept]                      # the criteria the run is accepted by (core/criteria.py); unset: today's rules
-    max_perplexity = 40.0         # held-out perplexity after training at most this
-    min_improvement = 0.0         # (before - after) / before above this (0: after < before)
-    max_device_share = 1.0        # each device's measured use at most this share of its capacity (headroom)
+    [accept]                      # the criteria the run is accepted by (core/criteria.py)
+    max_perplexity = 40.0
 """
 
 from __future__ import annotations
@@ -72,23 +36,19 @@ import dataclasses
 import functools
 import hashlib
 import json
-import math
 import os
-import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, cast, get_args, get_origin
+from typing import Any, Literal, cast, get_args
 
-from core import killpoints
 from core.bounds import (
     InputFileError,
     TomlBoundsError,
     check_path,
     loads_bounded,
     read_input_text,
-    special_file_kind,
 )
 from core.criteria import AcceptCriteria
 from core.devicespec import (
@@ -101,7 +61,7 @@ from core.devicespec import (
 from core.dtypes import DTYPES, Dtype, dtype_bytes
 from core.errors import SpecError
 from core.losses import Loss, loss_names, loss_of
-from core.methods import METHODS, Method, lora_variants, method_of
+from core.methods import METHODS, Method, method_of
 from core.methods.lora import ALL_LINEAR, QUANT_TYPES, QuantType  # noqa: F401 - re-exported: the spec's values
 from core.objectives import REFERENCES, Objective, Reference, objective_names, objective_of
 from core.optim import Optimizer, optimizer_names, optimizer_of
@@ -113,7 +73,26 @@ from core.settings import (
     table,
     tables_of,
     unknown_value,
-    value_fits,
+)
+from core.specparse import (
+    MAX_SEED,
+    MAX_STEPS,
+    check_data_file,
+    check_types,
+    dotted_keys,
+    parse_targets,
+    sub_table,
+    table_in,
+    variant_mode,
+)
+from core.spectables import (
+    TORCHRUN_STRATEGIES,
+    TWINS,
+    GaloreSettings,
+    LoraSettings,
+    QloraSettings,
+    ResumeSettings,
+    TorchrunSettings,
 )
 
 #: What a run does: ``inference`` (forward only), ``full`` fine-tuning, ``lora`` adapters, or a variant of LoRA
@@ -141,23 +120,12 @@ PADDINGS: tuple[Padding, ...] = get_args(Padding)
 #: The optimizers are objects (core/optim/: their states, dtypes, paging and the names each trainer gives them); the
 #: spec holds the name, ``RunSpec.optimizer_kind`` is the object
 OPTIMIZERS: tuple[str, ...] = optimizer_names()
-#: The dtype LoRA's adapters are kept in: fp32 (peft's ``autocast_adapter_dtype``) or the base model's
-AdapterDtype = Literal["fp32", "model"]
 #: Whether a sequence longer than the model's declared ``max_position_embeddings`` is refused (``model``) or planned as
 #: asked (``none``: what a trainer's config asks, its tool not capping it)
 SeqLenLimit = Literal["model", "none"]
 #: ZeRO / FSDP offload to the host (DeepSpeed ``offload_optimizer`` / ``offload_param``, FSDP ``cpu_offload``)
 Offload = Literal["none", "optimizer", "all"]
 OFFLOADS: tuple[Offload, ...] = get_args(Offload)
-#: how many twin runs the recipe's twin tier runs by default (``resume.twins``; core/stages/noise.py). They branch from
-#: the checkpoint the interrupted run starts from, so the reference, never loaded, is no member of the noise family:
-#: 3 twins give 2 independent contrasts (3 pairs). With 2 (one pair: one draw of the noise) 5 of 100 correct resumes
-#: failed a loss check under the test jitter (benchmarks/README.md, "resume false fails"): a ratio of two noise
-#: norms over 2-3 points, F(2, 2)-tailed.
-TWINS = 3
-#: command mode's default (``command.resume_twins``): its twins run the whole command from step 0 as the reference
-#: did, which is then one of the family: 2 twins give the same 2 contrasts
-COMMAND_TWINS = 2
 #: settings added after records were written, by their TOML key, with their defaults: left out of a spec's dict (and
 #: hash) while at the default (``RunSpec.to_dict``)
 LATER_DEFAULTS: dict[str, Any] = {
@@ -172,217 +140,6 @@ EMBEDDED_MODEL = "smollm2-135m"
 #: a spec path ending so is a trainer's YAML config, read by core/importers/ (kept in step with its YAML_SUFFIXES)
 YAML_SUFFIXES = (".yml", ".yaml")
 EMBEDDED_DATA = "embedded"
-
-
-
-@dataclass(frozen=True)
-class LoraSettings:
-    """Low-rank adapter settings (Hu et al. 2021, arXiv 2106.09685): W + (alpha / r) * B @ A on each target module."""
-
-    variant: str = setting("lora", choices=lora_variants,
-                           help="LoRA or a variant of it: the same as --mode <variant>, which is what the spec "
-                                "stores; give it with --mode lora (the default) or the same variant")
-    r: int = setting(8, help="LoRA rank r", label="LoRA rank r", form_order=180)
-    alpha: int = setting(16, help="LoRA alpha: the adapters' output is scaled by alpha / r", label="LoRA alpha",
-                         form_order=190)
-    dropout: float = setting(0.0, help="dropout on the adapters' input (0: none)")
-    targets: tuple[str, ...] = setting(
-        ("q_proj", "v_proj"), label="LoRA targets", form_order=200,
-        help="comma-separated module names, e.g. q_proj,v_proj, or all-linear (peft: every linear layer but the LM "
-             "head); lm_head adapts the output head")
-    modules_to_save: tuple[str, ...] = setting(
-        (), help="modules trained in full beside the adapters, e.g. embed_tokens,lm_head (peft's modules_to_save: a "
-                 "trained copy of each, the original kept)")
-    dtype: AdapterDtype = setting(
-        "fp32", help="the adapters' dtype: fp32 (peft's autocast_adapter_dtype, the default) or model (the base's: "
-                     "torchtune's and LitGPT's LoRA, TRL's over a quantised base)")
-
-
-@dataclass(frozen=True)
-class QloraSettings:
-    """How mode ``qlora`` stores the frozen base (transformers' ``BitsAndBytesConfig(load_in_4bit=True, ...)``; QLoRA:
-    Dettmers et al. 2023, arXiv 2305.14314). Every linear layer of the decoder is stored in 4 bits (blocks of 64 with
-    an absmax each); embeddings, norms and the LM head are not. The compute dtype (``bnb_4bit_compute_dtype``) is the
-    spec's ``dtype``.
-
-    Attributes:
-        quant_type: ``nf4`` or ``fp4`` (``bnb_4bit_quant_type``).
-        double_quant: quantise the absmax constants as well (``bnb_4bit_use_double_quant``): 1 B per block of 64
-            plus an fp32 absmax per 256 blocks, instead of 4 B per block.
-        bitsandbytes: the bitsandbytes version the run uses, ``installed`` or ``MAJOR.MINOR.PATCH``: what a 4-bit
-            layer keeps for backward depends on it (core/plan/quant.py :func:`keeps_4bit_input`).
-    """
-
-    quant_type: QuantType = setting("nf4", flag="--quant-type", label="4-bit data type", form_order=210,
-                                    help="qlora: the 4-bit data type of the base (bnb_4bit_quant_type; default nf4)")
-    double_quant: bool = setting(True, label="Double quant", form_order=220,
-                                 help="qlora: quantise the per-block absmax constants too (bnb_4bit_use_double_quant; "
-                                      "default on)")
-    bitsandbytes: str = setting("installed", metavar="VERSION",
-                                help="qlora: the bitsandbytes version the training runs with (installed: the one "
-                                     "beside gpuaccept; a trainer's own environment may pin another): before 0.43.2 "
-                                     "each 4-bit layer kept its input for backward")
-
-
-@dataclass(frozen=True)
-class GaloreSettings:
-    """GaLore's settings (optimizer ``galore_adamw``; core/optim/galore.py): the rank of the gradients' projection and
-    the matrices projected (module names or parts of them, ``all-linear``: every decoder linear weight)."""
-
-    rank: int = setting(128, help="galore_adamw: the rank the targeted gradients are projected to (default 128)")
-    targets: tuple[str, ...] = setting(("all-linear",), help="galore_adamw: the matrices projected, module names or "
-                                                             "parts of them (mlp, self_attn), or all-linear")
-
-
-#: Where the interrupted run of the resume check starts (:attr:`ResumeSettings.interrupted_from`).
-InterruptedFrom = Literal["checkpoint", "start"]
-INTERRUPTED_FROM: tuple[InterruptedFrom, ...] = get_args(InterruptedFrom)
-#: How the resume check knows the run-to-run noise its tolerance checks are bounded by (core/stages/noise.py):
-#: ``auto`` measures it with a twin run where kernels are not bit-exact (CUDA; the test jitter), and asks for bit-exact
-#: agreement on the CPU, whose kernels are deterministic for a fixed thread count; ``twin`` always runs the twin;
-#: ``off`` never does and asks for bit-exact agreement everywhere.
-NoiseMethod = Literal["auto", "twin", "off"]
-#: the most twin runs ``resume.twins`` may ask for (each is a training run from the branch point to the last compared
-#: step)
-MAX_TWINS = 8
-NOISE_METHODS: tuple[NoiseMethod, ...] = get_args(NoiseMethod)
-#: Where the SIGKILL of the resume check lands: the kill points, with what each means, are
-#: :data:`core.killpoints.KILL_POINTS` (their one home)
-KillAt = killpoints.KillAt
-KILL_POINTS = killpoints.KILL_POINTS
-
-
-@dataclass(frozen=True)
-class ResumeSettings:
-    """Kill-and-resume check settings.
-
-    Attributes:
-        check: run the check at all (training modes only).
-        checkpoint_every: optimizer steps between Trainer checkpoints.
-        kill_after_checkpoint: the interrupted run is killed after this checkpoint (1-based) and before the next one
-            has been written completely.
-        kill_at: where the SIGKILL lands, one of :data:`KILL_POINTS` (default ``boundary+1``: mid-accumulation, where
-            a crash usually falls, during a forward or backward).
-        compare_steps: optimizer steps after checkpoint c that the resumed run trains and compares with the
-            uninterrupted run; 0 (the default) is one checkpoint interval (or up to the last step, if nearer). Its
-            end must be a checkpoint of the uninterrupted run (a multiple of ``checkpoint_every``, or the last step),
-            where the final weights and optimizer states are compared.
-        interrupted_from: where the interrupted run starts, one of :data:`INTERRUPTED_FROM`: ``checkpoint`` (a copy
-            of the uninterrupted run's checkpoint before c: the run to the kill is itself a resume) or ``start``
-            (step 0: the check before issue 16, which costs about a whole training run).
-        noise: how the noise that bounds the loss, weights and optimizer states is known, one of
-            :data:`NOISE_METHODS` (``auto``: twin runs on CUDA or under the test jitter, bit-exact on the CPU).
-        twins: how many twin runs measure it (:data:`TWINS` by default; 2 to
-            :data:`MAX_TWINS`).
-    """
-
-    check: bool = setting(True, flag="--resume-check", command_key="resume_check",
-                          help="run the kill-and-resume check (training modes; --no-resume-check skips it)")
-    checkpoint_every: int = setting(10, mode_default=True, label="Checkpoint every", form_order=140,
-                                    help="optimizer steps between checkpoints")
-    kill_after_checkpoint: int = setting(
-        2, mode_default=True, label="Kill after ckpt #", form_order=150, command_key="kill_after_checkpoint",
-        help="the interrupted run is killed after this checkpoint (1-based), before the next one is written")
-    kill_at: KillAt = setting(killpoints.DEFAULT_KILL_AT, help=killpoints.CLI_HELP, label="Kill point",
-                              form_order=160)
-    compare_steps: int = setting(0, label="Compare steps", form_kind="autoint", form_order=170,
-                                 help="steps after the checkpoint resumed from that the resumed run trains and "
-                                      "compares with the uninterrupted run (default 0: one checkpoint interval)")
-    interrupted_from: InterruptedFrom = setting(
-        "checkpoint", help="the interrupted run starts from a copy of the uninterrupted run's checkpoint before the "
-                           "one resumed from (default), or from step 0")
-    noise: NoiseMethod = setting(
-        "auto", flag="--resume-noise", command_key="resume_noise",
-        help="how the run-to-run noise that bounds the loss, weights and optimizer states is known: auto (default: a "
-             "twin run measures it on CUDA; bit-exact on the CPU), twin (always run the twin), off (bit-exact "
-             "required)")
-    twins: int = setting(
-        TWINS, flag="--resume-twins", command_key="resume_twins",
-        help=f"how many twin runs measure the noise where a twin tier runs them (default {TWINS}, at least 2: their "
-             "spread is the noise; every one after the first is nudged by one ulp, so it is never 0)")
-
-    def kill_checkpoint_step(self) -> int:
-        """Global step of the checkpoint the interrupted run resumes from."""
-        return self.checkpoint_every * self.kill_after_checkpoint
-
-    def kill_step(self) -> int:
-        """The optimizer step k the kill is placed by (:func:`core.killpoints.kill_step`, which says why every kill
-        point lands after checkpoint c is complete and before the next is)."""
-        return killpoints.kill_step(self.kill_at, self.kill_checkpoint_step(), self.checkpoint_every)
-
-    def interrupted_start(self) -> int:
-        """The step the interrupted run starts from: the checkpoint before c (c - checkpoint_every) of the
-        uninterrupted run, or 0 when c is the first checkpoint or ``interrupted_from = "start"``."""
-        if self.interrupted_from == "start":
-            return 0
-        return self.kill_checkpoint_step() - self.checkpoint_every
-
-    def compared_until(self, steps: int) -> int:
-        """The last step the resumed run trains and compares (:attr:`compare_steps` after c; ``steps``: the run's)."""
-        c = self.kill_checkpoint_step()
-        if self.compare_steps == 0:
-            return min(c + self.checkpoint_every, steps)
-        return c + self.compare_steps
-
-    def last_step_needed(self) -> int:
-        """The last optimizer step the interrupted run must reach (``boundary+1`` is inside step k+1)."""
-        return killpoints.last_step_needed(self.kill_at, self.kill_step())
-
-    def describe(self, short: bool = False) -> str:
-        """The kill point in words, with its step numbers (``short``: without what is on disk at that moment)."""
-        return killpoints.describe(self.kill_at, self.kill_step(), self.kill_checkpoint_step(), short)
-
-
-#: torchrun's rendezvous backends gpuaccept passes through (torch.distributed.elastic; c10d needs no etcd).
-RdzvBackend = Literal["c10d", "static"]
-RDZV_BACKENDS: tuple[RdzvBackend, ...] = get_args(RdzvBackend)
-#: Where the nodes of a several-node run learn the rendezvous: given by hand (none), or the scheduler's variables
-#: (slurm: srun's SLURM_*, core/cluster/slurm.py).
-JobScheduler = Literal["none", "slurm"]
-JOB_SCHEDULERS: tuple[JobScheduler, ...] = get_args(JobScheduler)
-#: Strategies that run one process per rank under torchrun (the others run in one process).
-TORCHRUN_STRATEGIES = ("ddp", "zero1", "zero2", "zero3")
-
-
-@dataclass(frozen=True)
-class TorchrunSettings:
-    """How torchrun (``torch.distributed.run``) starts the ranks of strategies ddp / zero*: see
-    https://pytorch.org/docs/stable/elastic/run.html.
-
-    Attributes:
-        nproc_per_node: processes on this node; 0 = one per CUDA device named by ``devices`` (1 on the CPU). On the
-            CPU, N >= 2 starts N ranks over gloo (each a full process sharing the host's memory), so the whole
-            several-rank path runs without a GPU.
-        nnodes: nodes taking part; above 1, the same spec is run on every node with the same ``rdzv_endpoint`` and
-            ``rdzv_id`` (torchrun's ``--nnodes --rdzv-backend --rdzv-endpoint --rdzv-id``; one node runs
-            ``--standalone``).
-        rdzv_endpoint: ``host:port`` every node reaches (required when ``nnodes`` > 1).
-        rdzv_id: the job id all nodes share.
-        rdzv_backend: ``c10d`` (default) or ``static``.
-        scheduler: ``slurm``: ``nnodes``, ``rdzv_endpoint`` and ``rdzv_id`` are read from the variables srun sets
-            (core/cluster/slurm.py) when the spec is built, and the record keeps the values read; ``none``: given.
-    """
-
-    nproc_per_node: int = setting(0, flag="--nproc", label="Ranks per node", form_kind="autoint", form_order=250,
-                                  help="torchrun processes on this node (ddp, zero3): default one per CUDA device; on "
-                                       "the CPU N >= 2 gloo ranks")
-    nnodes: int = setting(1, command_key="nnodes",
-                          help="nodes of a several-node run: run the same spec on every node with the same "
-                               "--rdzv-endpoint")
-    rdzv_endpoint: str = setting("", command_key="rdzv_endpoint", help="host:port every node reaches (--nnodes > 1)")
-    rdzv_id: str = setting("gpuaccept", command_key="rdzv_id", help="job id shared by every node (default gpuaccept)")
-    rdzv_backend: RdzvBackend = setting("c10d", help="torchrun's rendezvous backend (default c10d)")
-    scheduler: JobScheduler = setting("none", help="slurm: nnodes, the rendezvous endpoint (the step's first node, "
-                                                "MASTER_PORT or 29500) and id from srun's SLURM_* variables; run one "
-                                                "task per node (srun --ntasks-per-node=1)")
-
-    def args(self, nproc: int) -> list[str]:
-        """torchrun's arguments for ``nproc`` processes on this node: ``--standalone`` on one node, the rendezvous
-        options otherwise."""
-        if self.nnodes == 1:
-            return ["--standalone", f"--nproc-per-node={nproc}"]
-        return [f"--nnodes={self.nnodes}", f"--nproc-per-node={nproc}", f"--rdzv-backend={self.rdzv_backend}",
-                f"--rdzv-endpoint={self.rdzv_endpoint}", f"--rdzv-id={self.rdzv_id}"]
 
 
 @dataclass(frozen=True)
@@ -571,7 +328,7 @@ class RunSpec:
             SpecError: as :meth:`build`; an error in a value the file gave names ``source``.
         """
         toml_path = source
-        from_file = _dotted_keys(raw) - _dotted_keys(nest({k: v for k, v in overrides.items() if v is not None}, spec_settings()))
+        from_file = dotted_keys(raw) - dotted_keys(nest({k: v for k, v in overrides.items() if v is not None}, spec_settings()))
         for key, value in nest({k: v for k, v in overrides.items() if v is not None}, spec_settings()).items():
             if isinstance(value, dict) and key in raw:  # a table: its keys over the file's (a file's table that is
                 if isinstance(raw[key], dict):         # no table is refused by from_dict)
@@ -608,35 +365,35 @@ class RunSpec:
         mode = raw.get("mode", cls.mode)
         if not isinstance(mode, str) or mode not in MODES:
             raise SpecError("mode", f"{mode!r} is not a mode; choose one of {', '.join(MODES)}")
-        given = {name: _table(raw, name) for name in tables_of(spec_settings())}
-        raw["mode"] = mode = _variant_mode(mode, given["lora"])
+        given = {name: table_in(raw, name) for name in tables_of(spec_settings())}
+        raw["mode"] = mode = variant_mode(mode, given["lora"])
         method = method_of(mode)  # its defaults (core/methods/)
         for s in spec_settings():
             if s.mode_default:  # the method's own default, for a key given nowhere
                 (raw if s.table is None else given[s.table]).setdefault(s.name, getattr(method, s.name))
         lora_raw = given["lora"]
         if "targets" in lora_raw:
-            lora_raw["targets"] = _targets(lora_raw["targets"])
+            lora_raw["targets"] = parse_targets(lora_raw["targets"])
         if "modules_to_save" in lora_raw:
-            lora_raw["modules_to_save"] = _targets(lora_raw["modules_to_save"], "lora.modules_to_save")
-        lora = _sub(LoraSettings, lora_raw, "lora")
+            lora_raw["modules_to_save"] = parse_targets(lora_raw["modules_to_save"], "lora.modules_to_save")
+        lora = sub_table(LoraSettings, lora_raw, "lora")
         qlora_raw = given["qlora"]
         if qlora_raw and "qlora" not in method.own_tables:
             raise SpecError("qlora", f"the [qlora] settings ({', '.join(sorted(qlora_raw))}) apply to mode qlora; "
                                      f"set mode = \"qlora\" or remove them")
-        qlora = _sub(QloraSettings, qlora_raw, "qlora")
+        qlora = sub_table(QloraSettings, qlora_raw, "qlora")
         galore_raw = given["galore"]
         if "targets" in galore_raw:
-            galore_raw["targets"] = _targets(galore_raw["targets"], "galore.targets")
-        galore = _sub(GaloreSettings, galore_raw, "galore")
-        resume = _sub(ResumeSettings, given["resume"], "resume")
-        torchrun = _sub(TorchrunSettings, given["torchrun"], "torchrun")
+            galore_raw["targets"] = parse_targets(galore_raw["targets"], "galore.targets")
+        galore = sub_table(GaloreSettings, galore_raw, "galore")
+        resume = sub_table(ResumeSettings, given["resume"], "resume")
+        torchrun = sub_table(TorchrunSettings, given["torchrun"], "torchrun")
         accept = AcceptCriteria.from_table(given["accept"])
         scalars = {k: v for k, v in raw.items()}
         if "devices" in scalars and not isinstance(scalars["devices"], str):
             value = scalars["devices"]
             scalars["devices"] = ",".join(str(v) for v in value) if isinstance(value, list) else str(value)
-        _check_types(cls, scalars)
+        check_types(cls, scalars)
         spec = cls(**scalars, lora=lora, qlora=qlora, galore=galore, resume=resume, torchrun=torchrun, accept=accept)
         spec.validate()
         return spec
@@ -656,18 +413,10 @@ class RunSpec:
         self._check_values()
         self.method.check(self)  # what the method asks and refuses (core/methods/)
         if self.training and self.resume.check:
-            self._check_resume()
+            self.resume.check_against(self.steps)
         self._check_devices()
         if self.data != EMBEDDED_DATA:
-            check_path("data", self.data)
-            path = Path(self.data)
-            kind = special_file_kind(path)
-            if kind is not None:
-                raise SpecError("data", f"{self.data} is {kind}, not a file; give 'embedded' or a .txt / .jsonl file")
-            if path.suffix not in (".txt", ".jsonl"):
-                raise SpecError("data", f"{self.data!r}: give 'embedded' or a .txt / .jsonl file")
-            if not path.is_file():
-                raise SpecError("data", f"file {self.data} not found; give 'embedded' or an existing .txt / .jsonl file")
+            check_data_file(self.data)
         unknown = unknown_value(self, spec_settings())  # the choices of each Literal setting (core/settings.py)
         if unknown is not None:
             s, value = unknown
@@ -682,7 +431,9 @@ class RunSpec:
         check_path("model", self.model)  # a name or a path: one the file system can look up (core/bounds.py)
         if self.dtype not in DTYPES:
             raise SpecError("dtype", f"{self.dtype!r} is not supported; choose one of {', '.join(DTYPES)}")
-        self._check_precision()
+        if self.precision not in PRECISIONS:  # what a method cannot run with is its own refusal (core/methods/)
+            raise SpecError("precision", f"{self.precision!r} is not a precision; choose pure (the model loaded in "
+                                         f"dtype) or amp (fp32 weights, autocast to dtype)")
         if self.attn_implementation not in ATTN_IMPLEMENTATIONS:
             raise SpecError("attn_implementation", f"{self.attn_implementation!r} is not supported; choose one of "
                                                    f"{', '.join(ATTN_IMPLEMENTATIONS)}")
@@ -745,102 +496,16 @@ class RunSpec:
             raise SpecError("offload", "offloading the parameters is ZeRO stage 3's (FSDP full shard): set strategy "
                                        "zero3, or offload = \"optimizer\"")
 
-    def _check_resume(self) -> None:
-        """The resume check's settings (training with the check on): intervals, the kill point, where the
-        interrupted run starts, the compared steps, and a kill that lands before the end of the run."""
-        r = self.resume
-        if r.checkpoint_every < 1:
-            raise SpecError("resume.checkpoint_every", f"must be at least 1 (got {r.checkpoint_every})")
-        if r.kill_after_checkpoint < 1:
-            raise SpecError("resume.kill_after_checkpoint", f"must be at least 1 (got {r.kill_after_checkpoint})")
-        if r.kill_at not in KILL_POINTS:
-            raise SpecError("resume.kill_at", f"{r.kill_at!r} is not a kill point; choose one of "
-                                              f"{', '.join(KILL_POINTS)}")
-        if r.interrupted_from not in INTERRUPTED_FROM:
-            raise SpecError("resume.interrupted_from", f"{r.interrupted_from!r}: choose checkpoint (a copy of the "
-                                                       "checkpoint before the kill) or start (step 0)")
-        if r.noise not in NOISE_METHODS:
-            raise SpecError("resume.noise", f"{r.noise!r}: choose auto (a twin run measures the noise where kernels "
-                                            "are not bit-exact), twin (always) or off (bit-exact required)")
-        if not 2 <= r.twins <= MAX_TWINS:
-            raise SpecError("resume.twins", f"{r.twins}: give 2 to {MAX_TWINS} twin runs (two at least: their spread "
-                                            "is the noise)")
-        self._check_compare_steps()
-        last = r.last_step_needed()
-        if not killpoints.fits_in_run(r.kill_at, last, self.steps):
-            raise SpecError(
-                "resume.kill_after_checkpoint",
-                f"the kill ({r.kill_at}) would come at step {last}, not before the end of the run at step "
-                f"{self.steps}: raise steps above {last} or lower checkpoint_every / kill_after_checkpoint",
-            )
-
     def _check_devices(self) -> None:
         """The devices, torchrun's settings and the strategy against the number of devices (CPU ranks and nodes
         counted)."""
         count = device_count(self.devices)
-        self._check_torchrun(count)
+        self.torchrun.check_against(count, self.strategy, self.devices)
         if is_cpu(self.devices):
             count = max(1, self.torchrun.nproc_per_node)  # CPU ranks: each a process, sharing the host's memory
         if count is not None and self.strategy in TORCHRUN_STRATEGIES:
             count *= self.torchrun.nnodes  # the ranks of every node share the work
         check_strategy(self.strategy, self.tp, count, self.devices)
-
-    def _check_compare_steps(self) -> None:
-        """``resume.compare_steps`` is 0 or ends at a checkpoint of the uninterrupted run within the run."""
-        r = self.resume
-        if r.compare_steps < 0:
-            raise SpecError("resume.compare_steps", f"must be 0 (one checkpoint interval) or more (got "
-                                                    f"{r.compare_steps})")
-        if r.compare_steps == 0:
-            return
-        c, end = r.kill_checkpoint_step(), r.compared_until(self.steps)
-        if end > self.steps:
-            raise SpecError("resume.compare_steps", f"{r.compare_steps} steps after checkpoint-{c} end at step {end}, "
-                                                    f"past the last step {self.steps}; at most {self.steps - c}")
-        if end % r.checkpoint_every and end != self.steps:
-            raise SpecError("resume.compare_steps", f"the comparison would end at step {end}, where the uninterrupted "
-                                                    f"run keeps no checkpoint to compare weights with; give a multiple "
-                                                    f"of checkpoint_every ({r.checkpoint_every}) or "
-                                                    f"{self.steps - c} (to the last step)")
-
-    def _check_precision(self) -> None:
-        """``precision`` is one of :data:`PRECISIONS`. What a method cannot run with is its own refusal
-        (core/methods/: pure fp16 full fine-tuning in full.py, amp for inference in inference.py, amp for QLoRA in
-        lora.py)."""
-        if self.precision not in PRECISIONS:
-            raise SpecError("precision", f"{self.precision!r} is not a precision; choose pure (the model loaded in "
-                                         f"dtype) or amp (fp32 weights, autocast to dtype)")
-
-    def _check_torchrun(self, count: int | None) -> None:
-        t = self.torchrun
-        if t.nproc_per_node < 0:
-            raise SpecError("torchrun.nproc_per_node", f"must be 0 (one per device) or more (got {t.nproc_per_node})")
-        if t.nnodes < 1:
-            raise SpecError("torchrun.nnodes", f"must be at least 1 (got {t.nnodes})")
-        several = t.nproc_per_node > 1 or t.nnodes > 1
-        if several and self.strategy not in TORCHRUN_STRATEGIES:
-            raise SpecError("torchrun.nproc_per_node" if t.nproc_per_node > 1 else "torchrun.nnodes",
-                            f"several processes need a data-parallel strategy (ddp, or zero3 = fsdp); strategy "
-                            f"{self.strategy} runs in one process: set strategy = \"ddp\" or nproc_per_node = 0")
-        if count is not None and not is_cpu(self.devices) and t.nproc_per_node not in (0, count):
-            raise SpecError("torchrun.nproc_per_node",
-                            f"{t.nproc_per_node} processes for the {count} devices of devices = {self.devices!r}: "
-                            "one process per CUDA device; set nproc_per_node = 0 (one per device) or name that many "
-                            "devices")
-        if t.scheduler not in JOB_SCHEDULERS:
-            raise SpecError("torchrun.scheduler", f"{t.scheduler!r}: choose one of {', '.join(JOB_SCHEDULERS)}")
-        if t.rdzv_backend not in RDZV_BACKENDS:
-            raise SpecError("torchrun.rdzv_backend", f"{t.rdzv_backend!r}: choose one of {', '.join(RDZV_BACKENDS)}")
-        if t.nnodes > 1:
-            if not re.fullmatch(r"[A-Za-z0-9_.\-\[\]:]+:\d+", t.rdzv_endpoint):
-                raise SpecError("torchrun.rdzv_endpoint",
-                                f"{t.rdzv_endpoint!r}: {t.nnodes} nodes need a rendezvous host:port every node reaches, "
-                                "e.g. node0.cluster:29500")
-            if not re.fullmatch(r"[A-Za-z0-9_.\-]+", t.rdzv_id):
-                raise SpecError("torchrun.rdzv_id", f"{t.rdzv_id!r}: letters, digits, '.', '_' and '-' only")
-        elif t.rdzv_endpoint:
-            raise SpecError("torchrun.rdzv_endpoint", "a rendezvous is for several nodes; set nnodes above 1 or "
-                                                      "leave rdzv_endpoint empty (one node runs --standalone)")
 
     def local_world_size(self, n_devices: int) -> int:
         """Processes torchrun starts on this node for ``n_devices`` devices used here (1: no torchrun).
@@ -1005,7 +670,6 @@ class RunSpec:
         return canonical_sha256(self.to_dict())
 
 
-
 @functools.cache
 def spec_settings() -> tuple[Setting, ...]:
     """Every setting of :class:`RunSpec` and its tables (``[accept]`` included), in the spec's field order: what its
@@ -1030,208 +694,3 @@ def canonical_sha256(mapping: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(mapping, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
-def validate_against_config(spec: RunSpec, max_positions: int | None, module_names: set[str] | None = None) -> None:
-    """Check the spec against the model (the first of :func:`config_problems`).
-
-    Raises:
-        SpecError: sequence length above ``max_position_embeddings``; LoRA target absent from the model.
-    """
-    problems = config_problems(spec, max_positions, module_names)
-    if problems:
-        raise problems[0]
-
-
-def config_problems(spec: RunSpec, max_positions: int | None,
-                    module_names: set[str] | None = None) -> list[SpecError]:
-    """Everything the model's config refuses about the spec, each as a :class:`SpecError` naming its field.
-
-    Args:
-        max_positions: the model's declared ``max_position_embeddings`` (``n_positions``), or None when its config does
-            not declare one (a library default is not a property of the model).
-        module_names: short names of the model's Linear modules (e.g. ``{"q_proj", ...}``) to check LoRA targets against.
-
-    Returns:
-        the errors, at most one per field, in the form's order (sequence length, then LoRA targets); empty when none.
-    """
-    problems: list[SpecError] = []
-    if max_positions is not None and spec.seq_len > int(max_positions) and spec.seq_len_limit == "model":
-        problems.append(SpecError(
-            "seq_len",
-            f"{spec.seq_len} is above the model's max_position_embeddings ({max_positions}); "
-            f"use a sequence length of at most {max_positions}",
-        ))
-    if spec.adapters and module_names is not None and not spec.all_linear:
-        missing = [t for t in spec.lora.targets if t not in module_names and t != ALL_LINEAR]
-        if missing:
-            problems.append(SpecError(
-                "lora.targets",
-                f"{', '.join(missing)} not found in the model; its linear modules are: {', '.join(sorted(module_names))}",
-            ))
-    return problems
-
-
-@dataclass(frozen=True)
-class SpecDraft:
-    """A spec built from a form's values, with every field's error rather than only the first.
-
-    Attributes:
-        spec: the spec, or None when any value is refused.
-        stand_in: the spec with each refused value left at its default (None when even that is refused): what the
-            rest of the inputs (the model, the data file) can be checked with meanwhile.
-        errors: ``SpecError.field`` (``"seq_len"``, ``"lora.r"``) -> its message, in the order found.
-    """
-
-    spec: RunSpec | None
-    stand_in: RunSpec | None
-    errors: dict[str, str]
-
-
-def draft_spec(values: Mapping[str, Any], refused: Mapping[str, str] | None = None) -> SpecDraft:
-    """Build a spec from flat overrides (as :meth:`RunSpec.build` takes them) and collect one error per field.
-
-    :meth:`RunSpec.validate` stops at the first error; here each refused value is dropped (its default takes its place)
-    and the spec is built again, so a form can show every field at fault at once. The rules stay in ``validate``.
-
-    Args:
-        values: overrides, e.g. ``{"mode": "lora", "seq_len": 1, "lora_r": 0}``.
-        refused: errors already found by the caller (e.g. text that is not a number), keyed like ``values``; those
-            fields are left at their defaults and reported as given.
-
-    Returns:
-        a :class:`SpecDraft`; ``spec`` is None when any error was found. An error whose field is not among ``values``
-        (a rule between fields, or a default) ends the search: it is reported and ``stand_in`` is None.
-    """
-    errors: dict[str, str] = {}
-    remaining = dict(values)
-    dests, keys = by_dest(), by_key()
-    for key, message in (refused or {}).items():
-        remaining.pop(key, None)
-        errors[dests[key].key if key in dests else key] = message
-    for _ in range(len(values) + 1):
-        try:
-            built = RunSpec.build(**remaining)
-        except SpecError as exc:
-            key = keys[exc.field].dest if exc.field in keys else exc.field.replace(".", "_", 1)
-            errors.setdefault(exc.field, exc.message)
-            if key not in remaining or key == "mode":
-                return SpecDraft(spec=None, stand_in=None, errors=errors)
-            del remaining[key]
-            continue
-        return SpecDraft(spec=None if errors else built, stand_in=built, errors=errors)
-    return SpecDraft(spec=None, stand_in=None, errors=errors)
-
-
-def _sub(cls: type, raw: dict[str, Any], prefix: str) -> Any:
-    known = {f.name for f in dataclasses.fields(cls)}
-    for key in raw:
-        if key not in known:
-            raise SpecError(f"{prefix}.{key}", f"unknown setting; known [{prefix}] settings are: {', '.join(sorted(known))}")
-    _check_types(cls, raw, prefix + ".")
-    return cls(**raw)
-
-
-def field_type(f: dataclasses.Field) -> str:
-    """The plain type a spec field is written in (TOML, flags, the record's spec table): ``int``, ``float``, ``str`` or
-    ``bool``; a field typed by one of this module's ``Literal`` aliases (:data:`Mode`, :data:`Strategy` ...) is the
-    type of its values, ``str``. Any other annotation is returned as written (a sub-table's class name)."""
-    name = str(f.type)
-    alias = globals().get(name)
-    if get_origin(alias) is Literal:
-        return type(get_args(alias)[0]).__name__
-    return name
-#: The largest integer a spec may hold (int64, what torch and numpy take); steps and seeds have tighter limits below.
-MAX_INT = 2**63 - 1
-#: The most optimizer steps a spec may ask for: an acceptance run, not a pretraining job.
-MAX_STEPS = 1_000_000
-#: Seeds reach numpy's generator through transformers' set_seed, which takes 0 <= seed < 2**32.
-MAX_SEED = 2**32 - 1
-
-
-def _variant_mode(mode: str, lora_raw: dict[str, Any]) -> str:
-    """The mode a spec runs, from ``mode`` and ``[lora] variant`` (a LoRA variant is a setting of the LoRA method, and
-    the spec stores it as the mode, so specs written before hash as they did); ``lora_raw["variant"]`` is set to it
-    for an adapter mode.
-
-    Raises:
-        SpecError: ``lora.variant`` names no variant (core.methods.lora_variants), names one for a mode without
-            adapters, or disagrees with a mode that is itself a variant (``mode = "qlora"`` with ``variant = "dora"``).
-    """
-    variants = lora_variants()
-    variant = lora_raw.get("variant")
-    if variant is None:
-        if mode in variants:
-            lora_raw["variant"] = mode
-        return mode
-    if not isinstance(variant, str) or variant not in variants:
-        raise SpecError("lora.variant", f"{variant!r} is not a LoRA variant; choose one of {', '.join(variants)}")
-    if mode not in variants:
-        if not method_of(variant).variant:  # [lora] variant = "lora" beside a mode without adapters: nothing to do
-            return mode
-        raise SpecError("lora.variant", f"{variant} is a variant of LoRA and mode {mode} trains no adapters; set "
-                                        f"mode = \"lora\" (or \"{variant}\"), or remove the variant")
-    if method_of(mode).variant and mode != variant:
-        raise SpecError("lora.variant", f"mode {mode} and lora.variant {variant} name two variants; give one of them")
-    return variant
-
-
-def _dotted_keys(raw: Mapping[str, Any]) -> set[str]:
-    """The keys of a spec's mapping, a table's as ``table.key`` (``{"lora": {"r": 4}}`` -> ``{"lora", "lora.r"}``)."""
-    keys = set(raw)
-    for name, value in raw.items():
-        if isinstance(value, dict):
-            keys.update(f"{name}.{key}" for key in value)
-    return keys
-
-
-def _table(raw: dict[str, Any], name: str) -> dict[str, Any]:
-    """The sub-table ``[name]`` of a spec, popped from ``raw``; an empty one when absent.
-
-    Raises:
-        SpecError: ``name`` is not a table (``lora = "abc"``, ``resume = 5``, an array of tables ``[[lora]]``).
-    """
-    value = raw.pop(name, None)
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        kind = "an array of tables ([[" + name + "]])" if isinstance(value, list) else repr(value)[:40]
-        raise SpecError(name, f"must be a table [{name}] with its keys, got {kind}")
-    return dict(value)
-
-
-def _targets(value: Any, key: str = "lora.targets") -> tuple[str, ...]:
-    """LoRA targets (or ``key``'s module names) as given: a list of module names or one comma-separated string.
-
-    Raises:
-        SpecError: anything else (``targets = [1, 2]``).
-    """
-    if isinstance(value, str):
-        items = value.split(",")
-    elif isinstance(value, (list, tuple)) and all(isinstance(t, str) for t in value):
-        items = list(value)
-    else:
-        raise SpecError(key, f"give module names as a list of strings, e.g. [\"q_proj\", \"v_proj\"] (got "
-                             f"{value!r:.60})")
-    return tuple(t.strip() for t in items if t.strip())
-
-
-def _check_types(cls: type, raw: dict[str, Any], prefix: str = "") -> None:
-    """Each key of ``raw`` has its field's type; numbers are finite and within :data:`MAX_INT`.
-
-    Raises:
-        SpecError: naming the key, what was given and what is expected.
-    """
-    for f in dataclasses.fields(cls):
-        if f.name not in raw:
-            continue
-        value = raw[f.name]
-        kind = field_type(f)
-        if kind not in ("int", "float", "str", "bool"):  # a sub-table: checked by its own settings
-            continue
-        if not value_fits(kind, value):  # the one type rule of a setting's kind (core/settings.py)
-            raise SpecError(f"{prefix}{f.name}", f"expected {kind}, got {value!r:.60}")
-        if kind == "float":
-            if not math.isfinite(value):
-                raise SpecError(f"{prefix}{f.name}", f"must be a finite number (got {value!r})")
-            raw[f.name] = float(value)
-        if kind == "int" and abs(value) > MAX_INT:
-            raise SpecError(f"{prefix}{f.name}", f"{value} is out of range; at most {MAX_INT:,}")

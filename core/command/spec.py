@@ -59,15 +59,9 @@ from core.bounds import check_path, loads_bounded, read_input_text, special_file
 from core.dtypes import DTYPES
 from core.errors import SpecError
 from core.settings import KIND_WORDS, setting, settings_of, value_fits
-from core.spec import (
-    COMMAND_TWINS,
-    EMBEDDED_DATA,
-    EMBEDDED_MODEL,
-    MAX_STEPS,
-    MAX_TWINS,
-    YAML_SUFFIXES,
-    canonical_sha256,
-)
+from core.spec import EMBEDDED_DATA, EMBEDDED_MODEL, YAML_SUFFIXES, canonical_sha256
+from core.specparse import MAX_STEPS
+from core.spectables import COMMAND_TWINS, MAX_TWINS
 
 #: The placeholders a command may hold, with what replaces them.
 PLACEHOLDERS = {

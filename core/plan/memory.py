@@ -61,7 +61,8 @@ from core.plan.meta import ParameterCount, meta_summary, model_shape
 from core.plan.phases import Phase, inference_moments, peak, phases_of, training_moments
 from core.plan.quant import QuantisedBase, quantised_base, quantised_source_bytes
 from core.plan.strategies import DeviceStep, check_tp_heads, strategy_steps
-from core.spec import TORCHRUN_STRATEGIES, RunSpec
+from core.spec import RunSpec
+from core.spectables import TORCHRUN_STRATEGIES
 
 #: The components of every device plan, in order: the record's keys (core/plan/phases.py keeps this order).
 COMPONENTS = ("weights", "gradients", "optimizer_states", "activations", "temporaries", "overhead", "kv_cache")

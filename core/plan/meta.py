@@ -26,7 +26,8 @@ from core.dtypes import Dtype, dtype_bytes, dtype_name, torch_dtype_name
 from core.errors import SpecError
 from core.methods import method_of
 from core.methods.lora import lora_config
-from core.spec import LoraSettings, Mode
+from core.spec import Mode
+from core.spectables import LoraSettings
 
 #: Short names of the gate projection of a gated MLP (SwiGLU, GeGLU): the MLP keeps four I-wide tensors, not two.
 GATED_MLP_NAMES = frozenset({"gate_proj", "gate_up_proj", "w1", "w3", "wi_0", "fc_gate"})

@@ -215,7 +215,7 @@ def probe_verdict(facts: ProbeFacts) -> StageVerdict:
 def expected_world_size(spec: Mapping[str, Any], planned_devices: int) -> int | None:
     """The ranks a spec table runs (one per planned device of a node for ddp / zero*, unless ``nproc_per_node``
     says; x ``nnodes``; a device map: one measurement per planned device), or None when the table does not say."""
-    from core.spec import TORCHRUN_STRATEGIES
+    from core.spectables import TORCHRUN_STRATEGIES
 
     torchrun = spec.get("torchrun")
     if not isinstance(torchrun, dict):

@@ -658,7 +658,7 @@ def _resume_window(spec: dict[str, Any]) -> tuple[int | None, int]:
     resumed run always ran to the end."""
     import dataclasses
 
-    from core.spec import ResumeSettings
+    from core.spectables import ResumeSettings
 
     steps = count(spec.get("steps"), "spec.steps")
     table = spec.get("resume", {})

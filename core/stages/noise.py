@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from core.spec import TWINS
+from core.spectables import TWINS
 
 if TYPE_CHECKING:
     import torch

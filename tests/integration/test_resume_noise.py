@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from core.events import RunFinished
-from core.spec import TWINS
+from core.spectables import TWINS
 from core.stages.noise import NOISE_MULTIPLE
 from tests.command_faults import JITTER, by_name, tolerance
 

@@ -31,7 +31,7 @@ GiB = 2**30
 
 #: what tui may import of core besides core.api: the modules that declare what a run is and what it says (the spec,
 #: its devices and settings, the training methods, the kill points, the errors, the events, the statuses)
-VOCABULARY = {"core.spec", "core.devicespec", "core.settings", "core.methods", "core.optim", "core.objectives", "core.losses",
+VOCABULARY = {"core.spec", "core.spectables", "core.specparse", "core.specdraft", "core.devicespec", "core.settings", "core.methods", "core.optim", "core.objectives", "core.losses",
               "core.killpoints", "core.errors", "core.events", "core.status"}
 ALLOWED = VOCABULARY | {"core.api"}
 

@@ -6,7 +6,8 @@ import pytest
 
 from core import killpoints
 from core.protocol.events import KillPoint
-from core.spec import KILL_POINTS, RunSpec
+from core.spec import RunSpec
+from core.spectables import KILL_POINTS
 
 
 def _trainer_order(steps: int, accum: int, every: int):

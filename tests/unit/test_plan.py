@@ -18,7 +18,8 @@ from core.plan.devices import DeviceInfo, detect_devices
 from core.plan.lines import CPU_RUNTIME_BYTES
 from core.plan.memory import COMPONENTS, plan_memory
 from core.plan.meta import ParameterCount, count_parameters, linear_module_names
-from core.spec import LoraSettings, RunSpec
+from core.spec import RunSpec
+from core.spectables import LoraSettings
 from tests.paths import CASES, REPO
 
 GiB = 2**30

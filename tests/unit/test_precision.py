@@ -16,7 +16,8 @@ from core.plan.fit import fit_of, fit_verdicts, plan_fits, under_estimate
 from core.plan.memory import plan_memory
 from core.plan.meta import count_parameters
 from core.plan.search import largest_fitting
-from core.spec import LoraSettings, RunSpec
+from core.spec import RunSpec
+from core.spectables import LoraSettings
 from tests.paths import CASES
 
 GiB = 2**30
@@ -115,7 +116,7 @@ def test_all_linear_is_every_projection_but_the_head_as_peft_resolves_it(tmp_pat
 
 
 def test_all_linear_passes_validation_against_the_model():
-    from core.spec import validate_against_config
+    from core.specdraft import validate_against_config
 
     spec = RunSpec.build(mode="lora", lora_targets="all-linear")
     validate_against_config(spec, 512, {"q_proj", "v_proj", "lm_head"})  # no "all-linear not found"

@@ -166,14 +166,16 @@ def test_the_spec_fields_are_literals_written_as_strings():
 
     from core.devicespec import STRATEGIES
     from core.errors import SpecError
-    from core.spec import KILL_POINTS, MODES, OPTIMIZERS, PRECISIONS, KillAt, RunSpec, field_type
+    from core.spec import MODES, OPTIMIZERS, PRECISIONS, RunSpec
+    from core.specparse import field_type
+    from core.spectables import KILL_POINTS, KillAt
 
     assert MODES == ("inference", "full", "lora", "qlora", "dora", "lora_int8", "badam") and PRECISIONS == ("pure", "amp")
     assert OPTIMIZERS == ("adamw", "adamw_fused", "sgd", "adafactor", "adamw_8bit", "paged_adamw_8bit", "paged_adamw_32bit",
                           "adamw_ao_8bit", "adamw_ao_4bit", "adamw_ao_fp8", "galore_adamw")
     assert STRATEGIES == ("single", "ddp", "zero1", "zero2", "zero3", "device_map", "tp")
     assert tuple(KILL_POINTS) == get_args(KillAt) == ("boundary", "boundary-1", "boundary+1", "checkpoint-write")
-    kinds = {f.name: field_type(f) for f in dataclasses.fields(RunSpec)}
+    kinds = {f.name: field_type(f, RunSpec) for f in dataclasses.fields(RunSpec)}
     assert {kinds[k] for k in ("mode", "dtype", "precision", "optimizer", "strategy", "attn_implementation",
                                "padding", "lr_scheduler")} == {"str"}
     assert kinds["batch_size"] == "int" and kinds["lora"] == "LoraSettings"

@@ -16,7 +16,7 @@ import pytest
 
 from core.plan.meta import build_meta_model, linear_module_names, meta_summary, summarise_model, summary_from_shapes
 from core.plan.shapes import FastConfig, fast_config
-from core.spec import LoraSettings
+from core.spectables import LoraSettings
 from tests import paths
 
 CASES = {c["id"].split("-")[0]: c for c in

@@ -9,7 +9,8 @@ import pytest
 
 from core.devicespec import parse_devices
 from core.errors import SpecError
-from core.spec import RunSpec, validate_against_config
+from core.spec import RunSpec
+from core.specdraft import validate_against_config
 
 
 def test_defaults_are_the_embedded_lora_run():
@@ -186,7 +187,7 @@ def test_a_binary_or_utf16_spec_file_is_a_named_error(tmp_path, content):
 
 def test_a_draft_names_every_field_at_fault_and_keeps_the_rest():
     """The form's view of validate: one error per field, each refused value at its default in the stand-in."""
-    from core.spec import draft_spec
+    from core.specdraft import draft_spec
 
     draft = draft_spec({"mode": "lora", "batch_size": 0, "seq_len": 1, "lora_r": 0, "steps": 40},
                        refused={"grad_accum": "a whole number"})
@@ -204,7 +205,7 @@ def test_a_draft_names_every_field_at_fault_and_keeps_the_rest():
 
 def test_a_draft_stops_at_a_rule_it_cannot_undo():
     """An error on a field the caller did not give (here the mode's default steps against warmup) ends the search."""
-    from core.spec import draft_spec
+    from core.specdraft import draft_spec
 
     draft = draft_spec({"mode": "lora", "warmup_steps": 10**6, "batch_size": 0})
     assert draft.spec is None
@@ -213,7 +214,7 @@ def test_a_draft_stops_at_a_rule_it_cannot_undo():
 
 
 def test_config_problems_names_both_the_sequence_and_the_targets():
-    from core.spec import config_problems
+    from core.specdraft import config_problems
 
     spec = RunSpec.build(mode="lora", seq_len=4096, lora_targets="q_proj,qq_proj")
     problems = config_problems(spec, 256, {"q_proj", "v_proj"})

@@ -277,7 +277,7 @@ class SetupScreen(NavButtons, WizardScreen):
         """Validate every field; show each field's error beside it (all of them, not only the first); enable Next only
         when the spec is valid and the model and data were found. The model's config and the data file are read in a
         worker once typing pauses (:meth:`check_inputs`), with the refused fields at their defaults meanwhile."""
-        from core.spec import draft_spec
+        from core.specdraft import draft_spec
 
         values, refused = self.values()
         draft = draft_spec({"mode": self.app.state.mode, **self._extra, **values}, refused)
