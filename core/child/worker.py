@@ -42,6 +42,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from core.child.determinism import apply_determinism
 from core.protocol.events import (
     ChildError,
     DataInfo,
@@ -62,6 +63,7 @@ from core.spec import RunSpec
 def main(argv: list[str]) -> int:
     job = WorkerJob.read(argv[0])  # a file that is no job: JobFormatError, naming the key (the log says it)
     exit_with_parent()
+    apply_determinism()  # the resume check's exact mode on CUDA, when the parent asks for it
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1  # launched by torchrun (core.stages.childproc, nproc > 1)
     events = EventWriter(job.events, int(os.environ["RANK"]) if distributed else None,
                          int(os.environ["LOCAL_RANK"]) if distributed else None)

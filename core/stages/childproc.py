@@ -22,8 +22,10 @@ from typing import Any
 from core import forkserver
 from core.errors import StageCancelled, StageError
 from core.interpreter import child_env, python_argv
+from core.protocol.determinism import determinism_env
 from core.protocol.events import ChildError, ChildEvent, Started, read_events
 from core.protocol.job import Job
+from core.stages.noise import deterministic_kernels
 
 
 @dataclass
@@ -76,12 +78,15 @@ class Launch:
             ``CUDA_VISIBLE_DEVICES``); None: the stage's one device.
         alloc_conf: the caching allocator's configuration the children run under (the spec's ``alloc_conf``, set as
             ``PYTORCH_ALLOC_CONF`` and ``PYTORCH_CUDA_ALLOC_CONF``: the plan simulated it); "": the environment's.
+        deterministic: the children run CUDA's deterministic kernels (the resume check's exact mode,
+            core/protocol/determinism.py: :func:`core.stages.noise.deterministic_kernels`).
     """
 
     nproc: int = 1
     torchrun_args: list[str] | None = None
     visible_devices: list[str] | None = None
     alloc_conf: str = ""
+    deterministic: bool = False
 
     @property
     def torchrun(self) -> bool:
@@ -122,6 +127,8 @@ def start_child(name: str, job_dir: Path, job: Job, launch: Launch = SINGLE,
     env = child_env()
     if launch.alloc_conf:  # PyTorch reads PYTORCH_ALLOC_CONF first, the older name otherwise (AllocatorConfig.cpp)
         env["PYTORCH_ALLOC_CONF"] = env["PYTORCH_CUDA_ALLOC_CONF"] = launch.alloc_conf
+    if launch.deterministic:  # before the child starts: cuBLAS reads its workspace configuration once
+        env.update(determinism_env())
     cuda = [d for d in (launch.visible_devices or []) if d.startswith("cuda")]
     if cuda:
         env["CUDA_VISIBLE_DEVICES"] = visible_for(cuda, os.environ.get("CUDA_VISIBLE_DEVICES"))
@@ -150,11 +157,13 @@ def launch_options(spec: Any, names: list[str]) -> Launch:
     process for strategies that do not run under torchrun (:meth:`core.spec.RunSpec.local_world_size`)."""
     nproc = spec.local_world_size(len(names))
     conf = spec.alloc_conf
+    exact = spec.training and any(deterministic_kernels(n, spec.accept.resume_tier, spec.resume.noise) for n in names)
     if spec.strategy == "device_map":  # one process over every device named
-        return Launch(visible_devices=list(names), alloc_conf=conf)
+        return Launch(visible_devices=list(names), alloc_conf=conf, deterministic=exact)
     if nproc == 1 and spec.torchrun.nnodes == 1:
-        return Launch(alloc_conf=conf)
-    return Launch(nproc=nproc, torchrun_args=spec.torchrun.args(nproc), visible_devices=list(names), alloc_conf=conf)
+        return Launch(alloc_conf=conf, deterministic=exact)
+    return Launch(nproc=nproc, torchrun_args=spec.torchrun.args(nproc), visible_devices=list(names), alloc_conf=conf,
+                  deterministic=exact)
 
 
 def visible_for(names: list[str], parent_visible: str | None) -> str:

@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from core.protocol.determinism import EXACT_MODE_WORDS
 from core.spectables import TWINS
 
 if TYPE_CHECKING:
@@ -101,6 +102,13 @@ class Tier:
         return self.method == "exact"
 
 
+def deterministic_kernels(device: str, resume_tier: str = "auto", noise: str = "auto") -> bool:
+    """Whether the training runs on ``device`` are asked for CUDA's deterministic kernels (the exact mode,
+    core/protocol/determinism.py): their resume is judged bit for bit (``noise`` off, or ``resume_tier`` exact) on
+    CUDA, whose kernels are not bit-exact by default."""
+    return device.split(":")[0] == "cuda" and (noise == "off" or resume_tier == "exact")
+
+
 def required_tier(device: str, dtype: str, resume_tier: str = "auto", noise: str = "auto",
                   jittered: bool = False, twins: int = TWINS) -> Tier:
     """The tier a resume is judged in.
@@ -119,10 +127,13 @@ def required_tier(device: str, dtype: str, resume_tier: str = "auto", noise: str
                f"CPU {dtype} kernels are deterministic for a fixed thread count (two runs bit-identical, "
                "docs/architecture.md §6): bit-exact required, no twin run; resume.noise = \"twin\" measures the noise "
                "instead")
-        return Tier(f"{kind}-{dtype}-exact", "exact", 0.0, why)
+        exact_mode = f"; {EXACT_MODE_WORDS}" if deterministic_kernels(device, resume_tier, noise) else ""
+        return Tier(f"{kind}-{dtype}-exact", "exact", 0.0, why + exact_mode)
     if resume_tier == "exact":
+        exact_mode = f"; {EXACT_MODE_WORDS}" if deterministic_kernels(device, resume_tier, noise) else ""
         return Tier(f"{kind}-{dtype}-exact-required", "exact", 0.0,
-                    'bit-exact, as the acceptance criteria require (accept.resume_tier = "exact"); no twin run')
+                    'bit-exact, as the acceptance criteria require (accept.resume_tier = "exact"); no twin run'
+                    + exact_mode)
     return Tier(f"{kind}-{dtype}-twin-noise", "twin", NOISE_MULTIPLE,
                 f"within {NOISE_MULTIPLE:g} x (tensors) and the t quantile of {LOSS_ALPHA:.2%} (the losses' norm) the noise "
                 f"of {twins} "
