@@ -375,7 +375,7 @@ def step_command(check: Check, model: Path) -> dict[str, Any]:
     train = (f"{PY} examples/train_hf.py --model {model} --out {{out}} --text {{train_data}} --max_steps 6 "
              "--save_steps 2 --seq_len 128")
     if not check.cuda:
-        from core.command.spec import CommandSpec
+        from core.commandspec import CommandSpec
 
         CommandSpec.from_dict({"train": train, "workdir": str(ROOT), "eval_max_blocks": 8})  # raises if it would refuse
         return {"status": "not_run", "why": "no CUDA here (dry run)" if check.dry_run else "no CUDA device",

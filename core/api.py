@@ -41,11 +41,11 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # the names of REEXPORTED, for type checkers; at run time each is imported when first asked for
     from core.command.pipeline import CommandRun as CommandRun
     from core.command.pipeline import every_stage as every_stage
-    from core.command.spec import COMMAND_SETTINGS as COMMAND_SETTINGS
-    from core.command.spec import CommandSpec as CommandSpec
-    from core.command.spec import is_command_file as is_command_file
-    from core.command.spec import read_command_criteria as read_command_criteria
-    from core.command.spec import read_command_table as read_command_table
+    from core.commandspec import COMMAND_SETTINGS as COMMAND_SETTINGS
+    from core.commandspec import CommandSpec as CommandSpec
+    from core.commandspec import is_command_file as is_command_file
+    from core.commandspec import read_command_criteria as read_command_criteria
+    from core.commandspec import read_command_table as read_command_table
     from core.criteria import COMMAND_CRITERIA as COMMAND_CRITERIA
     from core.criteria import AcceptCriteria as AcceptCriteria
     from core.criteria import command_criteria as command_criteria
@@ -113,8 +113,8 @@ REEXPORTED: dict[str, str] = {
     "CommandRun": "core.command.pipeline", "every_stage": "core.command.pipeline",
     # a signal stops the parent's own computation (the data read, the plan) at once (core/interrupt.py)
     "interrupt": "core.interrupt",
-    "CommandSpec": "core.command.spec", "read_command_table": "core.command.spec", "is_command_file": "core.command.spec",
-    "COMMAND_SETTINGS": "core.command.spec", "read_command_criteria": "core.command.spec",
+    "CommandSpec": "core.commandspec", "read_command_table": "core.commandspec", "is_command_file": "core.commandspec",
+    "COMMAND_SETTINGS": "core.commandspec", "read_command_criteria": "core.commandspec",
     "command_criteria": "core.criteria", "COMMAND_CRITERIA": "core.criteria", "AcceptCriteria": "core.criteria",
     # a trainer's YAML config read as a spec (TRL, axolotl, LLaMA-Factory, torchtune, LitGPT), and the value it leaves
     # to the data, asked for by name

@@ -2,7 +2,7 @@
 
 A field of :class:`core.spec.RunSpec`, of one of its tables (``[lora]``, ``[qlora]``, ``[resume]``, ``[torchrun]``) or
 of :class:`core.criteria.AcceptCriteria` (``[accept]``) is declared with :func:`setting` (a sub-table with
-:func:`table`), and so is each field of command mode's :class:`core.command.spec.CommandSpec` (``[command]``: its
+:func:`table`), and so is each field of command mode's :class:`core.commandspec.CommandSpec` (``[command]``: its
 flag, or the recipe's flag of the same meaning, its type check and its form field; ``COMMAND_SETTINGS`` there)::
 
     r: int = setting(8, help="LoRA rank r", label="LoRA rank r", form_order=180)
@@ -204,7 +204,7 @@ def setting(default: Any = dataclasses.MISSING, *, help: str, flag: str | None =
         group: the setting group (core/methods/base.py ``SETTING_GROUPS``); default the table's (``all`` at the top).
         mode_default: the default depends on the mode: the method's attribute of the same name
             (core/methods/base.py ``Method``) when the key is given nowhere.
-        command_key: the ``[command]`` key the flag also sets in command mode (core/command/spec.py), or None.
+        command_key: the ``[command]`` key the flag also sets in command mode (core/commandspec.py), or None.
         stage: a criterion's stage (its docs row).
         doc: the docs' wording when not ``help`` (a criterion's rule).
         doc_default: the docs' wording of the default when not the value itself (``"1.0: it fits"``).

@@ -62,7 +62,7 @@ def reference(example: str, tiny_model_dir: Path, folder: Path) -> tuple[dict, A
     """(the table, the run with its reference, the twins, a run of another seed), all under the jitter."""
     from core.command.pipeline import CommandRun
     from core.command.resume import run_twins
-    from core.command.spec import CommandSpec
+    from core.commandspec import CommandSpec
 
     os.environ["GPUACCEPT_TEST_JITTER"] = JITTER
     try:
@@ -82,7 +82,7 @@ def resume(found: tuple, example: str, fault: str | None, folder: Path, monkeypa
     """The resume check of the example's reference with its twins: correct (``fault`` None), with ``--fault`` on the
     resume command, or (``other_run``) a resume command ending with another run's checkpoint (the last flag wins)."""
     from core.command.resume import resume_stage
-    from core.command.spec import CommandSpec
+    from core.commandspec import CommandSpec
 
     raw, run, twin, other = found
     flag = FLAG[example]

@@ -48,7 +48,7 @@ def add_setting_flags(p: argparse.ArgumentParser, settings: tuple[Setting, ...])
 
 
 def command_flags(p: argparse.ArgumentParser) -> None:
-    """The flags of command mode's own settings (core/command/spec.py ``CommandSpec``, each declared once there); the
+    """The flags of command mode's own settings (core/commandspec.py ``CommandSpec``, each declared once there); the
     settings it shares with gpuaccept's recipe are set by the recipe's flags (``command_key``)."""
     from core.api import COMMAND_SETTINGS
 
@@ -69,7 +69,7 @@ def command_mode(args: argparse.Namespace) -> bool:
 
 
 def command_spec_from_args(args: argparse.Namespace) -> Any:
-    """The :class:`core.command.spec.CommandSpec` of the flags (over the spec file's ``[command]`` table), through
+    """The :class:`core.commandspec.CommandSpec` of the flags (over the spec file's ``[command]`` table), through
     :mod:`core.api`.
 
     Raises:

@@ -1,6 +1,6 @@
 """A command's trainer config file, read from its words: the ``--key value`` flags, the config file it names, and the
 output folder taken from that file's key when the command holds no ``{out}`` (issue 37). No :class:`CommandSpec` here:
-:mod:`core.command.spec` validates with these, :mod:`core.command.configplan` plans with them."""
+:mod:`core.commandspec` validates with these, :mod:`core.command.configplan` plans with them."""
 
 from __future__ import annotations
 

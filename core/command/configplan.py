@@ -27,7 +27,7 @@ from core.command.configfile import (
     writes_to_out,
 )
 from core.command.plan import RanSpec
-from core.command.spec import CommandSpec, substitute
+from core.commandspec import CommandSpec, substitute
 from core.errors import SpecError
 from core.importers.base import leaves
 from core.spec import RunSpec

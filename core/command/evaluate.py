@@ -30,7 +30,7 @@ from typing import Any
 
 from core.command.process import kill_job, start_job
 from core.command.reports import Checkpoint, last_lines
-from core.command.spec import CommandSpec, substitute
+from core.commandspec import CommandSpec, substitute
 from core.criteria import Judgement
 from core.errors import StageCancelled, StageError
 from core.events import ChildStarted, Evaluated, Event, Message

@@ -21,7 +21,7 @@ from core.command.probe import CommandProbe, build_probe, rank_devices, rank_pea
 from core.command.reaper import start_reaper, stop_reaper
 from core.command.resume import CommandResume, not_applicable, resume_stage
 from core.command.run import RunOutcome, run_command
-from core.command.spec import CommandSpec
+from core.commandspec import CommandSpec
 from core.criteria import (
     COMMAND_SPEED_ON,
     AcceptCriteria,

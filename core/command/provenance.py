@@ -12,7 +12,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from core.command.spec import CommandSpec, find_program
+from core.commandspec import CommandSpec, find_program
 from core.protocol.manifest import sha256_file
 
 

@@ -61,7 +61,7 @@ from core.command.resumechecks import (
     trainer_files,
 )
 from core.command.run import RunOutcome, run_command
-from core.command.spec import CommandSpec, with_nproc
+from core.commandspec import CommandSpec, with_nproc
 from core.criteria import Judgement
 from core.errors import StageError
 from core.events import Event, Message

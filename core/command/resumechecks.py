@@ -20,7 +20,7 @@ from typing import Any
 
 from core.command.reports import Checkpoint, StepRecord, last_lines
 from core.command.run import RunOutcome
-from core.command.spec import CommandSpec, launcher_nnodes, launcher_nproc, launcher_world
+from core.commandspec import CommandSpec, launcher_nnodes, launcher_nproc, launcher_world
 from core.stages.compare import (
     Check,
     Key,

@@ -29,7 +29,7 @@ from core.command.reports import (
     read_metrics,
     trainer_state_steps,
 )
-from core.command.spec import CommandSpec
+from core.commandspec import CommandSpec
 from core.errors import StageCancelled
 from core.events import ChildStarted, Event, Progress
 from core.stages.childproc import killed_note

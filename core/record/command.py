@@ -122,7 +122,7 @@ def command_schema_problems(rec: dict[str, Any]) -> list[str]:
 
 def _spec_types(table: dict[str, Any], out: list[str]) -> None:
     """Each key of the record's [command] table is one CommandSpec knows, with its type."""
-    from core.command.spec import SETTING_TYPES
+    from core.commandspec import SETTING_TYPES
 
     for key, value in table.items():
         rule = SETTING_TYPES.get(key)

@@ -24,7 +24,7 @@ import psutil
 import pytest
 
 from core.command.pipeline import run_command_pipeline
-from core.command.spec import CommandSpec
+from core.commandspec import CommandSpec
 from core.events import RunFinished
 from core.methods import METHODS
 

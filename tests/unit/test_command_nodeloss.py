@@ -126,7 +126,7 @@ def test_a_surviving_node_is_killed_after_the_grace_and_waits_for_the_word():
 # ------------------------------------------------------------------------------ resuming at another world size
 def test_the_resume_lines_world_size_is_read_from_torchrun():
     from core.command.resumechecks import resize_of
-    from core.command.spec import CommandSpec, launcher_nproc, with_nproc
+    from core.commandspec import CommandSpec, launcher_nproc, with_nproc
 
     run = "python -m torch.distributed.run --standalone --nproc-per-node {n} train.py --out {{out}}"
     spec = CommandSpec.from_dict({"train": run.format(n=4), "resume": run.format(n=2) + " --resume {checkpoint}",
@@ -173,7 +173,7 @@ def test_a_checkpoint_at_another_world_size_is_resumed_only_when_dcp_can_reshard
 
 def test_a_resize_across_nodes_is_refused_by_name(tmp_path):
     from core.command.resume import resume_stage
-    from core.command.spec import CommandSpec
+    from core.commandspec import CommandSpec
 
     line = "python -m torch.distributed.run --nnodes {n} --nproc-per-node 1 --rdzv-endpoint n0:29500 t.py --out {{out}}"
     spec = CommandSpec.from_dict({"train": line.format(n=2), "resume": line.format(n=1) + " --resume {checkpoint}",
@@ -193,7 +193,7 @@ def test_a_node_whose_check_ends_before_the_runs_tells_the_others(tmp_path):
     """A node that cannot place the kill (no checkpoint in its uninterrupted run) ends its check there, and says so to
     the others, which would otherwise wait for it at the next run's rendezvous."""
     from core.command.resume import resume_stage
-    from core.command.spec import CommandSpec
+    from core.commandspec import CommandSpec
 
     line = "python -m torch.distributed.run --nnodes 2 --nproc-per-node 1 --rdzv-endpoint n0:29500 t.py --out {out}"
     spec = CommandSpec.from_dict({"train": line, "nnodes": 2, "rdzv_endpoint": "n0:29500"})

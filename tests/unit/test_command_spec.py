@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from core.command.spec import CommandSpec, read_command_table, substitute
+from core.commandspec import CommandSpec, read_command_table, substitute
 from core.errors import SpecError
 
 PY = sys.executable
@@ -403,7 +403,7 @@ def test_a_launcher_line_across_nodes_needs_gpuaccept_told_so(raw, field, words)
 
 
 def test_the_node_count_is_read_from_torchrun_options_not_from_the_scripts_own():
-    from core.command.spec import launcher_nnodes
+    from core.commandspec import launcher_nnodes
 
     assert launcher_nnodes(["torchrun", "--nnodes=1:4", "--nproc-per-node", "8", "t.py"]) == 4
     assert launcher_nnodes([PY, "-u", "-m", "torch.distributed.run", "--nnodes", "3", "t.py"]) == 3

@@ -1,5 +1,5 @@
 """No module of core/ or tui/ imports another module's private name (``from core.x import _name``): what two modules
-share is public, under a name of its own (issue 36: ``core.command.spec.SETTING_TYPES``, once ``_TYPES``).
+share is public, under a name of its own (issue 36: ``core.commandspec.SETTING_TYPES``, once ``_TYPES``).
 
 Import statements only, those inside functions too (read from the source, nothing imported); a private name reached
 as an attribute (``module._name``) is not seen. ``KNOWN`` lists the imports that were there when the check came in:

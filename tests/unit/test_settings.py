@@ -106,7 +106,7 @@ def test_command_modes_settings_are_declared_once_on_the_command_spec():
     """Command mode's settings were declared four times (CommandSpec's fields, a type table, the flags and the form);
     each is now one declared field: its flag (or the recipe's flag of the same meaning), its type check and its form
     field follow from it."""
-    from core.command.spec import COMMAND_SETTINGS, SETTING_TYPES, CommandSpec
+    from core.commandspec import COMMAND_SETTINGS, SETTING_TYPES, CommandSpec
     from tui.flags import SHARED_WITH_COMMAND, build_parser, command_spec_from_args
     from tui.screens.command import FIELDS
 
@@ -149,7 +149,7 @@ def test_the_old_spellings_and_aliases_still_parse_into_the_spec():
 
 
 def test_the_flags_command_mode_shares_are_its_keys():
-    from core.command.spec import CommandSpec
+    from core.commandspec import CommandSpec
     from tui.flags import SHARED_WITH_COMMAND
 
     assert SHARED_WITH_COMMAND["resume_kill_after_checkpoint"] == "kill_after_checkpoint"

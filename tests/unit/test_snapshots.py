@@ -555,7 +555,7 @@ def finished_command_run(spec) -> SimpleNamespace:
 @pytest.mark.parametrize("screen", ["run", "export"])
 def test_command_run_and_export_screens(snap, size, tmp_path, screen):
     async def run_before(pilot) -> None:
-        from core.command.spec import CommandSpec
+        from core.commandspec import CommandSpec
         from tui.screens.command import CommandRunScreen, raw_values
         from tui.screens.export import ExportScreen
 
@@ -624,7 +624,7 @@ async def test_the_export_screens_compare_button_opens_this_run_beside_the_other
 
 async def test_the_written_records_path_is_in_view_after_write_in_command_mode(snap, tmp_path):  # snap: cwd
     """Issue 51: after Write record in command mode the record's path was below the visible area at 80×24."""
-    from core.command.spec import CommandSpec
+    from core.commandspec import CommandSpec
     from tui.screens.command import raw_values
     from tui.screens.export import ExportScreen
 
@@ -650,7 +650,7 @@ async def test_the_written_records_path_is_in_view_after_write_in_command_mode(s
 async def test_command_modes_waits_count_their_seconds_and_the_terms_footer_names_its_own_keys(snap, tmp_path):
     """Issue 51 (the walk after the fixes): command mode's reference run and evaluation showed no elapsed time; the
     Terms overlay's footer offered the screen's keys below it (Enter did nothing)."""
-    from core.command.spec import CommandSpec
+    from core.commandspec import CommandSpec
     from tui.screens.command import CommandRunScreen, raw_values
     from tui.screens.dialogs import HelpScreen
 

@@ -1,7 +1,7 @@
 """Command mode in the wizard: your own training command (Mode 5, or Setup's "Your own command").
 
 - :class:`CommandSetupScreen`: the command, how it resumes, where its checkpoints and metrics are, what evaluates it;
-  every field validated as it is typed (:class:`core.command.spec.CommandSpec`), each error under its field.
+  every field validated as it is typed (:class:`core.commandspec.CommandSpec`), each error under its field.
 - :class:`CommandRunScreen`: every stage in one worker (:func:`core.command.pipeline.every_stage`): the uninterrupted
   run with live memory bars, the plan of what ran against what was measured, the held-out evaluation, the kill and
   resume; then Next to the sign-off (:class:`tui.screens.export.ExportScreen`).
@@ -30,7 +30,7 @@ from tui.widgets.tables import wrapped_table
 
 
 def _form_fields() -> list[tuple[str, str, str, str, str]]:
-    """The form's fields, made from the [command] settings declared with a label (core/command/spec.py), in their
+    """The form's fields, made from the [command] settings declared with a label (core/commandspec.py), in their
     ``form_order``: ([command] key, label, default shown, placeholder, kind)."""
     from core.api import COMMAND_SETTINGS
 
