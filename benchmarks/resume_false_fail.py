@@ -220,7 +220,7 @@ def main() -> None:
     if args.append:  # the entry counts every logged run, the earlier per_run kept once as it was
         old = data.get(args.subject, {})
         every = logged_runs(args.subject, loss_multiple_now(args.subject))
-        entry.update(summary(every), from_log=RUNS_LOG.name, per_run=[],
+        entry.update(summary(every), from_log=RUNS_LOG.name, per_run=[], seconds_this_batch=entry.pop("seconds"),
                      loss_multiple_now=loss_multiple_now(args.subject), faults=faults or old.get("faults", {}),
                      earlier_per_run=old.get("earlier_per_run", old.get("per_run", [])),
                      earlier_loss_multiple=old.get("earlier_loss_multiple", old.get("loss_multiple_when_run")))
