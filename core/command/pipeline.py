@@ -17,7 +17,7 @@ from core.command.configplan import run_words
 from core.command.evaluate import DEFAULT_EVAL_SEQ_LEN, CommandEvaluation, evaluate_stage, holds_weights
 from core.command.nodeloss import CommandNodes
 from core.command.plan import DeviceComparison, RanSpec, compare, plan_for, spec_from_run
-from core.command.probe import CommandProbe, build_probe, rank_devices, rank_peaks
+from core.command.probe import CommandProbe, build_probe, rank_peaks, reported_devices
 from core.command.reaper import start_reaper, stop_reaper
 from core.command.resume import CommandResume, not_applicable, resume_stage
 from core.command.run import RunOutcome, run_command
@@ -206,7 +206,7 @@ class CommandRun(StagedRun):
     def _capacities(self, outcome: RunOutcome) -> dict[str, tuple[int | None, str]]:
         from core.plan.devices import detect_devices
 
-        labels = set(rank_devices(outcome).values()) | {k for k in outcome.peaks if k.startswith(("cpu", "cuda"))}
+        labels = set(reported_devices(outcome).values()) | {k for k in outcome.peaks if k.startswith(("cpu", "cuda"))}
         ranks = sum(1 for d in labels if d.startswith("cpu:"))
         out: dict[str, tuple[int | None, str]] = {d.name: (d.capacity_bytes, d.capacity_source)
                                                   for d in detect_devices("cpu", cpu_ranks=max(ranks, 1))}
@@ -262,7 +262,7 @@ class CommandRun(StagedRun):
                             self.run_dir / "plan" / "config.json", outcome.last_step(),
                             (self.spec.nnodes, self.spec.rdzv_endpoint))
         measured = [{"device": device, "rank": rank, **rank_peaks(outcome).get(rank, {})}
-                    for rank, device in rank_devices(outcome).items()]
+                    for rank, device in reported_devices(outcome).items()]
         probe = self.results.get("probe")
         if outcome.trainer is not None or probe is None:
             return ran, measured

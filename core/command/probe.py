@@ -85,7 +85,7 @@ def rank_peaks(outcome: RunOutcome) -> dict[int, dict[str, int]]:
     return out
 
 
-def rank_devices(outcome: RunOutcome) -> dict[int, str]:
+def reported_devices(outcome: RunOutcome) -> dict[int, str]:
     """The device each rank reported (``cpu:<local rank>`` for CPU ranks under torchrun), in rank order (the ranks'
     reports arrive in any order)."""
     world = outcome.hook.world_size
@@ -105,7 +105,7 @@ def build_probe(outcome: RunOutcome, capacities: dict[str, tuple[int | None, str
         capacities: device label -> (capacity in bytes or None, where it comes from), for every device label the
             run can have (:func:`core.plan.devices.detect_devices`).
     """
-    inside, devices = rank_peaks(outcome), rank_devices(outcome)
+    inside, devices = rank_peaks(outcome), reported_devices(outcome)
     rows: list[DeviceUse] = []
     for rank in sorted(devices):
         rows.append(_row(devices[rank], rank, inside.get(rank, {}), outcome.peaks, capacities))
