@@ -177,7 +177,7 @@ def started_integration_processes(nodeid: str) -> list[str]:
 #: the longest file, started first so that nothing waits for it at the end
 FIRST = "test_e2e_embedded.py"
 #: long tests spread over the workers early (after the two longest chains), so that none is left for the end
-EARLY = ("test_command_mode.py", "test_tmux.py", "test_third_party.py", "test_gpu_check.py", "test_nodes.py")
+EARLY = ("test_command_mode.py", "test_tmux.py", "test_third_party.py")
 
 
 def _xdist_group(item: pytest.Item) -> str | None:
