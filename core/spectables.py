@@ -213,48 +213,46 @@ class ResumeSettings:
         Raises:
             SpecError: naming the first invalid ``resume.*`` key and what to change.
         """
-        r = self
-        if r.checkpoint_every < 1:
-            raise SpecError("resume.checkpoint_every", f"must be at least 1 (got {r.checkpoint_every})")
-        if r.kill_after_checkpoint < 1:
-            raise SpecError("resume.kill_after_checkpoint", f"must be at least 1 (got {r.kill_after_checkpoint})")
-        if r.kill_at not in KILL_POINTS:
-            raise SpecError("resume.kill_at", f"{r.kill_at!r} is not a kill point; choose one of "
+        if self.checkpoint_every < 1:
+            raise SpecError("resume.checkpoint_every", f"must be at least 1 (got {self.checkpoint_every})")
+        if self.kill_after_checkpoint < 1:
+            raise SpecError("resume.kill_after_checkpoint", f"must be at least 1 (got {self.kill_after_checkpoint})")
+        if self.kill_at not in KILL_POINTS:
+            raise SpecError("resume.kill_at", f"{self.kill_at!r} is not a kill point; choose one of "
                                               f"{', '.join(KILL_POINTS)}")
-        if r.interrupted_from not in INTERRUPTED_FROM:
-            raise SpecError("resume.interrupted_from", f"{r.interrupted_from!r}: choose checkpoint (a copy of the "
+        if self.interrupted_from not in INTERRUPTED_FROM:
+            raise SpecError("resume.interrupted_from", f"{self.interrupted_from!r}: choose checkpoint (a copy of the "
                                                        "checkpoint before the kill) or start (step 0)")
-        if r.noise not in NOISE_METHODS:
-            raise SpecError("resume.noise", f"{r.noise!r}: choose auto (a twin run measures the noise where kernels "
+        if self.noise not in NOISE_METHODS:
+            raise SpecError("resume.noise", f"{self.noise!r}: choose auto (a twin run measures the noise where kernels "
                                             "are not bit-exact), twin (always) or off (bit-exact required)")
-        if not 2 <= r.twins <= MAX_TWINS:
-            raise SpecError("resume.twins", f"{r.twins}: give 2 to {MAX_TWINS} twin runs (two at least: their spread "
+        if not 2 <= self.twins <= MAX_TWINS:
+            raise SpecError("resume.twins", f"{self.twins}: give 2 to {MAX_TWINS} twin runs (two at least: their spread "
                                             "is the noise)")
         self._check_compare_steps(steps)
-        last = r.last_step_needed()
-        if not killpoints.fits_in_run(r.kill_at, last, steps):
+        last = self.last_step_needed()
+        if not killpoints.fits_in_run(self.kill_at, last, steps):
             raise SpecError(
                 "resume.kill_after_checkpoint",
-                f"the kill ({r.kill_at}) would come at step {last}, not before the end of the run at step "
+                f"the kill ({self.kill_at}) would come at step {last}, not before the end of the run at step "
                 f"{steps}: raise steps above {last} or lower checkpoint_every / kill_after_checkpoint",
             )
 
     def _check_compare_steps(self, steps: int) -> None:
         """``resume.compare_steps`` is 0 or ends at a checkpoint of the uninterrupted run within the run."""
-        r = self
-        if r.compare_steps < 0:
+        if self.compare_steps < 0:
             raise SpecError("resume.compare_steps", f"must be 0 (one checkpoint interval) or more (got "
-                                                    f"{r.compare_steps})")
-        if r.compare_steps == 0:
+                                                    f"{self.compare_steps})")
+        if self.compare_steps == 0:
             return
-        c, end = r.kill_checkpoint_step(), r.compared_until(steps)
+        c, end = self.kill_checkpoint_step(), self.compared_until(steps)
         if end > steps:
-            raise SpecError("resume.compare_steps", f"{r.compare_steps} steps after checkpoint-{c} end at step {end}, "
+            raise SpecError("resume.compare_steps", f"{self.compare_steps} steps after checkpoint-{c} end at step {end}, "
                                                     f"past the last step {steps}; at most {steps - c}")
-        if end % r.checkpoint_every and end != steps:
+        if end % self.checkpoint_every and end != steps:
             raise SpecError("resume.compare_steps", f"the comparison would end at step {end}, where the uninterrupted "
                                                     f"run keeps no checkpoint to compare weights with; give a multiple "
-                                                    f"of checkpoint_every ({r.checkpoint_every}) or "
+                                                    f"of checkpoint_every ({self.checkpoint_every}) or "
                                                     f"{steps - c} (to the last step)")
 
 #: torchrun's rendezvous backends gpuaccept passes through (torch.distributed.elastic; c10d needs no etcd).
@@ -323,32 +321,31 @@ class TorchrunSettings:
         Raises:
             SpecError: naming the first invalid ``torchrun.*`` key and what to change.
         """
-        t = self
-        if t.nproc_per_node < 0:
-            raise SpecError("torchrun.nproc_per_node", f"must be 0 (one per device) or more (got {t.nproc_per_node})")
-        if t.nnodes < 1:
-            raise SpecError("torchrun.nnodes", f"must be at least 1 (got {t.nnodes})")
-        several = t.nproc_per_node > 1 or t.nnodes > 1
+        if self.nproc_per_node < 0:
+            raise SpecError("torchrun.nproc_per_node", f"must be 0 (one per device) or more (got {self.nproc_per_node})")
+        if self.nnodes < 1:
+            raise SpecError("torchrun.nnodes", f"must be at least 1 (got {self.nnodes})")
+        several = self.nproc_per_node > 1 or self.nnodes > 1
         if several and strategy not in TORCHRUN_STRATEGIES:
-            raise SpecError("torchrun.nproc_per_node" if t.nproc_per_node > 1 else "torchrun.nnodes",
+            raise SpecError("torchrun.nproc_per_node" if self.nproc_per_node > 1 else "torchrun.nnodes",
                             f"several processes need a data-parallel strategy (ddp, or zero3 = fsdp); strategy "
                             f"{strategy} runs in one process: set strategy = \"ddp\" or nproc_per_node = 0")
-        if count is not None and not is_cpu(devices) and t.nproc_per_node not in (0, count):
+        if count is not None and not is_cpu(devices) and self.nproc_per_node not in (0, count):
             raise SpecError("torchrun.nproc_per_node",
-                            f"{t.nproc_per_node} processes for the {count} devices of devices = {devices!r}: "
+                            f"{self.nproc_per_node} processes for the {count} devices of devices = {devices!r}: "
                             "one process per CUDA device; set nproc_per_node = 0 (one per device) or name that many "
                             "devices")
-        if t.scheduler not in JOB_SCHEDULERS:
-            raise SpecError("torchrun.scheduler", f"{t.scheduler!r}: choose one of {', '.join(JOB_SCHEDULERS)}")
-        if t.rdzv_backend not in RDZV_BACKENDS:
-            raise SpecError("torchrun.rdzv_backend", f"{t.rdzv_backend!r}: choose one of {', '.join(RDZV_BACKENDS)}")
-        if t.nnodes > 1:
-            if not re.fullmatch(r"[A-Za-z0-9_.\-\[\]:]+:\d+", t.rdzv_endpoint):
+        if self.scheduler not in JOB_SCHEDULERS:
+            raise SpecError("torchrun.scheduler", f"{self.scheduler!r}: choose one of {', '.join(JOB_SCHEDULERS)}")
+        if self.rdzv_backend not in RDZV_BACKENDS:
+            raise SpecError("torchrun.rdzv_backend", f"{self.rdzv_backend!r}: choose one of {', '.join(RDZV_BACKENDS)}")
+        if self.nnodes > 1:
+            if not re.fullmatch(r"[A-Za-z0-9_.\-\[\]:]+:\d+", self.rdzv_endpoint):
                 raise SpecError("torchrun.rdzv_endpoint",
-                                f"{t.rdzv_endpoint!r}: {t.nnodes} nodes need a rendezvous host:port every node reaches, "
+                                f"{self.rdzv_endpoint!r}: {self.nnodes} nodes need a rendezvous host:port every node reaches, "
                                 "e.g. node0.cluster:29500")
-            if not re.fullmatch(r"[A-Za-z0-9_.\-]+", t.rdzv_id):
-                raise SpecError("torchrun.rdzv_id", f"{t.rdzv_id!r}: letters, digits, '.', '_' and '-' only")
-        elif t.rdzv_endpoint:
+            if not re.fullmatch(r"[A-Za-z0-9_.\-]+", self.rdzv_id):
+                raise SpecError("torchrun.rdzv_id", f"{self.rdzv_id!r}: letters, digits, '.', '_' and '-' only")
+        elif self.rdzv_endpoint:
             raise SpecError("torchrun.rdzv_endpoint", "a rendezvous is for several nodes; set nnodes above 1 or "
                                                       "leave rdzv_endpoint empty (one node runs --standalone)")

@@ -122,15 +122,14 @@ def required_tier(device: str, dtype: str, resume_tier: str = "auto", noise: str
         twins: how many twins a twin tier runs (the spec's ``resume.twins``).
     """
     kind = device.split(":")[0]
+    exact_mode = f"; {EXACT_MODE_WORDS}" if deterministic_kernels(device, resume_tier, noise) else ""
     if noise == "off" or (noise == "auto" and kind == "cpu" and not jittered):
         why = ("resume.noise = \"off\": bit-exact required, no twin run" if noise == "off" else
                f"CPU {dtype} kernels are deterministic for a fixed thread count (two runs bit-identical, "
                "docs/architecture.md §6): bit-exact required, no twin run; resume.noise = \"twin\" measures the noise "
                "instead")
-        exact_mode = f"; {EXACT_MODE_WORDS}" if deterministic_kernels(device, resume_tier, noise) else ""
         return Tier(f"{kind}-{dtype}-exact", "exact", 0.0, why + exact_mode)
     if resume_tier == "exact":
-        exact_mode = f"; {EXACT_MODE_WORDS}" if deterministic_kernels(device, resume_tier, noise) else ""
         return Tier(f"{kind}-{dtype}-exact-required", "exact", 0.0,
                     'bit-exact, as the acceptance criteria require (accept.resume_tier = "exact"); no twin run'
                     + exact_mode)
