@@ -29,13 +29,14 @@ from pathlib import Path
 from typing import Any
 
 from core.command.process import kill_job, start_job
-from core.command.reports import Checkpoint, last_lines
+from core.command.reports import last_lines
 from core.commandspec import CommandSpec, substitute
 from core.criteria import Judgement
 from core.errors import StageCancelled, StageError
 from core.events import ChildStarted, Evaluated, Event, Message
 from core.protocol.events import METRIC, DataInfo, Evaluation, as_dict
 from core.protocol.job import EvalJob
+from core.stages.checkpoint import Checkpoint
 from core.stages.childproc import check_exit, start_child, watch
 from core.status import StageStatus
 

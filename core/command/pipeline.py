@@ -11,7 +11,7 @@ import shlex
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from core.command.configplan import run_words
 from core.command.evaluate import DEFAULT_EVAL_SEQ_LEN, CommandEvaluation, evaluate_stage, holds_weights
@@ -379,10 +379,13 @@ class CommandRun(StagedRun):
 
     # ------------------------------------------------------------------ the record
     def current_verdict(self) -> dict[str, Any]:
-        """The verdict the record would hold if written now."""
-        from core.command.record import verdict
+        """The verdict the record would hold if written now (its tables built and judged as
+        :meth:`write_record` would; the environment left out, which no verdict reads)."""
+        from core.command.record import build_command_record
+        from core.record.written import utc_now
 
-        return verdict(self.results, self.stopped)
+        return cast(dict[str, Any], build_command_record(self, started=self.started, finished=utc_now(),
+                                                         env={})["verdict"])
 
     def write_record(self, signoff: dict[str, Any] | None = None) -> Path:
         """Build ``record.toml`` of kind ``command`` from the stage results and write it atomically.

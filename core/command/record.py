@@ -23,21 +23,41 @@ NOTE = ("pass means every applicable check passed for this command on this box; 
         "longer training or other hardware")
 
 
-def verdict(results: dict[str, Any], stopped: dict[str, Stopped]) -> dict[str, Any]:
-    """Overall verdict: pass only when every stage passed or does not apply; each stage's status, evidence and the
-    criteria rows it was judged by (``gpuaccept verify`` recomputes them from the record's numbers and ``accept``)."""
+def verdict(rec: dict[str, Any], results: dict[str, Any], stopped: dict[str, Stopped]) -> dict[str, Any]:
+    """Overall verdict of the record ``rec`` (its tables written, cleaned): each stage's status is the verdict
+    engine's over the facts of its table (:func:`core.record.command.command_stage_verdicts`, what ``gpuaccept verify``
+    recomputes), set in its table too; its evidence is the stage's summary, and where the stage's own status differs
+    from the engine's it says why; its criteria rows are the engine's. A stage without a result has the status it
+    stopped with (``stopped``), else not_run. Pass only when every stage passed or does not apply."""
+    from core.record.command import command_stage_verdicts
+    from core.record.verdicts import RecordValueError
+
+    try:
+        judged, _ = command_stage_verdicts(rec)
+    except RecordValueError as exc:  # never expected of the builder's own tables: the stages' words, and why
+        judged = {}
+        unjudged = f"; not recomputed by the record's rules: {exc}"
+    else:
+        unjudged = ""
     stages: dict[str, dict[str, Any]] = {}
     for name, key in STAGE_KEYS:
-        res = results.get(key)
-        if res is not None:
-            stages[name] = {"status": str(res.status), "evidence": res.summary,
+        res, engine = results.get(key), judged.get(name)
+        if res is not None and engine is not None:
+            evidence = str(res.summary)
+            if engine.status != res.status:  # the stage's own word differs from the record's rule: say why
+                evidence += f"; {engine.status.value} by the record's rules: " + "; ".join(engine.reasons)
+            rec[name]["status"] = engine.status.value
+            stages[name] = {"status": engine.status.value, "evidence": evidence,
+                            "criteria": [r.to_row() for r in engine.criteria]}
+        elif res is not None:
+            stages[name] = {"status": str(res.status), "evidence": res.summary + unjudged,
                             "criteria": [r.to_row() for r in getattr(res, "criteria", [])]}
         elif key in stopped:
             stages[name] = {"status": str(stopped[key].status), "evidence": stopped[key].why}
         else:
             stages[name] = {"status": str(StageStatus.NOT_RUN), "evidence": "not run"}
     overall = overall_status(s["status"] for s in stages.values())  # the one rule (core/record/verdicts.py)
-    return {"status": str(overall), "stages": stages, "note": NOTE}
+    return cast(dict[str, Any], clean({"status": str(overall), "stages": stages, "note": NOTE}))
 
 
 def build_command_record(run: Any, *, started: dt.datetime, finished: dt.datetime, env: dict[str, Any]
@@ -62,8 +82,9 @@ def build_command_record(run: Any, *, started: dt.datetime, finished: dt.datetim
     }
     rec["data"], rec["evaluation"] = evaluation_tables(spec, results.get("train_eval"), ref)
     rec["resume"] = resume_table(resume)
-    rec["verdict"] = verdict(results, run.stopped)
-    return cast(dict[str, Any], clean(rec))
+    rec = cast(dict[str, Any], clean(rec))
+    rec["verdict"] = verdict(rec, results, run.stopped)
+    return rec
 
 
 def _env_added(run: Any) -> dict[str, str]:

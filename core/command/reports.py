@@ -8,8 +8,8 @@ raises on the user's files: a command that writes no metrics or no checkpoint ge
 - :func:`read_metrics` / :func:`trainer_state_steps`: a JSON-lines metrics file (``step``, ``loss``, optionally
   ``learning_rate`` or ``lr``, ``sample_ids``, ``rank``), a CSV one with a header (Lightning's ``CSVLogger``, as
   LitGPT writes it), or the ``log_history`` of Trainer's ``trainer_state.json``.
-- :func:`list_checkpoints`: the checkpoints matching the spec's glob inside a run's output folder, by step (the
-  last number of each name: Trainer's ``checkpoint-<step>``).
+
+The checkpoints a run left are listed by :func:`core.stages.checkpoint.list_checkpoints` (the recipe's rule too).
 """
 
 from __future__ import annotations
@@ -251,49 +251,6 @@ def trainer_state_steps(checkpoint: Path) -> list[StepRecord]:
             if record is not None:
                 out.append(record)
     return out
-
-
-@dataclass(frozen=True)
-class Checkpoint:
-    """A checkpoint of a run: its step (the last number of its name) and its folder."""
-
-    step: int
-    path: Path
-
-    @property
-    def name(self) -> str:
-        return self.path.name
-
-
-_NUMBER = re.compile(r"(\d+)")
-
-
-def step_of(name: str) -> int | None:
-    """The last number in a checkpoint's name (``checkpoint-12`` -> 12, ``step_000400.pt`` -> 400), or None."""
-    numbers = _NUMBER.findall(name)
-    return int(numbers[-1]) if numbers else None
-
-
-def list_checkpoints(out_dir: Path, pattern: str) -> tuple[list[Checkpoint], list[str]]:
-    """The checkpoints matching ``pattern`` inside ``out_dir``, by step; and the names skipped (no number in the
-    name, or a file: a checkpoint is read as a folder of files). Two checkpoints of one step: the later name wins,
-    both are named."""
-    found: dict[int, Checkpoint] = {}
-    skipped: list[str] = []
-    if not out_dir.is_dir():
-        return [], skipped
-    for path in sorted(out_dir.glob(pattern)):
-        step = step_of(path.name)
-        if not path.is_dir():
-            skipped.append(f"{path.name}: a file, not a folder (checkpoints are read as folders of files)")
-            continue
-        if step is None:
-            skipped.append(f"{path.name}: no step number in its name")
-            continue
-        if step in found:
-            skipped.append(f"{found[step].name} and {path.name} are both step {step}")
-        found[step] = Checkpoint(step, path)
-    return [found[s] for s in sorted(found)], skipped
 
 
 ERROR_LINE = re.compile(r"^\s*([\w.]*(Error|Exception)|Killed|Segmentation fault)\b.*")

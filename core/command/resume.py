@@ -44,21 +44,18 @@ from core.child.inject.jitter import NUDGE_ENV
 from core.cluster.agree import stopped_by
 from core.command.configplan import run_words
 from core.command.nodeloss import CommandNodes, survived_evidence
-from core.command.reports import Checkpoint, failure_lines
+from core.command.reports import failure_lines
 from core.command.resumechecks import (
-    LOADING_GUARDS,
     KillPlan,
     Resize,
     checkpoint_checks,
     compare_final,
     compare_steps,
-    complete,
     dcp_world_check,
     kill_checks,
-    missing_files,
+    required_files,
     resize_of,
     trainable_check,
-    trainer_files,
 )
 from core.command.run import RunOutcome, run_command
 from core.commandspec import CommandSpec, with_nproc
@@ -66,6 +63,7 @@ from core.criteria import Judgement
 from core.errors import StageError
 from core.events import Event, Message
 from core.protocol.manifest import verify_manifest, write_manifest
+from core.stages.checkpoint import Checkpoint, Files, is_complete, may_load, missing
 from core.stages.compare import (
     Check,
     span,
@@ -119,7 +117,7 @@ class CommandResume:
     runs: dict[str, RunSummary] = field(default_factory=dict)
     #: what the check's runs did that must be read (a process left running after it exited, a metrics line refused)
     findings: list[str] = field(default_factory=list)
-    required_files: list[str] = field(default_factory=list)
+    required_files: list[str] = field(default_factory=list)  # the file names checkpoint c must hold
     seconds: float = 0.0
     #: the criteria it was judged by (core/criteria.py ``judge_resume_tier``), with the numbers
     criteria: list[Judgement] = field(default_factory=list)
@@ -133,7 +131,7 @@ class _Progress:
 
     started: float
     tier: Tier
-    required: list[str]
+    required: Files
     checks: list[Check] = field(default_factory=list)
     plan: KillPlan | None = None
     runs: dict[str, RunSummary] = field(default_factory=dict)
@@ -156,7 +154,7 @@ class _Progress:
         return CommandResume(status=status, summary=summary, checks=self.checks, checkpoint_step=c,
                              next_checkpoint_step=n, kill_step=k, final_checkpoint_step=final, tier=self.tier,
                              comparison=self.comparison, manifest=self.manifest, not_compared=self.not_compared,
-                             runs=self.runs, required_files=self.required, seconds=time.perf_counter() - self.started,
+                             runs=self.runs, required_files=list(self.required.values()), seconds=time.perf_counter() - self.started,
                              findings=self.findings, twin_final_step=self.twin_final)
 
 
@@ -221,8 +219,8 @@ def resume_stage(spec: CommandSpec, reference: RunOutcome, run_dir: Path, values
     resize = resize_of(spec)
     runs = _Runs(spec, reference, run_dir, values, cancelled, backend, nodes, resize)
     trainer, world = reference.trainer, reference.hook.world_size
-    progress = _Progress(time.perf_counter(), tier, list(spec.checkpoint_files) or (
-        trainer_files(trainer, world, runs.ranks if nodes is not None else None) if trainer else []))
+    progress = _Progress(time.perf_counter(), tier,
+                         required_files(spec, trainer, world, runs.ranks if nodes is not None else None))
     if nodes is not None and trainer is None:  # the same script on every node: every node stops here alike
         progress.checks.append(Check("nodes", StageStatus.FAIL, NO_HOOK_ACROSS_NODES, kind="completeness"))
         return progress.finish()
@@ -448,7 +446,7 @@ def _node_loss_phase(runs: _Runs, nodes: CommandNodes, plan: KillPlan, progress:
 def _agreed_checkpoint(nodes: CommandNodes, o: RunOutcome, plan: KillPlan, progress: _Progress) -> Checkpoint | None:
     """The newest checkpoint complete on every node (this node's own files: its ranks' RNG states), which every node
     resumes from; None, with a failed ``checkpoint_selection`` check, when it is not checkpoint c."""
-    newest = [x for x in o.checkpoints if complete(x, progress.required)]
+    newest = [x for x in o.checkpoints if is_complete(x.path, progress.required)]
     agreed, others = nodes.agree(newest[-1].step if newest else None)
     if agreed == plan.c:
         return next((x for x in o.checkpoints if x.step == agreed), None)
@@ -462,11 +460,11 @@ def _agreed_checkpoint(nodes: CommandNodes, o: RunOutcome, plan: KillPlan, progr
     return None
 
 
-def _missing_text(o: RunOutcome, plan: KillPlan, required: list[str]) -> str:
+def _missing_text(o: RunOutcome, plan: KillPlan, required: Files) -> str:
     ckpt = next((x for x in o.checkpoints if x.step == plan.c), None)
     if ckpt is None:
         return f"checkpoint-{plan.c} itself"
-    return (f"{', '.join(missing_files(ckpt.path, required))} from {ckpt.name} (a node resumes from its own disk: "
+    return (f"{', '.join(missing(ckpt.path, required))} from {ckpt.name} (a node resumes from its own disk: "
             "the job must save a whole checkpoint on each node, Trainer's save_on_each_node)")
 
 
@@ -486,13 +484,14 @@ def _gate(runs: _Runs, interrupted: RunOutcome, ckpt: Checkpoint, plan: KillPlan
     resumed: a checkpoint that cannot be loaded safely, or at another world size, never is; an incomplete one is (the
     user's resume is what is accepted: what it does without the missing part is evidence too)."""
     progress.manifest = write_manifest(ckpt.path, runs.run_dir / "resume-interrupted" / f"manifest-{ckpt.name}.json")
-    gate = checkpoint_checks(interrupted, ckpt, plan.c, progress.required, progress.manifest, runs.trainer,
+    gate = checkpoint_checks(interrupted, ckpt, plan.c, progress.required, progress.manifest,
+                              runs.trainer is not None,
                               runs.resize.resumed if runs.resize is not None else runs.world,
                               runs.ranks if runs.nodes is not None else None)
     if runs.resize is not None and runs.trainer is None:
         gate.append(dcp_world_check(ckpt.path, runs.resize))
     progress.checks += gate
-    return all(ch.status == StageStatus.PASS for ch in gate if ch.name in LOADING_GUARDS)
+    return may_load(gate, incomplete=True)
 
 
 def _resumed_phase(runs: _Runs, ckpt: Checkpoint, plan: KillPlan, progress: _Progress,

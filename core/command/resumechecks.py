@@ -3,9 +3,9 @@ run, one checkpoint or a comparison, and returns :class:`core.stages.compare.Che
 
 - the kill (:func:`kill_checks`): the interrupted run held (Trainer) or was seen (metrics) at step k, every process of
   it gone, and what the kill left;
-- the checkpoint left (:func:`checkpoint_checks`): selection, completeness (:func:`trainer_files` or
-  ``command.checkpoint_files``), the sha256 manifest, safe loading, Trainer's state, the world size (a DCP checkpoint
-  may be resumed at another: :class:`Resize`);
+- the checkpoint left (:func:`checkpoint_checks`, over :func:`core.stages.checkpoint.gate_checks`, the rules both
+  subjects share): selection, completeness (Trainer's files or ``command.checkpoint_files``), the sha256 manifest,
+  safe loading, Trainer's state, the world size (a DCP checkpoint may be resumed at another: :class:`Resize`);
 - the comparison: step by step (:func:`compare_steps`, over :data:`core.stages.compare.COMMAND_RULES`), the
   trainable set (:func:`trainable_check`) and the last checkpoints file by file (:func:`compare_final`, over
   :func:`core.stages.states.compare_final_files`).
@@ -18,9 +18,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from core.command.reports import Checkpoint, StepRecord, last_lines
+from core.command.reports import StepRecord, last_lines
 from core.command.run import RunOutcome
 from core.commandspec import CommandSpec, launcher_nnodes, launcher_nproc, launcher_world
+from core.stages.checkpoint import (
+    Checkpoint,
+    Files,
+    gate_checks,
+    is_complete,
+    listed_files,
+    select_checkpoint,
+    trainer_files,
+)
 from core.stages.compare import (
     Check,
     Key,
@@ -33,21 +42,8 @@ from core.stages.compare import (
     span,
 )
 from core.stages.noise import Bounded, Family, Tier, resized_tier
-from core.stages.resumechecks import world_size_check
-from core.stages.states import (
-    PICKLE_SUFFIXES,
-    TRAINER_UNLOADED,
-    Noisy,
-    compare_final_files,
-    dcp_as_files,
-    is_dcp,
-    pickles_load_safely,
-)
+from core.stages.states import Noisy, compare_final_files, dcp_as_files, is_dcp
 from core.status import StageStatus
-
-#: the checks of the checkpoint left by the kill that stop the resume when they fail: nothing unsafe or written at
-#: another world size is loaded
-LOADING_GUARDS = ("manifest", "safe_loading", "world_size", "trainer_state")
 
 
 @dataclass(frozen=True)
@@ -59,32 +55,6 @@ class KillPlan:
     n: int
     k: int
     final: int
-
-
-def trainer_files(trainer: dict[str, Any], world: int, ranks: list[int] | None = None) -> list[str]:
-    """The files a Trainer checkpoint must hold to resume (transformers' ``_save_checkpoint``): the adapter (a
-    PeftModel) or the model's weights, optimizer, scheduler, trainer state, one RNG state per process (``ranks``,
-    several nodes: this node's only, each node keeping its own checkpoint), and the GradScaler with fp16."""
-    weights = "adapter_model.safetensors" if trainer.get("peft") else "model.safetensors"
-    files = [weights, "optimizer.pt", "scheduler.pt", "trainer_state.json"]
-    files += [f"rng_state_{r}.pth" for r in (ranks if ranks is not None else range(world))] if world > 1 \
-        else ["rng_state.pth"]
-    if (trainer.get("arguments") or {}).get("fp16"):
-        files.append("scaler.pt")
-    return files
-
-
-def missing_files(ckpt: Path, required: list[str]) -> list[str]:
-    """The required files absent from ``ckpt``; a sharded model's weights count as present when its index is there
-    (``model.safetensors`` -> ``model.safetensors.index.json``)."""
-    out = []
-    for name in required:
-        if (ckpt / name).is_file():
-            continue
-        if name.endswith(".safetensors") and (ckpt / f"{name}.index.json").is_file():
-            continue
-        out.append(name)
-    return out
 
 
 @dataclass(frozen=True)
@@ -113,6 +83,20 @@ def resize_of(spec: CommandSpec) -> Resize | None:
     return Resize(trained, resumed, nproc, launcher_nnodes(spec.words()) != launcher_nnodes(spec.resume_words()))
 
 
+def required_files(spec: CommandSpec, trainer: dict[str, Any] | None, world: int, ranks: list[int] | None = None,
+                   ) -> dict[str, str]:
+    """What the command's checkpoint must hold to resume: ``command.checkpoint_files`` as its user listed them, else
+    Trainer's set for what the Trainer hook reported (a PeftModel: the adapter; fp16: the GradScaler;
+    :func:`core.stages.checkpoint.trainer_files`, with ``world`` and ``ranks`` as there), else none (gpuaccept cannot
+    know: ``checkpoint_complete`` says so)."""
+    if spec.checkpoint_files:
+        return listed_files(spec.checkpoint_files)
+    if trainer:
+        return trainer_files(bool(trainer.get("peft")), bool((trainer.get("arguments") or {}).get("fp16")), world,
+                             ranks)
+    return {}
+
+
 def dcp_world_check(ckpt: Path, resize: Resize) -> Check:
     """``world_size`` of a script's checkpoint resumed at another world size: allowed for a torch.distributed.checkpoint
     (DCP) checkpoint, whose ``.metadata`` maps every tensor's shards and which DCP reshards on load (its
@@ -132,11 +116,7 @@ def dcp_world_check(ckpt: Path, resize: Resize) -> Check:
                  "was not started")
 
 
-def complete(ckpt: Checkpoint, required: list[str]) -> bool:
-    return bool(required) and not missing_files(ckpt.path, required)
-
-
-def kill_checks(o: RunOutcome, trainer: bool, world: int, plan: KillPlan, required: list[str]
+def kill_checks(o: RunOutcome, trainer: bool, world: int, plan: KillPlan, files: Files
                  ) -> tuple[Check, Check, Checkpoint | None]:
     """``kill``: the run was killed (it had not ended) and no process of it is left; ``kill_point``: where it was
     killed is after checkpoint c and before checkpoint n was complete. Returns them and checkpoint c, if there."""
@@ -149,7 +129,7 @@ def kill_checks(o: RunOutcome, trainer: bool, world: int, plan: KillPlan, requir
     kill = Check("kill", StageStatus.judged(o.kill.clean), o.kill.evidence())
     ckpt = next((x for x in o.checkpoints if x.step == plan.c), None)
     where, ok = held_at(o, world, plan.k) if trainer else seen_at(o, plan.k)
-    later = [x for x in o.at_kill if x.step > plan.c and (complete(x, required) if required else True)]
+    later = [x for x in o.at_kill if x.step > plan.c and (is_complete(x.path, files) if files else True)]
     if later:
         ok = False
         where += f"; but {', '.join(x.name for x in later)} was already complete at the kill (the kill came after the " \
@@ -177,74 +157,14 @@ def seen_at(o: RunOutcome, k: int) -> tuple[str, bool]:
     return f"killed when its metrics showed step {seen}", seen >= k
 
 
-def checkpoint_checks(o: RunOutcome, ckpt: Checkpoint, c: int, required: list[str], manifest: dict[str, str],
-                       trainer: dict[str, Any] | None, world: int, ranks: list[int] | None = None) -> list[Check]:
-    """The checks of checkpoint c before anything loads it: ``checkpoint_selection``, ``checkpoint_complete``,
-    ``manifest``, ``safe_loading``, and for a Trainer ``trainer_state`` and ``world_size`` (``ranks``, several
-    nodes: this node's, whose RNG states its checkpoint holds)."""
-    checks = [selection_check(o, c, required), complete_check(ckpt, required),
-              Check("manifest", StageStatus.judged(bool(manifest)),
-                    f"sha256 of {len(manifest)} files taken right after the kill" if manifest else
-                    f"{ckpt.name} holds no file"),
-              safe_loading(ckpt.path, trainer is not None)]
-    if trainer is not None:
-        checks += [trainer_state_check(ckpt, c), world_size_check(ckpt.path, world, ranks)]
-    return checks
-
-
-def selection_check(o: RunOutcome, c: int, required: list[str]) -> Check:
-    """``checkpoint_selection``: the newest complete checkpoint the interrupted run left is c; newer partial ones (and
-    folders that are not checkpoints) are named."""
-    listed, skipped = o.checkpoints, o.skipped_checkpoints
-    newest = [x for x in listed if complete(x, required)] if required else listed
-    partial = [f"{x.name} is partial (missing {', '.join(missing_files(x.path, required))})"
-               for x in listed if required and x.step > c and not complete(x, required)]
-    top = newest[-1] if newest else None
-    return Check("checkpoint_selection", StageStatus.judged(top is not None and top.step == c),
-                 (f"resume from {top.name}, the newest complete checkpoint" if top else "no complete checkpoint")
-                 + (f" (expected step {c})" if top is None or top.step != c else "")
-                 + ("; skipped " + "; ".join(partial + skipped) if partial or skipped else ""),
-                 kind="completeness")
-
-
-def complete_check(ckpt: Checkpoint, required: list[str]) -> Check:
-    """``checkpoint_complete``: checkpoint c holds every required file; a script that is not Trainer-based and names
-    none fails (gpuaccept cannot know what it needs)."""
-    if not required:
-        return Check("checkpoint_complete", StageStatus.FAIL,
-                     "the script is not Trainer-based, so gpuaccept does not know what "
-                     "its checkpoint must hold: list the files in "
-                     "command.checkpoint_files (weights, optimizer, scheduler, RNG, "
-                     "progress)", kind="completeness")
-    missing = missing_files(ckpt.path, required)
-    return Check("checkpoint_complete", StageStatus.judged(not missing),
-                 f"missing from {ckpt.name}: {', '.join(missing)}" if missing else
-                 f"{ckpt.name} holds {', '.join(required)}", kind="completeness")
-
-
-def trainer_state_check(ckpt: Checkpoint, c: int) -> Check:
-    """``trainer_state``: Trainer's ``trainer_state.json`` of checkpoint c says global step c."""
-    import json
-
-    try:
-        state = json.loads((ckpt.path / "trainer_state.json").read_text(encoding="utf-8")).get("global_step")
-    except (OSError, ValueError):
-        state = None
-    return Check("trainer_state", StageStatus.judged(state == c),
-                 f"trainer_state.json global_step = {state} (expected {c})")
-
-
-def safe_loading(ckpt: Path, trainer: bool) -> Check:
-    """Every pickle of the checkpoint that a resume loads loads with ``torch.load`` with ``weights_only=True``
-    (:func:`core.stages.states.pickles_load_safely`, the recipe's check too): for Trainer the optimizer, scheduler,
-    RNG states and GradScaler (it never loads ``training_args.bin``); for another script every file with a pickle's
-    suffix (:data:`core.stages.states.PICKLE_SUFFIXES`), since gpuaccept cannot know which ones it loads."""
-    files = sorted(p for p in ckpt.rglob("*") if p.is_file() and p.suffix in PICKLE_SUFFIXES)
-    if trainer:
-        files = [p for p in files if p.name not in TRAINER_UNLOADED]
-    unloaded = trainer and (ckpt / "training_args.bin").is_file()
-    return pickles_load_safely(ckpt, files, " (training_args.bin, a pickle of TrainingArguments Trainer never loads "
-                                            "on resume, not loaded)" if unloaded else "")
+def checkpoint_checks(o: RunOutcome, ckpt: Checkpoint, c: int, files: Files, manifest: dict[str, str],
+                      trainer: bool, world: int, ranks: list[int] | None = None) -> list[Check]:
+    """The checks of checkpoint c before anything loads it (:func:`core.stages.checkpoint.gate_checks`, the
+    recipe's too): the newest complete checkpoint the interrupted run left (matching ``command.checkpoints``, with
+    what the listing skipped) is c, it holds ``files``, its manifest, safe loading, and for a Trainer its state and
+    world size (``ranks``, several nodes: this node's, whose RNG states its checkpoint holds)."""
+    selection = select_checkpoint(o.checkpoints, files, o.skipped_checkpoints)
+    return gate_checks(selection, ckpt.path, c, files, manifest, trainer, world, ranks)
 
 
 class CommandWords(StepWords):

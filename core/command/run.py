@@ -19,11 +19,9 @@ from typing import Any
 
 from core.command.process import Job, KillResult, kill_job, members, sample_memory, start_job
 from core.command.reports import (
-    Checkpoint,
     HookReport,
     MetricsFile,
     StepRecord,
-    list_checkpoints,
     metrics_format,
     read_hook_events,
     read_metrics,
@@ -32,6 +30,7 @@ from core.command.reports import (
 from core.commandspec import CommandSpec
 from core.errors import StageCancelled
 from core.events import ChildStarted, Event, Progress
+from core.stages.checkpoint import Checkpoint, list_checkpoints
 from core.stages.childproc import killed_note
 
 #: how often the metrics and the hook's events are read, and the kill decided (seconds)

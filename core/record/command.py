@@ -28,7 +28,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from core.criteria import COMMAND_SPEED_ON, AcceptCriteria, Judgement
+from core.criteria import COMMAND_SPEED_ON, AcceptCriteria
 from core.plan.fit import fits_in
 from core.record.judged import criteria_of, criteria_rows_problems
 from core.record.schema import _walk
@@ -46,6 +46,7 @@ from core.record.verdicts import (
     ProbeFacts,
     RecordValueError,
     ResumeFacts,
+    StageVerdict,
     check_evidence,
     compared_steps_problems,
     count,
@@ -132,25 +133,44 @@ def _spec_types(table: dict[str, Any], out: list[str]) -> None:
             out.append(f"spec.command.{key} is {value!r}, not {rule[1]}")
 
 
-def command_verdict_problems(rec: dict[str, Any]) -> list[str]:
-    """Each stage's status recomputed by the verdict engine (:mod:`core.record.verdicts`) from the record's data, parsed
-    into its facts, against the status it states (see the module docstring); the problems found, empty when every
-    verdict follows.
+def command_stage_verdicts(rec: dict[str, Any]) -> tuple[dict[str, StageVerdict | None], list[str]]:
+    """Each stage's verdict by the engine (:mod:`core.record.verdicts`) from the record's own tables, parsed into its
+    facts: what command mode's record states (:func:`core.command.record.build_command_record` judges the tables it
+    wrote with this) and what ``verify`` recomputes (:func:`command_verdict_problems`).
+
+    Returns:
+        (stage -> its verdict, None where its table holds no measurement; the problems of the tables' own numbers:
+        a device's ``fits``, a comparison row's difference, a tolerance check outside its tier's bound).
 
     Raises:
         core.record.verdicts.RecordValueError: a value a verdict depends on is missing or of the wrong type (named).
     """
     problems: list[str] = []
-    computed: dict[str, StageStatus | None] = {}
     version = count(entry(rec, "schema_version", "record"), "schema_version")
     crit = criteria_of(rec) if version >= CRITERIA_VERSION else AcceptCriteria()
-    rows: dict[str, list[Judgement]] = {name: [] for name in STAGES}
-    _plan(rec["plan"], problems, computed)
-    rows["probe"] = _probe(rec["probe"], problems, computed, crit)
-    rows["evaluation"] = _evaluation(rec["evaluation"], problems, computed, crit)
-    rows["resume"] = _resume(rec["resume"], problems, computed, version, crit)
+    verdicts = {"plan": _plan(rec["plan"], problems), "probe": _probe(rec["probe"], problems, crit),
+                "evaluation": _evaluation(rec["evaluation"], problems, crit),
+                "resume": _resume(rec["resume"], problems, version, crit)}
+    return verdicts, problems
+
+
+def command_verdict_problems(rec: dict[str, Any]) -> list[str]:
+    """Each stage's status recomputed by the verdict engine from the record's data (:func:`command_stage_verdicts`)
+    against the status it states, in its table and in the verdict, and each stage's criteria rows; the problems
+    found, empty when every verdict follows.
+
+    Raises:
+        core.record.verdicts.RecordValueError: a value a verdict depends on is missing or of the wrong type (named).
+    """
+    verdicts, problems = command_stage_verdicts(rec)
+    version = count(entry(rec, "schema_version", "record"), "schema_version")
+    computed = {n: v.status if v is not None else None for n, v in verdicts.items()}
+    for name, status in computed.items():
+        if status is not None and rec[name].get("status") != status:
+            problems.append(f"{name}.status says {rec[name].get('status')}, its data says {status}")
     if version >= CRITERIA_VERSION:  # each stage's criteria rows: recomputed from the numbers and the accept table
-        criteria_rows_problems(rec, rows, problems)
+        criteria_rows_problems(rec, {n: list(v.criteria) if v is not None else [] for n, v in verdicts.items()},
+                               problems)
     stages = subtable(entry(subtable(rec["verdict"], "verdict"), "stages", "verdict"), "verdict.stages")
     stated = {n: text(entry(subtable(entry(stages, n, "verdict.stages"), f"verdict.stages.{n}"), "status",
                             f"verdict.stages.{n}"), f"verdict.stages.{n}.status") for n in STAGES}
@@ -174,33 +194,28 @@ def _fits_findings(devices: list[Mapping[str, Any]], key: str, table: str, probl
             problems.append(f"{where}.fits says {d.get('fits')}, its bytes say {fits}")
 
 
-def _plan(plan: dict[str, Any], problems: list[str], computed: dict[str, StageStatus | None]) -> None:
+def _plan(plan: dict[str, Any], problems: list[str]) -> StageVerdict | None:
     prov = plan.get("provenance")
     if prov == "not_applicable":
-        computed["plan"] = plan_verdict(NotApplicable()).status
-        return
+        return plan_verdict(NotApplicable())
     if prov != "estimated":
-        return
+        return None
     devices = tables(entry(plan, "devices", "plan"), "plan.devices")
     _fits_findings(devices, "fit_bytes", "plan", problems)
     facts = PlanFacts(tuple(PlannedDevice(text(d.get("name", f"plan.devices[{i}]"), f"plan.devices[{i}].name"),
                                           count(d["fit_bytes"], f"plan.devices[{i}].fit_bytes"),
                                           _capacity(d, f"plan.devices[{i}]")) for i, d in enumerate(devices)))
-    computed["plan"] = plan_verdict(facts).status
-    if plan.get("status") != computed["plan"]:
-        problems.append(f"plan.status says {plan.get('status')}, its devices say {computed['plan']}")
+    return plan_verdict(facts)
 
 
-def _probe(probe: dict[str, Any], problems: list[str], computed: dict[str, StageStatus | None],
-           crit: AcceptCriteria) -> list[Judgement]:
+def _probe(probe: dict[str, Any], problems: list[str], crit: AcceptCriteria) -> StageVerdict | None:
     if probe.get("provenance") != "measured":
-        return []
+        return None
     exit_code = entry(probe, "exit_code", "probe")
     if isinstance(exit_code, bool) or not isinstance(exit_code, (int, str)):
         raise RecordValueError(f"probe.exit_code is {exit_code!r}, not an exit status or \"killed\"")
     if probe.get("status") == StageStatus.CANCELLED and exit_code == "killed":  # measured until a quit: not judged
-        computed["probe"] = probe_verdict(ProbeFacts((), quit=True)).status
-        return []
+        return probe_verdict(ProbeFacts((), quit=True))
     devices = tables(entry(probe, "devices", "probe"), "probe.devices")
     if not devices:
         problems.append("probe.devices is empty: no device was measured")
@@ -217,32 +232,22 @@ def _probe(probe: dict[str, Any], problems: list[str], computed: dict[str, Stage
         tokens_per_s=None if "tokens_per_s" not in probe else number(probe["tokens_per_s"], "probe.tokens_per_s"),
         speed_on=COMMAND_SPEED_ON,
         health=health_facts(probe, used=[d["device"] for d in devices]))
-    verdict = probe_verdict(facts)
-    computed["probe"] = verdict.status
-    if probe.get("status") != computed["probe"]:
-        problems.append(f"probe.status says {probe.get('status')}, its data says {computed['probe']}")
-    return list(verdict.criteria)
+    return probe_verdict(facts)
 
 
-def _evaluation(ev: dict[str, Any], problems: list[str], computed: dict[str, StageStatus | None],
-                crit: AcceptCriteria) -> list[Judgement]:
+def _evaluation(ev: dict[str, Any], problems: list[str], crit: AcceptCriteria) -> StageVerdict | None:
     prov = ev.get("provenance")
     if prov == "not_applicable":
-        computed["evaluation"] = evaluation_verdict(NotApplicable()).status
-        return []
+        return evaluation_verdict(NotApplicable())
     if prov != "measured":
-        return []
+        return None
     before = subtable(entry(ev, "before", "evaluation"), "evaluation.before")
     after = subtable(entry(ev, "after", "evaluation"), "evaluation.after")
     facts = MetricFacts(flag(entry(ev, "higher_is_better", "evaluation"), "evaluation.higher_is_better"),
                         number(before["value"], "evaluation.before.value") if "value" in before else None,
                         number(after["value"], "evaluation.after.value") if "value" in after else None,
                         text(ev.get("metric", ""), "evaluation.metric"), crit)
-    verdict = evaluation_verdict(facts)
-    computed["evaluation"] = verdict.status
-    if ev.get("status") != computed["evaluation"]:
-        problems.append(f"evaluation.status says {ev.get('status')}, its values say {computed['evaluation']}")
-    return list(verdict.criteria)
+    return evaluation_verdict(facts)
 
 
 def _rule(res: dict[str, Any], version: int) -> RecordedRule:
@@ -299,14 +304,12 @@ def resume_facts(res: dict[str, Any], version: int, crit: AcceptCriteria | None 
                        kill_steps_expected=True)
 
 
-def _resume(res: dict[str, Any], problems: list[str], computed: dict[str, StageStatus | None],
-            rec_version: int, crit: AcceptCriteria) -> list[Judgement]:
+def _resume(res: dict[str, Any], problems: list[str], rec_version: int, crit: AcceptCriteria) -> StageVerdict | None:
     prov = res.get("provenance")
     if prov == "not_applicable" or res.get("status") == StageStatus.NOT_APPLICABLE:
-        computed["resume"] = resume_verdict(NotApplicable()).status
-        return []
+        return resume_verdict(NotApplicable())
     if prov != "measured":
-        return []
+        return None
     facts = resume_facts(res, rec_version, crit if rec_version >= CRITERIA_VERSION else None)
     if rec_version >= 4 and res.get("tier"):  # a bound from measured noise: its multiples are gpuaccept's, not edited
         problems += tier_problems(subtable(res["tier"], "resume.tier"), max(rec_version, POOLED_SCHEMA - 1))[1]
@@ -350,7 +353,4 @@ def _resume(res: dict[str, Any], problems: list[str], computed: dict[str, StageS
         if found and ok:  # the first step outside the tier is named
             problems.extend(found)
             ok = False
-    computed["resume"] = verdict.status
-    if res.get("status") != computed["resume"]:
-        problems.append(f"resume.status says {res.get('status')}, its checks say {computed['resume']}")
-    return list(verdict.criteria)
+    return verdict

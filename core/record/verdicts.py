@@ -7,8 +7,9 @@ One rule per stage for the record's verdicts:
 - ``gpuaccept verify`` parses a record's own tables into the same facts (:mod:`core.record.verify` for the recipe's
   records, :mod:`core.record.command` for command mode's; a key a verdict depends on that is missing or of the wrong
   type is a named problem, :class:`RecordValueError`) and recomputes with the same functions; a stated status that
-  differs from the recomputed one is a finding (:func:`stated_problems`). Command mode's record is written by
-  core/command/record.py from its stages' statuses; verify holds it to this engine all the same.
+  differs from the recomputed one is a finding (:func:`stated_problems`). Command mode's record
+  (core/command/record.py) states the statuses this engine gives its own tables, read by the function verify reads
+  them with (:func:`core.record.command.command_stage_verdicts`): one rule, at one moment, for both kinds.
 
 The facts are small frozen dataclasses holding exactly what a verdict depends on:
 

@@ -2,9 +2,8 @@
 one checkpoint or a comparison, and returns :class:`core.stages.compare.Check` rows.
 
 - the kill (:func:`kill_checks`, :func:`kill_point_check`; across nodes :func:`survivor_checks`);
-- the checkpoint left (:func:`checkpoint_checks`): which one a resume picks (:func:`select_checkpoint`), complete
-  (:func:`required_files`), safe to load, written at the world size resumed at (:func:`world_size_check`, which command
-  mode shares);
+- the checkpoint left (:func:`checkpoint_checks`, over :func:`core.stages.checkpoint.gate_checks`, the rules both
+  subjects share): the recipe's files (:func:`required_files`), and across nodes the checkpoint every node holds;
 - the comparison: step by step (:func:`compare_steps` over :data:`core.stages.compare.RECIPE_RULES`), the random
   generators (:func:`compare_rng`), the trainable set (:func:`compare_trainable`), the manifest at load
   (:func:`loaded_manifest_check`).
@@ -13,21 +12,26 @@ one checkpoint or a comparison, and returns :class:`core.stages.compare.Check` r
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from core import killpoints
 from core.protocol.events import ChildEvent, KillPoint, ManifestChecked, Started
-from core.protocol.manifest import verify_manifest
 from core.spec import RunSpec
+from core.stages.checkpoint import (
+    Checkpoint,
+    Selection,
+    gate_checks,
+    list_checkpoints,
+    may_load,
+    select_checkpoint,
+    trainer_files,
+)
 from core.stages.childproc import KILL_SETTLE_S, ChildJob, child_groups, groups_left_after_kill, kill_group
 from core.stages.compare import RECIPE_RULES, Check, ResumeSeries, StepPoint, StepSeries, compare_series, span
 from core.stages.nodeloss import NodeLoss, Survived, span_ranks
 from core.stages.noise import Family, Tier
-from core.stages.states import pickles_load_safely
 from core.status import StageStatus
 
 
@@ -39,48 +43,9 @@ def planned_kill(spec: RunSpec, short: bool = False) -> str:
 
 
 def required_files(spec: RunSpec, world_size: int = 1, ranks: Sequence[int] | None = None) -> dict[str, str]:
-    """Checkpoint files that must exist, by component (Trainer's names). Under torchrun (``world_size`` > 1) Trainer
-    writes one RNG state per process, ``rng_state_<rank>.pth``; the weights, optimizer (DDP: rank 0's, the same on
-    every rank; FSDP: a full state dict gathered to rank 0), scheduler and trainer state once. ``ranks``: the ranks
-    whose RNG states this checkpoint holds (several nodes: one node's; None: every rank of ``world_size``)."""
-    files = {
-        "adapter weights" if spec.adapters else "model weights": (
-            "adapter_model.safetensors" if spec.adapters else "model.safetensors"
-        ),
-        "optimizer": "optimizer.pt",
-        "scheduler": "scheduler.pt",
-        "trainer state": "trainer_state.json",
-    }
-    if world_size > 1:
-        files.update({f"RNG state of rank {r}": f"rng_state_{r}.pth"
-                      for r in (range(world_size) if ranks is None else ranks)})
-    else:
-        files["RNG state"] = "rng_state.pth"
-    if spec.dtype == "fp16":
-        files["GradScaler"] = "scaler.pt"
-    return files
-
-
-def completeness(spec: RunSpec, ckpt: Path, world_size: int = 1, ranks: Sequence[int] | None = None) -> Check:
-    """Every component a resume needs is in ``ckpt`` (case R6): fail, naming each missing component and its file.
-
-    Trainer itself loads the optimizer and scheduler only when both files exist and only logs a missing RNG state; this
-    check fails instead of warning.
-    """
-    files = required_files(spec, world_size, ranks)
-    missing = [f"{comp} ({name})" for comp, name in files.items() if not (ckpt / name).is_file()]
-    if missing:
-        return Check("checkpoint_complete", StageStatus.FAIL, "missing: " + ", ".join(missing), kind="completeness")
-    return Check("checkpoint_complete", StageStatus.PASS,
-                 "present: " + ", ".join(f"{comp} ({name})" for comp, name in files.items()), kind="completeness")
-
-
-def safe_loading(spec: RunSpec, ckpt: Path, world_size: int = 1, ranks: Sequence[int] | None = None) -> Check:
-    """Every pickle the resume will load (optimizer, scheduler, RNG state, GradScaler) loads with
-    ``weights_only=True`` (case R8); otherwise fail and name the file, and the resume is not run
-    (:func:`pickles_load_safely` over the recipe's pickles)."""
-    names = [name for name in required_files(spec, world_size, ranks).values() if name.endswith((".pt", ".pth"))]
-    return pickles_load_safely(ckpt, [ckpt / name for name in names])
+    """The files the recipe's checkpoint must hold, by component: Trainer's set for the spec's adapters and dtype
+    (:func:`core.stages.checkpoint.trainer_files`; ``world_size`` and ``ranks`` as there)."""
+    return trainer_files(bool(spec.adapters), spec.dtype == "fp16", world_size, ranks)
 
 
 def compare_rng(restored: dict[str, str] | None, saved: dict[str, str], resumed: list[dict[str, Any]],
@@ -134,81 +99,6 @@ def compare_rng(restored: dict[str, str] | None, saved: dict[str, str], resumed:
                            f"{same}, but nothing drew random numbers during training (no dropout): the states never "
                            "changed, so this check cannot tell a restored state from a fresh one (rng_restored can)")
     return [first, second]
-
-
-@dataclass(frozen=True)
-class Selection:
-    """The checkpoint a resume should start from: the newest complete one; ``skipped`` names newer partial ones."""
-
-    checkpoint: Path | None
-    skipped: list[str]
-
-
-def select_checkpoint(spec: RunSpec, output_dir: Path, world_size: int = 1, ranks: Sequence[int] | None = None
-                      ) -> Selection:
-    """The newest ``checkpoint-N`` in ``output_dir`` that holds every component (:func:`completeness`) and whose
-    ``trainer_state.json`` says global step N; newer partial ones (a kill during the write) are skipped with the reason.
-
-    transformers' ``get_last_checkpoint`` takes the highest step whatever it holds; Trainer writes a checkpoint in place
-    (weights, then optimizer and scheduler, GradScaler, RNG state, trainer state last), so a kill mid-write leaves a
-    partial directory with the highest step.
-    """
-    skipped: list[str] = []
-    for ckpt in sorted(output_dir.glob("checkpoint-*"), key=_step_of, reverse=True):
-        if not ckpt.is_dir() or _step_of(ckpt) < 0:
-            continue
-        complete = completeness(spec, ckpt, world_size, ranks)
-        if complete.status != StageStatus.PASS:
-            skipped.append(f"{ckpt.name} is partial ({complete.evidence})")
-            continue
-        try:
-            step = json.loads((ckpt / "trainer_state.json").read_text(encoding="utf-8")).get("global_step")
-        except (OSError, ValueError) as exc:
-            skipped.append(f"{ckpt.name}: trainer_state.json unreadable ({exc})")
-            continue
-        if step != _step_of(ckpt):
-            skipped.append(f"{ckpt.name}: trainer_state.json says global step {step}")
-            continue
-        return Selection(ckpt, skipped)
-    return Selection(None, skipped)
-
-
-def checkpoint_world_size(ckpt: Path) -> int | None:
-    """How many processes wrote ``ckpt``, from Trainer's RNG files: ``rng_state.pth`` = 1, ``rng_state_<r>.pth`` =
-    the highest r + 1; None when it holds neither."""
-    ranks = [int(m.group(1)) for p in ckpt.glob("rng_state_*.pth") if (m := re.fullmatch(r"rng_state_(\d+)\.pth", p.name))]
-    if ranks:
-        return max(ranks) + 1
-    return 1 if (ckpt / "rng_state.pth").is_file() else None
-
-
-def world_size_check(ckpt: Path, resume_world: int, ranks: Sequence[int] | None = None) -> Check:
-    """The resume runs at the world size the checkpoint was written at (exact). Trainer resumes at another world size
-    with only a log line: each rank's RNG file is missing or another rank's, the sampler splits the data into other
-    shards and the global batch changes, so the run that continues is not the one that was checkpointed.
-
-    ``ranks`` (several nodes): this node's ranks of the run that wrote it; its checkpoint holds their RNG states and
-    only theirs (each node keeps its own), and the resume restarts the same world."""
-    if ranks is not None and tuple(ranks) != tuple(range(resume_world)):
-        held = sorted(int(m.group(1)) for p in ckpt.glob("rng_state_*.pth")
-                      if (m := re.fullmatch(r"rng_state_(\d+)\.pth", p.name)))
-        ok = held == sorted(ranks)
-        return Check("world_size", StageStatus.judged(ok),
-                     f"{ckpt.name} on this node holds the RNG states of ranks {held} of this node's ranks "
-                     f"{list(ranks)}, written at world size {resume_world}; resumed at {resume_world}"
-                     + ("" if ok else ": it was not written by this node's ranks; the resume was not started"))
-    written = checkpoint_world_size(ckpt)
-    files = "rng_state.pth" if written == 1 else f"rng_state_0..{(written or 1) - 1}.pth"
-    if written is None:
-        return Check("world_size", StageStatus.FAIL, f"{ckpt.name} holds no RNG state, so the world size it was "
-                                                     "written at is unknown; the resume was not started")
-    if written != resume_world:
-        return Check("world_size", StageStatus.FAIL,
-                     f"refused: {ckpt.name} was written by {written} process(es) ({files}) and this resume would run "
-                     f"{resume_world}; resume at world size {written} (the RNG state per rank, the data shard of each "
-                     "rank and the global batch depend on it), or start a new run; the resume was not started")
-    return Check("world_size", StageStatus.PASS, f"{ckpt.name} was written by {written} process(es) ({files}); resumed "
-                                                 f"at {resume_world}")
 
 
 def rank_digests(digests: dict[int, dict[str, str]], world: int = 1) -> dict[str, str]:
@@ -272,41 +162,29 @@ def survivor_checks(spec: RunSpec, survived: Survived, ranks: tuple[int, ...]) -
 def checkpoint_checks(spec: RunSpec, output_dir: Path, ckpt: Path, manifest: dict[str, str], world: int,
                       resume_world: int, ranks: Sequence[int] | None = None, nodes: NodeLoss | None = None,
                       ) -> tuple[list[Check], bool]:
-    """The checks of the interrupted run's checkpoint ``ckpt`` (checkpoint-c) before anything loads it: the newest
-    complete one is c (``checkpoint_selection``), it holds every component (``checkpoint_complete``), its files match
-    the ``manifest`` taken after the kill, every pickle loads with ``weights_only=True``, its trainer state says step
-    c, and it was written at the resume's world size.
+    """The checks of the interrupted run's checkpoint ``ckpt`` (checkpoint-c) before anything loads it
+    (:func:`core.stages.checkpoint.gate_checks`, command mode's too): the newest complete one is c, it holds every
+    component, its files match the ``manifest`` taken after the kill, every pickle loads with ``weights_only=True``,
+    its trainer state says step c, and it was written at the resume's world size.
 
     Several nodes (``nodes``; ``ranks``: this node's, whose RNG states its checkpoint holds): the checkpoint resumed
     from is the newest complete on every node (:meth:`core.stages.nodeloss.NodeLoss.agree`).
 
     Returns:
-        (the checks, True when the resumed run may start: every check that guards loading passed)."""
+        (the checks, True when the resumed run may start: every check passed that guards loading, selection and
+        completeness: :func:`core.stages.checkpoint.may_load`)."""
     c = spec.resume.kill_checkpoint_step()
     own_ranks = ranks if nodes is not None else None
-    selection = select_checkpoint(spec, output_dir, world, own_ranks)
+    files = required_files(spec, world, own_ranks)
+    selection = select_checkpoint(list_checkpoints(output_dir)[0], files)
     if nodes is not None:
-        agreed, others = nodes.agree(_step_of(selection.checkpoint) if selection.checkpoint is not None else None)
-        newer = [] if selection.checkpoint is None or agreed == _step_of(selection.checkpoint) else [
+        agreed, others = nodes.agree(selection.step)
+        newer = [] if selection.checkpoint is None or agreed == selection.step else [
             f"{selection.checkpoint.name} is complete on this node, not on every node"]
-        selection = Selection(output_dir / f"checkpoint-{agreed}" if agreed is not None else None,
+        selection = Selection(Checkpoint(agreed, output_dir / f"checkpoint-{agreed}") if agreed is not None else None,
                               selection.skipped + newer + others)
-    checks = [selection_check(selection, c)]
-    complete = completeness(spec, ckpt, world, own_ranks)
-    checks.append(complete)
-    if complete.status != StageStatus.PASS or selection.checkpoint != ckpt:
-        return checks, False
-    bad = verify_manifest(ckpt, manifest)
-    checks.append(Check("manifest", StageStatus.judged(not bad),
-                        ("sha256 mismatch: " + ", ".join(bad)) if bad else f"sha256 of {len(manifest)} files verified"))
-    safe = safe_loading(spec, ckpt, world, own_ranks)
-    checks.append(safe)
-    state = json.loads((ckpt / "trainer_state.json").read_text(encoding="utf-8"))
-    checks.append(Check("trainer_state", StageStatus.judged(state.get("global_step") == c),
-                        f"trainer_state.json global_step = {state.get('global_step')} (expected {c})"))
-    sized = world_size_check(ckpt, resume_world, own_ranks)
-    checks.append(sized)
-    return checks, not bad and safe.status == StageStatus.PASS and sized.status == StageStatus.PASS
+    checks = gate_checks(selection, ckpt, c, files, manifest, True, resume_world, own_ranks)
+    return checks, may_load(checks, incomplete=False)
 
 
 def loaded_manifest_check(events: list[ChildEvent], ranks: int, files: int) -> Check:
@@ -343,19 +221,6 @@ def kill_point_check(spec: RunSpec, event: KillPoint) -> Check:
                                 event.micro_in_step)
     return Check("kill_point", StageStatus.judged(expected),
                  f"{at}: killed {kill_position(event)}" + ("" if expected else f"; planned {planned_kill(spec)}"))
-
-
-def selection_check(selection: Selection, c: int) -> Check:
-    """The newest complete checkpoint is checkpoint-c; partial newer ones are named (resume must not take them)."""
-    skipped = ("; skipped " + "; ".join(selection.skipped)) if selection.skipped else ""
-    if selection.checkpoint is None:
-        return Check("checkpoint_selection", StageStatus.FAIL, "no complete checkpoint to resume from" + skipped,
-                     kind="completeness")
-    name = selection.checkpoint.name
-    ok = name == f"checkpoint-{c}"
-    return Check("checkpoint_selection", StageStatus.judged(ok),
-                 f"resume from {name}, the newest complete checkpoint" + ("" if ok else f" (expected checkpoint-{c})")
-                 + skipped, kind="completeness")
 
 
 def compare_steps(ref: dict[int, dict[str, Any]], interrupted: list[dict[str, Any]], resumed: list[dict[str, Any]],
@@ -415,10 +280,4 @@ def compare_trainable(reference: dict[str, Any], resumed: dict[str, Any]) -> Che
                                                     f"vs reference {len(b)} / {reference['parameters']:,}; differ: "
                                                     f"{', '.join(only)}")
 
-
-def _step_of(p: Path) -> int:
-    try:
-        return int(p.name.rsplit("-", 1)[1])
-    except (IndexError, ValueError):
-        return -1
 

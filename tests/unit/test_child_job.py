@@ -145,8 +145,8 @@ def test_the_resumed_run_writes_the_keys_and_values_it_always_wrote(monkeypatch,
 
 def test_command_modes_evaluation_writes_the_job_it_always_wrote_byte_for_byte(monkeypatch, tmp_path):
     import core.command.evaluate
-    from core.command.reports import Checkpoint
     from core.commandspec import CommandSpec
+    from core.stages.checkpoint import Checkpoint
 
     caught = catch_job(monkeypatch, core.command.evaluate)
     cs = CommandSpec(train="python train.py", eval_max_blocks=8)

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from core.command.nodeloss import CommandNodes
-from core.command.reports import Checkpoint
 from core.command.resume import _agreed_checkpoint, _every_node_resumable, _Progress
-from core.command.resumechecks import KillPlan, trainer_files
+from core.command.resumechecks import KillPlan
 from core.command.run import RunOutcome
 from core.errors import StageError
+from core.stages.checkpoint import Checkpoint, trainer_files
 from core.stages.noise import Tier
 from core.status import StageStatus
 
@@ -68,7 +68,7 @@ def node1(tmp_path: Path, files: list[str]) -> tuple[RunOutcome, _Progress]:
     Trainer's with its own rank's RNG state."""
     run = RunOutcome("interrupted", [], tmp_path, tmp_path, tmp_path / "command.log")
     run.checkpoints = [checkpoint(tmp_path, 2, files)]
-    return run, _Progress(time.perf_counter(), Tier("cpu-fp32-exact", "exact", 0.0, "the CPU"), trainer_files({"peft": True}, 2, [1]))
+    return run, _Progress(time.perf_counter(), Tier("cpu-fp32-exact", "exact", 0.0, "the CPU"), trainer_files(True, False, 2, [1]))
 
 
 def test_a_node_without_a_whole_checkpoint_of_its_own_stops_every_nodes_resume(tmp_path):
@@ -82,8 +82,8 @@ def test_a_node_without_a_whole_checkpoint_of_its_own_stops_every_nodes_resume(t
     assert (check.name, check.status) == ("checkpoint_selection", StageStatus.FAIL)
     assert check.evidence == (
         "the newest checkpoint complete on every node is none, not checkpoint-2 (this node's: none; node0 (pid 1)'s "
-        "newest complete checkpoint is checkpoint-2); missing here: adapter_model.safetensors, optimizer.pt, "
-        "scheduler.pt, trainer_state.json from checkpoint-2 (a node resumes from its own disk: the job must save a "
+        "newest complete checkpoint is checkpoint-2); missing here: adapter weights (adapter_model.safetensors), "
+        "optimizer (optimizer.pt), scheduler (scheduler.pt), trainer state (trainer_state.json) from checkpoint-2 (a node resumes from its own disk: the job must save a "
         "whole checkpoint on each node, Trainer's save_on_each_node)")
 
 
@@ -147,7 +147,7 @@ def test_the_resume_lines_world_size_is_read_from_torchrun():
 
 def test_a_checkpoint_at_another_world_size_is_resumed_only_when_dcp_can_reshard_it(tmp_path):
     from core.command.resumechecks import Resize, dcp_world_check
-    from core.stages.resumechecks import world_size_check
+    from core.stages.checkpoint import world_size_check
 
     resize = Resize(trained=2, resumed=1, nproc=1)
     dcp = tmp_path / "checkpoint-2"

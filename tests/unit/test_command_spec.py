@@ -109,7 +109,7 @@ def test_a_csv_metrics_file_is_read_as_lightning_writes_it_rewritten_with_a_wide
     assert read_metrics(m) == [] and [s.step for s in m.steps] == [1, 2, 4]
 
 def test_checkpoints_are_ordered_by_the_number_in_their_name(tmp_path):
-    from core.command.reports import list_checkpoints
+    from core.stages.checkpoint import list_checkpoints
 
     for name in ("checkpoint-10", "checkpoint-9", "checkpoint-last"):
         (tmp_path / name).mkdir()
@@ -319,12 +319,17 @@ def test_the_evaluation_commands_result_is_its_last_json_line_with_a_metric(tmp_
 
 
 def test_a_checkpoint_of_a_trainer_must_hold_what_trainer_resumes_from():
-    from core.command.resumechecks import missing_files, trainer_files
+    from core.command.resumechecks import required_files
+    from core.stages.checkpoint import missing
 
-    assert trainer_files({"peft": {"r": 8}}, 1) == ["adapter_model.safetensors", "optimizer.pt", "scheduler.pt",
-                                                    "trainer_state.json", "rng_state.pth"]
-    assert trainer_files({"arguments": {"fp16": True}}, 2)[-3:] == ["rng_state_0.pth", "rng_state_1.pth", "scaler.pt"]
-    assert missing_files(Path("/nonexistent"), ["a.pt"]) == ["a.pt"]
+    plain = spec()
+    assert list(required_files(plain, {"peft": {"r": 8}}, 1).values()) == [
+        "adapter_model.safetensors", "optimizer.pt", "scheduler.pt", "trainer_state.json", "rng_state.pth"]
+    assert list(required_files(plain, {"arguments": {"fp16": True}}, 2).values())[-3:] == [
+        "rng_state_0.pth", "rng_state_1.pth", "scaler.pt"]
+    assert required_files(plain, None, 1) == {}  # a script: gpuaccept cannot know what its checkpoint holds
+    listed = required_files(spec(checkpoint_files=["a.pt"]), {"peft": True}, 1)
+    assert listed == {"a.pt": "a.pt"} and missing(Path("/nonexistent"), listed) == ["a.pt"]
 
 
 def test_outside_the_gpus_memory_of_the_job_comes_from_nvmls_per_process_list(tmp_path):

@@ -12,8 +12,9 @@ import pytest
 
 from core.protocol.events import KillPoint
 from core.spec import RunSpec
+from core.stages.checkpoint import world_size_check
 from core.stages.nodeloss import NodeLoss, Survived, lost_node
-from core.stages.resumechecks import checkpoint_checks, survivor_checks, world_size_check
+from core.stages.resumechecks import checkpoint_checks, survivor_checks
 from core.status import StageStatus
 from tests.unit.test_resume_logic import lora_checkpoint
 

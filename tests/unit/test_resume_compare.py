@@ -12,8 +12,7 @@ import torch
 from core.command.reports import StepRecord
 from core.command.resumechecks import COMMAND_RULES
 from core.command.resumechecks import compare_steps as command_compare_steps
-from core.command.resumechecks import safe_loading as command_safe_loading
-from core.spec import RunSpec
+from core.stages.checkpoint import safe_loading
 from core.stages.compare import (
     RECIPE_RULES,
     Check,
@@ -25,7 +24,6 @@ from core.stages.compare import (
 )
 from core.stages.noise import Family, loss_multiple_for, required_tier
 from core.stages.resumechecks import compare_steps as recipe_compare_steps
-from core.stages.resumechecks import safe_loading as recipe_safe_loading
 
 EXACT = required_tier("cpu", "fp32")
 TWIN = required_tier("cuda:0", "bf16")
@@ -258,25 +256,23 @@ class NotATensor:
         return (print, ("this would run on load",))
 
 
-def test_both_modes_refuse_the_same_unsafe_pickle_with_the_same_words(tmp_path):
-    """One safe_loading check: the recipe names its pickles, command mode takes every pickle Trainer loads; the same
-    checkpoint passes both or fails both, naming the file. Trainer never loads training_args.bin: command mode leaves
-    it unloaded under Trainer (and says so), but a script of its own may load it, so it is refused there."""
-    spec = RunSpec.build(None, mode="lora")
+def test_a_trainer_checkpoint_leaves_training_args_unloaded_and_a_script_refuses_it(tmp_path):
+    """One safe_loading check for both subjects (core/stages/checkpoint.py): under Trainer every pickle but
+    training_args.bin, which Trainer never loads on resume (and the evidence says so); a script of its own may load
+    it, so there it is refused. A refused optimizer fails both, named."""
     ckpt = tmp_path / "checkpoint-4"
     ckpt.mkdir()
     torch.save({"state": {}, "param_groups": []}, ckpt / "optimizer.pt")
     torch.save({"last_epoch": 4}, ckpt / "scheduler.pt")
     torch.save({"cpu": torch.get_rng_state()}, ckpt / "rng_state.pth")
-    assert recipe_safe_loading(spec, ckpt).status == "pass"
-    assert command_safe_loading(ckpt, trainer=True).status == "pass"
+    assert safe_loading(ckpt, trainer=True).status == "pass"
     torch.save({"x": NotATensor()}, ckpt / "training_args.bin")
-    trainer = command_safe_loading(ckpt, trainer=True)
+    trainer = safe_loading(ckpt, trainer=True)
     assert trainer.status == "pass" and "training_args.bin, a pickle of TrainingArguments" in trainer.evidence
-    script = command_safe_loading(ckpt, trainer=False)
+    script = safe_loading(ckpt, trainer=False)
     assert script.status == "fail" and script.evidence.startswith("training_args.bin: refused")
     (ckpt / "training_args.bin").unlink()
     torch.save({"state": {}, "param_groups": [], "extra": NotATensor()}, ckpt / "optimizer.pt")
-    recipe, command = recipe_safe_loading(spec, ckpt), command_safe_loading(ckpt, trainer=True)
-    assert recipe.status == command.status == "fail"
-    assert recipe.evidence == command.evidence and recipe.evidence.startswith("optimizer.pt: refused")
+    for trained_by_trainer in (True, False):
+        refused = safe_loading(ckpt, trainer=trained_by_trainer)
+        assert refused.status == "fail" and refused.evidence.startswith("optimizer.pt: refused")

@@ -10,6 +10,7 @@ from safetensors.torch import save_file
 
 from core.protocol.manifest import verify_manifest, write_manifest
 from core.spec import RunSpec
+from core.stages.checkpoint import complete_check, list_checkpoints, safe_loading
 from core.stages.noise import (
     NOISE_MULTIPLE,
     Family,
@@ -18,7 +19,7 @@ from core.stages.noise import (
     optimizer_state_tensors,
     required_tier,
 )
-from core.stages.resumechecks import compare_steps, completeness, required_files, safe_loading
+from core.stages.resumechecks import compare_steps, required_files
 from core.stages.states import compare_optimizers, compare_scalers, compare_weights
 from tests.paths import REPO
 
@@ -239,23 +240,23 @@ def test_r6_a_missing_component_fails_and_is_named(tmp_path):
     for name, component in (("scheduler.pt", "scheduler"), ("rng_state.pth", "RNG state"),
                             ("optimizer.pt", "optimizer")):
         ckpt = lora_checkpoint(tmp_path / name, spec)
-        assert completeness(spec, ckpt).status == "pass"
+        assert complete_check(ckpt, required_files(spec)).status == "pass"
         (ckpt / name).unlink()
-        check = completeness(spec, ckpt)
+        check = complete_check(ckpt, required_files(spec))
         assert check.status == "fail" and check.evidence == f"missing: {component} ({name})"
 
 
 def test_r8_a_pickle_that_needs_weights_only_false_is_refused_and_named(tmp_path):
     spec = RunSpec.build(None, mode="lora")
     ckpt = lora_checkpoint(tmp_path / "ok", spec)
-    good = safe_loading(spec, ckpt)
+    good = safe_loading(ckpt, trainer=True)
     assert good.status == "pass", good.evidence  # Trainer's own files, RNG state with numpy included, load safely
     torch.save({"state": {}, "param_groups": [], "extra": NotATensor()}, ckpt / "optimizer.pt")
-    bad = safe_loading(spec, ckpt)
+    bad = safe_loading(ckpt, trainer=True)
     assert bad.status == "fail" and bad.evidence.startswith("optimizer.pt: refused, it cannot be loaded with "
                                                             "weights_only=True")
     (ckpt / "scheduler.pt").write_bytes(b"not a torch file")
-    assert "scheduler.pt: refused" in safe_loading(spec, ckpt).evidence
+    assert "scheduler.pt: refused" in safe_loading(ckpt, trainer=True).evidence
 
 
 def test_r8_the_optimizer_comparison_refuses_an_unsafe_file_instead_of_loading_it(tmp_path):
@@ -321,7 +322,7 @@ def test_select_checkpoint_skips_a_partial_newer_one_and_names_it(tmp_path):
     not the highest step transformers' get_last_checkpoint would take."""
     from transformers.trainer_utils import get_last_checkpoint
 
-    from core.stages.resumechecks import select_checkpoint, selection_check
+    from core.stages.checkpoint import select_checkpoint, selection_check
 
     spec = RunSpec.build(None, mode="lora")
     lora_checkpoint(tmp_path / "checkpoint-20", spec)
@@ -329,8 +330,8 @@ def test_select_checkpoint_skips_a_partial_newer_one_and_names_it(tmp_path):
     partial.mkdir()
     save_file({"w": torch.zeros(2)}, str(partial / "adapter_model.safetensors"))
     assert get_last_checkpoint(str(tmp_path)).endswith("checkpoint-40")
-    selection = select_checkpoint(spec, tmp_path)
-    assert selection.checkpoint == tmp_path / "checkpoint-20"
+    selection = select_checkpoint(list_checkpoints(tmp_path)[0], required_files(spec))
+    assert selection.checkpoint is not None and selection.checkpoint.path == tmp_path / "checkpoint-20"
     check = selection_check(selection, 20)
     assert check.status == "pass"
     assert "checkpoint-40 is partial (missing: optimizer (optimizer.pt)" in check.evidence
@@ -338,14 +339,14 @@ def test_select_checkpoint_skips_a_partial_newer_one_and_names_it(tmp_path):
 
 
 def test_select_checkpoint_fails_naming_every_partial_one_when_none_is_complete(tmp_path):
-    from core.stages.resumechecks import select_checkpoint, selection_check
+    from core.stages.checkpoint import select_checkpoint, selection_check
 
     spec = RunSpec.build(None, mode="lora")
     ckpt = lora_checkpoint(tmp_path / "checkpoint-20", spec)
     (ckpt / "trainer_state.json").unlink()
     other = lora_checkpoint(tmp_path / "checkpoint-10", spec)
     (other / "trainer_state.json").write_text(json.dumps({"global_step": 9}))  # a directory renamed by hand
-    selection = select_checkpoint(spec, tmp_path)
+    selection = select_checkpoint(list_checkpoints(tmp_path)[0], required_files(spec))
     assert selection.checkpoint is None
     check = selection_check(selection, 20)
     assert check.status == "fail" and check.evidence.startswith("no complete checkpoint to resume from")

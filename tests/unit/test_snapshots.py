@@ -7,6 +7,7 @@ after a deliberate change with ``pytest tests/unit/test_snapshots.py --snapshot-
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import shutil
 from pathlib import Path
 from types import SimpleNamespace
@@ -521,7 +522,10 @@ def finished_command_run(spec) -> SimpleNamespace:
     from core.command.evaluate import CommandEvaluation
     from core.command.pipeline import CommandPlan, CommandRun
     from core.command.probe import CommandProbe, DeviceUse
+    from core.command.reports import StepRecord
     from core.command.resume import CommandResume
+    from core.command.resumechecks import compare_steps
+    from core.criteria import AcceptCriteria
 
     device = DeviceUse("cpu", 0, 612 * 2**20, "the sampled RSS of the job's processes on the host (outside)",
                        64 * GiB, "constructed for tests", True, sampled_bytes=612 * 2**20)
@@ -540,12 +544,21 @@ def finished_command_run(spec) -> SimpleNamespace:
               Check("kill", "pass", "SIGKILL to 1 process(es) (pids 4242) and 1 process group(s); no process of the "
                                     "job is left"),
               Check("kill_point", "pass", "killed when its metrics showed step 3: after checkpoint 2, before 4"),
-              Check("loss", "pass", "4 resumed losses (every rank): bit-identical", kind="tolerance",
-                    tier=tier.name, largest_difference=0.0)]
+              Check("checkpoint_selection", "pass", "resume from checkpoint-2, the newest complete checkpoint",
+                    kind="completeness"),
+              Check("checkpoint_complete", "pass", "present: weights.pt, optimizer.pt", kind="completeness"),
+              Check("manifest", "pass", "sha256 of 2 files taken right after the kill"),
+              Check("safe_loading", "pass", "optimizer.pt, weights.pt load with weights_only=True"),
+              Check("manifest_after", "pass", "after the resumed run, the sha256 of the 2 files still match")]
+    # the step checks as the resume check makes them (their evidence kept: the record's verdict recomputes them)
+    ran = [StepRecord(step=s, loss=3.0 - 0.1 * s, learning_rate=0.1, sample_ids=[s]) for s in range(1, 7)]
+    step_checks, rows = compare_steps(ran, ran[:3], ran[2:], 2, tier, [])
+    checks += step_checks + [Check("final_checkpoint", "pass", "checkpoint-6 of both runs: every tensor bit-identical")]
     resume = CommandResume("pass", "killed at step 3 after checkpoint 2, resumed from it, compared up to step 6: "
-                                   "4 checks passed (cpu-fp32-exact)", checks, 2, 4, 3, 6, tier)
+                                   f"{len(checks)} checks passed (cpu-fp32-exact)", checks, 2, 4, 3, 6, tier, rows)
     run = SimpleNamespace(spec=spec, run_dir=Path("runs/20261203T000000Z-command-train.sh"), verdict=None, stopped={},
-                          record_path=Path("runs/x/record.toml"), close=lambda: None,
+                          record_path=Path("runs/x/record.toml"), close=lambda: None, reference=None,
+                          started=datetime.datetime(2026, 12, 3, tzinfo=datetime.UTC), criteria=AcceptCriteria(),
                           results={"probe": probe, "plan": plan, "train_eval": ev, "resume": resume})
     run.current_verdict = lambda: CommandRun.current_verdict(run)
     return run
