@@ -6,8 +6,9 @@ The uninterrupted run (the probe stage's) is the reference. Its checkpoints, by 
 1. **interrupted**: the training command again, into a fresh ``{out}``. A Trainer-based script holds after optimizer
    step k on every rank (the hook's ``GPUACCEPT_HOLD_AT_STEP``: exact on any machine's speed); another script is
    killed as soon as its metrics show step k (checked every 20 ms: a script that writes checkpoint n within that time
-   is caught by the ``kill_point`` check, never passed). Then SIGKILL to every process of it, every rank
-   (:func:`core.command.process.kill_job`).
+   is caught by the ``kill_point`` check, never passed; the check's kill missed its point, so the interrupted run is
+   started again, :data:`KILL_ATTEMPTS` in all, each miss kept in ``resume-interrupted-attempt-<i>/`` and named). Then
+   SIGKILL to every process of it, every rank (:func:`core.command.process.kill_job`).
 2. **the checkpoint left**, checked before anything loads it (a failed manifest, safe-loading, trainer-state or world
    size check stops the resume; an incomplete checkpoint is still resumed, and what follows is evidence too): the newest complete checkpoint is c (a partial newer one
    is named), it holds every component (Trainer's set: weights or adapter, optimizer, scheduler, RNG state per rank,
@@ -53,6 +54,7 @@ from core.command.resumechecks import (
     compare_steps,
     dcp_world_check,
     kill_checks,
+    late_checkpoints,
     required_files,
     resize_of,
     trainable_check,
@@ -73,6 +75,10 @@ from core.stages.nodeloss import LOSS_GRACE_S
 from core.stages.noise import Family, Tier
 from core.status import StageStatus
 
+#: how many times a script killed from outside (at the step its metrics show) is run again, into a fresh folder, when
+#: its kill came after the next checkpoint was complete: the check's kill missed its point (the script saved within
+#: the time between its metrics line and the kill), which says nothing of its resume; each miss is kept and named
+KILL_ATTEMPTS = 3
 #: why a script without the Trainer hook is not checked across nodes
 NO_HOOK_ACROSS_NODES = ("across nodes the check holds the lost node's ranks after a step and resumes each node from "
                         "its own ranks' checkpoint, which it learns from the Trainer hook; this script reported no "
@@ -367,14 +373,32 @@ def _interrupted_phase(runs: _Runs, plan: KillPlan, progress: _Progress,
             return len(o.hook.held) >= world
         return any(s.step >= k for s in o.steps_seen())
 
-    interrupted = yield from run_command(spec, "interrupted", argv_i, out_i, runs.run_dir / "resume-interrupted",
-                                         "resume", total=k, hold_at_step=k if trainer else None,
-                                         kill_when=at_kill_point, cancelled=runs.cancelled, backend=runs.backend)
+    folder = runs.run_dir / "resume-interrupted"
+    attempts = 1 if trainer else KILL_ATTEMPTS  # the hook holds a Trainer at its step: its kill cannot come late
+    missed: list[str] = []
+    for attempt in range(1, attempts + 1):
+        interrupted = yield from run_command(spec, "interrupted", argv_i, out_i, folder, "resume", total=k,
+                                             hold_at_step=k if trainer else None, kill_when=at_kill_point,
+                                             cancelled=runs.cancelled, backend=runs.backend)
+        if interrupted.kill is not None:
+            seen = max((s.step for s in interrupted.steps_seen()), default=0)
+            yield Message("resume", text=f"interrupted run killed at step {seen} ({interrupted.kill.evidence()})")
+        kill, point, ckpt = kill_checks(interrupted, trainer is not None, world, plan, progress.required)
+        late = late_checkpoints(interrupted, plan.c, progress.required)
+        if not late or kill.status != StageStatus.PASS or attempt == attempts:
+            break
+        aside = folder.with_name(f"{folder.name}-attempt-{attempt}")
+        folder.rename(aside)  # every artefact of the missed kill is kept, beside the next attempt
+        progress.runs[f"interrupted-attempt-{attempt}"] = _summary(interrupted, moved=(folder, aside))
+        missed.append(f"attempt {attempt} was killed after {', '.join(x.name for x in late)} was complete "
+                      f"({aside.name}/)")
+        yield Message("resume", text=f"the kill came late: {missed[-1]}; the script saved its next checkpoint "
+                                     "within the time between its metrics line and the kill; the interrupted run "
+                                     f"again (attempt {attempt + 1} of {attempts})")
     progress.runs["interrupted"] = _summary(interrupted)
-    if interrupted.kill is not None:
-        seen = max((s.step for s in interrupted.steps_seen()), default=0)
-        yield Message("resume", text=f"interrupted run killed at step {seen} ({interrupted.kill.evidence()})")
-    kill, point, ckpt = kill_checks(interrupted, trainer is not None, world, plan, progress.required)
+    if missed:
+        point = replace(point, evidence=f"{point.evidence} (attempt {len(missed) + 1} of {attempts}: "
+                                        f"{'; '.join(missed)})")
     progress.checks += [kill, point]
     return interrupted, ckpt if kill.status == StageStatus.PASS else None
 
@@ -564,9 +588,13 @@ def _rejected(o: RunOutcome) -> str:
             + (" ..." if len(metrics.problems) > 3 else ""))
 
 
-def _summary(o: RunOutcome) -> RunSummary:
+def _summary(o: RunOutcome, moved: tuple[Path, Path] | None = None) -> RunSummary:
+    """The run in the record's words; ``moved``: its folder was renamed (old, new), its paths follow it."""
     killed = o.kill.evidence() if o.kill is not None else ""
-    return RunSummary(o.argv, o.exit_code, killed, o.seconds, str(o.log_path), str(o.out_dir))
+    log, out = str(o.log_path), str(o.out_dir)
+    if moved is not None:
+        log, out = (p.replace(str(moved[0]), str(moved[1]), 1) for p in (log, out))
+    return RunSummary(o.argv, o.exit_code, killed, o.seconds, log, out)
 
 
 # ------------------------------------------------------------------------------------------- the step comparison

@@ -129,7 +129,7 @@ def kill_checks(o: RunOutcome, trainer: bool, world: int, plan: KillPlan, files:
     kill = Check("kill", StageStatus.judged(o.kill.clean), o.kill.evidence())
     ckpt = next((x for x in o.checkpoints if x.step == plan.c), None)
     where, ok = held_at(o, world, plan.k) if trainer else seen_at(o, plan.k)
-    later = [x for x in o.at_kill if x.step > plan.c and (is_complete(x.path, files) if files else True)]
+    later = late_checkpoints(o, plan.c, files)
     if later:
         ok = False
         where += f"; but {', '.join(x.name for x in later)} was already complete at the kill (the kill came after the " \
@@ -140,6 +140,12 @@ def kill_checks(o: RunOutcome, trainer: bool, world: int, plan: KillPlan, files:
         where += f"; no checkpoint of step {plan.c} in its output folder"
     return kill, Check("kill_point", StageStatus.judged(ok), f"{where}: after checkpoint {plan.c}, before {plan.n}"), \
         ckpt
+
+
+def late_checkpoints(o: RunOutcome, c: int, files: Files) -> list[Checkpoint]:
+    """The checkpoints after ``c`` already complete when the kill was decided (every one listed, where no file is
+    named): a kill that came after the next checkpoint."""
+    return [x for x in o.at_kill if x.step > c and (is_complete(x.path, files) if files else True)]
 
 
 def held_at(o: RunOutcome, world: int, k: int) -> tuple[str, bool]:

@@ -262,6 +262,29 @@ def test_a_correct_resume_passes_and_a_resume_that_loses_state_fails(tmp_path):
     assert checks(bad)["loss"]["status"] == "fail"
 
 
+def test_a_kill_that_comes_after_the_next_checkpoint_is_tried_again_and_each_miss_is_kept(tmp_path):
+    """From outside a script is killed when its metrics show step k; a script whose lines arrive after its next
+    checkpoint (a busy poller, a buffered file) is killed too late, which says nothing of its resume: the interrupted
+    run is started again, the miss kept in its own folder and named. A script late every time fails its kill point
+    after the last attempt, each miss named."""
+    record, _ = accept(fake(f"--late-runs 2 --counter {tmp_path / 'count-once'}"), tmp_path / "once")
+    point = checks(record)["kill_point"]
+    assert record["verdict"]["status"] == "pass", record["verdict"]
+    assert "(attempt 2 of 3: attempt 1 was killed after checkpoint-8 was complete (resume-interrupted-attempt-1/))" \
+        in point["evidence"]
+    run_dir = Path(record["run_dir"])
+    assert (run_dir / "resume-interrupted-attempt-1" / "out" / "checkpoint-8" / "state.json").is_file()
+    assert record["resume"]["runs"]["interrupted-attempt-1"]["log"].startswith(
+        str(run_dir / "resume-interrupted-attempt-1"))
+    assert consistent(Path(run_dir) / "record.toml")
+    always, _ = accept(fake(f"--late-runs 2,3,4 --counter {tmp_path / 'count-always'}"), tmp_path / "always")
+    point = checks(always)["kill_point"]
+    assert point["status"] == "fail" and stages(always)["resume"] == "fail"
+    assert "checkpoint-8 was already complete at the kill" in point["evidence"]
+    assert "(attempt 3 of 3: attempt 1 was killed after checkpoint-8 was complete (resume-interrupted-attempt-1/); " \
+           "attempt 2 was killed after checkpoint-8 was complete (resume-interrupted-attempt-2/))" in point["evidence"]
+
+
 def test_no_process_of_the_job_outlives_a_kill_or_the_run_that_started_it(tmp_path):
     """``--detach`` starts a helper in a session of its own in each run: the interrupted run's is killed with it
     (found by the job's token, not by the tree), the others are ended when their run has exited (a finding)."""

@@ -207,7 +207,8 @@ def test_your_own_launcher_line_runs_on_both_hosts_loses_one_and_they_share_one_
     assert checks[0]["kill"]["evidence"].startswith("node loss: every process of node1 (pid ")
     assert "SIGKILLed after step 3 (its ranks 1 held there); this node's ranks 0 " in checks[0]["kill"]["evidence"]
     for rank, node in enumerate(checks):
-        assert node["checkpoint_complete"]["evidence"].endswith(f"trainer_state.json, rng_state_{rank}.pth")
+        assert node["checkpoint_complete"]["evidence"].endswith(
+                f"trainer state (trainer_state.json), RNG state of rank {rank} (rng_state_{rank}.pth)")
         assert node["loss"]["evidence"] == "4 resumed losses (every rank): bit-identical"
         assert node["final_weights"]["evidence"].endswith("bit-identical")
     cluster = tomllib.loads((first["path"].parent / "cluster.toml").read_text())

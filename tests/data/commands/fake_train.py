@@ -9,7 +9,10 @@ its pid to ``OUT/detached.pid``; ``--detach-shell`` the same with ``sleep`` (no 
 no trace to follow (double fork, ``setsid``, its descriptors closed, its environment cleared, then ``sleep``:
 ``OUT/clean.pid``); ``--oom-in DIR`` joins the memory cgroup DIR (its limit set by the test) and allocates until
 the kernel's OOM killer ends it; ``--sleep S``
-per step; ``--forget-sum`` resumes with the running sum reset (a checkpoint that misses part of the state).
+per step; ``--forget-sum`` resumes with the running sum reset (a checkpoint that misses part of the state);
+``--late-runs N,M --counter FILE``: the script's Nth, Mth... start (counted in FILE) holds back the metrics lines
+after its first checkpoint until the next one is written, as a fast script seen late by a busy poller shows them (a
+kill placed by them comes after the next checkpoint).
 Standard library only.
 """
 
@@ -59,7 +62,16 @@ def main() -> int:
     p.add_argument("--bad-metrics", action="store_true")
     p.add_argument("--detach-clean", action="store_true")
     p.add_argument("--oom-in")
+    p.add_argument("--late-runs", default="")
+    p.add_argument("--counter")
     args = p.parse_args()
+    late = False
+    if args.counter:
+        counter = Path(args.counter)
+        run = int(counter.read_text()) + 1 if counter.is_file() else 1
+        counter.write_text(str(run))
+        late = str(run) in args.late_runs.split(",")
+    held: list[str] = []
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.detach:
@@ -90,9 +102,12 @@ def main() -> int:
             with open(out / "metrics.jsonl", "a") as f:
                 f.write(json.dumps({"step": str(step), "loss": loss}) + "\n")
         elif not args.no_metrics:
-            with open(out / "metrics.jsonl", "a") as f:
-                f.write(json.dumps({"step": step, "loss": loss, "learning_rate": 0.1 / step,
+            held.append(json.dumps({"step": step, "loss": loss, "learning_rate": 0.1 / step,
                                     "sample_ids": [step % 5]}) + "\n")
+            if not (late and step > args.every):  # late: held until the next checkpoint is written
+                with open(out / "metrics.jsonl", "a") as f:
+                    f.write("".join(held))
+                held.clear()
         print(f"step {step} loss {loss:.4f}", flush=True)
         if args.exit_after and step == args.exit_after[0]:
             print(f"fake_train: exiting with {args.exit_after[1]} after step {step}", file=sys.stderr, flush=True)
@@ -102,6 +117,12 @@ def main() -> int:
             tmp.mkdir(exist_ok=True)
             (tmp / "state.json").write_text(json.dumps({"step": step, "sum": total}))
             os.replace(tmp, out / f"checkpoint-{step}")
+        if held and (step % args.every == 0 or step == args.steps):  # a late run's lines, once its checkpoint is
+            with open(out / "metrics.jsonl", "a") as f:
+                f.write("".join(held))
+            held.clear()
+            if late:
+                time.sleep(2.0)  # training on past its checkpoint, as a real job does, when its lines are seen
     return 0
 
 
