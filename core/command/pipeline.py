@@ -22,22 +22,13 @@ from core.command.reaper import start_reaper, stop_reaper
 from core.command.resume import CommandResume, not_applicable, resume_stage
 from core.command.run import RunOutcome, run_command
 from core.commandspec import CommandSpec
-from core.criteria import (
-    COMMAND_SPEED_ON,
-    AcceptCriteria,
-    DeviceUse,
-    Judgement,
-    judge_health,
-    judge_metric,
-    judge_probe,
-    judge_resume_tier,
-    missed,
-)
+from core.criteria import AcceptCriteria, Judgement
 from core.errors import GpuAcceptError, StageCancelled, StageError
 from core.events import Event, Message, StageFinished, StageStarted
 from core.nodes import agreement, cluster_stage, gate, quietly, stopped_before_start
 from core.pipeline import RESERVE_NAME, StagedRun, _reserve, new_run_dir, record_stage
 from core.protocol.events import EventWriter
+from core.record.verdicts import StageVerdict
 from core.status import StageStatus, Stopped
 
 STAGES = ("probe", "plan", "train_eval", "resume", "record")
@@ -60,21 +51,25 @@ class CommandPlan:
     ran: RanSpec | None = None
     ctx: Any = None
     comparisons: list[DeviceComparison] = field(default_factory=list)
+    #: the criteria it was judged by (the verdict engine's rows)
+    criteria: list[Judgement] = field(default_factory=list)
 
 
-#: a stage's frozen result (CommandProbe, CommandEvaluation, CommandResume)
-R = TypeVar("R", CommandProbe, CommandEvaluation, CommandResume)
+#: a stage's frozen result (CommandPlan, CommandProbe, CommandEvaluation, CommandResume)
+R = TypeVar("R", CommandPlan, CommandProbe, CommandEvaluation, CommandResume)
 
 
-def judged_by(result: R, rows: list[Judgement]) -> R:
-    """``result`` (a stage's frozen result) with the criteria rows it was judged by; a pass that misses one is a fail,
-    the missed rows saying why (the rule of core/record/verdicts.py, which ``verify`` recomputes)."""
-    failed = missed(rows)
-    if result.status != StageStatus.PASS or not failed:
-        return dataclasses.replace(result, criteria=list(rows))
-    why = "; ".join(r.words() for r in failed)
-    return dataclasses.replace(result, criteria=list(rows), status=StageStatus.FAIL,
-                               summary=f"{result.summary}; but {why}")
+def judged(result: R, engine: StageVerdict | None) -> R:
+    """``result`` (a stage's frozen result) as the verdict engine judged it (:func:`core.command.record.judged_stage`:
+    the status its record states, one rule live and in the record): its status and the criteria rows it was judged
+    by; where the stage's own status differs, the engine's, the reasons said (``; but ...``)."""
+    if engine is None:
+        return result
+    result = dataclasses.replace(result, criteria=list(engine.criteria))
+    if engine.status == result.status:
+        return result
+    why = "; ".join(engine.reasons) or f"{engine.status.value} by the record's rules"
+    return dataclasses.replace(result, status=engine.status, summary=f"{result.summary}; but {why}")
 
 
 class CommandRun(StagedRun):
@@ -191,13 +186,8 @@ class CommandRun(StagedRun):
                             f"process of it); measured until then: {_peaks(probe)}")
             raise
         self.reference = outcome
-        probe = dataclasses.replace(build_probe(outcome, self._capacities(outcome)), health=health)
-        used = {d.device for d in probe.devices}
-        probe = judged_by(probe, judge_probe(
-            self.criteria, [DeviceUse(d.device, d.measured_bytes, d.capacity_bytes) for d in probe.devices],
-            probe.step_time_s, probe.tokens_per_s, COMMAND_SPEED_ON)
-            + judge_health(self.criteria, [f for f in health.facts() if f.on in used]))
-        self.results["probe"] = probe
+        probe = self._judged("probe", dataclasses.replace(build_probe(outcome, self._capacities(outcome)),
+                                                          health=health))
         for finding in probe.findings:
             yield self.emit(Message("probe", text=f"finding: {finding}"))
         yield self.emit(StageFinished("probe", status=probe.status, result=probe, summary=probe.summary))
@@ -250,7 +240,7 @@ class CommandRun(StagedRun):
                                                                  encoding="utf-8")
             except OSError as exc:
                 raise StageError(f"plan: {exc}") from None
-        self.results["plan"] = result
+        result = self._judged("plan", result)
         yield self.emit(StageFinished("plan", status=result.status, result=result, summary=result.summary))
         return result
 
@@ -291,7 +281,7 @@ class CommandRun(StagedRun):
         if self.spec.eval == "none":
             off = CommandEvaluation(StageStatus.NOT_APPLICABLE, "none", "", "", False, None, None, "", None, "", "",
                                     summary="switched off (command.eval = \"none\")")
-            self.results["train_eval"] = off
+            off = self._judged("train_eval", off)
             yield self.emit(StageFinished("train_eval", status=off.status, result=off, summary=off.summary))
             return off
         final = outcome.checkpoints[-1] if outcome.checkpoints else None
@@ -300,7 +290,7 @@ class CommandRun(StagedRun):
                 StageStatus.NOT_APPLICABLE, "none", "", "", False, None, None, "", None, "", "",
                 summary=f"not evaluated on this node: its {final.name} holds no weights (the command wrote them on "
                         "another node: the one holding rank 0 evaluates them; its record is in the cluster record)")
-            self.results["train_eval"] = elsewhere
+            elsewhere = self._judged("train_eval", elsewhere)
             yield self.emit(StageFinished("train_eval", status=elsewhere.status, result=elsewhere,
                                           summary=elsewhere.summary))
             return elsewhere
@@ -308,9 +298,7 @@ class CommandRun(StagedRun):
         result: CommandEvaluation = yield from self._stage("train_eval", evaluate_stage(
             self.spec, final, self.base_model(), self.eval_seq_len(), self.run_dir / "evaluation", cancelled,
             heldout=self.values.get("{heldout_data}", "")))
-        result = judged_by(result, judge_metric(self.criteria, result.metric,
-                                                None if result.after is None else float(result.after["value"])))
-        self.results["train_eval"] = result
+        result = self._judged("train_eval", result)
         yield self.emit(StageFinished("train_eval", status=result.status, result=result, summary=result.summary))
         return result
 
@@ -369,12 +357,24 @@ class CommandRun(StagedRun):
                 nodes = yield from self._stage("resume", _lost_node(cluster, self.spec.nnodes))
             result = yield from self._stage("resume", resume_stage(self.spec, outcome, self.run_dir, self.values,
                                                                    self.tier(), cancelled, self.backend, nodes=nodes))
-            if result.tier is not None and result.status != StageStatus.NOT_APPLICABLE:
-                result = judged_by(result, judge_resume_tier(self.criteria, result.tier.name, result.tier.multiple))
             for finding in result.findings:
                 yield self.emit(Message("resume", text=f"finding: {finding}"))
-        self.results["resume"] = result
+        result = self._judged("resume", result)
         yield self.emit(StageFinished("resume", status=result.status, result=result, summary=result.summary))
+        return result
+
+    def _judged(self, stage: str, result: R) -> R:
+        """``result`` kept as the stage's, judged by the record's engine (:func:`judged`)."""
+        from core.command.record import judged_stage
+
+        from core.record.verdicts import RecordValueError
+
+        self.results[stage] = result
+        try:
+            engine = judged_stage(self, stage)
+        except RecordValueError:  # never expected of its own tables: the record's verdict says why it kept the stage's
+            return result
+        self.results[stage] = result = judged(result, engine)
         return result
 
     # ------------------------------------------------------------------ the record

@@ -13,7 +13,7 @@ import dataclasses
 import datetime as dt
 from typing import Any, cast
 
-from core.record.verdicts import overall_status
+from core.record.verdicts import StageVerdict, overall_status
 from core.record.written import COMMAND_SCHEMA_VERSION, TOOL, clean, tool_version
 from core.status import StageStatus, Stopped
 
@@ -62,7 +62,31 @@ def verdict(rec: dict[str, Any], results: dict[str, Any], stopped: dict[str, Sto
 
 def build_command_record(run: Any, *, started: dt.datetime, finished: dt.datetime, env: dict[str, Any]
                          ) -> dict[str, Any]:
-    """The record of a :class:`core.command.pipeline.CommandRun` (stages that did not run are marked so)."""
+    """The record of a :class:`core.command.pipeline.CommandRun` (stages that did not run are marked so): its tables
+    (:func:`command_tables`) and the verdict the engine gives them (:func:`verdict`)."""
+    rec = command_tables(run, started=started, finished=finished, env=env)
+    rec["verdict"] = verdict(rec, run.results, run.stopped)
+    return rec
+
+
+def judged_stage(run: Any, stage: str) -> StageVerdict | None:
+    """The verdict engine's verdict of the pipeline's stage ``stage`` (``probe``, ``plan``, ``train_eval``,
+    ``resume``) of ``run`` as it stands: over the table the record would hold now
+    (:func:`core.record.command.command_stage_verdicts`), so the status a stage ends with live is the one its record
+    states. None where the table holds no measurement.
+
+    Raises:
+        core.record.verdicts.RecordValueError: the table lacks a value a verdict depends on (never expected of the
+            tables this module writes)."""
+    from core.record.command import command_stage_verdicts
+    from core.record.written import utc_now
+
+    rec = command_tables(run, started=run.started, finished=utc_now(), env={})
+    return command_stage_verdicts(rec)[0][dict((key, name) for name, key in STAGE_KEYS)[stage]]
+
+
+def command_tables(run: Any, *, started: dt.datetime, finished: dt.datetime, env: dict[str, Any]) -> dict[str, Any]:
+    """Every table of the record of ``run`` but its verdict, cleaned as written (:func:`core.record.written.clean`)."""
     from core.command.provenance import command_table
 
     spec, results, ref = run.spec, run.results, run.reference
@@ -82,9 +106,7 @@ def build_command_record(run: Any, *, started: dt.datetime, finished: dt.datetim
     }
     rec["data"], rec["evaluation"] = evaluation_tables(spec, results.get("train_eval"), ref)
     rec["resume"] = resume_table(resume)
-    rec = cast(dict[str, Any], clean(rec))
-    rec["verdict"] = verdict(rec, results, run.stopped)
-    return rec
+    return cast(dict[str, Any], clean(rec))
 
 
 def _env_added(run: Any) -> dict[str, str]:

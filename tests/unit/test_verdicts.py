@@ -395,3 +395,34 @@ def test_a_probe_before_the_trace_is_recorded_against_the_plan_the_record_holds(
     assert row["planned_bytes"] == analytic + 9_000_000 and row["measured_bytes"] == analytic + 1000
     assert not [p for p in verify.recompute_verdicts(rec) if "plan_comparison" in p]
     assert "slow link: none here" in again.findings and against_plan(again, spec, ctx.plan, traced) == again
+
+
+def test_a_command_stage_ends_live_with_the_status_its_record_states(tmp_path):
+    """One rule at one moment for command mode: a resume whose every check passed but that lacks checks a pass must
+    hold ends live as the verdict engine judges its record's table (fail, the missing checks named), and the record
+    states that status without a second word on it."""
+    import datetime
+    import sys
+    from types import SimpleNamespace
+
+    from core.command.pipeline import judged
+    from core.command.record import build_command_record, judged_stage
+    from core.command.resume import CommandResume
+    from core.commandspec import CommandSpec
+    from core.stages.compare import Check
+    from core.stages.noise import required_tier
+
+    spec = CommandSpec.from_dict({"train": f"{sys.executable} train.py --output_dir {{out}}", "workdir": str(tmp_path)})
+    resume = CommandResume(StageStatus.PASS, "killed at step 3 after checkpoint 2", [
+        Check("kill", StageStatus.PASS, "SIGKILL; no process of the job is left"),
+        Check("kill_point", StageStatus.PASS, "killed when its metrics showed step 3: after checkpoint 2, before 4")],
+        2, 4, 3, 6, required_tier("cpu", "fp32"))
+    run = SimpleNamespace(spec=spec, run_dir=tmp_path, stopped={}, reference=None, criteria=AcceptCriteria(),
+                          started=datetime.datetime(2026, 12, 8, tzinfo=datetime.UTC), results={"resume": resume})
+    live = judged(resume, judged_stage(run, "resume"))
+    assert live.status == StageStatus.FAIL and "; but " in live.summary and "checkpoint_selection" in live.summary
+    run.results["resume"] = live
+    stated = build_command_record(run, started=run.started, finished=run.started, env={})["verdict"]
+    assert stated["stages"]["resume"]["status"] == "fail" and stated["status"] == "fail"
+    assert stated["stages"]["resume"]["evidence"] == live.summary  # the stage's word is the record's: nothing to add
+    assert judged(live, judged_stage(run, "resume")) == live  # judged again: the same
