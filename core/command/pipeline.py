@@ -28,7 +28,7 @@ from core.events import Event, Message, StageFinished, StageStarted
 from core.nodes import agreement, cluster_stage, gate, quietly, stopped_before_start
 from core.pipeline import RESERVE_NAME, StagedRun, _reserve, new_run_dir, record_stage
 from core.protocol.events import EventWriter
-from core.record.verdicts import StageVerdict
+from core.record.verdicts import RecordValueError, StageVerdict
 from core.status import StageStatus, Stopped
 
 STAGES = ("probe", "plan", "train_eval", "resume", "record")
@@ -366,8 +366,6 @@ class CommandRun(StagedRun):
     def _judged(self, stage: str, result: R) -> R:
         """``result`` kept as the stage's, judged by the record's engine (:func:`judged`)."""
         from core.command.record import judged_stage
-
-        from core.record.verdicts import RecordValueError
 
         self.results[stage] = result
         try:
