@@ -7,13 +7,14 @@ A stage that fails stops the stages after it; the record is written in every cas
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import os
 import re
 from collections.abc import Callable, Generator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 from core.errors import GpuAcceptError, StageError
 from core.events import Event, Message, RunFinished, StageFinished, StageStarted
@@ -34,7 +35,37 @@ from core.spec import RunSpec
 from core.stages.childproc import launch_options
 from core.status import RecordStatus, StageStatus, Stopped
 
+if TYPE_CHECKING:
+    from core.record.verdicts import StageVerdict
+
 STAGES = ("plan", "probe", "train_eval", "resume", "record")
+
+
+class StageResult(Protocol):
+    """What every stage's result holds, of either subject (frozen dataclasses: ``ProbeResult``, ``CommandProbe``...)."""
+
+    @property
+    def status(self) -> StageStatus: ...
+
+    @property
+    def summary(self) -> str: ...
+
+
+R = TypeVar("R", bound=StageResult)
+
+
+def judged(result: R, engine: StageVerdict | None) -> R:
+    """``result`` (a stage's frozen result, of either subject) as the verdict engine judged it: the status its record
+    states (:func:`core.record.build.judged_stage`, :func:`core.command.record.judged_stage`), one rule live and in the
+    record; the criteria rows it was judged by where the result keeps them (``criteria``). Where the stage's own status
+    differs, the engine's, the reasons said in its summary (``; but ...``). ``engine`` None: ``result`` as it is."""
+    if engine is None:
+        return result
+    changes: dict[str, Any] = {"criteria": list(engine.criteria)} if hasattr(result, "criteria") else {}
+    if engine.status != result.status:
+        why = "; ".join(engine.reasons) or f"{engine.status.value} by the record's rules"
+        changes.update(status=engine.status, summary=f"{result.summary}; but {why}")
+    return cast(R, dataclasses.replace(cast(Any, result), **changes)) if changes else result
 
 
 def new_run_dir(spec: Any, runs_root: Path, now: Any, label: str | None = None) -> Path:
@@ -292,7 +323,7 @@ class AcceptanceRun(StagedRun):
             why = f"plan: {self.run_dir / 'plan.json'} could not be written ({exc.strerror or exc})"
             self.stopped["plan"] = Stopped(StageStatus.ERROR, why)
             raise StageError(why) from None
-        yield self.emit(StageFinished("plan", status=StageStatus.judged(self.plan_fits), result=self.ctx.plan,
+        yield self.emit(StageFinished("plan", status=self.judged_status("plan"), result=self.ctx.plan,
                                       summary=plan_summary(self.ctx.plan, self.traced)))
         if cancelled is not None and cancelled():  # a signal while the plan was traced: no later stage starts
             from core.errors import StageCancelled
@@ -327,7 +358,7 @@ class AcceptanceRun(StagedRun):
         probe = yield from self._stage("probe", run_probe(spec, self.model_path, self.run_dir / "probe", device,
                                                           self.ctx.plan, cancelled, self.launch, self.traced,
                                                           health))
-        self.results["probe"] = probe
+        probe = self._judged("probe", probe)
         yield self.emit(StageFinished("probe", status=probe.status, result=probe, summary=probe.summary))
         return probe
 
@@ -350,7 +381,7 @@ class AcceptanceRun(StagedRun):
         te, _child = yield from self._stage(
             "train_eval", run_train_eval(self.spec, self.model_path, self.run_dir / "train", self.device, cancelled,
                                          self.launch))
-        self.results["train_eval"] = te
+        te = self._judged("train_eval", te)
         yield self.emit(StageFinished("train_eval", status=te.status, result=te, summary=te.summary))
         return te
 
@@ -375,9 +406,29 @@ class AcceptanceRun(StagedRun):
         else:
             yield self.emit(StageStarted("resume", detail="nothing to resume"))
             resume = not_applicable(spec)
-        self.results["resume"] = resume
+        resume = self._judged("resume", resume)
         yield self.emit(StageFinished("resume", status=resume.status, result=resume, summary=resume.summary))
         return resume
+
+    def engine(self, stage: str) -> StageVerdict:
+        """The verdict engine's verdict of ``stage`` now (:func:`core.record.build.judged_stage` over the results so
+        far, the probe as recorded, the traced plan): what the record states of it."""
+        from core.record.build import judged_stage
+
+        r = self.results
+        return judged_stage(self.spec, stage, r["plan"], self.probe_as_recorded(), r["train_eval"], r["resume"],
+                            self.traced)
+
+    def judged_status(self, stage: str) -> StageStatus:
+        """The status the record states of ``stage`` now (:meth:`engine`)."""
+        return self.engine(stage).status
+
+    def _judged(self, stage: str, result: R) -> R:
+        """``result`` kept as the stage's, judged by the record's engine (:func:`judged`): the status it ends with live
+        is the one its record states."""
+        self.results[stage] = result
+        self.results[stage] = result = judged(result, self.engine(stage))
+        return result
 
     def current_verdict(self) -> dict[str, Any]:
         """The verdict the record would hold if written now (:func:`core.record.build.verdict` over the same results, the

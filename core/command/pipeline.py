@@ -26,9 +26,9 @@ from core.criteria import AcceptCriteria, Judgement
 from core.errors import GpuAcceptError, StageCancelled, StageError
 from core.events import Event, Message, StageFinished, StageStarted
 from core.nodes import agreement, cluster_stage, gate, quietly, stopped_before_start
-from core.pipeline import RESERVE_NAME, StagedRun, _reserve, new_run_dir, record_stage
+from core.pipeline import RESERVE_NAME, StagedRun, _reserve, judged, new_run_dir, record_stage
 from core.protocol.events import EventWriter
-from core.record.verdicts import RecordValueError, StageVerdict
+from core.record.verdicts import RecordValueError
 from core.status import StageStatus, Stopped
 
 STAGES = ("probe", "plan", "train_eval", "resume", "record")
@@ -57,19 +57,6 @@ class CommandPlan:
 
 #: a stage's frozen result (CommandPlan, CommandProbe, CommandEvaluation, CommandResume)
 R = TypeVar("R", CommandPlan, CommandProbe, CommandEvaluation, CommandResume)
-
-
-def judged(result: R, engine: StageVerdict | None) -> R:
-    """``result`` (a stage's frozen result) as the verdict engine judged it (:func:`core.command.record.judged_stage`:
-    the status its record states, one rule live and in the record): its status and the criteria rows it was judged
-    by; where the stage's own status differs, the engine's, the reasons said (``; but ...``)."""
-    if engine is None:
-        return result
-    result = dataclasses.replace(result, criteria=list(engine.criteria))
-    if engine.status == result.status:
-        return result
-    why = "; ".join(engine.reasons) or f"{engine.status.value} by the record's rules"
-    return dataclasses.replace(result, status=engine.status, summary=f"{result.summary}; but {why}")
 
 
 class CommandRun(StagedRun):
@@ -364,7 +351,7 @@ class CommandRun(StagedRun):
         return result
 
     def _judged(self, stage: str, result: R) -> R:
-        """``result`` kept as the stage's, judged by the record's engine (:func:`judged`)."""
+        """``result`` kept as the stage's, judged by the record's engine (:func:`core.pipeline.judged`)."""
         from core.command.record import judged_stage
 
         self.results[stage] = result

@@ -30,6 +30,7 @@ from core.record.verdicts import (
     ProbeFacts,
     QualityFacts,
     ResumeFacts,
+    StageVerdict,
     evaluation_verdict,
     expected_probe_devices,
     overall_status,
@@ -301,7 +302,7 @@ def verdict(spec: RunSpec, plan: Any, probe: Any, te: Any, resume: Any,
     stopped = stopped or {}
     stages: dict[str, dict[str, Any]] = {}
     if plan is not None:
-        judged = plan_verdict(plan_facts(spec, plan, probe, traced))
+        judged = judged_stage(spec, "plan", plan, probe, te, resume, traced)
         rows = judged.criteria
         evidence = "; ".join(
             f"{f.device}: planned {f.bytes / 2**30:.2f} GiB ({f.untraced_note}) of "
@@ -321,12 +322,7 @@ def verdict(spec: RunSpec, plan: Any, probe: Any, te: Any, resume: Any,
             stages[name] = {"status": StageStatus.NOT_RUN.value, "evidence": "not run: an earlier stage did not pass"
                             if earlier else "not run"}
         else:
-            if name == "probe":
-                judged = probe_verdict(probe_facts(spec, plan, res))
-            elif name == "evaluation":
-                judged = evaluation_verdict(quality_facts(spec, res))
-            else:
-                judged = resume_verdict(resume_facts(spec, res))
+            judged = judged_stage(spec, key, plan, probe, te, resume, traced)
             evidence = str(res.summary)
             if judged.status != res.status:  # the stage's own word differs from the record's rule: say why
                 evidence += f"; {judged.status.value} by the record's rules: " + "; ".join(judged.reasons)
@@ -335,6 +331,27 @@ def verdict(spec: RunSpec, plan: Any, probe: Any, te: Any, resume: Any,
     return {"status": overall_status(s["status"] for s in stages.values()).value, "stages": stages,
             "note": "pass means every applicable check passed on this box with this spec; it is not a claim about "
                     "other data, longer training or other hardware"}
+
+
+def judged_stage(spec: RunSpec, stage: str, plan: Any, probe: Any, te: Any, resume: Any,
+                 traced: dict[str, Any] | None = None) -> StageVerdict:
+    """The verdict engine's verdict of the pipeline's stage ``stage`` (``plan``, ``probe``, ``train_eval``,
+    ``resume``) over the facts of its result (:func:`plan_facts`, :func:`probe_facts`, :func:`quality_facts`,
+    :func:`resume_facts`): what the record states (:func:`verdict`) and the status the stage ends with live
+    (:meth:`core.pipeline.AcceptanceRun.judged`). The plan is judged with the probe when it ran (the plan's error
+    against the peak).
+
+    Raises:
+        KeyError: ``stage`` is none of the four."""
+    if stage == "plan":
+        return plan_verdict(plan_facts(spec, plan, probe, traced))
+    if stage == "probe":
+        return probe_verdict(probe_facts(spec, plan, probe))
+    if stage == "train_eval":
+        return evaluation_verdict(quality_facts(spec, te))
+    if stage == "resume":
+        return resume_verdict(resume_facts(spec, resume))
+    raise KeyError(stage)
 
 
 # ------------------------------------------------------------ the stage results as the verdict engine's facts
