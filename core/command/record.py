@@ -14,7 +14,7 @@ import datetime as dt
 from typing import Any, cast
 
 from core.record.verdicts import StageVerdict, overall_status
-from core.record.written import COMMAND_SCHEMA_VERSION, TOOL, clean, tool_version
+from core.record.written import COMMAND_SCHEMA_VERSION, TOOL, clean, stage_entry, tool_version
 from core.status import StageStatus, Stopped
 
 #: what the record names each stage (the pipeline's ``train_eval`` is the record's ``evaluation``)
@@ -39,23 +39,11 @@ def verdict(rec: dict[str, Any], results: dict[str, Any], stopped: dict[str, Sto
         unjudged = f"; not recomputed by the record's rules: {exc}"
     else:
         unjudged = ""
-    stages: dict[str, dict[str, Any]] = {}
-    for name, key in STAGE_KEYS:
-        res, engine = results.get(key), judged.get(name)
-        if res is not None and engine is not None:
-            evidence = str(res.summary)
-            if engine.status != res.status:  # the stage's own word differs from the record's rule: say why
-                evidence += f"; {engine.status.value} by the record's rules: " + "; ".join(engine.reasons)
-            rec[name]["status"] = engine.status.value
-            stages[name] = {"status": engine.status.value, "evidence": evidence,
-                            "criteria": [r.to_row() for r in engine.criteria]}
-        elif res is not None:
-            stages[name] = {"status": str(res.status), "evidence": res.summary + unjudged,
-                            "criteria": [r.to_row() for r in getattr(res, "criteria", [])]}
-        elif key in stopped:
-            stages[name] = {"status": str(stopped[key].status), "evidence": stopped[key].why}
-        else:
-            stages[name] = {"status": str(StageStatus.NOT_RUN), "evidence": "not run"}
+    stages = {name: stage_entry(results.get(key), judged.get(name), stopped.get(key), unjudged=unjudged)
+              for name, key in STAGE_KEYS}
+    for name, key in STAGE_KEYS:  # the tables state the status the verdict does
+        if results.get(key) is not None and judged.get(name) is not None:
+            rec[name]["status"] = stages[name]["status"]
     overall = overall_status(s["status"] for s in stages.values())  # the one rule (core/record/verdicts.py)
     return cast(dict[str, Any], clean({"status": str(overall), "stages": stages, "note": NOTE}))
 

@@ -39,7 +39,7 @@ from core.record.verdicts import (
     resume_verdict,
     timed_means,
 )
-from core.record.written import SCHEMA_VERSION, TOOL, clean, tool_version
+from core.record.written import SCHEMA_VERSION, TOOL, clean, stage_entry, tool_version
 from core.spec import RunSpec
 from core.stages.noise import RecordedRule
 from core.status import PASSING, StageStatus, Stopped
@@ -314,20 +314,10 @@ def verdict(spec: RunSpec, plan: Any, probe: Any, te: Any, resume: Any,
     else:
         stages["plan"] = {"status": StageStatus.NOT_RUN.value, "evidence": "the plan did not run"}
     for name, key, res in (("probe", "probe", probe), ("evaluation", "train_eval", te), ("resume", "resume", resume)):
-        if res is None and key in stopped:
-            stop = stopped[key]
-            stages[name] = {"status": StageStatus(stop.status).value, "evidence": stop.why}
-        elif res is None:
-            earlier = next((s for s in stages.values() if s["status"] not in PASSING), None)
-            stages[name] = {"status": StageStatus.NOT_RUN.value, "evidence": "not run: an earlier stage did not pass"
-                            if earlier else "not run"}
-        else:
-            judged = judged_stage(spec, key, plan, probe, te, resume, traced)
-            evidence = str(res.summary)
-            if judged.status != res.status:  # the stage's own word differs from the record's rule: say why
-                evidence += f"; {judged.status.value} by the record's rules: " + "; ".join(judged.reasons)
-            stages[name] = {"status": judged.status.value, "evidence": evidence,
-                            "criteria": [r.to_row() for r in judged.criteria]}
+        earlier = any(s["status"] not in PASSING for s in stages.values())
+        stages[name] = stage_entry(res, judged_stage(spec, key, plan, probe, te, resume, traced)
+                                   if res is not None else None, stopped.get(key),
+                                   "not run: an earlier stage did not pass" if earlier else "not run")
     return {"status": overall_status(s["status"] for s in stages.values()).value, "stages": stages,
             "note": "pass means every applicable check passed on this box with this spec; it is not a claim about "
                     "other data, longer training or other hardware"}
@@ -338,7 +328,7 @@ def judged_stage(spec: RunSpec, stage: str, plan: Any, probe: Any, te: Any, resu
     """The verdict engine's verdict of the pipeline's stage ``stage`` (``plan``, ``probe``, ``train_eval``,
     ``resume``) over the facts of its result (:func:`plan_facts`, :func:`probe_facts`, :func:`quality_facts`,
     :func:`resume_facts`): what the record states (:func:`verdict`) and the status the stage ends with live
-    (:meth:`core.pipeline.AcceptanceRun.judged`). The plan is judged with the probe when it ran (the plan's error
+    (:meth:`core.pipeline.AcceptanceRun.engine`). The plan is judged with the probe when it ran (the plan's error
     against the peak).
 
     Raises:

@@ -1,6 +1,7 @@
 """What every record writer shares (the recipe's, core/record/build.py; command mode's, core/command/record.py; a
 cluster's, core/record/cluster.py): the schema versions, the tool's name and version, the values TOML can hold
-(:func:`clean`, :func:`plain_values`), the atomic write and the UTC time."""
+(:func:`clean`, :func:`plain_values`), the atomic write, the UTC time, and a stage's entry in the verdict
+(:func:`stage_entry`)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ import os
 import tempfile
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import tomli_w
+
+from core.status import StageStatus, Stopped
 
 SCHEMA_VERSION = 7
 #: Versions ``gpuaccept verify`` reads: 1 (a plan's total is the sum of its components), 2 (the peak of the step's
@@ -111,3 +114,37 @@ def write_record(record: dict[str, Any], path: Path) -> Path:
 def utc_now() -> dt.datetime:
     """The current time, UTC-aware, to the second (naive datetimes read back as local time)."""
     return dt.datetime.now(dt.UTC).replace(microsecond=0)
+
+
+class Judged(Protocol):
+    """The verdict engine's verdict of a stage (:class:`core.record.verdicts.StageVerdict`), as a record writer reads
+    it."""
+
+    @property
+    def status(self) -> StageStatus: ...
+
+    @property
+    def reasons(self) -> tuple[str, ...]: ...
+
+    @property
+    def criteria(self) -> tuple[Any, ...]: ...
+
+
+def stage_entry(result: Any, engine: Judged | None, stopped: Stopped | None, not_run: str = "not run",
+                unjudged: str = "") -> dict[str, Any]:
+    """A stage's entry in a record's ``verdict.stages`` (both kinds of record): with a ``result`` judged by the
+    verdict engine (``engine``), the engine's status, the result's summary as its evidence (where the result's own
+    status differs, what the record's rules said) and the criteria rows; a result the engine could not judge, its own
+    status and rows, ``unjudged`` saying why; without one, the status it stopped with and why (``stopped``), else
+    not_run (``not_run``: the words)."""
+    if result is None:
+        if stopped is not None:
+            return {"status": StageStatus(stopped.status).value, "evidence": stopped.why}
+        return {"status": StageStatus.NOT_RUN.value, "evidence": not_run}
+    words = str(result.summary)
+    if engine is None:
+        return {"status": StageStatus(result.status).value, "evidence": words + unjudged,
+                "criteria": [r.to_row() for r in getattr(result, "criteria", [])]}
+    if engine.status != result.status:  # the stage's own word differs from the record's rule: say why
+        words += f"; {engine.status.value} by the record's rules: " + "; ".join(engine.reasons)
+    return {"status": engine.status.value, "evidence": words, "criteria": [r.to_row() for r in engine.criteria]}

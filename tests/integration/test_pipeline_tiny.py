@@ -109,6 +109,12 @@ def test_events_carry_progress_of_every_run(lora_run):
     assert runs == {"probe", "train", "interrupted", "resumed"}
     stages = [e.stage for e in events if isinstance(e, StageFinished)]
     assert stages == ["plan", "probe", "train_eval", "resume", "record"]
+    # one status live and in the record: each stage ended with the verdict engine's status, which the record states
+    _, record, _ = lora_run
+    live = {e.stage: str(e.status) for e in events if isinstance(e, StageFinished) and e.stage != "record"}
+    stated = {name: s["status"] for name, s in record["verdict"]["stages"].items()}
+    assert live == {"plan": stated["plan"], "probe": stated["probe"], "train_eval": stated["evaluation"],
+                    "resume": stated["resume"]}
 
 
 def test_full_fine_tuning_with_tied_embeddings_resumes(tiny_model_dir, tmp_path):
