@@ -62,6 +62,17 @@ def margins(checks: list[Any]) -> dict[str, float]:
     return out
 
 
+def kill_attempts(checks: list[Any]) -> int:
+    """How many interrupted runs the check started before its kill landed where it must (command mode runs a script
+    again when its kill came after the next checkpoint: core/command/resume.py ``KILL_ATTEMPTS``): 1 unless the
+    ``kill_point`` evidence names an attempt."""
+    import re
+
+    point = next((c.evidence for c in checks if c.name == "kill_point"), "")
+    found = re.search(r"\(attempt (\d+) of \d+", point)
+    return int(found.group(1)) if found else 1
+
+
 def recipe_run(model: Path, folder: Path, fault: str | None = None) -> Any:
     """One reference training run and its resume check (``fault`` planted in the resumed run)."""
     from core.spec import RunSpec
@@ -115,17 +126,25 @@ def logged_runs(subject: str, multiple_now: float) -> list[dict[str, Any]]:
     """Every run of ``subject`` in :data:`RUNS_LOG` and the subject's earlier ``per_run`` (its multiple then in the
     entry's ``loss_multiple_when_run``), their margins at ``multiple_now`` and their status by them."""
     runs: list[dict[str, float]] = []
+    attempts: list[int] = []
     entry = (json.loads(OUT.read_text()) if OUT.is_file() else {}).get(subject, {})
     if entry.get("per_run") and not entry.get("from_log"):
         runs += [rescaled(m, entry.get("loss_multiple_when_run", multiple_now), multiple_now) for m in entry["per_run"]]
     elif entry.get("earlier_per_run"):
         runs += [rescaled(m, entry["earlier_loss_multiple"], multiple_now) for m in entry["earlier_per_run"]]
+    attempts += [1] * len(runs)
     if RUNS_LOG.is_file():
         for line in RUNS_LOG.read_text().splitlines():
             row = json.loads(line)
             if row["subject"] == subject:
-                runs.append(rescaled(row["margins"], row["loss_multiple"], multiple_now))
-    return [{"status": "pass" if all(v <= 1 for v in m.values()) else "fail", "margins": m} for m in runs]
+                # a check without a margin (exact, completeness: a kill that came late) fails the run whatever the
+                # multiple; a tolerance check fails it by its margin at the multiple in use
+                exact = [c for c in row.get("failed", []) if c not in row["margins"]]
+                runs.append({**rescaled(row["margins"], row["loss_multiple"], multiple_now),
+                             **{f"{c} (exact)": math.inf for c in exact}})
+                attempts.append(row.get("kill_attempts", 1))
+    return [{"status": "pass" if all(v <= 1 for v in m.values()) else "fail", "kill_attempts": tries,
+             "margins": {k: v for k, v in m.items() if not k.endswith(" (exact)")}} for m, tries in zip(runs, attempts)]
 
 
 def _commit() -> str:
@@ -142,7 +161,8 @@ def summary(results: list[dict[str, Any]]) -> dict[str, Any]:
         for name, m in r["margins"].items():
             per.setdefault(name, []).append(m)
     fails = sum(1 for r in results if r["status"] != "pass")
-    return {"runs": len(results), "false_fails": fails,
+    retried = sum(1 for r in results if r.get("kill_attempts", 1) > 1)
+    return {"runs": len(results), "false_fails": fails, "kills_retried": retried,
             "false_fail_rate": fails / len(results) if results else None,
             # one-sided 95 % upper bound on the rate (Clopper-Pearson; with 0 fails, 1 - 0.05^(1/n), "rule of three")
             "false_fail_rate_upper95": _upper95(fails, len(results)) if results else None,
@@ -170,6 +190,7 @@ def main() -> None:
     args = ap.parse_args()
     os.environ["GPUACCEPT_TEST_JITTER"] = JITTER
     from core.protocol.faults import FAULTS
+    from core.status import PASSING
     from tests.command_faults import COMMAND_FAULTS
     from tests.conftest import make_tiny_llama
 
@@ -185,7 +206,8 @@ def main() -> None:
             else:  # every run its own reference and twins: the noise is drawn afresh
                 result, _ = command_run(model, folder)
             results.append({"status": str(result.status), "margins": margins(result.checks),
-                            "failed": [c.name for c in result.checks if c.status != "pass"]})
+                            "failed": [c.name for c in result.checks if c.status not in PASSING],
+                            "kill_attempts": kill_attempts(result.checks)})
             if args.append:  # one line a run, as it ends: a batch stopped early keeps what it measured
                 with RUNS_LOG.open("a") as log:
                     log.write(json.dumps({"subject": args.subject, "commit": _commit(), "date": time.strftime("%Y-%m-%d"),
@@ -207,7 +229,7 @@ def main() -> None:
             else:
                 result, found_by[example] = command_run(model, folder, fault, found_by.get(example), example)
             faults[fault] = {"status": str(result.status), "margins": margins(result.checks),
-                             "failed": [c.name for c in result.checks if c.status != "pass"],
+                             "failed": [c.name for c in result.checks if c.status not in PASSING],
                              **({"example": example} if example else {})}
             print(f"fault {fault}: {result.status}, failed {faults[fault]['failed']}, margins "
                   + " ".join(f"{k}={v:.3g}" for k, v in sorted(faults[fault]["margins"].items())), flush=True)
