@@ -57,7 +57,6 @@ from core.command.resumechecks import (
     late_checkpoints,
     required_files,
     resize_of,
-    trainable_check,
 )
 from core.command.run import RunOutcome, run_command
 from core.commandspec import CommandSpec, with_nproc
@@ -68,7 +67,9 @@ from core.protocol.manifest import verify_manifest, write_manifest
 from core.stages.checkpoint import Checkpoint, Files, is_complete, may_load, missing
 from core.stages.compare import (
     Check,
+    TrainableSet,
     span,
+    trainable_check,
     verdict,
 )
 from core.stages.nodeloss import LOSS_GRACE_S
@@ -558,7 +559,8 @@ def _compare(runs: _Runs, interrupted: RunOutcome, resumed: RunOutcome, twins: l
                                                      [t.steps for t in twins], kin)
     progress.checks += step_checks
     if trainer:
-        progress.checks.append(trainable_check(trainer, resumed.trainer))
+        progress.checks.append(trainable_check(TrainableSet.of_trainer(trainer),
+                                               TrainableSet.of_trainer(resumed.trainer)))
     progress.checks += compare_final(reference, resumed, plan.final, tier, progress.not_compared, trainer is not None,
                                      twins, kin, scratch=runs.run_dir / "resume-resumed" / "dcp-as-torch-save")
     progress.findings = [f"{o.name} run: {p}" for o in (*twins, interrupted, resumed) for p in o.problems]

@@ -7,7 +7,7 @@ run, one checkpoint or a comparison, and returns :class:`core.stages.compare.Che
   subjects share): selection, completeness (Trainer's files or ``command.checkpoint_files``), the sha256 manifest,
   safe loading, Trainer's state, the world size (a DCP checkpoint may be resumed at another: :class:`Resize`);
 - the comparison: step by step (:func:`compare_steps`, over :data:`core.stages.compare.COMMAND_RULES`), the
-  trainable set (:func:`trainable_check`) and the last checkpoints file by file (:func:`compare_final`, over
+  trainable set (:func:`core.stages.compare.trainable_check`, the recipe's too) and the last checkpoints file by file (:func:`compare_final`, over
   :func:`core.stages.states.compare_final_files`).
 """
 
@@ -253,20 +253,6 @@ def compare_steps(ref_steps: list[StepRecord], interrupted: list[StepRecord], re
                            tier, COMMAND_RULES)
     not_compared += found.not_compared
     return found.checks, found.rows
-
-
-def trainable_check(reference: dict[str, Any], resumed: dict[str, Any] | None) -> Check:
-    """The resumed Trainer trains exactly the reference's tensors (the sha256 of their sorted names, and their
-    parameters; exact)."""
-    if resumed is None:
-        return Check("trainable_set", StageStatus.FAIL, "the resumed run reported no Trainer")
-    same = (reference.get("trainable_names_sha256"), reference.get("trainable_parameters")) == \
-        (resumed.get("trainable_names_sha256"), resumed.get("trainable_parameters"))
-    return Check("trainable_set", StageStatus.judged(same),
-                 f"{resumed.get('trainable_tensors')} trainable tensors, {resumed.get('trainable_parameters'):,} "
-                 f"parameters" + (", as in the uninterrupted run" if same else
-                                  f"; the uninterrupted run trained {reference.get('trainable_tensors')} / "
-                                  f"{reference.get('trainable_parameters'):,}"))
 
 
 def compare_final(reference: RunOutcome, resumed: RunOutcome, step: int, tier: Tier, not_compared: list[str],

@@ -379,3 +379,52 @@ def _rows(series: ResumeSeries, ref: dict[Key, StepPoint]) -> list[dict[str, Any
              "loss_resumed": p.loss, "difference": abs(p.loss - ref[p.key].loss),
              **({"loss_twin": twins[p.key].loss} if p.key in twins else {})}
             for p in series.resumed.points if p.rank == 0 and p.key in ref]
+
+
+# -------------------------------------------------------------------------------------------- the trainable set
+@dataclass(frozen=True)
+class TrainableSet:
+    """The tensors a run trains: how many, their parameters, the sha256 of their sorted names joined by newlines (the
+    Trainer hook's ``trainable_names_sha256``, core/child/inject/trainer_hook.py) and the names where the run reported
+    them (the recipe's worker does; the hook sends their digest only)."""
+
+    tensors: int
+    parameters: int
+    names_sha256: str
+    names: tuple[str, ...] = ()
+
+    @classmethod
+    def of_names(cls, names: Iterable[str], parameters: int) -> TrainableSet:
+        """From the names of the trainable tensors and their parameters (the recipe's ``trainable`` event)."""
+        import hashlib
+
+        ordered = tuple(sorted(names))
+        return cls(len(ordered), parameters, hashlib.sha256("\n".join(ordered).encode("utf-8")).hexdigest(), ordered)
+
+    @classmethod
+    def of_trainer(cls, trainer: dict[str, Any] | None) -> TrainableSet | None:
+        """From the Trainer hook's report of a run (None: it reported none, or not the trainable set)."""
+        if not trainer or "trainable_names_sha256" not in trainer:
+            return None
+        return cls(int(trainer.get("trainable_tensors") or 0), int(trainer.get("trainable_parameters") or 0),
+                   str(trainer["trainable_names_sha256"]))
+
+
+def trainable_check(reference: TrainableSet | None, resumed: TrainableSet | None) -> Check:
+    """``trainable_set``: the resumed run trains exactly the reference's tensors (the digest of their names and their
+    parameters; exact), both subjects. A resume that rebuilt the model differently (other LoRA targets, a frozen layer
+    unfrozen) trains another set from the same checkpoint; where the names are known, the first that differ are
+    named."""
+    if reference is None or resumed is None:
+        return Check("trainable_set", StageStatus.FAIL, "no trainable set reported by the "
+                     + ("reference" if reference is None else "resumed") + " run")
+    if (reference.names_sha256, reference.parameters) == (resumed.names_sha256, resumed.parameters):
+        return Check("trainable_set", StageStatus.PASS,
+                     f"the same {resumed.tensors} trainable tensors, {resumed.parameters:,} parameters, as the "
+                     "uninterrupted run")
+    a, b = set(resumed.names), set(reference.names)
+    only = sorted(a - b)[:3] + sorted(b - a)[:3] if a and b else []  # names known on both sides
+    return Check("trainable_set", StageStatus.FAIL,
+                 f"resumed {resumed.tensors} tensors / {resumed.parameters:,} parameters vs reference "
+                 f"{reference.tensors} / {reference.parameters:,}; "
+                 + (f"differ: {', '.join(only)}" if only else "their names differ (sha256)"))

@@ -41,7 +41,9 @@ from core.stages.childproc import (
 from core.stages.compare import (
     RECIPE_RULES,
     Check,
+    TrainableSet,
     compare_series,
+    trainable_check,
     verdict,
 )
 from core.stages.nodeloss import NodeLoss, node_rank, node_ranks
@@ -49,7 +51,6 @@ from core.stages.noise import Family, Tier, required_tier
 from core.stages.resumechecks import (
     checkpoint_checks,
     compare_rng,
-    compare_trainable,
     kill_checks,
     loaded_manifest_check,
     planned_kill,
@@ -374,9 +375,10 @@ def compare_runs(spec: RunSpec, reference: Any, interrupted: ChildJob, resumed: 
     steps = compare_series(recipe_series(ref.values(), intr, res, c, end, twin_steps, kin), tier, RECIPE_RULES)
     checks = list(steps.checks)
     trainable = next((e for e in lead_events(resumed.events) if isinstance(e, Trainable)), None)
-    checks.append(compare_trainable(getattr(reference, "trainable", {}),
-                                    {"names": trainable.names, "parameters": trainable.parameters}
-                                    if trainable is not None else {}))
+    ref_set = getattr(reference, "trainable", {})
+    checks.append(trainable_check(
+        TrainableSet.of_names(ref_set["names"], ref_set["parameters"]) if ref_set.get("names") else None,
+        TrainableSet.of_names(trainable.names, trainable.parameters) if trainable is not None else None))
     restored_by_rank = {e.rank or 0: e.digest for e in resumed.events if isinstance(e, RngRestored)}
     restored = rank_digests(restored_by_rank, world) if len(restored_by_rank) == (local or world) else None
     checks.extend(compare_rng(restored, saved_rng, res, ref, c))

@@ -5,7 +5,7 @@ one checkpoint or a comparison, and returns :class:`core.stages.compare.Check` r
 - the checkpoint left (:func:`checkpoint_checks`, over :func:`core.stages.checkpoint.gate_checks`, the rules both
   subjects share): the recipe's files (:func:`required_files`), and across nodes the checkpoint every node holds;
 - the comparison: step by step (:func:`compare_steps` over :data:`core.stages.compare.RECIPE_RULES`), the random
-  generators (:func:`compare_rng`), the trainable set (:func:`compare_trainable`), the manifest at load
+  generators (:func:`compare_rng`), the manifest at load
   (:func:`loaded_manifest_check`).
 """
 
@@ -262,22 +262,5 @@ def recipe_series(ref: Iterable[dict[str, Any]], interrupted: list[dict[str, Any
     return ResumeSeries(reference=step_series(ref), interrupted=step_series(interrupted),
                         resumed=step_series(resumed), c=c, expected=tuple((0, s) for s in range(c + 1, steps + 1)),
                         twins=tuple(step_series(t) for t in twins), family=family)
-
-
-def compare_trainable(reference: dict[str, Any], resumed: dict[str, Any]) -> Check:
-    """The resumed run trains exactly the reference's parameters (names and count; exact). A resume that rebuilt the
-    model differently (other LoRA targets, a frozen layer unfrozen) trains another set from the same checkpoint."""
-    if not reference.get("names") or not resumed.get("names"):
-        return Check("trainable_set", StageStatus.FAIL, "no trainable-parameter list from the "
-                     + ("reference" if not reference.get("names") else "resumed") + " run")
-    a, b = set(resumed["names"]), set(reference["names"])
-    if a == b and resumed["parameters"] == reference["parameters"]:
-        return Check("trainable_set", StageStatus.PASS,
-                     f"the same {len(a)} trainable tensors, {resumed['parameters']:,} parameters, as the "
-                     "uninterrupted run")
-    only = sorted(a - b)[:3] + sorted(b - a)[:3]
-    return Check("trainable_set", StageStatus.FAIL, f"resumed {len(a)} tensors / {resumed['parameters']:,} parameters "
-                                                    f"vs reference {len(b)} / {reference['parameters']:,}; differ: "
-                                                    f"{', '.join(only)}")
 
 

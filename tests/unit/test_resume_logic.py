@@ -482,13 +482,18 @@ def test_every_kill_point_lands_between_checkpoint_c_and_the_next_for_every_inte
 
 
 def test_trainable_set_must_be_the_references():
-    from core.stages.resumechecks import compare_trainable
+    from core.stages.compare import TrainableSet, trainable_check
 
-    ref = {"names": ["a.lora_A", "a.lora_B"], "parameters": 64}
-    assert compare_trainable(ref, dict(ref)).status == "pass"
-    other = compare_trainable(ref, {"names": ["a.lora_A", "a.lora_B", "lm_head.weight"], "parameters": 96})
+    ref = TrainableSet.of_names(["a.lora_B", "a.lora_A"], 64)
+    assert trainable_check(ref, TrainableSet.of_names(["a.lora_A", "a.lora_B"], 64)).status == "pass"
+    other = trainable_check(ref, TrainableSet.of_names(["a.lora_A", "a.lora_B", "lm_head.weight"], 96))
     assert other.status == "fail" and "lm_head.weight" in other.evidence
-    assert compare_trainable(ref, {}).status == "fail"
+    assert trainable_check(ref, None).status == "fail"
+    # the Trainer hook's report (its names' digest only) is the same set by the same digest (both subjects: one rule)
+    hooked = {"trainable_tensors": 2, "trainable_parameters": 64, "trainable_names_sha256": ref.names_sha256}
+    assert trainable_check(TrainableSet.of_trainer(hooked), ref).status == "pass"
+    moved = trainable_check(TrainableSet.of_trainer({**hooked, "trainable_names_sha256": "0" * 64}), ref)
+    assert moved.status == "fail" and moved.evidence.endswith("their names differ (sha256)")
 
 
 def test_kill_position_reads_right_without_accumulation():
