@@ -31,17 +31,14 @@ from core.stages.checkpoint import (
     trainer_files,
 )
 from core.stages.compare import (
+    COMMAND_RULES,
     Check,
-    Key,
     ResumeSeries,
     StepPoint,
-    StepRules,
     StepSeries,
-    StepWords,
     compare_series,
-    span,
 )
-from core.stages.noise import Bounded, Family, Tier, resized_tier
+from core.stages.noise import Family, Tier, resized_tier
 from core.stages.states import Noisy, compare_final_files, dcp_as_files, is_dcp
 from core.status import StageStatus
 
@@ -173,48 +170,6 @@ def checkpoint_checks(o: RunOutcome, ckpt: Checkpoint, c: int, files: Files, man
     return gate_checks(selection, ckpt.path, c, files, manifest, trainer, world, ranks)
 
 
-class CommandWords(StepWords):
-    """The step checks' evidence in command mode's words."""
-
-    no_reference = ("the uninterrupted run wrote no per-step metrics (none found: command.metrics), so nothing shows "
-                    "the resumed run continues as it did; write JSON lines with step and loss, or train with "
-                    "transformers' Trainer")
-
-    def global_steps(self, got: list[Key], want: list[Key], series: ResumeSeries) -> str:
-        start = f"; the resumed Trainer began at global step {series.trainer_start}" if series.resumed_trainer else ""
-        return (f"resumed steps {span(sorted({s for _, s in got}))}, expected {span(sorted({s for _, s in want}))} "
-                f"(every step the uninterrupted run logged after {series.c}, {len({r for r, _ in want})} rank(s))"
-                f"{start}")
-
-    def reproducible(self, steps: list[int], exact: list[int], bad: list[int], judged: Bounded, tier: Tier) -> str:
-        if exact or bad:
-            return (f"before any kill, the interrupted run differs from the uninterrupted one at steps "
-                    f"{span(sorted(set(bad) | set(exact)))} ({judged.describe(tier, 'losses', tier.loss_multiple)}): the command does "
-                    "not give the same run twice, so no resume can be shown to continue it; seed everything it draws "
-                    "(e.g. transformers.set_seed before building the model and its adapters) or make it "
-                    "deterministic")
-        return (f"before the kill, the interrupted run equals the uninterrupted one at steps {span(steps)} (learning "
-                f"rate and samples exactly; {judged.describe(tier, 'losses', tier.loss_multiple)})")
-
-    def field_equal(self, label: str, compared: int, steps: list[int]) -> str:
-        return f"{label} of the resumed run equal at {compared} step(s)"
-
-    def field_absent(self, label: str, name: str) -> str:
-        return f"{label}: the metrics hold none" + (
-            " (sample ids: a metrics line's sample_ids, or the Trainer hook's batch digests)" if name == "sample_ids"
-            else "")
-
-    def loss(self, bad: list[int], unmatched: list[int], judged: Bounded | None, tier: Tier) -> str:
-        return ((f"resumed loss outside the bound at steps {span(bad)}; " if bad else "")
-                + (f"other ranks than the reference's at steps {span(unmatched)}; " if unmatched else "")
-                + (judged.describe(tier, "resumed losses (every rank)", tier.loss_multiple) if judged is not None else
-                   "the resumed run logged no step the uninterrupted run logged"))
-
-
-#: command mode's rules: a user's metrics hold a step and its loss, maybe its learning rate and sample ids (no epoch)
-COMMAND_RULES = StepRules(("learning_rate", "sample_ids"), complete=False, words=CommandWords())
-
-
 def step_series(steps: list[StepRecord]) -> StepSeries:
     """A run's per-step metrics (one record per step and rank) as a typed series."""
     return StepSeries.of(StepPoint(step=s.step, loss=s.loss, rank=s.rank, learning_rate=s.learning_rate,
@@ -238,7 +193,7 @@ def compare_steps(ref_steps: list[StepRecord], interrupted: list[StepRecord], re
                   tier: Tier, not_compared: list[str], resumed_trainer: dict[str, Any] | None = None,
                   twin_steps: Sequence[list[StepRecord]] = (), family: Family | None = None,
                   ) -> tuple[list[Check], list[dict[str, Any]]]:
-    """The step-by-step checks (:func:`core.stages.compare.compare_series` under :data:`COMMAND_RULES`):
+    """The step-by-step checks (:func:`core.stages.compare.compare_series` under :data:`core.stages.compare.COMMAND_RULES`):
     ``global_steps`` (the resumed run logged exactly the reference's steps after c, on every rank; a resumed Trainer
     started at global step c), ``reproducible`` (before its kill the interrupted run equals the reference: the
     command gives the same run twice), then for the resumed run ``learning_rate`` and ``sample_ids`` (exact, where

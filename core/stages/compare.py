@@ -8,7 +8,9 @@ both. What differs between the modes is data, :class:`StepRules`: the exact fiel
 the epoch; a user's metrics do not), whether a run's steps are all there to compare (the recipe's child logs every
 field of every step: what one run logged and the other did not is a difference; a user's metrics may hold no learning
 rate or sample ids: those are listed as not compared, never counted as passed), and each check's wording
-(:class:`StepWords`: the records keep it).
+(:class:`StepWords`: the records keep it): both subjects' rules are here, :data:`RECIPE_RULES` and
+:data:`COMMAND_RULES`. The trainable set is compared once for both too (:class:`TrainableSet`,
+:func:`trainable_check`).
 
 The tier (:mod:`core.stages.noise`) judges the losses: bit-exact, or the norm of their differences from the
 uninterrupted run's within ``loss_multiple`` x the noise of the twins over the same points
@@ -215,6 +217,48 @@ class StepRules:
 
 #: the recipe's rules: its child logs the epoch, learning rate and sample ids of every step
 RECIPE_RULES = StepRules(("epoch", "learning_rate", "sample_ids"), complete=True, words=StepWords())
+
+
+class CommandWords(StepWords):
+    """The step checks' evidence in command mode's words."""
+
+    no_reference = ("the uninterrupted run wrote no per-step metrics (none found: command.metrics), so nothing shows "
+                    "the resumed run continues as it did; write JSON lines with step and loss, or train with "
+                    "transformers' Trainer")
+
+    def global_steps(self, got: list[Key], want: list[Key], series: ResumeSeries) -> str:
+        start = f"; the resumed Trainer began at global step {series.trainer_start}" if series.resumed_trainer else ""
+        return (f"resumed steps {span(sorted({s for _, s in got}))}, expected {span(sorted({s for _, s in want}))} "
+                f"(every step the uninterrupted run logged after {series.c}, {len({r for r, _ in want})} rank(s))"
+                f"{start}")
+
+    def reproducible(self, steps: list[int], exact: list[int], bad: list[int], judged: Bounded, tier: Tier) -> str:
+        if exact or bad:
+            return (f"before any kill, the interrupted run differs from the uninterrupted one at steps "
+                    f"{span(sorted(set(bad) | set(exact)))} ({judged.describe(tier, 'losses', tier.loss_multiple)}): the command does "
+                    "not give the same run twice, so no resume can be shown to continue it; seed everything it draws "
+                    "(e.g. transformers.set_seed before building the model and its adapters) or make it "
+                    "deterministic")
+        return (f"before the kill, the interrupted run equals the uninterrupted one at steps {span(steps)} (learning "
+                f"rate and samples exactly; {judged.describe(tier, 'losses', tier.loss_multiple)})")
+
+    def field_equal(self, label: str, compared: int, steps: list[int]) -> str:
+        return f"{label} of the resumed run equal at {compared} step(s)"
+
+    def field_absent(self, label: str, name: str) -> str:
+        return f"{label}: the metrics hold none" + (
+            " (sample ids: a metrics line's sample_ids, or the Trainer hook's batch digests)" if name == "sample_ids"
+            else "")
+
+    def loss(self, bad: list[int], unmatched: list[int], judged: Bounded | None, tier: Tier) -> str:
+        return ((f"resumed loss outside the bound at steps {span(bad)}; " if bad else "")
+                + (f"other ranks than the reference's at steps {span(unmatched)}; " if unmatched else "")
+                + (judged.describe(tier, "resumed losses (every rank)", tier.loss_multiple) if judged is not None else
+                   "the resumed run logged no step the uninterrupted run logged"))
+
+
+#: command mode's rules: a user's metrics hold a step and its loss, maybe its learning rate and sample ids (no epoch)
+COMMAND_RULES = StepRules(("learning_rate", "sample_ids"), complete=False, words=CommandWords())
 
 
 @dataclass(frozen=True)

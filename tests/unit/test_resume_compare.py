@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from core.command.reports import StepRecord
-from core.command.resumechecks import COMMAND_RULES
 from core.command.resumechecks import compare_steps as command_compare_steps
 from core.stages.checkpoint import safe_loading
 from core.stages.compare import (
+    COMMAND_RULES,
     RECIPE_RULES,
     Check,
     ResumeSeries,
