@@ -119,8 +119,10 @@ def _reserve(path: Path) -> None:
 class StagedRun:
     """What every acceptance run shares (gpuaccept's recipe, :class:`AcceptanceRun`, and a user's command,
     :class:`core.command.pipeline.CommandRun`): its run directory, its event log (``events.jsonl``), why each stage
-    stopped, and how the record is written. A subclass sets ``run_dir``, ``_log`` (an :class:`EventWriter`),
-    ``results`` (each stage's result by name: ``probe``...), ``stopped``, ``log_error``, ``record_path``, ``verdict`` and ``signed``."""
+    stopped, how a stage ends (:meth:`finished`: the one place a stage's status is set, by the verdict engine) and how
+    the record is written. A subclass sets ``run_dir``, ``_log`` (an :class:`EventWriter`), ``results`` (each
+    stage's result by name: ``probe``...), ``stopped``, ``log_error``, ``record_path``, ``verdict`` and ``signed``,
+    and says how the engine judges a stage of its kind (:meth:`engine`)."""
 
     run_dir: Path
     _log: EventWriter
@@ -134,6 +136,20 @@ class StagedRun:
     def current_verdict(self) -> dict[str, Any]:
         """What the record would say now (the overall verdict and each stage's): each kind of run says how."""
         raise NotImplementedError
+
+    def engine(self, stage: str) -> StageVerdict | None:
+        """The verdict engine's verdict of ``stage`` over the results so far, what the record states of it (None: it
+        cannot be judged): each kind of run says how (its facts)."""
+        raise NotImplementedError
+
+    def finished(self, stage: str, result: R) -> Generator[Event, None, R]:
+        """End ``stage`` with ``result``: kept as the stage's result, judged by the record's engine (:func:`judged`
+        over :meth:`engine`: the status it ends with live is the one its record states), and its
+        :class:`~core.events.StageFinished`. Returns the judged result."""
+        self.results[stage] = result
+        self.results[stage] = result = judged(result, self.engine(stage))
+        yield self.emit(StageFinished(stage, status=result.status, result=result, summary=result.summary))
+        return result
 
     def write_record(self, signoff: dict[str, Any] | None = None) -> Path:
         """Write the run's record with ``signoff`` (else unsigned) and return its path: each kind of run says how."""
@@ -323,7 +339,7 @@ class AcceptanceRun(StagedRun):
             why = f"plan: {self.run_dir / 'plan.json'} could not be written ({exc.strerror or exc})"
             self.stopped["plan"] = Stopped(StageStatus.ERROR, why)
             raise StageError(why) from None
-        yield self.emit(StageFinished("plan", status=self.judged_status("plan"), result=self.ctx.plan,
+        yield self.emit(StageFinished("plan", status=self.engine("plan").status, result=self.ctx.plan,
                                       summary=plan_summary(self.ctx.plan, self.traced)))
         if cancelled is not None and cancelled():  # a signal while the plan was traced: no later stage starts
             from core.errors import StageCancelled
@@ -358,9 +374,7 @@ class AcceptanceRun(StagedRun):
         probe = yield from self._stage("probe", run_probe(spec, self.model_path, self.run_dir / "probe", device,
                                                           self.ctx.plan, cancelled, self.launch, self.traced,
                                                           health))
-        probe = self._judged("probe", probe)
-        yield self.emit(StageFinished("probe", status=probe.status, result=probe, summary=probe.summary))
-        return probe
+        return (yield from self.finished("probe", probe))
 
     def train_eval_stage(self, cancelled: Callable[[], bool] | None = None) -> Generator[Event, None, Any]:
         """Held-out perplexity before and after training (inference: once, on the fixed weights)."""
@@ -381,9 +395,7 @@ class AcceptanceRun(StagedRun):
         te, _child = yield from self._stage(
             "train_eval", run_train_eval(self.spec, self.model_path, self.run_dir / "train", self.device, cancelled,
                                          self.launch))
-        te = self._judged("train_eval", te)
-        yield self.emit(StageFinished("train_eval", status=te.status, result=te, summary=te.summary))
-        return te
+        return (yield from self.finished("train_eval", te))
 
     def resume_stage(self, cancelled: Callable[[], bool] | None = None, cluster: Any = None,
                      ) -> Generator[Event, None, Any]:
@@ -406,9 +418,7 @@ class AcceptanceRun(StagedRun):
         else:
             yield self.emit(StageStarted("resume", detail="nothing to resume"))
             resume = not_applicable(spec)
-        resume = self._judged("resume", resume)
-        yield self.emit(StageFinished("resume", status=resume.status, result=resume, summary=resume.summary))
-        return resume
+        return (yield from self.finished("resume", resume))
 
     def engine(self, stage: str) -> StageVerdict:
         """The verdict engine's verdict of ``stage`` now (:func:`core.record.build.judged_stage` over the results so
@@ -418,17 +428,6 @@ class AcceptanceRun(StagedRun):
         r = self.results
         return judged_stage(self.spec, stage, r["plan"], self.probe_as_recorded(), r["train_eval"], r["resume"],
                             self.traced)
-
-    def judged_status(self, stage: str) -> StageStatus:
-        """The status the record states of ``stage`` now (:meth:`engine`)."""
-        return self.engine(stage).status
-
-    def _judged(self, stage: str, result: R) -> R:
-        """``result`` kept as the stage's, judged by the record's engine (:func:`judged`): the status it ends with live
-        is the one its record states."""
-        self.results[stage] = result
-        self.results[stage] = result = judged(result, self.engine(stage))
-        return result
 
     def current_verdict(self) -> dict[str, Any]:
         """The verdict the record would hold if written now (:func:`core.record.build.verdict` over the same results, the

@@ -24,11 +24,11 @@ from core.command.run import RunOutcome, run_command
 from core.commandspec import CommandSpec
 from core.criteria import AcceptCriteria, Judgement
 from core.errors import GpuAcceptError, StageCancelled, StageError
-from core.events import Event, Message, StageFinished, StageStarted
+from core.events import Event, Message, StageStarted
 from core.nodes import agreement, cluster_stage, gate, quietly, stopped_before_start
-from core.pipeline import RESERVE_NAME, StagedRun, _reserve, judged, new_run_dir, record_stage
+from core.pipeline import RESERVE_NAME, StagedRun, _reserve, new_run_dir, record_stage
 from core.protocol.events import EventWriter
-from core.record.verdicts import RecordValueError
+from core.record.verdicts import RecordValueError, StageVerdict
 from core.status import StageStatus, Stopped
 
 STAGES = ("probe", "plan", "train_eval", "resume", "record")
@@ -173,12 +173,10 @@ class CommandRun(StagedRun):
                             f"process of it); measured until then: {_peaks(probe)}")
             raise
         self.reference = outcome
-        probe = self._judged("probe", dataclasses.replace(build_probe(outcome, self._capacities(outcome)),
-                                                          health=health))
+        probe = dataclasses.replace(build_probe(outcome, self._capacities(outcome)), health=health)
         for finding in probe.findings:
             yield self.emit(Message("probe", text=f"finding: {finding}"))
-        yield self.emit(StageFinished("probe", status=probe.status, result=probe, summary=probe.summary))
-        return probe
+        return (yield from self.finished("probe", probe))
 
     def _capacities(self, outcome: RunOutcome) -> dict[str, tuple[int | None, str]]:
         from core.plan.devices import detect_devices
@@ -227,9 +225,7 @@ class CommandRun(StagedRun):
                                                                  encoding="utf-8")
             except OSError as exc:
                 raise StageError(f"plan: {exc}") from None
-        result = self._judged("plan", result)
-        yield self.emit(StageFinished("plan", status=result.status, result=result, summary=result.summary))
-        return result
+        return (yield from self.finished("plan", result))
 
     def _what_ran(self, outcome: RunOutcome) -> tuple[RanSpec, list[dict[str, Any]]]:
         """The spec of what ran and what each rank measured: the Trainer's report and its ranks' peaks (inside); for a
@@ -268,26 +264,19 @@ class CommandRun(StagedRun):
         if self.spec.eval == "none":
             off = CommandEvaluation(StageStatus.NOT_APPLICABLE, "none", "", "", False, None, None, "", None, "", "",
                                     summary="switched off (command.eval = \"none\")")
-            off = self._judged("train_eval", off)
-            yield self.emit(StageFinished("train_eval", status=off.status, result=off, summary=off.summary))
-            return off
+            return (yield from self.finished("train_eval", off))
         final = outcome.checkpoints[-1] if outcome.checkpoints else None
         if self.spec.nnodes > 1 and final is not None and not holds_weights(Path(final.path)):
             elsewhere = CommandEvaluation(
                 StageStatus.NOT_APPLICABLE, "none", "", "", False, None, None, "", None, "", "",
                 summary=f"not evaluated on this node: its {final.name} holds no weights (the command wrote them on "
                         "another node: the one holding rank 0 evaluates them; its record is in the cluster record)")
-            elsewhere = self._judged("train_eval", elsewhere)
-            yield self.emit(StageFinished("train_eval", status=elsewhere.status, result=elsewhere,
-                                          summary=elsewhere.summary))
-            return elsewhere
+            return (yield from self.finished("train_eval", elsewhere))
         yield self.emit(StageStarted("train_eval", detail="the final checkpoint against its base on held-out data"))
         result: CommandEvaluation = yield from self._stage("train_eval", evaluate_stage(
             self.spec, final, self.base_model(), self.eval_seq_len(), self.run_dir / "evaluation", cancelled,
             heldout=self.values.get("{heldout_data}", "")))
-        result = self._judged("train_eval", result)
-        yield self.emit(StageFinished("train_eval", status=result.status, result=result, summary=result.summary))
-        return result
+        return (yield from self.finished("train_eval", result))
 
     def base_model(self) -> str:
         """The model before training: ``command.model``, else the folder the Trainer's model (or its adapter) was
@@ -346,21 +335,18 @@ class CommandRun(StagedRun):
                                                                    self.tier(), cancelled, self.backend, nodes=nodes))
             for finding in result.findings:
                 yield self.emit(Message("resume", text=f"finding: {finding}"))
-        result = self._judged("resume", result)
-        yield self.emit(StageFinished("resume", status=result.status, result=result, summary=result.summary))
-        return result
+        return (yield from self.finished("resume", result))
 
-    def _judged(self, stage: str, result: R) -> R:
-        """``result`` kept as the stage's, judged by the record's engine (:func:`core.pipeline.judged`)."""
+    def engine(self, stage: str) -> StageVerdict | None:
+        """The verdict engine's verdict of ``stage`` over the table the record would hold now
+        (:func:`core.command.record.judged_stage`); None where it cannot be judged (never expected of its own tables:
+        the record's verdict then says why it kept the stage's own status)."""
         from core.command.record import judged_stage
 
-        self.results[stage] = result
         try:
-            engine = judged_stage(self, stage)
-        except RecordValueError:  # never expected of its own tables: the record's verdict says why it kept the stage's
-            return result
-        self.results[stage] = result = judged(result, engine)
-        return result
+            return judged_stage(self, stage)
+        except RecordValueError:
+            return None
 
     # ------------------------------------------------------------------ the record
     def current_verdict(self) -> dict[str, Any]:
