@@ -405,10 +405,10 @@ def test_a_command_stage_ends_live_with_the_status_its_record_states(tmp_path):
     import sys
     from types import SimpleNamespace
 
-    from core.pipeline import judged
     from core.command.record import build_command_record, judged_stage
     from core.command.resume import CommandResume
     from core.commandspec import CommandSpec
+    from core.pipeline import judged
     from core.stages.compare import Check
     from core.stages.noise import required_tier
 
