@@ -11,7 +11,7 @@ import shlex
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import Any, cast
 
 from core.command.configplan import run_words
 from core.command.evaluate import DEFAULT_EVAL_SEQ_LEN, CommandEvaluation, evaluate_stage, holds_weights
@@ -53,10 +53,6 @@ class CommandPlan:
     comparisons: list[DeviceComparison] = field(default_factory=list)
     #: the criteria it was judged by (the verdict engine's rows)
     criteria: list[Judgement] = field(default_factory=list)
-
-
-#: a stage's frozen result (CommandPlan, CommandProbe, CommandEvaluation, CommandResume)
-R = TypeVar("R", CommandPlan, CommandProbe, CommandEvaluation, CommandResume)
 
 
 class CommandRun(StagedRun):

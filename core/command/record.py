@@ -13,7 +13,7 @@ import dataclasses
 import datetime as dt
 from typing import Any, cast
 
-from core.record.verdicts import StageVerdict, overall_status
+from core.record.verdicts import RecordValueError, StageVerdict, overall_status
 from core.record.written import COMMAND_SCHEMA_VERSION, TOOL, clean, stage_entry, tool_version
 from core.status import StageStatus, Stopped
 
@@ -30,7 +30,6 @@ def verdict(rec: dict[str, Any], results: dict[str, Any], stopped: dict[str, Sto
     from the engine's it says why; its criteria rows are the engine's. A stage without a result has the status it
     stopped with (``stopped``), else not_run. Pass only when every stage passed or does not apply."""
     from core.record.command import command_stage_verdicts
-    from core.record.verdicts import RecordValueError
 
     try:
         judged, _ = command_stage_verdicts(rec)
